@@ -1,0 +1,65 @@
+// Speed targets of the foundation (docs/performance.md):
+//  - lowering + memory replay of one bert-large configuration: < 5 ms
+//  - `simulate` of Llama-2-7b on 64 GPUs, stages 0-3: < 0.5 s
+#include <benchmark/benchmark.h>
+
+#include "cli/simulate.hpp"
+
+using namespace zp;
+
+namespace {
+
+cli::SimRequest bert_request() {
+  cli::SimRequest r;
+  r.model = "bert-large-uncased";
+  r.ds_config = std::string(ZEROPLAN_SHARED_DIR) + "/examples/bert_large_ds_config.json";
+  r.gpus = 4;
+  r.gpu = "V100-16GB";
+  r.micro_batch = 64;
+  r.seq_len = 128;
+  return r;
+}
+
+// One configuration: lowering + memory replay (with the caching-allocator model), graph built once.
+void BM_LowerAndReplay_BertLarge(benchmark::State& state) {
+  auto req = bert_request();
+  const int stage = static_cast<int>(state.range(0));
+  req.stages = {stage};
+  const auto in = cli::load_inputs(req);
+  const auto cfg = cli::config_for_stage(in, req, stage);
+  const auto batch = zero::resolve_batch(cfg, in.world_size);
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = in.seq_len;
+  go.act_dtype = cfg.model_dtype();
+  const auto g = models::build_graph(in.model, go);
+  std::size_t events = 0;
+  for (auto _ : state) {
+    auto r = cli::simulate_one(in, cfg, &g);
+    events = r.program.events.size();
+    benchmark::DoNotOptimize(r.memory.peak_allocated);
+  }
+  state.counters["events"] = static_cast<double>(events);
+}
+BENCHMARK(BM_LowerAndReplay_BertLarge)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
+
+// The whole command: load inputs, build the graph, lower and replay four stages.
+void BM_Simulate_Llama2_7b_64GPUs_AllStages(benchmark::State& state) {
+  cli::SimRequest r;
+  r.model = "Llama-2-7b";
+  r.gpus = 64;
+  r.gpu = "A100-80GB";
+  r.micro_batch = 1;
+  r.seq_len = 4096;
+  r.stages = {0, 1, 2, 3};
+  for (auto _ : state) {
+    const auto in = cli::load_inputs(r);
+    auto rs = cli::simulate(in, r);
+    benchmark::DoNotOptimize(rs.back().memory.peak_allocated);
+  }
+}
+BENCHMARK(BM_Simulate_Llama2_7b_64GPUs_AllStages)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,322 @@
+#include "cli/explain.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace zp::cli {
+
+using zero::BufferRole;
+using zero::Category;
+
+namespace {
+
+struct Side {
+  std::string title;
+  Inputs in;
+  zero::DsConfig cfg;
+  StageResult r;
+};
+
+const char* role_title(BufferRole r) {
+  switch (r) {
+    case BufferRole::flat_params16: return "16-bit parameters (flat buffer)";
+    case BufferRole::param_partition16: return "16-bit parameter partitions";
+    case BufferRole::param_full16: return "gathered / persistent full 16-bit parameters";
+    case BufferRole::hpz_partition16: return "hpZ secondary parameter partitions";
+    case BufferRole::master_partition: return "fp32 master parameters";
+    case BufferRole::optimizer_state: return "optimizer states";
+    case BufferRole::param_grad: return "parameter gradients (param.grad)";
+    case BufferRole::flat_grads32: return "fp32 flat gradients";
+    case BufferRole::grads_in_partition: return "grads_in_partition";
+    case BufferRole::grad_partition: return "flat gradient partition";
+    case BufferRole::ipg_bucket: return "reduce (ipg) bucket";
+    case BufferRole::comm_staging: return "flatten/cast copies around a collective";
+    case BufferRole::gather_flat: return "all-gather flat buffers";
+    case BufferRole::activation: return "activations saved for backward";
+    case BufferRole::activation_grad: return "activation gradients in flight";
+    case BufferRole::step_temp: return "optimizer-step temporaries";
+    case BufferRole::offload_staging: return "offload staging buffer";
+    case BufferRole::host_master: return "host fp32 master";
+    case BufferRole::host_grads32: return "host fp32 gradients";
+    case BufferRole::host_staging16: return "host 16-bit staging";
+    case BufferRole::host_optimizer_state: return "host optimizer states";
+    case BufferRole::checkpoint_host: return "host activation checkpoints";
+  }
+  return "?";
+}
+
+// One line in plain words: the formula with this configuration's values, the lifetime.
+std::string role_formula(BufferRole role, const Side& s) {
+  const auto& i = s.r.program.info;
+  const auto& z = s.cfg.zero;
+  const std::int64_t b = dtype_size(i.model_dtype);
+  const std::string md(dtype_name(i.model_dtype));
+  const int N = i.world_size;
+  switch (role) {
+    case BufferRole::flat_params16:
+      return fmt::format("Ψ'={} elements × {} B ({}), replicated on every rank; persistent", i.padded_params, b, md);
+    case BufferRole::param_partition16:
+      return fmt::format("Σ ceil(numel/N) = {} elements × {} B; persistent", i.partition_elements, b);
+    case BufferRole::param_full16:
+      return fmt::format("params gathered before their module runs and kept while reused within "
+                         "stage3_max_reuse_distance={:.3g} elements, plus params with numel <= "
+                         "stage3_param_persistence_threshold={:.3g} kept whole",
+                         static_cast<double>(z.stage3_max_reuse_distance),
+                         static_cast<double>(z.stage3_param_persistence_threshold));
+    case BufferRole::master_partition:
+      return i.stage == 0 && i.model_dtype == DType::fp16
+                 ? fmt::format("Ψ={} × 4 B, unpartitioned at stage 0; persistent", i.params)
+                 : fmt::format("Ψ'/N = {} elements × 4 B; persistent", i.partition_elements);
+    case BufferRole::optimizer_state:
+      return fmt::format("{} B/param × {} elements ({}); persistent (created at the first step)",
+                         s.cfg.optimizer.state_bytes_per_param(), i.stage == 0 ? i.params : i.partition_elements,
+                         s.cfg.optimizer.type_name);
+    case BufferRole::param_grad:
+      if (i.stage <= 1)
+        return fmt::format("Ψ={} × {} B: every param.grad is accumulated across the {} micro-steps and kept until the "
+                           "{} (allocated during micro-step 0's backward)",
+                           i.params, b, i.gas, i.stage == 0 ? "step" : "GAS-boundary reduction copies it into the bucket");
+      return fmt::format("autograd gradients waiting for their hook; each is copied into the bucket and freed when "
+                         "its hook fires, so only the gradients of the module in flight are live");
+    case BufferRole::flat_grads32:
+      return fmt::format("fp32 copy of the gradients for the optimizer step ({} elements × 4 B), transient",
+                         i.stage == 0 ? i.params : i.partition_elements);
+    case BufferRole::grads_in_partition:
+      return fmt::format("Σ numel of params overlapping rank {}'s partition ({} B each): allocated at the first "
+                         "bucket reduction ({}), kept until the step",
+                         i.rank, b, i.stage == 2 ? "every micro-step reduces" : "stage 1 reduces once, at the GAS boundary");
+    case BufferRole::grad_partition:
+      return fmt::format("Σ ceil(numel/N) = {} elements; persistent", i.partition_elements);
+    case BufferRole::ipg_bucket:
+      if (i.stage == 3)
+        return fmt::format("reduce_bucket_size={:.3g} elements × {} B, allocated once and kept",
+                           static_cast<double>(z.reduce_bucket_size), dtype_size(i.comm_dtype));
+      return fmt::format("reduce_bucket_size={:.3g} elements × {} B ({}) × {} buffer{} (overlap_comm {}): "
+                         "allocated at the first gradient hook of {}, freed at {}",
+                         static_cast<double>(z.reduce_bucket_size), b, md, i.ipg_buffers, i.ipg_buffers > 1 ? "s" : "",
+                         i.overlap_comm ? "true: double buffering" : "false",
+                         i.stage == 2 ? "every backward" : "micro-step 0's backward",
+                         i.stage == 2 ? "that backward's reduction epilogue"
+                                      : fmt::format("the GAS-boundary reduction after micro-step {} — so it is live "
+                                                    "through every forward and backward in between",
+                                                    i.gas - 1));
+    case BufferRole::comm_staging:
+      return "a flat copy of the bucket's gradient slices made to reduce them (plus a cast copy when "
+             "communication_data_type differs), freed after the collective";
+    case BufferRole::gather_flat:
+      return fmt::format("N × partition flat buffer per all-gather (N={}), freed after the per-param copy", N);
+    case BufferRole::activation:
+      return fmt::format("tensors autograd saves in forward (micro-batch {}, seq-len {}{}), freed by backward",
+                         i.micro_batch, i.seq_len, i.activation_checkpointing ? ", per-layer checkpointing" : "");
+    case BufferRole::activation_grad:
+      return "gradients of activations between backward ops";
+    case BufferRole::step_temp:
+      return "flattened 16-bit gradients of the partition/sub-group before the fp32 cast, transient";
+    default:
+      return "";
+  }
+}
+
+std::map<BufferRole, Bytes> by_role_at_peak(const StageResult& r) {
+  std::map<BufferRole, Bytes> m;
+  for (zero::BufferId b : sim::live_at(r.program, r.memory.peak_event)) {
+    const auto& buf = r.program.buffers[static_cast<std::size_t>(b)];
+    if (buf.placement != zero::Placement::device) continue;
+    m[buf.role] += buf.bytes;
+  }
+  return m;
+}
+
+std::map<BufferRole, Bytes> max_by_role(const StageResult& r) {
+  std::map<BufferRole, Bytes> live, peak;
+  for (const auto& e : r.program.events) {
+    for (zero::BufferId b : r.program.allocs(e)) {
+      const auto& buf = r.program.buffers[static_cast<std::size_t>(b)];
+      if (buf.placement != zero::Placement::device) continue;
+      live[buf.role] += buf.bytes;
+      peak[buf.role] = std::max(peak[buf.role], live[buf.role]);
+    }
+    for (zero::BufferId b : r.program.frees(e)) {
+      const auto& buf = r.program.buffers[static_cast<std::size_t>(b)];
+      if (buf.placement != zero::Placement::device) continue;
+      live[buf.role] -= buf.bytes;
+    }
+  }
+  return peak;
+}
+
+std::string signed_bytes(Bytes b) { return (b.v > 0 ? "+" : "") + human_bytes(b); }
+
+}  // namespace
+
+Explanation explain(const ExplainRequest& req) {
+  const bool by_stage = req.stage_b >= 0;
+  const bool by_config = !req.vs_ds_config.empty();
+  if (by_stage == by_config)
+    throw InputError("explain", "", "give either --stage A --vs-stage B or --ds-config A --vs-ds-config B");
+  std::vector<Side> sides(2);
+  for (int k = 0; k < 2; ++k) {
+    SimRequest r = req.base;
+    if (by_config && k == 1) r.ds_config = req.vs_ds_config;
+    r.stages.clear();
+    Inputs in = load_inputs(r);
+    int stage = in.cfg.zero.stage;
+    if (by_stage) stage = k == 0 ? (req.stage_a >= 0 ? req.stage_a : in.cfg.zero.stage) : req.stage_b;
+    if (stage < 0 || stage > 3)
+      throw InputError(k == 0 ? "--stage" : "--vs-stage", "", fmt::format("must be one of 0, 1, 2, 3, got {}", stage));
+    r.stages = {stage};
+    sides[static_cast<std::size_t>(k)].cfg = config_for_stage(in, r, stage);
+    sides[static_cast<std::size_t>(k)].r = simulate_one(in, sides[static_cast<std::size_t>(k)].cfg);
+    sides[static_cast<std::size_t>(k)].title =
+        by_stage ? fmt::format("stage {}", stage) : fmt::format("{}", r.ds_config.empty() ? "defaults" : r.ds_config);
+    sides[static_cast<std::size_t>(k)].in = std::move(in);
+  }
+  const Side& A = sides[0];
+  const Side& B = sides[1];
+  const auto& ma = A.r.memory;
+  const auto& mb = B.r.memory;
+  std::string t;
+  t += fmt::format("{} on {} x {}, micro-batch {}, seq-len {}, GAS {} ({} vs {})\n", A.in.model.name, A.in.world_size,
+                   A.in.device->name, A.r.batch.micro_batch, A.in.seq_len, A.r.batch.gas, A.title, B.title);
+  const std::string ta = A.title, tb = B.title;
+  t += fmt::format("\n{:<28}{:>14}{:>14}{:>14}\n", "at the peak", ta, tb, "difference");
+  for (int c = 0; c < zero::kNumCategories; ++c) {
+    const auto ci = static_cast<std::size_t>(c);
+    t += fmt::format("  {:<26}{:>14}{:>14}{:>14}\n", zero::category_name(static_cast<Category>(c)),
+                     human_bytes(ma.at_peak[ci]), human_bytes(mb.at_peak[ci]), signed_bytes(mb.at_peak[ci] - ma.at_peak[ci]));
+  }
+  t += fmt::format("  {:<26}{:>14}{:>14}{:>14}\n", "peak allocated", human_bytes(ma.peak_allocated),
+                   human_bytes(mb.peak_allocated), signed_bytes(mb.peak_allocated - ma.peak_allocated));
+  t += fmt::format("  {:<26}{:>14}{:>14}{:>14}\n", "device used (predicted)", human_bytes(ma.device_used),
+                   human_bytes(mb.device_used), signed_bytes(mb.device_used - ma.device_used));
+  t += fmt::format("  {:<26}{:>14}{:>14}\n", fmt::format("fits {}", human_bytes(A.in.device->memory)),
+                   ma.fits ? "yes" : "NO", mb.fits ? "yes" : "NO");
+  t += fmt::format("\npeak event: {}: {}\n            {}: {}\n", ta, A.r.program.event_name(ma.peak_event), tb,
+                   B.r.program.event_name(mb.peak_event));
+
+  // Causes: device buffers grouped by what they are, live at each peak.
+  const auto ra = by_role_at_peak(A.r), rb = by_role_at_peak(B.r);
+  const auto xa = max_by_role(A.r), xb = max_by_role(B.r);
+  std::vector<BufferRole> roles;
+  for (const auto& [k, v] : xa) roles.push_back(k);
+  for (const auto& [k, v] : xb)
+    if (!xa.count(k)) roles.push_back(k);
+  auto at = [](const std::map<BufferRole, Bytes>& m, BufferRole r) {
+    auto it = m.find(r);
+    return it == m.end() ? Bytes{0} : it->second;
+  };
+  std::stable_sort(roles.begin(), roles.end(), [&](BufferRole x, BufferRole y) {
+    const auto dx = std::llabs((at(rb, x) - at(ra, x)).v), dy = std::llabs((at(rb, y) - at(ra, y)).v);
+    if (dx != dy) return dx > dy;
+    return at(ra, x) + at(rb, x) > at(ra, y) + at(rb, y);
+  });
+  nlohmann::json causes = nlohmann::json::array();
+  t += "\nwhy (device buffers live at each peak, largest difference first):\n";
+  for (BufferRole role : roles) {
+    const Bytes pa = at(ra, role), pb = at(rb, role);
+    const Bytes maxa = at(xa, role), maxb = at(xb, role);
+    if (pa.v == 0 && pb.v == 0 && maxa.v < (1 << 20) && maxb.v < (1 << 20)) continue;
+    t += fmt::format("- {}: {} {}, {} {} ({}).\n", role_title(role), ta, human_bytes(pa), tb, human_bytes(pb),
+                     signed_bytes(pb - pa));
+    const std::string fa = role_formula(role, A), fb = role_formula(role, B);
+    if (maxa.v > 0 && !fa.empty())
+      t += fmt::format("    {}: {}; at most {}{}.\n", ta, fa, human_bytes(maxa), pa.v > 0 ? ", live at the peak" : ", not live at the peak");
+    if (maxb.v > 0 && !fb.empty() && (fb != fa || maxb != maxa || (pa.v > 0) != (pb.v > 0)))
+      t += fmt::format("    {}: {}; at most {}{}.\n", tb, fb, human_bytes(maxb), pb.v > 0 ? ", live at the peak" : ", not live at the peak");
+    causes.push_back({{"buffer", role_title(role)},
+                      {"a_at_peak_bytes", pa.v},
+                      {"b_at_peak_bytes", pb.v},
+                      {"a_max_bytes", maxa.v},
+                      {"b_max_bytes", maxb.v},
+                      {"a_formula", fa},
+                      {"b_formula", fb}});
+  }
+
+  // Verdict.
+  const Bytes d = mb.peak_allocated - ma.peak_allocated;
+  t += "\nverdict: ";
+  if (d.v >= 0)
+    t += fmt::format("{} does not use less memory than {} here ({}).", tb, ta, signed_bytes(d));
+  else
+    t += fmt::format("{} saves {} at the peak ({:.1f}% of {}).", tb, human_bytes(Bytes{-d.v}),
+                     100.0 * static_cast<double>(-d.v) / static_cast<double>(ma.peak_allocated.v), ta);
+  const Bytes act_b = mb.at_peak[static_cast<std::size_t>(Category::activations)];
+  t += fmt::format(" Activations are {} of {}'s peak ({:.0f}%)", human_bytes(act_b), tb,
+                   100.0 * static_cast<double>(act_b.v) / static_cast<double>(mb.peak_allocated.v));
+  const Bytes bucket_b = at(rb, BufferRole::ipg_bucket);
+  if (bucket_b.v > 0) {
+    const std::int64_t psi = B.r.program.info.params;
+    t += fmt::format("; the reduce bucket ({}) is {} the whole 16-bit gradient (2Ψ = {})", human_bytes(bucket_b),
+                     bucket_b.v >= psi * dtype_size(B.r.program.info.model_dtype) ? "larger than" : "a part of",
+                     human_bytes(Bytes{psi * dtype_size(B.r.program.info.model_dtype)}));
+  }
+  t += ".\n";
+
+  nlohmann::json sugg = nlohmann::json::array();
+  if (req.suggest) {
+    t += fmt::format("\nwhat would change it ({} re-simulated with one change each):\n", tb);
+    struct Variant {
+      std::string what;
+      zero::DsConfig cfg;
+      bool ckpt;
+    };
+    std::vector<Variant> vs;
+    const zero::DsConfig& base = B.cfg;
+    for (std::int64_t rbs : {std::int64_t{50000000}, std::int64_t{10000000}}) {
+      if (base.zero.reduce_bucket_size > rbs && base.zero.stage >= 1) {
+        Variant v{fmt::format("reduce_bucket_size {:.0e}", static_cast<double>(rbs)), base, false};
+        v.cfg.zero.reduce_bucket_size = rbs;
+        vs.push_back(v);
+      }
+    }
+    if (base.zero.stage >= 1 && base.zero.stage <= 2 && base.zero.contiguous_gradients) {
+      Variant v{"contiguous_gradients false", base, false};
+      v.cfg.zero.contiguous_gradients = false;
+      vs.push_back(v);
+    }
+    if (!B.in.activation_checkpointing) vs.push_back({"activation checkpointing (per layer)", base, true});
+    if (B.r.batch.micro_batch > 1) {
+      Variant v{fmt::format("train_micro_batch_size_per_gpu {}", B.r.batch.micro_batch / 2), base, false};
+      v.cfg.train_micro_batch_size_per_gpu = B.r.batch.micro_batch / 2;
+      if (v.cfg.train_batch_size) v.cfg.gradient_accumulation_steps.reset();
+      vs.push_back(v);
+    }
+    if (base.zero.stage < 3) {
+      Variant v{"stage 3", base, false};
+      v.cfg.zero.stage = 3;
+      vs.push_back(v);
+    }
+    for (auto& v : vs) {
+      Inputs in2 = B.in;
+      in2.activation_checkpointing = B.in.activation_checkpointing || v.ckpt;
+      try {
+        const StageResult r2 = simulate_one(in2, v.cfg);
+        const Bytes delta = r2.memory.peak_allocated - mb.peak_allocated;
+        t += fmt::format("- {:<40} peak {} ({}), device used {}, {}\n", v.what, human_bytes(r2.memory.peak_allocated),
+                         signed_bytes(delta), human_bytes(r2.memory.device_used), r2.memory.fits ? "fits" : "does not fit");
+        sugg.push_back({{"change", v.what},
+                        {"peak_allocated_bytes", r2.memory.peak_allocated.v},
+                        {"device_used_bytes", r2.memory.device_used.v},
+                        {"fits", r2.memory.fits}});
+      } catch (const InputError& e) {
+        t += fmt::format("- {:<40} not possible: {}\n", v.what, e.what());
+      }
+    }
+  }
+
+  Explanation ex;
+  ex.text = std::move(t);
+  ex.json = {{"model", A.in.model.name},
+             {"world_size", A.in.world_size},
+             {"a", {{"title", ta}, {"result", result_json(A.r)}}},
+             {"b", {{"title", tb}, {"result", result_json(B.r)}}},
+             {"causes", causes},
+             {"suggestions", sugg}};
+  return ex;
+}
+
+}  // namespace zp::cli

@@ -1,0 +1,25 @@
+#pragma once
+// `zeroplan explain`: why two configurations differ in memory, cause by cause.
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/simulate.hpp"
+
+namespace zp::cli {
+
+struct ExplainRequest {
+  SimRequest base;                   // model, gpus, gpu, micro-batch, seq-len, ds_config (A)
+  int stage_a = -1, stage_b = -1;    // --stage / --vs-stage
+  std::string vs_ds_config;          // --vs-ds-config (B)
+  bool suggest = true;               // re-simulate candidate changes
+};
+
+struct Explanation {
+  std::string text;
+  nlohmann::json json;
+};
+
+Explanation explain(const ExplainRequest& req);
+
+}  // namespace zp::cli

@@ -1,0 +1,142 @@
+// zeroplan: predict DeepSpeed ZeRO memory (and, later, time) before spending GPU hours.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/explain.hpp"
+#include "cli/simulate.hpp"
+#include "core/error.hpp"
+#include "models/model_config.hpp"
+#include "sim/device.hpp"
+
+namespace {
+
+std::vector<int> parse_stages(const std::string& s) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos <= s.size()) {
+    const std::size_t comma = s.find(',', pos);
+    const std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (tok.size() != 1 || tok[0] < '0' || tok[0] > '3')
+      throw zp::InputError("--stages", "", fmt::format("expected a comma-separated list of 0, 1, 2, 3, got '{}'", s));
+    out.push_back(tok[0] - '0');
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::string& seq) {
+  c->add_option("--model", r.model, "catalogue name (zeroplan models) or path to a HF config.json")->required();
+  c->add_option("--ds-config", r.ds_config, "DeepSpeed config JSON (default: DeepSpeed's defaults)");
+  c->add_option("--gpus", r.gpus, "data-parallel world size N");
+  c->add_option("--gpu", r.gpu, "GPU type (zeroplan devices)");
+  c->add_option("--micro-batch", micro, "override train_micro_batch_size_per_gpu (GAS follows)");
+  c->add_option("--seq-len", seq, "sequence length (default: the model's max positions)");
+  c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
+  c->add_flag("--json", r.json, "machine-readable output");
+}
+
+std::int64_t parse_positive(const std::string& flag, const std::string& v) {
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v.size() || x < 1) throw zp::InputError(flag, "", fmt::format("must be an integer >= 1, got '{}'", v));
+  return x;
+}
+
+void apply_numbers(zp::cli::SimRequest& r, const std::string& micro, const std::string& seq) {
+  if (!micro.empty()) r.micro_batch = parse_positive("--micro-batch", micro);
+  if (!seq.empty()) r.seq_len = parse_positive("--seq-len", seq);
+}
+
+void print_warnings(const std::vector<std::string>& ws) {
+  for (const auto& w : ws) std::fprintf(stderr, "warning: %s\n", w.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zeroplan: predict DeepSpeed ZeRO memory per stage, and explain it"};
+  app.require_subcommand(1);
+
+  zp::cli::SimRequest sim_req;
+  std::string sim_stages, sim_micro, sim_seq;
+  auto* sim = app.add_subcommand("simulate", "predict per-stage device memory of one optimizer step");
+  add_common(sim, sim_req, sim_micro, sim_seq);
+  sim->add_option("--stages", sim_stages, "comma-separated stages to simulate, e.g. 0,1,2,3 (default: the config's)");
+
+  zp::cli::ExplainRequest ex_req;
+  std::string ex_micro, ex_seq;
+  std::string stage_a, stage_b;
+  auto* ex = app.add_subcommand("explain", "explain the memory difference between two stages or two configs");
+  add_common(ex, ex_req.base, ex_micro, ex_seq);
+  ex->add_option("--stage", stage_a, "stage A (default: the config's)");
+  ex->add_option("--vs-stage", stage_b, "stage B");
+  ex->add_option("--vs-ds-config", ex_req.vs_ds_config, "config B");
+
+  auto* models = app.add_subcommand("models", "list the model catalogue");
+  auto* devices = app.add_subcommand("devices", "list the device database");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "zeroplan: %s\n", e.what());
+    return zp::kExitBadInput;
+  }
+
+  try {
+    if (*sim) {
+      apply_numbers(sim_req, sim_micro, sim_seq);
+      if (!sim_stages.empty()) sim_req.stages = parse_stages(sim_stages);
+      const auto in = zp::cli::load_inputs(sim_req);
+      print_warnings(in.warnings);
+      const auto rs = zp::cli::simulate(in, sim_req);
+      if (sim_req.json) std::cout << zp::cli::simulate_json(in, rs).dump(2) << "\n";
+      else std::cout << zp::cli::simulate_table(in, rs);
+    } else if (*ex) {
+      apply_numbers(ex_req.base, ex_micro, ex_seq);
+      auto stage_arg = [](const std::string& flag, const std::string& v) {
+        if (v.empty()) return -1;
+        if (v.size() != 1 || v[0] < '0' || v[0] > '3')
+          throw zp::InputError(flag, "", fmt::format("must be one of 0, 1, 2, 3, got '{}'", v));
+        return v[0] - '0';
+      };
+      ex_req.stage_a = stage_arg("--stage", stage_a);
+      ex_req.stage_b = stage_arg("--vs-stage", stage_b);
+      const auto e = zp::cli::explain(ex_req);
+      if (ex_req.base.json) std::cout << e.json.dump(2) << "\n";
+      else std::cout << e.text;
+    } else if (*models) {
+      for (const auto& n : zp::models::catalog_names()) {
+        const auto m = zp::models::load_model(n);
+        std::cout << fmt::format("{:<22} {:<8} layers {:>3}  hidden {:>5}  heads {:>3}  vocab {:>6}\n", n, m.model_type,
+                                 m.layers, m.hidden, m.heads, m.vocab);
+      }
+    } else if (*devices) {
+      for (const auto& d : zp::sim::devices())
+        std::cout << fmt::format("{:<12} {:>9.2f} GiB  {:>6.0f} TFLOP/s  {:>6.0f} GB/s  context {:.0f} MiB\n", d.name,
+                                 d.memory.gib(), d.peak_tensor_flops.v / 1e12, d.hbm_bandwidth.v / 1e9,
+                                 d.context_overhead.mib());
+    }
+  } catch (const zp::InputError& e) {
+    std::fprintf(stderr, "zeroplan: %s\n", e.what());
+    return zp::kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zeroplan: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

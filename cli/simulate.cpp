@@ -1,0 +1,169 @@
+#include "cli/simulate.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace zp::cli {
+
+std::string human_bytes(Bytes b) {
+  const double v = static_cast<double>(b.v);
+  const double a = std::fabs(v);
+  if (a >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", v / (1024.0 * 1024 * 1024));
+  if (a >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", v / (1024.0 * 1024));
+  if (a >= 1024.0) return fmt::format("{:.1f} KiB", v / 1024.0);
+  return fmt::format("{} B", b.v);
+}
+
+Inputs load_inputs(const SimRequest& req) {
+  if (req.gpus < 1) throw InputError("--gpus", "", fmt::format("must be an integer >= 1, got {}", req.gpus));
+  for (int s : req.stages)
+    if (s < 0 || s > 3) throw InputError("--stages", "", fmt::format("stage must be one of 0, 1, 2, 3, got {}", s));
+  if (req.micro_batch && *req.micro_batch < 1)
+    throw InputError("--micro-batch", "", fmt::format("must be an integer >= 1, got {}", *req.micro_batch));
+  Inputs in;
+  in.model = models::load_model(req.model);
+  in.cfg = req.ds_config.empty() ? zero::default_ds_config() : zero::load_ds_config(req.ds_config);
+  in.device = &sim::find_device(req.gpu);
+  in.world_size = req.gpus;
+  in.seq_len = req.seq_len.value_or(in.model.max_positions);
+  if (in.seq_len < 1 || in.seq_len > in.model.max_positions)
+    throw InputError("--seq-len", "", fmt::format("must be in [1, {}] (max_position_embeddings of {}), got {}",
+                                                  in.model.max_positions, in.model.name, in.seq_len));
+  in.activation_checkpointing = req.activation_checkpointing || in.cfg.activation_checkpointing_present;
+  in.warnings = in.cfg.warnings;
+  if (in.cfg.sparse_attention.present)
+    in.warnings.push_back(fmt::format(
+        "{}: sparse_attention: accepted but not modelled: attention FLOPs and memory are predicted for dense "
+        "attention (an upper bound for the block-sparse layout)",
+        in.cfg.file));
+  if (in.cfg.model_dtype() == DType::bf16 && !in.device->bf16)
+    in.warnings.push_back(fmt::format("{}: bf16.enabled: {} has no bf16 tensor cores", in.cfg.file, in.device->name));
+  // Validate the batch for every requested stage now, so errors surface before work.
+  const std::vector<int> stages = req.stages.empty() ? std::vector<int>{in.cfg.zero.stage} : req.stages;
+  for (int s : stages) (void)zero::resolve_batch(config_for_stage(in, req, s), in.world_size);
+  return in;
+}
+
+zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int stage) {
+  zero::DsConfig c = in.cfg;
+  c.zero.stage = stage;
+  if (req.micro_batch) {
+    c.train_micro_batch_size_per_gpu = *req.micro_batch;
+    if (c.train_batch_size) c.gradient_accumulation_steps.reset();
+  }
+  return c;
+}
+
+StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph) {
+  StageResult r;
+  r.stage = cfg.zero.stage;
+  r.batch = zero::resolve_batch(cfg, in.world_size);
+  models::OpGraph local;
+  if (!graph || graph->opt.micro_batch != r.batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype()) {
+    models::GraphOptions go;
+    go.micro_batch = r.batch.micro_batch;
+    go.seq_len = in.seq_len;
+    go.act_dtype = cfg.model_dtype();
+    local = models::build_graph(in.model, go);
+    graph = &local;
+  }
+  zero::LowerOptions lo;
+  lo.world_size = in.world_size;
+  lo.rank = zero::heaviest_rank(*graph, cfg, in.world_size);
+  lo.activation_checkpointing = in.activation_checkpointing;
+  r.rank = lo.rank;
+  r.program = zero::lower(*graph, cfg, r.batch, lo);
+  r.memory = sim::replay_memory(r.program, *in.device);
+  return r;
+}
+
+std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req) {
+  const std::vector<int> stages = req.stages.empty() ? std::vector<int>{in.cfg.zero.stage} : req.stages;
+  std::vector<StageResult> out;
+  models::OpGraph graph;
+  bool have_graph = false;
+  for (int s : stages) {
+    const zero::DsConfig c = config_for_stage(in, req, s);
+    if (!have_graph) {
+      const zero::Batch b = zero::resolve_batch(c, in.world_size);
+      models::GraphOptions go;
+      go.micro_batch = b.micro_batch;
+      go.seq_len = in.seq_len;
+      go.act_dtype = c.model_dtype();
+      graph = models::build_graph(in.model, go);
+      have_graph = true;
+    }
+    out.push_back(simulate_one(in, c, &graph));
+  }
+  return out;
+}
+
+nlohmann::json result_json(const StageResult& r) {
+  nlohmann::json cats = nlohmann::json::object();
+  nlohmann::json host = nlohmann::json::object();
+  for (int c = 0; c < zero::kNumCategories; ++c) {
+    cats[zero::category_name(static_cast<zero::Category>(c))] = r.memory.at_peak[static_cast<std::size_t>(c)].v;
+    host[zero::category_name(static_cast<zero::Category>(c))] = r.memory.host_at_peak[static_cast<std::size_t>(c)].v;
+  }
+  nlohmann::json j;
+  j["stage"] = r.stage;
+  j["rank"] = r.rank;
+  j["micro_batch"] = r.batch.micro_batch;
+  j["gradient_accumulation_steps"] = r.batch.gas;
+  j["train_batch_size"] = r.batch.train_batch_size;
+  j["events"] = r.program.events.size();
+  j["memory"] = {
+      {"peak_allocated_bytes", r.memory.peak_allocated.v},
+      {"device_used_bytes", r.memory.device_used.v},
+      {"reserved_bytes", r.memory.reserved_peak.v},
+      {"context_bytes", r.memory.context.v},
+      {"persistent_bytes", r.memory.persistent.v},
+      {"host_bytes", r.memory.peak_host.v},
+      {"host_by_category", host},
+      {"peak_event", r.memory.peak_event >= 0 ? r.program.event_name(r.memory.peak_event) : std::string()},
+      {"fits", r.memory.fits},
+      {"by_category", cats},
+  };
+  return j;
+}
+
+nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& rs) {
+  nlohmann::json j;
+  j["model"] = in.model.name;
+  j["world_size"] = in.world_size;
+  j["gpu"] = in.device->name;
+  j["seq_len"] = in.seq_len;
+  j["warnings"] = in.warnings;
+  j["results"] = nlohmann::json::array();
+  for (const auto& r : rs) j["results"].push_back(result_json(r));
+  return j;
+}
+
+std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs) {
+  std::string out;
+  const auto& first = rs.front();
+  out += fmt::format("{} on {} x {} ({} memory), micro-batch {}, seq-len {}, {}{}\n", in.model.name, in.world_size,
+                     in.device->name, human_bytes(in.device->memory), first.batch.micro_batch, in.seq_len,
+                     dtype_name(in.cfg.model_dtype()), in.activation_checkpointing ? ", activation checkpointing" : "");
+  out += fmt::format("{:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5}  {}\n",
+                     "stage", "gas", "params", "grads", "master", "optim", "comm_buf", "activ", "temps", "peak_alloc",
+                     "dev_used", "host", "fits", "peak event");
+  auto mb = [](Bytes b) { return fmt::format("{:.0f}M", b.mib()); };
+  for (const auto& r : rs) {
+    const auto& a = r.memory.at_peak;
+    out += fmt::format("{:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5}  {}\n",
+                       r.stage, r.batch.gas, mb(a[0]), mb(a[1]), mb(a[2]), mb(a[3]), mb(a[4]), mb(a[5]), mb(a[6]),
+                       mb(r.memory.peak_allocated), mb(r.memory.device_used), mb(r.memory.peak_host),
+                       r.memory.fits ? "yes" : "NO",
+                       r.memory.peak_event >= 0 ? r.program.event_name(r.memory.peak_event) : "-");
+  }
+  out += fmt::format("sizes in MiB (M = 2^20 B) at the peak; dev_used = reserved (caching allocator) + {} context\n",
+                     human_bytes(in.device->context_overhead));
+  return out;
+}
+
+}  // namespace zp::cli

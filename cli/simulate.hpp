@@ -1,0 +1,70 @@
+#pragma once
+// `zeroplan simulate` and the pieces explain, tests and benchmarks share: load the
+// inputs once, lower and replay one configuration per stage.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/graph.hpp"
+#include "sim/device.hpp"
+#include "sim/memory.hpp"
+#include "zero/ds_config.hpp"
+#include "zero/lower.hpp"
+#include "zero/program.hpp"
+
+namespace zp::cli {
+
+struct SimRequest {
+  std::string model = "bert-large-uncased";
+  std::string ds_config;                 // path; empty → DeepSpeed defaults
+  int gpus = 1;
+  std::string gpu = "A100-80GB";
+  std::vector<int> stages;               // empty → the ds_config's stage
+  std::optional<std::int64_t> micro_batch;
+  std::optional<std::int64_t> seq_len;
+  bool activation_checkpointing = false;
+  bool json = false;
+};
+
+// Everything one configuration's prediction needs, loaded and validated once.
+struct Inputs {
+  models::ModelConfig model;
+  zero::DsConfig cfg;
+  const sim::DeviceSpec* device = nullptr;
+  int world_size = 1;
+  std::int64_t seq_len = 0;
+  bool activation_checkpointing = false;
+  std::vector<std::string> warnings;
+};
+
+struct StageResult {
+  int stage = 0;
+  int rank = 0;
+  zero::Batch batch;
+  zero::Program program;
+  sim::MemoryReport memory;
+};
+
+// Validates flags (N >= 1, stages in 0..3, micro-batch >= 1, seq-len within the model's
+// positions), loads model, ds_config and device. Bad input → zp::InputError.
+Inputs load_inputs(const SimRequest& req);
+
+// The ds_config for `stage` with the request's overrides applied (micro-batch keeps
+// train_batch_size and changes GAS, as DeepSpeed requires).
+zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int stage);
+
+// Lower and replay one configuration on its heaviest rank.
+StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph = nullptr);
+
+std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req);
+
+nlohmann::json result_json(const StageResult& r);
+nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& rs);
+std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs);
+
+// Human-readable sizes: "1.23 GiB", "512.0 MiB".
+std::string human_bytes(Bytes b);
+
+}  // namespace zp::cli

@@ -1,0 +1,160 @@
+#include "core/json_util.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace zp::json {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                        std::tolower(static_cast<unsigned char>(b[j - 1]));
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (same ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest(std::string_view key, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const auto& c : candidates) {
+    const std::size_t d = edit_distance(key, c);
+    if (d < best_d) { best_d = d; best = c; }
+  }
+  // Accept a suggestion within half the key's length (at least 3 edits).
+  const std::size_t limit = std::max<std::size_t>(3, key.size() / 2);
+  return best_d <= limit ? best : std::string{};
+}
+
+json parse_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "", "cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    // Convert the byte offset into line:column for the user.
+    std::size_t off = std::min<std::size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+    std::size_t line = 1, col = 1;
+    for (std::size_t i = 0; i < off; ++i) {
+      if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
+    }
+    throw InputError(path, "", fmt::format("malformed JSON at line {} column {}", line, col));
+  }
+}
+
+std::string Reader::key_path(std::string_view key) const {
+  if (path.empty()) return std::string(key);
+  return fmt::format("{}.{}", path, key);
+}
+
+void Reader::reject_unknown(const json& obj, const std::vector<std::string>& known) const {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
+    const std::string near = closest(it.key(), known);
+    if (near.empty())
+      throw InputError(file, key_path(it.key()), "unknown key");
+    throw InputError(file, key_path(it.key()), fmt::format("unknown key (did you mean '{}'?)", near));
+  }
+}
+
+void Reader::require_object(const json& v, std::string_view key) const {
+  if (!v.is_object())
+    throw InputError(file, key_path(key), fmt::format("must be a JSON object, got {}", v.type_name()));
+}
+
+bool Reader::get_bool(const json& obj, std::string_view key, bool dflt) const {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_boolean())
+    throw InputError(file, key_path(key), fmt::format("must be true or false, got {}", it->dump()));
+  return it->get<bool>();
+}
+
+static std::string range_text(std::int64_t lo, std::int64_t hi) {
+  if (hi == std::numeric_limits<std::int64_t>::max()) return fmt::format("an integer >= {}", lo);
+  return fmt::format("an integer in [{}, {}]", lo, hi);
+}
+
+std::optional<std::int64_t> Reader::get_opt_int(const json& obj, std::string_view key,
+                                                std::int64_t lo, std::int64_t hi) const {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  std::int64_t v = 0;
+  if (it->is_number_integer()) {
+    v = it->get<std::int64_t>();
+  } else if (it->is_number_float()) {
+    const double d = it->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.0e18)
+      throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), it->dump()));
+    v = static_cast<std::int64_t>(d);
+  } else {
+    throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), it->dump()));
+  }
+  if (v < lo || v > hi)
+    throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), it->dump()));
+  return v;
+}
+
+std::int64_t Reader::get_int(const json& obj, std::string_view key, std::int64_t dflt,
+                             std::int64_t lo, std::int64_t hi) const {
+  return get_opt_int(obj, key, lo, hi).value_or(dflt);
+}
+
+double Reader::get_double(const json& obj, std::string_view key, double dflt, double lo, double hi) const {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_number())
+    throw InputError(file, key_path(key), fmt::format("must be a number in [{}, {}], got {}", lo, hi, it->dump()));
+  const double d = it->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi)
+    throw InputError(file, key_path(key), fmt::format("must be a number in [{}, {}], got {}", lo, hi, it->dump()));
+  return d;
+}
+
+std::string Reader::get_string(const json& obj, std::string_view key, const std::string& dflt) const {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_string())
+    throw InputError(file, key_path(key), fmt::format("must be a string, got {}", it->dump()));
+  return it->get<std::string>();
+}
+
+std::string Reader::get_enum(const json& obj, std::string_view key, const std::string& dflt,
+                             const std::vector<std::string>& allowed) const {
+  auto it = obj.find(std::string(key));
+  std::string joined;
+  for (const auto& a : allowed) joined += (joined.empty() ? "" : ", ") + a;
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_string())
+    throw InputError(file, key_path(key), fmt::format("must be one of {}, got {}", joined, it->dump()));
+  const std::string s = it->get<std::string>();
+  for (const auto& a : allowed) {
+    if (a.size() == s.size() &&
+        std::equal(a.begin(), a.end(), s.begin(), [](char x, char y) {
+          return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+        }))
+      return a;
+  }
+  throw InputError(file, key_path(key), fmt::format("must be one of {}, got \"{}\"", joined, s));
+}
+
+Reader Reader::sub(std::string_view key) const { return Reader{file, key_path(key)}; }
+
+}  // namespace zp::json

@@ -1,0 +1,808 @@
+// Op graphs of BERT, GPT-2 and Llama-like models, following what PyTorch eager autograd
+// saves for the Hugging Face implementation of each family (eager attention).
+//
+// Notation in shape comments: B micro-batch, T sequence, C hidden, A heads, K kv heads,
+// D head_dim, F MLP width, V vocabulary.
+#include "models/graph.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace zp::models {
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::embedding: return "embedding";
+    case OpKind::linear: return "linear";
+    case OpKind::bmm: return "bmm";
+    case OpKind::layernorm: return "layernorm";
+    case OpKind::rmsnorm: return "rmsnorm";
+    case OpKind::softmax: return "softmax";
+    case OpKind::dropout: return "dropout";
+    case OpKind::gelu: return "gelu";
+    case OpKind::gelu_tanh: return "gelu_tanh";
+    case OpKind::relu: return "relu";
+    case OpKind::silu: return "silu";
+    case OpKind::tanh: return "tanh";
+    case OpKind::pow: return "pow";
+    case OpKind::add: return "add";
+    case OpKind::mul: return "mul";
+    case OpKind::scale: return "scale";
+    case OpKind::cast: return "cast";
+    case OpKind::rope: return "rope";
+    case OpKind::copy: return "copy";
+    case OpKind::cross_entropy: return "cross_entropy";
+  }
+  return "?";
+}
+
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+
+std::int64_t numel_of(const Shape& s) {
+  return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>());
+}
+
+bool is_float(DType t) { return t == DType::fp32 || t == DType::fp16 || t == DType::bf16; }
+
+// A per-token statistic kept with keepdim (LayerNorm mean/rstd, RMSNorm rsqrt): (B, T, 1).
+bool is_per_token_stat(const Tensor& t) { return t.shape.size() >= 2 && t.shape.back() == 1; }
+
+// Forward / backward FLOPs per element for the non-GEMM ops (small constants).
+struct PerElement {
+  double fwd, bwd;
+};
+PerElement per_element(OpKind k) {
+  switch (k) {
+    case OpKind::add: return {1, 1};
+    case OpKind::mul: return {1, 2};
+    case OpKind::scale: return {1, 1};
+    case OpKind::dropout: return {2, 2};
+    case OpKind::gelu: return {8, 12};
+    case OpKind::gelu_tanh: return {8, 12};
+    case OpKind::relu: return {1, 1};
+    case OpKind::silu: return {4, 8};
+    case OpKind::tanh: return {4, 3};
+    case OpKind::pow: return {1, 2};
+    case OpKind::softmax: return {5, 4};
+    case OpKind::layernorm: return {8, 12};
+    case OpKind::rmsnorm: return {3, 3};
+    case OpKind::rope: return {3, 3};
+    case OpKind::cross_entropy: return {5, 3};
+    case OpKind::embedding:
+    case OpKind::cast:
+    case OpKind::copy:
+    case OpKind::linear:
+    case OpKind::bmm: return {0, 0};
+  }
+  return {0, 0};
+}
+
+class Builder {
+ public:
+  explicit Builder(OpGraph& g) : g_(g), act_(g.opt.act_dtype), dsz_(dtype_size(g.opt.act_dtype)) {}
+
+  DType act() const { return act_; }
+  const Tensor& T(TensorId t) const { return g_.tensors.at(static_cast<std::size_t>(t)); }
+
+  // ---- parameters and modules, in registration order ----
+  struct PSpec {
+    std::string suffix;
+    Shape shape;
+  };
+
+  // A module owning `own` params directly, plus `shared` ones registered earlier (tied).
+  ModuleId module(const std::string& name, std::int32_t layer, const std::vector<PSpec>& own,
+                  bool in_base = true, const std::vector<ParamId>& shared = {}) {
+    Module m;
+    m.id = static_cast<ModuleId>(g_.modules.size());
+    m.name = name;
+    m.layer = layer;
+    for (const auto& ps : own) {
+      Param p;
+      p.id = static_cast<ParamId>(g_.params.size());
+      p.name = name + "." + ps.suffix;
+      p.shape = ps.shape;
+      p.numel = numel_of(ps.shape);
+      p.module = m.id;
+      p.layer = layer;
+      p.in_base_model = in_base;
+      param_by_name_[p.name] = p.id;
+      m.params.push_back(p.id);
+      g_.params.push_back(std::move(p));
+    }
+    m.params.insert(m.params.end(), shared.begin(), shared.end());
+    module_by_name_[name] = m.id;
+    g_.modules.push_back(std::move(m));
+    return m_last();
+  }
+  ModuleId mod(const std::string& name) const { return module_by_name_.at(name); }
+  ParamId param(const std::string& name) const { return param_by_name_.at(name); }
+  const Module& M(ModuleId m) const { return g_.modules.at(static_cast<std::size_t>(m)); }
+
+  // ---- layers ----
+  void begin_layer(std::int32_t l, TensorId input) {
+    layer_ = l;
+    prefix_ = fmt::format("layer{}.", l);
+    LayerSpan span;
+    span.first = static_cast<OpId>(g_.ops.size());
+    span.input = input;
+    g_.layers.push_back(span);
+  }
+  void end_layer() {
+    g_.layers.back().last = static_cast<OpId>(g_.ops.size()) - 1;
+    layer_ = kNone;
+    prefix_.clear();
+  }
+
+  // ---- tensors ----
+  TensorId tensor(const std::string& name, Shape shape, DType dt) {
+    Tensor t;
+    t.id = static_cast<TensorId>(g_.tensors.size());
+    t.name = prefix_ + name;
+    t.bytes = Bytes{numel_of(shape) * dtype_size(dt)};
+    t.shape = std::move(shape);
+    t.dtype = dt;
+    t.layer = layer_;
+    g_.tensors.push_back(std::move(t));
+    return g_.tensors.back().id;
+  }
+  TensorId input(const std::string& name, Shape shape, DType dt) {
+    const TensorId t = tensor(name, std::move(shape), dt);
+    g_.inputs.push_back(t);
+    return t;
+  }
+
+  // ---- ops ----
+  // Appends `op` (name, kind, module, inputs, outputs, saved, params already set) and fills
+  // in the id, layer, producers, and the default FLOPs/bytes of a non-GEMM op.
+  OpId emit(Op op, bool default_costs = true) {
+    op.id = static_cast<OpId>(g_.ops.size());
+    op.name = prefix_ + op.name;
+    op.layer = layer_;
+    for (TensorId t : op.outputs) g_.tensors[static_cast<std::size_t>(t)].producer = op.id;
+    if (default_costs) elementwise_costs(op);
+    g_.ops.push_back(std::move(op));
+    return g_.ops.back().id;
+  }
+
+  // A non-GEMM op with one main output of `shape`/`dt`; returns that output.
+  TensorId simple(const std::string& name, OpKind kind, std::vector<TensorId> in, Shape shape, DType dt,
+                  std::vector<TensorId> saved_in, bool save_output = false, ModuleId m = kNone,
+                  std::vector<ParamId> params = {}) {
+    const TensorId y = tensor(name, std::move(shape), dt);
+    Op op;
+    op.name = name;
+    op.kind = kind;
+    op.module = m;
+    op.inputs = std::move(in);
+    op.outputs = {y};
+    op.saved = std::move(saved_in);
+    if (save_output) op.saved.push_back(y);
+    op.params = std::move(params);
+    emit(std::move(op));
+    return y;
+  }
+
+  // nn.Linear / Conv1D: y = x W^T + b; autograd saves x. `rows` overrides the number of
+  // rows the GEMM sees (a view of x, e.g. BERT's pooler on the CLS token).
+  TensorId linear(const std::string& name, ModuleId m, TensorId x, std::int64_t in, std::int64_t out,
+                  std::optional<Shape> yshape = std::nullopt) {
+    Shape ys = yshape ? *yshape : T(x).shape;
+    if (!yshape) ys.back() = out;
+    const std::int64_t rows = numel_of(ys) / out;
+    const bool bias = M(m).params.size() > 1;
+    const TensorId y = tensor(name, ys, act_);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::linear;
+    op.module = m;
+    op.inputs = {x};
+    op.outputs = {y};
+    op.saved = {x};
+    op.params = M(m).params;
+    op.gemms = {Gemm{rows, out, in, 1}};
+    const double mnk = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
+    const double bias_flops = bias ? static_cast<double>(rows * out) : 0.0;
+    op.fwd_flops = Flops{2.0 * mnk + bias_flops};
+    op.bwd_flops = Flops{4.0 * mnk + bias_flops};
+    const std::int64_t xe = rows * in, we = in * out, ye = rows * out, be = bias ? out : 0;
+    op.fwd_bytes = Bytes{(xe + we + be + ye) * dsz_};
+    // dgrad reads dY, W and writes dX; wgrad reads dY, X and writes dW (and db).
+    op.bwd_bytes = Bytes{(2 * ye + 2 * we + 2 * xe + be) * dsz_};
+    emit(std::move(op), false);
+    return y;
+  }
+
+  // torch.matmul on (batched) attention operands; autograd saves both operands
+  // (`saved` names the tensors that own their storage: views keep their base alive).
+  TensorId bmm(const std::string& name, std::vector<TensorId> in, std::vector<TensorId> saved, Shape yshape,
+               Gemm geo) {
+    const TensorId y = tensor(name, std::move(yshape), act_);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::bmm;
+    op.inputs = std::move(in);
+    op.outputs = {y};
+    op.saved = std::move(saved);
+    op.gemms = {geo};
+    const double f = 2.0 * static_cast<double>(geo.batch) * static_cast<double>(geo.m) *
+                     static_cast<double>(geo.n) * static_cast<double>(geo.k);
+    op.fwd_flops = Flops{f};
+    op.bwd_flops = Flops{2.0 * f};
+    const std::int64_t a = geo.batch * geo.m * geo.k, b = geo.batch * geo.k * geo.n, c = geo.batch * geo.m * geo.n;
+    op.fwd_bytes = Bytes{(a + b + c) * dsz_};
+    op.bwd_bytes = Bytes{2 * (a + b + c) * dsz_};
+    emit(std::move(op), false);
+    return y;
+  }
+
+  // nn.Embedding: saves the indices (an int64 input, or a persistent buffer when ids == kNone).
+  TensorId embedding(const std::string& name, ModuleId m, TensorId ids, Shape yshape) {
+    const TensorId y = tensor(name, std::move(yshape), act_);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::embedding;
+    op.module = m;
+    if (ids != kNone) {
+      op.inputs = {ids};
+      op.saved = {ids};
+    }
+    op.outputs = {y};
+    op.params = M(m).params;
+    const std::int64_t ye = numel_of(T(y).shape);
+    const std::int64_t table = g_.params[static_cast<std::size_t>(op.params.front())].numel;
+    const std::int64_t ide = ids != kNone ? T(ids).bytes.v : 0;
+    op.fwd_bytes = Bytes{ide + 2 * ye * dsz_};
+    // A dense gradient of the whole table: zero-fill, then scatter-add the rows.
+    op.bwd_bytes = Bytes{ide + ye * dsz_ + 2 * table * dsz_};
+    op.bwd_flops = Flops{static_cast<double>(ye)};
+    emit(std::move(op), false);
+    return y;
+  }
+
+  // nn.Dropout in training: native_dropout saves its bool mask. p == 0 is a no-op.
+  TensorId dropout(const std::string& name, TensorId x, double p) {
+    if (p <= 0.0) return x;
+    const TensorId y = tensor(name, T(x).shape, T(x).dtype);
+    const TensorId mask = tensor(name + ".mask", T(x).shape, DType::b1);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::dropout;
+    op.inputs = {x};
+    op.outputs = {y, mask};
+    op.saved = {mask};
+    emit(std::move(op));
+    return y;
+  }
+
+  // nn.LayerNorm: native_layer_norm saves its input and the fp32 mean and rstd per token.
+  TensorId layernorm(const std::string& name, ModuleId m, TensorId x) {
+    Shape stat = T(x).shape;
+    stat.back() = 1;
+    const TensorId y = tensor(name, T(x).shape, T(x).dtype);
+    const TensorId mean = tensor(name + ".mean", stat, DType::fp32);   // (B, T, 1)
+    const TensorId rstd = tensor(name + ".rstd", stat, DType::fp32);   // (B, T, 1)
+    Op op;
+    op.name = name;
+    op.kind = OpKind::layernorm;
+    op.module = m;
+    op.inputs = {x};
+    op.outputs = {y, mean, rstd};
+    op.saved = {x, mean, rstd};
+    op.params = M(m).params;
+    emit(std::move(op));
+    return y;
+  }
+
+  // LlamaRMSNorm as Hugging Face writes it:
+  //   x32 = x.to(fp32); var = x32.pow(2).mean(-1, keepdim); r = rsqrt(var + eps)
+  //   return weight * (x32 * r).to(x.dtype)
+  // Saved: x32 (by pow and mul), r (by mul), the 16-bit cast (by the weight multiply).
+  // In fp32 both casts are no-ops, so pow saves x itself and the weight multiply x32*r.
+  TensorId rmsnorm(const std::string& name, ModuleId m, TensorId x) {
+    const Shape shape = T(x).shape;
+    Shape stat = shape;
+    stat.back() = 1;
+    const bool cast = T(x).dtype != DType::fp32;
+    const TensorId x32 = cast ? simple(name + ".to_fp32", OpKind::cast, {x}, shape, DType::fp32, {}, false, m) : x;
+    const TensorId sq = simple(name + ".pow", OpKind::pow, {x32}, shape, DType::fp32, {x32}, false, m);
+    // mean(-1, keepdim) + eps + rsqrt: one value per token, saved by rsqrt's backward.
+    const TensorId r = simple(name + ".rsqrt", OpKind::rmsnorm, {sq}, stat, DType::fp32, {}, true, m);
+    const TensorId y32 = simple(name + ".mul", OpKind::mul, {x32, r}, shape, DType::fp32, {x32, r}, false, m);
+    const TensorId y16 =
+        cast ? simple(name + ".to_act", OpKind::cast, {y32}, shape, T(x).dtype, {}, false, m) : y32;
+    return simple(name, OpKind::mul, {y16}, shape, T(x).dtype, {y16}, false, m, M(m).params);
+  }
+
+  // The MLP activation; what autograd saves depends on how HF writes it.
+  TensorId activation(const std::string& name, Act a, TensorId x) {
+    const Shape shape = T(x).shape;
+    const DType dt = T(x).dtype;
+    switch (a) {
+      case Act::gelu: return simple(name, OpKind::gelu, {x}, shape, dt, {x});
+      case Act::gelu_pytorch_tanh: return simple(name, OpKind::gelu_tanh, {x}, shape, dt, {x});
+      case Act::silu: return simple(name, OpKind::silu, {x}, shape, dt, {x});
+      case Act::relu: return simple(name, OpKind::relu, {x}, shape, dt, {}, true);  // saves its result
+      case Act::gelu_new: {
+        // NewGELUActivation: 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*pow(x, 3))))
+        const TensorId half = simple(name + ".half_x", OpKind::scale, {x}, shape, dt, {});
+        const TensorId cube = simple(name + ".pow3", OpKind::pow, {x}, shape, dt, {x});
+        const TensorId c3 = simple(name + ".scale_cube", OpKind::scale, {cube}, shape, dt, {});
+        const TensorId inner = simple(name + ".add_x", OpKind::add, {x, c3}, shape, dt, {});
+        const TensorId arg = simple(name + ".scale_sqrt", OpKind::scale, {inner}, shape, dt, {});
+        const TensorId th = simple(name + ".tanh", OpKind::tanh, {arg}, shape, dt, {}, true);
+        const TensorId one_p = simple(name + ".one_plus", OpKind::add, {th}, shape, dt, {});
+        return simple(name, OpKind::mul, {half, one_p}, shape, dt, {half, one_p});
+      }
+    }
+    return x;
+  }
+
+  // F.cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
+  TensorId cross_entropy(const std::string& name, TensorId logits, TensorId labels, std::int64_t classes) {
+    const DType dt = T(logits).dtype;
+    const std::int64_t rows = numel_of(T(logits).shape) / classes;
+    const TensorId logp = tensor(name + ".log_softmax", {rows, classes}, dt);
+    const TensorId loss = tensor(name, {}, dt);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::cross_entropy;
+    op.inputs = {logits, labels};
+    op.outputs = {logp, loss};
+    op.saved = {logp, labels};
+    emit(std::move(op));
+    return loss;
+  }
+
+  // Causal-LM loss as HF's ForCausalLMLoss: logits.float(), labels shifted by padding,
+  // cross-entropy over all B*T positions.
+  TensorId causal_lm_loss(TensorId logits, TensorId labels, std::int64_t vocab) {
+    TensorId l = logits;
+    if (T(logits).dtype != DType::fp32)
+      l = simple("loss.upcast", OpKind::cast, {logits}, T(logits).shape, DType::fp32, {});
+    return cross_entropy("loss.cross_entropy", l, labels, vocab);
+  }
+
+ private:
+  ModuleId m_last() const { return static_cast<ModuleId>(g_.modules.size()) - 1; }
+
+  void elementwise_costs(Op& op) const {
+    std::int64_t n = 0, rd = 0, wr = 0, saved = 0, gin = 0, gout = 0;
+    for (TensorId t : op.inputs) {
+      const Tensor& x = T(t);
+      n = std::max(n, numel_of(x.shape));
+      rd += x.bytes.v;
+      if (is_float(x.dtype)) gin += x.bytes.v;
+    }
+    for (TensorId t : op.outputs) {
+      const Tensor& y = T(t);
+      n = std::max(n, numel_of(y.shape));
+      wr += y.bytes.v;
+      if (is_float(y.dtype) && !is_per_token_stat(y)) gout += y.bytes.v;
+    }
+    for (TensorId t : op.saved) saved += T(t).bytes.v;
+    std::int64_t pbytes = 0;
+    for (ParamId p : op.params) pbytes += g_.params[static_cast<std::size_t>(p)].numel * dsz_;
+    const PerElement pe = per_element(op.kind);
+    op.fwd_flops = Flops{pe.fwd * static_cast<double>(n)};
+    op.bwd_flops = Flops{pe.bwd * static_cast<double>(n)};
+    op.fwd_bytes = Bytes{rd + wr + pbytes};
+    // Backward reads the output gradients and the saved tensors, writes the input
+    // gradients, and reads the params / writes their gradients.
+    op.bwd_bytes = Bytes{gout + saved + gin + 2 * pbytes};
+  }
+
+  OpGraph& g_;
+  DType act_;
+  std::int64_t dsz_;
+  std::int32_t layer_ = kNone;
+  std::string prefix_;
+  std::unordered_map<std::string, ModuleId> module_by_name_;
+  std::unordered_map<std::string, ParamId> param_by_name_;
+};
+
+struct Dims {
+  std::int64_t b, s, h, a, kv, d, f, v;
+};
+
+Dims dims_of(const OpGraph& g) {
+  const ModelConfig& c = g.cfg;
+  return Dims{g.opt.micro_batch, g.opt.seq_len, c.hidden, c.heads, c.kv_heads, c.head_dim, c.intermediate, c.vocab};
+}
+
+// ------------------------------------------------------------------------------------
+// GPT-2 (GPT2LMHeadModel)
+// ------------------------------------------------------------------------------------
+
+void gpt2_params(Builder& bd, const ModelConfig& c) {
+  const std::int64_t h = c.hidden, f = c.intermediate;
+  bd.module("transformer.wte", kNone, {{"weight", {c.vocab, h}}});
+  bd.module("transformer.wpe", kNone, {{"weight", {c.max_positions, h}}});
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) {
+    const std::string p = fmt::format("transformer.h.{}.", l);
+    // Conv1D stores its weight as (in, out).
+    bd.module(p + "ln_1", l, {{"weight", {h}}, {"bias", {h}}});
+    bd.module(p + "attn.c_attn", l, {{"weight", {h, 3 * h}}, {"bias", {3 * h}}});
+    bd.module(p + "attn.c_proj", l, {{"weight", {h, h}}, {"bias", {h}}});
+    bd.module(p + "ln_2", l, {{"weight", {h}}, {"bias", {h}}});
+    bd.module(p + "mlp.c_fc", l, {{"weight", {h, f}}, {"bias", {f}}});
+    bd.module(p + "mlp.c_proj", l, {{"weight", {f, h}}, {"bias", {h}}});
+  }
+  bd.module("transformer.ln_f", kNone, {{"weight", {h}}, {"bias", {h}}});
+  if (c.tie_word_embeddings)
+    bd.module("lm_head", kNone, {}, true, {bd.param("transformer.wte.weight")});
+  else
+    bd.module("lm_head", kNone, {{"weight", {c.vocab, h}}}, false);
+}
+
+TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32_t l, TensorId x) {
+  const std::string p = fmt::format("transformer.h.{}.", l);
+  bd.begin_layer(l, x);
+  const TensorId y = bd.layernorm("ln_1", bd.mod(p + "ln_1"), x);
+  const TensorId qkv = bd.linear("attn.c_attn", bd.mod(p + "attn.c_attn"), y, d.h, 3 * d.h);  // (B, T, 3C)
+  // q, k, v are views of qkv: both matmuls keep the one (B, T, 3C) tensor alive.
+  TensorId sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a});
+  sc = bd.simple("attn.scale", OpKind::scale, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
+  // torch.where(bias[..., :T, :T], w, min): the condition is a persistent buffer.
+  sc = bd.simple("attn.causal_mask", OpKind::add, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
+  const TensorId probs = bd.simple("attn.softmax", OpKind::softmax, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {}, true);
+  const TensorId pd = bd.dropout("attn.attn_dropout", probs, c.attention_dropout);
+  const TensorId ctx = bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+  const TensorId merged = bd.simple("attn.merge_heads", OpKind::copy, {ctx}, {d.b, d.s, d.h}, bd.act(), {});
+  TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h);
+  o = bd.dropout("attn.resid_dropout", o, c.hidden_dropout);
+  const TensorId x2 = bd.simple("attn.residual", OpKind::add, {o, x}, {d.b, d.s, d.h}, bd.act(), {});
+  const TensorId y2 = bd.layernorm("ln_2", bd.mod(p + "ln_2"), x2);
+  const TensorId fc = bd.linear("mlp.c_fc", bd.mod(p + "mlp.c_fc"), y2, d.h, d.f);  // (B, T, F)
+  const TensorId g = bd.activation("mlp.act", c.act, fc);
+  TensorId m = bd.linear("mlp.c_proj", bd.mod(p + "mlp.c_proj"), g, d.f, d.h);
+  m = bd.dropout("mlp.dropout", m, c.hidden_dropout);
+  const TensorId out = bd.simple("mlp.residual", OpKind::add, {x2, m}, {d.b, d.s, d.h}, bd.act(), {});
+  bd.end_layer();
+  return out;
+}
+
+void gpt2_graph(Builder& bd, OpGraph& g) {
+  const ModelConfig& c = g.cfg;
+  const Dims d = dims_of(g);
+  gpt2_params(bd, c);
+  const TensorId ids = bd.input("input_ids", {d.b, d.s}, DType::i64);
+  const TensorId labels = bd.input("labels", {d.b, d.s}, DType::i64);
+  const TensorId tok = bd.embedding("transformer.wte", bd.mod("transformer.wte"), ids, {d.b, d.s, d.h});
+  // position_ids = arange(T)[None]: (1, T, C) broadcast over the batch.
+  const TensorId pos = bd.embedding("transformer.wpe", bd.mod("transformer.wpe"), kNone, {1, d.s, d.h});
+  TensorId x = bd.simple("transformer.embed_add", OpKind::add, {tok, pos}, {d.b, d.s, d.h}, bd.act(), {});
+  x = bd.dropout("transformer.drop", x, c.embedding_dropout);
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) x = gpt2_block(bd, c, d, l, x);
+  x = bd.layernorm("transformer.ln_f", bd.mod("transformer.ln_f"), x);
+  const TensorId logits = bd.linear("lm_head", bd.mod("lm_head"), x, d.h, d.v);  // (B, T, V)
+  g.loss = bd.causal_lm_loss(logits, labels, d.v);
+}
+
+// ------------------------------------------------------------------------------------
+// BERT (BertForPreTraining / BertForMaskedLM)
+// ------------------------------------------------------------------------------------
+
+void bert_params(Builder& bd, const ModelConfig& c) {
+  const std::int64_t h = c.hidden, f = c.intermediate;
+  const std::vector<Builder::PSpec> ln{{"weight", {h}}, {"bias", {h}}};
+  bd.module("bert.embeddings.word_embeddings", kNone, {{"weight", {c.vocab, h}}});
+  bd.module("bert.embeddings.position_embeddings", kNone, {{"weight", {c.max_positions, h}}});
+  bd.module("bert.embeddings.token_type_embeddings", kNone, {{"weight", {c.type_vocab, h}}});
+  bd.module("bert.embeddings.LayerNorm", kNone, ln);
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) {
+    const std::string p = fmt::format("bert.encoder.layer.{}.", l);
+    bd.module(p + "attention.self.query", l, {{"weight", {h, h}}, {"bias", {h}}});
+    bd.module(p + "attention.self.key", l, {{"weight", {h, h}}, {"bias", {h}}});
+    bd.module(p + "attention.self.value", l, {{"weight", {h, h}}, {"bias", {h}}});
+    bd.module(p + "attention.output.dense", l, {{"weight", {h, h}}, {"bias", {h}}});
+    bd.module(p + "attention.output.LayerNorm", l, ln);
+    bd.module(p + "intermediate.dense", l, {{"weight", {f, h}}, {"bias", {f}}});
+    bd.module(p + "output.dense", l, {{"weight", {h, f}}, {"bias", {h}}});
+    bd.module(p + "output.LayerNorm", l, ln);
+  }
+  const bool pretraining = c.head == Head::bert_pretraining;
+  if (pretraining) bd.module("bert.pooler.dense", kNone, {{"weight", {h, h}}, {"bias", {h}}});
+  // BertLMPredictionHead registers its own `bias` before its children; decoder.bias is
+  // the same Parameter, decoder.weight is tied to the word embeddings.
+  bd.module("cls.predictions", kNone, {{"bias", {c.vocab}}}, false);
+  bd.module("cls.predictions.transform.dense", kNone, {{"weight", {h, h}}, {"bias", {h}}}, false);
+  bd.module("cls.predictions.transform.LayerNorm", kNone, ln, false);
+  const ParamId bias = bd.param("cls.predictions.bias");
+  if (c.tie_word_embeddings)
+    bd.module("cls.predictions.decoder", kNone, {}, false, {bd.param("bert.embeddings.word_embeddings.weight"), bias});
+  else
+    bd.module("cls.predictions.decoder", kNone, {{"weight", {c.vocab, h}}}, false, {bias});
+  if (pretraining) bd.module("cls.seq_relationship", kNone, {{"weight", {2, h}}, {"bias", {2}}}, false);
+}
+
+TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32_t l, TensorId x, TensorId mask) {
+  const std::string p = fmt::format("bert.encoder.layer.{}.", l);
+  const Shape bash{d.b, d.a, d.s, d.s}, bsh{d.b, d.s, d.h};
+  bd.begin_layer(l, x);
+  // Q, K and V each save the same input x.
+  const TensorId q = bd.linear("attention.self.query", bd.mod(p + "attention.self.query"), x, d.h, d.h);
+  const TensorId k = bd.linear("attention.self.key", bd.mod(p + "attention.self.key"), x, d.h, d.h);
+  const TensorId v = bd.linear("attention.self.value", bd.mod(p + "attention.self.value"), x, d.h, d.h);
+  TensorId sc = bd.bmm("attention.self.scores", {q, k}, {q, k}, bash, Gemm{d.s, d.s, d.d, d.b * d.a});
+  sc = bd.simple("attention.self.scale", OpKind::scale, {sc}, bash, bd.act(), {});
+  // + extended attention mask (B, 1, 1, T): a broadcast add saves nothing.
+  sc = bd.simple("attention.self.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
+  const TensorId probs = bd.simple("attention.self.softmax", OpKind::softmax, {sc}, bash, bd.act(), {}, true);
+  const TensorId pd = bd.dropout("attention.self.dropout", probs, c.attention_dropout);
+  const TensorId ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d},
+                              Gemm{d.s, d.d, d.s, d.b * d.a});
+  const TensorId merged = bd.simple("attention.self.merge_heads", OpKind::copy, {ctx}, bsh, bd.act(), {});
+  TensorId o = bd.linear("attention.output.dense", bd.mod(p + "attention.output.dense"), merged, d.h, d.h);
+  o = bd.dropout("attention.output.dropout", o, c.hidden_dropout);
+  o = bd.simple("attention.output.residual", OpKind::add, {o, x}, bsh, bd.act(), {});
+  const TensorId ao = bd.layernorm("attention.output.LayerNorm", bd.mod(p + "attention.output.LayerNorm"), o);
+  TensorId i = bd.linear("intermediate.dense", bd.mod(p + "intermediate.dense"), ao, d.h, d.f);  // (B, T, F)
+  i = bd.activation("intermediate.act", c.act, i);
+  TensorId o2 = bd.linear("output.dense", bd.mod(p + "output.dense"), i, d.f, d.h);
+  o2 = bd.dropout("output.dropout", o2, c.hidden_dropout);
+  o2 = bd.simple("output.residual", OpKind::add, {o2, ao}, bsh, bd.act(), {});
+  const TensorId out = bd.layernorm("output.LayerNorm", bd.mod(p + "output.LayerNorm"), o2);
+  bd.end_layer();
+  return out;
+}
+
+void bert_graph(Builder& bd, OpGraph& g) {
+  const ModelConfig& c = g.cfg;
+  const Dims d = dims_of(g);
+  const bool pretraining = c.head == Head::bert_pretraining;
+  bert_params(bd, c);
+  const TensorId ids = bd.input("input_ids", {d.b, d.s}, DType::i64);
+  const TensorId types = bd.input("token_type_ids", {d.b, d.s}, DType::i64);
+  const TensorId amask = bd.input("attention_mask", {d.b, d.s}, DType::i64);
+  const TensorId labels = bd.input("labels", {d.b, d.s}, DType::i64);
+  const TensorId nsp_labels = pretraining ? bd.input("next_sentence_label", {d.b}, DType::i64) : kNone;
+  // (1 - mask) * finfo.min in the activation dtype: (B, 1, 1, T).
+  const TensorId ext = bd.simple("bert.extended_attention_mask", OpKind::copy, {amask}, {d.b, 1, 1, d.s}, bd.act(), {});
+  const Shape bsh{d.b, d.s, d.h};
+  const TensorId w = bd.embedding("bert.embeddings.word_embeddings", bd.mod("bert.embeddings.word_embeddings"), ids, bsh);
+  const TensorId t =
+      bd.embedding("bert.embeddings.token_type_embeddings", bd.mod("bert.embeddings.token_type_embeddings"), types, bsh);
+  TensorId x = bd.simple("bert.embeddings.add_token_type", OpKind::add, {w, t}, bsh, bd.act(), {});
+  const TensorId pos = bd.embedding("bert.embeddings.position_embeddings",
+                                    bd.mod("bert.embeddings.position_embeddings"), kNone, {1, d.s, d.h});
+  x = bd.simple("bert.embeddings.add_position", OpKind::add, {x, pos}, bsh, bd.act(), {});
+  x = bd.layernorm("bert.embeddings.LayerNorm", bd.mod("bert.embeddings.LayerNorm"), x);
+  x = bd.dropout("bert.embeddings.dropout", x, c.hidden_dropout);
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) x = bert_layer(bd, c, d, l, x, ext);
+  const TensorId seq = x;
+
+  TensorId pooled = kNone;
+  if (pretraining) {
+    // hidden_states[:, 0] is a view: the dense layer's saved input keeps `seq` alive.
+    pooled = bd.linear("bert.pooler.dense", bd.mod("bert.pooler.dense"), seq, d.h, d.h, Shape{d.b, d.h});
+    pooled = bd.simple("bert.pooler.activation", OpKind::tanh, {pooled}, {d.b, d.h}, bd.act(), {}, true);
+  }
+  TensorId tr = bd.linear("cls.predictions.transform.dense", bd.mod("cls.predictions.transform.dense"), seq, d.h, d.h);
+  tr = bd.activation("cls.predictions.transform.act", c.act, tr);
+  tr = bd.layernorm("cls.predictions.transform.LayerNorm", bd.mod("cls.predictions.transform.LayerNorm"), tr);
+  const TensorId scores = bd.linear("cls.predictions.decoder", bd.mod("cls.predictions.decoder"), tr, d.h, d.v);
+  TensorId nsp = kNone;
+  if (pretraining) nsp = bd.linear("cls.seq_relationship", bd.mod("cls.seq_relationship"), pooled, d.h, 2);
+  // CrossEntropyLoss on prediction_scores.view(-1, V) in the activation dtype.
+  const TensorId mlm_loss = bd.cross_entropy("loss.mlm", scores, labels, d.v);
+  if (!pretraining) {
+    g.loss = mlm_loss;
+    return;
+  }
+  const TensorId nsp_loss = bd.cross_entropy("loss.nsp", nsp, nsp_labels, 2);
+  g.loss = bd.simple("loss.total", OpKind::add, {mlm_loss, nsp_loss}, {}, bd.act(), {});
+}
+
+// ------------------------------------------------------------------------------------
+// Llama, Mistral, Qwen2 (…ForCausalLM)
+// ------------------------------------------------------------------------------------
+
+void llama_params(Builder& bd, const ModelConfig& c) {
+  const std::int64_t h = c.hidden, f = c.intermediate, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  const bool o_bias = c.qkv_bias && c.model_type == "llama";  // LlamaConfig.attention_bias
+  auto lin = [](std::int64_t out, std::int64_t in, bool bias) {
+    std::vector<Builder::PSpec> ps{{"weight", {out, in}}};
+    if (bias) ps.push_back({"bias", {out}});
+    return ps;
+  };
+  bd.module("model.embed_tokens", kNone, {{"weight", {c.vocab, h}}});
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    bd.module(p + "self_attn.q_proj", l, lin(qd, h, c.qkv_bias));
+    bd.module(p + "self_attn.k_proj", l, lin(kvd, h, c.qkv_bias));
+    bd.module(p + "self_attn.v_proj", l, lin(kvd, h, c.qkv_bias));
+    bd.module(p + "self_attn.o_proj", l, lin(h, qd, o_bias));
+    bd.module(p + "mlp.gate_proj", l, lin(f, h, c.mlp_bias));
+    bd.module(p + "mlp.up_proj", l, lin(f, h, c.mlp_bias));
+    bd.module(p + "mlp.down_proj", l, lin(h, f, c.mlp_bias));
+    bd.module(p + "input_layernorm", l, {{"weight", {h}}});
+    bd.module(p + "post_attention_layernorm", l, {{"weight", {h}}});
+  }
+  bd.module("model.norm", kNone, {{"weight", {h}}});
+  if (c.tie_word_embeddings)
+    bd.module("lm_head", kNone, {}, true, {bd.param("model.embed_tokens.weight")});
+  else
+    bd.module("lm_head", kNone, {{"weight", {c.vocab, h}}}, false);
+}
+
+struct Rope {
+  TensorId cos = kNone, sin = kNone;
+};
+
+TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32_t l, TensorId x, TensorId mask,
+                     Rope rope) {
+  const std::string p = fmt::format("model.layers.{}.", l);
+  const std::int64_t qd = d.a * d.d, kvd = d.kv * d.d;
+  const Shape bash{d.b, d.a, d.s, d.s}, bsh{d.b, d.s, d.h};
+  bd.begin_layer(l, x);
+  const TensorId y = bd.rmsnorm("input_layernorm", bd.mod(p + "input_layernorm"), x);
+  const TensorId q = bd.linear("self_attn.q_proj", bd.mod(p + "self_attn.q_proj"), y, d.h, qd);   // (B, T, A*D)
+  const TensorId k = bd.linear("self_attn.k_proj", bd.mod(p + "self_attn.k_proj"), y, d.h, kvd);  // (B, T, K*D)
+  const TensorId v = bd.linear("self_attn.v_proj", bd.mod(p + "self_attn.v_proj"), y, d.h, kvd);  // (B, T, K*D)
+  // q*cos + rotate_half(q)*sin: the muls save only cos and sin (shared, no grad), so the
+  // projections' outputs are freed and the rotated tensors are what the matmul saves.
+  const TensorId qr = bd.simple("self_attn.rope_q", OpKind::rope, {q, rope.cos, rope.sin}, {d.b, d.a, d.s, d.d},
+                                bd.act(), {rope.cos, rope.sin});
+  const TensorId kr = bd.simple("self_attn.rope_k", OpKind::rope, {k, rope.cos, rope.sin}, {d.b, d.kv, d.s, d.d},
+                                bd.act(), {rope.cos, rope.sin});
+  // repeat_kv: expand + reshape materialises (B, A, T, D) when K < A; saves nothing.
+  TensorId kk = kr, vv = v;
+  if (d.kv < d.a) {
+    kk = bd.simple("self_attn.repeat_k", OpKind::copy, {kr}, {d.b, d.a, d.s, d.d}, bd.act(), {});
+    vv = bd.simple("self_attn.repeat_v", OpKind::copy, {v}, {d.b, d.a, d.s, d.d}, bd.act(), {});
+  }
+  TensorId sc = bd.bmm("self_attn.qk", {qr, kk}, {qr, kk}, bash, Gemm{d.s, d.s, d.d, d.b * d.a});
+  sc = bd.simple("self_attn.scale", OpKind::scale, {sc}, bash, bd.act(), {});
+  sc = bd.simple("self_attn.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
+  // softmax(dtype=float32) saves its fp32 output; .to(act) is saved by the PV matmul.
+  const TensorId p32 = bd.simple("self_attn.softmax", OpKind::softmax, {sc}, bash, DType::fp32, {}, true);
+  TensorId probs = p32;
+  if (bd.act() != DType::fp32) probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});
+  probs = bd.dropout("self_attn.dropout", probs, c.attention_dropout);
+  const TensorId ctx =
+      bd.bmm("self_attn.pv", {probs, vv}, {probs, vv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+  const TensorId merged = bd.simple("self_attn.merge_heads", OpKind::copy, {ctx}, {d.b, d.s, qd}, bd.act(), {});
+  const TensorId o = bd.linear("self_attn.o_proj", bd.mod(p + "self_attn.o_proj"), merged, qd, d.h);
+  const TensorId x2 = bd.simple("residual_attn", OpKind::add, {x, o}, bsh, bd.act(), {});
+  const TensorId y2 = bd.rmsnorm("post_attention_layernorm", bd.mod(p + "post_attention_layernorm"), x2);
+  // down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's evaluation order.
+  const TensorId gt = bd.linear("mlp.gate_proj", bd.mod(p + "mlp.gate_proj"), y2, d.h, d.f);  // (B, T, F)
+  const TensorId ga = bd.activation("mlp.act_fn", c.act, gt);
+  const TensorId up = bd.linear("mlp.up_proj", bd.mod(p + "mlp.up_proj"), y2, d.h, d.f);  // (B, T, F)
+  const TensorId m = bd.simple("mlp.mul", OpKind::mul, {ga, up}, {d.b, d.s, d.f}, bd.act(), {ga, up});
+  const TensorId dn = bd.linear("mlp.down_proj", bd.mod(p + "mlp.down_proj"), m, d.f, d.h);
+  const TensorId out = bd.simple("residual_mlp", OpKind::add, {x2, dn}, bsh, bd.act(), {});
+  bd.end_layer();
+  return out;
+}
+
+void llama_graph(Builder& bd, OpGraph& g) {
+  const ModelConfig& c = g.cfg;
+  const Dims d = dims_of(g);
+  llama_params(bd, c);
+  const TensorId ids = bd.input("input_ids", {d.b, d.s}, DType::i64);
+  const TensorId labels = bd.input("labels", {d.b, d.s}, DType::i64);
+  TensorId x = bd.embedding("model.embed_tokens", bd.mod("model.embed_tokens"), ids, {d.b, d.s, d.h});
+  // The additive causal mask for eager attention, built once (expanded over the batch).
+  const TensorId mask = bd.simple("model.causal_mask", OpKind::copy, {}, {1, 1, d.s, d.s}, bd.act(), {});
+  // Rotary embedding: cos and sin (1, T, D) in the activation dtype, shared by all layers.
+  Rope rope;
+  {
+    rope.cos = bd.tensor("model.rotary_emb.cos", {1, d.s, d.d}, bd.act());
+    rope.sin = bd.tensor("model.rotary_emb.sin", {1, d.s, d.d}, bd.act());
+    Op op;
+    op.name = "model.rotary_emb";
+    op.kind = OpKind::rope;
+    op.outputs = {rope.cos, rope.sin};
+    bd.emit(std::move(op));
+  }
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) x = llama_layer(bd, c, d, l, x, mask, rope);
+  x = bd.rmsnorm("model.norm", bd.mod("model.norm"), x);
+  const TensorId logits = bd.linear("lm_head", bd.mod("lm_head"), x, d.h, d.v);  // (B, T, V)
+  g.loss = bd.causal_lm_loss(logits, labels, d.v);
+}
+
+Bytes layer_saved(const OpGraph& g, std::int32_t l, bool large_only) {
+  if (l < 0 || static_cast<std::size_t>(l) >= g.layers.size())
+    throw std::out_of_range(fmt::format("layer {} out of range (model has {})", l, g.layers.size()));
+  const LayerSpan& span = g.layers[static_cast<std::size_t>(l)];
+  std::vector<char> seen(g.tensors.size(), 0);
+  Bytes sum{};
+  for (OpId o = span.first; o <= span.last; ++o) {
+    for (TensorId t : g.ops[static_cast<std::size_t>(o)].saved) {
+      if (seen[static_cast<std::size_t>(t)]) continue;
+      seen[static_cast<std::size_t>(t)] = 1;
+      const Tensor& x = g.tensors[static_cast<std::size_t>(t)];
+      // The layer's own tensors and its input; model-level tensors shared by every layer
+      // (RoPE cos/sin) are charged to no layer.
+      if (x.layer != l && t != span.input) continue;
+      if (large_only && is_per_token_stat(x)) continue;
+      sum += x.bytes;
+    }
+  }
+  return sum;
+}
+
+}  // namespace
+
+std::int64_t OpGraph::param_count() const {
+  std::int64_t n = 0;
+  for (const auto& p : params) n += p.numel;
+  return n;
+}
+
+std::int64_t OpGraph::base_param_count() const {
+  std::int64_t n = 0;
+  for (const auto& p : params)
+    if (p.in_base_model) n += p.numel;
+  return n;
+}
+
+Bytes OpGraph::saved_bytes_of_layer(std::int32_t l) const { return layer_saved(*this, l, false); }
+Bytes OpGraph::saved_bytes_of_layer_large(std::int32_t l) const { return layer_saved(*this, l, true); }
+
+Flops OpGraph::fwd_flops() const {
+  Flops f{};
+  for (const auto& o : ops) f += o.fwd_flops;
+  return f;
+}
+
+Flops OpGraph::bwd_flops() const {
+  Flops f{};
+  for (const auto& o : ops) f += o.bwd_flops;
+  return f;
+}
+
+OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt) {
+  OpGraph g;
+  g.cfg = cfg;
+  g.opt = opt;
+  if (opt.micro_batch < 1)
+    throw InputError("--micro-batch", "", fmt::format("must be an integer >= 1, got {}", opt.micro_batch));
+  if (opt.seq_len < 0)
+    throw InputError("--seq-len", "", fmt::format("must be an integer >= 0 (0: the model's maximum), got {}",
+                                                  opt.seq_len));
+  if (!is_float(opt.act_dtype))
+    throw InputError("--dtype", "", fmt::format("activations must be fp32, fp16 or bf16, got {}",
+                                                dtype_name(opt.act_dtype)));
+  if (g.opt.seq_len == 0) g.opt.seq_len = cfg.max_positions;
+  // Learned position tables bound the sequence length.
+  if (cfg.family != Family::llama && g.opt.seq_len > cfg.max_positions) {
+    const char* key = cfg.family == Family::gpt2 ? "n_positions" : "max_position_embeddings";
+    throw InputError(cfg.source, key, fmt::format("sequence length {} exceeds the model's {} positions",
+                                                  g.opt.seq_len, cfg.max_positions));
+  }
+  Builder bd(g);
+  switch (cfg.family) {
+    case Family::gpt2: gpt2_graph(bd, g); break;
+    case Family::bert: bert_graph(bd, g); break;
+    case Family::llama: llama_graph(bd, g); break;
+  }
+  return g;
+}
+
+BoostGraph to_boost(const OpGraph& g) {
+  BoostGraph bg(g.ops.size());
+  for (const auto& op : g.ops) {
+    for (TensorId t : op.inputs) {
+      const OpId p = g.tensors[static_cast<std::size_t>(t)].producer;
+      if (p != kNone)
+        boost::add_edge(static_cast<std::size_t>(p), static_cast<std::size_t>(op.id), TensorId{t}, bg);
+    }
+  }
+  return bg;
+}
+
+}  // namespace zp::models

@@ -1,0 +1,130 @@
+#pragma once
+// The operator graph of one forward (and, implicitly, backward) pass of a model at a
+// given micro-batch and sequence length, at tensor granularity:
+//  - Param: every parameter tensor with its exact shape, in registration order
+//    (the order of model.parameters(), which DeepSpeed flattens and partitions).
+//  - Module: every leaf nn.Module that owns parameters directly (what ZeRO-3 fetches).
+//  - Tensor: every activation tensor autograd materialises (views are not tensors).
+//  - Op: one forward kernel/autograd node; its backward is implied. Ops are stored in
+//    forward execution order. `saved` lists what autograd keeps for its backward,
+//    following PyTorch eager on the Hugging Face implementation of each family.
+// The Boost.Graph view (ops as vertices, tensors as edges) is built by to_boost().
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <boost/graph/adjacency_list.hpp>
+
+#include "core/dtype.hpp"
+#include "core/units.hpp"
+#include "models/model_config.hpp"
+
+namespace zp::models {
+
+using ParamId = std::int32_t;
+using ModuleId = std::int32_t;
+using TensorId = std::int32_t;
+using OpId = std::int32_t;
+constexpr std::int32_t kNone = -1;
+
+struct Param {
+  ParamId id = kNone;
+  std::string name;                  // HF name, e.g. "bert.encoder.layer.3.attention.self.query.weight"
+  std::vector<std::int64_t> shape;   // e.g. (out, in) for nn.Linear
+  std::int64_t numel = 0;
+  ModuleId module = kNone;           // owning leaf module (first registration)
+  std::int32_t layer = kNone;        // transformer layer index, kNone outside layers
+  bool in_base_model = true;         // false for heads (cls.*, lm_head) and for BERT's NSP head
+};
+
+struct Module {
+  ModuleId id = kNone;
+  std::string name;                  // e.g. "bert.encoder.layer.3.attention.self.query"
+  std::vector<ParamId> params;       // params it owns directly (recurse=False)
+  std::int32_t layer = kNone;
+};
+
+enum class OpKind {
+  embedding, linear, bmm,            // bmm: batched attention matmul (QK^T, PV)
+  layernorm, rmsnorm, softmax, dropout,
+  gelu, gelu_tanh, relu, silu, tanh, pow,
+  add, mul, scale, cast, rope, copy,  // copy: a materialising op (repeat_kv, contiguous)
+  cross_entropy,
+};
+const char* op_kind_name(OpKind k);
+
+struct Tensor {
+  TensorId id = kNone;
+  std::string name;                  // e.g. "layer3.attn.probs"
+  std::vector<std::int64_t> shape;   // shape comment in code, e.g. (B, a, T, T)
+  DType dtype = DType::fp16;
+  Bytes bytes{};                     // numel * dtype_size (bool masks: 1 byte each)
+  OpId producer = kNone;             // kNone for model inputs (ids, labels)
+  std::int32_t layer = kNone;
+};
+
+// GEMM geometry for compute cost models: C(m,n) = A(m,k) B(k,n), `batch` times.
+struct Gemm {
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
+};
+
+struct Op {
+  OpId id = kNone;
+  std::string name;                  // e.g. "layer3.attn.query"
+  OpKind kind = OpKind::add;
+  ModuleId module = kNone;           // leaf module whose params it uses (kNone: functional op)
+  std::int32_t layer = kNone;
+  std::vector<TensorId> inputs;      // activation inputs
+  std::vector<TensorId> outputs;     // freshly allocated outputs
+  std::vector<ParamId> params;       // parameters read (their grads are produced by backward)
+  std::vector<TensorId> saved;       // tensors autograd saves for this op's backward
+  Flops fwd_flops{};                 // forward FLOPs (2mnk for a GEMM)
+  Flops bwd_flops{};                 // backward FLOPs (grad input + grad weight)
+  Bytes fwd_bytes{};                 // bytes read + written by the forward kernel(s)
+  Bytes bwd_bytes{};                 // bytes read + written by the backward kernel(s)
+  std::vector<Gemm> gemms;           // forward GEMMs (empty for non-GEMM ops)
+};
+
+struct GraphOptions {
+  std::int64_t micro_batch = 1;      // b
+  std::int64_t seq_len = 0;          // s (0: the model's max_positions)
+  DType act_dtype = DType::fp16;     // dtype of activations and 16-bit params
+};
+
+// One layer's extent in the op list, for activation checkpointing.
+struct LayerSpan {
+  OpId first = kNone, last = kNone;  // inclusive range of ops of the layer
+  TensorId input = kNone;            // the layer's input hidden states (kept when checkpointing)
+};
+
+struct OpGraph {
+  ModelConfig cfg;
+  GraphOptions opt;
+  std::vector<Param> params;
+  std::vector<Module> modules;
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;               // forward order
+  std::vector<TensorId> inputs;      // tensors alive before forward (ids, labels, masks)
+  TensorId loss = kNone;
+  std::vector<LayerSpan> layers;
+
+  std::int64_t param_count() const;       // everything trained (with heads)
+  std::int64_t base_param_count() const;  // the backbone (BertModel with pooler, GPT2Model, ...)
+  // Bytes of activations saved for backward by the ops of layer `l` (each tensor once).
+  Bytes saved_bytes_of_layer(std::int32_t l) const;
+  // Same, leaving out per-token statistics (LayerNorm mean/rstd, RMSNorm rsqrt: one fp32
+  // value per token, shape (B, T, 1)). Tensors shared by all layers (RoPE cos/sin) are
+  // charged to no layer; the layer's input counts for the layer whose ops save it.
+  Bytes saved_bytes_of_layer_large(std::int32_t l) const;
+  Flops fwd_flops() const;
+  Flops bwd_flops() const;
+};
+
+OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt);
+
+// Ops as vertices, one edge per (producer → consumer) use of a tensor.
+using BoostGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS,
+                                         boost::no_property, boost::property<boost::edge_name_t, TensorId>>;
+BoostGraph to_boost(const OpGraph& g);
+
+}  // namespace zp::models

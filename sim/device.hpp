@@ -1,0 +1,30 @@
+#pragma once
+// The device database (sim/devices.json): memory, peak tensor FLOP/s, HBM bandwidth,
+// and the per-device constant that sits outside any program (CUDA context, library
+// workspaces, NCCL buffers) used to turn reserved bytes into device-used bytes.
+#include <string>
+#include <vector>
+
+#include "core/units.hpp"
+
+namespace zp::sim {
+
+struct DeviceSpec {
+  std::string name;                  // "V100-16GB", "A100-80GB", "H200-141GB", "cpu"
+  std::string arch;                  // "volta", "ampere", "hopper", "cpu"
+  Bytes memory{};                    // usable device memory (what torch.cuda.mem_get_info reports as total)
+  FlopsPerSecond peak_tensor_flops{};// dense fp16/bf16 tensor-core peak
+  FlopsPerSecond peak_fp32_flops{};  // non-tensor fp32 peak
+  BytesPerSecond hbm_bandwidth{};
+  BytesPerSecond nvlink_bandwidth{}; // per direction, whole device (0 for none)
+  Bytes context_overhead{};          // CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers
+  bool bf16 = true;                  // V100 has no bf16 tensor cores
+};
+
+// All devices, from ZEROPLAN_DATA_DIR/sim/devices.json.
+const std::vector<DeviceSpec>& devices();
+// Lookup by name, case-insensitive; aliases like "v100" → "V100-16GB", "h200" → "H200-141GB".
+// Unknown → zp::InputError("--gpu", "", "unknown GPU 'X'; known: ...").
+const DeviceSpec& find_device(const std::string& name);
+
+}  // namespace zp::sim

@@ -1,0 +1,46 @@
+#pragma once
+// Memory replay of a step program: walks events in program (issue) order, allocating
+// each event's buffers when it starts and freeing them when it ends, per category and
+// placement, and feeds device requests through the caching-allocator model to predict
+// reserved bytes.
+#include <array>
+#include <vector>
+
+#include "core/units.hpp"
+#include "sim/device.hpp"
+#include "zero/program.hpp"
+
+namespace zp::sim {
+
+using CategoryBytes = std::array<Bytes, zero::kNumCategories>;
+
+struct MemoryReport {
+  Bytes peak_allocated{};            // device bytes live at the peak (exact sum of buffer sizes)
+  zero::EventId peak_event = -1;     // the event at whose start the peak occurs
+  CategoryBytes at_peak{};           // breakdown of peak_allocated
+  CategoryBytes category_peak{};     // each category's own maximum over the step
+  Bytes persistent{};                // device bytes allocated by the prologue
+  Bytes peak_host{};
+  CategoryBytes host_at_peak{};
+  Bytes reserved_peak{};             // caching-allocator model
+  Bytes allocator_allocated_peak{};  // the same peak with 512-B rounding
+  std::int64_t segments = 0;
+  Bytes context{};                   // device constant outside the program
+  Bytes device_used{};               // reserved_peak + context
+  bool fits = false;
+  bool allocator_oom = false;        // the allocator model could not satisfy a request
+  // live device bytes after each event (for traces and explain); filled on request
+  std::vector<Bytes> timeline;
+};
+
+struct MemoryOptions {
+  bool allocator = true;             // run the caching-allocator model
+  bool timeline = false;
+};
+
+MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const MemoryOptions& opt = {});
+
+// Which buffers are live at the start of event `at` (after its allocations).
+std::vector<zero::BufferId> live_at(const zero::Program& p, zero::EventId at);
+
+}  // namespace zp::sim

@@ -1,0 +1,140 @@
+// The zeroplan executable end to end: outputs people read, and one clear line with exit
+// status 2 for every bad input.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;  // stdout + stderr
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string(ZEROPLAN_BIN) + " " + args + " 2>&1";
+  Run r;
+  FILE* f = popen(cmd.c_str(), "r");
+  REQUIRE(f != nullptr);
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), static_cast<int>(buf.size()), f)) r.out += buf.data();
+  const int st = pclose(f);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string tmp_file(const std::string& name, const std::string& text) {
+  const auto dir = std::filesystem::temp_directory_path() / "zeroplan-test-cli";
+  std::filesystem::create_directories(dir);
+  const auto p = dir / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+const std::string kExample = std::string(ZEROPLAN_SHARED_DIR) + "/examples/bert_large_ds_config.json";
+
+// One line, exit 2, naming what is wrong.
+void bad(const std::string& args, const std::string& must_contain) {
+  CAPTURE(args);
+  const Run r = run(args);
+  CAPTURE(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find(must_contain) != std::string::npos);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+}
+
+}  // namespace
+
+TEST_CASE("simulate --json has the documented schema") {
+  const Run r = run("simulate --model bert-large-uncased --ds-config " + kExample +
+                    " --gpus 4 --gpu V100-16GB --stages 0,1,2,3 --micro-batch 64 --seq-len 128 --json");
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  CHECK(j["model"] == "bert-large-uncased");
+  CHECK(j["world_size"] == 4);
+  REQUIRE(j["results"].size() == 4);
+  for (int s = 0; s < 4; ++s) {
+    const auto& m = j["results"][static_cast<std::size_t>(s)]["memory"];
+    CHECK(j["results"][static_cast<std::size_t>(s)]["stage"] == s);
+    std::int64_t sum = 0;
+    for (const char* c : {"params", "grads", "master_params", "optimizer_states", "comm_buffers", "activations",
+                          "temporaries"})
+      sum += m["by_category"][c].get<std::int64_t>();
+    CHECK(sum == m["peak_allocated_bytes"].get<std::int64_t>());
+    CHECK(m["device_used_bytes"].get<std::int64_t>() >= m["reserved_bytes"].get<std::int64_t>());
+    CHECK(m["reserved_bytes"].get<std::int64_t>() >= m["peak_allocated_bytes"].get<std::int64_t>());
+    CHECK(m["peak_event"].get<std::string>().size() > 0);
+    CHECK(m.contains("host_bytes"));
+    CHECK(m["fits"].is_boolean());
+  }
+}
+
+TEST_CASE("simulate prints a table and warns about sparse_attention") {
+  const Run r = run("simulate --model bert-large-uncased --ds-config " + kExample +
+                    " --gpus 4 --gpu V100-16GB --micro-batch 64 --seq-len 128");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("sparse_attention: accepted but not modelled") != std::string::npos);
+  CHECK(r.out.find("peak event") != std::string::npos);
+}
+
+TEST_CASE("explain stage 1 vs 2 on the example names the causes") {
+  const Run r = run("explain --model bert-large-uncased --ds-config " + kExample +
+                    " --gpus 4 --gpu V100-16GB --micro-batch 64 --seq-len 128 --stage 1 --vs-stage 2");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("reduce (ipg) bucket") != std::string::npos);
+  CHECK(r.out.find("reduce_bucket_size=5e+08") != std::string::npos);
+  CHECK(r.out.find("verdict:") != std::string::npos);
+  CHECK(r.out.find("reduce_bucket_size 5e+07") != std::string::npos);
+  const Run j = run("explain --model bert-large-uncased --ds-config " + kExample +
+                    " --gpus 4 --gpu V100-16GB --micro-batch 64 --seq-len 128 --stage 1 --vs-stage 2 --json");
+  REQUIRE(j.status == 0);
+  const auto doc = nlohmann::json::parse(j.out.substr(j.out.find('{')));
+  CHECK(doc["causes"].size() > 3);
+  CHECK(doc["suggestions"].size() > 2);
+}
+
+TEST_CASE("explain --ds-config A --vs-ds-config B") {
+  const std::string a = tmp_file("a.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}, "fp16": {"enabled": true}})");
+  const std::string b = tmp_file("b.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, "overlap_comm": true}, "fp16": {"enabled": true}})");
+  const Run r = run("explain --model gpt2 --gpus 8 --gpu A100-80GB --seq-len 512 --ds-config " + a + " --vs-ds-config " + b);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("2 buffers (overlap_comm true") != std::string::npos);
+}
+
+TEST_CASE("bad input: one line, exit status 2") {
+  const std::string ok = " --gpus 4 --gpu V100-16GB --micro-batch 64 --seq-len 128";
+  bad("simulate --model bert-large-uncased --ds-config " + tmp_file("malformed.json", "{\"zero_optimization\": {") + ok,
+      "malformed JSON at line 1");
+  bad("simulate --model " + tmp_file("t5.json", R"({"model_type": "t5", "d_model": 512})") + ok, "model_type");
+  bad("simulate --model " + tmp_file("nohidden.json", R"({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "vocab_size": 100, "n_positions": 64})") + ok,
+      "n_embd");
+  for (const char* v : {"0", "-1", "1.5", "\"big\""}) {
+    bad("simulate --model bert-large-uncased --ds-config " +
+            tmp_file("rbs.json", std::string(R"({"train_batch_size": 4096, "zero_optimization": {"stage": 2, "reduce_bucket_size": )") + v + "}}") + ok,
+        "zero_optimization.reduce_bucket_size");
+  }
+  bad("simulate --model bert-large-uncased --ds-config " +
+          tmp_file("batch.json", R"({"train_batch_size": 4000, "train_micro_batch_size_per_gpu": 64})") + " --gpus 4 --seq-len 128",
+      "train_batch_size");
+  bad("simulate --model bert-large-uncased --ds-config " + kExample + " --gpus 0", "--gpus");
+  bad("simulate --model bert-large-uncased --ds-config " + kExample + " --gpus 4 --gpu V101", "unknown GPU 'V101'");
+  bad("simulate --model bert-large-uncased --ds-config " +
+          tmp_file("typo.json", R"({"train_batch_size": 64, "zero_optimization": {"reduce_bucket_sise": 5e8}})") + ok,
+      "did you mean 'reduce_bucket_size'");
+  bad("simulate --model no-such-model" + ok, "no-such-model");
+  bad("simulate --model bert-large-uncased --ds-config " + kExample + " --gpus 4 --stages 0,5", "--stages");
+  bad("simulate --model bert-large-uncased --ds-config " + kExample + " --gpus 4 --micro-batch x", "--micro-batch");
+  bad("simulate --model bert-large-uncased --ds-config " + kExample + " --gpus 4 --seq-len 100000", "--seq-len");
+  bad("simulate --model bert-large-uncased --ds-config /nonexistent/ds.json --gpus 4", "cannot open");
+  bad("explain --model bert-large-uncased --ds-config " + kExample + " --gpus 4 --stage 1", "--vs-stage");
+  bad("simulate --gpus 4", "--model");
+}

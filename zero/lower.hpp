@@ -1,0 +1,37 @@
+#pragma once
+// Lowering: (op graph, ds_config, world size N, rank) → the step program of that rank.
+// Every DeepSpeed behaviour that decides a buffer, a bucket flush or a fetch is
+// decided here and only here (REFERENCE.md §1).
+#include "models/graph.hpp"
+#include "zero/ds_config.hpp"
+#include "zero/program.hpp"
+
+namespace zp::zero {
+
+struct LowerOptions {
+  int world_size = 1;                // N (data-parallel degree)
+  int rank = 0;
+  int gpus_per_node = 8;             // for hpZ groups
+  bool activation_checkpointing = false;  // per-layer (HF gradient_checkpointing_enable)
+};
+
+Program lower(const models::OpGraph& g, const DsConfig& cfg, const Batch& batch, const LowerOptions& opt);
+
+// The rank whose persistent and bucket bytes are largest (stages 1/2 have rank-dependent
+// grads_in_partition sizes; stages 0 and 3 are symmetric → 0). Cheap: no lowering.
+int heaviest_rank(const models::OpGraph& g, const DsConfig& cfg, int world_size);
+
+// Layout facts the lowering uses, exposed for explain and tests.
+struct FlatLayout {
+  std::int64_t params = 0;           // Ψ
+  std::int64_t padded = 0;           // Ψ' = roundup(Ψ, 2N)
+  std::int64_t partition = 0;        // Ψ'/N
+  std::vector<std::int64_t> offset;  // per param, in the flat buffer
+};
+FlatLayout flat_layout(const models::OpGraph& g, int world_size);
+// Σ numel of the params overlapping rank r's partition (stage 1/2 grads_in_partition).
+std::int64_t grads_in_partition_elements(const models::OpGraph& g, const FlatLayout& l, int rank);
+// Stage 3: Σ ceil(numel/N) over params (the padded partition), persistent numel.
+std::int64_t stage3_partition_elements(const models::OpGraph& g, int world_size);
+
+}  // namespace zp::zero

@@ -1,0 +1,143 @@
+#include "zero/program.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace zp::zero {
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::params: return "params";
+    case Category::grads: return "grads";
+    case Category::master_params: return "master_params";
+    case Category::optimizer_states: return "optimizer_states";
+    case Category::comm_buffers: return "comm_buffers";
+    case Category::activations: return "activations";
+    case Category::temporaries: return "temporaries";
+  }
+  return "?";
+}
+
+const char* stream_name(Stream s) {
+  switch (s) {
+    case Stream::compute: return "compute";
+    case Stream::reduction: return "reduction";
+    case Stream::allgather: return "allgather";
+    case Stream::host: return "host";
+  }
+  return "?";
+}
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::init: return "init";
+    case Phase::forward: return "fwd";
+    case Phase::backward: return "bwd";
+    case Phase::recompute: return "recompute";
+    case Phase::reduction: return "reduce";
+    case Phase::step: return "step";
+    case Phase::post_step: return "post_step";
+  }
+  return "?";
+}
+
+const char* event_kind_name(EventKind k) {
+  switch (k) {
+    case EventKind::compute: return "compute";
+    case EventKind::collective: return "collective";
+    case EventKind::copy: return "copy";
+    case EventKind::optimizer: return "optimizer";
+    case EventKind::marker: return "marker";
+  }
+  return "?";
+}
+
+const char* coll_kind_name(CollKind k) {
+  switch (k) {
+    case CollKind::all_reduce: return "all_reduce";
+    case CollKind::reduce: return "reduce";
+    case CollKind::reduce_scatter: return "reduce_scatter";
+    case CollKind::all_gather: return "all_gather";
+    case CollKind::broadcast: return "broadcast";
+    case CollKind::all_to_all: return "all_to_all";
+  }
+  return "?";
+}
+
+const char* trigger_name(Trigger t) {
+  switch (t) {
+    case Trigger::none: return "none";
+    case Trigger::bucket_full: return "bucket_full";
+    case Trigger::param_too_large: return "param_too_large";
+    case Trigger::end_of_backward: return "end_of_backward";
+    case Trigger::gas_boundary: return "gas_boundary";
+    case Trigger::module_fetch: return "module_fetch";
+    case Trigger::prefetch: return "prefetch";
+    case Trigger::post_step: return "post_step";
+    case Trigger::overflow_check: return "overflow_check";
+    case Trigger::grad_norm: return "grad_norm";
+  }
+  return "?";
+}
+
+std::string Program::event_name(EventId id) const {
+  const Event& e = events.at(static_cast<std::size_t>(id));
+  const std::string& label = e.label >= 0 ? labels[static_cast<std::size_t>(e.label)] : std::string("?");
+  if (e.micro_step >= 0) return fmt::format("ms{}/{}/{}", e.micro_step, phase_name(e.phase), label);
+  return fmt::format("{}/{}", phase_name(e.phase), label);
+}
+
+std::string Program::buffer_name(BufferId id) const {
+  const Buffer& b = buffers.at(static_cast<std::size_t>(id));
+  return b.name >= 0 ? labels[static_cast<std::size_t>(b.name)] : fmt::format("buffer{}", id);
+}
+
+Bytes Program::bytes_sent(const Event& e) const {
+  if (e.kind != EventKind::collective) return Bytes{0};
+  const auto n = static_cast<std::int64_t>(groups.at(static_cast<std::size_t>(e.group)).ranks.size());
+  if (n <= 1) return Bytes{0};
+  const std::int64_t total = e.elements * dtype_size(e.dtype);
+  switch (e.coll) {
+    case CollKind::all_reduce: return Bytes{2 * total * (n - 1) / n};   // ring: RS + AG
+    case CollKind::reduce_scatter:
+    case CollKind::all_gather:
+    case CollKind::all_to_all: return Bytes{total * (n - 1) / n};
+    case CollKind::reduce:
+    case CollKind::broadcast: return Bytes{total};                      // ring pipeline: each rank forwards S
+  }
+  return Bytes{0};
+}
+
+void Program::validate() const {
+  std::vector<EventId> allocated_at(buffers.size(), -1), freed_at(buffers.size(), -1);
+  for (const Event& e : events) {
+    if (e.id != static_cast<EventId>(&e - events.data()))
+      throw std::logic_error(fmt::format("event {} has id {}", &e - events.data(), e.id));
+    for (EventId d : deps(e))
+      if (d < 0 || d >= e.id)
+        throw std::logic_error(fmt::format("{}: dependency {} does not point backwards", event_name(e.id), d));
+    for (BufferId b : allocs(e)) {
+      if (allocated_at[static_cast<std::size_t>(b)] >= 0)
+        throw std::logic_error(fmt::format("{}: buffer {} allocated twice", event_name(e.id), buffer_name(b)));
+      allocated_at[static_cast<std::size_t>(b)] = e.id;
+    }
+    for (BufferId b : frees(e)) {
+      if (allocated_at[static_cast<std::size_t>(b)] < 0)
+        throw std::logic_error(fmt::format("{}: buffer {} freed before allocation", event_name(e.id), buffer_name(b)));
+      if (freed_at[static_cast<std::size_t>(b)] >= 0)
+        throw std::logic_error(fmt::format("{}: buffer {} freed twice", event_name(e.id), buffer_name(b)));
+      if (allocated_at[static_cast<std::size_t>(b)] < step_begin)
+        throw std::logic_error(fmt::format("{}: persistent buffer {} freed in the step", event_name(e.id), buffer_name(b)));
+      freed_at[static_cast<std::size_t>(b)] = e.id;
+    }
+  }
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    if (allocated_at[b] < 0)
+      throw std::logic_error(fmt::format("buffer {} is never allocated", buffer_name(static_cast<BufferId>(b))));
+    if (allocated_at[b] >= step_begin && freed_at[b] < 0)
+      throw std::logic_error(fmt::format("buffer {} allocated in the step is never freed", buffer_name(static_cast<BufferId>(b))));
+  }
+}
+
+}  // namespace zp::zero

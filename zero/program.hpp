@@ -1,0 +1,212 @@
+#pragma once
+// The step program: for one rank, the ordered events of one optimizer step (all
+// micro-steps), each on a named stream with explicit dependencies. Both interpreters
+// consume it unchanged: sim/ gives each event a cost and replays its allocations;
+// exec/ runs each event with real kernels and collectives.
+//
+// Conventions
+//  - Program order is issue order: the order one host thread issues the work, which
+//    is also the order PyTorch's caching allocator sees requests. Memory is replayed
+//    in this order; time follows streams and dependencies.
+//  - An event allocates its `allocs` when it starts and frees its `frees` when it ends.
+//  - Dependencies point backwards only (dep < id). Events on one stream run in order.
+//  - Buffers in `persistent` exist before the step and outlive it (steady state: the
+//    program describes a step after the first two, when Adam states exist and the
+//    ZeRO-3 module trace is complete). The prologue events allocate them once.
+//  - Collective `elements` is the full logical buffer: all-reduce/reduce/broadcast the
+//    reduced buffer, all-gather the gathered output, reduce-scatter the input.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/units.hpp"
+#include "models/graph.hpp"
+
+namespace zp::zero {
+
+enum class Category : std::uint8_t {
+  params, grads, master_params, optimizer_states, comm_buffers, activations, temporaries
+};
+constexpr int kNumCategories = 7;
+const char* category_name(Category c);
+
+enum class Placement : std::uint8_t { device, host };
+
+// Named streams. `reduction` carries gradient reductions under overlap_comm, `allgather`
+// carries ZeRO-3 parameter fetches, `host` carries CPU work (offloaded optimizer) and
+// device↔host copies.
+enum class Stream : std::uint8_t { compute, reduction, allgather, host };
+constexpr int kNumStreams = 4;
+const char* stream_name(Stream s);
+
+enum class Phase : std::uint8_t { init, forward, backward, recompute, reduction, step, post_step };
+const char* phase_name(Phase p);
+
+enum class EventKind : std::uint8_t {
+  compute,      // a forward/backward/recompute op of the model graph
+  collective,   // a communication collective over a rank group
+  copy,         // memory copy: flatten, cast, copy into a bucket, offload transfers
+  optimizer,    // the optimizer update of a partition (device or host)
+  marker,       // allocation/free point without work (e.g. zero_grad)
+};
+const char* event_kind_name(EventKind k);
+
+enum class CollKind : std::uint8_t { all_reduce, reduce, reduce_scatter, all_gather, broadcast, all_to_all };
+constexpr int kNumCollKinds = 6;
+const char* coll_kind_name(CollKind k);
+
+// Why a collective was issued.
+enum class Trigger : std::uint8_t {
+  none,
+  bucket_full,       // the ipg/reduce bucket could not take the next gradient
+  param_too_large,   // a gradient larger than the bucket, reduced on its own
+  end_of_backward,   // the reduction epilogue flushes what is left
+  gas_boundary,      // stage 0/1: reduction once per optimizer step
+  module_fetch,      // ZeRO-3: a module's params were not available when it ran
+  prefetch,          // ZeRO-3: fetched ahead from the recorded module trace
+  post_step,         // stages 1/2: updated 16-bit partitions gathered after the step
+  overflow_check,    // fp16: MAX all-reduce of the overflow flag
+  grad_norm,         // SUM all-reduce of the squared gradient norm
+};
+const char* trigger_name(Trigger t);
+
+enum class ReduceOp : std::uint8_t { sum, max, none };
+
+// What a buffer holds, so the executor can bind it to real data.
+enum class BufferRole : std::uint8_t {
+  flat_params16,      // stage 0-2 flat 16-bit params (all ranks' partitions)
+  param_partition16,  // stage 3 16-bit partition of a param (ref = param)
+  param_full16,       // stage 3 gathered (or persistent) full param (ref = param)
+  hpz_partition16,    // hpZ secondary partition of a param (ref = param)
+  master_partition,   // fp32 master weights of this rank (ref = sub-group)
+  optimizer_state,    // optimizer states of this rank (ref = sub-group)
+  param_grad,         // autograd gradient of a param (ref = param)
+  flat_grads32,       // stage 0 fp32 gradient buffer (bf16) / fp32 flat grads at the step
+  grads_in_partition, // stages 1/2: gradients of params overlapping this partition
+  grad_partition,     // stage 3: flat gradient partition
+  ipg_bucket,         // reduce bucket (ref = buffer index 0/1)
+  comm_staging,       // flatten/cast/interleave copies around a collective
+  gather_flat,        // ZeRO-3 flat all-gather output (ref = module)
+  activation,         // a forward tensor (ref = models::TensorId)
+  activation_grad,    // gradient of a forward tensor (ref = models::TensorId)
+  step_temp,          // flatten/cast temporaries of the optimizer step
+  offload_staging,    // device staging for host transfers
+  host_master, host_grads32, host_staging16, host_optimizer_state,
+  checkpoint_host,    // layer input kept on host (cpu_checkpointing)
+};
+
+using BufferId = std::int32_t;
+using EventId = std::int32_t;
+using GroupId = std::int32_t;
+
+struct Buffer {
+  BufferId id = -1;
+  Category category = Category::temporaries;
+  Placement placement = Placement::device;
+  BufferRole role = BufferRole::step_temp;
+  DType dtype = DType::fp16;
+  std::int64_t elements = 0;
+  Bytes bytes{};
+  std::int32_t ref = -1;       // param / tensor / module / bucket index, by role
+  std::int32_t name = -1;      // index into Program::labels
+};
+
+// A slice of a parameter's gradient inside a bucket (for the executor).
+struct BucketSlice {
+  models::ParamId param = -1;
+  std::int64_t param_offset = 0;   // first element of the param in this slice
+  std::int64_t count = 0;
+  std::int64_t bucket_offset = 0;  // where it lands in the bucket
+};
+
+struct Group {
+  std::string name;                // "dp", "hpz", "self"
+  std::vector<int> ranks;
+};
+
+struct Event {
+  EventId id = -1;
+  EventKind kind = EventKind::marker;
+  Stream stream = Stream::compute;
+  Phase phase = Phase::init;
+  std::int16_t micro_step = -1;    // -1 outside micro-steps (init, step)
+  std::int32_t layer = -1;
+  std::int32_t label = -1;         // index into Program::labels
+  // compute
+  models::OpId op = -1;
+  Flops flops{};
+  Bytes mem_bytes{};               // bytes read + written (compute, copy, optimizer)
+  // collective
+  CollKind coll = CollKind::all_reduce;
+  ReduceOp reduce_op = ReduceOp::none;
+  Trigger trigger = Trigger::none;
+  GroupId group = -1;
+  std::int64_t elements = 0;
+  DType dtype = DType::fp16;
+  std::int32_t bucket = -1;        // bucket sequence number within the step, or module id for fetches
+  // copy
+  Placement src = Placement::device, dst = Placement::device;
+  // CSR ranges into Program's lists
+  std::uint32_t alloc_begin = 0, alloc_end = 0;
+  std::uint32_t free_begin = 0, free_end = 0;
+  std::uint32_t dep_begin = 0, dep_end = 0;
+  std::uint32_t slice_begin = 0, slice_end = 0;
+};
+
+struct ProgramInfo {
+  std::string model;
+  int stage = 0;
+  int world_size = 1;
+  int rank = 0;
+  std::int64_t micro_batch = 1;
+  std::int64_t seq_len = 0;
+  std::int64_t gas = 1;
+  DType model_dtype = DType::fp16;
+  DType comm_dtype = DType::fp16;
+  bool overlap_comm = false;
+  bool activation_checkpointing = false;
+  std::int64_t params = 0;             // Ψ
+  std::int64_t padded_params = 0;      // Ψ' (stages 1/2: padded to 2N)
+  std::int64_t partition_elements = 0; // this rank's partition of the flat params
+  std::int64_t reduce_bucket_elements = 0;
+  int ipg_buffers = 0;                 // ipg buckets that exist (0, 1 or 2)
+};
+
+struct Program {
+  ProgramInfo info;
+  std::vector<std::string> labels;
+  std::vector<Buffer> buffers;
+  std::vector<Event> events;
+  std::vector<Group> groups;
+  std::vector<BufferId> alloc_list, free_list;
+  std::vector<EventId> dep_list;
+  std::vector<BucketSlice> slice_list;
+  EventId step_begin = 0;              // events before this are the prologue (init)
+
+  std::span<const BufferId> allocs(const Event& e) const {
+    return {alloc_list.data() + e.alloc_begin, e.alloc_end - e.alloc_begin};
+  }
+  std::span<const BufferId> frees(const Event& e) const {
+    return {free_list.data() + e.free_begin, e.free_end - e.free_begin};
+  }
+  std::span<const EventId> deps(const Event& e) const {
+    return {dep_list.data() + e.dep_begin, e.dep_end - e.dep_begin};
+  }
+  std::span<const BucketSlice> slices(const Event& e) const {
+    return {slice_list.data() + e.slice_begin, e.slice_end - e.slice_begin};
+  }
+  // Stable, readable event id shared by predicted and measured traces:
+  // "ms3/bwd/layer5.mlp.fc", "step/allgather.0", "init/params16".
+  std::string event_name(EventId id) const;
+  std::string buffer_name(BufferId id) const;
+  // Bytes one rank sends for collective event e (ring algorithm volumes).
+  Bytes bytes_sent(const Event& e) const;
+  // Checks the invariants (deps backwards, every buffer allocated once and freed at most
+  // once after its allocation, persistent buffers never freed in the step). Throws
+  // std::logic_error describing the first violation.
+  void validate() const;
+};
+
+}  // namespace zp::zero
