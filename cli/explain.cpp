@@ -1,6 +1,7 @@
 #include "cli/explain.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include <fmt/format.h>
@@ -149,7 +150,14 @@ std::map<BufferRole, Bytes> max_by_role(const StageResult& r) {
   return peak;
 }
 
-std::string signed_bytes(Bytes b) { return (b.v > 0 ? "+" : "") + human_bytes(b); }
+// "ms3/bwd/x" → "bwd/x": the same point of different micro-steps compares equal.
+std::string without_micro_step(const std::string& name) {
+  if (name.rfind("ms", 0) != 0) return name;
+  const auto slash = name.find('/');
+  return slash == std::string::npos ? name : name.substr(slash + 1);
+}
+
+std::string signed_bytes(Bytes b) { return b.v > 0 ? fmt::format("+{}", human_bytes(b)) : human_bytes(b); }
 
 }  // namespace
 
@@ -236,76 +244,107 @@ Explanation explain(const ExplainRequest& req) {
                       {"b_formula", fb}});
   }
 
-  // Verdict.
+  // Verdict: the net difference, what changed at the peak and what stayed.
   const Bytes d = mb.peak_allocated - ma.peak_allocated;
   t += "\nverdict: ";
+  const double pct = 100.0 * static_cast<double>(d.v) / static_cast<double>(ma.peak_allocated.v);
   if (d.v >= 0)
-    t += fmt::format("{} does not use less memory than {} here ({}).", tb, ta, signed_bytes(d));
+    t += fmt::format("{} does not use less memory than {} here ({}, {:+.1f}%).", tb, ta, signed_bytes(d), pct);
+  else if (pct > -10.0)
+    t += fmt::format("{} saves only {} at the peak ({:.1f}% of {}).", tb, human_bytes(Bytes{-d.v}), -pct, ta);
   else
-    t += fmt::format("{} saves {} at the peak ({:.1f}% of {}).", tb, human_bytes(Bytes{-d.v}),
-                     100.0 * static_cast<double>(-d.v) / static_cast<double>(ma.peak_allocated.v), ta);
-  const Bytes act_b = mb.at_peak[static_cast<std::size_t>(Category::activations)];
-  t += fmt::format(" Activations are {} of {}'s peak ({:.0f}%)", human_bytes(act_b), tb,
-                   100.0 * static_cast<double>(act_b.v) / static_cast<double>(mb.peak_allocated.v));
-  const Bytes bucket_b = at(rb, BufferRole::ipg_bucket);
-  if (bucket_b.v > 0) {
-    const std::int64_t psi = B.r.program.info.params;
-    t += fmt::format("; the reduce bucket ({}) is {} the whole 16-bit gradient (2Ψ = {})", human_bytes(bucket_b),
-                     bucket_b.v >= psi * dtype_size(B.r.program.info.model_dtype) ? "larger than" : "a part of",
-                     human_bytes(Bytes{psi * dtype_size(B.r.program.info.model_dtype)}));
+    t += fmt::format("{} saves {} at the peak ({:.1f}% of {}).", tb, human_bytes(Bytes{-d.v}), -pct, ta);
+  std::vector<std::string> changed, same;
+  for (BufferRole role : roles) {
+    const Bytes pa = at(ra, role), pb = at(rb, role);
+    if (pa == pb) {
+      if (pb.v * 20 >= mb.peak_allocated.v) same.push_back(fmt::format("{} {}", role_title(role), human_bytes(pb)));
+    } else if (std::llabs((pb - pa).v) * 100 >= ma.peak_allocated.v) {
+      changed.push_back(fmt::format("{} {}", role_title(role), signed_bytes(pb - pa)));
+    }
   }
-  t += ".\n";
+  if (without_micro_step(A.r.program.event_name(ma.peak_event)) !=
+      without_micro_step(B.r.program.event_name(mb.peak_event)))
+    t += fmt::format(" The peak moves from {} to {}.", A.r.program.event_name(ma.peak_event),
+                     B.r.program.event_name(mb.peak_event));
+  if (!changed.empty()) {
+    t += " What changes at the peak: ";
+    for (std::size_t k = 0; k < changed.size(); ++k) t += (k ? "; " : "") + changed[k];
+    t += ".";
+  }
+  if (!same.empty()) {
+    t += " What does not change (each >= 5% of the peak): ";
+    for (std::size_t k = 0; k < same.size(); ++k) t += (k ? "; " : "") + same[k];
+    t += ".";
+  }
+  const Bytes bucket_b = at(rb, BufferRole::ipg_bucket);
+  const std::int64_t psi = B.r.program.info.params;
+  const std::int64_t grad_bytes = psi * dtype_size(B.r.program.info.model_dtype);
+  if (bucket_b.v > 0 && B.cfg.zero.reduce_bucket_size >= psi)
+    t += fmt::format(" The reduce bucket holds reduce_bucket_size={:.3g} elements, more than the model's {} "
+                     "gradient elements: its {} is allocated whatever the stage, and is larger than the whole "
+                     "16-bit gradient (2Ψ = {}) that stage 2 partitions.",
+                     static_cast<double>(B.cfg.zero.reduce_bucket_size), psi, human_bytes(bucket_b),
+                     human_bytes(Bytes{grad_bytes}));
+  if (B.r.program.info.stage <= 2 && at(rb, BufferRole::flat_params16).v > 0)
+    t += fmt::format(" The 16-bit parameters ({}) are replicated below stage 3.",
+                     human_bytes(at(rb, BufferRole::flat_params16)));
+  t += "\n";
 
   nlohmann::json sugg = nlohmann::json::array();
   if (req.suggest) {
-    t += fmt::format("\nwhat would change it ({} re-simulated with one change each):\n", tb);
+    t += fmt::format("\nwhat would change it (both re-simulated with one change each):\n");
     struct Variant {
       std::string what;
-      zero::DsConfig cfg;
-      bool ckpt;
+      std::function<void(zero::DsConfig&, Inputs&)> apply;
+      bool b_only = false;  // a change of B alone (e.g. moving to stage 3)
     };
     std::vector<Variant> vs;
     const zero::DsConfig& base = B.cfg;
     for (std::int64_t rbs : {std::int64_t{50000000}, std::int64_t{10000000}}) {
-      if (base.zero.reduce_bucket_size > rbs && base.zero.stage >= 1) {
-        Variant v{fmt::format("reduce_bucket_size {:.0e}", static_cast<double>(rbs)), base, false};
-        v.cfg.zero.reduce_bucket_size = rbs;
-        vs.push_back(v);
-      }
+      if (base.zero.reduce_bucket_size > rbs && base.zero.stage >= 1)
+        vs.push_back({fmt::format("reduce_bucket_size {:.0e}", static_cast<double>(rbs)),
+                      [rbs](zero::DsConfig& c, Inputs&) { c.zero.reduce_bucket_size = rbs; }});
     }
-    if (base.zero.stage >= 1 && base.zero.stage <= 2 && base.zero.contiguous_gradients) {
-      Variant v{"contiguous_gradients false", base, false};
-      v.cfg.zero.contiguous_gradients = false;
-      vs.push_back(v);
-    }
-    if (!B.in.activation_checkpointing) vs.push_back({"activation checkpointing (per layer)", base, true});
+    if (base.zero.stage >= 1 && base.zero.stage <= 2 && base.zero.contiguous_gradients)
+      vs.push_back({"contiguous_gradients false", [](zero::DsConfig& c, Inputs&) { c.zero.contiguous_gradients = false; }});
+    if (!B.in.activation_checkpointing)
+      vs.push_back({"activation checkpointing (per layer)", [](zero::DsConfig&, Inputs& in) { in.activation_checkpointing = true; }});
     if (B.r.batch.micro_batch > 1) {
-      Variant v{fmt::format("train_micro_batch_size_per_gpu {}", B.r.batch.micro_batch / 2), base, false};
-      v.cfg.train_micro_batch_size_per_gpu = B.r.batch.micro_batch / 2;
-      if (v.cfg.train_batch_size) v.cfg.gradient_accumulation_steps.reset();
-      vs.push_back(v);
+      const std::int64_t half = B.r.batch.micro_batch / 2;
+      vs.push_back({fmt::format("train_micro_batch_size_per_gpu {}", half), [half](zero::DsConfig& c, Inputs&) {
+                      c.train_micro_batch_size_per_gpu = half;
+                      if (c.train_batch_size) c.gradient_accumulation_steps.reset();
+                    }});
     }
-    if (base.zero.stage < 3) {
-      Variant v{"stage 3", base, false};
-      v.cfg.zero.stage = 3;
-      vs.push_back(v);
-    }
+    if (base.zero.stage < 3)
+      vs.push_back({fmt::format("{} → stage 3", tb), [](zero::DsConfig& c, Inputs&) { c.zero.stage = 3; }, true});
+    t += fmt::format("  {:<40}{:>14}{:>14}{:>22}\n", "change", ta, tb, fmt::format("{} - {}", tb, ta));
     for (auto& v : vs) {
-      Inputs in2 = B.in;
-      in2.activation_checkpointing = B.in.activation_checkpointing || v.ckpt;
       try {
-        const StageResult r2 = simulate_one(in2, v.cfg);
-        const Bytes delta = r2.memory.peak_allocated - mb.peak_allocated;
-        t += fmt::format("- {:<40} peak {} ({}), device used {}, {}\n", v.what, human_bytes(r2.memory.peak_allocated),
-                         signed_bytes(delta), human_bytes(r2.memory.device_used), r2.memory.fits ? "fits" : "does not fit");
+        Inputs ia = A.in, ib = B.in;
+        zero::DsConfig ca = A.cfg, cb = B.cfg;
+        if (!v.b_only) v.apply(ca, ia);
+        v.apply(cb, ib);
+        const StageResult r2a = v.b_only ? A.r : simulate_one(ia, ca);
+        const StageResult r2b = simulate_one(ib, cb);
+        const Bytes delta = r2b.memory.peak_allocated - r2a.memory.peak_allocated;
+        t += fmt::format("  {:<40}{:>14}{:>14}{:>22}{}\n", v.what, human_bytes(r2a.memory.peak_allocated),
+                         human_bytes(r2b.memory.peak_allocated),
+                         fmt::format("{} ({:+.1f}%)", signed_bytes(delta),
+                                     100.0 * static_cast<double>(delta.v) / static_cast<double>(r2a.memory.peak_allocated.v)),
+                         r2b.memory.fits ? "" : "  (B does not fit)");
         sugg.push_back({{"change", v.what},
-                        {"peak_allocated_bytes", r2.memory.peak_allocated.v},
-                        {"device_used_bytes", r2.memory.device_used.v},
-                        {"fits", r2.memory.fits}});
+                        {"a_peak_allocated_bytes", r2a.memory.peak_allocated.v},
+                        {"b_peak_allocated_bytes", r2b.memory.peak_allocated.v},
+                        {"b_device_used_bytes", r2b.memory.device_used.v},
+                        {"b_fits", r2b.memory.fits}});
       } catch (const InputError& e) {
-        t += fmt::format("- {:<40} not possible: {}\n", v.what, e.what());
+        t += fmt::format("  {:<40} not possible: {}\n", v.what, e.what());
       }
     }
+    t += fmt::format("  {:<40}{:>14}{:>14}{:>22}\n", "(as configured)", human_bytes(ma.peak_allocated),
+                     human_bytes(mb.peak_allocated), signed_bytes(d));
   }
 
   Explanation ex;

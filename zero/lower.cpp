@@ -27,6 +27,12 @@ std::int64_t ceil_div(std::int64_t x, std::int64_t m) { return (x + m - 1) / m; 
 
 // ---------------------------------------------------------------------------------
 // Builder: appends events and buffers; an event is open until the next begin().
+enum class LabelKind : std::uint8_t {
+  copy_to_bucket, accumulate_fp32, flatten, flatten_buf, cast_buf, all_reduce, reduce_to, copy_to_partition,
+  unflatten, gather, gather_buf, gather_copy, gather_h2d, release, interleave, rs_in, rs_out, reduce_scatter,
+  accumulate_partition, checkpoint_release, full_param, hpz_param, prefetch, all_gather_shard,
+};
+
 class Builder {
  public:
   explicit Builder(Program& p) : p_(p) {}
@@ -34,6 +40,17 @@ class Builder {
   std::int32_t label(std::string s) {
     p_.labels.push_back(std::move(s));
     return static_cast<std::int32_t>(p_.labels.size() - 1);
+  }
+
+  // Labels repeat across micro-steps: format each (kind, index) once.
+  template <class Make>
+  std::int32_t cached(LabelKind kind, std::int64_t index, Make&& make) {
+    const std::uint64_t key = (static_cast<std::uint64_t>(kind) << 48) ^ static_cast<std::uint64_t>(index);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    const std::int32_t l = label(make());
+    cache_.emplace(key, l);
+    return l;
   }
 
   BufferId buffer(Category c, Placement where, BufferRole role, DType t, std::int64_t elements,
@@ -99,6 +116,7 @@ class Builder {
  private:
   Program& p_;
   bool open_ = false;
+  std::unordered_map<std::uint64_t, std::int32_t> cache_;
 };
 
 // Per-tensor and per-param facts of the graph that do not depend on the micro-step.
@@ -346,6 +364,9 @@ class Lowering {
     st.param_grad.assign(g_.params.size(), -1);
     ms_ = m;
     boundary_ = m == gas() - 1;
+    bucket_seq_ = 0;
+    gather_seq_ = 0;
+    prefetch_seq_ = 0;
 
     // The batch arrives (ids, labels, masks).
     b_.begin(EventKind::copy, Stream::compute, Phase::forward, m, "batch");
@@ -483,7 +504,7 @@ class Lowering {
       if (ckpt_ && layer >= 0 && o == g_.layers[static_cast<std::size_t>(layer)].first) {
         // The checkpoint drops the layer input once the layer's backward is done.
         b_.begin(EventKind::marker, Stream::compute, Phase::backward, ms_,
-                 fmt::format("layer{}.checkpoint_release", layer));
+                 b_.cached(LabelKind::checkpoint_release, layer, [&] { return fmt::format("layer{}.checkpoint_release", layer); }));
         // Released unless an op before the layer still saves it for its own backward.
         const TensorId in = g_.layers[static_cast<std::size_t>(layer)].input;
         const OpId saver = in >= 0 ? f_.min_saver[static_cast<std::size_t>(in)] : -1;
@@ -571,7 +592,7 @@ class Lowering {
     if (stage_ == 0) {
       if (md_ == DType::bf16) {
         auto& pg = st.param_grad[static_cast<std::size_t>(p)];
-        b_.begin(EventKind::copy, Stream::compute, Phase::backward, ms_, fmt::format("accumulate_fp32.{}", pname(p)));
+        b_.begin(EventKind::copy, Stream::compute, Phase::backward, ms_, b_.cached(LabelKind::accumulate_fp32, p, [&] { return fmt::format("accumulate_fp32.{}", pname(p)); }));
         b_.cur().mem_bytes = Bytes{numel(p) * (b16() + 8)};
         b_.free(pg);
         pg = -1;
@@ -628,7 +649,7 @@ class Lowering {
     }
     if (cfg_.zero.contiguous_gradients) {
       Event& e = b_.begin(EventKind::copy, Stream::compute, at_boundary_pass ? Phase::reduction : Phase::backward, ms_,
-                          fmt::format("copy_to_bucket.{}", pname(p)));
+                          b_.cached(LabelKind::copy_to_bucket, p, [&] { return fmt::format("copy_to_bucket.{}", pname(p)); }));
       e.mem_bytes = Bytes{2 * n * b16()};
       // The compute stream must not overwrite a buffer still being reduced.
       b_.dep(ipg_last_reduce_[ipg_index_]);
@@ -671,24 +692,24 @@ class Lowering {
     const Phase ph = boundary_pass_ ? Phase::reduction : Phase::backward;
     const int bucket_no = bucket_seq_++;
     // Flatten the slices (a copy of the bucket's elements), cast if comm dtype differs.
-    Event& fl = b_.begin(EventKind::copy, rs, ph, ms_, fmt::format("flatten.bucket{}", bucket_no));
+    Event& fl = b_.begin(EventKind::copy, rs, ph, ms_, b_.cached(LabelKind::flatten, bucket_no, [&] { return fmt::format("flatten.bucket{}", bucket_no); }));
     fl.mem_bytes = Bytes{2 * elements * b16()};
     b_.dep(last_copy_);
     b_.dep(last_compute_for_reduce());
     const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, md_, elements,
-                                    fmt::format("flatten bucket{}", bucket_no), bucket_no);
+                                    b_.cached(LabelKind::flatten_buf, bucket_no, [&] { return fmt::format("flatten bucket{}", bucket_no); }), bucket_no);
     b_.alloc(flat);
     BufferId cast = -1;
     if (cd_ != md_) {
       cast = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, elements,
-                       fmt::format("cast bucket{} to {}", bucket_no, dtype_name(cd_)), bucket_no);
+                       b_.cached(LabelKind::cast_buf, bucket_no, [&] { return fmt::format("cast bucket{} to {}", bucket_no, dtype_name(cd_)); }), bucket_no);
       b_.alloc(cast);
     }
     for (const auto& s : ipg_params_) b_.slice(s);
     const bool multi_rank_allreduce = cfg_.zero.use_multi_rank_bucket_allreduce || !cfg_.zero.reduce_scatter;
     EventId last = -1;
     if (multi_rank_allreduce || N_ == 1) {
-      Event& c = b_.begin(EventKind::collective, rs, ph, ms_, fmt::format("all_reduce.bucket{}", bucket_no));
+      Event& c = b_.begin(EventKind::collective, rs, ph, ms_, b_.cached(LabelKind::all_reduce, bucket_no, [&] { return fmt::format("all_reduce.bucket{}", bucket_no); }));
       c.coll = CollKind::all_reduce;
       c.reduce_op = ReduceOp::sum;
       c.trigger = why;
@@ -707,7 +728,7 @@ class Lowering {
           part += overlap_with_rank(lo, lo + s.count, r);
         }
         if (part == 0) continue;
-        Event& c = b_.begin(EventKind::collective, rs, ph, ms_, fmt::format("reduce.bucket{}.to{}", bucket_no, r));
+        Event& c = b_.begin(EventKind::collective, rs, ph, ms_, b_.cached(LabelKind::reduce_to, bucket_no * 65536 + r, [&] { return fmt::format("reduce.bucket{}.to{}", bucket_no, r); }));
         c.coll = CollKind::reduce;
         c.reduce_op = ReduceOp::sum;
         c.trigger = why;
@@ -719,7 +740,7 @@ class Lowering {
       }
     }
     // Copy this rank's slices into grads_in_partition (allocated at the first reduction).
-    Event& cp = b_.begin(EventKind::copy, rs, ph, ms_, fmt::format("copy_to_partition.bucket{}", bucket_no));
+    Event& cp = b_.begin(EventKind::copy, rs, ph, ms_, b_.cached(LabelKind::copy_to_partition, bucket_no, [&] { return fmt::format("copy_to_partition.bucket{}", bucket_no); }));
     b_.dep(last);
     std::int64_t mine = 0;
     for (const auto& s : ipg_params_) {
@@ -974,15 +995,33 @@ class Lowering {
       }
       trace_.push_back({i, Phase::backward});
     }
-    // Flattened param trace for the prefetcher.
+    // Flattened param trace for the prefetcher, the numel prefix over the trace and, per
+    // use, the step of the param's next use (for the reuse-distance rule).
     param_trace_.clear();
-    for (std::size_t t = 0; t < trace_.size(); ++t)
-      for (ParamId p : visits_fwd_[static_cast<std::size_t>(trace_[t].visit)].params)
-        param_trace_.push_back({static_cast<std::int32_t>(t), p});
+    trace_prefix_.assign(trace_.size() + 1, 0);
+    trace_param_begin_.assign(trace_.size() + 1, 0);
+    for (std::size_t t = 0; t < trace_.size(); ++t) {
+      trace_param_begin_[t] = param_trace_.size();
+      const auto& v = visits_fwd_[static_cast<std::size_t>(trace_[t].visit)];
+      for (ParamId p : v.params) param_trace_.push_back({static_cast<std::int32_t>(t), p});
+      trace_prefix_[t + 1] = trace_prefix_[t] + v.numel;
+    }
+    trace_param_begin_[trace_.size()] = param_trace_.size();
+    next_use_.assign(param_trace_.size(), std::numeric_limits<std::int32_t>::max());
+    std::vector<std::int32_t> seen(g_.params.size(), std::numeric_limits<std::int32_t>::max());
+    for (std::size_t k = param_trace_.size(); k-- > 0;) {
+      next_use_[k] = seen[static_cast<std::size_t>(param_trace_[k].param)];
+      seen[static_cast<std::size_t>(param_trace_[k].param)] = param_trace_[k].step;
+    }
   }
 
   struct TraceStep { std::int32_t visit; Phase phase; };
   struct ParamUse { std::int32_t step; ParamId param; };
+
+  std::string module_name(const Visit& v) const {
+    const auto m = g_.ops[static_cast<std::size_t>(v.first)].module;
+    return m >= 0 ? g_.modules[static_cast<std::size_t>(m)].name : g_.ops[static_cast<std::size_t>(v.first)].name;
+  }
 
   void s3_begin_pass() {
     trace_pos_ = 0;
@@ -997,7 +1036,10 @@ class Lowering {
 
   // Gather `params` (not available) into full tensors: a flat buffer of N × partition,
   // the collective, a per-param copy out, the flat buffer freed.
-  EventId s3_gather(const std::vector<ParamId>& params, Trigger why, Phase ph, const std::string& what) {
+  // `key` identifies the gather within a micro-step (visit index, or prefetch sequence
+  // offset by the number of visits) so labels are formatted once.
+  template <class What>
+  EventId s3_gather(const std::vector<ParamId>& params, Trigger why, Phase ph, std::int64_t key, What&& what) {
     if (params.empty()) return -1;
     const bool within_hpz = hpz_ > 1 && ph != Phase::forward;
     const std::int64_t group_n = within_hpz ? hpz_ : N_;
@@ -1008,12 +1050,12 @@ class Lowering {
     }
     const Stream s = overlap_ ? Stream::allgather : Stream::compute;
     if (offload_param_) {
-      Event& h2d = b_.begin(EventKind::copy, s, ph, ms_, fmt::format("h2d.{}", what));
+      Event& h2d = b_.begin(EventKind::copy, s, ph, ms_, b_.cached(LabelKind::gather_h2d, key, [&] { return fmt::format("h2d.{}", what()); }));
       h2d.src = Placement::host;
       h2d.mem_bytes = Bytes{gathered / group_n * b16()};
     }
     const int seq = gather_seq_++;
-    Event& c = b_.begin(EventKind::collective, s, ph, ms_, fmt::format("all_gather.{}", what));
+    Event& c = b_.begin(EventKind::collective, s, ph, ms_, b_.cached(LabelKind::gather, key, [&] { return fmt::format("all_gather.{}", what()); }));
     c.coll = CollKind::all_gather;
     c.trigger = why;
     c.group = within_hpz ? hpz_group_ : dp_group_;
@@ -1021,10 +1063,10 @@ class Lowering {
     c.dtype = md_;
     c.bucket = seq;
     const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::gather_flat, md_, gathered,
-                                    fmt::format("all-gather flat buffer {}", what), seq);
+                                    b_.cached(LabelKind::gather_buf, key, [&] { return fmt::format("all-gather flat buffer {}", what()); }), seq);
     b_.alloc(flat);
     for (ParamId p : params) b_.slice({p, 0, numel(p), -1});
-    Event& cp = b_.begin(EventKind::copy, s, ph, ms_, fmt::format("unflatten.{}", what));
+    Event& cp = b_.begin(EventKind::copy, s, ph, ms_, b_.cached(LabelKind::gather_copy, key, [&] { return fmt::format("unflatten.{}", what()); }));
     cp.mem_bytes = Bytes{2 * full * b16()};
     for (ParamId p : params) {
       if (s3_full_label_.empty()) s3_full_label_.assign(g_.params.size(), -1);
@@ -1065,7 +1107,8 @@ class Lowering {
     std::vector<ParamId> need;
     for (ParamId p : v.params)
       if (!s3_available(p)) need.push_back(p);
-    s3_gather(need, Trigger::module_fetch, ph, fmt::format("{}", g_.modules[static_cast<std::size_t>(g_.ops[static_cast<std::size_t>(v.first)].module)].name));
+    const std::int64_t vkey = static_cast<std::int64_t>(vi) * 4 + static_cast<std::int64_t>(ph);
+    s3_gather(need, Trigger::module_fetch, ph, vkey, [&] { return module_name(v); });
     // Prefetch along the recorded trace (partitioned_param_coordinator.fetch_sub_module).
     while (param_q_ < param_trace_.size() && param_trace_[param_q_].step <= static_cast<std::int32_t>(trace_pos_)) ++param_q_;
     const std::int64_t budget = std::min(cfg_.zero.stage3_prefetch_bucket_size,
@@ -1078,7 +1121,9 @@ class Lowering {
       pre.push_back(p);
       pre_numel += numel(p);
     }
-    s3_gather(pre, Trigger::prefetch, ph, fmt::format("prefetch{}", prefetch_seq_++));
+    const int pseq = prefetch_seq_++;
+    s3_gather(pre, Trigger::prefetch, ph, (static_cast<std::int64_t>(visits_fwd_.size()) + pseq) * 4,
+              [&] { return fmt::format("prefetch{}", pseq); });
   }
 
   void s3_dep_on_fetch(OpId o) {
@@ -1095,19 +1140,24 @@ class Lowering {
     // Release (partitioned_param_coordinator.__params_to_release): not persistent, and not
     // used again within max_reuse_distance elements of the trace.
     const auto& v = visits_fwd_[static_cast<std::size_t>(vi)];
+    // Modules after this one are scanned while the numel traversed before them is below
+    // max_reuse_distance; a param seen in that window stays gathered.
+    const std::size_t t = trace_pos_;
+    const std::int64_t limit = trace_prefix_[t + 1] + cfg_.zero.stage3_max_reuse_distance;
+    const auto window_end = static_cast<std::int32_t>(
+        std::lower_bound(trace_prefix_.begin() + static_cast<std::ptrdiff_t>(t + 1),
+                         trace_prefix_.begin() + static_cast<std::ptrdiff_t>(trace_.size()), limit) -
+        trace_prefix_.begin());
     std::vector<ParamId> rel;
-    for (ParamId p : v.params)
-      if (!s3_persistent_[static_cast<std::size_t>(p)] && s3_full_[static_cast<std::size_t>(p)] >= 0) rel.push_back(p);
-    std::int64_t traversed = 0;
-    for (std::size_t t = trace_pos_ + 1; t < trace_.size() && !rel.empty(); ++t) {
-      if (traversed >= cfg_.zero.stage3_max_reuse_distance) break;
-      for (ParamId p : visits_fwd_[static_cast<std::size_t>(trace_[t].visit)].params) {
-        rel.erase(std::remove(rel.begin(), rel.end(), p), rel.end());
-        traversed += numel(p);
-      }
+    for (std::size_t k = trace_param_begin_[t]; k < trace_param_begin_[t + 1]; ++k) {
+      const ParamId p = param_trace_[k].param;
+      if (s3_persistent_[static_cast<std::size_t>(p)] || s3_full_[static_cast<std::size_t>(p)] < 0) continue;
+      if (next_use_[k] < window_end) continue;
+      rel.push_back(p);
     }
     if (rel.empty()) return;
-    b_.begin(EventKind::marker, Stream::compute, ph, ms_, fmt::format("release.{}", g_.modules[static_cast<std::size_t>(g_.ops[static_cast<std::size_t>(v.first)].module)].name));
+    b_.begin(EventKind::marker, Stream::compute, ph, ms_,
+             b_.cached(LabelKind::release, vi * 4 + static_cast<std::int64_t>(ph), [&] { return "release." + module_name(v); }));
     for (ParamId p : rel) {
       b_.free(s3_full_[static_cast<std::size_t>(p)]);
       s3_full_[static_cast<std::size_t>(p)] = -1;
@@ -1138,7 +1188,7 @@ class Lowering {
     const BufferId grad = st.param_grad[static_cast<std::size_t>(p)];
     st.param_grad[static_cast<std::size_t>(p)] = -1;
     if (cfg_.zero.contiguous_gradients && s3_elements_ + n <= rbs_) {
-      Event& e = b_.begin(EventKind::copy, Stream::compute, Phase::backward, ms_, fmt::format("copy_to_bucket.{}", pname(p)));
+      Event& e = b_.begin(EventKind::copy, Stream::compute, Phase::backward, ms_, b_.cached(LabelKind::copy_to_bucket, p, [&] { return fmt::format("copy_to_bucket.{}", pname(p)); }));
       e.mem_bytes = Bytes{2 * n * b16()};
       b_.dep(s3_last_reduce_);
       b_.slice({p, 0, n, s3_elements_});
@@ -1162,16 +1212,16 @@ class Lowering {
     }
     // Interleave the bucket per destination rank, reduce-scatter, accumulate the output
     // into the flat gradient partition.
-    Event& il = b_.begin(EventKind::copy, rs, Phase::backward, ms_, fmt::format("interleave.bucket{}", bn));
+    Event& il = b_.begin(EventKind::copy, rs, Phase::backward, ms_, b_.cached(LabelKind::interleave, bn, [&] { return fmt::format("interleave.bucket{}", bn); }));
     il.mem_bytes = Bytes{2 * padded * dtype_size(cd_)};
     b_.dep(last_copy_);
     const BufferId inter = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, padded,
-                                     fmt::format("reduce-scatter input bucket{}", bn), bn);
+                                     b_.cached(LabelKind::rs_in, bn, [&] { return fmt::format("reduce-scatter input bucket{}", bn); }), bn);
     const BufferId outb = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, out,
-                                    fmt::format("reduce-scatter output bucket{}", bn), bn);
+                                    b_.cached(LabelKind::rs_out, bn, [&] { return fmt::format("reduce-scatter output bucket{}", bn); }), bn);
     b_.alloc(inter);
     b_.alloc(outb);
-    Event& c = b_.begin(EventKind::collective, rs, Phase::backward, ms_, fmt::format("reduce_scatter.bucket{}", bn));
+    Event& c = b_.begin(EventKind::collective, rs, Phase::backward, ms_, b_.cached(LabelKind::reduce_scatter, bn, [&] { return fmt::format("reduce_scatter.bucket{}", bn); }));
     c.coll = CollKind::reduce_scatter;
     c.reduce_op = ReduceOp::sum;
     c.trigger = why;
@@ -1180,7 +1230,7 @@ class Lowering {
     c.dtype = cd_;
     c.bucket = bn;
     for (const auto& s : s3_params_) b_.slice(s);
-    Event& acc = b_.begin(EventKind::copy, rs, Phase::backward, ms_, fmt::format("accumulate_partition.bucket{}", bn));
+    Event& acc = b_.begin(EventKind::copy, rs, Phase::backward, ms_, b_.cached(LabelKind::accumulate_partition, bn, [&] { return fmt::format("accumulate_partition.bucket{}", bn); }));
     acc.mem_bytes = Bytes{3 * out * dtype_size(cd_)};
     if (offload_opt_) acc.dst = Placement::host;
     b_.free(inter);
@@ -1280,6 +1330,9 @@ class Lowering {
   std::vector<std::int32_t> visit_of_first_op_, visit_of_last_op_;
   std::vector<TraceStep> trace_;
   std::vector<ParamUse> param_trace_;
+  std::vector<std::int64_t> trace_prefix_;
+  std::vector<std::size_t> trace_param_begin_;
+  std::vector<std::int32_t> next_use_;
   std::size_t trace_pos_ = 0, param_q_ = 0;
   std::vector<BufferId> s3_full_, s3_hpz_;
   std::vector<EventId> s3_inflight_from_;
