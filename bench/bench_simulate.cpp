@@ -43,6 +43,44 @@ void BM_LowerAndReplay_BertLarge(benchmark::State& state) {
 }
 BENCHMARK(BM_LowerAndReplay_BertLarge)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
 
+// The two halves separately: lowering, and the memory replay with the allocator model.
+void BM_Lower_BertLarge(benchmark::State& state) {
+  auto req = bert_request();
+  const int stage = static_cast<int>(state.range(0));
+  const auto in = cli::load_inputs(req);
+  const auto cfg = cli::config_for_stage(in, req, stage);
+  const auto batch = zero::resolve_batch(cfg, in.world_size);
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = in.seq_len;
+  go.act_dtype = cfg.model_dtype();
+  const auto g = models::build_graph(in.model, go);
+  zero::LowerOptions lo;
+  lo.world_size = in.world_size;
+  lo.rank = zero::heaviest_rank(g, cfg, in.world_size);
+  for (auto _ : state) {
+    auto p = zero::lower(g, cfg, batch, lo);
+    benchmark::DoNotOptimize(p.events.size());
+  }
+}
+BENCHMARK(BM_Lower_BertLarge)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
+
+void BM_Replay_BertLarge(benchmark::State& state) {
+  auto req = bert_request();
+  const int stage = static_cast<int>(state.range(0));
+  const bool allocator = state.range(1) != 0;
+  const auto in = cli::load_inputs(req);
+  const auto cfg = cli::config_for_stage(in, req, stage);
+  const auto r = cli::simulate_one(in, cfg);
+  sim::MemoryOptions mo;
+  mo.allocator = allocator;
+  for (auto _ : state) {
+    auto m = sim::replay_memory(r.program, *in.device, mo);
+    benchmark::DoNotOptimize(m.peak_allocated);
+  }
+}
+BENCHMARK(BM_Replay_BertLarge)->ArgsProduct({{1, 3}, {0, 1}})->Unit(benchmark::kMillisecond);
+
 // The whole command: load inputs, build the graph, lower and replay four stages.
 void BM_Simulate_Llama2_7b_64GPUs_AllStages(benchmark::State& state) {
   cli::SimRequest r;

@@ -1,7 +1,14 @@
-// libFuzzer target: bytes → JSON → parse_ds_config → resolve_batch, plus the to_json
+// libFuzzer target (structure-aware mutator at the end): bytes → JSON → parse_ds_config → resolve_batch, plus the to_json
 // round trip. Bad input must surface as zp::InputError (one line); any other exception,
 // a sanitizer report, or a round trip that changes a field is a bug.
 #include <cstddef>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <vector>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +23,47 @@
 #include "zero/ds_config.hpp"
 
 namespace {
+
+// Keys and values the mutator draws from (the reader's vocabulary).
+const std::vector<std::string>& fuzz_keys() {
+  static const std::vector<std::string> k{
+      "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "type",
+      "params", "lr", "betas", "eps", "weight_decay", "momentum", "muon_lr", "max_grad_norm", "fp16", "enabled",
+      "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale",
+      "fp16_master_weights_and_grads", "bf16", "bfloat16", "immediate_grad_update", "bf16_master_weights_and_grads",
+      "bf16_optimizer_states", "zero_optimization", "stage", "contiguous_gradients", "reduce_scatter",
+      "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "allgather_partitions", "round_robin_gradients",
+      "use_multi_rank_bucket_allreduce", "sub_group_size", "stage3_prefetch_bucket_size", "prefetch_bucket_size",
+      "stage3_param_persistence_threshold", "param_persistence_threshold", "stage3_model_persistence_threshold",
+      "stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance", "max_reuse_distance",
+      "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+      "gather_16bit_weights_on_model_save", "zero_hpz_partition_size", "zero_quantized_weights",
+      "zero_quantized_gradients", "offload_optimizer", "offload_param", "device", "nvme_path", "pin_memory",
+      "buffer_count", "buffer_size", "max_in_cpu", "ratio", "cpu_offload", "cpu_offload_param", "mics_shard_size",
+      "allgather_size", "gradient_clipping", "prescale_gradients", "gradient_predivide_factor",
+      "communication_data_type", "data_types", "grad_accum_dtype", "param_dtype", "activation_checkpointing",
+      "partition_activations", "cpu_checkpointing", "contiguous_memory_optimization", "number_checkpoints",
+      "sparse_attention", "mode", "block", "different_layout_per_head", "num_local_blocks", "num_global_blocks",
+      "attention", "horizontal_global_attention", "num_different_global_patterns", "num_random_blocks",
+      "local_window_blocks", "global_block_indices", "global_block_end_indices", "num_sliding_window_blocks",
+      "scheduler", "amp", "pipeline", "moe", "compile", "deepcompile", "sequence_parallel_size",
+      "gradient_allreduce_op", "sparse_gradients", "managed_gradient_accumulation", "elasticity"};
+  return k;
+}
+
+const std::vector<json>& fuzz_values() {
+  static const std::vector<json> v{
+      0, 1, -1, 2, 3, 4, 8, 64, 4096, 1.5, 0.5, 5e8, 1e9, 100000, 1e300, -1e300, 9007199254740993.0,
+      std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min(),
+      std::numeric_limits<std::uint64_t>::max(), true, false, nullptr, "auto", "none", "cpu", "nvme", "fp16",
+      "bf16", "fp32", "bfloat16", "float32", "half", "Adam", "adamw", "SGD", "Lamb", "Adagrad", "OneBitAdam",
+      "Lion", "Muon", "fixed", "dense", "variable", "bigbird", "bslongformer", "unidirectional", "bidirectional",
+      "mean", "sum", "", json::array(), json::object(), json::array({0}), json::array({4, 8}),
+      json::array({0, 1}), json::array({1, 2}), json::array({0.9, 0.999}), json::object({{"enabled", true}}),
+      json::object({{"stage", 3}}), json::object({{"device", "cpu"}}),
+      json::object({{"device", "nvme"}, {"nvme_path", "/nvme"}})};
+  return v;
+}
 
 using nlohmann::json;
 using namespace zp::zero;
@@ -96,4 +144,148 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (!same_fields(cfg, back)) bug("to_json round trip changed a field", doc.dump() + "\n  output: " + out.dump());
   return 0;
+}
+
+// ---------------------------------------------------------------------------------
+// Structure-aware mutation: byte-level mutations of JSON mostly produce syntax errors,
+// which never reach the reader. Most steps therefore parse the input, change one node
+// (a known key added, removed or renamed, an interesting value, a nudged number, an
+// array grown or shrunk) and serialise it again; one step in eight stays byte-level so
+// the syntax-error path keeps being exercised.
+
+extern "C" std::size_t LLVMFuzzerMutate(std::uint8_t* data, std::size_t size, std::size_t max_size);
+
+namespace {
+
+class JsonMutator {
+ public:
+  JsonMutator(unsigned seed, const std::vector<std::string>& keys, const std::vector<nlohmann::json>& values)
+      : rng_(seed), keys_(keys), values_(values) {}
+
+  void mutate(nlohmann::json& root) {
+    std::vector<nlohmann::json*> nodes;
+    collect(root, nodes);
+    nlohmann::json& n = *nodes[pick(nodes.size())];
+    switch (pick(7)) {
+      case 0: n = value(); break;
+      case 1:
+        if (!n.is_object()) n = nlohmann::json::object();
+        n[key()] = value();
+        break;
+      case 2:
+        if (n.is_object() && !n.empty()) {
+          auto it = n.begin();
+          std::advance(it, static_cast<std::ptrdiff_t>(pick(n.size())));
+          n.erase(it);
+        } else if (n.is_array() && !n.empty()) {
+          n.erase(pick(n.size()));
+        }
+        break;
+      case 3:
+        if (n.is_object() && !n.empty()) {
+          auto it = n.begin();
+          std::advance(it, static_cast<std::ptrdiff_t>(pick(n.size())));
+          nlohmann::json v = *it;
+          n.erase(it);
+          n[key()] = std::move(v);
+        }
+        break;
+      case 4: nudge(n); break;
+      case 5:
+        if (n.is_array()) n.push_back(value());
+        else n = nlohmann::json::array({n});
+        break;
+      default:  // a nested section with one known key
+        if (!n.is_object()) n = nlohmann::json::object();
+        n[key()] = nlohmann::json::object({{key(), value()}});
+        break;
+    }
+  }
+
+  // Moves one member of `from` (an object) into `to` (an object).
+  void cross(nlohmann::json& to, const nlohmann::json& from) {
+    if (!to.is_object() || !from.is_object() || from.empty()) return;
+    auto it = from.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(pick(from.size())));
+    to[it.key()] = *it;
+  }
+
+ private:
+  std::size_t pick(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(rng_() % n); }
+  const std::string& key() { return keys_[pick(keys_.size())]; }
+  const nlohmann::json& value() { return values_[pick(values_.size())]; }
+
+  static void collect(nlohmann::json& j, std::vector<nlohmann::json*>& out) {
+    out.push_back(&j);
+    if (j.is_structured())
+      for (auto& c : j) collect(c, out);
+  }
+
+  void nudge(nlohmann::json& n) {
+    if (n.is_number_integer()) {
+      // Unsigned arithmetic: wrap-around here is intended, not undefined.
+      const auto v = static_cast<std::uint64_t>(n.get<std::int64_t>());
+      const std::uint64_t options[] = {v + 1, v - 1, 0 - v, v * 2, v / 2, v * 3};
+      n = static_cast<std::int64_t>(options[pick(6)]);
+    } else if (n.is_number_float()) {
+      const double d = n.get<double>();
+      const double options[] = {d * 2, d / 2, -d, std::floor(d), d + 0.5, d * 1e10};
+      n = options[pick(6)];
+    } else if (n.is_boolean()) {
+      n = !n.get<bool>();
+    } else {
+      n = value();
+    }
+  }
+
+  std::mt19937_64 rng_;
+  const std::vector<std::string>& keys_;
+  const std::vector<nlohmann::json>& values_;
+};
+
+std::size_t write_back(const nlohmann::json& doc, std::uint8_t* data, std::size_t size, std::size_t max_size) {
+  const std::string s = doc.dump();
+  if (s.size() > max_size) return LLVMFuzzerMutate(data, size, max_size);
+  std::memcpy(data, s.data(), s.size());
+  return s.size();
+}
+
+}  // namespace
+
+extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t size, std::size_t max_size,
+                                               unsigned int seed) {
+  if (seed % 8 == 0) return LLVMFuzzerMutate(data, size, max_size);
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(data, data + size);
+  } catch (const nlohmann::json::exception&) {
+    return LLVMFuzzerMutate(data, size, max_size);
+  }
+  JsonMutator m(seed, fuzz_keys(), fuzz_values());
+  m.mutate(doc);
+  return write_back(doc, data, size, max_size);
+}
+
+extern "C" std::size_t LLVMFuzzerCustomCrossOver(const std::uint8_t* data1, std::size_t size1,
+                                                 const std::uint8_t* data2, std::size_t size2,
+                                                 std::uint8_t* out, std::size_t max_out_size, unsigned int seed) {
+  nlohmann::json a, b;
+  try {
+    a = nlohmann::json::parse(data1, data1 + size1);
+    b = nlohmann::json::parse(data2, data2 + size2);
+  } catch (const nlohmann::json::exception&) {
+    const std::size_t n = std::min(size1, max_out_size);
+    std::memcpy(out, data1, n);
+    return n;
+  }
+  JsonMutator m(seed, fuzz_keys(), fuzz_values());
+  m.cross(a, b);
+  const std::string s = a.dump();
+  if (s.size() > max_out_size) {
+    const std::size_t n = std::min(size1, max_out_size);
+    std::memcpy(out, data1, n);
+    return n;
+  }
+  std::memcpy(out, s.data(), s.size());
+  return s.size();
 }

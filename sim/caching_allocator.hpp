@@ -26,6 +26,7 @@ namespace zp::sim {
 struct CachingAllocatorOptions {
   Bytes capacity{INT64_MAX};         // device bytes the allocator may reserve
   Bytes max_split_size{INT64_MAX};   // PYTORCH_CUDA_ALLOC_CONF max_split_size_mb (unbounded default)
+  friend bool operator==(const CachingAllocatorOptions&, const CachingAllocatorOptions&) = default;
 };
 
 class CachingAllocatorModel {
@@ -54,6 +55,10 @@ class CachingAllocatorModel {
   void empty_cache();                    // torch.cuda.empty_cache(): release cached whole segments
   Bytes block_size(Handle h) const;      // rounded (or unsplit) size held by a live handle
 
+  // Two allocators in the same state serve the same request sequence identically; the
+  // memory replay uses this to skip repeated micro-steps once the state is a fixed point.
+  friend bool operator==(const CachingAllocatorModel&, const CachingAllocatorModel&) = default;
+
  private:
   // Plain value members: a copy is an independent allocator state.
   enum class Pool : std::uint8_t { small, large };
@@ -68,6 +73,7 @@ class CachingAllocatorModel {
     Pool pool = Pool::large;
     bool allocated = false;
     bool whole_segment() const { return size == segment_size; }
+    friend bool operator==(const Block&, const Block&) = default;
   };
 
   // A cached (free) block in best-fit order: stream, then size, then address.

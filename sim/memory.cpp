@@ -1,5 +1,7 @@
 #include "sim/memory.hpp"
 
+#include <optional>
+
 #include "sim/caching_allocator.hpp"
 
 namespace zp::sim {
@@ -7,7 +9,68 @@ namespace zp::sim {
 using zero::Buffer;
 using zero::BufferId;
 using zero::Event;
+using zero::EventId;
 using zero::Placement;
+
+namespace {
+
+// Micro-steps repeat: once a micro-step starts from the same allocator state as the
+// previous one and issues the same requests, it ends in the same state with the same
+// peaks, so the replay may skip it without changing any result. A micro-step qualifies
+// when it frees only what it allocated (or buffers it names the same way) and keeps
+// nothing; its signature is the exact sequence of requests.
+struct MicroRange {
+  EventId begin = 0, end = 0;  // [begin, end)
+  bool self_contained = true;
+  std::vector<std::int64_t> signature;
+};
+
+std::vector<MicroRange> micro_ranges(const zero::Program& p) {
+  std::vector<MicroRange> out;
+  EventId i = p.step_begin;
+  const auto n = static_cast<EventId>(p.events.size());
+  std::vector<std::int32_t> ordinal(p.buffers.size(), -1);
+  while (i < n) {
+    const int ms = p.events[static_cast<std::size_t>(i)].micro_step;
+    if (ms < 0) { ++i; continue; }
+    MicroRange r;
+    r.begin = i;
+    while (i < n && p.events[static_cast<std::size_t>(i)].micro_step == ms) ++i;
+    r.end = i;
+    std::int32_t next = 0;
+    std::int64_t open = 0;
+    for (EventId e = r.begin; e < r.end; ++e) {
+      const Event& ev = p.events[static_cast<std::size_t>(e)];
+      r.signature.push_back(-1 - static_cast<std::int64_t>(ev.stream));
+      for (BufferId b : p.allocs(ev)) {
+        const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
+        ordinal[static_cast<std::size_t>(b)] = next++;
+        ++open;
+        r.signature.push_back(buf.bytes.v * 4 + static_cast<std::int64_t>(buf.placement) * 2);
+        r.signature.push_back(static_cast<std::int64_t>(buf.category));
+      }
+      r.signature.push_back(-100);
+      for (BufferId b : p.frees(ev)) {
+        const auto o = ordinal[static_cast<std::size_t>(b)];
+        const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
+        if (o >= 0) {
+          r.signature.push_back(-1000 - o);
+          --open;
+        } else {
+          r.signature.push_back(-(std::int64_t{1} << 40) - b);  // freed from before: the same buffer
+          (void)buf;
+        }
+      }
+    }
+    r.self_contained = open == 0;
+    for (EventId e = r.begin; e < r.end; ++e)
+      for (BufferId b : p.allocs(p.events[static_cast<std::size_t>(e)])) ordinal[static_cast<std::size_t>(b)] = -1;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace
 
 MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const MemoryOptions& opt) {
   MemoryReport r;
@@ -20,7 +83,35 @@ MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const 
   if (opt.allocator) handle.assign(p.buffers.size(), -1);
   if (opt.timeline) r.timeline.reserve(p.events.size());
 
-  for (const Event& e : p.events) {
+  // Fixed-point skipping of repeated micro-steps (not with a timeline, which wants every event).
+  std::vector<MicroRange> ranges;
+  if (!opt.timeline) ranges = micro_ranges(p);
+  std::size_t next_range = 0;
+  struct Snapshot {
+    CachingAllocatorModel alloc;
+    CategoryBytes dev_live, host_live;
+    bool oom;
+  };
+  std::optional<Snapshot> prev_start;
+
+  const auto n = static_cast<EventId>(p.events.size());
+  for (EventId id = 0; id < n; ++id) {
+    if (next_range < ranges.size() && ranges[next_range].begin == id) {
+      const MicroRange& cur = ranges[next_range];
+      const bool repeat = next_range > 0 && cur.self_contained && ranges[next_range - 1].self_contained &&
+                          ranges[next_range - 1].end == cur.begin && cur.signature == ranges[next_range - 1].signature;
+      if (repeat && prev_start && prev_start->dev_live == dev_live && prev_start->host_live == host_live &&
+          prev_start->oom == r.allocator_oom && (!opt.allocator || prev_start->alloc == alloc)) {
+        // Same start, same requests: same end state, no new peak. Skip it.
+        id = cur.end - 1;
+        ++next_range;
+        ++r.skipped_micro_steps;
+        continue;
+      }
+      prev_start = Snapshot{alloc, dev_live, host_live, r.allocator_oom};
+      ++next_range;
+    }
+    const Event& e = p.events[static_cast<std::size_t>(id)];
     for (BufferId b : p.allocs(e)) {
       const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
       const auto c = static_cast<std::size_t>(buf.category);
@@ -69,19 +160,14 @@ MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const 
   r.context = dev.context_overhead;
   if (opt.allocator && r.allocator_oom) {
     // It does not fit; report what the allocator would reserve without a capacity limit.
-    CachingAllocatorModel unbounded;
-    std::vector<CachingAllocatorModel::Handle> h2(p.buffers.size(), -1);
-    for (const Event& e : p.events) {
-      for (BufferId b : p.allocs(e)) {
-        const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
-        if (buf.placement == Placement::device) h2[static_cast<std::size_t>(b)] = *unbounded.allocate(buf.bytes, static_cast<int>(e.stream));
-      }
-      for (BufferId b : p.frees(e))
-        if (h2[static_cast<std::size_t>(b)] >= 0) unbounded.free(h2[static_cast<std::size_t>(b)]);
-    }
-    alloc = unbounded;
-  }
-  if (opt.allocator) {
+    MemoryOptions unbounded_opt = opt;
+    DeviceSpec unbounded = dev;
+    unbounded.memory = Bytes{0};
+    const MemoryReport u = replay_memory(p, unbounded, unbounded_opt);
+    r.reserved_peak = u.reserved_peak;
+    r.allocator_allocated_peak = u.allocator_allocated_peak;
+    r.segments = u.segments;
+  } else if (opt.allocator) {
     r.reserved_peak = alloc.peak_reserved();
     r.allocator_allocated_peak = alloc.peak_allocated();
     r.segments = alloc.segments();

@@ -29,6 +29,7 @@ struct MemoryReport {
   Bytes device_used{};               // reserved_peak + context
   bool fits = false;
   bool allocator_oom = false;        // the allocator model could not satisfy a request
+  int skipped_micro_steps = 0;       // repeated micro-steps the replay proved identical and skipped
   // live device bytes after each event (for traces and explain); filled on request
   std::vector<Bytes> timeline;
 };
