@@ -1,19 +1,20 @@
-// libFuzzer target (structure-aware mutator at the end): bytes → JSON → parse_ds_config → resolve_batch, plus the to_json
-// round trip. Bad input must surface as zp::InputError (one line); any other exception,
-// a sanitizer report, or a round trip that changes a field is a bug.
-#include <cstddef>
+// libFuzzer target: bytes → JSON → parse_ds_config → resolve_batch, plus the to_json
+// round trip (a structure-aware mutator is at the end of the file). Bad input must
+// surface as zp::InputError; any other exception, a sanitizer report, or a round trip
+// that changes a field is a bug.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
 #include <random>
-#include <vector>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <unistd.h>
 
@@ -23,6 +24,8 @@
 #include "zero/ds_config.hpp"
 
 namespace {
+
+using nlohmann::json;
 
 // Keys and values the mutator draws from (the reader's vocabulary).
 const std::vector<std::string>& fuzz_keys() {
@@ -65,7 +68,6 @@ const std::vector<json>& fuzz_values() {
   return v;
 }
 
-using nlohmann::json;
 using namespace zp::zero;
 
 [[noreturn]] void bug(const char* what, const std::string& detail) {

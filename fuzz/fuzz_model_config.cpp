@@ -1,16 +1,16 @@
-// libFuzzer target (structure-aware mutator at the end): bytes → parse_model_config → (small models only) build_graph at
-// micro-batch 1, sequence 16. Bad input must surface as zp::InputError; any other
+// libFuzzer target: bytes → parse_model_config → (small models only) build_graph at
+// micro-batch 1, sequence 16 (a structure-aware mutator is at the end of the file). Bad input must surface as zp::InputError; any other
 // exception or a sanitizer report is a bug.
-#include <cstddef>
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <limits>
 #include <random>
-#include <vector>
-#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
