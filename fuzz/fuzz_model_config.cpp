@@ -1,6 +1,7 @@
 // libFuzzer target: bytes → parse_model_config → (small models only) build_graph at
-// micro-batch 1, sequence 16 (a structure-aware mutator is at the end of the file). Bad input must surface as zp::InputError; any other
-// exception or a sanitizer report is a bug.
+// micro-batch 1, sequence 16 (a structure-aware mutator is at the end of the file).
+// Bad input must surface as zp::InputError; any other exception or a sanitizer report
+// is a bug.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>

@@ -491,7 +491,6 @@ class Lowering {
   }
 
   void backward(MicroState& st) {
-    first_hook_done_ = false;
     const auto nops = static_cast<OpId>(g_.ops.size());
     for (OpId o = nops - 1; o >= 0; --o) {
       const std::int32_t layer = f_.layer_of_op[static_cast<std::size_t>(o)];
@@ -523,7 +522,6 @@ class Lowering {
     e.flops = op.bwd_flops;
     e.mem_bytes = op.bwd_bytes;
     if (stage_ == 3) s3_dep_on_fetch(o);
-    if (stage_ == 0 || stage_ == 1) dep_on_pending_grad_reduction();
     // Gradients of the inputs (accumulated when several consumers contribute).
     for (TensorId t : op.inputs) {
       if (!f_.requires_grad[static_cast<std::size_t>(t)]) continue;
@@ -599,6 +597,7 @@ class Lowering {
       }
       return;
     }
+    last_grad_event_ = b_.cur_id();  // the backward op that produced the gradient
     if (stage_ == 3) { s3_grad_hook(st, p); return; }
     if (!hooks_installed()) return;
     setup_buckets();
@@ -613,8 +612,6 @@ class Lowering {
     ipg_ready_ = true;
     if (!cfg_.zero.contiguous_gradients) return;
     const int nbuf = overlap_ ? 2 : 1;
-    const Event& hook_ev = b_.cur();
-    (void)hook_ev;
     b_.begin(EventKind::marker, Stream::compute, Phase::backward, ms_, "setup_buckets");
     for (int i = 0; i < nbuf; ++i) {
       ipg_buf_[i] = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::ipg_bucket, md_, rbs_,
@@ -695,7 +692,7 @@ class Lowering {
     Event& fl = b_.begin(EventKind::copy, rs, ph, ms_, b_.cached(LabelKind::flatten, bucket_no, [&] { return fmt::format("flatten.bucket{}", bucket_no); }));
     fl.mem_bytes = Bytes{2 * elements * b16()};
     b_.dep(last_copy_);
-    b_.dep(last_compute_for_reduce());
+    b_.dep(last_grad_event_);
     const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, md_, elements,
                                     b_.cached(LabelKind::flatten_buf, bucket_no, [&] { return fmt::format("flatten bucket{}", bucket_no); }), bucket_no);
     b_.alloc(flat);
@@ -768,11 +765,6 @@ class Lowering {
     ipg_elements_ = 0;
     if (overlap_) ipg_index_ = 1 - ipg_index_;
   }
-
-  EventId last_compute_for_reduce() const { return -1; }
-
-  // With overlap_comm false the reduction runs on the compute stream, so ordering is implied.
-  void dep_on_pending_grad_reduction() {}
 
   // End of backward: stage 2 flushes every micro-step; stage 1 reduces at the boundary.
   void reduction_epilogue() {
@@ -1302,7 +1294,6 @@ class Lowering {
   int ms_ = 0;
   bool boundary_ = false;
   bool boundary_pass_ = false;
-  bool first_hook_done_ = false;
   std::int32_t recompute_layer_ = -1;
   std::vector<char> ckpt_input_;
   std::vector<std::int32_t> op_labels_, tensor_labels_, grad_labels_, pgrad_labels_, s3_full_label_;
@@ -1319,6 +1310,7 @@ class Lowering {
   EventId ipg_last_reduce_[2] = {-1, -1};
   EventId last_reduce_ = -1;
   EventId last_copy_ = -1;
+  EventId last_grad_event_ = -1;
   BufferId grads_in_partition_ = -1;
   int bucket_seq_ = 0;
 
