@@ -20,6 +20,14 @@ cli::SimRequest bert_request() {
   return r;
 }
 
+models::OpGraph graph_for(const cli::Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch) {
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = in.seq_len;
+  go.act_dtype = cfg.model_dtype();
+  return models::build_graph(in.model, go);
+}
+
 // One configuration: lowering + memory replay (with the caching-allocator model), graph built once.
 void BM_LowerAndReplay_BertLarge(benchmark::State& state) {
   auto req = bert_request();
@@ -28,18 +36,17 @@ void BM_LowerAndReplay_BertLarge(benchmark::State& state) {
   const auto in = cli::load_inputs(req);
   const auto cfg = cli::config_for_stage(in, req, stage);
   const auto batch = zero::resolve_batch(cfg, in.world_size);
-  models::GraphOptions go;
-  go.micro_batch = batch.micro_batch;
-  go.seq_len = in.seq_len;
-  go.act_dtype = cfg.model_dtype();
-  const auto g = models::build_graph(in.model, go);
+  const auto g = graph_for(in, cfg, batch);
   std::size_t events = 0;
+  int skipped = 0;
   for (auto _ : state) {
     auto r = cli::simulate_one(in, cfg, &g);
     events = r.program.events.size();
+    skipped = r.memory.skipped_micro_steps;
     benchmark::DoNotOptimize(r.memory.peak_allocated);
   }
   state.counters["events"] = static_cast<double>(events);
+  state.counters["skipped_micro_steps"] = skipped;
 }
 BENCHMARK(BM_LowerAndReplay_BertLarge)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
 
@@ -50,11 +57,7 @@ void BM_Lower_BertLarge(benchmark::State& state) {
   const auto in = cli::load_inputs(req);
   const auto cfg = cli::config_for_stage(in, req, stage);
   const auto batch = zero::resolve_batch(cfg, in.world_size);
-  models::GraphOptions go;
-  go.micro_batch = batch.micro_batch;
-  go.seq_len = in.seq_len;
-  go.act_dtype = cfg.model_dtype();
-  const auto g = models::build_graph(in.model, go);
+  const auto g = graph_for(in, cfg, batch);
   zero::LowerOptions lo;
   lo.world_size = in.world_size;
   lo.rank = zero::heaviest_rank(g, cfg, in.world_size);

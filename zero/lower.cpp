@@ -207,6 +207,12 @@ class Lowering {
   }
 
   void run() {
+    // Size the program once: about three events and two buffers per op and micro-step.
+    const auto per_micro = g_.ops.size() * (ckpt_ ? 4 : 3) + g_.params.size() * 2;
+    p_.events.reserve(per_micro * static_cast<std::size_t>(gas()) + 64);
+    p_.buffers.reserve(per_micro * static_cast<std::size_t>(gas()) + 64);
+    p_.alloc_list.reserve(per_micro * static_cast<std::size_t>(gas()) + 64);
+    p_.free_list.reserve(per_micro * static_cast<std::size_t>(gas()) + 64);
     setup_info();
     setup_groups();
     prologue();
@@ -220,6 +226,20 @@ class Lowering {
   int gas() const { return static_cast<int>(batch_.gas); }
   std::int64_t b16() const { return dtype_size(md_); }
   Stream red_stream() const { return overlap_ ? Stream::reduction : Stream::compute; }
+
+  // One collective event (nccl-tests style: kind, group, count, dtype) and why it was issued.
+  Event& collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,
+                    GroupId group, std::int64_t elements, DType t, std::int32_t bucket) {
+    Event& c = b_.begin(EventKind::collective, s, ph, micro, label);
+    c.coll = kind;
+    c.reduce_op = op;
+    c.trigger = why;
+    c.group = group;
+    c.elements = elements;
+    c.dtype = t;
+    c.bucket = bucket;
+    return c;
+  }
   std::int64_t numel(ParamId p) const { return g_.params[static_cast<std::size_t>(p)].numel; }
   const std::string& pname(ParamId p) const { return g_.params[static_cast<std::size_t>(p)].name; }
   bool hooks_installed() const {
@@ -706,14 +726,7 @@ class Lowering {
     const bool multi_rank_allreduce = cfg_.zero.use_multi_rank_bucket_allreduce || !cfg_.zero.reduce_scatter;
     EventId last = -1;
     if (multi_rank_allreduce || N_ == 1) {
-      Event& c = b_.begin(EventKind::collective, rs, ph, ms_, b_.cached(LabelKind::all_reduce, bucket_no, [&] { return fmt::format("all_reduce.bucket{}", bucket_no); }));
-      c.coll = CollKind::all_reduce;
-      c.reduce_op = ReduceOp::sum;
-      c.trigger = why;
-      c.group = dp_group_;
-      c.elements = elements;
-      c.dtype = cd_;
-      c.bucket = bucket_no;
+      collective(rs, ph, ms_, b_.cached(LabelKind::all_reduce, bucket_no, [&] { return fmt::format("all_reduce.bucket{}", bucket_no); }), CollKind::all_reduce, ReduceOp::sum, why, dp_group_, elements, cd_, bucket_no);
       for (const auto& s : ipg_params_) b_.slice(s);
       last = b_.cur_id();
     } else {
@@ -725,14 +738,7 @@ class Lowering {
           part += overlap_with_rank(lo, lo + s.count, r);
         }
         if (part == 0) continue;
-        Event& c = b_.begin(EventKind::collective, rs, ph, ms_, b_.cached(LabelKind::reduce_to, bucket_no * 65536 + r, [&] { return fmt::format("reduce.bucket{}.to{}", bucket_no, r); }));
-        c.coll = CollKind::reduce;
-        c.reduce_op = ReduceOp::sum;
-        c.trigger = why;
-        c.group = dp_group_;
-        c.elements = part;
-        c.dtype = cd_;
-        c.bucket = bucket_no;
+        collective(rs, ph, ms_, b_.cached(LabelKind::reduce_to, bucket_no * 65536 + r, [&] { return fmt::format("reduce.bucket{}.to{}", bucket_no, r); }), CollKind::reduce, ReduceOp::sum, why, dp_group_, part, cd_, bucket_no);
         last = b_.cur_id();
       }
     }
@@ -817,14 +823,7 @@ class Lowering {
       const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, gd, cur_n,
                                       fmt::format("flatten bucket{}", bn), bn);
       b_.alloc(flat);
-      Event& c = b_.begin(EventKind::collective, Stream::compute, Phase::reduction, ms_, fmt::format("all_reduce.bucket{}", bn));
-      c.coll = CollKind::all_reduce;
-      c.reduce_op = ReduceOp::sum;
-      c.trigger = Trigger::gas_boundary;
-      c.group = dp_group_;
-      c.elements = cur_n;
-      c.dtype = cfg_.communication_data_type_override.value_or(gd);
-      c.bucket = bn;
+      collective(Stream::compute, Phase::reduction, ms_, b_.label(fmt::format("all_reduce.bucket{}", bn)), CollKind::all_reduce, ReduceOp::sum, Trigger::gas_boundary, dp_group_, cur_n, cfg_.communication_data_type_override.value_or(gd), bn);
       for (ParamId p : cur) b_.slice({p, 0, numel(p), -1});
       Event& back = b_.begin(EventKind::copy, Stream::compute, Phase::reduction, ms_, fmt::format("unflatten.bucket{}", bn));
       back.mem_bytes = Bytes{2 * cur_n * dtype_size(gd)};
@@ -842,14 +841,7 @@ class Lowering {
 
   // ------------------------------------------------------------------ step
   void scalar_allreduce(Trigger t, ReduceOp op, const char* name) {
-    if (N_ <= 1 && false) return;
-    Event& c = b_.begin(EventKind::collective, Stream::compute, Phase::step, -1, name);
-    c.coll = CollKind::all_reduce;
-    c.reduce_op = op;
-    c.trigger = t;
-    c.group = dp_group_;
-    c.elements = 1;
-    c.dtype = DType::fp32;
+    collective(Stream::compute, Phase::step, -1, b_.label(name), CollKind::all_reduce, op, t, dp_group_, 1, DType::fp32, -1);
   }
 
   void optimizer_event(std::int64_t elements, Placement where, const std::string& name) {
@@ -909,13 +901,7 @@ class Lowering {
     const std::int64_t shard = P / shards;
     for (std::int64_t s = 0; s < shards; ++s) {
       const std::int64_t this_shard = s == shards - 1 ? P - shard * (shards - 1) : shard;
-      Event& c = b_.begin(EventKind::collective, Stream::compute, Phase::post_step, -1, fmt::format("all_gather.shard{}", s));
-      c.coll = CollKind::all_gather;
-      c.trigger = Trigger::post_step;
-      c.group = dp_group_;
-      c.elements = this_shard * N_;
-      c.dtype = md_;
-      c.bucket = static_cast<std::int32_t>(s);
+      collective(Stream::compute, Phase::post_step, -1, b_.label(fmt::format("all_gather.shard{}", s)), CollKind::all_gather, ReduceOp::none, Trigger::post_step, dp_group_, this_shard * N_, md_, static_cast<std::int32_t>(s));
     }
   }
 
@@ -1047,13 +1033,7 @@ class Lowering {
       h2d.mem_bytes = Bytes{gathered / group_n * b16()};
     }
     const int seq = gather_seq_++;
-    Event& c = b_.begin(EventKind::collective, s, ph, ms_, b_.cached(LabelKind::gather, key, [&] { return fmt::format("all_gather.{}", what()); }));
-    c.coll = CollKind::all_gather;
-    c.trigger = why;
-    c.group = within_hpz ? hpz_group_ : dp_group_;
-    c.elements = gathered;
-    c.dtype = md_;
-    c.bucket = seq;
+    collective(s, ph, ms_, b_.cached(LabelKind::gather, key, [&] { return fmt::format("all_gather.{}", what()); }), CollKind::all_gather, ReduceOp::none, why, within_hpz ? hpz_group_ : dp_group_, gathered, md_, seq);
     const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::gather_flat, md_, gathered,
                                     b_.cached(LabelKind::gather_buf, key, [&] { return fmt::format("all-gather flat buffer {}", what()); }), seq);
     b_.alloc(flat);
@@ -1213,14 +1193,7 @@ class Lowering {
                                     b_.cached(LabelKind::rs_out, bn, [&] { return fmt::format("reduce-scatter output bucket{}", bn); }), bn);
     b_.alloc(inter);
     b_.alloc(outb);
-    Event& c = b_.begin(EventKind::collective, rs, Phase::backward, ms_, b_.cached(LabelKind::reduce_scatter, bn, [&] { return fmt::format("reduce_scatter.bucket{}", bn); }));
-    c.coll = CollKind::reduce_scatter;
-    c.reduce_op = ReduceOp::sum;
-    c.trigger = why;
-    c.group = dp_group_;
-    c.elements = padded;
-    c.dtype = cd_;
-    c.bucket = bn;
+    collective(rs, Phase::backward, ms_, b_.cached(LabelKind::reduce_scatter, bn, [&] { return fmt::format("reduce_scatter.bucket{}", bn); }), CollKind::reduce_scatter, ReduceOp::sum, why, dp_group_, padded, cd_, bn);
     for (const auto& s : s3_params_) b_.slice(s);
     Event& acc = b_.begin(EventKind::copy, rs, Phase::backward, ms_, b_.cached(LabelKind::accumulate_partition, bn, [&] { return fmt::format("accumulate_partition.bucket{}", bn); }));
     acc.mem_bytes = Bytes{3 * out * dtype_size(cd_)};
