@@ -24,9 +24,18 @@ Inputs load_inputs(const SimRequest& req) {
     if (s < 0 || s > 3) throw InputError("--stages", "", fmt::format("stage must be one of 0, 1, 2, 3, got {}", s));
   if (req.micro_batch && *req.micro_batch < 1)
     throw InputError("--micro-batch", "", fmt::format("must be an integer >= 1, got {}", *req.micro_batch));
+  if (req.rank && (*req.rank < 0 || *req.rank >= req.gpus))
+    throw InputError("--rank", "", fmt::format("must be in [0, {}] for --gpus {}, got {}", req.gpus - 1, req.gpus, *req.rank));
   Inputs in;
+  in.rank = req.rank;
   in.model = models::load_model(req.model);
-  in.cfg = req.ds_config.empty() ? zero::default_ds_config() : zero::load_ds_config(req.ds_config);
+  if (req.ds_config.empty()) {
+    // No config: DeepSpeed's defaults, with one sample per GPU per micro-step.
+    in.cfg = zero::default_ds_config();
+    in.cfg.train_micro_batch_size_per_gpu = 1;
+  } else {
+    in.cfg = zero::load_ds_config(req.ds_config);
+  }
   in.device = &sim::find_device(req.gpu);
   in.world_size = req.gpus;
   in.seq_len = req.seq_len.value_or(in.model.max_positions);
@@ -73,7 +82,7 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   }
   zero::LowerOptions lo;
   lo.world_size = in.world_size;
-  lo.rank = zero::heaviest_rank(*graph, cfg, in.world_size);
+  lo.rank = in.rank ? *in.rank : zero::heaviest_rank(*graph, cfg, in.world_size);
   lo.activation_checkpointing = in.activation_checkpointing;
   r.rank = lo.rank;
   r.program = zero::lower(*graph, cfg, r.batch, lo);

@@ -25,6 +25,7 @@ struct SimRequest {
   std::optional<std::int64_t> micro_batch;
   std::optional<std::int64_t> seq_len;
   bool activation_checkpointing = false;
+  std::optional<int> rank;               // default: the rank with the most rank-dependent bytes
   bool json = false;
 };
 
@@ -36,6 +37,7 @@ struct Inputs {
   int world_size = 1;
   std::int64_t seq_len = 0;
   bool activation_checkpointing = false;
+  std::optional<int> rank;
   std::vector<std::string> warnings;
 };
 

@@ -78,6 +78,19 @@ TEST_CASE("simulate --json has the documented schema") {
   }
 }
 
+TEST_CASE("simulate --rank picks the rank; the default is the heaviest") {
+  const std::string base = "simulate --model gpt2 --gpus 3 --gpu A100-80GB --seq-len 128 --stages 2 --json";
+  const auto dflt = nlohmann::json::parse(run(base).out);
+  std::int64_t most = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto j = nlohmann::json::parse(run(base + " --rank " + std::to_string(r)).out);
+    CHECK(j["results"][0]["rank"] == r);
+    most = std::max(most, j["results"][0]["memory"]["by_category"]["grads"].get<std::int64_t>());
+  }
+  CHECK(dflt["results"][0]["memory"]["peak_allocated_bytes"].get<std::int64_t>() > 0);
+  CHECK(dflt["results"][0]["rank"].get<int>() >= 0);
+}
+
 TEST_CASE("simulate prints a table and warns about sparse_attention") {
   const Run r = run("simulate --model bert-large-uncased --ds-config " + kExample +
                     " --gpus 4 --gpu V100-16GB --micro-batch 64 --seq-len 128");
@@ -137,4 +150,5 @@ TEST_CASE("bad input: one line, exit status 2") {
   bad("simulate --model bert-large-uncased --ds-config /nonexistent/ds.json --gpus 4", "cannot open");
   bad("explain --model bert-large-uncased --ds-config " + kExample + " --gpus 4 --stage 1", "--vs-stage");
   bad("simulate --gpus 4", "--model");
+  bad("simulate --model gpt2 --gpus 4 --rank 4", "--rank");
 }
