@@ -21,11 +21,7 @@ cli::SimRequest bert_request() {
 }
 
 models::OpGraph graph_for(const cli::Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch) {
-  models::GraphOptions go;
-  go.micro_batch = batch.micro_batch;
-  go.seq_len = in.seq_len;
-  go.act_dtype = cfg.model_dtype();
-  return models::build_graph(in.model, go);
+  return models::build_graph(in.model, cli::graph_options(in, cfg, batch));
 }
 
 // One configuration: lowering + memory replay (with the caching-allocator model), graph built once.

@@ -39,6 +39,7 @@ void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::st
   c->add_option("--seq-len", seq, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
   c->add_flag("--json", r.json, "machine-readable output");
+  c->add_option("--attention", r.attention, "eager (HF eager attention, the default) or sdpa (flash / memory-efficient kernels)");
   c->add_option("--rank", r.rank, "rank to simulate (default: the one with the most rank-dependent bytes)");
 }
 

@@ -28,6 +28,9 @@ Inputs load_inputs(const SimRequest& req) {
     throw InputError("--rank", "", fmt::format("must be in [0, {}] for --gpus {}, got {}", req.gpus - 1, req.gpus, *req.rank));
   Inputs in;
   in.rank = req.rank;
+  if (req.attention == "eager") in.attention = models::Attention::eager;
+  else if (req.attention == "sdpa") in.attention = models::Attention::sdpa;
+  else throw InputError("--attention", "", fmt::format("must be one of eager, sdpa, got '{}'", req.attention));
   in.model = models::load_model(req.model);
   if (req.ds_config.empty()) {
     // No config: DeepSpeed's defaults, with one sample per GPU per micro-step.
@@ -67,17 +70,23 @@ zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int sta
   return c;
 }
 
+models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch) {
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = in.seq_len;
+  go.act_dtype = cfg.model_dtype();
+  go.attention = in.attention;
+  return go;
+}
+
 StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph) {
   StageResult r;
   r.stage = cfg.zero.stage;
   r.batch = zero::resolve_batch(cfg, in.world_size);
   models::OpGraph local;
-  if (!graph || graph->opt.micro_batch != r.batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype()) {
-    models::GraphOptions go;
-    go.micro_batch = r.batch.micro_batch;
-    go.seq_len = in.seq_len;
-    go.act_dtype = cfg.model_dtype();
-    local = models::build_graph(in.model, go);
+  if (!graph || graph->opt.micro_batch != r.batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype() ||
+      graph->opt.attention != in.attention) {
+    local = models::build_graph(in.model, graph_options(in, cfg, r.batch));
     graph = &local;
   }
   zero::LowerOptions lo;
@@ -98,12 +107,7 @@ std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req) {
   for (int s : stages) {
     const zero::DsConfig c = config_for_stage(in, req, s);
     if (!have_graph) {
-      const zero::Batch b = zero::resolve_batch(c, in.world_size);
-      models::GraphOptions go;
-      go.micro_batch = b.micro_batch;
-      go.seq_len = in.seq_len;
-      go.act_dtype = c.model_dtype();
-      graph = models::build_graph(in.model, go);
+      graph = models::build_graph(in.model, graph_options(in, c, zero::resolve_batch(c, in.world_size)));
       have_graph = true;
     }
     out.push_back(simulate_one(in, c, &graph));
@@ -146,6 +150,7 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   j["world_size"] = in.world_size;
   j["gpu"] = in.device->name;
   j["seq_len"] = in.seq_len;
+  j["attention"] = models::attention_name(in.attention);
   j["warnings"] = in.warnings;
   j["results"] = nlohmann::json::array();
   for (const auto& r : rs) j["results"].push_back(result_json(r));
@@ -155,9 +160,10 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
 std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs) {
   std::string out;
   const auto& first = rs.front();
-  out += fmt::format("{} on {} x {} ({} memory), micro-batch {}, seq-len {}, {}{}\n", in.model.name, in.world_size,
-                     in.device->name, human_bytes(in.device->memory), first.batch.micro_batch, in.seq_len,
-                     dtype_name(in.cfg.model_dtype()), in.activation_checkpointing ? ", activation checkpointing" : "");
+  out += fmt::format("{} on {} x {} ({} memory), micro-batch {}, seq-len {}, {}, {} attention{}\n", in.model.name,
+                     in.world_size, in.device->name, human_bytes(in.device->memory), first.batch.micro_batch,
+                     in.seq_len, dtype_name(in.cfg.model_dtype()), models::attention_name(in.attention),
+                     in.activation_checkpointing ? ", activation checkpointing" : "");
   out += fmt::format("{:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5}  {}\n",
                      "stage", "gas", "params", "grads", "master", "optim", "comm_buf", "activ", "temps", "peak_alloc",
                      "dev_used", "host", "fits", "peak event");

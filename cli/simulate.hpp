@@ -26,6 +26,7 @@ struct SimRequest {
   std::optional<std::int64_t> seq_len;
   bool activation_checkpointing = false;
   std::optional<int> rank;               // default: the rank with the most rank-dependent bytes
+  std::string attention = "eager";       // eager | sdpa
   bool json = false;
 };
 
@@ -38,6 +39,7 @@ struct Inputs {
   std::int64_t seq_len = 0;
   bool activation_checkpointing = false;
   std::optional<int> rank;
+  models::Attention attention = models::Attention::eager;
   std::vector<std::string> warnings;
 };
 
@@ -56,6 +58,9 @@ Inputs load_inputs(const SimRequest& req);
 // The ds_config for `stage` with the request's overrides applied (micro-batch keeps
 // train_batch_size and changes GAS, as DeepSpeed requires).
 zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int stage);
+
+// The op graph this configuration needs (micro-batch, seq-len, dtype, attention).
+models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch);
 
 // Lower and replay one configuration on its heaviest rank.
 StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph = nullptr);

@@ -45,6 +45,8 @@ const char* op_kind_name(OpKind k) {
   return "?";
 }
 
+const char* attention_name(Attention a) { return a == Attention::sdpa ? "sdpa" : "eager"; }
+
 namespace {
 
 using Shape = std::vector<std::int64_t>;
@@ -93,6 +95,7 @@ class Builder {
   explicit Builder(OpGraph& g) : g_(g), act_(g.opt.act_dtype), dsz_(dtype_size(g.opt.act_dtype)) {}
 
   DType act() const { return act_; }
+  Attention attention() const { return g_.opt.attention; }
   const Tensor& T(TensorId t) const { return g_.tensors.at(static_cast<std::size_t>(t)); }
 
   // ---- parameters and modules, in registration order ----
@@ -349,6 +352,35 @@ class Builder {
     return x;
   }
 
+  // F.scaled_dot_product_attention with a flash / memory-efficient kernel: one op that
+  // saves q, k, v, its output (B, A, T, D) and the logsumexp (B, A, T) in fp32; dropout
+  // is regenerated from the RNG state in backward, so no mask is kept. `saved_qkv` names
+  // the tensors owning q, k and v. FLOPs are the two GEMMs (4·b·a·s²·d), halved when
+  // causal (the kernel skips masked blocks); backward recomputes the scores (2.5×).
+  TensorId sdpa(const std::string& name, std::vector<TensorId> in, std::vector<TensorId> saved_qkv,
+                std::int64_t b, std::int64_t a, std::int64_t s, std::int64_t d, bool causal) {
+    const TensorId out = tensor(name, {b, a, s, d}, act_);
+    const TensorId lse = tensor(name + ".logsumexp", {b, a, s, 1}, DType::fp32);  // (B, A, T, 1)
+    Op op;
+    op.name = name;
+    op.kind = OpKind::bmm;
+    op.inputs = std::move(in);
+    op.outputs = {out, lse};
+    op.saved = std::move(saved_qkv);
+    op.saved.push_back(out);
+    op.saved.push_back(lse);
+    op.gemms = {Gemm{s, s, d, b * a}, Gemm{s, d, s, b * a}};
+    const double f = 4.0 * static_cast<double>(b * a) * static_cast<double>(s) * static_cast<double>(s) *
+                     static_cast<double>(d) * (causal ? 0.5 : 1.0);
+    op.fwd_flops = Flops{f};
+    op.bwd_flops = Flops{2.5 * f};
+    const std::int64_t qkvo = 4 * b * a * s * d;
+    op.fwd_bytes = Bytes{qkvo * dsz_ + b * a * s * 4};
+    op.bwd_bytes = Bytes{2 * qkvo * dsz_ + b * a * s * 4};
+    emit(std::move(op), false);
+    return out;
+  }
+
   // F.cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
   TensorId cross_entropy(const std::string& name, TensorId logits, TensorId labels, std::int64_t classes) {
     const DType dt = T(logits).dtype;
@@ -451,14 +483,20 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   bd.begin_layer(l, x);
   const TensorId y = bd.layernorm("ln_1", bd.mod(p + "ln_1"), x);
   const TensorId qkv = bd.linear("attn.c_attn", bd.mod(p + "attn.c_attn"), y, d.h, 3 * d.h);  // (B, T, 3C)
-  // q, k, v are views of qkv: both matmuls keep the one (B, T, 3C) tensor alive.
-  TensorId sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a});
-  sc = bd.simple("attn.scale", OpKind::scale, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
-  // torch.where(bias[..., :T, :T], w, min): the condition is a persistent buffer.
-  sc = bd.simple("attn.causal_mask", OpKind::add, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
-  const TensorId probs = bd.simple("attn.softmax", OpKind::softmax, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {}, true);
-  const TensorId pd = bd.dropout("attn.attn_dropout", probs, c.attention_dropout);
-  const TensorId ctx = bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+  TensorId ctx = kNone;
+  if (bd.attention() == Attention::sdpa) {
+    // q, k, v are views of qkv: the kernel's saved q, k, v keep the (B, T, 3C) tensor alive.
+    ctx = bd.sdpa("attn.sdpa", {qkv}, {qkv}, d.b, d.a, d.s, d.d, true);
+  } else {
+    // q, k, v are views of qkv: both matmuls keep the one (B, T, 3C) tensor alive.
+    TensorId sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a});
+    sc = bd.simple("attn.scale", OpKind::scale, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
+    // torch.where(bias[..., :T, :T], w, min): the condition is a persistent buffer.
+    sc = bd.simple("attn.causal_mask", OpKind::add, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
+    const TensorId probs = bd.simple("attn.softmax", OpKind::softmax, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {}, true);
+    const TensorId pd = bd.dropout("attn.attn_dropout", probs, c.attention_dropout);
+    ctx = bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+  }
   const TensorId merged = bd.simple("attn.merge_heads", OpKind::copy, {ctx}, {d.b, d.s, d.h}, bd.act(), {});
   TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h);
   o = bd.dropout("attn.resid_dropout", o, c.hidden_dropout);
@@ -535,14 +573,19 @@ TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   const TensorId q = bd.linear("attention.self.query", bd.mod(p + "attention.self.query"), x, d.h, d.h);
   const TensorId k = bd.linear("attention.self.key", bd.mod(p + "attention.self.key"), x, d.h, d.h);
   const TensorId v = bd.linear("attention.self.value", bd.mod(p + "attention.self.value"), x, d.h, d.h);
-  TensorId sc = bd.bmm("attention.self.scores", {q, k}, {q, k}, bash, Gemm{d.s, d.s, d.d, d.b * d.a});
-  sc = bd.simple("attention.self.scale", OpKind::scale, {sc}, bash, bd.act(), {});
-  // + extended attention mask (B, 1, 1, T): a broadcast add saves nothing.
-  sc = bd.simple("attention.self.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
-  const TensorId probs = bd.simple("attention.self.softmax", OpKind::softmax, {sc}, bash, bd.act(), {}, true);
-  const TensorId pd = bd.dropout("attention.self.dropout", probs, c.attention_dropout);
-  const TensorId ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d},
-                              Gemm{d.s, d.d, d.s, d.b * d.a});
+  TensorId ctx = kNone;
+  if (bd.attention() == Attention::sdpa) {
+    // The padding mask (B, 1, 1, T) is an input of the kernel, not saved memory of note.
+    ctx = bd.sdpa("attention.self.sdpa", {q, k, v, mask}, {q, k, v}, d.b, d.a, d.s, d.d, false);
+  } else {
+    TensorId sc = bd.bmm("attention.self.scores", {q, k}, {q, k}, bash, Gemm{d.s, d.s, d.d, d.b * d.a});
+    sc = bd.simple("attention.self.scale", OpKind::scale, {sc}, bash, bd.act(), {});
+    // + extended attention mask (B, 1, 1, T): a broadcast add saves nothing.
+    sc = bd.simple("attention.self.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
+    const TensorId probs = bd.simple("attention.self.softmax", OpKind::softmax, {sc}, bash, bd.act(), {}, true);
+    const TensorId pd = bd.dropout("attention.self.dropout", probs, c.attention_dropout);
+    ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+  }
   const TensorId merged = bd.simple("attention.self.merge_heads", OpKind::copy, {ctx}, bsh, bd.act(), {});
   TensorId o = bd.linear("attention.output.dense", bd.mod(p + "attention.output.dense"), merged, d.h, d.h);
   o = bd.dropout("attention.output.dropout", o, c.hidden_dropout);
@@ -663,16 +706,21 @@ TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int3
     kk = bd.simple("self_attn.repeat_k", OpKind::copy, {kr}, {d.b, d.a, d.s, d.d}, bd.act(), {});
     vv = bd.simple("self_attn.repeat_v", OpKind::copy, {v}, {d.b, d.a, d.s, d.d}, bd.act(), {});
   }
-  TensorId sc = bd.bmm("self_attn.qk", {qr, kk}, {qr, kk}, bash, Gemm{d.s, d.s, d.d, d.b * d.a});
-  sc = bd.simple("self_attn.scale", OpKind::scale, {sc}, bash, bd.act(), {});
-  sc = bd.simple("self_attn.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
-  // softmax(dtype=float32) saves its fp32 output; .to(act) is saved by the PV matmul.
-  const TensorId p32 = bd.simple("self_attn.softmax", OpKind::softmax, {sc}, bash, DType::fp32, {}, true);
-  TensorId probs = p32;
-  if (bd.act() != DType::fp32) probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});
-  probs = bd.dropout("self_attn.dropout", probs, c.attention_dropout);
-  const TensorId ctx =
-      bd.bmm("self_attn.pv", {probs, vv}, {probs, vv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+  TensorId ctx = kNone;
+  if (bd.attention() == Attention::sdpa) {
+    // is_causal=True without a materialised mask; repeat_kv'd k and v are what it saves.
+    ctx = bd.sdpa("self_attn.sdpa", {qr, kk, vv}, {qr, kk, vv}, d.b, d.a, d.s, d.d, true);
+  } else {
+    TensorId sc = bd.bmm("self_attn.qk", {qr, kk}, {qr, kk}, bash, Gemm{d.s, d.s, d.d, d.b * d.a});
+    sc = bd.simple("self_attn.scale", OpKind::scale, {sc}, bash, bd.act(), {});
+    sc = bd.simple("self_attn.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
+    // softmax(dtype=float32) saves its fp32 output; .to(act) is saved by the PV matmul.
+    const TensorId p32 = bd.simple("self_attn.softmax", OpKind::softmax, {sc}, bash, DType::fp32, {}, true);
+    TensorId probs = p32;
+    if (bd.act() != DType::fp32) probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});
+    probs = bd.dropout("self_attn.dropout", probs, c.attention_dropout);
+    ctx = bd.bmm("self_attn.pv", {probs, vv}, {probs, vv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+  }
   const TensorId merged = bd.simple("self_attn.merge_heads", OpKind::copy, {ctx}, {d.b, d.s, qd}, bd.act(), {});
   const TensorId o = bd.linear("self_attn.o_proj", bd.mod(p + "self_attn.o_proj"), merged, qd, d.h);
   const TensorId x2 = bd.simple("residual_attn", OpKind::add, {x, o}, bsh, bd.act(), {});
@@ -695,8 +743,11 @@ void llama_graph(Builder& bd, OpGraph& g) {
   const TensorId ids = bd.input("input_ids", {d.b, d.s}, DType::i64);
   const TensorId labels = bd.input("labels", {d.b, d.s}, DType::i64);
   TensorId x = bd.embedding("model.embed_tokens", bd.mod("model.embed_tokens"), ids, {d.b, d.s, d.h});
-  // The additive causal mask for eager attention, built once (expanded over the batch).
-  const TensorId mask = bd.simple("model.causal_mask", OpKind::copy, {}, {1, 1, d.s, d.s}, bd.act(), {});
+  // The additive causal mask for eager attention, built once (expanded over the batch);
+  // sdpa runs with is_causal and needs none.
+  const TensorId mask = bd.attention() == Attention::eager
+                            ? bd.simple("model.causal_mask", OpKind::copy, {}, {1, 1, d.s, d.s}, bd.act(), {})
+                            : kNone;
   // Rotary embedding: cos and sin (1, T, D) in the activation dtype, shared by all layers.
   Rope rope;
   {

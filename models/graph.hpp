@@ -85,10 +85,18 @@ struct Op {
   std::vector<Gemm> gemms;           // forward GEMMs (empty for non-GEMM ops)
 };
 
+// How attention is computed. `eager`: HF's eager path (scores, softmax, dropout and the
+// probabilities are materialised and saved: the 5·a·s²·b term). `sdpa`: HF's sdpa path,
+// torch.nn.functional.scaled_dot_product_attention with a flash / memory-efficient kernel,
+// which saves q, k, v, the output and a per-row logsumexp, and recomputes the rest.
+enum class Attention { eager, sdpa };
+const char* attention_name(Attention a);
+
 struct GraphOptions {
   std::int64_t micro_batch = 1;      // b
   std::int64_t seq_len = 0;          // s (0: the model's max_positions)
   DType act_dtype = DType::fp16;     // dtype of activations and 16-bit params
+  Attention attention = Attention::eager;
 };
 
 // One layer's extent in the op list, for activation checkpointing.

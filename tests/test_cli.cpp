@@ -151,4 +151,5 @@ TEST_CASE("bad input: one line, exit status 2") {
   bad("explain --model bert-large-uncased --ds-config " + kExample + " --gpus 4 --stage 1", "--vs-stage");
   bad("simulate --gpus 4", "--model");
   bad("simulate --model gpt2 --gpus 4 --rank 4", "--rank");
+  bad("simulate --model gpt2 --gpus 4 --attention flash2", "--attention");
 }

@@ -560,6 +560,20 @@ TEST_CASE("\"auto\" values (Hugging Face) read as DeepSpeed's defaults, with a w
   CHECK(h.warnings.size() == 12);
   CHECK(has(h.warnings[0], "cfg.json: "));
   CHECK(has(h.warnings[0], "\"auto\""));
+
+  // "auto" does not make a misspelled key acceptable, nor stand for a whole section.
+  std::string m = error_of(R"({"fp16": {"enablmd": "auto"}})");
+  CHECK(m == "cfg.json: fp16.enablmd: unknown key (did you mean 'enabled'?)");
+  m = error_of(R"({"zero_optimization": {"reduce_bucket_sise": "auto"}})");
+  CHECK(m == "cfg.json: zero_optimization.reduce_bucket_sise: unknown key (did you mean 'reduce_bucket_size'?)");
+  m = error_of(R"({"optimizer": {"type": "Adam", "params": {"weigth_decay": "auto"}}})");
+  CHECK(has(m, "cfg.json: optimizer.params.weigth_decay: unknown key (did you mean 'weight_decay'?)"));
+  m = error_of(R"({"optimizer": {"type": "Adam", "params": "auto"}})");
+  CHECK(has(m, "cfg.json: optimizer.params: must be a JSON object"));
+  m = error_of(R"({"zero_optimization": {"offload_optimizer": "auto"}})");
+  CHECK(has(m, "cfg.json: zero_optimization.offload_optimizer: must be a JSON object"));
+  m = error_of(R"({"fp16": "auto"})");
+  CHECK(has(m, "cfg.json: fp16: must be a JSON object"));
 }
 
 TEST_CASE("to_json round trip") {

@@ -446,3 +446,41 @@ TEST_CASE("dropout with p == 0 adds no op and no mask") {
   const std::int64_t s = 32, b = 2, h = 64, a = 4;
   CHECK(g.saved_bytes_of_layer_large(0).v == (32 + 24) * s * b * h + 2 * a * s * s * b);
 }
+
+TEST_CASE("sdpa attention saves q, k, v, the output and the logsumexp: no s^2 term") {
+  auto sdpa_graph = [](const std::string& name, std::int64_t b, std::int64_t s) {
+    GraphOptions o;
+    o.micro_batch = b;
+    o.seq_len = s;
+    o.act_dtype = DType::fp16;
+    o.attention = Attention::sdpa;
+    return build_graph(load_model(name), o);
+  };
+  // BERT: 34sbh of the eager layer, less the s^2 tensors, plus the kernel's saved output
+  // (2sbh): 36sbh; the logsumexp is a per-row statistic, 4 bytes × a·s·b.
+  {
+    const std::int64_t b = 8, s = 128, h = 1024, a = 16;
+    const auto g = sdpa_graph("bert-large-uncased", b, s);
+    for (std::int32_t l = 0; l < 24; ++l) {
+      CHECK(g.saved_bytes_of_layer_large(l).v == 36 * s * b * h);
+      CHECK(g.saved_bytes_of_layer(l).v == 36 * s * b * h + 2 * 2 * 4 * s * b + 4 * a * s * b);
+    }
+  }
+  // GPT-2 with gelu_new: 58sbh + 2sbh.
+  {
+    const std::int64_t b = 2, s = 1024, h = 768;
+    const auto g = sdpa_graph("gpt2", b, s);
+    CHECK(g.saved_bytes_of_layer_large(3).v == 60 * s * b * h);
+  }
+  // Llama: 24sbh + 8sbI + 2sbh.
+  {
+    const std::int64_t b = 1, s = 4096, h = 4096, i = 11008;
+    const auto g = sdpa_graph("Llama-2-7b", b, s);
+    CHECK(g.saved_bytes_of_layer_large(0).v == 26 * s * b * h + 8 * s * b * i);
+  }
+  // Causal kernels skip masked blocks: half the attention FLOPs of the bidirectional case.
+  const auto causal = sdpa_graph("gpt2", 1, 512);
+  const std::int64_t s = 512, h = 768;
+  for (const auto& op : causal.ops)
+    if (op.name == "layer0.attn.sdpa") CHECK(op.fwd_flops.v == doctest::Approx(2.0 * s * s * h));
+}

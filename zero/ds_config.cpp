@@ -241,11 +241,12 @@ bool has(const json& obj, std::string_view key) {
 // The Hugging Face Trainer writes "auto" for values it fills in before DeepSpeed sees
 // the file, and DeepSpeed's own config models drop "auto" values (they take the
 // default). zeroplan does the same, and says so.
-// `only`: restrict to these keys (the top level, where ignored sections keep theirs).
-json without_auto(const json& obj, const Reader& r, DsConfig& cfg, const Keys* only = nullptr) {
+// Keys in `keep` hold sub-sections: an "auto" there is not a value and stays, so that it
+// is reported as "must be a JSON object".
+json without_auto(const json& obj, const Reader& r, DsConfig& cfg, const Keys& keep) {
   json out = obj;
   for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (only != nullptr && std::find(only->begin(), only->end(), it.key()) == only->end()) continue;
+    if (std::find(keep.begin(), keep.end(), it.key()) != keep.end()) continue;
     if (it->is_string() && it->get_ref<const std::string&>() == "auto") {
       out.erase(it.key());
       cfg.warnings.push_back(fmt::format(
@@ -256,12 +257,16 @@ json without_auto(const json& obj, const Reader& r, DsConfig& cfg, const Keys* o
   return out;
 }
 
-// A sub-section: must be an object (null counts as absent → empty object).
-json section(const json& parent, std::string_view key, const Reader& r, DsConfig& cfg) {
+// A sub-section: must be an object (null counts as absent → empty object) whose keys
+// are all in `known` (checked before "auto" values are dropped, so that a misspelled
+// key is an error whatever its value). `subsections`: its keys that hold objects.
+json section(const json& parent, std::string_view key, const Reader& r, DsConfig& cfg, const Keys& known,
+             const Keys& subsections = {}) {
   auto it = parent.find(std::string(key));
   if (it == parent.end() || it->is_null()) return json::object();
   r.require_object(*it, key);
-  return without_auto(*it, r.sub(key), cfg);
+  r.sub(key).reject_unknown(*it, known);
+  return without_auto(*it, r.sub(key), cfg, subsections);
 }
 
 // Of an aliased pair, the spelling present (the canonical one when neither is).
@@ -331,8 +336,7 @@ bool section_enabled(const json& doc, std::string_view key, const Reader& r, boo
 void read_optimizer(const json& doc, const Reader& root, DsConfig& cfg) {
   if (!has(doc, "optimizer")) return;
   const Reader r = root.sub("optimizer");
-  const json opt = section(doc, "optimizer", root, cfg);
-  r.reject_unknown(opt, kOptimizerKeys);
+  const json opt = section(doc, "optimizer", root, cfg, kOptimizerKeys, {"params"});
   r.get_bool(opt, "legacy_fusion", false);
 
   Keys names;
@@ -356,11 +360,10 @@ void read_optimizer(const json& doc, const Reader& root, DsConfig& cfg) {
   }
 
   const Reader pr = r.sub("params");
-  const json params = section(opt, "params", r, cfg);
-  if (params.contains("max_grad_norm"))
+  if (auto p = opt.find("params"); p != opt.end() && p->is_object() && p->contains("max_grad_norm"))
     throw InputError(pr.file, pr.key_path("max_grad_norm"),
                      "not an optimizer parameter in DeepSpeed; use the top-level \"gradient_clipping\"");
-  pr.reject_unknown(params, spec->params);
+  const json params = section(opt, "params", r, cfg, spec->params);
   const bool sgd_like = spec->type == OptimizerType::sgd || spec->type == OptimizerType::muon;
   cfg.optimizer.lr = pr.get_double(params, "lr", cfg.optimizer.lr, 0.0, kMaxD);
   cfg.optimizer.weight_decay = pr.get_double(params, "weight_decay", 0.0, 0.0, kMaxD);
@@ -395,8 +398,7 @@ void read_optimizer(const json& doc, const Reader& root, DsConfig& cfg) {
 void read_precision(const json& doc, const Reader& root, DsConfig& cfg) {
   // fp16
   const Reader fr = root.sub("fp16");
-  const json fp = section(doc, "fp16", root, cfg);
-  fr.reject_unknown(fp, kFp16Keys);
+  const json fp = section(doc, "fp16", root, cfg, kFp16Keys);
   Fp16Config& f = cfg.fp16;
   f.enabled = fr.get_bool(fp, "enabled", false);
   fr.get_bool(fp, "auto_cast", false);
@@ -419,8 +421,7 @@ void read_precision(const json& doc, const Reader& root, DsConfig& cfg) {
     bkey = "bfloat16";
   }
   const Reader br = root.sub(bkey);
-  const json bf = section(doc, bkey, root, cfg);
-  br.reject_unknown(bf, kBf16Keys);
+  const json bf = section(doc, bkey, root, cfg, kBf16Keys);
   const bool bf16 = br.get_bool(bf, "enabled", false);
   cfg.bf16_immediate_grad_update = br.get_bool(bf, "immediate_grad_update", false);
   br.get_bool(bf, "check_grad_overflow", true);
@@ -462,8 +463,7 @@ OffloadConfig read_offload(const json& z, std::string_view key, bool is_param, c
   o.pin_memory = true;                 // DeepSpeed's default
   o.buffer_count = is_param ? 5 : 4;   // DeepSpeedZeroOffloadParamConfig / ...OptimizerConfig
   const Reader r = zr.sub(key);
-  const json s = section(z, key, zr, cfg);
-  r.reject_unknown(s, is_param ? kOffloadParamKeys : kOffloadOptimizerKeys);
+  const json s = section(z, key, zr, cfg, is_param ? kOffloadParamKeys : kOffloadOptimizerKeys);
   const std::string dev = r.get_enum(s, "device", "none", {"none", "cpu", "nvme"});
   o.device = dev == "cpu" ? OffloadDevice::cpu : (dev == "nvme" ? OffloadDevice::nvme : OffloadDevice::none);
   o.nvme_path = r.get_string(s, "nvme_path", "");
@@ -499,8 +499,8 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
     return;
   }
   const Reader r = root.sub("zero_optimization");
-  const json z = section(doc, "zero_optimization", root, cfg);
-  r.reject_unknown(z, zero_keys());
+  const json z = section(doc, "zero_optimization", root, cfg, zero_keys(),
+                         {"offload_optimizer", "offload_param", "zenflow", "zeropp_loco_param", "leaf_module"});
 
   const ZeroConfig d;  // the header's defaults are DeepSpeed's (REFERENCE.md §1)
   zc.stage = static_cast<int>(r.get_int(z, "stage", d.stage, 0, 3));
@@ -603,19 +603,17 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
 void read_sparse_attention(const json& doc, const Reader& root, DsConfig& cfg) {
   if (!has(doc, "sparse_attention")) return;
   const Reader r = root.sub("sparse_attention");
-  const json s = section(doc, "sparse_attention", root, cfg);
-  SparseAttentionConfig& sa = cfg.sparse_attention;
-  sa = SparseAttentionConfig{};
-  sa.present = true;
-  sa.mode = r.get_enum(s, "mode", "fixed", kSparseModes);
-
-  // Keys of other modes get their own message; keys of no mode the closest-key one.
-  const Keys& own = sparse_keys(sa.mode);
+  // Keys of no mode get the closest-key message; keys of another mode their own.
   Keys any;
   for (const auto& m : kSparseModes)
     for (const auto& k : sparse_keys(m))
       if (std::find(any.begin(), any.end(), k) == any.end()) any.push_back(k);
-  r.reject_unknown(s, any);
+  const json s = section(doc, "sparse_attention", root, cfg, any);
+  SparseAttentionConfig& sa = cfg.sparse_attention;
+  sa = SparseAttentionConfig{};
+  sa.present = true;
+  sa.mode = r.get_enum(s, "mode", "fixed", kSparseModes);
+  const Keys& own = sparse_keys(sa.mode);
   for (auto it = s.begin(); it != s.end(); ++it)
     if (std::find(own.begin(), own.end(), it.key()) == own.end())
       throw InputError(r.file, r.key_path(it.key()),
@@ -667,8 +665,7 @@ void read_sparse_attention(const json& doc, const Reader& root, DsConfig& cfg) {
 void read_activation_checkpointing(const json& doc, const Reader& root, DsConfig& cfg) {
   cfg.activation_checkpointing_present = has(doc, "activation_checkpointing");
   const Reader r = root.sub("activation_checkpointing");
-  const json a = section(doc, "activation_checkpointing", root, cfg);
-  r.reject_unknown(a, kActCkptKeys);
+  const json a = section(doc, "activation_checkpointing", root, cfg, kActCkptKeys);
   ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
   ac.partition_activations = r.get_bool(a, "partition_activations", false);
   ac.cpu_checkpointing = r.get_bool(a, "cpu_checkpointing", false);
@@ -680,8 +677,7 @@ void read_activation_checkpointing(const json& doc, const Reader& root, DsConfig
 
 void read_data_types(const json& doc, const Reader& root, DsConfig& cfg) {
   const Reader r = root.sub("data_types");
-  const json d = section(doc, "data_types", root, cfg);
-  r.reject_unknown(d, kDataTypesKeys);
+  const json d = section(doc, "data_types", root, cfg, kDataTypesKeys);
   cfg.grad_accum_dtype = read_dtype(d, "grad_accum_dtype", r);
   if (auto p = read_dtype(d, "param_dtype", r); p && *p != cfg.model_dtype())
     throw InputError(r.file, r.key_path("param_dtype"),
@@ -804,7 +800,14 @@ DsConfig parse_ds_config(const std::string& file, const nlohmann::json& doc) {
     throw InputError(r.file, "", fmt::format("a ds_config must be a JSON object, got {}", doc.type_name()));
   cfg.raw = doc;
   r.reject_unknown(doc, all_top_keys());
-  const json top = without_auto(doc, r, cfg, &modelled_top_keys());
+  // Only the modelled scalar keys may be "auto" at the top level; sections keep theirs
+  // (an ignored section is not inspected, a modelled one must be an object).
+  Keys keep = all_top_keys();
+  for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                        "gradient_clipping", "prescale_gradients", "gradient_predivide_factor",
+                        "communication_data_type"})
+    keep.erase(std::find(keep.begin(), keep.end(), k));
+  const json top = without_auto(doc, r, cfg, keep);
 
   cfg.train_batch_size = r.get_opt_int(top, "train_batch_size", 1, kMaxI64);
   cfg.train_micro_batch_size_per_gpu = r.get_opt_int(top, "train_micro_batch_size_per_gpu", 1, kMaxI64);
