@@ -45,7 +45,10 @@ json parse_file(const std::string& path) {
   if (!in) throw InputError(path, "", "cannot open file");
   std::stringstream ss;
   ss << in.rdbuf();
-  const std::string text = ss.str();
+  return parse_text(path, ss.str());
+}
+
+json parse_text(const std::string& file, const std::string& text) {
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
@@ -55,13 +58,29 @@ json parse_file(const std::string& path) {
     for (std::size_t i = 0; i < off; ++i) {
       if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
     }
-    throw InputError(path, "", fmt::format("malformed JSON at line {} column {}", line, col));
+    throw InputError(file, "", fmt::format("malformed JSON at line {} column {}", line, col));
+  } catch (const json::exception& e) {
+    // e.g. out_of_range for a number too large for a double (1e400).
+    std::string what = e.what();
+    if (const auto p = what.find("] "); p != std::string::npos) what.erase(0, p + 2);
+    throw InputError(file, "", fmt::format("malformed JSON: {}", printable(what)));
   }
 }
 
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char ch : text.substr(0, 200)) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f) out += ch;
+    else out += fmt::format("\\x{:02x}", c);
+  }
+  if (text.size() > 200) out += "...";
+  return out;
+}
+
 std::string Reader::key_path(std::string_view key) const {
-  if (path.empty()) return std::string(key);
-  return fmt::format("{}.{}", path, key);
+  if (path.empty()) return printable(key);
+  return fmt::format("{}.{}", path, printable(key));
 }
 
 void Reader::reject_unknown(const json& obj, const std::vector<std::string>& known) const {
@@ -83,7 +102,7 @@ bool Reader::get_bool(const json& obj, std::string_view key, bool dflt) const {
   auto it = obj.find(std::string(key));
   if (it == obj.end() || it->is_null()) return dflt;
   if (!it->is_boolean())
-    throw InputError(file, key_path(key), fmt::format("must be true or false, got {}", it->dump()));
+    throw InputError(file, key_path(key), fmt::format("must be true or false, got {}", printable(it->dump())));
   return it->get<bool>();
 }
 
@@ -97,18 +116,20 @@ std::optional<std::int64_t> Reader::get_opt_int(const json& obj, std::string_vie
   auto it = obj.find(std::string(key));
   if (it == obj.end() || it->is_null()) return std::nullopt;
   std::int64_t v = 0;
-  if (it->is_number_integer()) {
+  if (it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+    throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), printable(it->dump())));
+  } else if (it->is_number_integer()) {
     v = it->get<std::int64_t>();
   } else if (it->is_number_float()) {
     const double d = it->get<double>();
     if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.0e18)
-      throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), it->dump()));
+      throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), printable(it->dump())));
     v = static_cast<std::int64_t>(d);
   } else {
-    throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), it->dump()));
+    throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), printable(it->dump())));
   }
   if (v < lo || v > hi)
-    throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), it->dump()));
+    throw InputError(file, key_path(key), fmt::format("must be {}, got {}", range_text(lo, hi), printable(it->dump())));
   return v;
 }
 
@@ -121,10 +142,10 @@ double Reader::get_double(const json& obj, std::string_view key, double dflt, do
   auto it = obj.find(std::string(key));
   if (it == obj.end() || it->is_null()) return dflt;
   if (!it->is_number())
-    throw InputError(file, key_path(key), fmt::format("must be a number in [{}, {}], got {}", lo, hi, it->dump()));
+    throw InputError(file, key_path(key), fmt::format("must be a number in [{}, {}], got {}", lo, hi, printable(it->dump())));
   const double d = it->get<double>();
   if (!std::isfinite(d) || d < lo || d > hi)
-    throw InputError(file, key_path(key), fmt::format("must be a number in [{}, {}], got {}", lo, hi, it->dump()));
+    throw InputError(file, key_path(key), fmt::format("must be a number in [{}, {}], got {}", lo, hi, printable(it->dump())));
   return d;
 }
 
@@ -132,7 +153,7 @@ std::string Reader::get_string(const json& obj, std::string_view key, const std:
   auto it = obj.find(std::string(key));
   if (it == obj.end() || it->is_null()) return dflt;
   if (!it->is_string())
-    throw InputError(file, key_path(key), fmt::format("must be a string, got {}", it->dump()));
+    throw InputError(file, key_path(key), fmt::format("must be a string, got {}", printable(it->dump())));
   return it->get<std::string>();
 }
 
@@ -143,7 +164,7 @@ std::string Reader::get_enum(const json& obj, std::string_view key, const std::s
   for (const auto& a : allowed) joined += (joined.empty() ? "" : ", ") + a;
   if (it == obj.end() || it->is_null()) return dflt;
   if (!it->is_string())
-    throw InputError(file, key_path(key), fmt::format("must be one of {}, got {}", joined, it->dump()));
+    throw InputError(file, key_path(key), fmt::format("must be one of {}, got {}", joined, printable(it->dump())));
   const std::string s = it->get<std::string>();
   for (const auto& a : allowed) {
     if (a.size() == s.size() &&
@@ -152,7 +173,7 @@ std::string Reader::get_enum(const json& obj, std::string_view key, const std::s
         }))
       return a;
   }
-  throw InputError(file, key_path(key), fmt::format("must be one of {}, got \"{}\"", joined, s));
+  throw InputError(file, key_path(key), fmt::format("must be one of {}, got \"{}\"", joined, printable(s)));
 }
 
 Reader Reader::sub(std::string_view key) const { return Reader{file, key_path(key)}; }

@@ -20,8 +20,14 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 // The candidate closest to `key` (empty when none is within a reasonable distance).
 std::string closest(std::string_view key, const std::vector<std::string>& candidates);
 
-// Parse a whole file; malformed JSON → InputError naming the file, line and column.
+// Parse a whole file / a text read from `file`; malformed JSON → InputError naming the
+// file, line and column (a number out of range, e.g. 1e400, is malformed JSON too).
 json parse_file(const std::string& path);
+json parse_text(const std::string& file, const std::string& text);
+
+// A key or value as it may be shown in a one-line message: control characters and
+// non-ASCII bytes escaped, long text cut.
+std::string printable(std::string_view text);
 
 // Read context: which file, and the dotted path of the object being read.
 struct Reader {

@@ -47,19 +47,6 @@ std::string join(const std::vector<std::string>& v) {
 
 fs::path catalog_dir() { return fs::path(ZEROPLAN_DATA_DIR) / "models" / "catalog"; }
 
-json parse_text(const std::string& file, const std::string& text) {
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    const std::size_t off = std::min<std::size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
-    std::size_t line = 1, col = 1;
-    for (std::size_t i = 0; i < off; ++i) {
-      if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
-    }
-    throw InputError(file, "", fmt::format("malformed JSON at line {} column {}", line, col));
-  }
-}
-
 std::int64_t required_size(const Reader& r, const json& o, std::string_view key) {
   const auto v = r.get_opt_int(o, key, 1, kMaxSize);
   if (!v) throw InputError(r.file, r.key_path(key), "required field is missing (a positive integer)");
@@ -97,10 +84,10 @@ std::vector<std::string> architectures(const Reader& r, const json& o) {
   auto it = o.find("architectures");
   if (it == o.end() || it->is_null()) return out;
   if (!it->is_array())
-    throw InputError(r.file, "architectures", fmt::format("must be a list of class names, got {}", it->dump()));
+    throw InputError(r.file, "architectures", fmt::format("must be a list of class names, got {}", zp::json::printable(it->dump())));
   for (const auto& e : *it) {
     if (!e.is_string())
-      throw InputError(r.file, "architectures", fmt::format("must be a list of class names, got {}", it->dump()));
+      throw InputError(r.file, "architectures", fmt::format("must be a list of class names, got {}", zp::json::printable(it->dump())));
     out.push_back(e.get<std::string>());
   }
   return out;
@@ -219,7 +206,7 @@ void parse_llama(const Reader& r, const json& o, ModelConfig& c) {
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& file, const std::string& json_text) {
-  const json root = parse_text(file, json_text);
+  const json root = zp::json::parse_text(file, json_text);
   const Reader r{file, ""};
   if (!root.is_object())
     throw InputError(file, "", fmt::format("must be a JSON object (a Hugging Face config.json), got {}",

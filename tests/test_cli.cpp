@@ -153,3 +153,12 @@ TEST_CASE("bad input: one line, exit status 2") {
   bad("simulate --model gpt2 --gpus 4 --rank 4", "--rank");
   bad("simulate --model gpt2 --gpus 4 --attention flash2", "--attention");
 }
+
+TEST_CASE("bad JSON values never escape as a crash or a second line") {
+  bad("simulate --model " + tmp_file("huge.json", R"({"model_type": "gpt2", "n_embd": 1e400})") + " --gpus 2", "malformed JSON");
+  bad("simulate --model gpt2 --gpus 2 --ds-config " + tmp_file("huge_ds.json", R"({"train_batch_size": 1e400})"), "malformed JSON");
+  bad("simulate --model gpt2 --gpus 2 --ds-config " + tmp_file("newline_key.json", R"({"a\nb": 1})"), "a\\x0ab");
+  bad("simulate --model gpt2 --gpus 2 --ds-config " +
+          tmp_file("u64.json", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"reduce_bucket_size": 18446744073709551615}})"),
+      "zero_optimization.reduce_bucket_size");
+}

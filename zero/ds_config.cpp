@@ -240,9 +240,8 @@ bool has(const json& obj, std::string_view key) {
 
 // The Hugging Face Trainer writes "auto" for values it fills in before DeepSpeed sees
 // the file, and DeepSpeed's own config models drop "auto" values (they take the
-// default). zeroplan does the same, and says so.
-// Keys in `keep` hold sub-sections: an "auto" there is not a value and stays, so that it
-// is reported as "must be a JSON object".
+// default). zeroplan does the same, and says so. Keys in `keep` hold sub-sections: an
+// "auto" there is not a value and stays, to be reported as "must be a JSON object".
 json without_auto(const json& obj, const Reader& r, DsConfig& cfg, const Keys& keep) {
   json out = obj;
   for (auto it = obj.begin(); it != obj.end(); ++it) {

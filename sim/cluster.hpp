@@ -1,0 +1,61 @@
+#pragma once
+// Clusters: nodes of GPUs, their intra-node links and NICs, built into a Boost.Graph
+// topology from which the rings and trees a collective would use are derived.
+// Sources: presets in sim/clusters/*.json, a user JSON file, or NCCL's topology XML
+// (the file NCCL_TOPO_DUMP_FILE writes) for the node description.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/units.hpp"
+#include "sim/device.hpp"
+#include "zero/program.hpp"
+
+namespace zp::sim {
+
+enum class IntraNode {
+  nvswitch,      // every GPU to an NVSwitch fabric (DGX A100/H100/H200); NVLS on Hopper
+  nvlink_mesh,   // direct NVLinks between GPU pairs (DGX-1 hybrid cube mesh)
+  pcie,          // PCIe only, through a tree of PCIe switches and the CPU root complex
+  shared_memory, // CPU ranks: processes on one host
+};
+
+// A measured bus-bandwidth curve that overrides the model for one collective kind.
+struct MeasuredCurve {
+  std::vector<std::pair<Bytes, BytesPerSecond>> points;  // (message bytes S, busbw), sorted by S
+};
+
+struct ClusterSpec {
+  std::string name;                   // preset name or file path
+  std::string gpu = "A100-80GB";      // device database name
+  int nodes = 1;
+  int gpus_per_node = 8;
+  IntraNode intra = IntraNode::nvswitch;
+  // NVLink: links per GPU and per-link bandwidth per direction (GB/s); for a mesh, the
+  // links between each connected pair, as an adjacency list over local GPU indices.
+  int nvlinks_per_gpu = 0;
+  BytesPerSecond nvlink_bw_per_link{};
+  std::vector<std::vector<std::pair<int, int>>> nvlink_pairs;  // per GPU: (peer, links)
+  // PCIe: generation and width of each GPU's link, GPUs under one PCIe switch.
+  int pcie_gen = 4;
+  int pcie_width = 16;
+  int gpus_per_pcie_switch = 0;       // 0: all GPUs under the root complex
+  // Network: NICs per node and their speed.
+  int nics_per_node = 0;
+  double nic_gbps = 0;                // Gb/s per NIC
+  std::map<zero::CollKind, MeasuredCurve> measured;  // optional overrides
+  std::string source;                 // where the description came from
+};
+
+// `name_or_path`: a preset (sim/clusters/NAME.json, case-insensitive) or a JSON file or
+// an NCCL topology XML (*.xml). `nodes` multiplies the node across an InfiniBand fabric
+// (`nic_gbps` overrides the NIC speed). Bad input → zp::InputError naming file and key.
+ClusterSpec load_cluster(const std::string& name_or_path, std::optional<int> nodes = std::nullopt,
+                         std::optional<double> nic_gbps = std::nullopt);
+// `--gpus N --gpu TYPE`: one node of N GPUs of TYPE with the links that GPU usually has.
+ClusterSpec single_node(const std::string& gpu, int gpus);
+ClusterSpec parse_nccl_topo_xml(const std::string& file, const std::string& xml_text);
+std::vector<std::string> cluster_preset_names();
+
+}  // namespace zp::sim

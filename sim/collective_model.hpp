@@ -1,0 +1,49 @@
+#pragma once
+// Collective cost model after NCCL's (src/graph/tuning.cc, REFERENCE.md §4): for each
+// (algorithm ∈ ring, tree, NVLS; protocol ∈ LL, LL128, Simple) a latency plus bytes over a
+// bandwidth, with per-hop latencies and per-channel bandwidth caps; the minimum wins.
+// Rank groups spanning nodes use the two-level structure NCCL builds.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/units.hpp"
+#include "sim/cluster.hpp"
+#include "zero/program.hpp"
+
+namespace zp::sim {
+
+enum class Algo { ring, tree, nvls, collnet };
+enum class Proto { ll, ll128, simple };
+const char* algo_name(Algo a);
+const char* proto_name(Proto p);
+
+struct CollectiveCost {
+  Seconds time{};
+  Algo algo = Algo::ring;
+  Proto proto = Proto::simple;
+  BytesPerSecond algbw{};            // S / t
+  BytesPerSecond busbw{};            // nccl-tests normalisation
+};
+
+class CollectiveModel {
+ public:
+  explicit CollectiveModel(const ClusterSpec& cluster);
+
+  // Time of one collective over `ranks` (global rank ids) moving `total` bytes: the full
+  // logical buffer as in zero::Event::elements × dtype size (nccl-tests' S).
+  CollectiveCost cost(zero::CollKind kind, const std::vector<int>& ranks, Bytes total) const;
+  // nccl-tests busbw factor: 2(n-1)/n all-reduce, (n-1)/n RS/AG/A2A, 1 broadcast/reduce.
+  static double busbw_factor(zero::CollKind kind, int n);
+
+  const ClusterSpec& cluster() const { return cluster_; }
+
+ private:
+  ClusterSpec cluster_;
+  // Derived from the Boost.Graph topology at construction: bottleneck bandwidths and
+  // hop latencies for intra-node and inter-node rings/trees.
+  struct Derived;
+  std::shared_ptr<const Derived> d_;
+};
+
+}  // namespace zp::sim

@@ -1,0 +1,275 @@
+#include "sim/compute_model.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <stdexcept>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/json_util.hpp"
+
+namespace zp::sim {
+
+namespace {
+
+constexpr double kTera = 1e12;
+constexpr double kGiga = 1e9;
+constexpr double kMicro = 1e-6;
+constexpr double kAdamFlopsPerElement = 12.0;  // what the lowering charges per element
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+// ------------------------------------------------------------------ reading profiles
+
+const std::vector<std::string> kProfileKeys = {
+    "device",          "peak_tensor_tflops",  "peak_fp32_tflops",       "hbm_gbps",
+    "gemm_max_efficiency", "gemm_half_dim",   "elementwise_efficiency", "kernel_launch_us",
+    "kernels_per_op",  "d2d_copy_gbps",       "pcie_h2d_gbps",          "host_memcpy_gbps",
+    "cpu_adam_params_per_second", "comm_compute_interference", "source"};
+// Peaks default to the device database; every coefficient must be given.
+const std::vector<std::string> kRequiredKeys = {
+    "device",           "gemm_max_efficiency", "gemm_half_dim",   "elementwise_efficiency",
+    "kernel_launch_us", "kernels_per_op",      "d2d_copy_gbps",   "pcie_h2d_gbps",
+    "host_memcpy_gbps", "cpu_adam_params_per_second", "comm_compute_interference", "source"};
+
+constexpr double kHuge = 1e18;
+
+// A strictly positive number (0 and negatives rejected with the key named).
+double positive(const json::Reader& r, const json::json& obj, std::string_view key, double hi) {
+  const auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) throw InputError(r.file, r.key_path(key), "missing required key");
+  if (!it->is_number())
+    throw InputError(r.file, r.key_path(key), fmt::format("must be a positive number, got {}", it->dump()));
+  const double v = r.get_double(obj, key, 0, -kHuge, kHuge);
+  if (!(v > 0.0) || v > hi)
+    throw InputError(r.file, r.key_path(key), fmt::format("must be a positive number at most {}, got {}", hi, it->dump()));
+  return v;
+}
+
+double fraction(const json::Reader& r, const json::json& obj, std::string_view key) {
+  return positive(r, obj, key, 1.0);
+}
+
+DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std::vector<std::string>& extra_keys) {
+  if (!e.is_object()) throw InputError(r.file, r.path, "must be a JSON object");
+  std::vector<std::string> known = kProfileKeys;
+  known.insert(known.end(), extra_keys.begin(), extra_keys.end());
+  r.reject_unknown(e, known);
+  for (const auto& k : kRequiredKeys)
+    if (!e.contains(k)) throw InputError(r.file, r.key_path(k), "missing required key");
+
+  DeviceProfile p;
+  const std::string name = r.get_string(e, "device", "");
+  const DeviceSpec* spec = nullptr;
+  for (const auto& d : devices())
+    if (lower(d.name) == lower(name)) spec = &d;
+  if (spec == nullptr) {
+    std::string known_names;
+    for (const auto& d : devices()) known_names += (known_names.empty() ? "" : ", ") + d.name;
+    throw InputError(r.file, r.key_path("device"),
+                     fmt::format("unknown device '{}'; known: {}", name, known_names));
+  }
+  p.device = spec->name;
+  p.peak_tensor_flops = spec->peak_tensor_flops;
+  p.peak_fp32_flops = spec->peak_fp32_flops;
+  p.hbm_bandwidth = spec->hbm_bandwidth;
+  if (e.contains("peak_tensor_tflops"))
+    p.peak_tensor_flops = FlopsPerSecond{positive(r, e, "peak_tensor_tflops", 1e6) * kTera};
+  if (e.contains("peak_fp32_tflops"))
+    p.peak_fp32_flops = FlopsPerSecond{positive(r, e, "peak_fp32_tflops", 1e6) * kTera};
+  if (e.contains("hbm_gbps")) p.hbm_bandwidth = BytesPerSecond{positive(r, e, "hbm_gbps", 1e6) * kGiga};
+
+  p.gemm_max_efficiency = fraction(r, e, "gemm_max_efficiency");
+  p.gemm_half_dim = r.get_double(e, "gemm_half_dim", 0, 0, 1e6);
+  p.elementwise_efficiency = fraction(r, e, "elementwise_efficiency");
+  p.kernel_launch = Seconds{r.get_double(e, "kernel_launch_us", 0, 0, 1e6) * kMicro};
+  p.kernels_per_op = static_cast<int>(r.get_int(e, "kernels_per_op", 1, 1, 1000));
+  p.d2d_copy_bandwidth = BytesPerSecond{positive(r, e, "d2d_copy_gbps", 1e6) * kGiga};
+  p.pcie_h2d = BytesPerSecond{positive(r, e, "pcie_h2d_gbps", 1e6) * kGiga};
+  p.host_memcpy_bandwidth = BytesPerSecond{positive(r, e, "host_memcpy_gbps", 1e6) * kGiga};
+  p.cpu_adam_params_per_second = positive(r, e, "cpu_adam_params_per_second", 1e15);
+  p.comm_compute_interference = r.get_double(e, "comm_compute_interference", 0, 0, 10);
+  p.source = r.get_string(e, "source", "");
+  if (p.source.empty()) throw InputError(r.file, r.key_path("source"), "must say where the figures come from");
+  return p;
+}
+
+std::vector<DeviceProfile> read_database(const std::string& path) {
+  const json::json doc = json::parse_file(path);
+  const json::Reader root{path, ""};
+  if (!doc.is_object()) throw InputError(path, "", "must be a JSON object with a 'profiles' array");
+  root.reject_unknown(doc, {"description", "profiles"});
+  const auto it = doc.find("profiles");
+  if (it == doc.end() || !it->is_array() || it->empty())
+    throw InputError(path, "profiles", "must be a non-empty array of profile objects");
+  std::vector<DeviceProfile> out;
+  for (std::size_t i = 0; i < it->size(); ++i) {
+    const json::Reader r{path, fmt::format("profiles[{}]", i)};
+    DeviceProfile p = read_profile(r, (*it)[i], {});
+    for (const auto& q : out)
+      if (q.device == p.device)
+        throw InputError(path, r.key_path("device"), fmt::format("device '{}' has two profiles", p.device));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+const std::vector<DeviceProfile>& installed_profiles() {
+  static const std::vector<DeviceProfile> db = read_database(std::string(ZEROPLAN_DATA_DIR) + "/sim/profiles.json");
+  return db;
+}
+
+// For a device the profile file does not list: coefficients by architecture, scaled
+// from the device's own peaks (the same assumptions as the listed devices of that kind).
+DeviceProfile derived_profile(const DeviceSpec& dev) {
+  DeviceProfile p;
+  p.device = dev.name;
+  p.peak_tensor_flops = dev.peak_tensor_flops;
+  p.peak_fp32_flops = dev.peak_fp32_flops;
+  p.hbm_bandwidth = dev.hbm_bandwidth;
+  const bool cpu = dev.arch == "cpu";
+  const bool hopper = dev.arch == "hopper" || dev.arch == "blackwell";
+  p.gemm_max_efficiency = cpu ? 0.6 : 0.83;
+  p.gemm_half_dim = cpu ? 32 : (hopper ? 160 : 128);
+  p.elementwise_efficiency = cpu ? 0.5 : 0.8;
+  p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
+  p.kernels_per_op = 1;
+  p.d2d_copy_bandwidth = BytesPerSecond{dev.hbm_bandwidth.v * (cpu ? 0.5 : 0.85)};
+  p.pcie_h2d = BytesPerSecond{(cpu ? 12.0 : hopper ? 50.0 : 24.0) * kGiga};
+  p.host_memcpy_bandwidth = BytesPerSecond{20.0 * kGiga};
+  p.cpu_adam_params_per_second = cpu ? 3e8 : 1.5e9;
+  p.comm_compute_interference = cpu ? 0.3 : 0.15;
+  p.source = fmt::format("derived for {} from the device database (no entry in sim/profiles.json): "
+                         "the {} assumptions of docs/compute_model.md", dev.name, dev.arch);
+  return p;
+}
+
+double saturation(double x, double half) { return x / (x + half); }
+
+}  // namespace
+
+std::vector<DeviceProfile> load_profiles(const std::string& path) { return read_database(path); }
+
+DeviceProfile load_profile(const std::string& path) {
+  const json::json doc = json::parse_file(path);
+  if (!doc.is_object()) throw InputError(path, "", "must be a JSON object holding one device profile");
+  return read_profile(json::Reader{path, ""}, doc, {"description"});
+}
+
+DeviceProfile default_profile(const DeviceSpec& dev) {
+  for (const auto& p : installed_profiles()) {
+    if (p.device != dev.name) continue;
+    DeviceProfile out = p;
+    // The peaks are the device's (a custom spec under a known name keeps its own figures).
+    out.peak_tensor_flops = dev.peak_tensor_flops;
+    out.peak_fp32_flops = dev.peak_fp32_flops;
+    out.hbm_bandwidth = dev.hbm_bandwidth;
+    return out;
+  }
+  return derived_profile(dev);
+}
+
+double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k) {
+  if (m <= 0 || n <= 0 || k <= 0) return p.gemm_max_efficiency;
+  const double h = p.gemm_half_dim;
+  return p.gemm_max_efficiency * saturation(static_cast<double>(m), h) * saturation(static_cast<double>(n), h) *
+         saturation(static_cast<double>(k), h);
+}
+
+// ------------------------------------------------------------------ the model
+
+ComputeModel::ComputeModel(const DeviceProfile& profile, const models::OpGraph& graph) : p_(profile), g_(graph) {
+  if (p_.peak_tensor_flops.v <= 0 || p_.peak_fp32_flops.v <= 0 || p_.hbm_bandwidth.v <= 0 ||
+      p_.d2d_copy_bandwidth.v <= 0 || p_.pcie_h2d.v <= 0 || p_.host_memcpy_bandwidth.v <= 0 ||
+      p_.cpu_adam_params_per_second <= 0 || p_.gemm_max_efficiency <= 0 || p_.elementwise_efficiency <= 0 ||
+      p_.kernels_per_op < 1)
+    throw std::logic_error(fmt::format("device profile '{}' has a zero or negative coefficient", p_.device));
+}
+
+Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flops, Bytes bytes) const {
+  const bool backward = phase == zero::Phase::backward;
+  const double kernels = static_cast<double>(p_.kernels_per_op) * (backward ? 2.0 : 1.0);
+  const double launch = kernels * p_.kernel_launch.v;
+  const double mem_time = static_cast<double>(bytes.v) / (p_.hbm_bandwidth.v * p_.elementwise_efficiency);
+
+  const models::Op* o = nullptr;
+  if (op != models::kNone) {
+    if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
+      throw std::logic_error(fmt::format("compute event names op {} but the graph has {} ops", op, g_.ops.size()));
+    o = &g_.ops[static_cast<std::size_t>(op)];
+  }
+
+  if (o == nullptr || o->gemms.empty()) {
+    // Bandwidth-bound (or fp32-FLOP-bound) kernels, never faster than their launches.
+    const double flop_time = flops.v / (p_.peak_fp32_flops.v * p_.elementwise_efficiency);
+    return Seconds{std::max({mem_time, flop_time, launch})};
+  }
+
+  // Σ f_i / eff_i over the GEMMs this phase runs, with f_i the geometry FLOPs; the event's
+  // own FLOPs are spread over them in that proportion (a causal flash kernel skips half,
+  // a bias adds a few; the efficiency is the FLOP-weighted harmonic mean).
+  double geo_flops = 0, weighted = 0;
+  for (const auto& g : o->gemms) {
+    const double f = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
+                     static_cast<double>(std::max<std::int64_t>(g.batch, 1));
+    if (!backward) {
+      geo_flops += f;
+      weighted += f / gemm_efficiency(p_, g.m, g.n, g.k);
+    } else {
+      // C(m,n) = A(m,k) B(k,n): dA(m,k) = dC(m,n) B^T is an (m, k, n) GEMM,
+      // dB(k,n) = A^T dC is a (k, n, m) GEMM.
+      geo_flops += 2.0 * f;
+      weighted += f / gemm_efficiency(p_, g.m, g.k, g.n) + f / gemm_efficiency(p_, g.k, g.n, g.m);
+    }
+  }
+  const double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
+  const double gemm_time = flops.v / (p_.peak_tensor_flops.v * eff);
+  return Seconds{std::max(gemm_time, mem_time) + launch};
+}
+
+Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
+  if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
+    throw std::logic_error(fmt::format("op {} is not in the graph ({} ops)", op, g_.ops.size()));
+  const models::Op& o = g_.ops[static_cast<std::size_t>(op)];
+  const bool backward = phase == zero::Phase::backward;
+  return compute_cost(op, phase, backward ? o.bwd_flops : o.fwd_flops, backward ? o.bwd_bytes : o.fwd_bytes);
+}
+
+Seconds ComputeModel::cost(const zero::Event& e) const {
+  using zero::EventKind;
+  using zero::Placement;
+  switch (e.kind) {
+    case EventKind::marker:
+      return Seconds{0};
+    case EventKind::collective:
+      throw std::logic_error("collective events are priced by the collective model, not the compute model");
+    case EventKind::compute:
+      return compute_cost(e.op, e.phase, e.flops, e.mem_bytes);
+    case EventKind::copy: {
+      const double bytes = static_cast<double>(e.mem_bytes.v);
+      double bw = p_.d2d_copy_bandwidth.v;
+      if (e.src == Placement::host && e.dst == Placement::host) bw = p_.host_memcpy_bandwidth.v;
+      else if (e.src != e.dst) bw = p_.pcie_h2d.v;
+      return Seconds{std::max(bytes / bw, p_.kernel_launch.v)};
+    }
+    case EventKind::optimizer: {
+      if (e.src == Placement::host) {
+        const double elements = e.flops.v / kAdamFlopsPerElement;
+        return Seconds{elements / p_.cpu_adam_params_per_second};
+      }
+      // Fused Adam over a flat partition: bandwidth-bound on master, grads and states.
+      return compute_cost(models::kNone, e.phase, e.flops, e.mem_bytes);
+    }
+  }
+  throw std::logic_error("unknown event kind");
+}
+
+}  // namespace zp::sim

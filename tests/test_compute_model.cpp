@@ -1,0 +1,419 @@
+// Tests of the compute cost model (sim/compute_model.cpp) and its default profiles
+// (sim/profiles.json): plausibility against published and measured figures, the shape
+// of the efficiency curves, host-side costs, and strict reading of profile files.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include <unistd.h>
+
+#include "core/error.hpp"
+#include "models/graph.hpp"
+#include "models/model_config.hpp"
+#include "sim/compute_model.hpp"
+#include "sim/device.hpp"
+#include "zero/program.hpp"
+
+using zp::Bytes;
+using zp::Flops;
+using zp::Seconds;
+using zp::models::GraphOptions;
+using zp::models::OpGraph;
+using zp::sim::ComputeModel;
+using zp::sim::DeviceProfile;
+using zp::zero::Event;
+using zp::zero::EventKind;
+using zp::zero::Phase;
+using zp::zero::Placement;
+
+namespace {
+
+OpGraph graph_of(const std::string& model, std::int64_t micro_batch, std::int64_t seq, zp::DType dt,
+                 zp::models::Attention attn = zp::models::Attention::eager) {
+  GraphOptions opt;
+  opt.micro_batch = micro_batch;
+  opt.seq_len = seq;
+  opt.act_dtype = dt;
+  opt.attention = attn;
+  return zp::models::build_graph(zp::models::load_model(model), opt);
+}
+
+DeviceProfile profile_of(const std::string& gpu) { return zp::sim::default_profile(zp::sim::find_device(gpu)); }
+
+double phase_seconds(const ComputeModel& cm, const OpGraph& g, Phase ph) {
+  double t = 0;
+  for (const auto& op : g.ops) t += cm.op_cost(op.id, ph).v;
+  return t;
+}
+
+// The event the lowering emits for op `o` in phase `ph`.
+Event compute_event(const OpGraph& g, zp::models::OpId o, Phase ph) {
+  const auto& op = g.ops[static_cast<std::size_t>(o)];
+  Event e;
+  e.kind = EventKind::compute;
+  e.phase = ph;
+  e.op = o;
+  e.flops = ph == Phase::backward ? op.bwd_flops : op.fwd_flops;
+  e.mem_bytes = ph == Phase::backward ? op.bwd_bytes : op.fwd_bytes;
+  return e;
+}
+
+// Model FLOPs of one training step (forward + backward): 6·Ψ·tokens plus the attention
+// score and value products, 12·L·h·s per token (non-causal count, as in PaLM's MFU).
+double model_flops(const OpGraph& g) {
+  const double tokens = static_cast<double>(g.opt.micro_batch * g.opt.seq_len);
+  const double psi = static_cast<double>(g.param_count());
+  const double attn = 12.0 * static_cast<double>(g.cfg.layers * g.cfg.hidden * g.opt.seq_len);
+  return (6.0 * psi + attn) * tokens;
+}
+
+std::string write_temp(const std::string& text) {
+  const std::string path = "/tmp/zeroplan_test_profile_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << text;
+  return path;
+}
+
+template <class F>
+std::string error_of(const std::string& text, F&& load) {
+  const std::string path = write_temp(text);
+  std::string msg;
+  try {
+    load(path);
+  } catch (const zp::InputError& e) {
+    msg = e.what();
+  }
+  std::remove(path.c_str());
+  return msg;
+}
+
+std::string profile_error(const std::string& text) {
+  return error_of(text, [](const std::string& p) { zp::sim::load_profile(p); });
+}
+std::string database_error(const std::string& text) {
+  return error_of(text, [](const std::string& p) { zp::sim::load_profiles(p); });
+}
+
+const char* kGoodProfile = R"({"device": "A100-80GB", "gemm_max_efficiency": 0.85, "gemm_half_dim": 100,
+  "elementwise_efficiency": 0.7, "kernel_launch_us": 4, "kernels_per_op": 1, "d2d_copy_gbps": 1700,
+  "pcie_h2d_gbps": 25, "host_memcpy_gbps": 20, "cpu_adam_params_per_second": 1.2e9,
+  "comm_compute_interference": 0.1, "source": "test"})";
+
+std::string with(const std::string& base, const std::string& from, const std::string& to) {
+  std::string s = base;
+  s.replace(s.find(from), from.size(), to);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("every device of the database has a profile with every coefficient and its source") {
+  for (const auto& dev : zp::sim::devices()) {
+    CAPTURE(dev.name);
+    const DeviceProfile p = zp::sim::default_profile(dev);
+    CHECK(p.device == dev.name);
+    CHECK(p.source.find("derived") == std::string::npos);  // listed in sim/profiles.json
+    CHECK(p.source.size() > 20);
+    CHECK(p.peak_tensor_flops.v == dev.peak_tensor_flops.v);
+    CHECK(p.hbm_bandwidth.v == dev.hbm_bandwidth.v);
+    CHECK(p.gemm_max_efficiency > 0.3);
+    CHECK(p.gemm_max_efficiency < 0.95);
+    CHECK(p.elementwise_efficiency > 0.3);
+    CHECK(p.elementwise_efficiency <= 0.95);
+    CHECK(p.d2d_copy_bandwidth.v < 2.0 * dev.hbm_bandwidth.v);  // read + write of one HBM
+    CHECK(p.kernel_launch.us() >= 1.0);
+    CHECK(p.kernel_launch.us() <= 20.0);
+    CHECK(p.pcie_h2d.v > 5e9);
+    CHECK(p.cpu_adam_params_per_second >= 1e8);
+    CHECK(p.comm_compute_interference >= 0.0);
+    CHECK(p.comm_compute_interference <= 0.5);
+  }
+  // Device generations: PCIe gen3 / gen4 / gen5, Hopper launches faster than Volta.
+  CHECK(profile_of("V100-16GB").pcie_h2d.v == doctest::Approx(12e9));
+  CHECK(profile_of("A100-80GB").pcie_h2d.v == doctest::Approx(24e9));
+  CHECK(profile_of("H200-141GB").pcie_h2d.v == doctest::Approx(50e9));
+  CHECK(profile_of("H200-141GB").kernel_launch.v < profile_of("V100-16GB").kernel_launch.v);
+  CHECK(profile_of("H200-141GB").d2d_copy_bandwidth.v == doctest::Approx(4.3e12));
+}
+
+TEST_CASE("GEMM efficiency: monotone in each dimension, bounded, and the measured large-GEMM points") {
+  for (const char* gpu : {"V100-16GB", "A100-80GB", "H200-141GB", "cpu"}) {
+    CAPTURE(gpu);
+    const DeviceProfile p = profile_of(gpu);
+    double prev = 0;
+    for (std::int64_t x = 16; x <= 65536; x *= 2) {
+      const double e = zp::sim::gemm_efficiency(p, x, x, x);
+      CHECK(e > prev);
+      CHECK(e <= p.gemm_max_efficiency);
+      CHECK(zp::sim::gemm_efficiency(p, x, 4096, 4096) <= zp::sim::gemm_efficiency(p, 2 * x, 4096, 4096));
+      CHECK(zp::sim::gemm_efficiency(p, 4096, x, 4096) <= zp::sim::gemm_efficiency(p, 4096, 2 * x, 4096));
+      CHECK(zp::sim::gemm_efficiency(p, 4096, 4096, x) <= zp::sim::gemm_efficiency(p, 4096, 4096, 2 * x));
+      prev = e;
+    }
+  }
+  // A100 fp16 GEMM ≈ 82% of peak at large sizes; H200 8192³ bf16 ≈ 770–800 TFLOP/s.
+  CHECK(zp::sim::gemm_efficiency(profile_of("A100-80GB"), 8192, 8192, 8192) == doctest::Approx(0.82).epsilon(0.03));
+  const DeviceProfile h200 = profile_of("H200-141GB");
+  const double h200_tflops = zp::sim::gemm_efficiency(h200, 8192, 8192, 8192) * h200.peak_tensor_flops.v / 1e12;
+  CHECK(h200_tflops >= 760);
+  CHECK(h200_tflops <= 810);
+  // Small GEMMs are far from peak.
+  CHECK(zp::sim::gemm_efficiency(h200, 64, 64, 64) < 0.1);
+}
+
+TEST_CASE("bert-large forward, micro-batch 64, seq 128, fp16 on V100: about 100 ms") {
+  const OpGraph g = graph_of("bert-large-uncased", 64, 128, zp::DType::fp16);
+  const ComputeModel cm(profile_of("V100-16GB"), g);
+  const double fwd = phase_seconds(cm, g, Phase::forward);
+  MESSAGE("bert-large fwd mb64 s128 V100 fp16: " << fwd * 1e3 << " ms");
+  CHECK(fwd > 0.070);
+  CHECK(fwd < 0.140);
+  // The same sum through cost() of the events the lowering emits.
+  double via_events = 0;
+  for (const auto& op : g.ops) via_events += cm.cost(compute_event(g, op.id, Phase::forward)).v;
+  CHECK(via_events == doctest::Approx(fwd));
+  // Backward does about twice the forward's work.
+  const double bwd = phase_seconds(cm, g, Phase::backward);
+  MESSAGE("bert-large bwd: " << bwd * 1e3 << " ms");
+  CHECK(bwd / fwd > 1.6);
+  CHECK(bwd / fwd < 2.6);
+}
+
+TEST_CASE("GPT-2 124M on H200 in bf16: model FLOPs utilisation of forward + backward within 40-55%") {
+  for (std::int64_t mb : {16, 32}) {
+    CAPTURE(mb);
+    const OpGraph g = graph_of("gpt2", mb, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
+    const ComputeModel cm(profile_of("H200-141GB"), g);
+    const double t = phase_seconds(cm, g, Phase::forward) + phase_seconds(cm, g, Phase::backward);
+    const double mfu = model_flops(g) / (t * cm.profile().peak_tensor_flops.v);
+    MESSAGE("gpt2 mb" << mb << " s1024 H200 bf16 sdpa: fwd+bwd " << t * 1e3 << " ms, MFU " << mfu * 100 << "%");
+    CHECK(mfu > 0.40);
+    CHECK(mfu < 0.55);
+  }
+  // HF's eager attention materialises the (B, a, T, T) scores: far lower utilisation.
+  const OpGraph eager = graph_of("gpt2", 16, 1024, zp::DType::bf16, zp::models::Attention::eager);
+  const ComputeModel cm(profile_of("H200-141GB"), eager);
+  const double t = phase_seconds(cm, eager, Phase::forward) + phase_seconds(cm, eager, Phase::backward);
+  const double mfu = model_flops(eager) / (t * cm.profile().peak_tensor_flops.v);
+  MESSAGE("gpt2 mb16 s1024 H200 bf16 eager: fwd+bwd " << t * 1e3 << " ms, MFU " << mfu * 100 << "%");
+  CHECK(mfu < 0.40);
+  CHECK(mfu > 0.10);
+}
+
+TEST_CASE("phases: recompute costs the forward, backward launches twice the kernels") {
+  const OpGraph g = graph_of("gpt2", 8, 1024, zp::DType::bf16);
+  const ComputeModel cm(profile_of("A100-80GB"), g);
+  for (const auto& op : g.ops) {
+    CAPTURE(op.name);
+    CHECK(cm.op_cost(op.id, Phase::recompute).v == cm.op_cost(op.id, Phase::forward).v);
+    CHECK(cm.op_cost(op.id, Phase::forward).v > 0);
+  }
+  // A large linear: compute-bound, its backward (dgrad + wgrad) about twice its forward.
+  for (const auto& op : g.ops) {
+    if (op.name != "layer0.mlp.c_fc") continue;
+    const double f = cm.op_cost(op.id, Phase::forward).v, b = cm.op_cost(op.id, Phase::backward).v;
+    CHECK(b / f == doctest::Approx(2.0).epsilon(0.05));
+    const double tflops = op.fwd_flops.v / f / 1e12;
+    MESSAGE("gpt2 c_fc fwd on A100: " << tflops << " TFLOP/s");
+    CHECK(tflops > 150);
+    CHECK(tflops < 270);
+  }
+}
+
+TEST_CASE("a GEMM with a tiny dimension is bandwidth-bound: the roofline takes the bytes") {
+  // BERT's pooler: (B, h) x (h, h) on the CLS tokens only.
+  const OpGraph g = graph_of("bert-large-uncased", 8, 128, zp::DType::fp16);
+  const DeviceProfile p = profile_of("V100-16GB");
+  const ComputeModel cm(p, g);
+  bool seen = false;
+  for (const auto& op : g.ops) {
+    if (op.gemms.empty() || op.gemms.front().m != 8) continue;
+    seen = true;
+    const double mem = static_cast<double>(op.fwd_bytes.v) / (p.hbm_bandwidth.v * p.elementwise_efficiency);
+    CHECK(cm.op_cost(op.id, Phase::forward).v == doctest::Approx(mem + p.kernel_launch.v));
+  }
+  CHECK(seen);
+}
+
+TEST_CASE("small elementwise ops hit the launch floor") {
+  const OpGraph g = graph_of("tiny-gpt2", 1, 8, zp::DType::fp16);
+  const DeviceProfile p = profile_of("H200-141GB");
+  const ComputeModel cm(p, g);
+  int elementwise = 0;
+  for (const auto& op : g.ops) {
+    if (!op.gemms.empty()) continue;
+    ++elementwise;
+    CAPTURE(op.name);
+    CHECK(cm.op_cost(op.id, Phase::forward).v == doctest::Approx(p.kernel_launch.v));
+    CHECK(cm.op_cost(op.id, Phase::backward).v == doctest::Approx(2 * p.kernel_launch.v));
+  }
+  CHECK(elementwise > 5);
+  // A large elementwise op is bandwidth-bound instead.
+  const OpGraph big = graph_of("gpt2", 32, 1024, zp::DType::bf16);
+  const ComputeModel cmb(p, big);
+  for (const auto& op : big.ops) {
+    if (op.name != "layer0.ln_1") continue;
+    const double mem = static_cast<double>(op.fwd_bytes.v) / (p.hbm_bandwidth.v * p.elementwise_efficiency);
+    CHECK(cmb.op_cost(op.id, Phase::forward).v == doctest::Approx(mem));
+    CHECK(mem > 5 * p.kernel_launch.v);
+  }
+}
+
+TEST_CASE("host-side costs: CPU Adam, PCIe, device and host copies, device optimizer") {
+  const OpGraph g = graph_of("tiny-gpt2", 1, 8, zp::DType::fp16);
+  const DeviceProfile v100 = profile_of("V100-16GB");
+  const ComputeModel cm(v100, g);
+
+  Event opt;
+  opt.kind = EventKind::optimizer;
+  opt.phase = Phase::step;
+  opt.flops = Flops{12.0 * 1e9};  // the lowering's 12 FLOPs per element
+  opt.mem_bytes = Bytes{static_cast<std::int64_t>(1e9) * 28};
+  opt.src = opt.dst = Placement::host;
+  CHECK(cm.cost(opt).v == doctest::Approx(1e9 / v100.cpu_adam_params_per_second));
+  CHECK(cm.cost(opt).v == doctest::Approx(1.0));  // 1e9 params/s on a V100-era host
+
+  // The same update on the device: bandwidth-bound on 28 bytes per element.
+  opt.src = opt.dst = Placement::device;
+  const double dev = cm.cost(opt).v;
+  CHECK(dev == doctest::Approx(28e9 / (v100.hbm_bandwidth.v * v100.elementwise_efficiency)));
+  CHECK(dev < 0.1);
+
+  Event copy;
+  copy.kind = EventKind::copy;
+  copy.mem_bytes = Bytes{1'000'000'000};
+  copy.src = Placement::device;
+  copy.dst = Placement::host;
+  CHECK(cm.cost(copy).v == doctest::Approx(1.0 / 12.0));  // PCIe gen3
+  copy.src = Placement::host;
+  copy.dst = Placement::device;
+  CHECK(cm.cost(copy).v == doctest::Approx(1.0 / 12.0));
+  copy.dst = Placement::host;
+  CHECK(cm.cost(copy).v == doctest::Approx(1e9 / v100.host_memcpy_bandwidth.v));
+  copy.src = copy.dst = Placement::device;
+  CHECK(cm.cost(copy).v == doctest::Approx(1e9 / 740e9));
+  // A tiny copy still costs a launch.
+  copy.mem_bytes = Bytes{64};
+  CHECK(cm.cost(copy).v == doctest::Approx(v100.kernel_launch.v));
+
+  // H200: a 1 GB PCIe gen5 copy ≈ 20 ms; device copy at 4.3 TB/s.
+  const ComputeModel h(profile_of("H200-141GB"), g);
+  copy.mem_bytes = Bytes{1'000'000'000};
+  copy.dst = Placement::host;
+  CHECK(h.cost(copy).v == doctest::Approx(0.02));
+  copy.dst = Placement::device;
+  copy.src = Placement::device;
+  CHECK(h.cost(copy).v == doctest::Approx(1e9 / 4.3e12));
+}
+
+TEST_CASE("markers are free, collectives are not priced here") {
+  const OpGraph g = graph_of("tiny-gpt2", 1, 8, zp::DType::fp16);
+  const ComputeModel cm(profile_of("A100-80GB"), g);
+  Event m;
+  m.kind = EventKind::marker;
+  CHECK(cm.cost(m).v == 0.0);
+  Event c;
+  c.kind = EventKind::collective;
+  c.elements = 1000;
+  CHECK_THROWS_AS(cm.cost(c), std::logic_error);
+  Event bad = compute_event(g, 0, Phase::forward);
+  bad.op = static_cast<zp::models::OpId>(g.ops.size());
+  CHECK_THROWS_AS(cm.cost(bad), std::logic_error);
+}
+
+TEST_CASE("gpt3-175b is in the catalogue with about 175B parameters") {
+  const auto cfg = zp::models::load_model("gpt3-175b");
+  CHECK(cfg.family == zp::models::Family::gpt2);
+  CHECK(cfg.hidden == 12288);
+  CHECK(cfg.layers == 96);
+  CHECK(cfg.heads == 96);
+  CHECK(cfg.max_positions == 2048);
+  CHECK(cfg.vocab == 50257);
+  GraphOptions opt;
+  opt.micro_batch = 1;
+  opt.seq_len = 2048;
+  const OpGraph g = zp::models::build_graph(cfg, opt);
+  MESSAGE("gpt3-175b parameters: " << g.param_count());
+  CHECK(g.param_count() == 174'604'259'328);  // 50257·h + 2048·h + 96·(12h² + 13h) + 2h
+}
+
+TEST_CASE("load_profile reads a single profile, strictly") {
+  const std::string path = write_temp(kGoodProfile);
+  const DeviceProfile p = zp::sim::load_profile(path);
+  std::remove(path.c_str());
+  CHECK(p.device == "A100-80GB");
+  CHECK(p.peak_tensor_flops.v == doctest::Approx(312e12));  // from the device database
+  CHECK(p.hbm_bandwidth.v == doctest::Approx(2039e9));
+  CHECK(p.gemm_max_efficiency == 0.85);
+  CHECK(p.gemm_half_dim == 100);
+  CHECK(p.kernel_launch.v == doctest::Approx(4e-6));
+  CHECK(p.d2d_copy_bandwidth.v == doctest::Approx(1.7e12));
+  CHECK(p.pcie_h2d.v == doctest::Approx(25e9));
+  CHECK(p.cpu_adam_params_per_second == 1.2e9);
+  CHECK(p.comm_compute_interference == 0.1);
+  CHECK(p.source == "test");
+  // Measured peaks may override the datasheet.
+  const std::string over = write_temp(with(kGoodProfile, "\"source\"", "\"hbm_gbps\": 1900, \"source\""));
+  CHECK(zp::sim::load_profile(over).hbm_bandwidth.v == doctest::Approx(1.9e12));
+  std::remove(over.c_str());
+
+  std::string e = profile_error(with(kGoodProfile, "\"gemm_half_dim\"", "\"gemm_half_dims\""));
+  CHECK(e.find("gemm_half_dims") != std::string::npos);
+  CHECK(e.find("unknown key") != std::string::npos);
+  CHECK(e.find("gemm_half_dim'") != std::string::npos);  // the suggestion
+  e = profile_error(with(kGoodProfile, "\"pcie_h2d_gbps\": 25", "\"pcie_h2d_gbps\": -25"));
+  CHECK(e.find("pcie_h2d_gbps") != std::string::npos);
+  CHECK(e.find("positive") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"kernel_launch_us\": 4", "\"kernel_launch_us\": -4"));
+  CHECK(e.find("kernel_launch_us") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"gemm_max_efficiency\": 0.85", "\"gemm_max_efficiency\": 1.5"));
+  CHECK(e.find("gemm_max_efficiency") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"comm_compute_interference\": 0.1", "\"comm_compute_interference\": -0.1"));
+  CHECK(e.find("comm_compute_interference") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"kernels_per_op\": 1", "\"kernels_per_op\": 1.5"));
+  CHECK(e.find("kernels_per_op") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"d2d_copy_gbps\": 1700,", ""));
+  CHECK(e.find("d2d_copy_gbps") != std::string::npos);
+  CHECK(e.find("missing") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "A100-80GB", "B200"));
+  CHECK(e.find("device") != std::string::npos);
+  CHECK(e.find("B200") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"source\": \"test\"", "\"source\": \"\""));
+  CHECK(e.find("source") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"cpu_adam_params_per_second\": 1.2e9", "\"cpu_adam_params_per_second\": \"fast\""));
+  CHECK(e.find("cpu_adam_params_per_second") != std::string::npos);
+  CHECK(profile_error("[1, 2]").find("JSON object") != std::string::npos);
+  CHECK(profile_error("{\"device\": ").find("malformed") != std::string::npos);
+}
+
+TEST_CASE("profile databases are strict too") {
+  const std::string good = std::string(R"({"profiles": [)") + kGoodProfile + "]}";
+  const std::string path = write_temp(good);
+  CHECK(zp::sim::load_profiles(path).size() == 1);
+  std::remove(path.c_str());
+  std::string e = database_error(std::string(R"({"profile": [)") + kGoodProfile + "]}");
+  CHECK(e.find("profile") != std::string::npos);
+  CHECK(e.find("unknown key") != std::string::npos);
+  e = database_error(std::string(R"({"profiles": [)") + kGoodProfile + "," + kGoodProfile + "]}");
+  CHECK(e.find("profiles[1].device") != std::string::npos);
+  e = database_error(std::string(R"({"profiles": [)") + with(kGoodProfile, "\"elementwise_efficiency\": 0.7", "\"elementwise_efficiency\": -0.7") + "]}");
+  CHECK(e.find("profiles[0].elementwise_efficiency") != std::string::npos);
+  CHECK(database_error(R"({"profiles": []})").find("profiles") != std::string::npos);
+  // The installed file passes the same reader.
+  CHECK(zp::sim::load_profiles(std::string(ZEROPLAN_DATA_DIR) + "/sim/profiles.json").size() ==
+        zp::sim::devices().size());
+}
+
+TEST_CASE("a device without an entry gets a derived profile from its own peaks") {
+  zp::sim::DeviceSpec d = zp::sim::find_device("H100-80GB");
+  d.name = "H100-custom";
+  d.hbm_bandwidth = zp::BytesPerSecond{2e12};
+  const DeviceProfile p = zp::sim::default_profile(d);
+  CHECK(p.device == "H100-custom");
+  CHECK(p.source.find("derived") != std::string::npos);
+  CHECK(p.hbm_bandwidth.v == 2e12);
+  CHECK(p.d2d_copy_bandwidth.v < 2 * 2e12);
+  CHECK(p.pcie_h2d.v == doctest::Approx(50e9));
+}
