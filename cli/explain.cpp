@@ -348,6 +348,9 @@ Explanation explain(const ExplainRequest& req) {
   }
 
   Explanation ex;
+  for (const auto& side : sides)
+    for (const auto& w : side.in.warnings)
+      if (std::find(ex.warnings.begin(), ex.warnings.end(), w) == ex.warnings.end()) ex.warnings.push_back(w);
   ex.text = std::move(t);
   ex.json = {{"model", A.in.model.name},
              {"world_size", A.in.world_size},

@@ -1,6 +1,7 @@
 #pragma once
 // `zeroplan explain`: why two configurations differ in memory, cause by cause.
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,7 @@ struct ExplainRequest {
 };
 
 struct Explanation {
+  std::vector<std::string> warnings;  // from both configurations' inputs, once each
   std::string text;
   nlohmann::json json;
 };

@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
       ex_req.stage_a = stage_arg("--stage", stage_a);
       ex_req.stage_b = stage_arg("--vs-stage", stage_b);
       const auto e = zp::cli::explain(ex_req);
+      print_warnings(e.warnings);
       if (ex_req.base.json) std::cout << e.json.dump(2) << "\n";
       else std::cout << e.text;
     } else if (*models) {

@@ -54,6 +54,16 @@ Inputs load_inputs(const SimRequest& req) {
         in.cfg.file));
   if (in.cfg.model_dtype() == DType::bf16 && !in.device->bf16)
     in.warnings.push_back(fmt::format("{}: bf16.enabled: {} has no bf16 tensor cores", in.cfg.file, in.device->name));
+  const std::int64_t hpz = in.cfg.zero.zero_hpz_partition_size;
+  if (hpz > 1 && (hpz > in.world_size || in.world_size % hpz != 0))
+    throw InputError(in.cfg.file, "zero_optimization.zero_hpz_partition_size",
+                     fmt::format("{} must divide the world size {} (ranks per secondary group)", hpz, in.world_size));
+  if (in.cfg.zero.round_robin_gradients)
+    in.warnings.push_back(fmt::format("{}: zero_optimization.round_robin_gradients: accepted but not modelled: it "
+                                      "reorders gradients among partitions, not their sizes", in.cfg.file));
+  if (in.cfg.zero.offload_optimizer.device != zero::OffloadDevice::none && in.cfg.zero.offload_optimizer.ratio < 1.0)
+    in.warnings.push_back(fmt::format("{}: zero_optimization.offload_optimizer.ratio: accepted but not modelled: "
+                                      "the whole optimizer is predicted on the host", in.cfg.file));
   // Validate the batch for every requested stage now, so errors surface before work.
   const std::vector<int> stages = req.stages.empty() ? std::vector<int>{in.cfg.zero.stage} : req.stages;
   for (int s : stages) (void)zero::resolve_batch(config_for_stage(in, req, s), in.world_size);

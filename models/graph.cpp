@@ -55,6 +55,20 @@ std::int64_t numel_of(const Shape& s) {
   return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>());
 }
 
+// Tensors and params larger than this (1 PiB) are not simulated: sizes that large only
+// come from inputs out of any real range, and their products would overflow int64.
+constexpr std::int64_t kMaxTensorBytes = std::int64_t{1} << 50;
+
+std::int64_t checked_bytes(const Shape& s, std::int64_t elem, const std::string& what) {
+  std::int64_t n = elem;
+  for (const std::int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n) || n > kMaxTensorBytes)
+      throw InputError("--micro-batch/--seq-len", "",
+                       fmt::format("{} would exceed {} bytes: the model or batch is too large to simulate", what,
+                                   kMaxTensorBytes));
+  return n;
+}
+
 bool is_float(DType t) { return t == DType::fp32 || t == DType::fp16 || t == DType::bf16; }
 
 // A per-token statistic kept with keepdim (LayerNorm mean/rstd, RMSNorm rsqrt): (B, T, 1).
@@ -116,7 +130,7 @@ class Builder {
       p.id = static_cast<ParamId>(g_.params.size());
       p.name = name + "." + ps.suffix;
       p.shape = ps.shape;
-      p.numel = numel_of(ps.shape);
+      p.numel = checked_bytes(ps.shape, 1, "parameter " + p.name);
       p.module = m.id;
       p.layer = layer;
       p.in_base_model = in_base;
@@ -153,7 +167,7 @@ class Builder {
     Tensor t;
     t.id = static_cast<TensorId>(g_.tensors.size());
     t.name = prefix_ + name;
-    t.bytes = Bytes{numel_of(shape) * dtype_size(dt)};
+    t.bytes = Bytes{checked_bytes(shape, dtype_size(dt), "tensor " + t.name)};
     t.shape = std::move(shape);
     t.dtype = dt;
     t.layer = layer_;
@@ -829,6 +843,9 @@ OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt) {
     throw InputError("--dtype", "", fmt::format("activations must be fp32, fp16 or bf16, got {}",
                                                 dtype_name(opt.act_dtype)));
   if (g.opt.seq_len == 0) g.opt.seq_len = cfg.max_positions;
+  if (cfg.layers > 10000)
+    throw InputError(cfg.source, cfg.family == Family::gpt2 ? "n_layer" : "num_hidden_layers",
+                     fmt::format("{} layers: more than 10000 are not simulated", cfg.layers));
   // Learned position tables bound the sequence length.
   if (cfg.family != Family::llama && g.opt.seq_len > cfg.max_positions) {
     const char* key = cfg.family == Family::gpt2 ? "n_positions" : "max_position_embeddings";

@@ -257,6 +257,8 @@ ModelConfig load_model(const std::string& name_or_path) {
       p /= "config.json";
     } else if (!name_or_path.empty() && fs::is_regular_file(p, ec)) {
       name = p.stem() == "config" && p.has_parent_path() ? p.parent_path().filename().string() : p.stem().string();
+    } else if (name_or_path.find('/') != std::string::npos || p.extension() == ".json") {
+      throw InputError(name_or_path, "", "cannot open file (not a catalogue name, and no such config.json)");
     } else {
       throw InputError("--model", "",
                        fmt::format("unknown model '{}'; catalogue: {} or a path to config.json", name_or_path,

@@ -158,7 +158,7 @@ MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const 
   }
   if (p.step_begin == 0) r.persistent = Bytes{0};
   r.context = dev.context_overhead;
-  if (opt.allocator && r.allocator_oom) {
+  if (opt.allocator && r.allocator_oom && dev.memory.v > 0) {
     // It does not fit; report what the allocator would reserve without a capacity limit.
     MemoryOptions unbounded_opt = opt;
     DeviceSpec unbounded = dev;

@@ -158,6 +158,7 @@ TEST_CASE("less common paths lower to valid programs") {
     c.zero.zero_hpz_partition_size = 2;
     c.zero.stage3_param_persistence_threshold = 0;
     c.zero.stage3_max_reuse_distance = 0;
+    c.zero.stage3_prefetch_bucket_size = 1;
     const auto b = build("tiny-gpt2", c, 4, 16);
     CHECK_NOTHROW(b.p.validate());
     int hpz = 0;
@@ -425,4 +426,111 @@ TEST_CASE("skipping repeated micro-steps in the replay changes no result") {
       }
     }
   }
+}
+
+namespace {
+std::int64_t count_buffers(const zero::Program& p, zero::BufferRole role) {
+  std::int64_t n = 0;
+  for (const auto& b : p.buffers) n += b.role == role;
+  return n;
+}
+std::int64_t count_events(const zero::Program& p, EventKind k, int coll = -1) {
+  std::int64_t n = 0;
+  for (const auto& e : p.events) n += e.kind == k && (coll < 0 || static_cast<int>(e.coll) == coll);
+  return n;
+}
+zero::DsConfig bf16_config(int stage, std::int64_t micro, std::int64_t gas, bool fp32_accum) {
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", micro},
+                      {"gradient_accumulation_steps", gas},
+                      {"bf16", {{"enabled", true}}},
+                      {"zero_optimization", {{"stage", stage}}}};
+  if (fp32_accum) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  return zero::parse_ds_config("test.json", j);
+}
+}  // namespace
+
+TEST_CASE("optimizer wrappers follow engine.py: FP16_Optimizer for 16-bit stage 0, BF16_Optimizer for bf16 ZeRO-1 with fp32 accumulation") {
+  const int N = 4;
+  // Stage 0 bf16 (grad_accum_dtype = model dtype): FP16_Optimizer, nothing partitioned.
+  const auto s0 = build("tiny-gpt2", bf16_config(0, 2, 2, false), N, 16);
+  const std::int64_t P = psi(s0.g);
+  CHECK(s0.m.persistent.v == 2 * P + 4 * P + 8 * P);
+  CHECK(count_events(s0.p, EventKind::collective, static_cast<int>(CollKind::all_gather)) == 0);
+  // Its step: per-param fp32 copies (4Ψ) and their flat copy (4Ψ) are live together.
+  CHECK(s0.m.category_peak[static_cast<std::size_t>(Category::temporaries)].v >= 8 * P);
+  // Stage 1 bf16 + fp32 accumulation: BF16_Optimizer, fp32 grads 4Ψ, partitioned master and states.
+  const auto b1 = build("tiny-gpt2", bf16_config(1, 2, 2, true), N, 16);
+  const std::int64_t part = zero::flat_layout(b1.g, N).partition;
+  CHECK(b1.m.persistent.v == 2 * P + 4 * P + 4 * part + 8 * part);
+  CHECK(b1.p.info.ipg_buffers == 0);
+  CHECK(count_buffers(b1.p, zero::BufferRole::ipg_bucket) == 0);
+  CHECK(count_events(b1.p, EventKind::collective, static_cast<int>(CollKind::all_gather)) == 1);
+  // Stage 2 with fp32 accumulation keeps grads_in_partition in fp32.
+  const auto b2 = build("tiny-gpt2", bf16_config(2, 2, 2, true), N, 16);
+  for (const auto& b : b2.p.buffers)
+    if (b.role == zero::BufferRole::grads_in_partition) CHECK(b.dtype == DType::fp32);
+}
+
+TEST_CASE("reduction paths: flatten copies only where DeepSpeed makes them") {
+  auto c = config(2, 2, 1);
+  c.zero.reduce_bucket_size = 20000;
+  const auto dflt = build("tiny-gpt2", c, 4, 16);
+  CHECK(count_buffers(dflt.p, zero::BufferRole::comm_staging) > 0);  // allreduce_bucket flattens
+  c.zero.reduce_scatter = false;                                       // in-place all-reduce of the bucket
+  const auto inplace = build("tiny-gpt2", c, 4, 16);
+  CHECK(count_buffers(inplace.p, zero::BufferRole::comm_staging) == 0);
+  CHECK(count_events(inplace.p, EventKind::collective, static_cast<int>(CollKind::all_reduce)) ==
+        count_events(dflt.p, EventKind::collective, static_cast<int>(CollKind::all_reduce)));
+  c.zero.reduce_scatter = true;
+  c.zero.use_multi_rank_bucket_allreduce = false;                      // per-destination reduce, in place
+  const auto per_rank = build("tiny-gpt2", c, 4, 16);
+  CHECK(count_buffers(per_rank.p, zero::BufferRole::comm_staging) == 0);
+  CHECK(count_events(per_rank.p, EventKind::collective, static_cast<int>(CollKind::reduce)) > 0);
+  // fp32 training: the step's flat partition gradients are one fp32 copy, no cast.
+  const auto f = build("tiny-gpt2", config(2, 2, 1, false), 4, 16);
+  CHECK(count_buffers(f.p, zero::BufferRole::step_temp) == 0);
+  CHECK(count_buffers(f.p, zero::BufferRole::flat_grads32) == 1);
+}
+
+TEST_CASE("stage 3: bucket only with contiguous gradients; all-reduce without reduce_scatter; sub-groups of whole params") {
+  auto c = config(3, 2, 1);
+  c.zero.contiguous_gradients = false;
+  const auto nc = build("tiny-llama", c, 4, 16);
+  CHECK(count_buffers(nc.p, zero::BufferRole::ipg_bucket) == 0);
+  c.zero.contiguous_gradients = true;
+  c.zero.reduce_scatter = false;
+  const auto ar = build("tiny-llama", c, 4, 16);
+  CHECK(count_events(ar.p, EventKind::collective, static_cast<int>(CollKind::reduce_scatter)) == 0);
+  CHECK(count_events(ar.p, EventKind::collective, static_cast<int>(CollKind::all_reduce)) > 2);
+  c.zero.reduce_scatter = true;
+  c.zero.sub_group_size = 1;  // every param its own sub-group, not one group per element
+  const auto sg = build("tiny-llama", c, 4, 16);
+  CHECK(count_events(sg.p, EventKind::optimizer) == static_cast<std::int64_t>(sg.g.params.size()));
+  // allgather_bucket_size does not split the post-step all-gather (stage 2).
+  auto c2 = config(2, 2, 1);
+  c2.zero.allgather_bucket_size = 1;
+  const auto ag = build("tiny-gpt2", c2, 4, 16);
+  CHECK(count_events(ag.p, EventKind::collective, static_cast<int>(CollKind::all_gather)) == 1);
+  // N = 1: no post-step all-gather.
+  const auto one = build("tiny-gpt2", config(2, 2, 1), 1, 16);
+  CHECK(count_events(one.p, EventKind::collective, static_cast<int>(CollKind::all_gather)) == 0);
+}
+
+TEST_CASE("stage 3 release keeps params the prefetcher passed (fetched for a later step)") {
+  auto c = config(3, 2, 1);
+  c.zero.stage3_param_persistence_threshold = 0;
+  c.zero.stage3_max_reuse_distance = 0;
+  auto backward_fetches = [](const zero::Program& p) {
+    int n = 0;
+    for (const auto& e : p.events)
+      n += e.kind == EventKind::collective && e.trigger == Trigger::module_fetch && e.phase == zero::Phase::backward;
+    return n;
+  };
+  c.zero.stage3_prefetch_bucket_size = 1;  // the prefetcher passes at most one use ahead
+  const auto narrow = build("tiny-gpt2", c, 4, 16);
+  c.zero.stage3_prefetch_bucket_size = 100000000;  // it passes every later use at the first module
+  const auto wide = build("tiny-gpt2", c, 4, 16);
+  CHECK(backward_fetches(narrow.p) > 0);
+  CHECK(backward_fetches(wide.p) == 0);
+  CHECK(wide.m.at_peak[static_cast<std::size_t>(Category::params)] > narrow.m.at_peak[static_cast<std::size_t>(Category::params)]);
 }

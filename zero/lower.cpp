@@ -204,6 +204,9 @@ class Lowering {
       for (const auto& l : g.layers)
         if (l.input >= 0) ckpt_input_[static_cast<std::size_t>(l.input)] = 1;
     hpz_ = stage_ == 3 && cfg.zero.zero_hpz_partition_size > 1 ? cfg.zero.zero_hpz_partition_size : 1;
+    // engine.py _do_optimizer_sanity_check: stage 1 + bf16 + fp32 gradient accumulation
+    // (no CPU offload) runs BF16_Optimizer instead of the ZeRO optimizer.
+    bf16_opt_ = stage_ == 1 && md_ == DType::bf16 && cfg.grad_accum_dtype == DType::fp32 && !offload_opt_;
   }
 
   void run() {
@@ -244,6 +247,7 @@ class Lowering {
   const std::string& pname(ParamId p) const { return g_.params[static_cast<std::size_t>(p)].name; }
   bool hooks_installed() const {
     // stage_1_and_2.py: hooks when partition_gradients, overlap_comm or contiguous_gradients.
+    if (bf16_opt_) return false;
     return stage_ == 2 || overlap_ || cfg_.zero.contiguous_gradients;
   }
   DType accum_dtype() const { return cfg_.grad_accum_dtype.value_or(md_); }
@@ -268,7 +272,7 @@ class Lowering {
     i.reduce_bucket_elements = rbs_;
     i.ipg_buffers = (stage_ == 1 || stage_ == 2) && cfg_.zero.contiguous_gradients && hooks_installed()
                         ? (overlap_ ? 2 : 1)
-                        : (stage_ == 3 ? 1 : 0);
+                        : (stage_ == 3 && cfg_.zero.contiguous_gradients ? 1 : 0);
   }
 
   void setup_groups() {
@@ -303,15 +307,15 @@ class Lowering {
         persistent(Category::optimizer_states, opt_where, offload_opt_ ? BufferRole::host_optimizer_state : BufferRole::optimizer_state,
                    DType::fp32, elements * k_state / 4, name, ref);
     };
-    if (stage_ == 0) {
+    if (stage_ == 0 || bf16_opt_) {
       persistent(Category::params, Placement::device, BufferRole::flat_params16, md_, psi,
                  fmt::format("params{} (flat, {} elements)", dtype_name(md_), psi));
-      if (md_ == DType::fp16) {
-        // FP16_Optimizer: fp32 master copy and Adam states, unpartitioned.
+      if (!bf16_opt_ && md_ != DType::fp32) {
+        // FP16_Optimizer (fp16, and bf16 without ZeRO): fp32 master copy and states, unpartitioned.
         persistent(Category::master_params, Placement::device, BufferRole::master_partition, DType::fp32, psi, "master fp32 params", 0);
         states(psi, "optimizer states", 0);
-      } else if (md_ == DType::bf16) {
-        // BF16_Optimizer: fp32 grad accumulation buffer, master and states partitioned.
+      } else if (bf16_opt_) {
+        // BF16_Optimizer (ZeRO-1 with fp32 accumulation): fp32 grad buffer, master and states partitioned.
         persistent(Category::grads, Placement::device, BufferRole::flat_grads32, DType::fp32, psi, "fp32 grad accumulation buffer");
         persistent(Category::master_params, Placement::device, BufferRole::master_partition, DType::fp32, layout_.partition,
                    "master fp32 partition", 0);
@@ -364,9 +368,9 @@ class Lowering {
       s3_grad_partition_ = persistent(Category::grads, Placement::device, BufferRole::grad_partition, accum_dtype(), part,
                                       "flat gradient partition");
     }
-    s3_bucket_ = persistent(Category::comm_buffers, Placement::device, BufferRole::ipg_bucket, cd_, rbs_,
-                            fmt::format("reduce bucket ({} elements)", rbs_), 0);
-    s3_bucket_event_ = b_.cur_id();
+    if (cfg_.zero.contiguous_gradients)
+      s3_bucket_ = persistent(Category::comm_buffers, Placement::device, BufferRole::ipg_bucket, cd_, rbs_,
+                              fmt::format("reduce bucket ({} elements)", rbs_), 0);
     build_visits();
   }
 
@@ -579,7 +583,7 @@ class Lowering {
       // boundary reduction copies it into the bucket (stage 1).
       if (accum_grads_.empty()) accum_grads_.assign(g_.params.size(), -1);
       auto& acc = accum_grads_[static_cast<std::size_t>(p)];
-      if (stage_ == 0 && md_ == DType::bf16) {
+      if (bf16_opt_) {
         // BF16_Optimizer accumulates into its fp32 buffer at the hook; autograd's grad is transient.
         if (pg < 0) {
           pg = b_.buffer(Category::grads, Placement::device, BufferRole::param_grad, md_, n, param_grad_label(p), p);
@@ -607,8 +611,8 @@ class Lowering {
   }
 
   void grad_hook(MicroState& st, ParamId p) {
-    if (stage_ == 0) {
-      if (md_ == DType::bf16) {
+    if (stage_ == 0 || bf16_opt_) {
+      if (bf16_opt_) {
         auto& pg = st.param_grad[static_cast<std::size_t>(p)];
         b_.begin(EventKind::copy, Stream::compute, Phase::backward, ms_, b_.cached(LabelKind::accumulate_fp32, p, [&] { return fmt::format("accumulate_fp32.{}", pname(p)); }));
         b_.cur().mem_bytes = Bytes{numel(p) * (b16() + 8)};
@@ -708,14 +712,23 @@ class Lowering {
     const Stream rs = red_stream();
     const Phase ph = boundary_pass_ ? Phase::reduction : Phase::backward;
     const int bucket_no = bucket_seq_++;
-    // Flatten the slices (a copy of the bucket's elements), cast if comm dtype differs.
+    // average_tensor: with use_multi_rank_bucket_allreduce the slices are flattened
+    // (allreduce_bucket copies them) and all-reduced; with it false each destination's
+    // slice is reduced in place; with reduce_scatter false the bucket is all-reduced in
+    // place. Loose gradients (no contiguous bucket) are always flattened. A cast copy is
+    // added when communication_data_type differs from the model dtype.
+    const bool multi_rank_allreduce = cfg_.zero.use_multi_rank_bucket_allreduce || !cfg_.zero.reduce_scatter;
+    const bool flatten = !cfg_.zero.contiguous_gradients || (cfg_.zero.reduce_scatter && cfg_.zero.use_multi_rank_bucket_allreduce);
     Event& fl = b_.begin(EventKind::copy, rs, ph, ms_, b_.cached(LabelKind::flatten, bucket_no, [&] { return fmt::format("flatten.bucket{}", bucket_no); }));
-    fl.mem_bytes = Bytes{2 * elements * b16()};
+    fl.mem_bytes = Bytes{flatten ? 2 * elements * b16() : 0};
     b_.dep(last_copy_);
     b_.dep(last_grad_event_);
-    const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, md_, elements,
-                                    b_.cached(LabelKind::flatten_buf, bucket_no, [&] { return fmt::format("flatten bucket{}", bucket_no); }), bucket_no);
-    b_.alloc(flat);
+    BufferId flat = -1;
+    if (flatten) {
+      flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, md_, elements,
+                       b_.cached(LabelKind::flatten_buf, bucket_no, [&] { return fmt::format("flatten bucket{}", bucket_no); }), bucket_no);
+      b_.alloc(flat);
+    }
     BufferId cast = -1;
     if (cd_ != md_) {
       cast = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, elements,
@@ -723,7 +736,6 @@ class Lowering {
       b_.alloc(cast);
     }
     for (const auto& s : ipg_params_) b_.slice(s);
-    const bool multi_rank_allreduce = cfg_.zero.use_multi_rank_bucket_allreduce || !cfg_.zero.reduce_scatter;
     EventId last = -1;
     if (multi_rank_allreduce || N_ == 1) {
       collective(rs, ph, ms_, b_.cached(LabelKind::all_reduce, bucket_no, [&] { return fmt::format("all_reduce.bucket{}", bucket_no); }), CollKind::all_reduce, ReduceOp::sum, why, dp_group_, elements, cd_, bucket_no);
@@ -754,12 +766,12 @@ class Lowering {
     if (offload_opt_) {
       cp.dst = Placement::host;
     } else if (grads_in_partition_ < 0) {
-      grads_in_partition_ = b_.buffer(Category::grads, Placement::device, BufferRole::grads_in_partition, md_,
+      grads_in_partition_ = b_.buffer(Category::grads, Placement::device, BufferRole::grads_in_partition, accum_dtype(),
                                       grads_in_partition_elements(g_, layout_, opt_.rank),
                                       "grads_in_partition (params overlapping this rank's partition)");
       b_.alloc(grads_in_partition_);
     }
-    b_.free(flat);
+    if (flat >= 0) b_.free(flat);
     if (cast >= 0) b_.free(cast);
     for (BufferId gbuf : ipg_loose_grads_) b_.free(gbuf);
     for (BufferId gbuf : ipg_large_grads_) b_.free(gbuf);
@@ -774,7 +786,7 @@ class Lowering {
 
   // End of backward: stage 2 flushes every micro-step; stage 1 reduces at the boundary.
   void reduction_epilogue() {
-    if (stage_ == 0) {
+    if (stage_ == 0 || bf16_opt_) {
       if (boundary_) stage0_allreduce();
       return;
     }
@@ -811,7 +823,7 @@ class Lowering {
   // on the compute stream, copied back.
   void stage0_allreduce() {
     constexpr std::int64_t kBucket = 500000000;  // engine.py MEMORY_OPT_ALLREDUCE_SIZE
-    const DType gd = md_ == DType::bf16 ? DType::fp32 : md_;
+    const DType gd = bf16_opt_ ? DType::fp32 : md_;
     std::vector<ParamId> cur;
     std::int64_t cur_n = 0;
     int bucket_no = 0;
@@ -855,7 +867,7 @@ class Lowering {
   }
 
   void step() {
-    if (stage_ == 0) { step_stage0(); return; }
+    if (stage_ == 0 || bf16_opt_) { step_stage0(); return; }
     if (stage_ == 3) { step_stage3(); return; }
     const std::int64_t P = layout_.partition;
     if (md_ == DType::fp16) scalar_allreduce(Trigger::overflow_check, ReduceOp::max, "overflow_check");
@@ -872,18 +884,23 @@ class Lowering {
       h2d.dst = Placement::device;
       h2d.mem_bytes = Bytes{P * b16()};
     } else {
-      // Flatten the partition's grads (model dtype) and cast to fp32: transient.
+      // Flatten the partition's grads (accumulation dtype) and cast to fp32: transient.
+      // The cast is no copy when they are fp32 already.
+      const DType gd = accum_dtype();
       Event& fl = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_partition_grads");
-      fl.mem_bytes = Bytes{2 * P * b16()};
-      const BufferId flat16 = b_.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, md_, P,
-                                        fmt::format("flat partition grads ({})", dtype_name(md_)));
-      b_.alloc(flat16);
-      Event& cast = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "cast_partition_grads_fp32");
-      cast.mem_bytes = Bytes{P * (b16() + 4)};
+      fl.mem_bytes = Bytes{2 * P * dtype_size(gd)};
+      BufferId flat16 = -1;
+      if (gd != DType::fp32) {
+        flat16 = b_.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, gd, P,
+                           fmt::format("flat partition grads ({})", dtype_name(gd)));
+        b_.alloc(flat16);
+        Event& cast = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "cast_partition_grads_fp32");
+        cast.mem_bytes = Bytes{P * (dtype_size(gd) + 4)};
+      }
       const BufferId flat32 = b_.buffer(Category::temporaries, Placement::device, BufferRole::flat_grads32, DType::fp32, P,
                                         "flat partition grads (fp32)");
       b_.alloc(flat32);
-      b_.free(flat16);
+      if (flat16 >= 0) b_.free(flat16);
       if (grads_in_partition_ >= 0) { b_.free(grads_in_partition_); grads_in_partition_ = -1; }
       optimizer_event(P, Placement::device, "optimizer");
       b_.free(flat32);
@@ -893,32 +910,36 @@ class Lowering {
     post_step_allgather(P);
   }
 
-  // stage_1_and_2.py all_gather_dp_groups: the flat 16-bit buffer gathered in shards of
-  // allgather_bucket_size.
+  // runtime/utils.py all_gather_dp_groups: one all_gather_into_tensor of the flat 16-bit
+  // buffer per param group (allgather_bucket_size is not used by it); nothing when N = 1.
   void post_step_allgather(std::int64_t P) {
-    const std::int64_t total = P * N_;
-    const std::int64_t shards = std::max<std::int64_t>(1, total / cfg_.zero.allgather_bucket_size);
-    const std::int64_t shard = P / shards;
-    for (std::int64_t s = 0; s < shards; ++s) {
-      const std::int64_t this_shard = s == shards - 1 ? P - shard * (shards - 1) : shard;
-      collective(Stream::compute, Phase::post_step, -1, b_.label(fmt::format("all_gather.shard{}", s)), CollKind::all_gather, ReduceOp::none, Trigger::post_step, dp_group_, this_shard * N_, md_, static_cast<std::int32_t>(s));
-    }
+    if (N_ <= 1) return;
+    collective(Stream::compute, Phase::post_step, -1, b_.label("all_gather.params"), CollKind::all_gather,
+               ReduceOp::none, Trigger::post_step, dp_group_, P * N_, md_, 0);
   }
 
   void step_stage0() {
     const std::int64_t psi = layout_.params;
-    if (md_ == DType::fp16) {
-      // FP16_Optimizer: flat fp32 copy of all grads, step, copy back, zero_grad.
-      Event& cast = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_grads_fp32");
-      cast.mem_bytes = Bytes{psi * (2 + 4)};
+    if (!bf16_opt_ && md_ != DType::fp32) {
+      // FP16_Optimizer (fused_optimizer.py step): a list of per-param fp32 copies of the
+      // grads (4Ψ), flattened into one fp32 buffer (4Ψ more), the list dropped; step;
+      // copy back to the 16-bit params; zero_grad.
+      Event& cast = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "grads_to_fp32");
+      cast.mem_bytes = Bytes{psi * (b16() + 4)};
+      const BufferId list32 = b_.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, DType::fp32,
+                                        psi, "per-param fp32 grads");
+      b_.alloc(list32);
+      Event& fl = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_grads_fp32");
+      fl.mem_bytes = Bytes{psi * 8};
       const BufferId flat32 = b_.buffer(Category::temporaries, Placement::device, BufferRole::flat_grads32, DType::fp32,
                                         psi, "flat grads (fp32)");
       b_.alloc(flat32);
+      b_.free(list32);
       optimizer_event(psi, Placement::device, "optimizer");
       b_.free(flat32);
       Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
-      cp.mem_bytes = Bytes{psi * 6};
-    } else if (md_ == DType::bf16) {
+      cp.mem_bytes = Bytes{psi * (4 + b16())};
+    } else if (bf16_opt_) {
       optimizer_event(layout_.partition, Placement::device, "optimizer");
       post_step_allgather(layout_.partition);
     } else {
@@ -1004,6 +1025,7 @@ class Lowering {
   void s3_begin_pass() {
     trace_pos_ = 0;
     param_q_ = 0;
+    s3_fetched_for_.assign(g_.params.size(), -1);
     if (s3_full_.empty()) s3_full_.assign(g_.params.size(), -1);
     if (s3_inflight_from_.empty()) s3_inflight_from_.assign(g_.params.size(), -1);
   }
@@ -1088,7 +1110,12 @@ class Lowering {
     std::vector<ParamId> pre;
     std::int64_t pre_numel = 0;
     while (param_q_ < param_trace_.size() && pre_numel < budget) {
-      const ParamId p = param_trace_[param_q_++].param;
+      const ParamId p = param_trace_[param_q_].param;
+      // Every use the prefetcher passes marks the param as fetched for that step, so the
+      // release after its current use keeps it (partitioned_param_coordinator's guard).
+      auto& ff = s3_fetched_for_[static_cast<std::size_t>(p)];
+      ff = std::max(ff, param_trace_[param_q_].step);
+      ++param_q_;
       if (s3_available(p) || std::find(pre.begin(), pre.end(), p) != pre.end()) continue;
       pre.push_back(p);
       pre_numel += numel(p);
@@ -1125,6 +1152,7 @@ class Lowering {
       const ParamId p = param_trace_[k].param;
       if (s3_persistent_[static_cast<std::size_t>(p)] || s3_full_[static_cast<std::size_t>(p)] < 0) continue;
       if (next_use_[k] < window_end) continue;
+      if (s3_fetched_for_[static_cast<std::size_t>(p)] > static_cast<std::int32_t>(t)) continue;
       rel.push_back(p);
     }
     if (rel.empty()) return;
@@ -1182,24 +1210,30 @@ class Lowering {
       padded += N_ * ceil_div(s.count, N_);
       out += ceil_div(s.count, N_);
     }
-    // Interleave the bucket per destination rank, reduce-scatter, accumulate the output
-    // into the flat gradient partition.
+    // stage3.py __avg_scatter_grads: with reduce_scatter, the bucket is interleaved per
+    // destination rank into one buffer (reduce_scatter_coalesced), reduce-scattered, and
+    // this rank's output — a view of that buffer — accumulated into the gradient
+    // partition; without it, the bucket is all-reduced in place.
     Event& il = b_.begin(EventKind::copy, rs, Phase::backward, ms_, b_.cached(LabelKind::interleave, bn, [&] { return fmt::format("interleave.bucket{}", bn); }));
-    il.mem_bytes = Bytes{2 * padded * dtype_size(cd_)};
     b_.dep(last_copy_);
-    const BufferId inter = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, padded,
-                                     b_.cached(LabelKind::rs_in, bn, [&] { return fmt::format("reduce-scatter input bucket{}", bn); }), bn);
-    const BufferId outb = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, out,
-                                    b_.cached(LabelKind::rs_out, bn, [&] { return fmt::format("reduce-scatter output bucket{}", bn); }), bn);
-    b_.alloc(inter);
-    b_.alloc(outb);
-    collective(rs, Phase::backward, ms_, b_.cached(LabelKind::reduce_scatter, bn, [&] { return fmt::format("reduce_scatter.bucket{}", bn); }), CollKind::reduce_scatter, ReduceOp::sum, why, dp_group_, padded, cd_, bn);
+    b_.dep(last_grad_event_);
+    BufferId inter = -1;
+    if (cfg_.zero.reduce_scatter) {
+      il.mem_bytes = Bytes{2 * padded * dtype_size(cd_)};
+      inter = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, padded,
+                        b_.cached(LabelKind::rs_in, bn, [&] { return fmt::format("reduce-scatter input bucket{}", bn); }), bn);
+      b_.alloc(inter);
+      collective(rs, Phase::backward, ms_, b_.cached(LabelKind::reduce_scatter, bn, [&] { return fmt::format("reduce_scatter.bucket{}", bn); }), CollKind::reduce_scatter, ReduceOp::sum, why, dp_group_, padded, cd_, bn);
+    } else {
+      std::int64_t elements = 0;
+      for (const auto& sl : s3_params_) elements += sl.count;
+      collective(rs, Phase::backward, ms_, b_.cached(LabelKind::all_reduce, bn, [&] { return fmt::format("all_reduce.bucket{}", bn); }), CollKind::all_reduce, ReduceOp::sum, why, dp_group_, elements, cd_, bn);
+    }
     for (const auto& s : s3_params_) b_.slice(s);
     Event& acc = b_.begin(EventKind::copy, rs, Phase::backward, ms_, b_.cached(LabelKind::accumulate_partition, bn, [&] { return fmt::format("accumulate_partition.bucket{}", bn); }));
     acc.mem_bytes = Bytes{3 * out * dtype_size(cd_)};
     if (offload_opt_) acc.dst = Placement::host;
-    b_.free(inter);
-    b_.free(outb);
+    if (inter >= 0) b_.free(inter);
     for (BufferId gbuf : s3_loose_) b_.free(gbuf);
     s3_loose_.clear();
     s3_last_reduce_ = b_.cur_id();
@@ -1209,7 +1243,6 @@ class Lowering {
   }
 
   void step_stage3() {
-    const std::int64_t part = stage3_partition_elements(g_, N_);
     if (md_ == DType::fp16) scalar_allreduce(Trigger::overflow_check, ReduceOp::max, "overflow_check");
     scalar_allreduce(Trigger::grad_norm, ReduceOp::sum, "grad_norm");
     // hpZ secondary copies live from forward to the step.
@@ -1218,10 +1251,24 @@ class Lowering {
       for (auto& h : s3_hpz_)
         if (h >= 0) { b_.free(h); h = -1; }
     }
-    const std::int64_t S = std::min(cfg_.zero.sub_group_size, part);
-    const std::int64_t groups = ceil_div(part, S);
+    // stage3.py _create_fp16_sub_groups: whole params packed in order while the group
+    // stays within sub_group_size elements (a larger param is a group of its own).
+    std::vector<std::int64_t> sizes;
+    {
+      std::int64_t cur = 0;
+      for (const auto& prm : g_.params) {
+        const std::int64_t n = ceil_div(prm.numel, N_);
+        if (cur > 0 && cur + n > cfg_.zero.sub_group_size) {
+          sizes.push_back(cur);
+          cur = 0;
+        }
+        cur += n;
+      }
+      if (cur > 0) sizes.push_back(cur);
+    }
+    const auto groups = static_cast<std::int64_t>(sizes.size());
     for (std::int64_t gi = 0; gi < groups; ++gi) {
-      const std::int64_t n = gi == groups - 1 ? part - S * (groups - 1) : S;
+      const std::int64_t n = sizes[static_cast<std::size_t>(gi)];
       if (offload_opt_) {
         optimizer_event(n, Placement::host, fmt::format("optimizer.cpu.subgroup{}", gi));
         Event& h2d = b_.begin(EventKind::copy, Stream::host, Phase::step, -1, fmt::format("params_to_device.subgroup{}", gi));
@@ -1260,7 +1307,7 @@ class Lowering {
   int N_ = 1;
   int stage_ = 0;
   DType md_ = DType::fp16, cd_ = DType::fp16;
-  bool overlap_ = false, offload_opt_ = false, offload_param_ = false, ckpt_ = false;
+  bool overlap_ = false, offload_opt_ = false, offload_param_ = false, ckpt_ = false, bf16_opt_ = false;
   std::int64_t rbs_ = 0;
   std::int64_t hpz_ = 1;
   GroupId dp_group_ = 0, hpz_group_ = -1;
@@ -1290,7 +1337,6 @@ class Lowering {
   // stage 3
   std::vector<char> s3_persistent_;
   BufferId s3_grad_partition_ = -1, s3_bucket_ = -1;
-  EventId s3_bucket_event_ = -1;
   std::vector<Visit> visits_fwd_;
   std::vector<std::int32_t> visit_of_first_op_, visit_of_last_op_;
   std::vector<TraceStep> trace_;
@@ -1301,6 +1347,7 @@ class Lowering {
   std::size_t trace_pos_ = 0, param_q_ = 0;
   std::vector<BufferId> s3_full_, s3_hpz_;
   std::vector<EventId> s3_inflight_from_;
+  std::vector<std::int32_t> s3_fetched_for_;
   std::int64_t s3_live_ = 0;
   std::int64_t s3_elements_ = 0;
   std::vector<BucketSlice> s3_params_;
