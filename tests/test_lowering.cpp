@@ -534,3 +534,19 @@ TEST_CASE("stage 3 release keeps params the prefetcher passed (fetched for a lat
   CHECK(backward_fetches(wide.p) == 0);
   CHECK(wide.m.at_peak[static_cast<std::size_t>(Category::params)] > narrow.m.at_peak[static_cast<std::size_t>(Category::params)]);
 }
+
+TEST_CASE("stage 2 with accumulation: the accumulated partition and a new grads_in_partition coexist") {
+  auto c = config(2, 2, 3);
+  c.zero.reduce_bucket_size = 5000;  // reductions during backward, while the accumulator lives
+  const auto b = build("tiny-gpt2", c, 4, 16);
+  const std::int64_t gip = zero::grads_in_partition_elements(b.g, zero::flat_layout(b.g, 4), b.p.info.rank) * 2;
+  CHECK(b.m.category_peak[static_cast<std::size_t>(Category::grads)].v >= 2 * gip);
+  std::int64_t gip_buffers = 0;
+  for (const auto& buf : b.p.buffers) gip_buffers += buf.role == zero::BufferRole::grads_in_partition;
+  CHECK(gip_buffers == 3);  // one per micro-step
+  // GAS 1: a single grads_in_partition, kept to the step.
+  const auto one = build("tiny-gpt2", config(2, 2, 1), 4, 16);
+  std::int64_t n1 = 0;
+  for (const auto& buf : one.p.buffers) n1 += buf.role == zero::BufferRole::grads_in_partition;
+  CHECK(n1 == 1);
+}

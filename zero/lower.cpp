@@ -801,6 +801,19 @@ class Lowering {
       b_.begin(EventKind::marker, red_stream(), Phase::backward, ms_, "ipg_epilogue");
       b_.dep(last_reduce_);
       release_ipg_buffers();
+      if (stage_ == 2 && !boundary_ && grads_in_partition_ >= 0) {
+        // independent_gradient_partition_epilogue: all_grad_tensors keeps (micro-step 0) or
+        // is accumulated from (later ones) this micro-step's grads_in_partition, which the
+        // epilogue then drops; the next micro-step's first reduction allocates a new one.
+        if (accumulated_partition_ < 0) {
+          accumulated_partition_ = grads_in_partition_;
+        } else {
+          b_.begin(EventKind::copy, red_stream(), Phase::backward, ms_, "accumulate_grads_in_partition");
+          b_.cur().mem_bytes = Bytes{3 * p_.buffers[static_cast<std::size_t>(grads_in_partition_)].bytes.v};
+          b_.free(grads_in_partition_);
+        }
+        grads_in_partition_ = -1;
+      }
       return;
     }
     if (stage_ == 1 && boundary_) {
@@ -878,6 +891,7 @@ class Lowering {
       d2h.dst = Placement::host;
       d2h.mem_bytes = Bytes{P * 4};
       if (grads_in_partition_ >= 0) { b_.free(grads_in_partition_); grads_in_partition_ = -1; }
+      if (accumulated_partition_ >= 0) { b_.free(accumulated_partition_); accumulated_partition_ = -1; }
       optimizer_event(P, Placement::host, "optimizer.cpu");
       Event& h2d = b_.begin(EventKind::copy, Stream::host, Phase::step, -1, "params_to_device");
       h2d.src = Placement::host;
@@ -902,6 +916,7 @@ class Lowering {
       b_.alloc(flat32);
       if (flat16 >= 0) b_.free(flat16);
       if (grads_in_partition_ >= 0) { b_.free(grads_in_partition_); grads_in_partition_ = -1; }
+      if (accumulated_partition_ >= 0) { b_.free(accumulated_partition_); accumulated_partition_ = -1; }
       optimizer_event(P, Placement::device, "optimizer");
       b_.free(flat32);
       Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
@@ -1332,6 +1347,7 @@ class Lowering {
   EventId last_copy_ = -1;
   EventId last_grad_event_ = -1;
   BufferId grads_in_partition_ = -1;
+  BufferId accumulated_partition_ = -1;  // stage 2: all_grad_tensors across micro-steps
   int bucket_seq_ = 0;
 
   // stage 3
