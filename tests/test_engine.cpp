@@ -1,0 +1,188 @@
+// The event engine on hand-built programs: stream order, dependencies, overlap,
+// interference, determinism, phase accounting and the Chrome trace layout.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <set>
+
+#include "sim/engine.hpp"
+#include "sim/trace.hpp"
+
+using namespace zp;
+using zero::EventKind;
+using zero::Phase;
+using zero::Stream;
+
+namespace {
+
+// A small program builder for tests: events in program order with explicit deps.
+struct Tiny {
+  zero::Program p;
+  std::vector<Seconds> d;
+  Tiny() {
+    p.groups.push_back({"dp", {0, 1}});
+    p.step_begin = 0;
+  }
+  zero::EventId add(EventKind k, Stream s, Phase ph, int micro, double seconds, std::vector<zero::EventId> deps = {},
+                    const std::string& label = "e") {
+    zero::Event e;
+    e.id = static_cast<zero::EventId>(p.events.size());
+    e.kind = k;
+    e.stream = s;
+    e.phase = ph;
+    e.micro_step = static_cast<std::int16_t>(micro);
+    p.labels.push_back(label + std::to_string(e.id));
+    e.label = static_cast<std::int32_t>(p.labels.size() - 1);
+    e.dep_begin = static_cast<std::uint32_t>(p.dep_list.size());
+    for (auto x : deps) p.dep_list.push_back(x);
+    e.dep_end = static_cast<std::uint32_t>(p.dep_list.size());
+    e.alloc_begin = e.alloc_end = static_cast<std::uint32_t>(p.alloc_list.size());
+    e.free_begin = e.free_end = static_cast<std::uint32_t>(p.free_list.size());
+    if (k == EventKind::collective) {
+      e.group = 0;
+      e.coll = zero::CollKind::all_reduce;
+      e.elements = 1000;
+      e.dtype = DType::fp16;
+    }
+    p.events.push_back(e);
+    d.push_back(Seconds{seconds});
+    return e.id;
+  }
+  void alloc_free(zero::EventId a, zero::EventId f, std::int64_t bytes, zero::Category c) {
+    zero::Buffer b;
+    b.id = static_cast<zero::BufferId>(p.buffers.size());
+    b.category = c;
+    b.elements = bytes;
+    b.dtype = DType::u8;
+    b.bytes = Bytes{bytes};
+    p.buffers.push_back(b);
+    // Events here have no allocations yet; append at the end of the lists (tests build
+    // allocation-carrying events last).
+    auto& ea = p.events[static_cast<std::size_t>(a)];
+    ea.alloc_begin = static_cast<std::uint32_t>(p.alloc_list.size());
+    p.alloc_list.push_back(b.id);
+    ea.alloc_end = static_cast<std::uint32_t>(p.alloc_list.size());
+    auto& ef = p.events[static_cast<std::size_t>(f)];
+    ef.free_begin = static_cast<std::uint32_t>(p.free_list.size());
+    p.free_list.push_back(b.id);
+    ef.free_end = static_cast<std::uint32_t>(p.free_list.size());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("one stream runs in program order; a dependency on another stream waits") {
+  Tiny t;
+  const auto a = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0);
+  const auto b = t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 2.0);
+  const auto c = t.add(EventKind::collective, Stream::reduction, Phase::backward, 0, 5.0, {a});
+  const auto d = t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 1.0, {c});
+  const auto r = sim::run_events(t.p, t.d);
+  CHECK(r.events[a].start.v == 0.0);
+  CHECK(r.events[a].end.v == 1.0);
+  CHECK(r.events[b].start.v == 1.0);  // in order behind a
+  CHECK(r.events[c].start.v == 1.0);  // overlaps b on its own stream
+  CHECK(r.events[c].end.v == 6.0);
+  CHECK(r.events[d].start.v == 6.0);  // waits for the collective
+  CHECK(r.phases.iteration.v == 7.0);
+  CHECK(r.phases.forward.v == 1.0);
+  CHECK(r.phases.backward.v == 6.0);
+  // Backward compute ran 3 s of the 6 s backward: 3 s were exposed communication.
+  CHECK(r.phases.backward_allreduce.v == doctest::Approx(3.0));
+  CHECK(r.comm.exposed[static_cast<std::size_t>(zero::CollKind::all_reduce)].v == doctest::Approx(3.0));
+  // Critical path: a → c → d.
+  REQUIRE(r.critical_path.size() == 3);
+  CHECK(r.critical_path[0] == a);
+  CHECK(r.critical_path[1] == c);
+  CHECK(r.critical_path[2] == d);
+  CHECK(r.processed == 4);
+}
+
+TEST_CASE("a collective on the compute stream blocks it") {
+  Tiny t;
+  t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 1.0);
+  t.add(EventKind::collective, Stream::compute, Phase::backward, 0, 2.0);
+  const auto c = t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 1.0);
+  const auto r = sim::run_events(t.p, t.d);
+  CHECK(r.events[c].start.v == 3.0);
+  CHECK(r.comm.exposed[static_cast<std::size_t>(zero::CollKind::all_reduce)].v == 2.0);
+}
+
+TEST_CASE("interference slows compute while a collective overlaps it") {
+  Tiny t;
+  t.add(EventKind::collective, Stream::reduction, Phase::backward, 0, 1.0);
+  const auto c = t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 2.0);
+  sim::EngineOptions o;
+  o.interference = 1.0;  // half speed while overlapped
+  const auto r = sim::run_events(t.p, t.d, o);
+  // First second at half speed (0.5 s of work), the remaining 1.5 s alone.
+  CHECK(r.events[c].end.v == doctest::Approx(2.5));
+  const auto r0 = sim::run_events(t.p, t.d);
+  CHECK(r0.events[c].end.v == doctest::Approx(2.0));
+}
+
+TEST_CASE("deterministic: the same program gives the same times, ties broken by event id") {
+  Tiny t;
+  for (int i = 0; i < 50; ++i) {
+    t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 0.001 * (i % 3));
+    t.add(EventKind::collective, Stream::reduction, Phase::forward, 0, 0.001 * (i % 2), {static_cast<zero::EventId>(2 * i)});
+  }
+  const auto r1 = sim::run_events(t.p, t.d);
+  const auto r2 = sim::run_events(t.p, t.d);
+  for (std::size_t i = 0; i < r1.events.size(); ++i) {
+    CHECK(r1.events[i].start.v == r2.events[i].start.v);
+    CHECK(r1.events[i].end.v == r2.events[i].end.v);
+  }
+}
+
+TEST_CASE("zero-length events and markers complete at once; a bad duration count is refused") {
+  Tiny t;
+  const auto a = t.add(EventKind::marker, Stream::compute, Phase::forward, 0, 0.0);
+  const auto b = t.add(EventKind::compute, Stream::host, Phase::step, -1, 0.5, {a});
+  const auto r = sim::run_events(t.p, t.d);
+  CHECK(r.events[b].end.v == 0.5);
+  CHECK(r.phases.step.v == 0.5);
+  t.d.pop_back();
+  CHECK_THROWS_AS(sim::run_events(t.p, t.d), std::invalid_argument);
+}
+
+TEST_CASE("Chrome trace: Trace Event Format, one track per stream, counters per category; golden file") {
+  Tiny t;
+  const auto a = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 0.001, {}, "fwd");
+  t.add(EventKind::collective, Stream::reduction, Phase::backward, 0, 0.002, {a}, "ar");
+  const auto c = t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 0.001, {}, "bwd");
+  t.alloc_free(a, c, 4096, zero::Category::activations);
+  const auto r = sim::run_events(t.p, t.d);
+  const auto doc = sim::chrome_trace(t.p, r);
+  REQUIRE(doc.contains("traceEvents"));
+  std::set<int> tids;
+  int slices = 0, counters = 0, meta = 0;
+  for (const auto& e : doc["traceEvents"]) {
+    const std::string ph = e["ph"];
+    CHECK(e.contains("pid"));
+    CHECK(e.contains("name"));
+    if (ph == "X") {
+      ++slices;
+      tids.insert(e["tid"].get<int>());
+      CHECK(e["ts"].is_number());
+      CHECK(e["dur"].get<double>() >= 0);
+    } else if (ph == "C") {
+      ++counters;
+      CHECK(e["args"].contains("activations"));
+    } else {
+      CHECK(ph == "M");
+      ++meta;
+    }
+  }
+  CHECK(slices == 3);
+  CHECK(tids.size() == 2);
+  CHECK(counters == 2);
+  CHECK(meta == 1 + zero::kNumStreams);
+  // Golden: the exact document (regenerate with ZEROPLAN_UPDATE_GOLDEN=1).
+  const std::string golden = std::string(ZEROPLAN_DATA_DIR) + "/tests/data/trace_golden.json";
+  if (std::getenv("ZEROPLAN_UPDATE_GOLDEN")) std::ofstream(golden) << doc.dump(1) << "\n";
+  std::ifstream in(golden);
+  REQUIRE(in.good());
+  const auto expected = nlohmann::json::parse(in);
+  CHECK(expected == doc);
+}
