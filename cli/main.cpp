@@ -1,12 +1,15 @@
 // zeroplan: predict DeepSpeed ZeRO memory (and, later, time) before spending GPU hours.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "cli/collectives.hpp"
 #include "cli/explain.hpp"
 #include "cli/simulate.hpp"
 #include "core/error.hpp"
@@ -33,8 +36,12 @@ std::vector<int> parse_stages(const std::string& s) {
 void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::string& seq) {
   c->add_option("--model", r.model, "catalogue name (zeroplan models) or path to a HF config.json")->required();
   c->add_option("--ds-config", r.ds_config, "DeepSpeed config JSON (default: DeepSpeed's defaults)");
-  c->add_option("--gpus", r.gpus, "data-parallel world size N");
-  c->add_option("--gpu", r.gpu, "GPU type (zeroplan devices)");
+  c->add_option("--gpus", r.gpus, "data-parallel world size N (default: the cluster's GPUs)");
+  c->add_option("--gpu", r.gpu, "GPU type for --gpus N (zeroplan devices)");
+  c->add_option("--cluster", r.cluster, "cluster preset (zeroplan clusters), JSON file or NCCL topology XML");
+  c->add_option("--nodes", r.nodes, "multiply the cluster's node across an InfiniBand fabric");
+  c->add_option("--nic-gbps", r.nic_gbps, "NIC speed in Gb/s for --nodes");
+  c->add_option("--interference", r.interference, "compute slowdown while communication overlaps (default: device profile)");
   c->add_option("--micro-batch", micro, "override train_micro_batch_size_per_gpu (GAS follows)");
   c->add_option("--seq-len", seq, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
@@ -75,6 +82,7 @@ int main(int argc, char** argv) {
   auto* sim = app.add_subcommand("simulate", "predict per-stage device memory of one optimizer step");
   add_common(sim, sim_req, sim_micro, sim_seq);
   sim->add_option("--stages", sim_stages, "comma-separated stages to simulate, e.g. 0,1,2,3 (default: the config's)");
+  sim->add_option("--trace", sim_req.trace, "write a Chrome trace (Perfetto, chrome://tracing) of each stage");
 
   zp::cli::ExplainRequest ex_req;
   std::string ex_micro, ex_seq;
@@ -85,6 +93,23 @@ int main(int argc, char** argv) {
   ex->add_option("--vs-stage", stage_b, "stage B");
   ex->add_option("--vs-ds-config", ex_req.vs_ds_config, "config B");
 
+  std::string coll_cluster, coll_min = "8", coll_max = "1G", coll_ops = "all";
+  std::optional<int> coll_ranks, coll_nodes;
+  std::optional<double> coll_nic;
+  double coll_factor = 2.0;
+  bool coll_json = false;
+  auto* coll = app.add_subcommand("collectives", "predicted nccl-tests-style sweep of collectives on a cluster");
+  coll->add_option("--cluster", coll_cluster, "cluster preset, JSON file or NCCL topology XML")->required();
+  coll->add_option("--nodes", coll_nodes, "multiply the cluster's node across an InfiniBand fabric");
+  coll->add_option("--nic-gbps", coll_nic, "NIC speed in Gb/s for --nodes");
+  coll->add_option("--ranks", coll_ranks, "ranks taking part (default: every GPU of the cluster)");
+  coll->add_option("--min,-b", coll_min, "smallest message (bytes, K/M/G suffixes)");
+  coll->add_option("--max,-e", coll_max, "largest message");
+  coll->add_option("--factor,-f", coll_factor, "size multiplier between steps");
+  coll->add_option("--ops", coll_ops, "all, or a comma-separated list: all_reduce,all_gather,reduce_scatter,...");
+  coll->add_flag("--json", coll_json, "machine-readable output");
+
+  auto* clusters = app.add_subcommand("clusters", "list the cluster presets");
   auto* models = app.add_subcommand("models", "list the model catalogue");
   auto* devices = app.add_subcommand("devices", "list the device database");
 
@@ -106,6 +131,12 @@ int main(int argc, char** argv) {
       const auto in = zp::cli::load_inputs(sim_req);
       print_warnings(in.warnings);
       const auto rs = zp::cli::simulate(in, sim_req);
+      if (!sim_req.trace.empty()) {
+        std::ofstream out(sim_req.trace);
+        if (!out) throw zp::InputError(sim_req.trace, "", "cannot write the trace file");
+        out << zp::cli::simulate_trace(rs).dump() << "\n";
+        if (!out) throw zp::InputError(sim_req.trace, "", "cannot write the trace file");
+      }
       if (sim_req.json) std::cout << zp::cli::simulate_json(in, rs).dump(2) << "\n";
       else std::cout << zp::cli::simulate_table(in, rs);
     } else if (*ex) {
@@ -122,6 +153,18 @@ int main(int argc, char** argv) {
       print_warnings(e.warnings);
       if (ex_req.base.json) std::cout << e.json.dump(2) << "\n";
       else std::cout << e.text;
+    } else if (*coll) {
+      const auto cluster = zp::sim::load_cluster(coll_cluster, coll_nodes, coll_nic);
+      const int ranks = coll_ranks.value_or(cluster.nodes * cluster.gpus_per_node);
+      const auto lo = zp::cli::parse_size("--min", coll_min), hi = zp::cli::parse_size("--max", coll_max);
+      const auto kinds = zp::cli::parse_coll_kinds("--ops", coll_ops);
+      if (coll_json) std::cout << zp::cli::collectives_json(cluster, ranks, lo, hi, coll_factor, kinds).dump(2) << "\n";
+      else std::cout << zp::cli::collectives_table(cluster, ranks, lo, hi, coll_factor, kinds);
+    } else if (*clusters) {
+      for (const auto& n : zp::sim::cluster_preset_names()) {
+        const auto c = zp::sim::load_cluster(n);
+        std::cout << fmt::format("{:<24} {} x {} per node, {} node(s)\n", n, c.gpus_per_node, c.gpu, c.nodes);
+      }
     } else if (*models) {
       for (const auto& n : zp::models::catalog_names()) {
         const auto m = zp::models::load_model(n);

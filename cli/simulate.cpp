@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "sim/collective_model.hpp"
+#include "sim/compute_model.hpp"
+#include "sim/trace.hpp"
 
 namespace zp::cli {
 
@@ -19,14 +22,38 @@ std::string human_bytes(Bytes b) {
 }
 
 Inputs load_inputs(const SimRequest& req) {
-  if (req.gpus < 1) throw InputError("--gpus", "", fmt::format("must be an integer >= 1, got {}", req.gpus));
+  if (req.gpus && *req.gpus < 1)
+    throw InputError("--gpus", "", fmt::format("must be an integer >= 1, got {}", *req.gpus));
+  if (req.cluster.empty() && req.nodes)
+    throw InputError("--nodes", "", "needs --cluster (a preset, JSON file or NCCL topology XML)");
   for (int s : req.stages)
     if (s < 0 || s > 3) throw InputError("--stages", "", fmt::format("stage must be one of 0, 1, 2, 3, got {}", s));
   if (req.micro_batch && *req.micro_batch < 1)
     throw InputError("--micro-batch", "", fmt::format("must be an integer >= 1, got {}", *req.micro_batch));
-  if (req.rank && (*req.rank < 0 || *req.rank >= req.gpus))
-    throw InputError("--rank", "", fmt::format("must be in [0, {}] for --gpus {}, got {}", req.gpus - 1, req.gpus, *req.rank));
   Inputs in;
+  if (!req.cluster.empty()) {
+    in.cluster = sim::load_cluster(req.cluster, req.nodes, req.nic_gbps);
+    const int size = in.cluster.nodes * in.cluster.gpus_per_node;
+    if (req.gpus && *req.gpus > size)
+      throw InputError("--gpus", "", fmt::format("{} ranks do not fit cluster {} of {} GPUs", *req.gpus, in.cluster.name, size));
+    in.world_size = req.gpus.value_or(size);
+    in.device = &sim::find_device(in.cluster.gpu);
+  } else {
+    if (!req.gpus) throw InputError("--gpus", "", "give --gpus N (with --gpu TYPE) or --cluster NAME|FILE");
+    in.device = &sim::find_device(req.gpu);
+    in.cluster = sim::single_node(in.device->name, *req.gpus);
+    in.world_size = *req.gpus;
+  }
+  if (req.rank && (*req.rank < 0 || *req.rank >= in.world_size))
+    throw InputError("--rank", "", fmt::format("must be in [0, {}] for {} ranks, got {}", in.world_size - 1, in.world_size, *req.rank));
+  in.profile = sim::default_profile(*in.device);
+  // The host's optimizer throughput is shared by the ranks of a node.
+  in.profile.cpu_adam_params_per_second /= std::max(1, std::min(in.world_size, in.cluster.gpus_per_node));
+  if (req.interference) {
+    if (*req.interference < 0 || *req.interference > 10)
+      throw InputError("--interference", "", fmt::format("must be a number in [0, 10], got {}", *req.interference));
+    in.profile.comm_compute_interference = *req.interference;
+  }
   in.rank = req.rank;
   if (req.attention == "eager") in.attention = models::Attention::eager;
   else if (req.attention == "sdpa") in.attention = models::Attention::sdpa;
@@ -39,8 +66,6 @@ Inputs load_inputs(const SimRequest& req) {
   } else {
     in.cfg = zero::load_ds_config(req.ds_config);
   }
-  in.device = &sim::find_device(req.gpu);
-  in.world_size = req.gpus;
   in.seq_len = req.seq_len.value_or(in.model.max_positions);
   if (in.seq_len < 1 || in.seq_len > in.model.max_positions)
     throw InputError("--seq-len", "", fmt::format("must be in [1, {}] (max_position_embeddings of {}), got {}",
@@ -89,7 +114,7 @@ models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, 
   return go;
 }
 
-StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph) {
+StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph, bool with_time) {
   StageResult r;
   r.stage = cfg.zero.stage;
   r.batch = zero::resolve_batch(cfg, in.world_size);
@@ -106,7 +131,27 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   r.rank = lo.rank;
   r.program = zero::lower(*graph, cfg, r.batch, lo);
   r.memory = sim::replay_memory(r.program, *in.device);
+  if (with_time) {
+    const sim::ComputeModel compute(in.profile, *graph);
+    const sim::CollectiveModel coll(in.cluster);
+    sim::EngineOptions eo;
+    eo.interference = in.profile.comm_compute_interference;
+    r.time = sim::simulate_time(r.program, *graph, compute, coll, eo);
+  }
   return r;
+}
+
+nlohmann::json simulate_trace(const std::vector<StageResult>& rs) {
+  nlohmann::json doc = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
+  for (const auto& r : rs) {
+    zero::Program p = r.program;
+    p.info.rank = r.stage * 100000 + r.rank;  // one process per (stage, rank)
+    sim::append_chrome_trace(doc, p, r.time.report);
+    for (auto& e : doc["traceEvents"])
+      if (e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == p.info.rank)
+        e["args"]["name"] = fmt::format("stage {} rank {}", r.stage, r.rank);
+  }
+  return doc;
 }
 
 std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req) {
@@ -139,6 +184,28 @@ nlohmann::json result_json(const StageResult& r) {
   j["gradient_accumulation_steps"] = r.batch.gas;
   j["train_batch_size"] = r.batch.train_batch_size;
   j["events"] = r.program.events.size();
+  const auto& t = r.time;
+  const auto& ph = t.report.phases;
+  j["time"] = {{"forward_ms", ph.forward.ms()},
+               {"backward_ms", ph.backward.ms()},
+               {"backward_allreduce_ms", ph.backward_allreduce.ms()},
+               {"step_ms", ph.step.ms()},
+               {"iteration_ms", ph.iteration.ms()},
+               {"samples_per_s", t.samples_per_s},
+               {"tokens_per_s", t.tokens_per_s},
+               {"tflops", t.tflops},
+               {"mfu", t.mfu}};
+  nlohmann::json kinds = nlohmann::json::object();
+  for (int k = 0; k < zero::kNumCollKinds; ++k) {
+    const auto ki = static_cast<std::size_t>(k);
+    if (t.report.comm.count[ki] == 0) continue;
+    kinds[zero::coll_kind_name(static_cast<zero::CollKind>(k))] = {
+        {"count", t.report.comm.count[ki]},
+        {"bytes", t.report.comm.bytes[ki].v},
+        {"time_ms", t.report.comm.time[ki].ms()},
+        {"exposed_ms", t.report.comm.exposed[ki].ms()}};
+  }
+  j["comm"] = {{"bytes_per_rank", t.report.comm.total.v}, {"by_kind", kinds}};
   j["memory"] = {
       {"peak_allocated_bytes", r.memory.peak_allocated.v},
       {"device_used_bytes", r.memory.device_used.v},
@@ -159,6 +226,7 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   j["model"] = in.model.name;
   j["world_size"] = in.world_size;
   j["gpu"] = in.device->name;
+  j["cluster"] = {{"name", in.cluster.name}, {"nodes", in.cluster.nodes}, {"gpus_per_node", in.cluster.gpus_per_node}};
   j["seq_len"] = in.seq_len;
   j["attention"] = models::attention_name(in.attention);
   j["warnings"] = in.warnings;
@@ -188,6 +256,18 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs)
   }
   out += fmt::format("sizes in MiB (M = 2^20 B) at the peak; dev_used = reserved (caching allocator) + {} context\n",
                      human_bytes(in.device->context_overhead));
+  out += fmt::format("\n{:>5} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>8} {:>6} {:>10}\n", "stage", "fwd_ms", "bwd_ms",
+                     "bwd_ar_ms", "step_ms", "iter_ms", "samples/s", "tflops", "mfu", "comm_MB");
+  for (const auto& r : rs) {
+    const auto& ph = r.time.report.phases;
+    out += fmt::format("{:>5} {:>10.1f} {:>10.1f} {:>11.1f} {:>9.1f} {:>10.1f} {:>10.1f} {:>8.1f} {:>5.1f}% {:>10.1f}\n",
+                       r.stage, ph.forward.ms(), ph.backward.ms(), ph.backward_allreduce.ms(), ph.step.ms(),
+                       ph.iteration.ms(), r.time.samples_per_s, r.time.tflops, 100.0 * r.time.mfu,
+                       r.time.report.comm.total.mib());
+  }
+  out += fmt::format("times per optimizer step of {} micro-steps on {} ({}); bwd_ar_ms: backward time the compute "
+                     "stream spent not computing (exposed communication); comm_MB: bytes sent per rank\n",
+                     first.batch.gas, in.cluster.name, in.profile.source.empty() ? "default profile" : "device profile");
   return out;
 }
 

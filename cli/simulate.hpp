@@ -8,8 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "models/graph.hpp"
+#include "sim/cluster.hpp"
 #include "sim/device.hpp"
 #include "sim/memory.hpp"
+#include "sim/timing.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/lower.hpp"
 #include "zero/program.hpp"
@@ -19,8 +21,13 @@ namespace zp::cli {
 struct SimRequest {
   std::string model = "bert-large-uncased";
   std::string ds_config;                 // path; empty → DeepSpeed defaults
-  int gpus = 1;
+  std::optional<int> gpus;               // ranks; default: the cluster's size
   std::string gpu = "A100-80GB";
+  std::string cluster;                   // preset, JSON or NCCL topology XML; empty → --gpus × --gpu
+  std::optional<int> nodes;
+  std::optional<double> nic_gbps;
+  std::string trace;                     // Chrome trace output path
+  std::optional<double> interference;    // overrides the device profile's
   std::vector<int> stages;               // empty → the ds_config's stage
   std::optional<std::int64_t> micro_batch;
   std::optional<std::int64_t> seq_len;
@@ -35,6 +42,8 @@ struct Inputs {
   models::ModelConfig model;
   zero::DsConfig cfg;
   const sim::DeviceSpec* device = nullptr;
+  sim::ClusterSpec cluster;
+  sim::DeviceProfile profile;
   int world_size = 1;
   std::int64_t seq_len = 0;
   bool activation_checkpointing = false;
@@ -49,6 +58,7 @@ struct StageResult {
   zero::Batch batch;
   zero::Program program;
   sim::MemoryReport memory;
+  sim::TimeSummary time;
 };
 
 // Validates flags (N >= 1, stages in 0..3, micro-batch >= 1, seq-len within the model's
@@ -62,14 +72,17 @@ zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int sta
 // The op graph this configuration needs (micro-batch, seq-len, dtype, attention).
 models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch);
 
-// Lower and replay one configuration on its heaviest rank.
-StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph = nullptr);
+// Lower one configuration for its heaviest rank, replay its memory and run it in time.
+StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph = nullptr,
+                         bool with_time = true);
 
 std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req);
 
 nlohmann::json result_json(const StageResult& r);
 nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& rs);
 std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs);
+// The Chrome trace of every result (one process per stage and rank).
+nlohmann::json simulate_trace(const std::vector<StageResult>& rs);
 
 // Human-readable sizes: "1.23 GiB", "512.0 MiB".
 std::string human_bytes(Bytes b);

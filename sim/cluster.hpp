@@ -24,6 +24,8 @@ enum class IntraNode {
 // A measured bus-bandwidth curve that overrides the model for one collective kind.
 struct MeasuredCurve {
   std::vector<std::pair<Bytes, BytesPerSecond>> points;  // (message bytes S, busbw), sorted by S
+  int ranks = 0;                      // group size the curve was measured on; 0: any group
+  std::string source;                 // where the measurement came from
 };
 
 struct ClusterSpec {
@@ -46,7 +48,15 @@ struct ClusterSpec {
   double nic_gbps = 0;                // Gb/s per NIC
   std::map<zero::CollKind, MeasuredCurve> measured;  // optional overrides
   std::string source;                 // where the description came from
+  // Added with the topology model:
+  std::string description;            // one human sentence (preset JSON "description")
+  int nvlink_gen = 0;                 // NVLink generation (2 Volta, 3 Ampere, 4 Hopper, 5 Blackwell)
+  BytesPerSecond shm_bandwidth{};     // shared_memory: per-process copy bandwidth
+  Seconds shm_latency{};              // shared_memory: per-hop latency
+  int world_size() const { return nodes * gpus_per_node; }
 };
+
+const char* intra_node_name(IntraNode k);
 
 // `name_or_path`: a preset (sim/clusters/NAME.json, case-insensitive) or a JSON file or
 // an NCCL topology XML (*.xml). `nodes` multiplies the node across an InfiniBand fabric
@@ -56,6 +66,11 @@ ClusterSpec load_cluster(const std::string& name_or_path, std::optional<int> nod
 // `--gpus N --gpu TYPE`: one node of N GPUs of TYPE with the links that GPU usually has.
 ClusterSpec single_node(const std::string& gpu, int gpus);
 ClusterSpec parse_nccl_topo_xml(const std::string& file, const std::string& xml_text);
+// The same with the GPU type given (the XML's `sm` cannot tell H100 from H200); empty: from `sm`.
+ClusterSpec parse_nccl_topo_xml(const std::string& file, const std::string& xml_text,
+                                const std::string& gpu_override);
+// One line: "2 nodes x 8 A100-80GB, NVSwitch (12 x NVLink3 25 GB/s), 8 x 200 Gb/s NICs per node".
+std::string describe_cluster(const ClusterSpec& c);
 std::vector<std::string> cluster_preset_names();
 
 }  // namespace zp::sim

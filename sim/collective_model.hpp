@@ -4,6 +4,7 @@
 // bandwidth, with per-hop latencies and per-channel bandwidth caps; the minimum wins.
 // Rank groups spanning nodes use the two-level structure NCCL builds.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,7 @@
 
 namespace zp::sim {
 
-enum class Algo { ring, tree, nvls, collnet };
+enum class Algo { ring, tree, nvls, collnet, p2p };  // p2p: all-to-all as concurrent send/recv
 enum class Proto { ll, ll128, simple };
 const char* algo_name(Algo a);
 const char* proto_name(Proto p);
@@ -24,6 +25,7 @@ struct CollectiveCost {
   Proto proto = Proto::simple;
   BytesPerSecond algbw{};            // S / t
   BytesPerSecond busbw{};            // nccl-tests normalisation
+  bool measured = false;             // from the cluster's measured curve, not the model
 };
 
 class CollectiveModel {
@@ -35,6 +37,12 @@ class CollectiveModel {
   CollectiveCost cost(zero::CollKind kind, const std::vector<int>& ranks, Bytes total) const;
   // nccl-tests busbw factor: 2(n-1)/n all-reduce, (n-1)/n RS/AG/A2A, 1 broadcast/reduce.
   static double busbw_factor(zero::CollKind kind, int n);
+  // The best protocol of one algorithm, ignoring measured curves; nullopt when the
+  // algorithm does not apply (NVLS off Hopper NVSwitch, tree for all-gather, ...).
+  std::optional<CollectiveCost> cost_for(zero::CollKind kind, const std::vector<int>& ranks, Bytes total,
+                                         Algo algo) const;
+  // Every (algorithm, protocol) the model considers, with its time; for explanations.
+  std::vector<CollectiveCost> candidates(zero::CollKind kind, const std::vector<int>& ranks, Bytes total) const;
 
   const ClusterSpec& cluster() const { return cluster_; }
 

@@ -1,13 +1,12 @@
 #include "sim/compute_model.hpp"
 
 #include <algorithm>
-#include <cctype>
-#include <map>
 #include <stdexcept>
 #include <string_view>
 
 #include <fmt/format.h>
 
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/json_util.hpp"
 
@@ -20,25 +19,31 @@ constexpr double kGiga = 1e9;
 constexpr double kMicro = 1e-6;
 constexpr double kAdamFlopsPerElement = 12.0;  // what the lowering charges per element
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
-
 // ------------------------------------------------------------------ reading profiles
 
 const std::vector<std::string> kProfileKeys = {
-    "device",          "peak_tensor_tflops",  "peak_fp32_tflops",       "hbm_gbps",
-    "gemm_max_efficiency", "gemm_half_dim",   "elementwise_efficiency", "kernel_launch_us",
-    "kernels_per_op",  "d2d_copy_gbps",       "pcie_h2d_gbps",          "host_memcpy_gbps",
-    "cpu_adam_params_per_second", "comm_compute_interference", "source"};
+    "device",
+    "peak_tensor_tflops",
+    "peak_fp32_tflops",
+    "hbm_gbps",
+    "gemm_max_efficiency",
+    "gemm_half_dim",
+    "gemm_unaligned_factor",
+    "elementwise_efficiency",
+    "kernel_launch_us",
+    "kernels_per_op",
+    "d2d_copy_gbps",
+    "pcie_h2d_gbps",
+    "host_memcpy_gbps",
+    "cpu_adam_params_per_second",
+    "comm_compute_interference",
+    "source"};
 // Peaks default to the device database; every coefficient must be given.
 const std::vector<std::string> kRequiredKeys = {
-    "device",           "gemm_max_efficiency", "gemm_half_dim",   "elementwise_efficiency",
-    "kernel_launch_us", "kernels_per_op",      "d2d_copy_gbps",   "pcie_h2d_gbps",
-    "host_memcpy_gbps", "cpu_adam_params_per_second", "comm_compute_interference", "source"};
+    "device",        "gemm_max_efficiency", "gemm_half_dim",    "gemm_unaligned_factor",
+    "elementwise_efficiency", "kernel_launch_us", "kernels_per_op", "d2d_copy_gbps",
+    "pcie_h2d_gbps", "host_memcpy_gbps",    "cpu_adam_params_per_second", "comm_compute_interference",
+    "source"};
 
 constexpr double kHuge = 1e18;
 
@@ -69,13 +74,13 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   DeviceProfile p;
   const std::string name = r.get_string(e, "device", "");
   const DeviceSpec* spec = nullptr;
-  for (const auto& d : devices())
-    if (lower(d.name) == lower(name)) spec = &d;
-  if (spec == nullptr) {
+  try {
+    spec = &find_device(name);  // names and aliases, case-insensitive
+  } catch (const InputError&) {
     std::string known_names;
     for (const auto& d : devices()) known_names += (known_names.empty() ? "" : ", ") + d.name;
     throw InputError(r.file, r.key_path("device"),
-                     fmt::format("unknown device '{}'; known: {}", name, known_names));
+                     fmt::format("unknown device {}; known: {}", json::json(name).dump(), known_names));
   }
   p.device = spec->name;
   p.peak_tensor_flops = spec->peak_tensor_flops;
@@ -89,6 +94,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
 
   p.gemm_max_efficiency = fraction(r, e, "gemm_max_efficiency");
   p.gemm_half_dim = r.get_double(e, "gemm_half_dim", 0, 0, 1e6);
+  p.gemm_unaligned_factor = fraction(r, e, "gemm_unaligned_factor");
   p.elementwise_efficiency = fraction(r, e, "elementwise_efficiency");
   p.kernel_launch = Seconds{r.get_double(e, "kernel_launch_us", 0, 0, 1e6) * kMicro};
   p.kernels_per_op = static_cast<int>(r.get_int(e, "kernels_per_op", 1, 1, 1000));
@@ -137,13 +143,14 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   p.hbm_bandwidth = dev.hbm_bandwidth;
   const bool cpu = dev.arch == "cpu";
   const bool hopper = dev.arch == "hopper" || dev.arch == "blackwell";
-  p.gemm_max_efficiency = cpu ? 0.6 : 0.83;
-  p.gemm_half_dim = cpu ? 32 : (hopper ? 160 : 128);
-  p.elementwise_efficiency = cpu ? 0.5 : 0.8;
+  p.gemm_max_efficiency = cpu ? 0.6 : 0.86;
+  p.gemm_half_dim = cpu ? 32 : (hopper ? 240 : 128);
+  p.gemm_unaligned_factor = cpu ? 1.0 : (hopper ? 0.25 : 0.3);
+  p.elementwise_efficiency = cpu ? 0.5 : (hopper ? 0.62 : 0.8);
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
   p.kernels_per_op = 1;
   p.d2d_copy_bandwidth = BytesPerSecond{dev.hbm_bandwidth.v * (cpu ? 0.5 : 0.85)};
-  p.pcie_h2d = BytesPerSecond{(cpu ? 12.0 : hopper ? 50.0 : 24.0) * kGiga};
+  p.pcie_h2d = BytesPerSecond{(cpu ? 10.0 : hopper ? 50.0 : 24.0) * kGiga};
   p.host_memcpy_bandwidth = BytesPerSecond{20.0 * kGiga};
   p.cpu_adam_params_per_second = cpu ? 3e8 : 1.5e9;
   p.comm_compute_interference = cpu ? 0.3 : 0.15;
@@ -177,11 +184,13 @@ DeviceProfile default_profile(const DeviceSpec& dev) {
   return derived_profile(dev);
 }
 
-double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k) {
+double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align) {
   if (m <= 0 || n <= 0 || k <= 0) return p.gemm_max_efficiency;
   const double h = p.gemm_half_dim;
-  return p.gemm_max_efficiency * saturation(static_cast<double>(m), h) * saturation(static_cast<double>(n), h) *
-         saturation(static_cast<double>(k), h);
+  const double eff = p.gemm_max_efficiency * saturation(static_cast<double>(m), h) *
+                     saturation(static_cast<double>(n), h) * saturation(static_cast<double>(k), h);
+  const bool aligned = align <= 1 || (m % align == 0 && n % align == 0 && k % align == 0);
+  return aligned ? eff : eff * p.gemm_unaligned_factor;
 }
 
 // ------------------------------------------------------------------ the model
@@ -189,7 +198,8 @@ double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, s
 ComputeModel::ComputeModel(const DeviceProfile& profile, const models::OpGraph& graph) : p_(profile), g_(graph) {
   if (p_.peak_tensor_flops.v <= 0 || p_.peak_fp32_flops.v <= 0 || p_.hbm_bandwidth.v <= 0 ||
       p_.d2d_copy_bandwidth.v <= 0 || p_.pcie_h2d.v <= 0 || p_.host_memcpy_bandwidth.v <= 0 ||
-      p_.cpu_adam_params_per_second <= 0 || p_.gemm_max_efficiency <= 0 || p_.elementwise_efficiency <= 0 ||
+      p_.cpu_adam_params_per_second <= 0 || p_.gemm_max_efficiency <= 0 || p_.gemm_unaligned_factor <= 0 ||
+      p_.elementwise_efficiency <= 0 ||
       p_.kernels_per_op < 1)
     throw std::logic_error(fmt::format("device profile '{}' has a zero or negative coefficient", p_.device));
 }
@@ -216,18 +226,24 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   // Σ f_i / eff_i over the GEMMs this phase runs, with f_i the geometry FLOPs; the event's
   // own FLOPs are spread over them in that proportion (a causal flash kernel skips half,
   // a bias adds a few; the efficiency is the FLOP-weighted harmonic mean).
+  // Tensor-core kernels want every dimension a multiple of 16 bytes of the operand dtype.
+  const std::int64_t align = std::max<std::int64_t>(1, 16 / std::max<std::int64_t>(1, dtype_size(g_.opt.act_dtype)));
   double geo_flops = 0, weighted = 0;
   for (const auto& g : o->gemms) {
+    // A batched GEMM's batch adds independent output tiles: it fills the device like
+    // more rows, so the row dimension of each product counts batch · rows.
+    const std::int64_t b = std::max<std::int64_t>(g.batch, 1);
     const double f = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
-                     static_cast<double>(std::max<std::int64_t>(g.batch, 1));
+                     static_cast<double>(b);
     if (!backward) {
       geo_flops += f;
-      weighted += f / gemm_efficiency(p_, g.m, g.n, g.k);
+      weighted += f / gemm_efficiency(p_, g.m * b, g.n, g.k, align);
     } else {
       // C(m,n) = A(m,k) B(k,n): dA(m,k) = dC(m,n) B^T is an (m, k, n) GEMM,
       // dB(k,n) = A^T dC is a (k, n, m) GEMM.
       geo_flops += 2.0 * f;
-      weighted += f / gemm_efficiency(p_, g.m, g.k, g.n) + f / gemm_efficiency(p_, g.k, g.n, g.m);
+      weighted += f / gemm_efficiency(p_, g.m * b, g.k, g.n, align) +
+                  f / gemm_efficiency(p_, g.k * b, g.n, g.m, align);
     }
   }
   const double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;

@@ -25,6 +25,9 @@ struct DeviceProfile {
   // GEMM efficiency: eff(m,n,k) = max_eff * s(m) * s(n) * s(k), s(x) = x / (x + half_dim)
   double gemm_max_efficiency = 0.8;
   double gemm_half_dim = 128;
+  // Factor on eff when a GEMM dimension is not a multiple of 16 bytes of its dtype
+  // (8 fp16/bf16 elements): cuBLAS leaves its fastest tensor-core kernels (vocab 50257).
+  double gemm_unaligned_factor = 1.0;
   double elementwise_efficiency = 0.8;   // fraction of HBM bandwidth elementwise ops reach
   Seconds kernel_launch{};               // per kernel
   int kernels_per_op = 1;                // average kernels an op launches (fwd); bwd doubles
@@ -41,8 +44,10 @@ DeviceProfile default_profile(const DeviceSpec& dev);
 DeviceProfile load_profile(const std::string& path);
 // Every entry of a profile database in the format of sim/profiles.json (strict).
 std::vector<DeviceProfile> load_profiles(const std::string& path);
-// GEMM efficiency of the profile: max_eff · s(m) · s(n) · s(k), in (0, gemm_max_efficiency].
-double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k);
+// GEMM efficiency of the profile: max_eff · s(m) · s(n) · s(k), in (0, gemm_max_efficiency],
+// times gemm_unaligned_factor when m, n or k is not a multiple of `align` elements.
+double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
+                       std::int64_t align = 1);
 
 class ComputeModel {
  public:

@@ -15,6 +15,8 @@
 #include "models/model_config.hpp"
 #include "sim/compute_model.hpp"
 #include "sim/device.hpp"
+#include "zero/ds_config.hpp"
+#include "zero/lower.hpp"
 #include "zero/program.hpp"
 
 using zp::Bytes;
@@ -96,7 +98,7 @@ std::string database_error(const std::string& text) {
   return error_of(text, [](const std::string& p) { zp::sim::load_profiles(p); });
 }
 
-const char* kGoodProfile = R"({"device": "A100-80GB", "gemm_max_efficiency": 0.85, "gemm_half_dim": 100,
+const char* kGoodProfile = R"({"device": "A100-80GB", "gemm_max_efficiency": 0.85, "gemm_half_dim": 100, "gemm_unaligned_factor": 0.25,
   "elementwise_efficiency": 0.7, "kernel_launch_us": 4, "kernels_per_op": 1, "d2d_copy_gbps": 1700,
   "pcie_h2d_gbps": 25, "host_memcpy_gbps": 20, "cpu_adam_params_per_second": 1.2e9,
   "comm_compute_interference": 0.1, "source": "test"})";
@@ -181,25 +183,81 @@ TEST_CASE("bert-large forward, micro-batch 64, seq 128, fp16 on V100: about 100 
   CHECK(bwd / fwd < 2.6);
 }
 
-TEST_CASE("GPT-2 124M on H200 in bf16: model FLOPs utilisation of forward + backward within 40-55%") {
-  for (std::int64_t mb : {16, 32}) {
-    CAPTURE(mb);
-    const OpGraph g = graph_of("gpt2", mb, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
+// Measured on one H200 (torch 2.11, transformers 5.17, bf16 weights, train mode, labels =
+// inputs, median of 10 steps after 3 warm-ups): Hugging Face GPT2LMHeadModel from its
+// default config, seq 1024. fwd+bwd ms: sdpa mb16 86.3, sdpa mb32 164.9, eager mb16 122.0
+// (MFU 16.5%, 17.3%, 11.7%). BertForMaskedLM (bert-large shape), fp16, mb64, seq 128,
+// eager: fwd 28.0 ms, fwd+bwd 59.8 ms. See docs/compute_model.md.
+TEST_CASE("GPT-2 124M on H200 in bf16: time and model FLOPs utilisation of forward + backward") {
+  struct Case {
+    std::int64_t mb;
+    zp::models::Attention attn;
+    double measured_ms;
+  };
+  for (const Case c : {Case{16, zp::models::Attention::sdpa, 86.3}, Case{32, zp::models::Attention::sdpa, 164.9},
+                       Case{16, zp::models::Attention::eager, 122.0}}) {
+    CAPTURE(c.mb);
+    const std::string attn = zp::models::attention_name(c.attn);
+    CAPTURE(attn);
+    const OpGraph g = graph_of("gpt2", c.mb, 1024, zp::DType::bf16, c.attn);
     const ComputeModel cm(profile_of("H200-141GB"), g);
     const double t = phase_seconds(cm, g, Phase::forward) + phase_seconds(cm, g, Phase::backward);
     const double mfu = model_flops(g) / (t * cm.profile().peak_tensor_flops.v);
-    MESSAGE("gpt2 mb" << mb << " s1024 H200 bf16 sdpa: fwd+bwd " << t * 1e3 << " ms, MFU " << mfu * 100 << "%");
-    CHECK(mfu > 0.40);
-    CHECK(mfu < 0.55);
+    MESSAGE("gpt2 mb" << c.mb << " s1024 H200 bf16 " << std::string(zp::models::attention_name(c.attn)) << ": fwd+bwd "
+                      << t * 1e3 << " ms (measured " << c.measured_ms << "), MFU " << mfu * 100 << "%");
+    CHECK(t * 1e3 > 0.75 * c.measured_ms);
+    CHECK(t * 1e3 < 1.25 * c.measured_ms);
+    // HF's GPT-2 is memory- and launch-heavy (GELU as eight kernels, fp32 loss, vocab
+    // 50257 off the tensor-core alignment): well under half of peak.
+    CHECK(mfu > 0.10);
+    CHECK(mfu < 0.25);
   }
-  // HF's eager attention materialises the (B, a, T, T) scores: far lower utilisation.
-  const OpGraph eager = graph_of("gpt2", 16, 1024, zp::DType::bf16, zp::models::Attention::eager);
-  const ComputeModel cm(profile_of("H200-141GB"), eager);
-  const double t = phase_seconds(cm, eager, Phase::forward) + phase_seconds(cm, eager, Phase::backward);
-  const double mfu = model_flops(eager) / (t * cm.profile().peak_tensor_flops.v);
-  MESSAGE("gpt2 mb16 s1024 H200 bf16 eager: fwd+bwd " << t * 1e3 << " ms, MFU " << mfu * 100 << "%");
-  CHECK(mfu < 0.40);
-  CHECK(mfu > 0.10);
+  // The same network as an efficient trainer runs it (fused tanh GELU, vocab padded to
+  // 50304, no dropout, flash attention): the model must credit each of those.
+  auto cfg = zp::models::load_model("gpt2");
+  cfg.act = zp::models::Act::gelu_pytorch_tanh;
+  cfg.vocab = 50304;
+  cfg.hidden_dropout = cfg.attention_dropout = cfg.embedding_dropout = 0.0;
+  GraphOptions opt;
+  opt.micro_batch = 16;
+  opt.seq_len = 1024;
+  opt.act_dtype = zp::DType::bf16;
+  opt.attention = zp::models::Attention::sdpa;
+  const OpGraph fast = zp::models::build_graph(cfg, opt);
+  const OpGraph hf = graph_of("gpt2", 16, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
+  const ComputeModel cf(profile_of("H200-141GB"), fast), ch(profile_of("H200-141GB"), hf);
+  const double tf = phase_seconds(cf, fast, Phase::forward) + phase_seconds(cf, fast, Phase::backward);
+  const double th = phase_seconds(ch, hf, Phase::forward) + phase_seconds(ch, hf, Phase::backward);
+  const double mfu = model_flops(fast) / (tf * cf.profile().peak_tensor_flops.v);
+  MESSAGE("gpt2 mb16 s1024 H200 bf16, fused GELU + padded vocab + no dropout: fwd+bwd " << tf * 1e3 << " ms, MFU "
+                                                                                         << mfu * 100 << "%");
+  CHECK(th / tf > 1.5);
+  CHECK(mfu > 0.30);
+  CHECK(mfu < 0.55);
+}
+
+TEST_CASE("bert-large on H200, fp16, micro-batch 64, seq 128: near the measured step") {
+  const OpGraph g = graph_of("bert-large-uncased", 64, 128, zp::DType::fp16);
+  const ComputeModel cm(profile_of("H200-141GB"), g);
+  const double fwd = phase_seconds(cm, g, Phase::forward), bwd = phase_seconds(cm, g, Phase::backward);
+  MESSAGE("bert-large mb64 s128 H200 fp16: fwd " << fwd * 1e3 << " ms (measured 28.0), fwd+bwd " << (fwd + bwd) * 1e3
+                                                 << " ms (measured 59.8)");
+  CHECK((fwd + bwd) * 1e3 > 0.75 * 59.8);
+  CHECK((fwd + bwd) * 1e3 < 1.25 * 59.8);
+  CHECK(fwd * 1e3 > 0.6 * 28.0);
+  CHECK(fwd * 1e3 < 1.25 * 28.0);
+}
+
+TEST_CASE("a vocabulary off the 16-byte alignment costs what cuBLAS charges for it") {
+  // Measured on the H200: (16384 x 50257 x 768) bf16 122 TFLOP/s, (16384 x 50304 x 768) 608.
+  const DeviceProfile p = profile_of("H200-141GB");
+  const double aligned = zp::sim::gemm_efficiency(p, 16384, 50304, 768, 8);
+  const double odd = zp::sim::gemm_efficiency(p, 16384, 50257, 768, 8);
+  CHECK(aligned * 989 == doctest::Approx(608).epsilon(0.15));
+  CHECK(odd / aligned == doctest::Approx(p.gemm_unaligned_factor).epsilon(0.01));
+  CHECK(odd * 989 > 100);
+  CHECK(odd * 989 < 200);
+  CHECK(zp::sim::gemm_efficiency(p, 16384, 50257, 768) == doctest::Approx(zp::sim::gemm_efficiency(p, 16384, 50257, 768, 8) / p.gemm_unaligned_factor));
 }
 
 TEST_CASE("phases: recompute costs the forward, backward launches twice the kernels") {
@@ -354,6 +412,10 @@ TEST_CASE("load_profile reads a single profile, strictly") {
   CHECK(p.cpu_adam_params_per_second == 1.2e9);
   CHECK(p.comm_compute_interference == 0.1);
   CHECK(p.source == "test");
+  // Aliases name the device too.
+  const std::string alias = write_temp(with(kGoodProfile, "A100-80GB", "a100"));
+  CHECK(zp::sim::load_profile(alias).device == "A100-80GB");
+  std::remove(alias.c_str());
   // Measured peaks may override the datasheet.
   const std::string over = write_temp(with(kGoodProfile, "\"source\"", "\"hbm_gbps\": 1900, \"source\""));
   CHECK(zp::sim::load_profile(over).hbm_bandwidth.v == doctest::Approx(1.9e12));
@@ -416,4 +478,58 @@ TEST_CASE("a device without an entry gets a derived profile from its own peaks")
   CHECK(p.hbm_bandwidth.v == 2e12);
   CHECK(p.d2d_copy_bandwidth.v < 2 * 2e12);
   CHECK(p.pcie_h2d.v == doctest::Approx(50e9));
+}
+
+TEST_CASE("every event of lowered programs gets a finite, non-negative cost") {
+  struct Case {
+    int stage;
+    bool offload;
+    bool ckpt;
+  };
+  for (const Case c : {Case{0, false, false}, Case{2, false, true}, Case{2, true, false}, Case{3, true, true}}) {
+    CAPTURE(c.stage);
+    CAPTURE(c.offload);
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 4},
+                        {"gradient_accumulation_steps", 2},
+                        {"bf16", {{"enabled", true}}},
+                        {"zero_optimization", {{"stage", c.stage}}}};
+    if (c.offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    const auto cfg = zp::zero::parse_ds_config("test.json", j);
+    const auto batch = zp::zero::resolve_batch(cfg, 4);
+    const OpGraph g = graph_of("gpt2", batch.micro_batch, 256, cfg.model_dtype());
+    zp::zero::LowerOptions lo;
+    lo.world_size = 4;
+    lo.activation_checkpointing = c.ckpt;
+    const auto prog = zp::zero::lower(g, cfg, batch, lo);
+    const ComputeModel cm(profile_of("A100-80GB"), g);
+    double total = 0, host_opt = 0, pcie = 0;
+    int recomputed = 0;
+    for (const auto& e : prog.events) {
+      if (e.kind == EventKind::collective) {
+        CHECK_THROWS_AS(cm.cost(e), std::logic_error);
+        continue;
+      }
+      const double t = cm.cost(e).v;
+      CHECK(t >= 0.0);
+      CHECK(t < 10.0);
+      total += t;
+      if (e.kind == EventKind::optimizer && e.src == Placement::host) host_opt += t;
+      if (e.kind == EventKind::copy && e.src != e.dst) pcie += t;
+      if (e.kind == EventKind::compute && e.phase == Phase::recompute) {
+        ++recomputed;
+        CHECK(t == cm.op_cost(e.op, Phase::forward).v);
+      }
+      if (e.kind == EventKind::marker) CHECK(t == 0.0);
+    }
+    CHECK(total > 0.0);
+    CHECK((recomputed > 0) == c.ckpt);
+    if (c.offload) {
+      // The partition (Ψ/4 elements) through CPU Adam at 1.5e9 params/s.
+      const double expected = static_cast<double>(prog.info.partition_elements) / 1.5e9;
+      CHECK(host_opt == doctest::Approx(expected).epsilon(0.02));
+      CHECK(pcie > 0.0);
+    } else {
+      CHECK(host_opt == 0.0);
+    }
+  }
 }

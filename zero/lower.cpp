@@ -765,6 +765,7 @@ class Lowering {
     cp.mem_bytes = Bytes{2 * mine * b16()};
     if (offload_opt_) {
       cp.dst = Placement::host;
+      cp.mem_bytes = Bytes{mine * b16()};  // bytes crossing PCIe, one direction
     } else if (grads_in_partition_ < 0) {
       grads_in_partition_ = b_.buffer(Category::grads, Placement::device, BufferRole::grads_in_partition, accum_dtype(),
                                       grads_in_partition_elements(g_, layout_, opt_.rank),

@@ -1,0 +1,36 @@
+#pragma once
+// `zeroplan collectives`: a predicted sweep of collective times over a cluster, printed
+// like nccl-tests (size, count, type, redop, root, time, algbw, busbw) plus the algorithm
+// and protocol the model chose, so it can be laid beside a measured nccl-tests run.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/units.hpp"
+#include "sim/cluster.hpp"
+#include "zero/program.hpp"
+
+namespace zp::cli {
+
+// A size as nccl-tests reads it: a number with an optional K, M or G suffix in binary units
+// (1K = 1024), case-insensitive, an optional trailing "B" ("8", "1K", "128M", "1G", "1.5G").
+// Anything else, or a result that is not a whole number of bytes → InputError naming `flag`.
+Bytes parse_size(const std::string& flag, const std::string& text);
+
+// "all" or a comma-separated list of all_reduce, all_gather, reduce_scatter, reduce,
+// broadcast, all_to_all (nccl-tests' names without underscores, alltoall, also accepted).
+std::vector<zero::CollKind> parse_coll_kinds(const std::string& flag, const std::string& text);
+
+// The sizes a sweep visits: min, min*factor, ... while <= max (nccl-tests -b, -e, -f).
+// min >= 1, max >= min, factor > 1, at most 10000 sizes; else InputError naming the flag.
+std::vector<Bytes> sweep_sizes(Bytes min, Bytes max, double factor);
+
+// The sweep over ranks 0..ranks-1 of `cluster` (ranks in [1, cluster.world_size()], else
+// InputError("--ranks")), one nccl-tests-like block per collective kind, fp32 elements.
+std::string collectives_table(const sim::ClusterSpec& cluster, int ranks, Bytes min, Bytes max, double factor,
+                              const std::vector<zero::CollKind>& kinds);
+nlohmann::json collectives_json(const sim::ClusterSpec& cluster, int ranks, Bytes min, Bytes max, double factor,
+                                const std::vector<zero::CollKind>& kinds);
+
+}  // namespace zp::cli
