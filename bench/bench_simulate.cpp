@@ -4,6 +4,9 @@
 #include <benchmark/benchmark.h>
 
 #include "cli/simulate.hpp"
+#include "sim/collective_model.hpp"
+#include "sim/compute_model.hpp"
+#include "sim/timing.hpp"
 
 using namespace zp;
 
@@ -79,6 +82,65 @@ void BM_Replay_BertLarge(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Replay_BertLarge)->ArgsProduct({{1, 3}, {0, 1}})->Unit(benchmark::kMillisecond);
+
+// Issue targets of the time model: one full simulation (lowering + events + memory).
+void BM_FullSim_BertLarge_4GPUs(benchmark::State& state) {
+  auto req = bert_request();
+  const int stage = static_cast<int>(state.range(0));
+  const auto in = cli::load_inputs(req);
+  const auto cfg = cli::config_for_stage(in, req, stage);
+  const auto g = graph_for(in, cfg, zero::resolve_batch(cfg, in.world_size));
+  for (auto _ : state) {
+    auto r = cli::simulate_one(in, cfg, &g, true);
+    benchmark::DoNotOptimize(r.time.report.phases.iteration);
+  }
+}
+BENCHMARK(BM_FullSim_BertLarge_4GPUs)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
+
+void BM_FullSim_GPT3_175B_Stage3_1024GPUs(benchmark::State& state) {
+  cli::SimRequest r;
+  r.model = "gpt3-175b";
+  r.cluster = "8xA100-80GB-NVSwitch";
+  r.nodes = 128;
+  r.micro_batch = 1;
+  r.seq_len = 2048;
+  r.stages = {3};
+  r.activation_checkpointing = true;
+  const auto in = cli::load_inputs(r);
+  const auto cfg = cli::config_for_stage(in, r, 3);
+  const auto g = graph_for(in, cfg, zero::resolve_batch(cfg, in.world_size));
+  std::size_t events = 0;
+  for (auto _ : state) {
+    auto res = cli::simulate_one(in, cfg, &g, true);
+    events = res.program.events.size();
+    benchmark::DoNotOptimize(res.time.report.phases.iteration);
+  }
+  state.counters["events"] = static_cast<double>(events);
+}
+BENCHMARK(BM_FullSim_GPT3_175B_Stage3_1024GPUs)->Unit(benchmark::kMillisecond);
+
+// The engine alone: events processed per second on one core.
+void BM_Engine(benchmark::State& state) {
+  auto req = bert_request();
+  req.micro_batch = 8;
+  const auto in = cli::load_inputs(req);
+  const auto cfg = cli::config_for_stage(in, req, 3);
+  const auto res = cli::simulate_one(in, cfg);
+  const auto g = graph_for(in, cfg, res.batch);
+  const sim::ComputeModel compute(in.profile, g);
+  const sim::CollectiveModel coll(in.cluster);
+  const auto d = sim::event_durations(res.program, compute, coll);
+  sim::EngineOptions eo;
+  eo.interference = 0.15;
+  std::int64_t processed = 0;
+  for (auto _ : state) {
+    auto t = sim::run_events(res.program, d, eo);
+    processed += t.processed;
+    benchmark::DoNotOptimize(t.phases.iteration);
+  }
+  state.counters["events_per_s"] = benchmark::Counter(static_cast<double>(processed), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Engine)->Unit(benchmark::kMillisecond);
 
 // The whole command: load inputs, build the graph, lower and replay four stages.
 void BM_Simulate_Llama2_7b_64GPUs_AllStages(benchmark::State& state) {

@@ -81,7 +81,7 @@ Sweep run(const sim::ClusterSpec& c, int ranks, Bytes min, Bytes max, double fac
     throw InputError("--ranks", "",
                      fmt::format("must be in [1, {}] (cluster '{}' has {} GPUs), got {}", c.world_size(), c.name,
                                  c.world_size(), ranks));
-  if (kinds.empty()) throw InputError("--collectives", "", "no collective to sweep");
+  if (kinds.empty()) throw InputError("--ops", "", "no collective to sweep");
   Sweep sw;
   sw.ranks = ranks;
   sw.nodes = (ranks + c.gpus_per_node - 1) / c.gpus_per_node;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -183,6 +185,7 @@ Explanation explain(const ExplainRequest& req) {
         by_stage ? fmt::format("stage {}", stage) : fmt::format("{}", r.ds_config.empty() ? "defaults" : r.ds_config);
     sides[static_cast<std::size_t>(k)].in = std::move(in);
   }
+  nlohmann::json time_json;
   const Side& A = sides[0];
   const Side& B = sides[1];
   const auto& ma = A.r.memory;
@@ -291,6 +294,97 @@ Explanation explain(const ExplainRequest& req) {
                      human_bytes(at(rb, BufferRole::flat_params16)));
   t += "\n";
 
+  // Time: phases, then the collectives each side issues, where they run and how much of
+  // them the compute stream waits for.
+  {
+    const auto& pa = A.r.time.report.phases;
+    const auto& pb = B.r.time.report.phases;
+    t += fmt::format("\ntime per optimizer step ({} micro-steps, on {}):\n", A.r.batch.gas, A.in.cluster.name);
+    t += fmt::format("  {:<26}{:>14}{:>14}{:>14}\n", "", ta, tb, "difference");
+    auto row = [&](const char* name, Seconds a, Seconds b) {
+      t += fmt::format("  {:<26}{:>11.1f} ms{:>11.1f} ms{:>+11.1f} ms\n", name, a.ms(), b.ms(), (b - a).ms());
+    };
+    row("forward", pa.forward, pb.forward);
+    row("backward", pa.backward, pb.backward);
+    row("  of which exposed comm", pa.backward_allreduce, pb.backward_allreduce);
+    row("step", pa.step, pb.step);
+    row("iteration", pa.iteration, pb.iteration);
+    t += fmt::format("  {:<26}{:>14.1f}{:>14.1f}\n", "samples/s", A.r.time.samples_per_s, B.r.time.samples_per_s);
+    struct Group {
+      int count = 0;
+      Bytes bytes{};
+      Seconds time{};
+      Seconds on_compute{};
+      std::set<int> micro;
+    };
+    auto groups = [](const StageResult& r) {
+      std::map<std::tuple<int, int, int>, Group> m;  // (kind, trigger, stream)
+      const auto& p = r.program;
+      for (const auto& e : p.events) {
+        if (e.kind != zero::EventKind::collective) continue;
+        auto& g = m[{static_cast<int>(e.coll), static_cast<int>(e.trigger), static_cast<int>(e.stream)}];
+        const auto& et = r.time.report.events[static_cast<std::size_t>(e.id)];
+        ++g.count;
+        g.bytes += p.bytes_sent(e);
+        g.time += et.end - et.start;
+        if (e.stream == zero::Stream::compute) g.on_compute += et.end - et.start;
+        if (e.micro_step >= 0) g.micro.insert(e.micro_step);
+      }
+      return m;
+    };
+    const auto ga = groups(A.r), gb = groups(B.r);
+    std::set<std::tuple<int, int, int>> keys;
+    for (const auto& [k, v] : ga) keys.insert(k);
+    for (const auto& [k, v] : gb) keys.insert(k);
+    t += "\ncollectives (per rank, per optimizer step):\n";
+    nlohmann::json tj = nlohmann::json::array();
+    for (const auto& k : keys) {
+      const auto [kind, trig, stream] = k;
+      const Group a = ga.count(k) ? ga.at(k) : Group{};
+      const Group b = gb.count(k) ? gb.at(k) : Group{};
+      const int gas = static_cast<int>(B.r.batch.gas);
+      auto when = [&](const Group& g) -> std::string {
+        if (g.micro.empty()) return "at the step";
+        if (static_cast<int>(g.micro.size()) == gas && gas > 1) return "every micro-step";
+        if (g.micro.size() == 1 && *g.micro.begin() == gas - 1) return "at the GAS boundary";
+        return fmt::format("in {} of {} micro-steps", g.micro.size(), gas);
+      };
+      auto where = [&](const Group& g) -> std::string {
+        if (g.count == 0) return "";
+        if (stream == static_cast<int>(zero::Stream::compute))
+          return fmt::format("on the compute stream, so all {:.1f} ms of it block compute", g.on_compute.ms());
+        return fmt::format("on the {} stream, overlapping compute", zero::stream_name(static_cast<zero::Stream>(stream)));
+      };
+      const std::string what = fmt::format("{} ({})", zero::coll_kind_name(static_cast<zero::CollKind>(kind)),
+                                           zero::trigger_name(static_cast<zero::Trigger>(trig)));
+      t += fmt::format("- {}: {} {} × {}, {:.1f} ms; {} {} × {}, {:.1f} ms.\n", what, ta, a.count,
+                       human_bytes(a.bytes), a.time.ms(), tb, b.count, human_bytes(b.bytes), b.time.ms());
+      if (a.count > 0) t += fmt::format("    {}: {}, {}.\n", ta, when(a), where(a));
+      if (b.count > 0) t += fmt::format("    {}: {}, {}.\n", tb, when(b), where(b));
+      tj.push_back({{"collective", zero::coll_kind_name(static_cast<zero::CollKind>(kind))},
+                    {"trigger", zero::trigger_name(static_cast<zero::Trigger>(trig))},
+                    {"stream", zero::stream_name(static_cast<zero::Stream>(stream))},
+                    {"a_count", a.count}, {"b_count", b.count},
+                    {"a_bytes", a.bytes.v}, {"b_bytes", b.bytes.v},
+                    {"a_ms", a.time.ms()}, {"b_ms", b.time.ms()},
+                    {"a_blocking_ms", a.on_compute.ms()}, {"b_blocking_ms", b.on_compute.ms()}});
+    }
+    const auto& ca = A.r.time.report.comm;
+    const auto& cb = B.r.time.report.comm;
+    Seconds ea{}, eb{};
+    for (int k = 0; k < zero::kNumCollKinds; ++k) {
+      ea += ca.exposed[static_cast<std::size_t>(k)];
+      eb += cb.exposed[static_cast<std::size_t>(k)];
+    }
+    t += fmt::format("exposed communication (the compute stream waiting): {} {:.1f} ms, {} {:.1f} ms.", ta, ea.ms(), tb, eb.ms());
+    if (B.r.program.info.stage == 2 && !B.r.program.info.overlap_comm && B.r.batch.gas > 1)
+      t += fmt::format(" {} partitions gradients, so every one of the {} micro-steps reduces its gradients; with "
+                       "overlap_comm false those reductions run on the compute stream and are not hidden.",
+                       tb, B.r.batch.gas);
+    t += "\n";
+    time_json = {{"a", result_json(A.r)["time"]}, {"b", result_json(B.r)["time"]}, {"collectives", tj}};
+  }
+
   nlohmann::json sugg = nlohmann::json::array();
   if (req.suggest) {
     t += fmt::format("\nwhat would change it (both re-simulated with one change each):\n");
@@ -348,6 +442,7 @@ Explanation explain(const ExplainRequest& req) {
   }
 
   Explanation ex;
+  ex.json_time = time_json;
   for (const auto& side : sides)
     for (const auto& w : side.in.warnings)
       if (std::find(ex.warnings.begin(), ex.warnings.end(), w) == ex.warnings.end()) ex.warnings.push_back(w);
@@ -357,6 +452,7 @@ Explanation explain(const ExplainRequest& req) {
              {"a", {{"title", ta}, {"result", result_json(A.r)}}},
              {"b", {{"title", tb}, {"result", result_json(B.r)}}},
              {"causes", causes},
+             {"time", time_json},
              {"suggestions", sugg}};
   return ex;
 }

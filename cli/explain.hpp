@@ -20,6 +20,7 @@ struct Explanation {
   std::vector<std::string> warnings;  // from both configurations' inputs, once each
   std::string text;
   nlohmann::json json;
+  nlohmann::json json_time;
 };
 
 Explanation explain(const ExplainRequest& req);

@@ -339,6 +339,8 @@ std::vector<CollectiveCost> CollectiveModel::candidates(zero::CollKind kind, con
   std::vector<CollectiveCost> out;
   if (ranks.size() <= 1 || total.v <= 0) return out;
   const GroupPlan p = d_->plan(ranks);
+  if (!(p.ring_bw.v > 0))
+    throw std::invalid_argument("cluster '" + cluster_.name + "' gives this group no bandwidth (NICs of 0 Gb/s?)");
   const double bytes = static_cast<double>(total.v);
   for (const Candidate& cd : d_->build(kind, p, cluster_))
     out.push_back(finish(cd, candidate_time(cd, bytes), kind, p.ranks, bytes));

@@ -113,7 +113,8 @@ Topology::Topology(const ClusterSpec& c) : c_(c) {
     std::vector<TopoVertexId> switches;
     if (c.intra == IntraNode::shared_memory) {
       const Seconds half{c.shm_latency.v / 2};
-      for (auto gv : gpus) connect(gv, cpu, LinkClass::shm, 1, c.shm_bandwidth, c.shm_bandwidth, half);
+      const BytesPerSecond shm = c.shm_bandwidth.v > 0 ? c.shm_bandwidth : BytesPerSecond{10 * kGiga};
+      for (auto gv : gpus) connect(gv, cpu, LinkClass::shm, 1, shm, shm, half);
     } else {
       if (c.gpus_per_pcie_switch > 0) {
         const int n_sw = (c.gpus_per_node + c.gpus_per_pcie_switch - 1) / c.gpus_per_pcie_switch;
@@ -127,15 +128,17 @@ Topology::Topology(const ClusterSpec& c) : c_(c) {
       } else {
         for (auto gv : gpus) connect(gv, cpu, LinkClass::pcie, 1, gpu_pcie_raw, gpu_pcie, Seconds{2 * pcie_edge.v});
       }
-      if (c.intra == IntraNode::nvswitch) {
+      // A spec without NVLink figures (links or rate 0) falls back to its PCIe links.
+      const bool nvlink = link.v > 0;
+      if (c.intra == IntraNode::nvswitch && nvlink && c.nvlinks_per_gpu > 0) {
         const TopoVertexId nvs = vertex(VertexKind::nvswitch, node, 0);
         const int l = c.nvlinks_per_gpu;
         for (auto gv : gpus)
           connect(gv, nvs, LinkClass::nvlink, l, BytesPerSecond{link_raw.v * l}, BytesPerSecond{link.v * l}, nvl_edge);
-      } else if (c.intra == IntraNode::nvlink_mesh) {
+      } else if (c.intra == IntraNode::nvlink_mesh && nvlink) {
         for (int a = 0; a < c.gpus_per_node && a < static_cast<int>(c.nvlink_pairs.size()); ++a)
           for (const auto& [b, l] : c.nvlink_pairs[static_cast<std::size_t>(a)])
-            if (a < b && b < c.gpus_per_node)
+            if (a < b && b < c.gpus_per_node && l > 0)
               connect(gpus[static_cast<std::size_t>(a)], gpus[static_cast<std::size_t>(b)], LinkClass::nvlink, l,
                       BytesPerSecond{link_raw.v * l}, BytesPerSecond{link.v * l}, Seconds{2 * nvl_edge.v});
       }

@@ -283,10 +283,10 @@ TEST_CASE("parse_size reads sizes the way nccl-tests does") {
 TEST_CASE("collective kinds and sweep sizes") {
   using zp::cli::parse_coll_kinds;
   using zp::cli::sweep_sizes;
-  CHECK(parse_coll_kinds("--collectives", "all").size() == 6);
-  CHECK(parse_coll_kinds("--collectives", "all_reduce,allgather,alltoall,reduce_scatter_perf") ==
+  CHECK(parse_coll_kinds("--ops", "all").size() == 6);
+  CHECK(parse_coll_kinds("--ops", "all_reduce,allgather,alltoall,reduce_scatter_perf") ==
         std::vector<CollKind>{CollKind::all_reduce, CollKind::all_gather, CollKind::all_to_all, CollKind::reduce_scatter});
-  CHECK_THROWS_AS(parse_coll_kinds("--collectives", "all_reduce,gather"), zp::InputError);
+  CHECK_THROWS_AS(parse_coll_kinds("--ops", "all_reduce,gather"), zp::InputError);
   const auto sizes = sweep_sizes(Bytes{8}, Bytes{1024 * kMiB}, 2);
   CHECK(sizes.size() == 28);
   CHECK(sizes.front().v == 8);
@@ -347,4 +347,16 @@ TEST_CASE("the collectives JSON carries the same numbers") {
     CHECK(r["busbw_gbps"].get<double>() == doctest::Approx(cost.busbw.v / kG));
     CHECK(r["algorithm"] == algo_name(cost.algo));
   }
+}
+
+TEST_CASE("a hand-built spec without link figures still gives finite times") {
+  ClusterSpec c;  // A100 NVSwitch by default, but no NVLink count or rate
+  c.name = "bare";
+  const CollectiveModel m(c);
+  const auto cost = m.cost(CollKind::all_reduce, iota(8), Bytes{kMiB});
+  CHECK(std::isfinite(cost.time.v));
+  CHECK(cost.time.v > 0);
+  CHECK(cost.busbw.v < 30 * kG);  // PCIe Gen4, not NVLink
+  CHECK(std::string(algo_name(Algo::p2p)) == "p2p");
+  CHECK(std::string(proto_name(Proto::ll128)) == "LL128");
 }
