@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -170,4 +171,51 @@ TEST_CASE("bad JSON values never escape as a crash or a second line") {
   bad("simulate --model gpt2 --gpus 2 --ds-config " +
           tmp_file("u64.json", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"reduce_bucket_size": 18446744073709551615}})"),
       "zero_optimization.reduce_bucket_size");
+}
+
+TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 24-layer model") {
+  const std::string trace = (std::filesystem::temp_directory_path() / "zeroplan-test-cli" / "bert.trace.json").string();
+  const Run r = run("simulate --model bert-large-uncased --ds-config " + kExample +
+                    " --gpus 4 --gpu V100-16GB --stages 1,2 --micro-batch 64 --seq-len 128 --json --trace " + trace);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  for (const auto& res : j["results"]) {
+    for (const char* k : {"forward_ms", "backward_ms", "backward_allreduce_ms", "step_ms", "iteration_ms",
+                          "samples_per_s", "tokens_per_s", "tflops", "mfu"})
+      CHECK(res["time"][k].get<double>() > 0);
+    CHECK(res["time"]["iteration_ms"].get<double>() >=
+          res["time"]["forward_ms"].get<double>() + res["time"]["backward_ms"].get<double>());
+    CHECK(res["comm"]["bytes_per_rank"].get<std::int64_t>() > 0);
+    CHECK(res["comm"]["by_kind"].contains("all_reduce"));
+  }
+  // Stage 2 reduces every micro-step on the compute stream: more exposed communication.
+  CHECK(j["results"][1]["time"]["backward_allreduce_ms"].get<double>() >
+        j["results"][0]["time"]["backward_allreduce_ms"].get<double>());
+  std::ifstream in(trace);
+  REQUIRE(in.good());
+  const auto doc = nlohmann::json::parse(in);
+  int slices = 0;
+  std::set<std::string> tracks;
+  for (const auto& e : doc["traceEvents"]) {
+    const std::string ph = e["ph"];
+    CHECK((ph == "X" || ph == "C" || ph == "M"));
+    if (ph == "X") {
+      ++slices;
+      CHECK(e["dur"].get<double>() >= 0);
+      tracks.insert(std::to_string(e["pid"].get<int>()) + "/" + std::to_string(e["tid"].get<int>()));
+    }
+  }
+  CHECK(slices > 10000);
+  CHECK(tracks.size() >= 2);
+}
+
+TEST_CASE("collectives prints an nccl-tests-like sweep") {
+  const Run r = run("collectives --cluster 8xA100-80GB-NVSwitch --min 1M --max 1G --factor 4 --ops all_reduce");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("busbw") != std::string::npos);
+  CHECK(r.out.find("1073741824") != std::string::npos);
+  bad("collectives --cluster no-such-cluster", "no-such-cluster");
+  bad("collectives --cluster 8xA100-80GB-NVSwitch --min 1X", "--min");
+  bad("simulate --model gpt2 --nodes 2", "--nodes");
+  bad("simulate --model gpt2 --cluster 8xA100-80GB-NVSwitch --gpus 9", "--gpus");
 }
