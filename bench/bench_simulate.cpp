@@ -39,7 +39,7 @@ void BM_LowerAndReplay_BertLarge(benchmark::State& state) {
   std::size_t events = 0;
   int skipped = 0;
   for (auto _ : state) {
-    auto r = cli::simulate_one(in, cfg, &g);
+    auto r = cli::simulate_one(in, cfg, &g, false);
     events = r.program.events.size();
     skipped = r.memory.skipped_micro_steps;
     benchmark::DoNotOptimize(r.memory.peak_allocated);
