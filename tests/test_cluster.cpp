@@ -2,6 +2,8 @@
 // the topology graph built from them (sim/topology.cpp).
 #include <doctest/doctest.h>
 
+#include "tests/test_util.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -48,17 +50,7 @@ struct TempFile {
   ~TempFile() { std::remove(path.c_str()); }
 };
 
-// The message of the InputError `f` throws (fails the test when it throws nothing).
-template <class F>
-std::string input_error(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  FAIL("expected an InputError");
-  return {};
-}
+using zp::test::input_error;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

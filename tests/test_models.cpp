@@ -2,6 +2,8 @@
 // closed forms, FLOPs, bad input, and the structure of the op graph.
 #include <doctest/doctest.h>
 
+#include "tests/test_util.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,16 +40,7 @@ OpGraph graph_of(const ModelConfig& c, std::int64_t b, std::int64_t s, DType dt 
   return build_graph(c, o);
 }
 
-// The message of the InputError thrown by `f` ("" when none is thrown).
-template <class F>
-std::string input_error(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using zp::test::input_error;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
