@@ -89,6 +89,12 @@ std::string role_formula(BufferRole role, const Side& s) {
       return fmt::format("fp32 copy of the gradients for the optimizer step ({} elements × 4 B), transient",
                          i.stage == 0 ? i.params : i.partition_elements);
     case BufferRole::grads_in_partition:
+      if (i.stage == 2 && i.gas > 1)
+        return fmt::format("Σ numel of params overlapping rank {}'s partition ({} B each): allocated at the first "
+                           "bucket reduction of every micro-step and dropped by its epilogue, while the gradients "
+                           "accumulated so far (all_grad_tensors) keep the previous one: two are live during the "
+                           "backward of micro-steps after the first",
+                           i.rank, b);
       return fmt::format("Σ numel of params overlapping rank {}'s partition ({} B each): allocated at the first "
                          "bucket reduction ({}), kept until the step",
                          i.rank, b, i.stage == 2 ? "every micro-step reduces" : "stage 1 reduces once, at the GAS boundary");
@@ -412,7 +418,7 @@ Explanation explain(const ExplainRequest& req) {
                     }});
     }
     if (base.zero.stage < 3)
-      vs.push_back({fmt::format("{} → stage 3", tb), [](zero::DsConfig& c, Inputs&) { c.zero.stage = 3; }, true});
+      vs.push_back({fmt::format("{} at stage 3 ({} unchanged)", tb, ta), [](zero::DsConfig& c, Inputs&) { c.zero.stage = 3; }, true});
     t += fmt::format("  {:<40}{:>14}{:>14}{:>22}\n", "change", ta, tb, fmt::format("{} - {}", tb, ta));
     for (auto& v : vs) {
       try {
