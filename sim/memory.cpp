@@ -21,6 +21,7 @@ namespace {
 // nothing; its signature is the exact sequence of requests.
 struct MicroRange {
   EventId begin = 0, end = 0;  // [begin, end)
+  bool analysed = false;
   bool self_contained = true;
   std::vector<std::int64_t> signature;
 };
@@ -29,7 +30,6 @@ std::vector<MicroRange> micro_ranges(const zero::Program& p) {
   std::vector<MicroRange> out;
   EventId i = p.step_begin;
   const auto n = static_cast<EventId>(p.events.size());
-  std::vector<std::int32_t> ordinal(p.buffers.size(), -1);
   while (i < n) {
     const int ms = p.events[static_cast<std::size_t>(i)].micro_step;
     if (ms < 0) { ++i; continue; }
@@ -37,47 +37,57 @@ std::vector<MicroRange> micro_ranges(const zero::Program& p) {
     r.begin = i;
     while (i < n && p.events[static_cast<std::size_t>(i)].micro_step == ms) ++i;
     r.end = i;
-    std::int32_t next = 0;
-    std::int64_t open = 0;
-    for (EventId e = r.begin; e < r.end; ++e) {
-      const Event& ev = p.events[static_cast<std::size_t>(e)];
-      r.signature.push_back(-1 - static_cast<std::int64_t>(ev.stream));
-      for (BufferId b : p.allocs(ev)) {
-        const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
-        ordinal[static_cast<std::size_t>(b)] = next++;
-        ++open;
-        r.signature.push_back(buf.bytes.v * 4 + static_cast<std::int64_t>(buf.placement) * 2);
-        r.signature.push_back(static_cast<std::int64_t>(buf.category));
-      }
-      r.signature.push_back(-100);
-      for (BufferId b : p.frees(ev)) {
-        const auto o = ordinal[static_cast<std::size_t>(b)];
-        const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
-        if (o >= 0) {
-          r.signature.push_back(-1000 - o);
-          --open;
-        } else {
-          r.signature.push_back(-(std::int64_t{1} << 40) - b);  // freed from before: the same buffer
-          (void)buf;
-        }
-      }
-    }
-    r.self_contained = open == 0;
-    for (EventId e = r.begin; e < r.end; ++e)
-      for (BufferId b : p.allocs(p.events[static_cast<std::size_t>(e)])) ordinal[static_cast<std::size_t>(b)] = -1;
     out.push_back(std::move(r));
   }
   return out;
 }
 
+// The exact sequence of requests of a range (computed on demand): per event its stream,
+// the sizes, categories and placements it allocates, and what it frees — buffers
+// allocated in the range by their position, others by id.
+void analyse(const zero::Program& p, MicroRange& r, std::vector<std::int32_t>& ordinal) {
+  if (r.analysed) return;
+  r.analysed = true;
+  std::int32_t next = 0;
+  std::int64_t open = 0;
+  r.signature.reserve(static_cast<std::size_t>(r.end - r.begin) * 4);
+  for (EventId e = r.begin; e < r.end; ++e) {
+    const Event& ev = p.events[static_cast<std::size_t>(e)];
+    r.signature.push_back(-1 - static_cast<std::int64_t>(ev.stream));
+    for (BufferId b : p.allocs(ev)) {
+      const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
+      ordinal[static_cast<std::size_t>(b)] = next++;
+      ++open;
+      r.signature.push_back(buf.bytes.v * 64 + static_cast<std::int64_t>(buf.placement) * 8 +
+                            static_cast<std::int64_t>(buf.category));
+    }
+    r.signature.push_back(-100);
+    for (BufferId b : p.frees(ev)) {
+      const auto o = ordinal[static_cast<std::size_t>(b)];
+      if (o >= 0) {
+        r.signature.push_back(-1000 - o);
+        --open;
+      } else {
+        r.signature.push_back(-(std::int64_t{1} << 40) - b);  // freed from before: the same buffer
+      }
+    }
+  }
+  r.self_contained = open == 0;
+  for (EventId e = r.begin; e < r.end; ++e)
+    for (BufferId b : p.allocs(p.events[static_cast<std::size_t>(e)])) ordinal[static_cast<std::size_t>(b)] = -1;
+}
 }  // namespace
 
-MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const MemoryOptions& opt) {
+namespace {
+
+// One replay with the allocator limited to `capacity` bytes.
+MemoryReport replay_with_capacity(const zero::Program& p, const DeviceSpec& dev, const MemoryOptions& opt,
+                                  Bytes capacity) {
   MemoryReport r;
   CategoryBytes dev_live{}, host_live{};
   Bytes dev_total{}, host_total{};
   CachingAllocatorOptions aopt;
-  aopt.capacity = dev.memory.v > 0 ? Bytes{dev.memory.v - dev.context_overhead.v} : Bytes{INT64_MAX};
+  aopt.capacity = capacity;
   CachingAllocatorModel alloc(aopt);
   std::vector<CachingAllocatorModel::Handle> handle;
   if (opt.allocator) handle.assign(p.buffers.size(), -1);
@@ -87,6 +97,7 @@ MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const 
   std::vector<MicroRange> ranges;
   if (!opt.timeline) ranges = micro_ranges(p);
   std::size_t next_range = 0;
+  std::vector<std::int32_t> ordinal(p.buffers.size(), -1);
   struct Snapshot {
     CachingAllocatorModel alloc;
     CategoryBytes dev_live, host_live;
@@ -97,11 +108,18 @@ MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const 
   const auto n = static_cast<EventId>(p.events.size());
   for (EventId id = 0; id < n; ++id) {
     if (next_range < ranges.size() && ranges[next_range].begin == id) {
-      const MicroRange& cur = ranges[next_range];
-      const bool repeat = next_range > 0 && cur.self_contained && ranges[next_range - 1].self_contained &&
-                          ranges[next_range - 1].end == cur.begin && cur.signature == ranges[next_range - 1].signature;
-      if (repeat && prev_start && prev_start->dev_live == dev_live && prev_start->host_live == host_live &&
-          prev_start->oom == r.allocator_oom && (!opt.allocator || prev_start->alloc == alloc)) {
+      MicroRange& cur = ranges[next_range];
+      bool repeat = next_range > 0 && ranges[next_range - 1].end == cur.begin && prev_start &&
+                    prev_start->dev_live == dev_live && prev_start->host_live == host_live &&
+                    prev_start->oom == r.allocator_oom && (!opt.allocator || prev_start->alloc == alloc);
+      if (repeat) {
+        // Only when the state repeats are the two ranges' requests compared.
+        MicroRange& prev = ranges[next_range - 1];
+        analyse(p, prev, ordinal);
+        analyse(p, cur, ordinal);
+        repeat = cur.self_contained && prev.self_contained && cur.signature == prev.signature;
+      }
+      if (repeat) {
         // Same start, same requests: same end state, no new peak. Skip it.
         id = cur.end - 1;
         ++next_range;
@@ -158,16 +176,7 @@ MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const 
   }
   if (p.step_begin == 0) r.persistent = Bytes{0};
   r.context = dev.context_overhead;
-  if (opt.allocator && r.allocator_oom && dev.memory.v > 0) {
-    // It does not fit; report what the allocator would reserve without a capacity limit.
-    MemoryOptions unbounded_opt = opt;
-    DeviceSpec unbounded = dev;
-    unbounded.memory = Bytes{0};
-    const MemoryReport u = replay_memory(p, unbounded, unbounded_opt);
-    r.reserved_peak = u.reserved_peak;
-    r.allocator_allocated_peak = u.allocator_allocated_peak;
-    r.segments = u.segments;
-  } else if (opt.allocator) {
+  if (opt.allocator) {
     r.reserved_peak = alloc.peak_reserved();
     r.allocator_allocated_peak = alloc.peak_allocated();
     r.segments = alloc.segments();
@@ -177,6 +186,30 @@ MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const 
   r.device_used = r.reserved_peak + r.context;
   r.fits = !r.allocator_oom && r.device_used <= dev.memory;
   return r;
+}
+
+}  // namespace
+
+MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const MemoryOptions& opt) {
+  // Without a limit first: what the allocator would reserve. The device's capacity only
+  // matters when that exceeds it (PyTorch then frees cached segments and retries); when
+  // even the allocated bytes exceed it, nothing can make it fit.
+  const Bytes capacity = dev.memory.v > 0 ? Bytes{dev.memory.v - dev.context_overhead.v} : Bytes{INT64_MAX};
+  MemoryReport r = replay_with_capacity(p, dev, opt, Bytes{INT64_MAX});
+  if (!opt.allocator || dev.memory.v <= 0 || r.reserved_peak <= capacity) return r;
+  if (r.allocator_allocated_peak > capacity) {
+    r.fits = false;
+    r.allocator_oom = true;
+    return r;
+  }
+  MemoryReport bounded = replay_with_capacity(p, dev, opt, capacity);
+  if (bounded.allocator_oom) {
+    // Report what it would need; it does not fit.
+    r.allocator_oom = true;
+    r.fits = false;
+    return r;
+  }
+  return bounded;
 }
 
 std::vector<BufferId> live_at(const zero::Program& p, zero::EventId at) {
