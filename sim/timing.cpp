@@ -1,5 +1,8 @@
 #include "sim/timing.hpp"
 
+#include <map>
+#include <tuple>
+
 namespace zp::sim {
 
 using zero::EventKind;
@@ -7,17 +10,34 @@ using zero::EventKind;
 std::vector<Seconds> event_durations(const zero::Program& p, const ComputeModel& compute,
                                      const CollectiveModel& collectives) {
   std::vector<Seconds> d(p.events.size());
+  // Every micro-step repeats the same ops and buckets: price each (op, phase) and each
+  // (collective, group, size) once.
+  constexpr int kPhases = 7;
+  std::vector<double> op_cost;
+  std::map<std::tuple<int, int, std::int64_t>, Seconds> coll_cost;
   for (const auto& e : p.events) {
     if (e.id < p.step_begin) continue;  // the prologue describes state, not work
+    auto& out = d[static_cast<std::size_t>(e.id)];
     switch (e.kind) {
       case EventKind::marker: break;
       case EventKind::collective: {
-        const auto& ranks = p.groups[static_cast<std::size_t>(e.group)].ranks;
-        d[static_cast<std::size_t>(e.id)] =
-            collectives.cost(e.coll, ranks, Bytes{e.elements * dtype_size(e.dtype)}).time;
+        const Bytes bytes{e.elements * dtype_size(e.dtype)};
+        const auto key = std::make_tuple(static_cast<int>(e.coll), e.group, bytes.v);
+        auto it = coll_cost.find(key);
+        if (it == coll_cost.end())
+          it = coll_cost.emplace(key, collectives.cost(e.coll, p.groups[static_cast<std::size_t>(e.group)].ranks, bytes).time).first;
+        out = it->second;
         break;
       }
-      default: d[static_cast<std::size_t>(e.id)] = compute.cost(e); break;
+      case EventKind::compute: {
+        if (e.op < 0) { out = compute.cost(e); break; }
+        const auto k = static_cast<std::size_t>(e.op) * kPhases + static_cast<std::size_t>(e.phase);
+        if (k >= op_cost.size()) op_cost.resize(k + kPhases, -1.0);
+        if (op_cost[k] < 0) op_cost[k] = compute.cost(e).v;
+        out = Seconds{op_cost[k]};
+        break;
+      }
+      default: out = compute.cost(e); break;
     }
   }
   return d;
