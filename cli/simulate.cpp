@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -206,6 +207,16 @@ nlohmann::json result_json(const StageResult& r) {
         {"exposed_ms", t.report.comm.exposed[ki].ms()}};
   }
   j["comm"] = {{"bytes_per_rank", t.report.comm.total.v}, {"by_kind", kinds}};
+  // The critical path: what the iteration's length is made of.
+  std::map<std::string, double> on_path;
+  for (const auto e : t.report.critical_path) {
+    const auto& ev = r.program.events[static_cast<std::size_t>(e)];
+    const auto& et = t.report.events[static_cast<std::size_t>(e)];
+    on_path[zero::event_kind_name(ev.kind)] += (et.end - et.start).ms();
+  }
+  nlohmann::json cp = {{"events", t.report.critical_path.size()}};
+  for (const auto& [k, v] : on_path) cp[k + "_ms"] = v;
+  j["critical_path"] = cp;
   j["memory"] = {
       {"peak_allocated_bytes", r.memory.peak_allocated.v},
       {"device_used_bytes", r.memory.device_used.v},
