@@ -75,8 +75,8 @@ class Builder {
 
   Event& begin(EventKind k, Stream s, Phase ph, int micro, std::int32_t lbl) {
     close();
-    Event e;
-    e.id = static_cast<EventId>(p_.events.size());
+    Event& e = p_.events.emplace_back();
+    e.id = static_cast<EventId>(p_.events.size() - 1);
     e.kind = k;
     e.stream = s;
     e.phase = ph;
@@ -86,9 +86,8 @@ class Builder {
     e.free_begin = e.free_end = static_cast<std::uint32_t>(p_.free_list.size());
     e.dep_begin = e.dep_end = static_cast<std::uint32_t>(p_.dep_list.size());
     e.slice_begin = e.slice_end = static_cast<std::uint32_t>(p_.slice_list.size());
-    p_.events.push_back(e);
     open_ = true;
-    return p_.events.back();
+    return e;
   }
   Event& begin(EventKind k, Stream s, Phase ph, int micro, std::string lbl) {
     return begin(k, s, ph, micro, label(std::move(lbl)));
