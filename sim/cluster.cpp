@@ -623,6 +623,17 @@ ClusterSpec single_node(const std::string& gpu, int gpus) {
   const DeviceSpec& dev = find_device(gpu);
   if (gpus < 1 || gpus > kMaxGpusPerNode)
     throw InputError("--gpus", "", fmt::format("must be an integer in [1, {}], got {}", kMaxGpusPerNode, gpus));
+  // More GPUs than one server holds: servers of 8 (the usual HGX/DGX node) joined by their
+  // default NICs; the ranks fill them in order.
+  if (dev.arch != "cpu" && gpus > 8) {
+    ClusterSpec c = single_node(gpu, 8);
+    c.nodes = (gpus + 7) / 8;
+    c.name = fmt::format("{}x{} ({} nodes of 8)", gpus, dev.name, c.nodes);
+    c.source = "--gpus/--gpu: nodes of 8 with the links and NICs this GPU usually has";
+    c.description = fmt::format("{} nodes x ({}), {} x {:g} Gb/s NICs per node", c.nodes, c.description,
+                                c.nics_per_node, c.nic_gbps);
+    return c;
+  }
   const NodeDefaults nd = defaults_for(dev);
   ClusterSpec c;
   c.name = fmt::format("{}x{}", gpus, dev.name);

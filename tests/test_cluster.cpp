@@ -465,3 +465,13 @@ TEST_CASE("usable link bandwidths follow NCCL's figures") {
   CHECK(nvlink_usable_per_link("hopper", zp::BytesPerSecond{25 * kG}).v == doctest::Approx(20.6 * kG));
   CHECK(nic_raw(400).v == doctest::Approx(50 * kG));
 }
+
+TEST_CASE("--gpus beyond one server: nodes of 8 with the default NICs") {
+  const auto c = zp::sim::single_node("A100-80GB", 64);
+  CHECK(c.nodes == 8);
+  CHECK(c.gpus_per_node == 8);
+  CHECK(c.nics_per_node > 0);
+  const auto odd = zp::sim::single_node("H100-80GB", 12);
+  CHECK(odd.nodes == 2);
+  CHECK(zp::sim::single_node("cpu", 16).nodes == 1);
+}
