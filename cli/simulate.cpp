@@ -51,7 +51,7 @@ Inputs load_inputs(const SimRequest& req) {
   // The host's optimizer throughput is shared by the ranks of a node.
   in.profile.cpu_adam_params_per_second /= std::max(1, std::min(in.world_size, in.cluster.gpus_per_node));
   if (req.interference) {
-    if (*req.interference < 0 || *req.interference > 10)
+    if (!std::isfinite(*req.interference) || *req.interference < 0 || *req.interference > 10)
       throw InputError("--interference", "", fmt::format("must be a number in [0, 10], got {}", *req.interference));
     in.profile.comm_compute_interference = *req.interference;
   }

@@ -247,7 +247,9 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     }
   }
   const double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
-  const double gemm_time = flops.v / (p_.peak_tensor_flops.v * eff);
+  // fp32 models run their GEMMs without tensor cores (PyTorch leaves TF32 matmul off by default).
+  const double peak = g_.opt.act_dtype == DType::fp32 ? p_.peak_fp32_flops.v : p_.peak_tensor_flops.v;
+  const double gemm_time = flops.v / (peak * eff);
   return Seconds{std::max(gemm_time, mem_time) + launch};
 }
 

@@ -144,18 +144,18 @@ TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration,
     throw std::logic_error(fmt::format("run_events: {} of {} events could not run (a dependency cycle?)",
                                        n - first - processed, n - first));
 
-  // Phase times, micro-step by micro-step.
+  // Phase times, micro-step by micro-step. A micro-step's backward runs from the end of its
+  // forward to its last event, but no further than the start of the next forward: work of
+  // one micro-step that overlaps the next forward is not counted twice.
   double begin_all = std::numeric_limits<double>::infinity(), end_all = 0, end_micro = 0;
   int micro = -1;
   double fwd_begin = 0, fwd_end = 0, ms_end = 0, bwd_compute = 0;
   bool have_fwd = false;
+  struct MicroTimes { double fwd_begin, fwd_end, end, bwd_compute; };
+  std::vector<MicroTimes> micros;
   auto close_micro = [&]() {
     if (micro < 0) return;
-    r.phases.forward += Seconds{fwd_end - fwd_begin};
-    const double bwd = std::max(0.0, ms_end - fwd_end);
-    r.phases.backward += Seconds{bwd};
-    r.phases.backward_allreduce += Seconds{std::max(0.0, bwd - bwd_compute)};
-    end_micro = std::max(end_micro, ms_end);
+    micros.push_back({fwd_begin, fwd_end, ms_end, bwd_compute});
   };
   for (EventId e = first; e < n; ++e) {
     const Event& ev = p.events[static_cast<std::size_t>(e)];
@@ -180,6 +180,15 @@ TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration,
     }
   }
   close_micro();
+  for (std::size_t k = 0; k < micros.size(); ++k) {
+    const auto& m = micros[k];
+    r.phases.forward += Seconds{m.fwd_end - m.fwd_begin};
+    const double end = k + 1 < micros.size() ? std::min(m.end, micros[k + 1].fwd_begin) : m.end;
+    const double bwd = std::max(0.0, end - m.fwd_end);
+    r.phases.backward += Seconds{bwd};
+    r.phases.backward_allreduce += Seconds{std::max(0.0, bwd - m.bwd_compute)};
+    end_micro = std::max(end_micro, m.end);
+  }
   if (begin_all == std::numeric_limits<double>::infinity()) begin_all = 0;
   r.phases.iteration = Seconds{end_all - begin_all};
   r.phases.step = Seconds{std::max(0.0, end_all - std::max(end_micro, begin_all))};
@@ -207,8 +216,14 @@ TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration,
         while (c >= 0 && p.events[static_cast<std::size_t>(c)].kind != EventKind::collective &&
                p.events[static_cast<std::size_t>(c)].stream != Stream::compute)
           c = pred[static_cast<std::size_t>(c)];
-        if (c >= 0 && p.events[static_cast<std::size_t>(c)].kind == EventKind::collective)
-          r.comm.exposed[static_cast<std::size_t>(p.events[static_cast<std::size_t>(c)].coll)] += Seconds{gap};
+        if (c >= 0 && p.events[static_cast<std::size_t>(c)].kind == EventKind::collective) {
+          // Only the part of the gap while that collective ran: its queueing behind other
+          // communication belongs to those.
+          const EventTime& ct = r.events[static_cast<std::size_t>(c)];
+          const double lo = std::max(r.events[static_cast<std::size_t>(prev)].end.v, ct.start.v);
+          const double hi = std::min(r.events[static_cast<std::size_t>(e)].start.v, ct.end.v);
+          if (hi > lo) r.comm.exposed[static_cast<std::size_t>(p.events[static_cast<std::size_t>(c)].coll)] += Seconds{hi - lo};
+        }
       }
     }
     prev = e;

@@ -2,6 +2,7 @@
 // interference, determinism, phase accounting and the Chrome trace layout.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -185,4 +186,70 @@ TEST_CASE("Chrome trace: Trace Event Format, one track per stream, counters per 
   REQUIRE(in.good());
   const auto expected = nlohmann::json::parse(in);
   CHECK(expected == doc);
+}
+
+#include "cli/simulate.hpp"
+
+namespace {
+cli::StageResult simulate_config(const std::string& model, const nlohmann::json& ds, int gpus, const std::string& gpu,
+                                 std::int64_t seq) {
+  const auto path = std::filesystem::temp_directory_path() / ("zeroplan-engine-" + std::to_string(std::hash<std::string>{}(ds.dump())) + ".json");
+  std::ofstream(path) << ds.dump();
+  cli::SimRequest r;
+  r.model = model;
+  r.ds_config = path.string();
+  r.gpus = gpus;
+  r.gpu = gpu;
+  r.seq_len = seq;
+  const auto in = cli::load_inputs(r);
+  return cli::simulate_one(in, cli::config_for_stage(in, r, in.cfg.zero.stage));
+}
+}  // namespace
+
+TEST_CASE("on real programs: phases add up to at most the iteration, exposed time at most the time") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (bool overlap : {false, true}) {
+      nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 3},
+                           {"bf16", {{"enabled", true}}},
+                           {"zero_optimization", {{"stage", stage}, {"overlap_comm", overlap}, {"reduce_bucket_size", 2000000}}}};
+      const auto r = simulate_config("gpt2", ds, 8, "A100-80GB", 256);
+      CAPTURE(stage);
+      CAPTURE(overlap);
+      const auto& ph = r.time.report.phases;
+      CHECK(ph.forward.v + ph.backward.v + ph.step.v <= ph.iteration.v * (1 + 1e-9));
+      CHECK(ph.backward_allreduce.v <= ph.backward.v);
+      for (int k = 0; k < zero::kNumCollKinds; ++k)
+        CHECK(r.time.report.comm.exposed[static_cast<std::size_t>(k)].v <=
+              r.time.report.comm.time[static_cast<std::size_t>(k)].v * (1 + 1e-9));
+    }
+  }
+}
+
+TEST_CASE("stage-3 gathers do not run ahead of the compute issued before them") {
+  nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"bf16", {{"enabled", true}}},
+                       {"zero_optimization", {{"stage", 3}, {"stage3_max_reuse_distance", 0}, {"stage3_param_persistence_threshold", 0}, {"stage3_prefetch_bucket_size", 1000000}}}};
+  const auto r = simulate_config("gpt2", ds, 8, "A100-80GB", 256);
+  const auto& p = r.program;
+  zero::EventId last_compute = -1;
+  int gathers = 0;
+  for (const auto& e : p.events) {
+    if (e.kind == EventKind::compute) last_compute = e.id;
+    if (e.kind == EventKind::collective && e.coll == zero::CollKind::all_gather && last_compute >= 0) {
+      ++gathers;
+      CHECK(r.time.report.events[static_cast<std::size_t>(e.id)].start.v >=
+            r.time.report.events[static_cast<std::size_t>(last_compute)].end.v);
+    }
+  }
+  CHECK(gathers > 10);
+}
+
+TEST_CASE("fp32 models run GEMMs without tensor cores: far slower than bf16, MFU against the fp32 peak") {
+  nlohmann::json fp32 = {{"train_micro_batch_size_per_gpu", 4}, {"zero_optimization", {{"stage", 1}}}};
+  nlohmann::json bf16 = fp32;
+  bf16["bf16"] = {{"enabled", true}};
+  const auto a = simulate_config("gpt2", fp32, 1, "A100-80GB", 512);
+  const auto b = simulate_config("gpt2", bf16, 1, "A100-80GB", 512);
+  CHECK(a.time.report.phases.iteration.v > 4 * b.time.report.phases.iteration.v);
+  CHECK(a.time.tflops < 19.5);  // A100 fp32 peak
+  CHECK(a.time.mfu <= 1.0);
 }

@@ -462,6 +462,7 @@ class Lowering {
     const auto& op = g_.ops[static_cast<std::size_t>(o)];
     if (stage_ == 3) s3_before_op(o, ph);
     Event& e = b_.begin(EventKind::compute, Stream::compute, ph, ms_, op_label(o));
+    last_compute_ = e.id;
     e.op = o;
     e.layer = op.layer;
     e.flops = op.fwd_flops;
@@ -540,6 +541,7 @@ class Lowering {
     const auto& op = g_.ops[static_cast<std::size_t>(o)];
     if (stage_ == 3) s3_before_op(o, Phase::backward);
     Event& e = b_.begin(EventKind::compute, Stream::compute, Phase::backward, ms_, op_label(o));
+    last_compute_ = e.id;
     e.op = o;
     e.layer = op.layer;
     e.flops = op.bwd_flops;
@@ -1070,7 +1072,11 @@ class Lowering {
       h2d.mem_bytes = Bytes{gathered / group_n * b16()};
     }
     const int seq = gather_seq_++;
+    // The hook that issues this gather runs when the host reaches the module, so the gather
+    // cannot start before the compute issued ahead of it is under way; tie it to the end of
+    // the op before (an upper bound on how far ahead prefetching runs).
     collective(s, ph, ms_, b_.cached(LabelKind::gather, key, [&] { return fmt::format("all_gather.{}", what()); }), CollKind::all_gather, ReduceOp::none, why, within_hpz ? hpz_group_ : dp_group_, gathered, md_, seq);
+    b_.dep(last_compute_);
     const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::gather_flat, md_, gathered,
                                     b_.cached(LabelKind::gather_buf, key, [&] { return fmt::format("all-gather flat buffer {}", what()); }), seq);
     b_.alloc(flat);
@@ -1346,6 +1352,7 @@ class Lowering {
   EventId last_reduce_ = -1;
   EventId last_copy_ = -1;
   EventId last_grad_event_ = -1;
+  EventId last_compute_ = -1;             // the latest compute event issued
   BufferId grads_in_partition_ = -1;
   BufferId accumulated_partition_ = -1;  // stage 2: all_grad_tensors across micro-steps
   int bucket_seq_ = 0;
