@@ -408,6 +408,8 @@ Explanation explain(const ExplainRequest& req) {
     }
     if (base.zero.stage >= 1 && base.zero.stage <= 2 && base.zero.contiguous_gradients)
       vs.push_back({"contiguous_gradients false", [](zero::DsConfig& c, Inputs&) { c.zero.contiguous_gradients = false; }});
+    if (base.zero.stage >= 1 && base.zero.stage <= 2 && !base.zero.overlap())
+      vs.push_back({"overlap_comm true", [](zero::DsConfig& c, Inputs&) { c.zero.overlap_comm = true; }});
     if (!B.in.activation_checkpointing)
       vs.push_back({"activation checkpointing (per layer)", [](zero::DsConfig&, Inputs& in) { in.activation_checkpointing = true; }});
     if (B.r.batch.micro_batch > 1) {
@@ -419,7 +421,8 @@ Explanation explain(const ExplainRequest& req) {
     }
     if (base.zero.stage < 3)
       vs.push_back({fmt::format("{} at stage 3 ({} unchanged)", tb, ta), [](zero::DsConfig& c, Inputs&) { c.zero.stage = 3; }, true});
-    t += fmt::format("  {:<40}{:>14}{:>14}{:>22}\n", "change", ta, tb, fmt::format("{} - {}", tb, ta));
+    t += fmt::format("  {:<40}{:>14}{:>14}{:>22}{:>16}\n", "change", ta, tb, fmt::format("{} - {}", tb, ta),
+                     fmt::format("{} iter", tb));
     for (auto& v : vs) {
       try {
         Inputs ia = A.in, ib = B.in;
@@ -429,22 +432,23 @@ Explanation explain(const ExplainRequest& req) {
         const StageResult r2a = v.b_only ? A.r : simulate_one(ia, ca);
         const StageResult r2b = simulate_one(ib, cb);
         const Bytes delta = r2b.memory.peak_allocated - r2a.memory.peak_allocated;
-        t += fmt::format("  {:<40}{:>14}{:>14}{:>22}{}\n", v.what, human_bytes(r2a.memory.peak_allocated),
+        t += fmt::format("  {:<40}{:>14}{:>14}{:>22}{:>13.1f} ms{}\n", v.what, human_bytes(r2a.memory.peak_allocated),
                          human_bytes(r2b.memory.peak_allocated),
                          fmt::format("{} ({:+.1f}%)", signed_bytes(delta),
                                      100.0 * static_cast<double>(delta.v) / static_cast<double>(r2a.memory.peak_allocated.v)),
-                         r2b.memory.fits ? "" : "  (B does not fit)");
+                         r2b.time.report.phases.iteration.ms(), r2b.memory.fits ? "" : "  (B does not fit)");
         sugg.push_back({{"change", v.what},
                         {"a_peak_allocated_bytes", r2a.memory.peak_allocated.v},
                         {"b_peak_allocated_bytes", r2b.memory.peak_allocated.v},
                         {"b_device_used_bytes", r2b.memory.device_used.v},
+                        {"b_iteration_ms", r2b.time.report.phases.iteration.ms()},
                         {"b_fits", r2b.memory.fits}});
       } catch (const InputError& e) {
         t += fmt::format("  {:<40} not possible: {}\n", v.what, e.what());
       }
     }
-    t += fmt::format("  {:<40}{:>14}{:>14}{:>22}\n", "(as configured)", human_bytes(ma.peak_allocated),
-                     human_bytes(mb.peak_allocated), signed_bytes(d));
+    t += fmt::format("  {:<40}{:>14}{:>14}{:>22}{:>13.1f} ms\n", "(as configured)", human_bytes(ma.peak_allocated),
+                     human_bytes(mb.peak_allocated), signed_bytes(d), B.r.time.report.phases.iteration.ms());
   }
 
   Explanation ex;
