@@ -128,8 +128,7 @@ void BM_Engine(benchmark::State& state) {
   const auto res = cli::simulate_one(in, cfg);
   const auto g = graph_for(in, cfg, res.batch);
   const sim::ComputeModel compute(in.profile, g);
-  const sim::CollectiveModel coll(in.cluster);
-  const auto d = sim::event_durations(res.program, compute, coll);
+  const auto d = sim::event_durations(res.program, compute, *in.collectives);
   sim::EngineOptions eo;
   eo.interference = 0.15;
   std::int64_t processed = 0;

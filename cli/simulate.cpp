@@ -47,6 +47,7 @@ Inputs load_inputs(const SimRequest& req) {
   }
   if (req.rank && (*req.rank < 0 || *req.rank >= in.world_size))
     throw InputError("--rank", "", fmt::format("must be in [0, {}] for {} ranks, got {}", in.world_size - 1, in.world_size, *req.rank));
+  in.collectives = std::make_shared<const sim::CollectiveModel>(in.cluster);
   in.profile = sim::default_profile(*in.device);
   // The host's optimizer throughput is shared by the ranks of a node.
   in.profile.cpu_adam_params_per_second /= std::max(1, std::min(in.world_size, in.cluster.gpus_per_node));
@@ -134,10 +135,9 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   r.memory = sim::replay_memory(r.program, *in.device);
   if (with_time) {
     const sim::ComputeModel compute(in.profile, *graph);
-    const sim::CollectiveModel coll(in.cluster);
     sim::EngineOptions eo;
     eo.interference = in.profile.comm_compute_interference;
-    r.time = sim::simulate_time(r.program, *graph, compute, coll, eo);
+    r.time = sim::simulate_time(r.program, *graph, compute, *in.collectives, eo);
   }
   return r;
 }

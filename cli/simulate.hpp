@@ -8,7 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "models/graph.hpp"
+#include <memory>
+
 #include "sim/cluster.hpp"
+#include "sim/collective_model.hpp"
 #include "sim/device.hpp"
 #include "sim/memory.hpp"
 #include "sim/timing.hpp"
@@ -43,6 +46,7 @@ struct Inputs {
   zero::DsConfig cfg;
   const sim::DeviceSpec* device = nullptr;
   sim::ClusterSpec cluster;
+  std::shared_ptr<const sim::CollectiveModel> collectives;  // built once from `cluster`
   sim::DeviceProfile profile;
   int world_size = 1;
   std::int64_t seq_len = 0;

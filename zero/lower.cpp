@@ -29,8 +29,8 @@ std::int64_t ceil_div(std::int64_t x, std::int64_t m) { return (x + m - 1) / m; 
 // Builder: appends events and buffers; an event is open until the next begin().
 enum class LabelKind : std::uint8_t {
   copy_to_bucket, accumulate_fp32, flatten, flatten_buf, cast_buf, all_reduce, reduce_to, copy_to_partition,
-  unflatten, gather, gather_buf, gather_copy, gather_h2d, release, interleave, rs_in, rs_out, reduce_scatter,
-  accumulate_partition, checkpoint_release, full_param, hpz_param, prefetch, all_gather_shard,
+  gather, gather_buf, gather_copy, gather_h2d, release, interleave, rs_in, reduce_scatter,
+  accumulate_partition, checkpoint_release,
 };
 
 class Builder {
