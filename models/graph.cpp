@@ -6,6 +6,8 @@
 #include "models/graph.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <numbers>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -41,6 +43,47 @@ const char* op_kind_name(OpKind k) {
     case OpKind::rope: return "rope";
     case OpKind::copy: return "copy";
     case OpKind::cross_entropy: return "cross_entropy";
+  }
+  return "?";
+}
+
+const char* fn_name(Fn f) {
+  switch (f) {
+    case Fn::none: return "none";
+    case Fn::embedding: return "embedding";
+    case Fn::position_embedding: return "position_embedding";
+    case Fn::linear: return "linear";
+    case Fn::conv1d: return "conv1d";
+    case Fn::linear_first_token: return "linear_first_token";
+    case Fn::attn_scores: return "attn_scores";
+    case Fn::attn_context: return "attn_context";
+    case Fn::scale: return "scale";
+    case Fn::add: return "add";
+    case Fn::add_scalar: return "add_scalar";
+    case Fn::causal_where: return "causal_where";
+    case Fn::add_mask: return "add_mask";
+    case Fn::softmax: return "softmax";
+    case Fn::dropout: return "dropout";
+    case Fn::layernorm: return "layernorm";
+    case Fn::pow: return "pow";
+    case Fn::rms_rsqrt: return "rms_rsqrt";
+    case Fn::mul: return "mul";
+    case Fn::mul_rowscale: return "mul_rowscale";
+    case Fn::mul_weight: return "mul_weight";
+    case Fn::gelu: return "gelu";
+    case Fn::gelu_tanh: return "gelu_tanh";
+    case Fn::relu: return "relu";
+    case Fn::silu: return "silu";
+    case Fn::tanh: return "tanh";
+    case Fn::cast: return "cast";
+    case Fn::rope_tables: return "rope_tables";
+    case Fn::rope: return "rope";
+    case Fn::merge_heads: return "merge_heads";
+    case Fn::repeat_kv: return "repeat_kv";
+    case Fn::extended_mask: return "extended_mask";
+    case Fn::causal_mask: return "causal_mask";
+    case Fn::cross_entropy: return "cross_entropy";
+    case Fn::sdpa: return "sdpa";
   }
   return "?";
 }
@@ -183,6 +226,12 @@ class Builder {
   // ---- ops ----
   // Appends `op` (name, kind, module, inputs, outputs, saved, params already set) and fills
   // in the id, layer, producers, and the default FLOPs/bytes of a non-GEMM op.
+  // Sets the exact function of the op just emitted (and its constant).
+  void tag(Fn f, double alpha = 0.0) {
+    g_.ops.back().fn = f;
+    g_.ops.back().alpha = alpha;
+  }
+
   OpId emit(Op op, bool default_costs = true) {
     op.id = static_cast<OpId>(g_.ops.size());
     op.name = prefix_ + op.name;
@@ -214,7 +263,7 @@ class Builder {
   // nn.Linear / Conv1D: y = x W^T + b; autograd saves x. `rows` overrides the number of
   // rows the GEMM sees (a view of x, e.g. BERT's pooler on the CLS token).
   TensorId linear(const std::string& name, ModuleId m, TensorId x, std::int64_t in, std::int64_t out,
-                  std::optional<Shape> yshape = std::nullopt) {
+                  std::optional<Shape> yshape = std::nullopt, Fn fn = Fn::linear) {
     Shape ys = yshape ? *yshape : T(x).shape;
     if (!yshape) ys.back() = out;
     const std::int64_t rows = numel_of(ys) / out;
@@ -223,6 +272,7 @@ class Builder {
     Op op;
     op.name = name;
     op.kind = OpKind::linear;
+    op.fn = yshape && fn == Fn::linear ? Fn::linear_first_token : fn;
     op.module = m;
     op.inputs = {x};
     op.outputs = {y};
@@ -244,11 +294,14 @@ class Builder {
   // torch.matmul on (batched) attention operands; autograd saves both operands
   // (`saved` names the tensors that own their storage: views keep their base alive).
   TensorId bmm(const std::string& name, std::vector<TensorId> in, std::vector<TensorId> saved, Shape yshape,
-               Gemm geo) {
+               Gemm geo, Fn fn, std::int64_t col0 = 0, std::int64_t col1 = 0) {
     const TensorId y = tensor(name, std::move(yshape), act_);
     Op op;
     op.name = name;
     op.kind = OpKind::bmm;
+    op.fn = fn;
+    op.col[0] = col0;
+    op.col[1] = col1;
     op.inputs = std::move(in);
     op.outputs = {y};
     op.saved = std::move(saved);
@@ -270,6 +323,7 @@ class Builder {
     Op op;
     op.name = name;
     op.kind = OpKind::embedding;
+    op.fn = ids != kNone ? Fn::embedding : Fn::position_embedding;
     op.module = m;
     if (ids != kNone) {
       op.inputs = {ids};
@@ -296,6 +350,8 @@ class Builder {
     Op op;
     op.name = name;
     op.kind = OpKind::dropout;
+    op.fn = Fn::dropout;
+    op.alpha = p;
     op.inputs = {x};
     op.outputs = {y, mask};
     op.saved = {mask};
@@ -313,6 +369,8 @@ class Builder {
     Op op;
     op.name = name;
     op.kind = OpKind::layernorm;
+    op.fn = Fn::layernorm;
+    op.alpha = g_.cfg.norm_eps;
     op.module = m;
     op.inputs = {x};
     op.outputs = {y, mean, rstd};
@@ -332,14 +390,26 @@ class Builder {
     Shape stat = shape;
     stat.back() = 1;
     const bool cast = T(x).dtype != DType::fp32;
-    const TensorId x32 = cast ? simple(name + ".to_fp32", OpKind::cast, {x}, shape, DType::fp32, {}, false, m) : x;
+    TensorId x32 = x;
+    if (cast) {
+      x32 = simple(name + ".to_fp32", OpKind::cast, {x}, shape, DType::fp32, {}, false, m);
+      tag(Fn::cast);
+    }
     const TensorId sq = simple(name + ".pow", OpKind::pow, {x32}, shape, DType::fp32, {x32}, false, m);
+    tag(Fn::pow, 2.0);
     // mean(-1, keepdim) + eps + rsqrt: one value per token, saved by rsqrt's backward.
     const TensorId r = simple(name + ".rsqrt", OpKind::rmsnorm, {sq}, stat, DType::fp32, {}, true, m);
+    tag(Fn::rms_rsqrt, g_.cfg.norm_eps);
     const TensorId y32 = simple(name + ".mul", OpKind::mul, {x32, r}, shape, DType::fp32, {x32, r}, false, m);
-    const TensorId y16 =
-        cast ? simple(name + ".to_act", OpKind::cast, {y32}, shape, T(x).dtype, {}, false, m) : y32;
-    return simple(name, OpKind::mul, {y16}, shape, T(x).dtype, {y16}, false, m, M(m).params);
+    tag(Fn::mul_rowscale);
+    TensorId y16 = y32;
+    if (cast) {
+      y16 = simple(name + ".to_act", OpKind::cast, {y32}, shape, T(x).dtype, {}, false, m);
+      tag(Fn::cast);
+    }
+    const TensorId y = simple(name, OpKind::mul, {y16}, shape, T(x).dtype, {y16}, false, m, M(m).params);
+    tag(Fn::mul_weight);
+    return y;
   }
 
   // The MLP activation; what autograd saves depends on how HF writes it.
@@ -347,20 +417,37 @@ class Builder {
     const Shape shape = T(x).shape;
     const DType dt = T(x).dtype;
     switch (a) {
-      case Act::gelu: return simple(name, OpKind::gelu, {x}, shape, dt, {x});
-      case Act::gelu_pytorch_tanh: return simple(name, OpKind::gelu_tanh, {x}, shape, dt, {x});
-      case Act::silu: return simple(name, OpKind::silu, {x}, shape, dt, {x});
-      case Act::relu: return simple(name, OpKind::relu, {x}, shape, dt, {}, true);  // saves its result
+      case Act::gelu: { const TensorId y = simple(name, OpKind::gelu, {x}, shape, dt, {x}); tag(Fn::gelu); return y; }
+      case Act::gelu_pytorch_tanh: {
+        const TensorId y = simple(name, OpKind::gelu_tanh, {x}, shape, dt, {x});
+        tag(Fn::gelu_tanh);
+        return y;
+      }
+      case Act::silu: { const TensorId y = simple(name, OpKind::silu, {x}, shape, dt, {x}); tag(Fn::silu); return y; }
+      case Act::relu: {
+        const TensorId y = simple(name, OpKind::relu, {x}, shape, dt, {}, true);  // saves its result
+        tag(Fn::relu);
+        return y;
+      }
       case Act::gelu_new: {
         // NewGELUActivation: 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*pow(x, 3))))
         const TensorId half = simple(name + ".half_x", OpKind::scale, {x}, shape, dt, {});
+        tag(Fn::scale, 0.5);
         const TensorId cube = simple(name + ".pow3", OpKind::pow, {x}, shape, dt, {x});
+        tag(Fn::pow, 3.0);
         const TensorId c3 = simple(name + ".scale_cube", OpKind::scale, {cube}, shape, dt, {});
+        tag(Fn::scale, 0.044715);
         const TensorId inner = simple(name + ".add_x", OpKind::add, {x, c3}, shape, dt, {});
+        tag(Fn::add);
         const TensorId arg = simple(name + ".scale_sqrt", OpKind::scale, {inner}, shape, dt, {});
+        tag(Fn::scale, std::sqrt(2.0 / std::numbers::pi));
         const TensorId th = simple(name + ".tanh", OpKind::tanh, {arg}, shape, dt, {}, true);
+        tag(Fn::tanh);
         const TensorId one_p = simple(name + ".one_plus", OpKind::add, {th}, shape, dt, {});
-        return simple(name, OpKind::mul, {half, one_p}, shape, dt, {half, one_p});
+        tag(Fn::add_scalar, 1.0);
+        const TensorId y = simple(name, OpKind::mul, {half, one_p}, shape, dt, {half, one_p});
+        tag(Fn::mul);
+        return y;
       }
     }
     return x;
@@ -378,6 +465,7 @@ class Builder {
     Op op;
     op.name = name;
     op.kind = OpKind::bmm;
+    op.fn = Fn::sdpa;
     op.inputs = std::move(in);
     op.outputs = {out, lse};
     op.saved = std::move(saved_qkv);
@@ -404,6 +492,7 @@ class Builder {
     Op op;
     op.name = name;
     op.kind = OpKind::cross_entropy;
+    op.fn = Fn::cross_entropy;
     op.inputs = {logits, labels};
     op.outputs = {logp, loss};
     op.saved = {logp, labels};
@@ -416,7 +505,10 @@ class Builder {
   TensorId causal_lm_loss(TensorId logits, TensorId labels, std::int64_t vocab) {
     TensorId l = logits;
     if (T(logits).dtype != DType::fp32)
+    {
       l = simple("loss.upcast", OpKind::cast, {logits}, T(logits).shape, DType::fp32, {});
+      tag(Fn::cast);
+    }
     return cross_entropy("loss.cross_entropy", l, labels, vocab);
   }
 
@@ -496,31 +588,40 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   const std::string p = fmt::format("transformer.h.{}.", l);
   bd.begin_layer(l, x);
   const TensorId y = bd.layernorm("ln_1", bd.mod(p + "ln_1"), x);
-  const TensorId qkv = bd.linear("attn.c_attn", bd.mod(p + "attn.c_attn"), y, d.h, 3 * d.h);  // (B, T, 3C)
+  const TensorId qkv = bd.linear("attn.c_attn", bd.mod(p + "attn.c_attn"), y, d.h, 3 * d.h, std::nullopt, Fn::conv1d);  // (B, T, 3C)
   TensorId ctx = kNone;
   if (bd.attention() == Attention::sdpa) {
     // q, k, v are views of qkv: the kernel's saved q, k, v keep the (B, T, 3C) tensor alive.
     ctx = bd.sdpa("attn.sdpa", {qkv}, {qkv}, d.b, d.a, d.s, d.d, true);
   } else {
     // q, k, v are views of qkv: both matmuls keep the one (B, T, 3C) tensor alive.
-    TensorId sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a});
+    // q, k, v are the column blocks [0, C), [C, 2C), [2C, 3C) of qkv, split into heads.
+    TensorId sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a},
+                         Fn::attn_scores, 0, d.h);
     sc = bd.simple("attn.scale", OpKind::scale, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
+    bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
     // torch.where(bias[..., :T, :T], w, min): the condition is a persistent buffer.
     sc = bd.simple("attn.causal_mask", OpKind::add, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
+    bd.tag(Fn::causal_where);
     const TensorId probs = bd.simple("attn.softmax", OpKind::softmax, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {}, true);
+    bd.tag(Fn::softmax);
     const TensorId pd = bd.dropout("attn.attn_dropout", probs, c.attention_dropout);
-    ctx = bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+    ctx = bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
+                 Fn::attn_context, 0, 2 * d.h);
   }
   const TensorId merged = bd.simple("attn.merge_heads", OpKind::copy, {ctx}, {d.b, d.s, d.h}, bd.act(), {});
-  TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h);
+  bd.tag(Fn::merge_heads);
+  TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h, std::nullopt, Fn::conv1d);
   o = bd.dropout("attn.resid_dropout", o, c.hidden_dropout);
   const TensorId x2 = bd.simple("attn.residual", OpKind::add, {o, x}, {d.b, d.s, d.h}, bd.act(), {});
+  bd.tag(Fn::add);
   const TensorId y2 = bd.layernorm("ln_2", bd.mod(p + "ln_2"), x2);
-  const TensorId fc = bd.linear("mlp.c_fc", bd.mod(p + "mlp.c_fc"), y2, d.h, d.f);  // (B, T, F)
+  const TensorId fc = bd.linear("mlp.c_fc", bd.mod(p + "mlp.c_fc"), y2, d.h, d.f, std::nullopt, Fn::conv1d);  // (B, T, F)
   const TensorId g = bd.activation("mlp.act", c.act, fc);
-  TensorId m = bd.linear("mlp.c_proj", bd.mod(p + "mlp.c_proj"), g, d.f, d.h);
+  TensorId m = bd.linear("mlp.c_proj", bd.mod(p + "mlp.c_proj"), g, d.f, d.h, std::nullopt, Fn::conv1d);
   m = bd.dropout("mlp.dropout", m, c.hidden_dropout);
   const TensorId out = bd.simple("mlp.residual", OpKind::add, {x2, m}, {d.b, d.s, d.h}, bd.act(), {});
+  bd.tag(Fn::add);
   bd.end_layer();
   return out;
 }
@@ -535,6 +636,7 @@ void gpt2_graph(Builder& bd, OpGraph& g) {
   // position_ids = arange(T)[None]: (1, T, C) broadcast over the batch.
   const TensorId pos = bd.embedding("transformer.wpe", bd.mod("transformer.wpe"), kNone, {1, d.s, d.h});
   TensorId x = bd.simple("transformer.embed_add", OpKind::add, {tok, pos}, {d.b, d.s, d.h}, bd.act(), {});
+  bd.tag(Fn::add);
   x = bd.dropout("transformer.drop", x, c.embedding_dropout);
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) x = gpt2_block(bd, c, d, l, x);
   x = bd.layernorm("transformer.ln_f", bd.mod("transformer.ln_f"), x);
@@ -592,24 +694,32 @@ TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
     // The padding mask (B, 1, 1, T) is an input of the kernel, not saved memory of note.
     ctx = bd.sdpa("attention.self.sdpa", {q, k, v, mask}, {q, k, v}, d.b, d.a, d.s, d.d, false);
   } else {
-    TensorId sc = bd.bmm("attention.self.scores", {q, k}, {q, k}, bash, Gemm{d.s, d.s, d.d, d.b * d.a});
+    TensorId sc = bd.bmm("attention.self.scores", {q, k}, {q, k}, bash, Gemm{d.s, d.s, d.d, d.b * d.a},
+                         Fn::attn_scores);
     sc = bd.simple("attention.self.scale", OpKind::scale, {sc}, bash, bd.act(), {});
+    bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
     // + extended attention mask (B, 1, 1, T): a broadcast add saves nothing.
     sc = bd.simple("attention.self.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
+    bd.tag(Fn::add_mask);
     const TensorId probs = bd.simple("attention.self.softmax", OpKind::softmax, {sc}, bash, bd.act(), {}, true);
+    bd.tag(Fn::softmax);
     const TensorId pd = bd.dropout("attention.self.dropout", probs, c.attention_dropout);
-    ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+    ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
+                 Fn::attn_context);
   }
   const TensorId merged = bd.simple("attention.self.merge_heads", OpKind::copy, {ctx}, bsh, bd.act(), {});
+  bd.tag(Fn::merge_heads);
   TensorId o = bd.linear("attention.output.dense", bd.mod(p + "attention.output.dense"), merged, d.h, d.h);
   o = bd.dropout("attention.output.dropout", o, c.hidden_dropout);
   o = bd.simple("attention.output.residual", OpKind::add, {o, x}, bsh, bd.act(), {});
+  bd.tag(Fn::add);
   const TensorId ao = bd.layernorm("attention.output.LayerNorm", bd.mod(p + "attention.output.LayerNorm"), o);
   TensorId i = bd.linear("intermediate.dense", bd.mod(p + "intermediate.dense"), ao, d.h, d.f);  // (B, T, F)
   i = bd.activation("intermediate.act", c.act, i);
   TensorId o2 = bd.linear("output.dense", bd.mod(p + "output.dense"), i, d.f, d.h);
   o2 = bd.dropout("output.dropout", o2, c.hidden_dropout);
   o2 = bd.simple("output.residual", OpKind::add, {o2, ao}, bsh, bd.act(), {});
+  bd.tag(Fn::add);
   const TensorId out = bd.layernorm("output.LayerNorm", bd.mod(p + "output.LayerNorm"), o2);
   bd.end_layer();
   return out;
@@ -627,14 +737,17 @@ void bert_graph(Builder& bd, OpGraph& g) {
   const TensorId nsp_labels = pretraining ? bd.input("next_sentence_label", {d.b}, DType::i64) : kNone;
   // (1 - mask) * finfo.min in the activation dtype: (B, 1, 1, T).
   const TensorId ext = bd.simple("bert.extended_attention_mask", OpKind::copy, {amask}, {d.b, 1, 1, d.s}, bd.act(), {});
+  bd.tag(Fn::extended_mask);
   const Shape bsh{d.b, d.s, d.h};
   const TensorId w = bd.embedding("bert.embeddings.word_embeddings", bd.mod("bert.embeddings.word_embeddings"), ids, bsh);
   const TensorId t =
       bd.embedding("bert.embeddings.token_type_embeddings", bd.mod("bert.embeddings.token_type_embeddings"), types, bsh);
   TensorId x = bd.simple("bert.embeddings.add_token_type", OpKind::add, {w, t}, bsh, bd.act(), {});
+  bd.tag(Fn::add);
   const TensorId pos = bd.embedding("bert.embeddings.position_embeddings",
                                     bd.mod("bert.embeddings.position_embeddings"), kNone, {1, d.s, d.h});
   x = bd.simple("bert.embeddings.add_position", OpKind::add, {x, pos}, bsh, bd.act(), {});
+  bd.tag(Fn::add);
   x = bd.layernorm("bert.embeddings.LayerNorm", bd.mod("bert.embeddings.LayerNorm"), x);
   x = bd.dropout("bert.embeddings.dropout", x, c.hidden_dropout);
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) x = bert_layer(bd, c, d, l, x, ext);
@@ -645,6 +758,7 @@ void bert_graph(Builder& bd, OpGraph& g) {
     // hidden_states[:, 0] is a view: the dense layer's saved input keeps `seq` alive.
     pooled = bd.linear("bert.pooler.dense", bd.mod("bert.pooler.dense"), seq, d.h, d.h, Shape{d.b, d.h});
     pooled = bd.simple("bert.pooler.activation", OpKind::tanh, {pooled}, {d.b, d.h}, bd.act(), {}, true);
+    bd.tag(Fn::tanh);
   }
   TensorId tr = bd.linear("cls.predictions.transform.dense", bd.mod("cls.predictions.transform.dense"), seq, d.h, d.h);
   tr = bd.activation("cls.predictions.transform.act", c.act, tr);
@@ -660,6 +774,7 @@ void bert_graph(Builder& bd, OpGraph& g) {
   }
   const TensorId nsp_loss = bd.cross_entropy("loss.nsp", nsp, nsp_labels, 2);
   g.loss = bd.simple("loss.total", OpKind::add, {mlm_loss, nsp_loss}, {}, bd.act(), {});
+  bd.tag(Fn::add);
 }
 
 // ------------------------------------------------------------------------------------
@@ -712,40 +827,55 @@ TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int3
   // projections' outputs are freed and the rotated tensors are what the matmul saves.
   const TensorId qr = bd.simple("self_attn.rope_q", OpKind::rope, {q, rope.cos, rope.sin}, {d.b, d.a, d.s, d.d},
                                 bd.act(), {rope.cos, rope.sin});
+  bd.tag(Fn::rope);
   const TensorId kr = bd.simple("self_attn.rope_k", OpKind::rope, {k, rope.cos, rope.sin}, {d.b, d.kv, d.s, d.d},
                                 bd.act(), {rope.cos, rope.sin});
+  bd.tag(Fn::rope);
   // repeat_kv: expand + reshape materialises (B, A, T, D) when K < A; saves nothing.
   TensorId kk = kr, vv = v;
   if (d.kv < d.a) {
     kk = bd.simple("self_attn.repeat_k", OpKind::copy, {kr}, {d.b, d.a, d.s, d.d}, bd.act(), {});
+    bd.tag(Fn::repeat_kv);
     vv = bd.simple("self_attn.repeat_v", OpKind::copy, {v}, {d.b, d.a, d.s, d.d}, bd.act(), {});
+    bd.tag(Fn::repeat_kv);
   }
   TensorId ctx = kNone;
   if (bd.attention() == Attention::sdpa) {
     // is_causal=True without a materialised mask; repeat_kv'd k and v are what it saves.
     ctx = bd.sdpa("self_attn.sdpa", {qr, kk, vv}, {qr, kk, vv}, d.b, d.a, d.s, d.d, true);
   } else {
-    TensorId sc = bd.bmm("self_attn.qk", {qr, kk}, {qr, kk}, bash, Gemm{d.s, d.s, d.d, d.b * d.a});
+    TensorId sc = bd.bmm("self_attn.qk", {qr, kk}, {qr, kk}, bash, Gemm{d.s, d.s, d.d, d.b * d.a}, Fn::attn_scores);
     sc = bd.simple("self_attn.scale", OpKind::scale, {sc}, bash, bd.act(), {});
+    bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
     sc = bd.simple("self_attn.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
+    bd.tag(Fn::add_mask);
     // softmax(dtype=float32) saves its fp32 output; .to(act) is saved by the PV matmul.
     const TensorId p32 = bd.simple("self_attn.softmax", OpKind::softmax, {sc}, bash, DType::fp32, {}, true);
+    bd.tag(Fn::softmax);
     TensorId probs = p32;
-    if (bd.act() != DType::fp32) probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});
+    if (bd.act() != DType::fp32) {
+      probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});
+      bd.tag(Fn::cast);
+    }
     probs = bd.dropout("self_attn.dropout", probs, c.attention_dropout);
-    ctx = bd.bmm("self_attn.pv", {probs, vv}, {probs, vv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a});
+    ctx = bd.bmm("self_attn.pv", {probs, vv}, {probs, vv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
+                 Fn::attn_context);
   }
   const TensorId merged = bd.simple("self_attn.merge_heads", OpKind::copy, {ctx}, {d.b, d.s, qd}, bd.act(), {});
+  bd.tag(Fn::merge_heads);
   const TensorId o = bd.linear("self_attn.o_proj", bd.mod(p + "self_attn.o_proj"), merged, qd, d.h);
   const TensorId x2 = bd.simple("residual_attn", OpKind::add, {x, o}, bsh, bd.act(), {});
+  bd.tag(Fn::add);
   const TensorId y2 = bd.rmsnorm("post_attention_layernorm", bd.mod(p + "post_attention_layernorm"), x2);
   // down_proj(act_fn(gate_proj(x)) * up_proj(x)), in Python's evaluation order.
   const TensorId gt = bd.linear("mlp.gate_proj", bd.mod(p + "mlp.gate_proj"), y2, d.h, d.f);  // (B, T, F)
   const TensorId ga = bd.activation("mlp.act_fn", c.act, gt);
   const TensorId up = bd.linear("mlp.up_proj", bd.mod(p + "mlp.up_proj"), y2, d.h, d.f);  // (B, T, F)
   const TensorId m = bd.simple("mlp.mul", OpKind::mul, {ga, up}, {d.b, d.s, d.f}, bd.act(), {ga, up});
+  bd.tag(Fn::mul);
   const TensorId dn = bd.linear("mlp.down_proj", bd.mod(p + "mlp.down_proj"), m, d.f, d.h);
   const TensorId out = bd.simple("residual_mlp", OpKind::add, {x2, dn}, bsh, bd.act(), {});
+  bd.tag(Fn::add);
   bd.end_layer();
   return out;
 }
@@ -759,9 +889,11 @@ void llama_graph(Builder& bd, OpGraph& g) {
   TensorId x = bd.embedding("model.embed_tokens", bd.mod("model.embed_tokens"), ids, {d.b, d.s, d.h});
   // The additive causal mask for eager attention, built once (expanded over the batch);
   // sdpa runs with is_causal and needs none.
-  const TensorId mask = bd.attention() == Attention::eager
-                            ? bd.simple("model.causal_mask", OpKind::copy, {}, {1, 1, d.s, d.s}, bd.act(), {})
-                            : kNone;
+  TensorId mask = kNone;
+  if (bd.attention() == Attention::eager) {
+    mask = bd.simple("model.causal_mask", OpKind::copy, {}, {1, 1, d.s, d.s}, bd.act(), {});
+    bd.tag(Fn::causal_mask);
+  }
   // Rotary embedding: cos and sin (1, T, D) in the activation dtype, shared by all layers.
   Rope rope;
   {
@@ -770,6 +902,8 @@ void llama_graph(Builder& bd, OpGraph& g) {
     Op op;
     op.name = "model.rotary_emb";
     op.kind = OpKind::rope;
+    op.fn = Fn::rope_tables;
+    op.alpha = c.rope_theta;
     op.outputs = {rope.cos, rope.sin};
     bd.emit(std::move(op));
   }

@@ -53,6 +53,43 @@ enum class OpKind {
 };
 const char* op_kind_name(OpKind k);
 
+// What an op computes, precisely enough for the executor (cost models need only the
+// kind). `Op::alpha` and `Op::col` carry the few constants an op needs.
+enum class Fn : std::uint8_t {
+  none,
+  embedding,           // y(B,T,C) = W[ids]
+  position_embedding,  // y(1,T,C) = W[0..T)                      (no inputs: arange)
+  linear,              // y = x W^T + b                           (nn.Linear, W (out, in))
+  conv1d,              // y = x W + b                             (GPT-2 Conv1D, W (in, out))
+  linear_first_token,  // y(B,C') = x[:, 0] W^T + b               (BERT pooler)
+  attn_scores,         // s(B,H,T,T) = q k^T                      (q, k: head views, see col)
+  attn_context,        // c(B,H,T,D) = p v                        (v: head view)
+  scale,               // y = alpha x
+  add,                 // y = a + b; b may be (1,T,C) broadcast over the batch
+  add_scalar,          // y = x + alpha
+  causal_where,        // y = where(j <= i, x, lowest)            (GPT-2's bias buffer)
+  add_mask,            // y(B,H,T,T) = x + m, m (B,1,1,T) or (1,1,T,T)
+  softmax,             // over the last dim
+  dropout,             // alpha = p; outputs y and the byte mask
+  layernorm,           // alpha = eps; outputs y, mean, rstd
+  pow,                 // y = x^alpha (2 or 3)
+  rms_rsqrt,           // r(B,T,1) = rsqrt(mean(sq) + alpha)
+  mul,                 // y = a * b, same shape
+  mul_rowscale,        // y = x * r, r (B,T,1)
+  mul_weight,          // y = x * w, w (C) a parameter
+  gelu, gelu_tanh, relu, silu, tanh,
+  cast,                // dtype conversion
+  rope_tables,         // cos, sin (1,T,D)
+  rope,                // y(B,H,T,D) = x*cos + rotate_half(x)*sin, x a head view
+  merge_heads,         // (B,H,T,D) -> (B,T,H*D)
+  repeat_kv,           // (B,K,T,D) -> (B,H,T,D)
+  extended_mask,       // (B,T) int mask -> (B,1,1,T): (1 - m) * lowest
+  causal_mask,         // (1,1,T,T): 0 on and below the diagonal, lowest above
+  cross_entropy,       // outputs log-probabilities and the mean loss (ignore_index -100)
+  sdpa,                // fused attention (not executed on CPU)
+};
+const char* fn_name(Fn f);
+
 struct Tensor {
   TensorId id = kNone;
   std::string name;                  // e.g. "layer3.attn.probs"
@@ -83,6 +120,9 @@ struct Op {
   Bytes fwd_bytes{};                 // bytes read + written by the forward kernel(s)
   Bytes bwd_bytes{};                 // bytes read + written by the backward kernel(s)
   std::vector<Gemm> gemms;           // forward GEMMs (empty for non-GEMM ops)
+  Fn fn = Fn::none;                  // exact function, for the executor
+  double alpha = 0.0;                // the constant of scale/add_scalar/pow/dropout/eps
+  std::int64_t col[2] = {0, 0};      // attention operands read from a (B,T,W) tensor: column offset
 };
 
 // How attention is computed. `eager`: HF's eager path (scores, softmax, dropout and the

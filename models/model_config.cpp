@@ -186,6 +186,7 @@ void parse_llama(const Reader& r, const json& o, ModelConfig& c) {
   c.hidden_dropout = 0.0;
   c.embedding_dropout = 0.0;
   c.norm_eps = norm_eps(r, o, "rms_norm_eps", 1e-6);
+  c.rope_theta = r.get_double(o, "rope_theta", 10000.0, 1.0, 1e12);
   c.tie_word_embeddings = r.get_bool(o, "tie_word_embeddings", false);
   if (c.model_type == "qwen2") {
     c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without

@@ -48,6 +48,7 @@ struct ModelConfig {
   double attention_dropout = 0.0;     // attention_probs_dropout_prob / attn_pdrop / attention_dropout
   double embedding_dropout = 0.0;     // GPT-2 embd_pdrop; BERT uses hidden_dropout
   double norm_eps = 1e-5;
+  double rope_theta = 10000.0;        // Llama family: RoPE base
   std::int64_t sliding_window = 0;    // Mistral (0: none)
 };
 

@@ -303,21 +303,23 @@ class Lowering {
     const Placement opt_where = offload_opt_ ? Placement::host : Placement::device;
     auto states = [&](std::int64_t elements, const std::string& name, std::int32_t ref) {
       if (k_state > 0)
-        persistent(Category::optimizer_states, opt_where, offload_opt_ ? BufferRole::host_optimizer_state : BufferRole::optimizer_state,
-                   DType::fp32, elements * k_state / 4, name, ref);
+        states_buf_ = persistent(Category::optimizer_states, opt_where,
+                                 offload_opt_ ? BufferRole::host_optimizer_state : BufferRole::optimizer_state,
+                                 DType::fp32, elements * k_state / 4, name, ref);
     };
     if (stage_ == 0 || bf16_opt_) {
-      persistent(Category::params, Placement::device, BufferRole::flat_params16, md_, psi,
+      params_buf_ = persistent(Category::params, Placement::device, BufferRole::flat_params16, md_, psi,
                  fmt::format("params{} (flat, {} elements)", dtype_name(md_), psi));
       if (!bf16_opt_ && md_ != DType::fp32) {
         // FP16_Optimizer (fp16, and bf16 without ZeRO): fp32 master copy and states, unpartitioned.
-        persistent(Category::master_params, Placement::device, BufferRole::master_partition, DType::fp32, psi, "master fp32 params", 0);
+        master_buf_ = persistent(Category::master_params, Placement::device, BufferRole::master_partition, DType::fp32, psi,
+                                 "master fp32 params", 0);
         states(psi, "optimizer states", 0);
       } else if (bf16_opt_) {
         // BF16_Optimizer (ZeRO-1 with fp32 accumulation): fp32 grad buffer, master and states partitioned.
         persistent(Category::grads, Placement::device, BufferRole::flat_grads32, DType::fp32, psi, "fp32 grad accumulation buffer");
-        persistent(Category::master_params, Placement::device, BufferRole::master_partition, DType::fp32, layout_.partition,
-                   "master fp32 partition", 0);
+        master_buf_ = persistent(Category::master_params, Placement::device, BufferRole::master_partition, DType::fp32,
+                                 layout_.partition, "master fp32 partition", 0);
         states(layout_.partition, "optimizer states (partition)", 0);
       } else {
         states(psi, "optimizer states", 0);
@@ -326,10 +328,11 @@ class Lowering {
     }
     if (stage_ == 1 || stage_ == 2) {
       const std::int64_t P = layout_.partition;
-      persistent(Category::params, Placement::device, BufferRole::flat_params16, md_, layout_.padded,
-                 fmt::format("params{} (flat, padded to 2N: {} elements)", dtype_name(md_), layout_.padded));
-      persistent(Category::master_params, opt_where, offload_opt_ ? BufferRole::host_master : BufferRole::master_partition,
-                 DType::fp32, P, "master fp32 partition", 0);
+      params_buf_ = persistent(Category::params, Placement::device, BufferRole::flat_params16, md_, layout_.padded,
+                               fmt::format("params{} (flat, padded to 2N: {} elements)", dtype_name(md_), layout_.padded));
+      master_buf_ = persistent(Category::master_params, opt_where,
+                               offload_opt_ ? BufferRole::host_master : BufferRole::master_partition, DType::fp32, P,
+                               "master fp32 partition", 0);
       states(P, "optimizer states (partition)", 0);
       if (offload_opt_) {
         persistent(Category::grads, Placement::host, BufferRole::host_grads32, DType::fp32, P, "host fp32 grad partition");
@@ -353,13 +356,22 @@ class Lowering {
       }
     }
     const std::int64_t part = stage3_partition_elements(g_, N_);
-    persistent(Category::params, pw, BufferRole::param_partition16, md_, part,
-               fmt::format("params{} partitions (sum of ceil(numel/N))", dtype_name(md_)));
-    if (persist_total > 0)
+    params_buf_ = persistent(Category::params, pw, BufferRole::param_partition16, md_, part,
+                             fmt::format("params{} partitions (sum of ceil(numel/N))", dtype_name(md_)));
+    if (persist_total > 0) {
       persistent(Category::params, Placement::device, BufferRole::param_full16, md_, persist_total,
                  fmt::format("persistent params (numel <= {})", cfg_.zero.stage3_param_persistence_threshold));
-    persistent(Category::master_params, opt_where, offload_opt_ ? BufferRole::host_master : BufferRole::master_partition,
-               DType::fp32, part, "master fp32 partition", 0);
+      // Where each persistent param lives in the buffer (for the executor).
+      std::int64_t at = 0;
+      for (const auto& prm : g_.params)
+        if (s3_persistent_[static_cast<std::size_t>(prm.id)]) {
+          b_.slice({prm.id, 0, prm.numel, at});
+          at += prm.numel;
+        }
+    }
+    master_buf_ = persistent(Category::master_params, opt_where,
+                             offload_opt_ ? BufferRole::host_master : BufferRole::master_partition, DType::fp32, part,
+                             "master fp32 partition", 0);
     states(part, "optimizer states (partition)", 0);
     if (offload_opt_) {
       persistent(Category::grads, Placement::host, BufferRole::host_grads32, DType::fp32, part, "host fp32 grad partition");
@@ -394,6 +406,7 @@ class Lowering {
     // The batch arrives (ids, labels, masks).
     b_.begin(EventKind::copy, Stream::compute, Phase::forward, m, "batch");
     b_.cur().src = Placement::host;
+    b_.cur().copy_op = CopyOp::load_batch;
     for (TensorId t : g_.inputs) {
       const auto& ten = g_.tensors[static_cast<std::size_t>(t)];
       st.tensor_buf[static_cast<std::size_t>(t)] = b_.buffer(Category::activations, Placement::device, BufferRole::activation,
@@ -673,6 +686,9 @@ class Lowering {
       Event& e = b_.begin(EventKind::copy, Stream::compute, at_boundary_pass ? Phase::reduction : Phase::backward, ms_,
                           b_.cached(LabelKind::copy_to_bucket, p, [&] { return fmt::format("copy_to_bucket.{}", pname(p)); }));
       e.mem_bytes = Bytes{2 * n * b16()};
+      e.copy_op = CopyOp::grad_to_bucket;
+      e.src_buf = grad;
+      e.dst_buf = ipg_buf_[ipg_index_];
       // The compute stream must not overwrite a buffer still being reduced.
       b_.dep(ipg_last_reduce_[ipg_index_]);
       b_.slice({p, 0, n, ipg_elements_});
@@ -737,9 +753,20 @@ class Lowering {
       b_.alloc(cast);
     }
     for (const auto& s : ipg_params_) b_.slice(s);
+    // Data: the slices are packed in order into the reduced buffer: the cast copy, else the
+    // flat copy, else the contiguous bucket itself, else (a lone param) its own gradient.
+    const BufferId bucket_src = cfg_.zero.contiguous_gradients ? ipg_buf_[ipg_index_] : -1;
+    BufferId reduced = cast >= 0 ? cast : flat >= 0 ? flat : bucket_src;
+    if (!ipg_large_grads_.empty() && flat < 0 && cast < 0) reduced = ipg_large_grads_.front();
+    if (flat >= 0 || cast >= 0) {
+      fl.copy_op = CopyOp::flatten;
+      fl.src_buf = bucket_src;
+      fl.dst_buf = reduced;
+    }
     EventId last = -1;
     if (multi_rank_allreduce || N_ == 1) {
-      collective(rs, ph, ms_, b_.cached(LabelKind::all_reduce, bucket_no, [&] { return fmt::format("all_reduce.bucket{}", bucket_no); }), CollKind::all_reduce, ReduceOp::sum, why, dp_group_, elements, cd_, bucket_no);
+      collective(rs, ph, ms_, b_.cached(LabelKind::all_reduce, bucket_no, [&] { return fmt::format("all_reduce.bucket{}", bucket_no); }), CollKind::all_reduce, ReduceOp::avg, why, dp_group_, elements, cd_, bucket_no);
+      b_.cur().dst_buf = reduced;
       for (const auto& s : ipg_params_) b_.slice(s);
       last = b_.cur_id();
     } else {
@@ -751,7 +778,10 @@ class Lowering {
           part += overlap_with_rank(lo, lo + s.count, r);
         }
         if (part == 0) continue;
-        collective(rs, ph, ms_, b_.cached(LabelKind::reduce_to, bucket_no * 65536 + r, [&] { return fmt::format("reduce.bucket{}.to{}", bucket_no, r); }), CollKind::reduce, ReduceOp::sum, why, dp_group_, part, cd_, bucket_no);
+        collective(rs, ph, ms_, b_.cached(LabelKind::reduce_to, bucket_no * 65536 + r, [&] { return fmt::format("reduce.bucket{}.to{}", bucket_no, r); }), CollKind::reduce, ReduceOp::avg, why, dp_group_, part, cd_, bucket_no);
+        b_.cur().dst_buf = reduced;
+        b_.cur().root = r;
+        for (const auto& s : ipg_params_) b_.slice(s);
         last = b_.cur_id();
       }
     }
@@ -764,6 +794,9 @@ class Lowering {
       mine += overlap_with_rank(lo, lo + s.count, opt_.rank);
     }
     cp.mem_bytes = Bytes{2 * mine * b16()};
+    cp.copy_op = CopyOp::to_partition;
+    cp.src_buf = reduced;
+    for (const auto& s : ipg_params_) b_.slice(s);
     if (offload_opt_) {
       cp.dst = Placement::host;
       cp.mem_bytes = Bytes{mine * b16()};  // bytes crossing PCIe, one direction
@@ -773,6 +806,7 @@ class Lowering {
                                       "grads_in_partition (params overlapping this rank's partition)");
       b_.alloc(grads_in_partition_);
     }
+    if (!offload_opt_) p_.events.back().dst_buf = grads_in_partition_;
     if (flat >= 0) b_.free(flat);
     if (cast >= 0) b_.free(cast);
     for (BufferId gbuf : ipg_loose_grads_) b_.free(gbuf);
@@ -812,6 +846,9 @@ class Lowering {
         } else {
           b_.begin(EventKind::copy, red_stream(), Phase::backward, ms_, "accumulate_grads_in_partition");
           b_.cur().mem_bytes = Bytes{3 * p_.buffers[static_cast<std::size_t>(grads_in_partition_)].bytes.v};
+          b_.cur().copy_op = CopyOp::accumulate;
+          b_.cur().src_buf = grads_in_partition_;
+          b_.cur().dst_buf = accumulated_partition_;
           b_.free(grads_in_partition_);
         }
         grads_in_partition_ = -1;
@@ -850,10 +887,17 @@ class Lowering {
       const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, gd, cur_n,
                                       fmt::format("flatten bucket{}", bn), bn);
       b_.alloc(flat);
-      collective(Stream::compute, Phase::reduction, ms_, b_.label(fmt::format("all_reduce.bucket{}", bn)), CollKind::all_reduce, ReduceOp::sum, Trigger::gas_boundary, dp_group_, cur_n, cfg_.communication_data_type_override.value_or(gd), bn);
+      fl.copy_op = CopyOp::flatten;
+      fl.dst_buf = flat;
+      for (ParamId p : cur) b_.slice({p, 0, numel(p), -1});
+      collective(Stream::compute, Phase::reduction, ms_, b_.label(fmt::format("all_reduce.bucket{}", bn)), CollKind::all_reduce, ReduceOp::avg, Trigger::gas_boundary, dp_group_, cur_n, cfg_.communication_data_type_override.value_or(gd), bn);
+      b_.cur().dst_buf = flat;
       for (ParamId p : cur) b_.slice({p, 0, numel(p), -1});
       Event& back = b_.begin(EventKind::copy, Stream::compute, Phase::reduction, ms_, fmt::format("unflatten.bucket{}", bn));
       back.mem_bytes = Bytes{2 * cur_n * dtype_size(gd)};
+      back.copy_op = CopyOp::unflatten_grads;
+      back.src_buf = flat;
+      for (ParamId p : cur) b_.slice({p, 0, numel(p), -1});
       b_.free(flat);
       cur.clear();
       cur_n = 0;
@@ -871,8 +915,16 @@ class Lowering {
     collective(Stream::compute, Phase::step, -1, b_.label(name), CollKind::all_reduce, op, t, dp_group_, 1, DType::fp32, -1);
   }
 
-  void optimizer_event(std::int64_t elements, Placement where, const std::string& name) {
+  // Data: dst (master or the params) -= update(src grads, src2 states) over
+  // [offset, offset + elements); src -1: each param's own gradient (stage 0, fp32).
+  void optimizer_event(std::int64_t elements, Placement where, const std::string& name, BufferId dst = -1,
+                       BufferId grads = -1, std::int64_t offset = 0) {
     Event& e = b_.begin(EventKind::optimizer, where == Placement::host ? Stream::host : Stream::compute, Phase::step, -1, name);
+    e.dst_buf = dst;
+    e.src_buf = grads;
+    e.src2_buf = states_buf_;
+    e.offset = offset;
+    e.elements = elements;
     const std::int64_t k = cfg_.optimizer.state_bytes_per_param();
     // Adam: ~12 FLOPs per element; reads/writes master, grad and states.
     e.flops = Flops{12.0 * static_cast<double>(elements)};
@@ -905,24 +957,35 @@ class Lowering {
       const DType gd = accum_dtype();
       Event& fl = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_partition_grads");
       fl.mem_bytes = Bytes{2 * P * dtype_size(gd)};
+      fl.copy_op = CopyOp::partition_grads;
+      fl.src_buf = grads_in_partition_;
+      fl.src2_buf = accumulated_partition_;
       BufferId flat16 = -1;
       if (gd != DType::fp32) {
         flat16 = b_.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, gd, P,
                            fmt::format("flat partition grads ({})", dtype_name(gd)));
         b_.alloc(flat16);
+        p_.events.back().dst_buf = flat16;
         Event& cast = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "cast_partition_grads_fp32");
         cast.mem_bytes = Bytes{P * (dtype_size(gd) + 4)};
+        cast.copy_op = CopyOp::cast;
+        cast.src_buf = flat16;
       }
       const BufferId flat32 = b_.buffer(Category::temporaries, Placement::device, BufferRole::flat_grads32, DType::fp32, P,
                                         "flat partition grads (fp32)");
       b_.alloc(flat32);
+      p_.events.back().dst_buf = flat32;
       if (flat16 >= 0) b_.free(flat16);
       if (grads_in_partition_ >= 0) { b_.free(grads_in_partition_); grads_in_partition_ = -1; }
       if (accumulated_partition_ >= 0) { b_.free(accumulated_partition_); accumulated_partition_ = -1; }
-      optimizer_event(P, Placement::device, "optimizer");
+      optimizer_event(P, Placement::device, "optimizer", master_buf_, flat32);
       b_.free(flat32);
       Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
       cp.mem_bytes = Bytes{P * (4 + b16())};
+      cp.copy_op = CopyOp::master_to_params;
+      cp.src_buf = master_buf_;
+      cp.dst_buf = params_buf_;
+      cp.elements = P;
     }
     post_step_allgather(P);
   }
@@ -933,6 +996,7 @@ class Lowering {
     if (N_ <= 1) return;
     collective(Stream::compute, Phase::post_step, -1, b_.label("all_gather.params"), CollKind::all_gather,
                ReduceOp::none, Trigger::post_step, dp_group_, P * N_, md_, 0);
+    b_.cur().dst_buf = params_buf_;
   }
 
   void step_stage0() {
@@ -946,21 +1010,31 @@ class Lowering {
       const BufferId list32 = b_.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, DType::fp32,
                                         psi, "per-param fp32 grads");
       b_.alloc(list32);
+      cast.copy_op = CopyOp::flatten;
+      cast.dst_buf = list32;
+      for (const auto& prm : g_.params) b_.slice({prm.id, 0, prm.numel, -1});
       Event& fl = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_grads_fp32");
       fl.mem_bytes = Bytes{psi * 8};
       const BufferId flat32 = b_.buffer(Category::temporaries, Placement::device, BufferRole::flat_grads32, DType::fp32,
                                         psi, "flat grads (fp32)");
       b_.alloc(flat32);
+      fl.copy_op = CopyOp::cast;
+      fl.src_buf = list32;
+      fl.dst_buf = flat32;
       b_.free(list32);
-      optimizer_event(psi, Placement::device, "optimizer");
+      optimizer_event(psi, Placement::device, "optimizer", master_buf_, flat32);
       b_.free(flat32);
       Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
       cp.mem_bytes = Bytes{psi * (4 + b16())};
+      cp.copy_op = CopyOp::master_to_params;
+      cp.src_buf = master_buf_;
+      cp.dst_buf = params_buf_;
+      cp.elements = psi;
     } else if (bf16_opt_) {
       optimizer_event(layout_.partition, Placement::device, "optimizer");
       post_step_allgather(layout_.partition);
     } else {
-      optimizer_event(psi, Placement::device, "optimizer");
+      optimizer_event(psi, Placement::device, "optimizer", params_buf_, -1);
     }
     b_.begin(EventKind::marker, Stream::compute, Phase::step, -1, "zero_grad");
     if (!accum_grads_.empty())
@@ -1080,9 +1154,14 @@ class Lowering {
     const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::gather_flat, md_, gathered,
                                     b_.cached(LabelKind::gather_buf, key, [&] { return fmt::format("all-gather flat buffer {}", what()); }), seq);
     b_.alloc(flat);
+    b_.cur().src_buf = params_buf_;
+    b_.cur().dst_buf = flat;
     for (ParamId p : params) b_.slice({p, 0, numel(p), -1});
     Event& cp = b_.begin(EventKind::copy, s, ph, ms_, b_.cached(LabelKind::gather_copy, key, [&] { return fmt::format("unflatten.{}", what()); }));
     cp.mem_bytes = Bytes{2 * full * b16()};
+    cp.copy_op = CopyOp::gather_unflatten;
+    cp.src_buf = flat;
+    for (ParamId p : params) b_.slice({p, 0, numel(p), -1});
     for (ParamId p : params) {
       if (s3_full_label_.empty()) s3_full_label_.assign(g_.params.size(), -1);
       auto& lbl = s3_full_label_[static_cast<std::size_t>(p)];
@@ -1211,6 +1290,9 @@ class Lowering {
     if (cfg_.zero.contiguous_gradients && s3_elements_ + n <= rbs_) {
       Event& e = b_.begin(EventKind::copy, Stream::compute, Phase::backward, ms_, b_.cached(LabelKind::copy_to_bucket, p, [&] { return fmt::format("copy_to_bucket.{}", pname(p)); }));
       e.mem_bytes = Bytes{2 * n * b16()};
+      e.copy_op = CopyOp::grad_to_bucket;
+      e.src_buf = grad;
+      e.dst_buf = s3_bucket_;
       b_.dep(s3_last_reduce_);
       b_.slice({p, 0, n, s3_elements_});
       b_.free(grad);
@@ -1239,20 +1321,32 @@ class Lowering {
     b_.dep(last_copy_);
     b_.dep(last_grad_event_);
     BufferId inter = -1;
+    const BufferId bucket_src = cfg_.zero.contiguous_gradients ? s3_bucket_ : -1;
+    BufferId reduced = bucket_src;
     if (cfg_.zero.reduce_scatter) {
       il.mem_bytes = Bytes{2 * padded * dtype_size(cd_)};
       inter = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, padded,
                         b_.cached(LabelKind::rs_in, bn, [&] { return fmt::format("reduce-scatter input bucket{}", bn); }), bn);
       b_.alloc(inter);
-      collective(rs, Phase::backward, ms_, b_.cached(LabelKind::reduce_scatter, bn, [&] { return fmt::format("reduce_scatter.bucket{}", bn); }), CollKind::reduce_scatter, ReduceOp::sum, why, dp_group_, padded, cd_, bn);
+      il.copy_op = CopyOp::interleave;
+      il.src_buf = bucket_src;
+      il.dst_buf = inter;
+      for (const auto& s : s3_params_) b_.slice(s);
+      reduced = inter;
+      collective(rs, Phase::backward, ms_, b_.cached(LabelKind::reduce_scatter, bn, [&] { return fmt::format("reduce_scatter.bucket{}", bn); }), CollKind::reduce_scatter, ReduceOp::avg, why, dp_group_, padded, cd_, bn);
     } else {
       std::int64_t elements = 0;
       for (const auto& sl : s3_params_) elements += sl.count;
-      collective(rs, Phase::backward, ms_, b_.cached(LabelKind::all_reduce, bn, [&] { return fmt::format("all_reduce.bucket{}", bn); }), CollKind::all_reduce, ReduceOp::sum, why, dp_group_, elements, cd_, bn);
+      collective(rs, Phase::backward, ms_, b_.cached(LabelKind::all_reduce, bn, [&] { return fmt::format("all_reduce.bucket{}", bn); }), CollKind::all_reduce, ReduceOp::avg, why, dp_group_, elements, cd_, bn);
     }
+    b_.cur().dst_buf = reduced;
     for (const auto& s : s3_params_) b_.slice(s);
     Event& acc = b_.begin(EventKind::copy, rs, Phase::backward, ms_, b_.cached(LabelKind::accumulate_partition, bn, [&] { return fmt::format("accumulate_partition.bucket{}", bn); }));
     acc.mem_bytes = Bytes{3 * out * dtype_size(cd_)};
+    acc.copy_op = CopyOp::shard_accumulate;
+    acc.src_buf = reduced;
+    acc.dst_buf = s3_grad_partition_;
+    for (const auto& s : s3_params_) b_.slice(s);
     if (offload_opt_) acc.dst = Placement::host;
     if (inter >= 0) b_.free(inter);
     for (BufferId gbuf : s3_loose_) b_.free(gbuf);
@@ -1288,6 +1382,7 @@ class Lowering {
       if (cur > 0) sizes.push_back(cur);
     }
     const auto groups = static_cast<std::int64_t>(sizes.size());
+    std::int64_t group_start = 0;
     for (std::int64_t gi = 0; gi < groups; ++gi) {
       const std::int64_t n = sizes[static_cast<std::size_t>(gi)];
       if (offload_opt_) {
@@ -1303,16 +1398,30 @@ class Lowering {
       const BufferId f16 = b_.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, md_, n,
                                      fmt::format("sub-group {} grads ({})", gi, dtype_name(md_)), static_cast<std::int32_t>(gi));
       b_.alloc(f16);
+      fl.copy_op = CopyOp::subgroup_grads;
+      fl.src_buf = s3_grad_partition_;
+      fl.dst_buf = f16;
+      fl.offset = group_start;
+      fl.elements = n;
       Event& cast = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, fmt::format("cast_grads_fp32.subgroup{}", gi));
       cast.mem_bytes = Bytes{n * (b16() + 4)};
       const BufferId f32 = b_.buffer(Category::temporaries, Placement::device, BufferRole::flat_grads32, DType::fp32, n,
                                      fmt::format("sub-group {} grads (fp32)", gi), static_cast<std::int32_t>(gi));
       b_.alloc(f32);
-      optimizer_event(n, Placement::device, fmt::format("optimizer.subgroup{}", gi));
+      cast.copy_op = CopyOp::cast;
+      cast.src_buf = f16;
+      cast.dst_buf = f32;
+      optimizer_event(n, Placement::device, fmt::format("optimizer.subgroup{}", gi), master_buf_, f32, group_start);
       b_.free(f16);
       b_.free(f32);
       Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, fmt::format("master_to_params16.subgroup{}", gi));
       cp.mem_bytes = Bytes{n * (4 + b16())};
+      cp.copy_op = CopyOp::master_to_params;
+      cp.src_buf = master_buf_;
+      cp.dst_buf = params_buf_;
+      cp.offset = group_start;
+      cp.elements = n;
+      group_start += n;
     }
   }
 
@@ -1339,6 +1448,8 @@ class Lowering {
   std::vector<char> ckpt_input_;
   std::vector<std::int32_t> op_labels_, tensor_labels_, grad_labels_, pgrad_labels_, s3_full_label_;
 
+  // persistent buffers the executor's operands name
+  BufferId params_buf_ = -1, master_buf_ = -1, states_buf_ = -1;
   // stages 0/1: accumulated param.grad buffers across micro-steps
   std::vector<BufferId> accum_grads_;
   // stages 1/2: ipg bucket state

@@ -95,18 +95,52 @@ std::string Program::buffer_name(BufferId id) const {
 
 Bytes Program::bytes_sent(const Event& e) const {
   if (e.kind != EventKind::collective) return Bytes{0};
-  const auto n = static_cast<std::int64_t>(groups.at(static_cast<std::size_t>(e.group)).ranks.size());
+  const auto& ranks = groups.at(static_cast<std::size_t>(e.group)).ranks;
+  const auto n = static_cast<std::int64_t>(ranks.size());
   if (n <= 1) return Bytes{0};
-  const std::int64_t total = e.elements * dtype_size(e.dtype);
+  // This rank's position in the group and its block of the buffer: blocks are the
+  // elements split into n parts, the first (elements mod n) one element longer.
+  std::int64_t me = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (ranks[static_cast<std::size_t>(i)] == info.rank) me = i;
+  const std::int64_t mine = e.elements / n + (me < e.elements % n ? 1 : 0);
+  const std::int64_t sz = dtype_size(e.dtype);
   switch (e.coll) {
-    case CollKind::all_reduce: return Bytes{2 * total * (n - 1) / n};   // ring: RS + AG
+    // Reduce-scatter then all-gather: every other rank's block once, then this rank's
+    // reduced block to each of the n - 1 others (2·S·(n-1)/n when n divides S).
+    case CollKind::all_reduce: return Bytes{(e.elements - mine + (n - 1) * mine) * sz};
     case CollKind::reduce_scatter:
-    case CollKind::all_gather:
-    case CollKind::all_to_all: return Bytes{total * (n - 1) / n};
-    case CollKind::reduce:
-    case CollKind::broadcast: return Bytes{total};                      // ring pipeline: each rank forwards S
+    case CollKind::all_to_all: return Bytes{(e.elements - mine) * sz};
+    case CollKind::all_gather: return Bytes{(n - 1) * mine * sz};
+    // Every rank but the root sends its whole buffer once.
+    case CollKind::reduce: return Bytes{me == e.root ? 0 : e.elements * sz};
+    // A chain from the root: every rank but the last forwards the buffer.
+    case CollKind::broadcast: {
+      const std::int64_t root = e.root < 0 ? 0 : e.root;
+      return Bytes{me == (root + n - 1) % n ? 0 : e.elements * sz};
+    }
   }
   return Bytes{0};
+}
+
+const char* copy_op_name(CopyOp c) {
+  switch (c) {
+    case CopyOp::none: return "none";
+    case CopyOp::load_batch: return "load_batch";
+    case CopyOp::grad_to_bucket: return "grad_to_bucket";
+    case CopyOp::flatten: return "flatten";
+    case CopyOp::unflatten_grads: return "unflatten_grads";
+    case CopyOp::to_partition: return "to_partition";
+    case CopyOp::accumulate: return "accumulate";
+    case CopyOp::partition_grads: return "partition_grads";
+    case CopyOp::master_to_params: return "master_to_params";
+    case CopyOp::gather_unflatten: return "gather_unflatten";
+    case CopyOp::interleave: return "interleave";
+    case CopyOp::shard_accumulate: return "shard_accumulate";
+    case CopyOp::subgroup_grads: return "subgroup_grads";
+    case CopyOp::cast: return "cast";
+  }
+  return "?";
 }
 
 void Program::validate() const {

@@ -72,7 +72,28 @@ enum class Trigger : std::uint8_t {
 };
 const char* trigger_name(Trigger t);
 
-enum class ReduceOp : std::uint8_t { sum, max, none };
+// avg: sum over the group, then scaled by 1/|group| (DeepSpeed's gradient averaging).
+enum class ReduceOp : std::uint8_t { sum, max, none, avg };
+
+// What a copy event does with data, for the executor (the simulator prices mem_bytes).
+// Operands are the event's src/src2/dst buffers and its slices.
+enum class CopyOp : std::uint8_t {
+  none,
+  load_batch,          // the micro-step's inputs into their (freshly allocated) buffers
+  grad_to_bucket,      // slice: the param's grad (src) → bucket dst at bucket_offset
+  flatten,             // slices: each param's grad, or the bucket src at bucket_offset → dst, packed
+  unflatten_grads,     // slices: packed src → each param's grad (stage 0 after its all-reduce)
+  to_partition,        // slices: the part of reduced src in this rank's partition → dst += (grads_in_partition)
+  accumulate,          // dst += src (same layout)
+  partition_grads,     // this rank's partition of src (+ src2) → dst; src (and src2) are zeroed
+  master_to_params,    // master partition src → this rank's part of the 16-bit params dst
+  gather_unflatten,    // stage 3: gathered src (rank-major shards of the slices) → each param's full buffer
+  interleave,          // stage 3: slices of bucket src (or loose grads) → dst, rank-major shards
+  shard_accumulate,    // stage 3: this rank's block of the reduce-scattered src → grad partition dst +=
+  subgroup_grads,      // stage 3: grad partition src [offset, offset+elements) → dst; src range zeroed
+  cast,                // src → dst, dtype conversion, whole buffer
+};
+const char* copy_op_name(CopyOp c);
 
 // What a buffer holds, so the executor can bind it to real data.
 enum class BufferRole : std::uint8_t {
@@ -148,6 +169,14 @@ struct Event {
   std::int32_t bucket = -1;        // bucket sequence number within the step, or module id for fetches
   // copy
   Placement src = Placement::device, dst = Placement::device;
+  // Executor operands (the simulator does not read them): what a copy, collective or
+  // optimizer event reads and writes. A collective works in place on dst (all-gather and
+  // reduce-scatter: src is this rank's input block). `offset` is the first element of the
+  // range an optimizer or sub-group copy covers; `root` is a reduce's destination.
+  CopyOp copy_op = CopyOp::none;
+  BufferId src_buf = -1, src2_buf = -1, dst_buf = -1;
+  std::int32_t root = -1;
+  std::int64_t offset = 0;
   // CSR ranges into Program's lists
   std::uint32_t alloc_begin = 0, alloc_end = 0;
   std::uint32_t free_begin = 0, free_end = 0;
