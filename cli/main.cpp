@@ -13,6 +13,8 @@
 #include "cli/explain.hpp"
 #include "cli/simulate.hpp"
 #include "core/error.hpp"
+#include "exec/comm.hpp"
+#include "exec/trainer.hpp"
 #include "models/model_config.hpp"
 #include "sim/device.hpp"
 
@@ -109,6 +111,21 @@ int main(int argc, char** argv) {
   coll->add_option("--ops", coll_ops, "all, or a comma-separated list: all_reduce,all_gather,reduce_scatter,...");
   coll->add_flag("--json", coll_json, "machine-readable output");
 
+  zp::exec::TrainOptions tr;
+  std::string tr_seq, tr_limit;
+  auto* train = app.add_subcommand("train", "train the model for real with the config's ZeRO stage on CPU ranks "
+                                            "(run under mpirun -np N) and measure memory, bytes and time");
+  train->add_option("--model", tr.model, "catalogue name or path to a HF config.json")->required();
+  train->add_option("--ds-config", tr.ds_config, "DeepSpeed config JSON (default: DeepSpeed's defaults)");
+  train->add_option("--steps", tr.steps, "optimizer steps (default 10)");
+  train->add_option("--seed", tr.seed, "seed for initial weights, data and dropout (default 1234)");
+  train->add_option("--data", tr.data, "synthetic (default) or a file of uint16 token ids");
+  train->add_option("--seq-len", tr_seq, "sequence length (default: the model's max positions)");
+  train->add_flag("--activation-checkpointing", tr.activation_checkpointing, "per-layer activation checkpointing");
+  train->add_option("--memory-limit", tr_limit, "device bytes that may be live at once (K/M/G suffixes)");
+  train->add_option("--out", tr.out, "measurements JSON (FILE.rankR.json per rank when N > 1)");
+  train->add_flag("--quiet", tr.quiet, "no per-step lines");
+
   auto* clusters = app.add_subcommand("clusters", "list the cluster presets");
   auto* models = app.add_subcommand("models", "list the model catalogue");
   auto* devices = app.add_subcommand("devices", "list the device database");
@@ -122,6 +139,23 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "zeroplan: %s\n", e.what());
     return zp::kExitBadInput;
+  }
+
+  if (*train) {
+    // MPI starts here (singleton runs work without mpirun). Bad input is reported once,
+    // by rank 0, with exit status 2 on every rank; failures later abort every rank.
+    auto comm = zp::exec::make_mpi_comm(&argc, &argv);
+    try {
+      if (!tr_seq.empty()) tr.seq_len = parse_positive("--seq-len", tr_seq);
+      if (!tr_limit.empty()) tr.memory_limit = zp::cli::parse_size("--memory-limit", tr_limit);
+      zp::exec::train(tr, *comm);
+    } catch (const zp::InputError& e) {
+      if (comm->rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
+      return zp::kExitBadInput;
+    } catch (const std::exception& e) {
+      comm->abort(fmt::format("internal error: {}", e.what()));
+    }
+    return 0;
   }
 
   try {

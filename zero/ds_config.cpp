@@ -373,7 +373,7 @@ void read_optimizer(const json& doc, const Reader& root, DsConfig& cfg) {
     pr.get_enum(params, "ns_method", "gram", {"gram", "standard"});
   }
   if (spec->type == OptimizerType::sgd) pr.get_double(params, "dampening", 0.0, 0.0, kMaxD);
-  pr.get_double(params, "eps", 0.0, 0.0, kMaxD);
+  cfg.optimizer.eps = pr.get_double(params, "eps", cfg.optimizer.eps, 0.0, kMaxD);
   if (auto it = params.find("betas"); it != params.end() && !it->is_null()) {
     bool ok = it->is_array() && it->size() == 2;
     for (std::size_t i = 0; ok && i < 2; ++i) {
@@ -383,7 +383,11 @@ void read_optimizer(const json& doc, const Reader& root, DsConfig& cfg) {
     if (!ok)
       throw InputError(pr.file, pr.key_path("betas"),
                        fmt::format("must be a list of two numbers in [0, 1), got {}", it->dump()));
+    cfg.optimizer.beta1 = (*it)[0].get<double>();
+    cfg.optimizer.beta2 = (*it)[1].get<double>();
   }
+  for (const char* m : {"adam_w_mode", "adamw_mode"})
+    if (params.contains(m)) cfg.optimizer.adam_w_mode = pr.get_bool(params, m, true);
   for (const char* b : {"bias_correction", "amsgrad", "adam_w_mode", "adamw_mode", "torch_adam",
                         "set_grad_none", "fp32_optimizer_states", "eps_inside_sqrt", "cuda_aware",
                         "nesterov", "maximize"})

@@ -25,6 +25,11 @@ struct OptimizerConfig {
   double lr = 1e-3;
   double weight_decay = 0.0;
   double momentum = 0.0;             // SGD
+  double beta1 = 0.9, beta2 = 0.999; // Adam family
+  double eps = 1e-8;
+  // DeepSpeed's FusedAdam/CPUAdam default adam_w_mode = true: "Adam" decays weights
+  // decoupled (AdamW) unless adam_w_mode (or adamw_mode) is false.
+  bool adam_w_mode = true;
   // fp32 state bytes per parameter kept by the optimizer: Adam/AdamW/Lamb 8 (m, v),
   // SGD with momentum 4, SGD without 0, Adagrad 4, Lion 4, Muon 4.
   std::int64_t state_bytes_per_param() const;

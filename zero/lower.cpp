@@ -1423,6 +1423,35 @@ class Lowering {
       cp.elements = n;
       group_start += n;
     }
+    persistent_allgather();
+  }
+
+  // stage3.py _post_step: the persistent params' full copies are refreshed from the
+  // updated partitions by one coalesced all-gather into a flat buffer.
+  void persistent_allgather() {
+    std::vector<ParamId> ps;
+    std::int64_t gathered = 0, full = 0;
+    for (const auto& prm : g_.params)
+      if (s3_persistent_[static_cast<std::size_t>(prm.id)]) {
+        ps.push_back(prm.id);
+        gathered += N_ * ceil_div(prm.numel, N_);
+        full += prm.numel;
+      }
+    if (ps.empty()) return;
+    collective(Stream::compute, Phase::post_step, -1, b_.label("all_gather.persistent_params"), CollKind::all_gather,
+               ReduceOp::none, Trigger::post_step, dp_group_, gathered, md_, -1);
+    const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::gather_flat, md_, gathered,
+                                    "all-gather flat buffer persistent params", -1);
+    b_.alloc(flat);
+    b_.cur().src_buf = params_buf_;
+    b_.cur().dst_buf = flat;
+    for (ParamId p : ps) b_.slice({p, 0, numel(p), -1});
+    Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::post_step, -1, "unflatten.persistent_params");
+    cp.mem_bytes = Bytes{2 * full * b16()};
+    cp.copy_op = CopyOp::gather_unflatten;
+    cp.src_buf = flat;
+    for (ParamId p : ps) b_.slice({p, 0, numel(p), -1});
+    b_.free(flat);
   }
 
   // ------------------------------------------------------------------ state

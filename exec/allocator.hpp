@@ -1,0 +1,68 @@
+#pragma once
+// The executor's category-tagged allocator. Every buffer the step program declares is
+// allocated and freed through it; it records live and peak bytes per category and
+// placement at the same points the simulator's replay does (after an event's
+// allocations), and feeds device requests through the same caching-allocator model
+// (sim/caching_allocator) so reserved bytes are measured by the rules they are
+// predicted with. Memory is real: 64-byte aligned, zero-filled (a fresh gradient or
+// accumulation buffer starts at zero, as torch.zeros would).
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/units.hpp"
+#include "sim/caching_allocator.hpp"
+#include "zero/program.hpp"
+
+namespace zp::exec {
+
+using CategoryBytes = std::array<Bytes, zero::kNumCategories>;
+
+struct AllocatorReport {
+  Bytes peak_allocated{};            // device bytes live at the device peak
+  zero::EventId peak_event = -1;
+  CategoryBytes at_peak{};           // breakdown of peak_allocated
+  CategoryBytes category_peak{};     // each category's own device maximum
+  Bytes peak_host{};
+  Bytes reserved_peak{};             // caching-allocator rules over the real requests
+  Bytes live_now{};
+};
+
+class AllocationFailed : public std::runtime_error {
+ public:
+  AllocationFailed(const std::string& what, Bytes requested, Bytes live)
+      : std::runtime_error(what), requested(requested), live(live) {}
+  Bytes requested, live;
+};
+
+class TrackingAllocator {
+ public:
+  // `limit`: device bytes that may be live at once (--memory-limit); 0 = none.
+  explicit TrackingAllocator(std::size_t buffers, Bytes limit = Bytes{0});
+  ~TrackingAllocator();
+  TrackingAllocator(const TrackingAllocator&) = delete;
+  TrackingAllocator& operator=(const TrackingAllocator&) = delete;
+
+  void* allocate(const zero::Buffer& b, int stream);
+  void release(const zero::Buffer& b);
+  void* data(zero::BufferId id) const { return ptr_[static_cast<std::size_t>(id)]; }
+  bool live(zero::BufferId id) const { return ptr_[static_cast<std::size_t>(id)] != nullptr; }
+  // Marks the end of an event's allocations: the point peaks are taken at.
+  void after_allocations(zero::EventId e);
+  // Starts a new measured step (peaks restart; live buffers stay).
+  void reset_peaks();
+  const AllocatorReport& report() const { return rep_; }
+
+ private:
+  std::vector<void*> ptr_;
+  std::vector<std::optional<sim::CachingAllocatorModel::Handle>> handle_;
+  std::array<CategoryBytes, 2> live_{};  // [placement][category]
+  Bytes device_live_{}, host_live_{};
+  Bytes limit_{};
+  sim::CachingAllocatorModel cache_;
+  AllocatorReport rep_;
+};
+
+}  // namespace zp::exec

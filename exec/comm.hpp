@@ -1,0 +1,64 @@
+#pragma once
+// Communication backends for the executor. One small struct per collective call (as in
+// nccl-tests): kind, buffer, element count, dtype, group and reduce op. Every backend
+// moves the bytes the step program predicts for the call (Program::bytes_sent) and
+// reduces in group-rank order, so results are bitwise deterministic and independent of
+// which collective carried them.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "zero/program.hpp"
+
+namespace zp::exec {
+
+struct CollectiveCall {
+  zero::CollKind kind = zero::CollKind::all_reduce;
+  void* buf = nullptr;             // in place: the full logical buffer (elements)
+  std::int64_t elements = 0;       // all-reduce/reduce: reduced; all-gather: output; reduce-scatter: input
+  DType dtype = DType::fp32;
+  zero::ReduceOp op = zero::ReduceOp::sum;
+  std::span<const int> group;      // world ranks, in group order
+  int root = 0;                    // reduce/broadcast: index into group
+};
+
+// Bytes sent and calls, per collective kind.
+struct CommCounters {
+  std::array<std::int64_t, zero::kNumCollKinds> bytes_sent{};
+  std::array<std::int64_t, zero::kNumCollKinds> calls{};
+};
+
+// Block b of `elements` split over n ranks: the first (elements mod n) blocks are one
+// element longer (the split Program::bytes_sent assumes).
+struct Block {
+  std::int64_t offset = 0, count = 0;
+};
+Block block_of(std::int64_t elements, std::int64_t n, std::int64_t b);
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void run(const CollectiveCall& c) = 0;
+  // Outside the program (reporting): sum of one double over all ranks, not counted.
+  virtual double sum_for_report(double v) = 0;
+  // Barrier outside the program (start of timing), not counted.
+  virtual void barrier() = 0;
+  // Ends the job on every rank with a message (a failed rank must not leave peers hanging).
+  [[noreturn]] virtual void abort(const std::string& why) = 0;
+  const CommCounters& counters() const { return counters_; }
+
+ protected:
+  CommCounters counters_;
+};
+
+// MPI (OpenMPI) over point-to-point exchanges on MPI_COMM_WORLD. Initialises MPI on
+// construction (singleton runs work without mpirun) and finalises it on destruction.
+std::unique_ptr<Comm> make_mpi_comm(int* argc, char*** argv);
+
+}  // namespace zp::exec

@@ -1,0 +1,940 @@
+#include "exec/interpreter.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "exec/numeric.hpp"
+#include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/bmm.hpp"
+#include "kernels/cpu/dropout.hpp"
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/layout.hpp"
+#include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/loss.hpp"
+#include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/optimizer.hpp"
+#include "kernels/cpu/reduce.hpp"
+#include "kernels/cpu/rng.hpp"
+
+namespace zp::exec {
+
+namespace cpu = zp::kernels::cpu;
+using models::Fn;
+using models::OpId;
+using models::ParamId;
+using models::TensorId;
+using zero::BufferId;
+using zero::BufferRole;
+using zero::CopyOp;
+using zero::Event;
+using zero::EventKind;
+
+namespace {
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t prod(const std::vector<std::int64_t>& s) {
+  std::int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
+}  // namespace
+
+std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg) {
+  if (p.info.model_dtype != DType::fp32)
+    return fmt::format("model dtype {}: the CPU executor runs fp32 models only (set fp16/bf16 \"enabled\": false)",
+                       dtype_name(p.info.model_dtype));
+  if (g.opt.attention != models::Attention::eager) return "--attention sdpa is not executed on CPU; use eager";
+  if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none ||
+      cfg.zero.offload_param.device != zero::OffloadDevice::none)
+    return "offload_optimizer/offload_param are not executed on CPU ranks";
+  if (cfg.zero.stage == 3 && cfg.zero.zero_hpz_partition_size > 1) return "zero_hpz_partition_size > 1 is not executed";
+  if (cfg.zero.stage == 3 && !cfg.zero.reduce_scatter) return "stage 3 with reduce_scatter false is not executed";
+  using zero::OptimizerType;
+  const auto t = cfg.optimizer.type;
+  if (t != OptimizerType::adam && t != OptimizerType::adamw && t != OptimizerType::sgd)
+    return fmt::format("optimizer {} is not executed (Adam, AdamW, SGD are)", cfg.optimizer.type_name);
+  for (const auto& op : g.ops)
+    if (op.fn == Fn::none || op.fn == Fn::sdpa) return fmt::format("op {} has no executable function", op.name);
+  return {};
+}
+
+Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg, Comm& comm,
+                         TrackingAllocator& mem, std::uint64_t seed)
+    : g_(g), p_(p), cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
+  stage_ = p.info.stage;
+  N_ = p.info.world_size;
+  rank_ = p.info.rank;
+  layout_ = zero::flat_layout(g, N_);
+  const auto np = g.params.size();
+  part_off_.assign(np, 0);
+  gip_off_.assign(np, -1);
+  persist_off_.assign(np, -1);
+  std::int64_t off = 0, goff = 0;
+  const std::int64_t lo = rank_ * layout_.partition, hi = lo + layout_.partition;
+  for (std::size_t i = 0; i < np; ++i) {
+    part_off_[i] = off;
+    off += ceil_div(g.params[i].numel, N_);
+    const std::int64_t a = layout_.offset[i], z = a + g.params[i].numel;
+    if (a < hi && z > lo) {
+      gip_off_[i] = goff;
+      goff += g.params[i].numel;
+    }
+  }
+  tensor_buf_.assign(g.tensors.size(), -1);
+  tgrad_buf_.assign(g.tensors.size(), -1);
+  pgrad_buf_.assign(np, -1);
+  full_buf_.assign(np, -1);
+  seconds_.assign(p.events.size(), 0.0);
+}
+
+// ------------------------------------------------------------------ bindings
+void Interpreter::bind(BufferId b) {
+  const auto& buf = p_.buffers[U(b)];
+  switch (buf.role) {
+    case BufferRole::activation: tensor_buf_[U(buf.ref)] = b; break;
+    case BufferRole::activation_grad: tgrad_buf_[U(buf.ref)] = b; break;
+    case BufferRole::param_grad:
+      if (pgrad_buf_[U(buf.ref)] < 0) pgrad_buf_[U(buf.ref)] = b;  // the first live one is param.grad
+      break;
+    case BufferRole::param_full16:
+      if (buf.ref >= 0) full_buf_[U(buf.ref)] = b;
+      else persist_buf_ = b;
+      break;
+    case BufferRole::flat_params16:
+    case BufferRole::param_partition16: params_buf_ = b; break;
+    default: break;
+  }
+}
+
+void Interpreter::unbind(BufferId b) {
+  const auto& buf = p_.buffers[U(b)];
+  auto drop = [&](std::vector<BufferId>& v) {
+    if (buf.ref >= 0 && v[U(buf.ref)] == b) v[U(buf.ref)] = -1;
+  };
+  switch (buf.role) {
+    case BufferRole::activation: drop(tensor_buf_); break;
+    case BufferRole::activation_grad: drop(tgrad_buf_); break;
+    case BufferRole::param_grad: drop(pgrad_buf_); break;
+    case BufferRole::param_full16: drop(full_buf_); break;
+    default: break;
+  }
+}
+
+float* Interpreter::f32(BufferId b) const {
+  if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
+  return static_cast<float*>(mem_.data(b));
+}
+float* Interpreter::act(TensorId t) const {
+  const BufferId b = tensor_buf_[U(t)];
+  if (b < 0) throw std::logic_error(fmt::format("tensor {} is not live", g_.tensors[U(t)].name));
+  return f32(b);
+}
+float* Interpreter::grad(TensorId t) const {
+  const BufferId b = tgrad_buf_[U(t)];
+  return b >= 0 ? f32(b) : nullptr;
+}
+const std::int64_t* Interpreter::ids(TensorId t) const { return reinterpret_cast<const std::int64_t*>(act(t)); }
+std::int64_t Interpreter::numel(TensorId t) const { return prod(g_.tensors[U(t)].shape); }
+
+float* Interpreter::param(ParamId p) const {
+  if (stage_ < 3) return f32(params_buf_) + layout_.offset[U(p)];
+  if (persist_off_[U(p)] >= 0) return f32(persist_buf_) + persist_off_[U(p)];
+  const BufferId b = full_buf_[U(p)];
+  if (b < 0) throw std::logic_error(fmt::format("param {} used but not gathered", g_.params[U(p)].name));
+  return f32(b);
+}
+float* Interpreter::param_grad(ParamId p) const {
+  const BufferId b = pgrad_buf_[U(p)];
+  if (b < 0) throw std::logic_error(fmt::format("gradient of {} is not live", g_.params[U(p)].name));
+  return f32(b);
+}
+float* Interpreter::scratch(std::size_t slot, std::int64_t n) {
+  if (scratch_.size() <= slot) scratch_.resize(slot + 1);
+  auto& v = scratch_[slot];
+  v.assign(U(n), 0.0f);
+  return v.data();
+}
+std::uint64_t Interpreter::dropout_seed() const {
+  // Same masks for a sample whatever the stage; recomputation regenerates them.
+  return seed_ * 0x9E3779B97F4A7C15ull ^ (static_cast<std::uint64_t>(step_) << 40) ^
+         (static_cast<std::uint64_t>(micro_) << 24) ^ static_cast<std::uint64_t>(rank_);
+}
+
+// ------------------------------------------------------------------ init
+namespace {
+// Initial value of every element of param p: N(0, 0.02) for matrices and embeddings,
+// 1 for norm weights, 0 for biases; a function of (seed, param) only.
+void init_param(const models::Param& prm, std::uint64_t seed, float* out) {
+  const bool bias = prm.name.size() >= 4 && prm.name.compare(prm.name.size() - 4, 4, "bias") == 0;
+  if (bias) { std::fill(out, out + prm.numel, 0.0f); return; }
+  if (prm.shape.size() == 1) { std::fill(out, out + prm.numel, 1.0f); return; }
+  cpu::normal_fill(out, prm.numel, seed, static_cast<std::uint64_t>(prm.id) << 36, 0.0f, 0.02f);
+}
+}  // namespace
+
+void Interpreter::prologue() {
+  for (zero::EventId id = 0; id < p_.step_begin; ++id) {
+    const Event& e = p_.events[U(id)];
+    for (BufferId b : p_.allocs(e)) {
+      mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
+      bind(b);
+    }
+    mem_.after_allocations(e.id);
+    for (const auto& s : p_.slices(e)) persist_off_[U(s.param)] = s.bucket_offset;
+  }
+  // The params every stage starts from.
+  for (const auto& prm : g_.params) {
+    std::vector<float> v(U(prm.numel));
+    init_param(prm, seed_, v.data());
+    const auto i = U(prm.id);
+    const std::int64_t s = ceil_div(prm.numel, N_);
+    for (const auto& buf : p_.buffers) {
+      if (!mem_.live(buf.id)) continue;
+      float* d = static_cast<float*>(mem_.data(buf.id));
+      switch (buf.role) {
+        case BufferRole::flat_params16: std::copy(v.begin(), v.end(), d + layout_.offset[i]); break;
+        case BufferRole::param_partition16:
+          for (std::int64_t j = 0; j < s && rank_ * s + j < prm.numel; ++j) d[part_off_[i] + j] = v[U(rank_ * s + j)];
+          break;
+        case BufferRole::param_full16:
+          if (buf.ref < 0 && persist_off_[i] >= 0) std::copy(v.begin(), v.end(), d + persist_off_[i]);
+          break;
+        case BufferRole::master_partition:
+          if (stage_ == 3) {
+            for (std::int64_t j = 0; j < s && rank_ * s + j < prm.numel; ++j) d[part_off_[i] + j] = v[U(rank_ * s + j)];
+          } else if (stage_ == 0) {
+            std::copy(v.begin(), v.end(), d + layout_.offset[i]);
+          } else {
+            const std::int64_t lo = rank_ * layout_.partition;
+            for (std::int64_t j = 0; j < prm.numel; ++j) {
+              const std::int64_t f = layout_.offset[i] + j;
+              if (f >= lo && f < lo + layout_.partition) d[f - lo] = v[U(j)];
+            }
+          }
+          break;
+        default: break;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ step
+StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& data) {
+  step_ = step;
+  loss_sum_ = 0.0;
+  grad_norm_ = -1.0;
+  if (static_cast<std::int64_t>(data.size()) != p_.info.gas)
+    throw std::logic_error(fmt::format("{} micro-batches for gradient accumulation {}", data.size(), p_.info.gas));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (zero::EventId id = p_.step_begin; id < static_cast<zero::EventId>(p_.events.size()); ++id) {
+    const Event& e = p_.events[U(id)];
+    micro_ = e.micro_step;
+    if (e.kind == EventKind::copy && e.copy_op == CopyOp::load_batch) batch_ = &data[U(e.micro_step)];
+    const auto a = std::chrono::steady_clock::now();
+    run_event(e);
+    seconds_[U(id)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  }
+  StepResult r;
+  r.loss = loss_sum_ / static_cast<double>(p_.info.gas);
+  r.grad_norm = grad_norm_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+void Interpreter::run_event(const Event& e) {
+  for (BufferId b : p_.allocs(e)) {
+    mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
+    bind(b);
+  }
+  mem_.after_allocations(e.id);
+  switch (e.kind) {
+    case EventKind::compute: {
+      const auto& op = g_.ops[U(e.op)];
+      if (e.phase == zero::Phase::backward) {
+        backward_op(op);
+      } else {
+        forward_op(op);
+        if (e.phase == zero::Phase::forward && std::find(op.outputs.begin(), op.outputs.end(), g_.loss) != op.outputs.end())
+          loss_sum_ += static_cast<double>(act(g_.loss)[0]);
+      }
+      break;
+    }
+    case EventKind::copy: copy_event(e); break;
+    case EventKind::collective: collective_event(e); break;
+    case EventKind::optimizer: optimizer_event(e); break;
+    case EventKind::marker: break;
+  }
+  for (BufferId b : p_.frees(e)) {
+    unbind(b);
+    mem_.release(p_.buffers[U(b)]);
+  }
+}
+
+// ------------------------------------------------------------------ ops
+namespace {
+struct Dims {
+  std::int64_t B = 0, H = 0, T = 0, D = 0;
+};
+}  // namespace
+
+void Interpreter::forward_op(const models::Op& op) {
+  const auto& cfg = g_.cfg;
+  const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
+  const std::int64_t n = y >= 0 ? numel(y) : 0;
+  auto in = [&](std::size_t i) { return act(op.inputs[i]); };
+  auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g_.tensors[U(t)].shape; };
+  const float alpha = static_cast<float>(op.alpha);
+  switch (op.fn) {
+    case Fn::embedding: {
+      const std::int64_t C = shape(y).back();
+      cpu::embedding_forward(act(y), ids(op.inputs[0]), param(op.params[0]), n / C, C);
+      break;
+    }
+    case Fn::position_embedding: std::copy(param(op.params[0]), param(op.params[0]) + n, act(y)); break;
+    case Fn::linear:
+    case Fn::conv1d:
+    case Fn::linear_first_token: {
+      const auto& w = g_.params[U(op.params[0])].shape;
+      const bool conv = op.fn == Fn::conv1d;
+      const std::int64_t K = conv ? w[0] : w[1], Nn = conv ? w[1] : w[0];
+      const float* b = op.params.size() > 1 ? param(op.params[1]) : nullptr;
+      const float* x = in(0);
+      if (op.fn == Fn::linear_first_token) {
+        const auto& xs = shape(op.inputs[0]);
+        float* sel = scratch(0, xs[0] * K);
+        cpu::select_token_forward(sel, x, xs[0], xs[1], K, 0);
+        x = sel;
+      }
+      if (conv) cpu::conv1d_forward(act(y), x, param(op.params[0]), b, n / Nn, Nn, K);
+      else cpu::linear_forward(act(y), x, param(op.params[0]), b, n / Nn, Nn, K);
+      break;
+    }
+    case Fn::attn_scores:
+    case Fn::attn_context: {
+      const auto& ys = shape(y);  // (B, H, T, T) or (B, H, T, D)
+      Dims d{ys[0], ys[1], ys[2], cfg.head_dim};
+      // Operand i as (B, H, T, D): a head view of a (B, T, W) tensor, or a 4-D tensor.
+      auto operand = [&](std::size_t i, std::size_t slot) -> const float* {
+        const TensorId t = op.inputs[std::min(i, op.inputs.size() - 1)];
+        const auto& s = shape(t);
+        if (s.size() == 4) return act(t);
+        float* o = scratch(slot, d.B * d.H * d.T * d.D);
+        cpu::split_heads_forward(o, act(t), d.B, d.T, d.H, d.D, s[2], op.col[i]);
+        return o;
+      };
+      if (op.fn == Fn::attn_scores)
+        cpu::bmm_forward(act(y), operand(0, 0), operand(1, 1), d.B * d.H, d.T, d.T, d.D, false, true);
+      else
+        cpu::bmm_forward(act(y), act(op.inputs[0]), operand(1, 1), d.B * d.H, d.T, d.D, d.T, false, false);
+      break;
+    }
+    case Fn::scale: cpu::scale_forward(act(y), in(0), n, alpha); break;
+    case Fn::add_scalar: cpu::add_scalar_forward(act(y), in(0), n, alpha); break;
+    case Fn::add: {
+      const TensorId b = op.inputs[1];
+      if (numel(b) == n) {
+        cpu::add_forward(act(y), in(0), in(1), n);
+      } else {  // (1, T, C) over (B, T, C)
+        const auto& s = shape(y);
+        cpu::add_broadcast_forward(act(y), in(0), in(1), {1, s[0], s[1], s[2]}, {1, 1, s[1], s[2]});
+      }
+      break;
+    }
+    case Fn::causal_where: {
+      const auto& s = shape(y);
+      cpu::causal_where_forward(act(y), in(0), s[0] * s[1], s[2]);
+      break;
+    }
+    case Fn::add_mask: {
+      const auto& s = shape(y);
+      const auto& m = shape(op.inputs[1]);
+      cpu::add_broadcast_forward(act(y), in(0), in(1), {s[0], s[1], s[2], s[3]}, {m[0], m[1], m[2], m[3]});
+      break;
+    }
+    case Fn::softmax: {
+      const std::int64_t c = shape(y).back();
+      cpu::softmax_forward(act(y), in(0), n / c, c);
+      break;
+    }
+    case Fn::dropout:
+      cpu::dropout_forward(act(y), reinterpret_cast<std::uint8_t*>(act(op.outputs[1])), in(0), n, alpha,
+                           dropout_seed(), static_cast<std::uint64_t>(op.id) << 32);
+      break;
+    case Fn::layernorm: {
+      const std::int64_t C = shape(y).back();
+      cpu::layernorm_forward(act(y), act(op.outputs[1]), act(op.outputs[2]), in(0), param(op.params[0]),
+                             op.params.size() > 1 ? param(op.params[1]) : nullptr, n / C, C, alpha);
+      break;
+    }
+    case Fn::pow:
+      if (op.alpha == 2.0) cpu::pow2_forward(act(y), in(0), n);
+      else cpu::pow3_forward(act(y), in(0), n);
+      break;
+    case Fn::rms_rsqrt: {
+      const std::int64_t C = shape(op.inputs[0]).back();
+      cpu::rms_rsqrt_forward(act(y), in(0), n, C, alpha);
+      break;
+    }
+    case Fn::mul: cpu::mul_forward(act(y), in(0), in(1), n); break;
+    case Fn::mul_rowscale: {
+      const std::int64_t C = shape(y).back();
+      cpu::mul_rowscale_forward(act(y), in(0), in(1), n / C, C);
+      break;
+    }
+    case Fn::mul_weight: {
+      const std::int64_t C = shape(y).back();
+      cpu::mul_weight_forward(act(y), in(0), param(op.params[0]), n / C, C);
+      break;
+    }
+    case Fn::gelu: cpu::gelu_forward(act(y), in(0), n); break;
+    case Fn::gelu_tanh: cpu::gelu_tanh_forward(act(y), in(0), n); break;
+    case Fn::relu: cpu::relu_forward(act(y), in(0), n); break;
+    case Fn::silu: cpu::silu_forward(act(y), in(0), n); break;
+    case Fn::tanh: cpu::tanh_forward(act(y), in(0), n); break;
+    case Fn::cast: std::copy(in(0), in(0) + n, act(y)); break;
+    case Fn::rope_tables: {
+      const auto& s = shape(y);  // (1, T, D)
+      cpu::rope_tables(act(op.outputs[0]), act(op.outputs[1]), s[1], s[2], alpha);
+      break;
+    }
+    case Fn::rope: {
+      const auto& s = shape(y);  // (B, H, T, D) from a (B, T, H*D) projection
+      float* x = scratch(0, n);
+      cpu::split_heads_forward(x, in(0), s[0], s[2], s[1], s[3], s[1] * s[3], 0);
+      cpu::rope_forward(act(y), x, in(1), in(2), s[0], s[1], s[2], s[3]);
+      break;
+    }
+    case Fn::merge_heads: {
+      const auto& s = shape(op.inputs[0]);  // (B, H, T, D)
+      cpu::merge_heads_forward(act(y), in(0), s[0], s[2], s[1], s[3]);
+      break;
+    }
+    case Fn::repeat_kv: {
+      // (B, K, T, D), or a (B, T, K*D) projection read as heads
+      const auto& ys = shape(y);
+      const auto& s = shape(op.inputs[0]);
+      const std::int64_t B = ys[0], T = ys[2], D = ys[3], K = s.size() == 4 ? s[1] : s[2] / D;
+      const float* x = in(0);
+      if (s.size() == 3) {
+        float* h = scratch(0, B * K * T * D);
+        cpu::split_heads_forward(h, x, B, T, K, D, s[2], 0);
+        x = h;
+      }
+      cpu::repeat_kv_forward(act(y), x, B, K, ys[1] / K, T, D);
+      break;
+    }
+    case Fn::extended_mask: {
+      const auto& s = shape(op.inputs[0]);  // (B, T)
+      cpu::padding_mask(act(y), ids(op.inputs[0]), s[0], s[1]);
+      break;
+    }
+    case Fn::causal_mask: cpu::causal_mask(act(y), shape(y)[2]); break;
+    case Fn::cross_entropy: {
+      const std::int64_t V = shape(op.outputs[0]).back();
+      const std::int64_t rows = numel(op.inputs[0]) / V;
+      cpu::log_softmax_forward(act(op.outputs[0]), in(0), rows, V);
+      act(op.outputs[1])[0] = cpu::nll_loss_forward(act(op.outputs[0]), ids(op.inputs[1]), rows, V);
+      break;
+    }
+    case Fn::none:
+    case Fn::sdpa: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
+  }
+}
+
+void Interpreter::backward_op(const models::Op& op) {
+  const auto& cfg = g_.cfg;
+  const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
+  const std::int64_t n = y >= 0 ? numel(y) : 0;
+  auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g_.tensors[U(t)].shape; };
+  // The gradient flowing into this op: d(loss)/d(loss) = 1/GAS (DeepSpeed scales the loss).
+  const float loss_grad = 1.0f / static_cast<float>(p_.info.gas);
+  const TensorId out_main = op.fn == Fn::cross_entropy ? op.outputs[1] : y;
+  const float* dy = nullptr;
+  if (out_main == g_.loss) dy = &loss_grad;
+  else if (out_main >= 0) dy = grad(out_main);
+  if (!dy) return;  // nothing flows back through this op
+  auto dx = [&](std::size_t i) { return i < op.inputs.size() ? grad(op.inputs[i]) : nullptr; };
+  auto x = [&](std::size_t i) { return act(op.inputs[i]); };
+  auto pg = [&](std::size_t i) { return param_grad(op.params[i]); };
+  const float alpha = static_cast<float>(op.alpha);
+  switch (op.fn) {
+    case Fn::embedding: {
+      const std::int64_t C = shape(y).back();
+      const std::int64_t V = g_.params[U(op.params[0])].shape[0];
+      cpu::embedding_backward(pg(0), ids(op.inputs[0]), dy, n / C, V, C, -1, true);
+      break;
+    }
+    case Fn::position_embedding: cpu::copy_accumulate(pg(0), dy, n, true); break;
+    case Fn::linear:
+    case Fn::conv1d:
+    case Fn::linear_first_token: {
+      const auto& w = g_.params[U(op.params[0])].shape;
+      const bool conv = op.fn == Fn::conv1d;
+      const std::int64_t K = conv ? w[0] : w[1], Nn = conv ? w[1] : w[0];
+      float* db = op.params.size() > 1 ? pg(1) : nullptr;
+      const float* xin = x(0);
+      float* dxin = dx(0);
+      float* dsel = nullptr;
+      std::int64_t B = 0, T = 0;
+      if (op.fn == Fn::linear_first_token) {
+        const auto& xs = shape(op.inputs[0]);
+        B = xs[0];
+        T = xs[1];
+        float* sel = scratch(0, B * K);
+        cpu::select_token_forward(sel, xin, B, T, K, 0);
+        xin = sel;
+        if (dxin) dsel = scratch(1, B * K);
+      }
+      float* dtarget = op.fn == Fn::linear_first_token ? dsel : dxin;
+      if (conv) cpu::conv1d_backward(dtarget, pg(0), db, dy, xin, param(op.params[0]), n / Nn, Nn, K, true);
+      else cpu::linear_backward(dtarget, pg(0), db, dy, xin, param(op.params[0]), n / Nn, Nn, K, true);
+      if (dsel) cpu::select_token_backward(dxin, dsel, B, T, K, 0, true);
+      break;
+    }
+    case Fn::attn_scores:
+    case Fn::attn_context: {
+      const auto& ys = shape(y);
+      Dims d{ys[0], ys[1], ys[2], cfg.head_dim};
+      const std::int64_t hv = d.B * d.H * d.T * d.D;
+      // Operand i as (B, H, T, D) and where its gradient goes.
+      auto operand = [&](std::size_t i, std::size_t slot) -> const float* {
+        const TensorId t = op.inputs[std::min(i, op.inputs.size() - 1)];
+        const auto& s = shape(t);
+        if (s.size() == 4) return act(t);
+        float* o = scratch(slot, hv);
+        cpu::split_heads_forward(o, act(t), d.B, d.T, d.H, d.D, s[2], op.col[i]);
+        return o;
+      };
+      auto give_back = [&](std::size_t i, const float* g) {
+        const TensorId t = op.inputs[std::min(i, op.inputs.size() - 1)];
+        float* dt = grad(t);
+        if (!dt) return;
+        const auto& s = shape(t);
+        if (s.size() == 4) cpu::copy_accumulate(dt, g, numel(t), true);
+        else cpu::split_heads_backward(dt, g, d.B, d.T, d.H, d.D, s[2], op.col[i], true);
+      };
+      if (op.fn == Fn::attn_scores) {
+        const float* q = operand(0, 0);
+        const float* k = operand(1, 1);
+        float* dq = scratch(2, hv);
+        float* dk = scratch(3, hv);
+        cpu::bmm_backward(dq, dk, dy, q, k, d.B * d.H, d.T, d.T, d.D, false, true, false);
+        give_back(0, dq);
+        give_back(1, dk);
+      } else {
+        const float* pr = act(op.inputs[0]);
+        const float* v = operand(1, 1);
+        const std::int64_t np = numel(op.inputs[0]);
+        float* dp = scratch(2, np);
+        float* dv = scratch(3, hv);
+        cpu::bmm_backward(dp, dv, dy, pr, v, d.B * d.H, d.T, d.D, d.T, false, false, false);
+        if (float* g = grad(op.inputs[0])) cpu::copy_accumulate(g, dp, np, true);
+        give_back(1, dv);
+      }
+      break;
+    }
+    case Fn::scale: if (dx(0)) cpu::scale_backward(dx(0), dy, n, alpha, true); break;
+    case Fn::add_scalar: if (dx(0)) cpu::add_scalar_backward(dx(0), dy, n, true); break;
+    case Fn::add: {
+      if (op.inputs.size() > 1 && numel(op.inputs[1]) != n) {
+        const auto& s = shape(y);
+        cpu::add_broadcast_backward(dx(0), dx(1), dy, {1, s[0], s[1], s[2]}, {1, 1, s[1], s[2]}, true);
+      } else {
+        cpu::add_backward(dx(0), dx(1), dy, n, true);
+      }
+      break;
+    }
+    case Fn::causal_where: {
+      const auto& s = shape(y);
+      if (dx(0)) cpu::causal_where_backward(dx(0), dy, s[0] * s[1], s[2], true);
+      break;
+    }
+    case Fn::add_mask: {
+      const auto& s = shape(y);
+      const auto& m = shape(op.inputs[1]);
+      cpu::add_broadcast_backward(dx(0), nullptr, dy, {s[0], s[1], s[2], s[3]}, {m[0], m[1], m[2], m[3]}, true);
+      break;
+    }
+    case Fn::softmax: {
+      const std::int64_t c = shape(y).back();
+      if (dx(0)) cpu::softmax_backward(dx(0), act(y), dy, n / c, c, true);
+      break;
+    }
+    case Fn::dropout:
+      if (dx(0))
+        cpu::dropout_backward(dx(0), reinterpret_cast<const std::uint8_t*>(act(op.outputs[1])), dy, n, alpha, true);
+      break;
+    case Fn::layernorm: {
+      const std::int64_t C = shape(y).back();
+      cpu::layernorm_backward(dx(0), pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, x(0), act(op.outputs[1]),
+                              act(op.outputs[2]), param(op.params[0]), n / C, C, true);
+      break;
+    }
+    case Fn::pow:
+      if (!dx(0)) break;
+      if (op.alpha == 2.0) cpu::pow2_backward(dx(0), x(0), dy, n, true);
+      else cpu::pow3_backward(dx(0), x(0), dy, n, true);
+      break;
+    case Fn::rms_rsqrt: {
+      const std::int64_t C = shape(op.inputs[0]).back();
+      if (dx(0)) cpu::rms_rsqrt_backward(dx(0), dy, act(y), n, C, true);
+      break;
+    }
+    case Fn::mul: cpu::mul_backward(dx(0), dx(1), dy, x(0), x(1), n, true); break;
+    case Fn::mul_rowscale: {
+      const std::int64_t C = shape(y).back();
+      cpu::mul_rowscale_backward(dx(0), dx(1), dy, x(0), x(1), n / C, C, true);
+      break;
+    }
+    case Fn::mul_weight: {
+      const std::int64_t C = shape(y).back();
+      cpu::mul_weight_backward(dx(0), pg(0), dy, x(0), param(op.params[0]), n / C, C, true);
+      break;
+    }
+    case Fn::gelu: if (dx(0)) cpu::gelu_backward(dx(0), x(0), dy, n, true); break;
+    case Fn::gelu_tanh: if (dx(0)) cpu::gelu_tanh_backward(dx(0), x(0), dy, n, true); break;
+    case Fn::silu: if (dx(0)) cpu::silu_backward(dx(0), x(0), dy, n, true); break;
+    case Fn::relu: if (dx(0)) cpu::relu_backward(dx(0), act(y), dy, n, true); break;
+    case Fn::tanh: if (dx(0)) cpu::tanh_backward(dx(0), act(y), dy, n, true); break;
+    case Fn::cast: if (dx(0)) cpu::copy_accumulate(dx(0), dy, n, true); break;
+    case Fn::rope: {
+      const auto& s = shape(y);
+      if (!dx(0)) break;
+      float* dxh = scratch(0, n);
+      cpu::rope_backward(dxh, dy, x(1), x(2), s[0], s[1], s[2], s[3], false);
+      cpu::split_heads_backward(dx(0), dxh, s[0], s[2], s[1], s[3], s[1] * s[3], 0, true);
+      break;
+    }
+    case Fn::merge_heads: {
+      const auto& s = shape(op.inputs[0]);
+      if (dx(0)) cpu::merge_heads_backward(dx(0), dy, s[0], s[2], s[1], s[3], true);
+      break;
+    }
+    case Fn::repeat_kv: {
+      if (!dx(0)) break;
+      const auto& ys = shape(y);
+      const auto& s = shape(op.inputs[0]);
+      const std::int64_t B = ys[0], T = ys[2], D = ys[3], K = s.size() == 4 ? s[1] : s[2] / D;
+      if (s.size() == 4) {
+        cpu::repeat_kv_backward(dx(0), dy, B, K, ys[1] / K, T, D, true);
+      } else {
+        float* h = scratch(0, B * K * T * D);
+        cpu::repeat_kv_backward(h, dy, B, K, ys[1] / K, T, D, false);
+        cpu::split_heads_backward(dx(0), h, B, T, K, D, s[2], 0, true);
+      }
+      break;
+    }
+    case Fn::cross_entropy: {
+      const std::int64_t V = shape(op.outputs[0]).back();
+      const std::int64_t rows = numel(op.inputs[0]) / V;
+      if (dx(0))
+        cpu::log_softmax_nll_backward(dx(0), act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], true);
+      break;
+    }
+    case Fn::rope_tables:
+    case Fn::extended_mask:
+    case Fn::causal_mask: break;  // no gradient
+    case Fn::none:
+    case Fn::sdpa: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
+  }
+}
+
+// ------------------------------------------------------------------ copies
+void Interpreter::copy_event(const Event& e) {
+  const auto sl = p_.slices(e);
+  auto elems = [&](BufferId b) { return p_.buffers[U(b)].elements; };
+  // A slice's gradient values: the param's own gradient while it is live, else the
+  // bucket the program copied it into.
+  auto grad_src = [&](const zero::BucketSlice& s) -> const float* {
+    if (pgrad_buf_[U(s.param)] >= 0) return param_grad(s.param) + s.param_offset;
+    if (e.src_buf >= 0 && s.bucket_offset >= 0) return f32(e.src_buf) + s.bucket_offset;
+    throw std::logic_error(fmt::format("{}: no gradient for {}", p_.event_name(e.id), g_.params[U(s.param)].name));
+  };
+  const std::int64_t P = layout_.partition, lo = rank_ * P;
+  switch (e.copy_op) {
+    case CopyOp::none: break;
+    case CopyOp::load_batch:
+      for (std::size_t i = 0; i < g_.inputs.size(); ++i) {
+        const TensorId t = g_.inputs[i];
+        const auto& v = (*batch_)[i];
+        if (static_cast<std::int64_t>(v.size()) != numel(t))
+          throw std::logic_error(fmt::format("input {}: {} values for {} elements", g_.tensors[U(t)].name, v.size(), numel(t)));
+        std::memcpy(act(t), v.data(), v.size() * sizeof(std::int64_t));
+      }
+      break;
+    case CopyOp::grad_to_bucket:
+      for (const auto& s : sl) std::copy_n(f32(e.src_buf) + s.param_offset, s.count, f32(e.dst_buf) + s.bucket_offset);
+      break;
+    case CopyOp::flatten: {
+      std::int64_t pos = 0;
+      for (const auto& s : sl) {
+        std::copy_n(grad_src(s), s.count, f32(e.dst_buf) + pos);
+        pos += s.count;
+      }
+      break;
+    }
+    case CopyOp::unflatten_grads: {
+      std::int64_t pos = 0;
+      for (const auto& s : sl) {
+        std::copy_n(f32(e.src_buf) + pos, s.count, param_grad(s.param) + s.param_offset);
+        pos += s.count;
+      }
+      break;
+    }
+    case CopyOp::to_partition: {
+      std::int64_t pos = 0;
+      float* dst = f32(e.dst_buf);
+      const float* src = f32(e.src_buf);
+      for (const auto& s : sl) {
+        const auto i = U(s.param);
+        for (std::int64_t j = 0; j < s.count; ++j) {
+          const std::int64_t f = layout_.offset[i] + s.param_offset + j;
+          if (f >= lo && f < lo + P) dst[gip_off_[i] + s.param_offset + j] += src[pos + j];
+        }
+        pos += s.count;
+      }
+      break;
+    }
+    case CopyOp::accumulate: {
+      const std::int64_t n = std::min(elems(e.src_buf), elems(e.dst_buf));
+      cpu::copy_accumulate(f32(e.dst_buf), f32(e.src_buf), n, true);
+      break;
+    }
+    case CopyOp::partition_grads: {
+      float* dst = f32(e.dst_buf);
+      for (std::size_t i = 0; i < g_.params.size(); ++i) {
+        if (gip_off_[i] < 0) continue;
+        for (std::int64_t j = 0; j < g_.params[i].numel; ++j) {
+          const std::int64_t f = layout_.offset[i] + j;
+          if (f < lo || f >= lo + P) continue;
+          float v = f32(e.src_buf)[gip_off_[i] + j];
+          if (e.src2_buf >= 0) v += f32(e.src2_buf)[gip_off_[i] + j];
+          dst[f - lo] = v;
+        }
+      }
+      break;
+    }
+    case CopyOp::master_to_params: {
+      const auto role = p_.buffers[U(e.dst_buf)].role;
+      const std::int64_t base = role == BufferRole::flat_params16 && (stage_ == 1 || stage_ == 2) ? lo : 0;
+      std::copy_n(f32(e.src_buf) + e.offset, e.elements, f32(e.dst_buf) + base + e.offset);
+      break;
+    }
+    case CopyOp::gather_unflatten: {
+      std::int64_t block = 0;
+      for (const auto& s : sl) block += ceil_div(s.count, N_);
+      const float* src = f32(e.src_buf);
+      std::int64_t prefix = 0;
+      for (const auto& s : sl) {
+        const std::int64_t sh = ceil_div(s.count, N_);
+        float* full = param(s.param);
+        for (std::int64_t q = 0; q < N_; ++q)
+          for (std::int64_t j = 0; j < sh && q * sh + j < s.count; ++j) full[q * sh + j] = src[q * block + prefix + j];
+        prefix += sh;
+      }
+      break;
+    }
+    case CopyOp::interleave: {
+      std::int64_t block = 0;
+      for (const auto& s : sl) block += ceil_div(s.count, N_);
+      float* dst = f32(e.dst_buf);
+      std::int64_t prefix = 0;
+      for (const auto& s : sl) {
+        const std::int64_t sh = ceil_div(s.count, N_);
+        const float* g = grad_src(s);
+        for (std::int64_t i = 0; i < s.count; ++i) dst[(i / sh) * block + prefix + i % sh] = g[i];
+        prefix += sh;
+      }
+      break;
+    }
+    case CopyOp::shard_accumulate: {
+      std::int64_t block = 0;
+      for (const auto& s : sl) block += ceil_div(s.count, N_);
+      const float* src = f32(e.src_buf);
+      float* dst = f32(e.dst_buf);
+      std::int64_t prefix = 0;
+      for (const auto& s : sl) {
+        const std::int64_t sh = ceil_div(s.count, N_);
+        for (std::int64_t j = 0; j < sh && rank_ * sh + j < s.count; ++j)
+          dst[part_off_[U(s.param)] + j] += src[rank_ * block + prefix + j];
+        prefix += sh;
+      }
+      break;
+    }
+    case CopyOp::subgroup_grads: {
+      float* src = f32(e.src_buf) + e.offset;
+      std::copy_n(src, e.elements, f32(e.dst_buf));
+      std::fill_n(src, e.elements, 0.0f);  // zero_grad of the partition
+      break;
+    }
+    case CopyOp::cast: {
+      const std::int64_t n = std::min(elems(e.src_buf), elems(e.dst_buf));
+      const auto& sb = p_.buffers[U(e.src_buf)];
+      const auto& db = p_.buffers[U(e.dst_buf)];
+      for (std::int64_t i = 0; i < n; ++i) store(mem_.data(db.id), db.dtype, i, load(mem_.data(sb.id), sb.dtype, i));
+      break;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ collectives
+void Interpreter::collective_event(const Event& e) {
+  const auto& group = p_.groups[U(e.group)].ranks;
+  CollectiveCall c;
+  c.kind = e.coll;
+  c.elements = e.elements;
+  c.dtype = e.dtype;
+  c.op = e.reduce_op;
+  c.group = group;
+  c.root = e.root < 0 ? 0 : e.root;
+  float scalar = 0.0f;
+  if (e.dst_buf < 0) {
+    // A scalar reduction the program issues at the step.
+    if (e.trigger == zero::Trigger::grad_norm) {
+      double local = 0.0;
+      for (const auto& buf : p_.buffers) {
+        if (!mem_.live(buf.id)) continue;
+        if (buf.role == BufferRole::grad_partition || buf.role == BufferRole::grads_in_partition) {
+          if (stage_ == 3) {
+            local += cpu::sum_squares(f32(buf.id), buf.elements);
+          }
+        }
+      }
+      if (stage_ == 1 || stage_ == 2) {
+        // this rank's partition of grads_in_partition (+ the accumulated copy)
+        std::vector<BufferId> parts;
+        for (const auto& buf : p_.buffers)
+          if (buf.role == BufferRole::grads_in_partition && mem_.live(buf.id)) parts.push_back(buf.id);
+        const std::int64_t P = layout_.partition, lo = rank_ * P;
+        for (std::size_t i = 0; i < g_.params.size(); ++i) {
+          if (gip_off_[i] < 0) continue;
+          for (std::int64_t j = 0; j < g_.params[i].numel; ++j) {
+            const std::int64_t f = layout_.offset[i] + j;
+            if (f < lo || f >= lo + P) continue;
+            double v = 0.0;
+            for (BufferId b : parts) v += static_cast<double>(f32(b)[gip_off_[i] + j]);
+            local += v * v;
+          }
+        }
+      }
+      scalar = static_cast<float>(local);
+    }
+    c.buf = &scalar;
+    comm_.run(c);
+    if (e.trigger == zero::Trigger::grad_norm) grad_norm_ = std::sqrt(static_cast<double>(scalar));
+    return;
+  }
+  c.buf = mem_.data(e.dst_buf);
+  if (e.coll == zero::CollKind::all_gather && e.src_buf >= 0) {
+    // Stage 3: this rank's shards of the slices' params into its block of the output.
+    std::int64_t block = 0;
+    for (const auto& s : p_.slices(e)) block += ceil_div(s.count, N_);
+    float* dst = f32(e.dst_buf) + rank_ * block;
+    const float* part = f32(e.src_buf);
+    std::int64_t prefix = 0;
+    for (const auto& s : p_.slices(e)) {
+      const std::int64_t sh = ceil_div(s.count, N_);
+      std::copy_n(part + part_off_[U(s.param)], sh, dst + prefix);
+      prefix += sh;
+    }
+  }
+  if (e.coll == zero::CollKind::reduce) {
+    // Only the part of the packed buffer that lands in the root's partition is reduced.
+    const std::int64_t P = layout_.partition, rlo = c.root * P;
+    std::vector<float> piece;
+    std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (position, count)
+    std::int64_t pos = 0;
+    for (const auto& s : p_.slices(e)) {
+      const std::int64_t a = layout_.offset[U(s.param)] + s.param_offset;
+      const std::int64_t from = std::max(a, rlo), to = std::min(a + s.count, rlo + P);
+      if (to > from) where.emplace_back(pos + (from - a), to - from);
+      pos += s.count;
+    }
+    float* buf = f32(e.dst_buf);
+    for (auto [at, cnt] : where) piece.insert(piece.end(), buf + at, buf + at + cnt);
+    if (static_cast<std::int64_t>(piece.size()) != e.elements)
+      throw std::logic_error(fmt::format("{}: {} elements in the root's partition, program says {}", p_.event_name(e.id),
+                                         piece.size(), e.elements));
+    c.buf = piece.data();
+    comm_.run(c);
+    std::size_t k = 0;
+    for (auto [at, cnt] : where) {
+      std::copy_n(piece.data() + k, cnt, buf + at);
+      k += U(cnt);
+    }
+    return;
+  }
+  comm_.run(c);
+}
+
+// ------------------------------------------------------------------ optimizer
+void Interpreter::optimizer_event(const Event& e) {
+  const auto& oc = cfg_.optimizer;
+  float* states = e.src2_buf >= 0 ? f32(e.src2_buf) : nullptr;
+  const std::int64_t total = e.src2_buf >= 0 ? p_.buffers[U(e.src2_buf)].elements : 0;
+  const bool adam = oc.type != zero::OptimizerType::sgd;
+  const std::int64_t half = adam ? total / 2 : total;
+  // Gradient clipping by the global norm (DeepSpeed: grads /= norm/clip when above).
+  float clip = 1.0f;
+  auto update = [&](float* p, float* g, std::int64_t at, std::int64_t n) {
+    if (clip != 1.0f) cpu::scale_inplace(g, n, clip);
+    if (adam) {
+      cpu::AdamConfig a;
+      a.lr = oc.lr;
+      a.beta1 = oc.beta1;
+      a.beta2 = oc.beta2;
+      a.eps = oc.eps;
+      a.weight_decay = oc.weight_decay;
+      a.decoupled = oc.type == zero::OptimizerType::adamw || oc.adam_w_mode;
+      cpu::adam_step(p, g, states + at, states + half + at, n, step_, a);
+    } else {
+      cpu::SgdConfig sg;
+      sg.lr = oc.lr;
+      sg.momentum = oc.momentum;
+      sg.weight_decay = oc.weight_decay;
+      cpu::sgd_step(p, g, states ? states + at : nullptr, n, step_, sg);
+    }
+  };
+  if (e.src_buf < 0) {
+    // Stage 0: each param with its own (replicated, averaged) gradient.
+    if (cfg_.gradient_clipping > 0.0) {
+      double ss = 0.0;
+      for (const auto& prm : g_.params) ss += cpu::sum_squares(param_grad(prm.id), prm.numel);
+      grad_norm_ = std::sqrt(ss);
+    }
+    if (cfg_.gradient_clipping > 0.0 && grad_norm_ > cfg_.gradient_clipping)
+      clip = static_cast<float>(cfg_.gradient_clipping / grad_norm_);
+    for (const auto& prm : g_.params)
+      update(f32(e.dst_buf) + layout_.offset[U(prm.id)], param_grad(prm.id), layout_.offset[U(prm.id)], prm.numel);
+    return;
+  }
+  if (cfg_.gradient_clipping > 0.0 && grad_norm_ > cfg_.gradient_clipping)
+    clip = static_cast<float>(cfg_.gradient_clipping / grad_norm_);
+  update(f32(e.dst_buf) + e.offset, f32(e.src_buf), e.offset, e.elements);
+}
+
+std::vector<float> Interpreter::param_values(ParamId p) const {
+  const auto& prm = g_.params[U(p)];
+  if (stage_ < 3) {
+    const float* v = f32(params_buf_) + layout_.offset[U(p)];
+    return {v, v + prm.numel};
+  }
+  if (persist_off_[U(p)] >= 0) {
+    const float* v = f32(persist_buf_) + persist_off_[U(p)];
+    return {v, v + prm.numel};
+  }
+  // Stage 3: only this rank's shard is held; the rest is left zero.
+  std::vector<float> out(U(prm.numel), 0.0f);
+  const std::int64_t sh = ceil_div(prm.numel, N_);
+  for (std::int64_t j = 0; j < sh && rank_ * sh + j < prm.numel; ++j) out[U(rank_ * sh + j)] = f32(params_buf_)[part_off_[U(p)] + j];
+  return out;
+}
+
+}  // namespace zp::exec

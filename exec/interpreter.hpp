@@ -1,0 +1,92 @@
+#pragma once
+// The executor's interpreter: runs a rank's step program with real kernels and real
+// collectives. Events run one at a time in program (issue) order, which respects every
+// stream's order and every dependency (dependencies point backwards), so results are
+// deterministic; each event's buffers are allocated through the tracking allocator
+// when it starts and freed when it ends, exactly as the program declares. Nothing here
+// decides a buffer, a bucket or a fetch: the data movement of each event follows its
+// operands (zero/program.hpp), its op's function (models::Fn) and its slices.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "exec/allocator.hpp"
+#include "exec/comm.hpp"
+#include "models/graph.hpp"
+#include "zero/ds_config.hpp"
+#include "zero/lower.hpp"
+#include "zero/program.hpp"
+
+namespace zp::exec {
+
+// One micro-step's inputs, one vector per graph input tensor (g.inputs order), int64.
+using MicroBatch = std::vector<std::vector<std::int64_t>>;
+
+struct StepResult {
+  double loss = 0.0;                 // mean over micro-steps of this rank's loss
+  double grad_norm = -1.0;           // global L2 norm before clipping (-1: not computed)
+  double seconds = 0.0;
+};
+
+// Whether the executor can run this program, and if not, why (one line).
+std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg);
+
+class Interpreter {
+ public:
+  Interpreter(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg, Comm& comm,
+              TrackingAllocator& mem, std::uint64_t seed);
+  // Runs the prologue: allocates the persistent buffers and initialises params (the same
+  // values for every stage and world size), master weights and optimizer states.
+  void prologue();
+  // One optimizer step (all micro-steps); `step` counts from 1.
+  StepResult step(std::int64_t step, const std::vector<MicroBatch>& data);
+  // Seconds each event took in the last step (index: event id).
+  const std::vector<double>& event_seconds() const { return seconds_; }
+  // The full value of param p as training left it (gathered from this rank's view; for
+  // checks on one rank or where the rank holds it: stages 0-2 hold every param).
+  std::vector<float> param_values(models::ParamId p) const;
+
+ private:
+  void run_event(const zero::Event& e);
+  void bind(zero::BufferId b);
+  void unbind(zero::BufferId b);
+  void forward_op(const models::Op& op);
+  void backward_op(const models::Op& op);
+  void copy_event(const zero::Event& e);
+  void collective_event(const zero::Event& e);
+  void optimizer_event(const zero::Event& e);
+
+  float* f32(zero::BufferId b) const;
+  float* act(models::TensorId t) const;        // a forward tensor's data
+  float* grad(models::TensorId t) const;       // its gradient, or nullptr
+  const std::int64_t* ids(models::TensorId t) const;
+  float* param(models::ParamId p) const;       // the param's full values
+  float* param_grad(models::ParamId p) const;  // its gradient (must be live)
+  float* scratch(std::size_t slot, std::int64_t n);
+  std::int64_t numel(models::TensorId t) const;
+  std::uint64_t dropout_seed() const;
+
+  const models::OpGraph& g_;
+  const zero::Program& p_;
+  const zero::DsConfig& cfg_;
+  Comm& comm_;
+  TrackingAllocator& mem_;
+  std::uint64_t seed_;
+  int stage_ = 0, N_ = 1, rank_ = 0;
+  zero::FlatLayout layout_;
+  std::vector<std::int64_t> part_off_;     // stage 3: param → offset in the partition
+  std::vector<std::int64_t> gip_off_;      // stages 1/2: param → offset in grads_in_partition (-1: none)
+  std::vector<std::int64_t> persist_off_;  // stage 3: param → offset in the persistent buffer (-1: none)
+  zero::BufferId persist_buf_ = -1, params_buf_ = -1;
+  // live bindings
+  std::vector<zero::BufferId> tensor_buf_, tgrad_buf_, pgrad_buf_, full_buf_;
+  std::vector<std::vector<float>> scratch_;
+  std::int64_t step_ = 0;
+  int micro_ = 0;
+  const MicroBatch* batch_ = nullptr;
+  double loss_sum_ = 0.0;
+  double grad_norm_ = -1.0;
+  std::vector<double> seconds_;
+};
+
+}  // namespace zp::exec

@@ -1,0 +1,38 @@
+#pragma once
+// `zeroplan train`: lowers the model and ds_config into this rank's step program,
+// interprets it for K optimizer steps on real data, and measures: loss per step,
+// memory per category (the tracking allocator), bytes per collective kind, per-event
+// times. The same program, replayed by the simulator, is the prediction it is compared
+// with.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/units.hpp"
+#include "exec/comm.hpp"
+
+namespace zp::exec {
+
+struct TrainOptions {
+  std::string model;
+  std::string ds_config;              // empty: DeepSpeed defaults
+  std::int64_t steps = 10;
+  std::uint64_t seed = 1234;
+  std::string data = "synthetic";
+  std::int64_t seq_len = 0;           // 0: the model's maximum
+  bool activation_checkpointing = false;
+  Bytes memory_limit{0};              // device bytes live at once (0: none)
+  std::string out;                    // measurements JSON (rank suffix when N > 1)
+  bool quiet = false;
+};
+
+// Runs training on this rank; returns the measurements document (also written to
+// opt.out). Bad input → InputError (before any collective); failures during the run
+// end the job on every rank through Comm::abort.
+nlohmann::json train(const TrainOptions& opt, Comm& comm);
+
+// The --out path of a rank: FILE.json for one rank, FILE.rankR.json for several.
+std::string rank_path(const std::string& out, int rank, int world);
+
+}  // namespace zp::exec
