@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   coll->add_flag("--json", coll_json, "machine-readable output");
 
   zp::exec::TrainOptions tr;
-  std::string tr_seq, tr_limit;
+  std::string tr_seq, tr_limit, tr_micro;
   auto* train = app.add_subcommand("train", "train the model for real with the config's ZeRO stage on CPU ranks "
                                             "(run under mpirun -np N) and measure memory, bytes and time");
   train->add_option("--model", tr.model, "catalogue name or path to a HF config.json")->required();
@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
   train->add_option("--seed", tr.seed, "seed for initial weights, data and dropout (default 1234)");
   train->add_option("--data", tr.data, "synthetic (default) or a file of uint16 token ids");
   train->add_option("--seq-len", tr_seq, "sequence length (default: the model's max positions)");
+  train->add_option("--micro-batch", tr_micro, "override train_micro_batch_size_per_gpu (GAS follows)");
   train->add_flag("--activation-checkpointing", tr.activation_checkpointing, "per-layer activation checkpointing");
   train->add_option("--memory-limit", tr_limit, "device bytes that may be live at once (K/M/G suffixes)");
   train->add_option("--out", tr.out, "measurements JSON (FILE.rankR.json per rank when N > 1)");
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
     auto comm = zp::exec::make_mpi_comm(&argc, &argv);
     try {
       if (!tr_seq.empty()) tr.seq_len = parse_positive("--seq-len", tr_seq);
+      if (!tr_micro.empty()) tr.micro_batch = parse_positive("--micro-batch", tr_micro);
       if (!tr_limit.empty()) tr.memory_limit = zp::cli::parse_size("--memory-limit", tr_limit);
       zp::exec::train(tr, *comm);
     } catch (const zp::InputError& e) {

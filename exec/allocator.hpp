@@ -4,8 +4,8 @@
 // placement at the same points the simulator's replay does (after an event's
 // allocations), and feeds device requests through the same caching-allocator model
 // (sim/caching_allocator) so reserved bytes are measured by the rules they are
-// predicted with. Memory is real: 64-byte aligned, zero-filled (a fresh gradient or
-// accumulation buffer starts at zero, as torch.zeros would).
+// predicted with. Memory is real and zero-filled (a fresh gradient or accumulation
+// buffer starts at zero, as torch.zeros would).
 #include <array>
 #include <cstddef>
 #include <memory>
@@ -32,8 +32,8 @@ struct AllocatorReport {
 
 class AllocationFailed : public std::runtime_error {
  public:
-  AllocationFailed(const std::string& what, Bytes requested, Bytes live)
-      : std::runtime_error(what), requested(requested), live(live) {}
+  AllocationFailed(const std::string& what, Bytes requested_bytes, Bytes live_bytes)
+      : std::runtime_error(what), requested(requested_bytes), live(live_bytes) {}
   Bytes requested, live;
 };
 

@@ -51,7 +51,19 @@ json train(const TrainOptions& opt, Comm& comm) {
   const int N = comm.size(), rank = comm.rank();
   // ---- inputs (every rank reads the same; errors happen before any collective)
   const auto mcfg = models::load_model(opt.model);
-  const zero::DsConfig cfg = opt.ds_config.empty() ? zero::default_ds_config() : zero::load_ds_config(opt.ds_config);
+  zero::DsConfig cfg;
+  if (opt.ds_config.empty()) {
+    // No config: DeepSpeed's defaults, with one sample per rank per micro-step (as simulate).
+    cfg = zero::default_ds_config();
+    cfg.train_micro_batch_size_per_gpu = 1;
+  } else {
+    cfg = zero::load_ds_config(opt.ds_config);
+  }
+  if (opt.micro_batch) {
+    if (*opt.micro_batch < 1) throw InputError("--micro-batch", "", fmt::format("must be >= 1, got {}", *opt.micro_batch));
+    cfg.train_micro_batch_size_per_gpu = *opt.micro_batch;
+    if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
+  }
   const zero::Batch batch = zero::resolve_batch(cfg, N);
   models::GraphOptions go;
   go.micro_batch = batch.micro_batch;

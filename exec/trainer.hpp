@@ -5,6 +5,7 @@
 // times. The same program, replayed by the simulator, is the prediction it is compared
 // with.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@ struct TrainOptions {
   std::uint64_t seed = 1234;
   std::string data = "synthetic";
   std::int64_t seq_len = 0;           // 0: the model's maximum
+  std::optional<std::int64_t> micro_batch;  // overrides train_micro_batch_size_per_gpu
   bool activation_checkpointing = false;
   Bytes memory_limit{0};              // device bytes live at once (0: none)
   std::string out;                    // measurements JSON (rank suffix when N > 1)
