@@ -281,7 +281,7 @@ TEST_CASE("a token file trains like the synthetic corpus") {
   std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(toks.data()), static_cast<std::streamsize>(toks.size() * 2));
   const std::string cfg = write("file-cfg.json", R"({"train_micro_batch_size_per_gpu": 4,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.003}}})");
-  const auto r = sh(fmt::format("{} train --model tiny-gpt2 --ds-config {} --data {} --steps 40 --seq-len 16 --out {}",
+  const auto r = sh(fmt::format("{} train --model tiny-gpt2 --ds-config {} --data {} --steps 120 --seq-len 16 --out {}",
                                 ZEROPLAN_BIN, cfg, p.string(), (dir() / "file.json").string()));
   REQUIRE(r.status == 0);
   std::ifstream in(dir() / "file.json");
