@@ -1,0 +1,72 @@
+#include "kernels/cpu/bmm.hpp"
+
+#include <Eigen/Core>
+
+namespace zp::kernels::cpu {
+
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMat>;
+using Map = Eigen::Map<RowMat>;
+
+template <class L, class R>
+void product(Map& c, const L& l, const R& r, bool accumulate) {
+  if (accumulate)
+    c.noalias() += l * r;
+  else
+    c.noalias() = l * r;
+}
+
+}  // namespace
+
+void gemm(float* c, const float* a, const float* b, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a,
+          bool trans_b, bool accumulate) {
+  Map cm(c, m, n);
+  if (k == 0) {
+    if (!accumulate) cm.setZero();
+    return;
+  }
+  const ConstMap am(a, trans_a ? k : m, trans_a ? m : k);
+  const ConstMap bm(b, trans_b ? n : k, trans_b ? k : n);
+  if (!trans_a && !trans_b)
+    product(cm, am, bm, accumulate);
+  else if (!trans_a)
+    product(cm, am, bm.transpose(), accumulate);
+  else if (!trans_b)
+    product(cm, am.transpose(), bm, accumulate);
+  else
+    product(cm, am.transpose(), bm.transpose(), accumulate);
+}
+
+void bmm_forward(float* c, const float* a, const float* b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                 std::int64_t k, bool trans_a, bool trans_b) {
+  for (std::int64_t i = 0; i < batch; ++i)
+    gemm(c + i * m * n, a + i * m * k, b + i * k * n, m, n, k, trans_a, trans_b, false);
+}
+
+void bmm_backward(float* da, float* db, const float* dc, const float* a, const float* b, std::int64_t batch,
+                  std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b, bool accumulate) {
+  for (std::int64_t i = 0; i < batch; ++i) {
+    const float* dci = dc + i * m * n;
+    const float* ai = a + i * m * k;
+    const float* bi = b + i * k * n;
+    // d op(A) = dC · op(B)^T (m,k); d op(B) = op(A)^T · dC (k,n); then back to the stored layout.
+    if (da != nullptr) {
+      float* dai = da + i * m * k;
+      if (!trans_a)
+        gemm(dai, dci, bi, m, k, n, false, !trans_b, accumulate);
+      else
+        gemm(dai, bi, dci, k, m, n, trans_b, true, accumulate);
+    }
+    if (db != nullptr) {
+      float* dbi = db + i * k * n;
+      if (!trans_b)
+        gemm(dbi, ai, dci, k, n, m, !trans_a, false, accumulate);
+      else
+        gemm(dbi, dci, ai, n, k, m, true, trans_a, accumulate);
+    }
+  }
+}
+
+}  // namespace zp::kernels::cpu

@@ -1,0 +1,1014 @@
+// CPU kernels: every backward against central finite differences of its forward (or, for
+// linear maps, the adjoint identity <L x, y> = <x, L^T y>), the accumulate=true contract,
+// and golden values (activations, softmax, layernorm, cross entropy, optimizers, 16-bit
+// conversions, Philox).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/bmm.hpp"
+#include "kernels/cpu/convert.hpp"
+#include "kernels/cpu/dropout.hpp"
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/layout.hpp"
+#include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/loss.hpp"
+#include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/optimizer.hpp"
+#include "kernels/cpu/reduce.hpp"
+#include "kernels/cpu/rng.hpp"
+
+namespace kc = zp::kernels::cpu;
+
+namespace {
+
+using Vec = std::vector<float>;
+
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+// Uniform values in [lo, hi), reproducible from the seed.
+Vec rand_vec(std::int64_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Vec v(sz(n));
+  kc::uniform_fill(v.data(), n, seed, 0);
+  for (float& x : v) x = lo + (hi - lo) * x;
+  return v;
+}
+
+// Uniform magnitudes in [lo, hi) with a random sign (keeps inputs away from kinks at 0).
+Vec rand_away_from_zero(std::int64_t n, std::uint64_t seed, float lo, float hi) {
+  Vec v = rand_vec(n, seed, lo, hi);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (kc::uniform(seed + 1000, i) < 0.5f) v[i] = -v[i];
+  return v;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+  return s;
+}
+
+// Worst |analytic - fd| / (1 + |fd|) over the elements of x, with fd the central finite
+// difference of f (a scalar function of the current contents of x).
+double max_fd_error(Vec& x, const Vec& analytic, const std::function<double()>& f, float eps = 1e-2f) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float x0 = x[i];
+    x[i] = x0 + eps;
+    const float xp = x[i];
+    const double fp = f();
+    x[i] = x0 - eps;
+    const float xm = x[i];
+    const double fm = f();
+    x[i] = x0;
+    const double fd = (fp - fm) / (static_cast<double>(xp) - static_cast<double>(xm));
+    worst = std::max(worst, std::abs(fd - static_cast<double>(analytic[i])) / (1.0 + std::abs(fd)));
+  }
+  return worst;
+}
+
+constexpr double kFdTol = 1e-3;  // observed worst ~1e-4 at these sizes
+
+// The accumulate contract of a backward call `bwd(accumulate)` writing `outs`: with
+// accumulate=false every output is overwritten (they start as NaN); with accumulate=true
+// each output becomes its previous contents plus that result. Returns the accumulate=false
+// gradients.
+std::vector<Vec> check_accumulate(const std::vector<Vec*>& outs, const std::function<void(bool)>& bwd) {
+  for (Vec* o : outs) std::fill(o->begin(), o->end(), std::numeric_limits<float>::quiet_NaN());
+  bwd(false);
+  std::vector<Vec> fresh;
+  for (Vec* o : outs) {
+    CHECK(std::all_of(o->begin(), o->end(), [](float v) { return std::isfinite(v); }));
+    fresh.push_back(*o);
+  }
+  std::vector<Vec> base;
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    base.push_back(rand_vec(static_cast<std::int64_t>(outs[k]->size()), 900 + k));
+    *outs[k] = base.back();
+  }
+  bwd(true);
+  double worst = 0.0;
+  for (std::size_t k = 0; k < outs.size(); ++k)
+    for (std::size_t i = 0; i < outs[k]->size(); ++i) {
+      const double want = static_cast<double>(base[k][i]) + static_cast<double>(fresh[k][i]);
+      worst = std::max(worst, std::abs(static_cast<double>((*outs[k])[i]) - want) / (1.0 + std::abs(want)));
+    }
+  CHECK(worst < 1e-5);
+  return fresh;
+}
+
+// A pointwise op y = f(x) with backward from the saved x (or y): FD and accumulate checks.
+void check_pointwise(void (*fwd)(float*, const float*, std::int64_t),
+                     void (*bwd)(float*, const float*, const float*, std::int64_t, bool), bool from_output, Vec x) {
+  const auto n = static_cast<std::int64_t>(x.size());
+  const Vec w = rand_vec(n, 77);
+  Vec y(x.size()), dx(x.size());
+  fwd(y.data(), x.data(), n);
+  const Vec saved = from_output ? y : x;
+  const auto g = check_accumulate({&dx}, [&](bool acc) { bwd(dx.data(), saved.data(), w.data(), n, acc); });
+  Vec tmp(x.size());
+  CHECK(max_fd_error(x, g[0], [&] {
+          fwd(tmp.data(), x.data(), n);
+          return dot(tmp, w);
+        }) < kFdTol);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------
+// GEMMs
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("linear: forward against a naive loop, backward against finite differences") {
+  const std::int64_t M = 3, K = 4, N = 5;
+  Vec x = rand_vec(M * K, 1), w = rand_vec(N * K, 2), b = rand_vec(N, 3);
+  const Vec dy = rand_vec(M * N, 4);
+  Vec y(sz(M * N));
+  kc::linear_forward(y.data(), x.data(), w.data(), b.data(), M, N, K);
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) {
+      double s = b[sz(j)];
+      for (std::int64_t p = 0; p < K; ++p) s += static_cast<double>(x[sz(i * K + p)]) * w[sz(j * K + p)];
+      CHECK(y[sz(i * N + j)] == doctest::Approx(s).epsilon(1e-5));
+    }
+  Vec dx(sz(M * K)), dw(sz(N * K)), db(sz(N));
+  const auto g = check_accumulate({&dx, &dw, &db}, [&](bool acc) {
+    kc::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), M, N, K, acc);
+  });
+  const auto loss = [&] {
+    kc::linear_forward(y.data(), x.data(), w.data(), b.data(), M, N, K);
+    return dot(y, dy);
+  };
+  CHECK(max_fd_error(x, g[0], loss) < kFdTol);
+  CHECK(max_fd_error(w, g[1], loss) < kFdTol);
+  CHECK(max_fd_error(b, g[2], loss) < kFdTol);
+
+  // No bias, gradients skipped with nullptr.
+  kc::linear_forward(y.data(), x.data(), w.data(), nullptr, M, N, K);
+  Vec dx2(sz(M * K));
+  kc::linear_backward(dx2.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), M, N, K, false);
+  for (std::size_t i = 0; i < dx2.size(); ++i) CHECK(dx2[i] == doctest::Approx(g[0][i]).epsilon(1e-6));
+}
+
+TEST_CASE("conv1d (weight (in, out)): equals linear with the transposed weight; gradients") {
+  const std::int64_t M = 4, K = 3, N = 6;
+  Vec x = rand_vec(M * K, 11), w = rand_vec(K * N, 12), b = rand_vec(N, 13);
+  const Vec dy = rand_vec(M * N, 14);
+  Vec wt(sz(N * K));
+  for (std::int64_t k = 0; k < K; ++k)
+    for (std::int64_t n = 0; n < N; ++n) wt[sz(n * K + k)] = w[sz(k * N + n)];
+  Vec y(sz(M * N)), y2(sz(M * N));
+  kc::conv1d_forward(y.data(), x.data(), w.data(), b.data(), M, N, K);
+  kc::linear_forward(y2.data(), x.data(), wt.data(), b.data(), M, N, K);
+  for (std::size_t i = 0; i < y.size(); ++i) CHECK(y[i] == doctest::Approx(y2[i]).epsilon(1e-6));
+  Vec dx(sz(M * K)), dw(sz(K * N)), db(sz(N));
+  const auto g = check_accumulate({&dx, &dw, &db}, [&](bool acc) {
+    kc::conv1d_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), M, N, K, acc);
+  });
+  const auto loss = [&] {
+    kc::conv1d_forward(y.data(), x.data(), w.data(), b.data(), M, N, K);
+    return dot(y, dy);
+  };
+  CHECK(max_fd_error(x, g[0], loss) < kFdTol);
+  CHECK(max_fd_error(w, g[1], loss) < kFdTol);
+  CHECK(max_fd_error(b, g[2], loss) < kFdTol);
+}
+
+TEST_CASE("bmm: every transpose combination, forward and both operand gradients") {
+  const std::int64_t batch = 2, m = 3, n = 4, k = 5;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      CAPTURE(ta);
+      CAPTURE(tb);
+      Vec a = rand_vec(batch * m * k, 21), b = rand_vec(batch * k * n, 22);
+      const Vec dc = rand_vec(batch * m * n, 23);
+      Vec c(sz(batch * m * n));
+      kc::bmm_forward(c.data(), a.data(), b.data(), batch, m, n, k, ta != 0, tb != 0);
+      for (std::int64_t i = 0; i < batch; ++i)
+        for (std::int64_t r = 0; r < m; ++r)
+          for (std::int64_t col = 0; col < n; ++col) {
+            double s = 0.0;
+            for (std::int64_t p = 0; p < k; ++p) {
+              const float av = ta ? a[sz(i * m * k + p * m + r)] : a[sz(i * m * k + r * k + p)];
+              const float bv = tb ? b[sz(i * k * n + col * k + p)] : b[sz(i * k * n + p * n + col)];
+              s += static_cast<double>(av) * bv;
+            }
+            CHECK(c[sz((i * m + r) * n + col)] == doctest::Approx(s).epsilon(1e-5));
+          }
+      Vec da(a.size()), db(b.size());
+      const auto g = check_accumulate({&da, &db}, [&](bool acc) {
+        kc::bmm_backward(da.data(), db.data(), dc.data(), a.data(), b.data(), batch, m, n, k, ta != 0, tb != 0, acc);
+      });
+      const auto loss = [&] {
+        kc::bmm_forward(c.data(), a.data(), b.data(), batch, m, n, k, ta != 0, tb != 0);
+        return dot(c, dc);
+      };
+      CHECK(max_fd_error(a, g[0], loss) < kFdTol);
+      CHECK(max_fd_error(b, g[1], loss) < kFdTol);
+    }
+}
+
+TEST_CASE("linear: bitwise identical results run after run") {
+  const std::int64_t M = 64, K = 96, N = 80;
+  const Vec x = rand_vec(M * K, 31), w = rand_vec(N * K, 32), dy = rand_vec(M * N, 33);
+  Vec y1(sz(M * N)), y2(sz(M * N)), dw1(sz(N * K)), dw2(sz(N * K));
+  kc::linear_forward(y1.data(), x.data(), w.data(), nullptr, M, N, K);
+  kc::linear_forward(y2.data(), x.data(), w.data(), nullptr, M, N, K);
+  kc::linear_backward(nullptr, dw1.data(), nullptr, dy.data(), x.data(), w.data(), M, N, K, false);
+  kc::linear_backward(nullptr, dw2.data(), nullptr, dy.data(), x.data(), w.data(), M, N, K, false);
+  CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(dw1.data(), dw2.data(), dw1.size() * sizeof(float)) == 0);
+}
+
+// ------------------------------------------------------------------------------------
+// Softmax, masks, rope
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("softmax: rows sum to 1, masked entries are exactly 0, gradient") {
+  const std::int64_t rows = 4, n = 7;
+  Vec x = rand_vec(rows * n, 41, -3.0f, 3.0f);
+  x[2] = kc::kMaskValue;                               // finfo.min entry
+  x[n + 5] = -std::numeric_limits<float>::infinity();  // -inf entry
+  Vec y(x.size());
+  kc::softmax_forward(y.data(), x.data(), rows, n);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    double s = 0.0;
+    for (std::int64_t j = 0; j < n; ++j) s += y[sz(i * n + j)];
+    CHECK(s == doctest::Approx(1.0).epsilon(1e-6));
+  }
+  CHECK(y[2] == 0.0f);
+  CHECK(y[sz(n + 5)] == 0.0f);
+
+  // Fully -inf row: zeros (not NaN); fully finfo.min row: uniform (as HF).
+  Vec inf_row(sz(n), -std::numeric_limits<float>::infinity()), min_row(sz(n), kc::kMaskValue), out(sz(n));
+  kc::softmax_forward(out.data(), inf_row.data(), 1, n);
+  CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 0.0f; }));
+  kc::softmax_forward(out.data(), min_row.data(), 1, n);
+  for (float v : out) CHECK(v == doctest::Approx(1.0 / static_cast<double>(n)));
+
+  Vec xs = rand_vec(rows * n, 42, -2.0f, 2.0f);
+  const Vec w = rand_vec(rows * n, 43);
+  kc::softmax_forward(y.data(), xs.data(), rows, n);
+  Vec dx(x.size());
+  const auto g =
+      check_accumulate({&dx}, [&](bool acc) { kc::softmax_backward(dx.data(), y.data(), w.data(), rows, n, acc); });
+  Vec tmp(x.size());
+  CHECK(max_fd_error(xs, g[0], [&] {
+          kc::softmax_forward(tmp.data(), xs.data(), rows, n);
+          return dot(tmp, w);
+        }) < kFdTol);
+}
+
+TEST_CASE("masks: causal and padding builders, causal_where") {
+  const std::int64_t T = 4;
+  Vec m(sz(T * T));
+  kc::causal_mask(m.data(), T);
+  for (std::int64_t i = 0; i < T; ++i)
+    for (std::int64_t j = 0; j < T; ++j) CHECK(m[sz(i * T + j)] == (j > i ? kc::kMaskValue : 0.0f));
+  const std::vector<std::int64_t> am{1, 1, 0, 0, 1, 0, 1, 1};
+  Vec pm(am.size());
+  kc::padding_mask(pm.data(), am.data(), 2, T);
+  for (std::size_t i = 0; i < am.size(); ++i) CHECK(pm[i] == (am[i] != 0 ? 0.0f : kc::kMaskValue));
+
+  // Scores + causal mask (1,1,T,T) through softmax: exactly 0 above the diagonal.
+  const std::int64_t B = 2, H = 3;
+  const Vec s = rand_vec(B * H * T * T, 44, -5.0f, 5.0f);
+  Vec sm(s.size()), p(s.size()), pw(s.size());
+  kc::add_broadcast_forward(sm.data(), s.data(), m.data(), {B, H, T, T}, {1, 1, T, T});
+  kc::softmax_forward(p.data(), sm.data(), B * H * T, T);
+  kc::causal_where_forward(pw.data(), s.data(), B * H, T);
+  Vec p2(s.size());
+  kc::softmax_forward(p2.data(), pw.data(), B * H * T, T);
+  for (std::int64_t r = 0; r < B * H * T; ++r)
+    for (std::int64_t j = 0; j < T; ++j) {
+      const auto idx = sz(r * T + j);
+      if (j > r % T) {
+        CHECK(p[idx] == 0.0f);
+        CHECK(p2[idx] == 0.0f);
+      }
+      CHECK(p[idx] == doctest::Approx(p2[idx]).epsilon(1e-6));
+    }
+
+  // causal_where's backward is its adjoint (a linear map where it passes x through).
+  const Vec dy = rand_vec(static_cast<std::int64_t>(s.size()), 45);
+  Vec dx(s.size());
+  const auto g =
+      check_accumulate({&dx}, [&](bool acc) { kc::causal_where_backward(dx.data(), dy.data(), B * H, T, acc); });
+  kc::causal_where_forward(pw.data(), s.data(), B * H, T, 0.0f);
+  CHECK(dot(pw, dy) == doctest::Approx(dot(s, g[0])).epsilon(1e-9));
+}
+
+TEST_CASE("rope: HF tables, rotate_half convention, norm preserving, adjoint backward") {
+  const std::int64_t B = 2, H = 2, T = 3, D = 4;
+  Vec cs(sz(T * D)), sn(sz(T * D));
+  kc::rope_tables(cs.data(), sn.data(), T, D, 10000.0f);
+  // inv_freq = {1, 1/100}; position 2: freqs {2, 0.02}, emb = cat(freqs, freqs).
+  CHECK(cs[sz(2 * D + 0)] == doctest::Approx(std::cos(2.0)).epsilon(1e-6));
+  CHECK(cs[sz(2 * D + 2)] == doctest::Approx(std::cos(2.0)).epsilon(1e-6));
+  CHECK(sn[sz(2 * D + 1)] == doctest::Approx(std::sin(0.02)).epsilon(1e-6));
+  CHECK(sn[sz(2 * D + 3)] == doctest::Approx(std::sin(0.02)).epsilon(1e-6));
+  CHECK(cs[0] == 1.0f);
+  CHECK(sn[0] == 0.0f);
+
+  // One row by hand: y = x*cos + cat(-x[2:], x[:2])*sin.
+  const Vec x1{1.0f, 2.0f, 3.0f, 4.0f};
+  Vec y1(4);
+  kc::rope_forward(y1.data(), x1.data(), cs.data() + D, sn.data() + D, 1, 1, 1, D);
+  const float* c = cs.data() + D;
+  const float* s = sn.data() + D;
+  CHECK(y1[0] == doctest::Approx(1.0 * c[0] - 3.0 * s[0]));
+  CHECK(y1[1] == doctest::Approx(2.0 * c[1] - 4.0 * s[1]));
+  CHECK(y1[2] == doctest::Approx(3.0 * c[2] + 1.0 * s[2]));
+  CHECK(y1[3] == doctest::Approx(4.0 * c[3] + 2.0 * s[3]));
+
+  const Vec x = rand_vec(B * H * T * D, 51);
+  Vec y(x.size());
+  kc::rope_forward(y.data(), x.data(), cs.data(), sn.data(), B, H, T, D);
+  CHECK(dot(y, y) == doctest::Approx(dot(x, x)).epsilon(1e-6));
+  const Vec dy = rand_vec(B * H * T * D, 52);
+  Vec dx(x.size());
+  const auto g = check_accumulate(
+      {&dx}, [&](bool acc) { kc::rope_backward(dx.data(), dy.data(), cs.data(), sn.data(), B, H, T, D, acc); });
+  CHECK(dot(y, dy) == doctest::Approx(dot(x, g[0])).epsilon(1e-6));
+}
+
+// ------------------------------------------------------------------------------------
+// Normalisation
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("layernorm: normalised rows (mean 0, var 1), gradients for x, weight, bias") {
+  const std::int64_t rows = 3, C = 8;
+  const float eps = 1e-5f;
+  Vec x = rand_vec(rows * C, 61, -2.0f, 2.0f), w = rand_vec(C, 62, 0.5f, 1.5f), b = rand_vec(C, 63);
+  Vec y(x.size()), mean(sz(rows)), rstd(sz(rows));
+  kc::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), nullptr, nullptr, rows, C, eps);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    double s = 0.0, s2 = 0.0;
+    for (std::int64_t j = 0; j < C; ++j) s += y[sz(i * C + j)];
+    for (std::int64_t j = 0; j < C; ++j) s2 += static_cast<double>(y[sz(i * C + j)]) * y[sz(i * C + j)];
+    CHECK(std::abs(s / C) < 1e-6);
+    CHECK(s2 / C == doctest::Approx(1.0).epsilon(1e-4));  // eps shifts it by ~eps/var
+  }
+  const Vec dy = rand_vec(rows * C, 64);
+  kc::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, C, eps);
+  Vec dx(x.size()), dw(sz(C)), db(sz(C));
+  const auto g = check_accumulate({&dx, &dw, &db}, [&](bool acc) {
+    kc::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), mean.data(), rstd.data(), w.data(),
+                           rows, C, acc);
+  });
+  Vec m2(sz(rows)), r2(sz(rows));
+  const auto loss = [&] {
+    kc::layernorm_forward(y.data(), m2.data(), r2.data(), x.data(), w.data(), b.data(), rows, C, eps);
+    return dot(y, dy);
+  };
+  CHECK(max_fd_error(x, g[0], loss, 1e-3f) < kFdTol);
+  CHECK(max_fd_error(w, g[1], loss, 1e-3f) < kFdTol);
+  CHECK(max_fd_error(b, g[2], loss, 1e-3f) < kFdTol);
+
+  // Without affine parameters.
+  kc::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), nullptr, nullptr, rows, C, eps);
+  const auto g2 = check_accumulate({&dx}, [&](bool acc) {
+    kc::layernorm_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), mean.data(), rstd.data(), nullptr, rows, C,
+                           acc);
+  });
+  CHECK(max_fd_error(
+            x, g2[0],
+            [&] {
+              kc::layernorm_forward(y.data(), m2.data(), r2.data(), x.data(), nullptr, nullptr, rows, C, eps);
+              return dot(y, dy);
+            },
+            1e-3f) < kFdTol);
+}
+
+TEST_CASE("rmsnorm pieces: pow2, rms_rsqrt, mul_rowscale, mul_weight, and their composition") {
+  const std::int64_t rows = 3, C = 6;
+  const float eps = 1e-6f;
+  check_pointwise(kc::pow2_forward, kc::pow2_backward, false, rand_vec(rows * C, 71));
+
+  Vec sq = rand_vec(rows * C, 72, 0.1f, 1.0f);
+  const Vec dr = rand_vec(rows, 73);
+  Vec r(sz(rows)), dsq(sq.size());
+  kc::rms_rsqrt_forward(r.data(), sq.data(), rows, C, eps);
+  const auto g = check_accumulate(
+      {&dsq}, [&](bool acc) { kc::rms_rsqrt_backward(dsq.data(), dr.data(), r.data(), rows, C, acc); });
+  CHECK(max_fd_error(
+            sq, g[0],
+            [&] {
+              kc::rms_rsqrt_forward(r.data(), sq.data(), rows, C, eps);
+              return dot(r, dr);
+            },
+            1e-3f) < kFdTol);
+
+  Vec x = rand_vec(rows * C, 74), rs = rand_vec(rows, 75, 0.5f, 2.0f), w = rand_vec(C, 76, 0.5f, 1.5f);
+  const Vec dy = rand_vec(rows * C, 77);
+  Vec y(x.size()), dx(x.size()), drs(sz(rows)), dw(sz(C));
+  const auto gr = check_accumulate({&dx, &drs}, [&](bool acc) {
+    kc::mul_rowscale_backward(dx.data(), drs.data(), dy.data(), x.data(), rs.data(), rows, C, acc);
+  });
+  const auto loss_r = [&] {
+    kc::mul_rowscale_forward(y.data(), x.data(), rs.data(), rows, C);
+    return dot(y, dy);
+  };
+  CHECK(max_fd_error(x, gr[0], loss_r) < kFdTol);
+  CHECK(max_fd_error(rs, gr[1], loss_r) < kFdTol);
+  const auto gw = check_accumulate({&dx, &dw}, [&](bool acc) {
+    kc::mul_weight_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rows, C, acc);
+  });
+  const auto loss_w = [&] {
+    kc::mul_weight_forward(y.data(), x.data(), w.data(), rows, C);
+    return dot(y, dy);
+  };
+  CHECK(max_fd_error(x, gw[0], loss_w) < kFdTol);
+  CHECK(max_fd_error(w, gw[1], loss_w) < kFdTol);
+
+  // weight * (x * rsqrt(mean(x^2) + eps)) as LlamaRMSNorm.
+  Vec s2(x.size()), r2(sz(rows)), n2(x.size()), out(x.size());
+  kc::pow2_forward(s2.data(), x.data(), rows * C);
+  kc::rms_rsqrt_forward(r2.data(), s2.data(), rows, C, eps);
+  kc::mul_rowscale_forward(n2.data(), x.data(), r2.data(), rows, C);
+  kc::mul_weight_forward(out.data(), n2.data(), w.data(), rows, C);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    double ms = 0.0;
+    for (std::int64_t j = 0; j < C; ++j) ms += static_cast<double>(x[sz(i * C + j)]) * x[sz(i * C + j)];
+    const double inv = 1.0 / std::sqrt(ms / C + eps);
+    for (std::int64_t j = 0; j < C; ++j)
+      CHECK(out[sz(i * C + j)] == doctest::Approx(x[sz(i * C + j)] * inv * w[sz(j)]).epsilon(1e-5));
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// Activations and elementwise ops
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("activations: golden values") {
+  const Vec one{1.0f};
+  Vec y(1);
+  kc::gelu_forward(y.data(), one.data(), 1);
+  CHECK(y[0] == doctest::Approx(0.8413447).epsilon(1e-6));
+  kc::gelu_tanh_forward(y.data(), one.data(), 1);
+  CHECK(y[0] == doctest::Approx(0.8411920).epsilon(1e-6));
+  kc::silu_forward(y.data(), one.data(), 1);
+  CHECK(y[0] == doctest::Approx(0.7310586).epsilon(1e-6));
+  kc::tanh_forward(y.data(), one.data(), 1);
+  CHECK(y[0] == doctest::Approx(0.7615942).epsilon(1e-6));
+  const Vec neg{-2.0f};
+  kc::relu_forward(y.data(), neg.data(), 1);
+  CHECK(y[0] == 0.0f);
+  const Vec nan{std::numeric_limits<float>::quiet_NaN()};
+  kc::relu_forward(y.data(), nan.data(), 1);
+  CHECK(std::isnan(y[0]));
+}
+
+TEST_CASE("activations: backward against finite differences") {
+  const Vec x = rand_vec(40, 81, -3.0f, 3.0f);
+  check_pointwise(kc::gelu_forward, kc::gelu_backward, false, x);
+  check_pointwise(kc::gelu_tanh_forward, kc::gelu_tanh_backward, false, x);
+  check_pointwise(kc::silu_forward, kc::silu_backward, false, x);
+  check_pointwise(kc::tanh_forward, kc::tanh_backward, true, x);
+  check_pointwise(kc::relu_forward, kc::relu_backward, true, rand_away_from_zero(40, 82, 0.1f, 2.0f));
+  check_pointwise(kc::pow3_forward, kc::pow3_backward, false, x);
+}
+
+TEST_CASE("gelu_new as GPT-2 writes it (scale, pow3, add, tanh, add_scalar, mul) matches gelu_tanh") {
+  const std::int64_t n = 50;
+  const Vec x = rand_vec(n, 83, -4.0f, 4.0f);
+  Vec half(sz(n)), cube(sz(n)), c3(sz(n)), inner(sz(n)), arg(sz(n)), th(sz(n)), one_p(sz(n)), y(sz(n)), ref(sz(n));
+  kc::scale_forward(half.data(), x.data(), n, 0.5f);
+  kc::pow3_forward(cube.data(), x.data(), n);
+  kc::scale_forward(c3.data(), cube.data(), n, 0.044715f);
+  kc::add_forward(inner.data(), x.data(), c3.data(), n);
+  kc::scale_forward(arg.data(), inner.data(), n, static_cast<float>(std::sqrt(2.0 / 3.14159265358979323846)));
+  kc::tanh_forward(th.data(), arg.data(), n);
+  kc::add_scalar_forward(one_p.data(), th.data(), n, 1.0f);
+  kc::mul_forward(y.data(), half.data(), one_p.data(), n);
+  kc::gelu_tanh_forward(ref.data(), x.data(), n);
+  for (std::int64_t i = 0; i < n; ++i) CHECK(y[sz(i)] == doctest::Approx(ref[sz(i)]).epsilon(1e-5));
+}
+
+TEST_CASE("elementwise: add, mul, scale, add_scalar gradients and accumulation") {
+  const std::int64_t n = 12;
+  Vec a = rand_vec(n, 91), b = rand_vec(n, 92);
+  const Vec dy = rand_vec(n, 93);
+  Vec y(sz(n)), da(sz(n)), db(sz(n));
+  const auto ga =
+      check_accumulate({&da, &db}, [&](bool acc) { kc::add_backward(da.data(), db.data(), dy.data(), n, acc); });
+  for (std::int64_t i = 0; i < n; ++i) {
+    CHECK(ga[0][sz(i)] == dy[sz(i)]);
+    CHECK(ga[1][sz(i)] == dy[sz(i)]);
+  }
+  const auto gm = check_accumulate(
+      {&da, &db}, [&](bool acc) { kc::mul_backward(da.data(), db.data(), dy.data(), a.data(), b.data(), n, acc); });
+  const auto loss_m = [&] {
+    kc::mul_forward(y.data(), a.data(), b.data(), n);
+    return dot(y, dy);
+  };
+  CHECK(max_fd_error(a, gm[0], loss_m) < kFdTol);
+  CHECK(max_fd_error(b, gm[1], loss_m) < kFdTol);
+  const auto gs = check_accumulate({&da}, [&](bool acc) { kc::scale_backward(da.data(), dy.data(), n, -0.25f, acc); });
+  CHECK(max_fd_error(a, gs[0], [&] {
+          kc::scale_forward(y.data(), a.data(), n, -0.25f);
+          return dot(y, dy);
+        }) < kFdTol);
+  const auto gc = check_accumulate({&da}, [&](bool acc) { kc::add_scalar_backward(da.data(), dy.data(), n, acc); });
+  CHECK(max_fd_error(a, gc[0], [&] {
+          kc::add_scalar_forward(y.data(), a.data(), n, 3.0f);
+          return dot(y, dy);
+        }) < kFdTol);
+  kc::add_scalar_forward(y.data(), a.data(), n, 3.0f);
+  CHECK(y[0] == a[0] + 3.0f);
+}
+
+TEST_CASE("add_broadcast: attention masks and position embeddings, gradient summed over broadcast dims") {
+  const std::int64_t B = 2, H = 3, T = 4;
+  const std::vector<std::pair<kc::Dims4, kc::Dims4>> cases{
+      {{B, H, T, T}, {B, 1, 1, T}},  // BERT's extended mask
+      {{B, H, T, T}, {1, 1, T, T}},  // causal mask
+      {{1, B, T, 5}, {1, 1, T, 5}},  // (1,T,C) position embeddings over (B,T,C)
+      {{B, H, T, T}, {B, H, T, T}},  // no broadcast
+  };
+  for (const auto& dims_and_b : cases) {
+    const kc::Dims4 dims = dims_and_b.first, bd = dims_and_b.second;
+    const std::int64_t n = dims[0] * dims[1] * dims[2] * dims[3];
+    const std::int64_t nb = bd[0] * bd[1] * bd[2] * bd[3];
+    Vec a = rand_vec(n, 101), b = rand_vec(nb, 102);
+    const Vec dy = rand_vec(n, 103);
+    Vec y(sz(n));
+    kc::add_broadcast_forward(y.data(), a.data(), b.data(), dims, bd);
+    // Element (i0,i1,i2,i3) reads b at the broadcast index.
+    std::int64_t idx = 0;
+    for (std::int64_t i0 = 0; i0 < dims[0]; ++i0)
+      for (std::int64_t i1 = 0; i1 < dims[1]; ++i1)
+        for (std::int64_t i2 = 0; i2 < dims[2]; ++i2)
+          for (std::int64_t i3 = 0; i3 < dims[3]; ++i3, ++idx) {
+            const std::int64_t j0 = bd[0] == 1 ? 0 : i0, j1 = bd[1] == 1 ? 0 : i1, j2 = bd[2] == 1 ? 0 : i2,
+                               j3 = bd[3] == 1 ? 0 : i3;
+            const std::int64_t bi = ((j0 * bd[1] + j1) * bd[2] + j2) * bd[3] + j3;
+            CHECK(y[sz(idx)] == a[sz(idx)] + b[sz(bi)]);
+          }
+    Vec da(sz(n)), dbv(sz(nb));
+    const auto g = check_accumulate(
+        {&da, &dbv}, [&](bool acc) { kc::add_broadcast_backward(da.data(), dbv.data(), dy.data(), dims, bd, acc); });
+    const auto loss = [&] {
+      kc::add_broadcast_forward(y.data(), a.data(), b.data(), dims, bd);
+      return dot(y, dy);
+    };
+    CHECK(max_fd_error(a, g[0], loss) < kFdTol);
+    CHECK(max_fd_error(b, g[1], loss) < kFdTol);
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// Layout copies (linear maps: the backward is the adjoint)
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("split_heads / merge_heads: permutation, GPT-2 qkv split, adjoint backward") {
+  const std::int64_t B = 2, T = 3, H = 2, D = 4, C = H * D, W = 3 * C;
+  const Vec qkv = rand_vec(B * T * W, 111);
+  Vec q(sz(B * H * T * D)), k(q.size()), v(q.size());
+  kc::split_heads_forward(q.data(), qkv.data(), B, T, H, D, W, 0);
+  kc::split_heads_forward(k.data(), qkv.data(), B, T, H, D, W, C);
+  kc::split_heads_forward(v.data(), qkv.data(), B, T, H, D, W, 2 * C);
+  CHECK(k[sz(((1 * H + 1) * T + 2) * D + 3)] == qkv[sz((1 * T + 2) * W + C + 1 * D + 3)]);
+  CHECK(v[sz(((0 * H + 1) * T + 1) * D + 0)] == qkv[sz((0 * T + 1) * W + 2 * C + 1 * D + 0)]);
+
+  // Backward: three disjoint consumers of qkv, the first overwriting, the others adding.
+  const Vec dq = rand_vec(static_cast<std::int64_t>(q.size()), 112),
+            dk = rand_vec(static_cast<std::int64_t>(q.size()), 113),
+            dv = rand_vec(static_cast<std::int64_t>(q.size()), 114);
+  Vec dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
+  kc::split_heads_backward(dqkv.data(), dq.data(), B, T, H, D, W, 0, false);
+  kc::split_heads_backward(dqkv.data(), dk.data(), B, T, H, D, W, C, true);
+  kc::split_heads_backward(dqkv.data(), dv.data(), B, T, H, D, W, 2 * C, true);
+  CHECK(dot(q, dq) + dot(k, dk) + dot(v, dv) == doctest::Approx(dot(qkv, dqkv)).epsilon(1e-9));
+  Vec dk_only(qkv.size());
+  check_accumulate({&dk_only},
+                   [&](bool acc) { kc::split_heads_backward(dk_only.data(), dk.data(), B, T, H, D, W, C, acc); });
+
+  // merge_heads undoes the (B,T,H,D) -> (B,H,T,D) permutation.
+  const Vec x = rand_vec(B * T * C, 115);
+  Vec heads(x.size()), back(x.size());
+  kc::split_heads_forward(heads.data(), x.data(), B, T, H, D, C, 0);
+  kc::merge_heads_forward(back.data(), heads.data(), B, T, H, D);
+  CHECK(back == x);
+  const Vec dy = rand_vec(B * T * C, 116);
+  Vec dh(x.size());
+  const auto g =
+      check_accumulate({&dh}, [&](bool acc) { kc::merge_heads_backward(dh.data(), dy.data(), B, T, H, D, acc); });
+  CHECK(dot(back, dy) == doctest::Approx(dot(heads, g[0])).epsilon(1e-9));
+}
+
+TEST_CASE("repeat_kv and select_token: adjoint backward") {
+  const std::int64_t B = 2, KV = 2, rep = 3, T = 3, D = 2;
+  const Vec x = rand_vec(B * KV * T * D, 121);
+  Vec y(sz(B * KV * rep * T * D));
+  kc::repeat_kv_forward(y.data(), x.data(), B, KV, rep, T, D);
+  // head h reads kv group h / rep
+  CHECK(y[sz(((1 * KV * rep + 4) * T + 2) * D + 1)] == x[sz(((1 * KV + 1) * T + 2) * D + 1)]);
+  const Vec dy = rand_vec(static_cast<std::int64_t>(y.size()), 122);
+  Vec dx(x.size());
+  const auto g =
+      check_accumulate({&dx}, [&](bool acc) { kc::repeat_kv_backward(dx.data(), dy.data(), B, KV, rep, T, D, acc); });
+  CHECK(dot(y, dy) == doctest::Approx(dot(x, g[0])).epsilon(1e-6));  // the rep copies are summed in fp32
+
+  const std::int64_t C = 3;
+  const Vec h = rand_vec(B * T * C, 123);
+  Vec first(sz(B * C));
+  kc::select_token_forward(first.data(), h.data(), B, T, C, 0);
+  CHECK(first[sz(C + 1)] == h[sz(T * C + 1)]);
+  const Vec df = rand_vec(B * C, 124);
+  Vec dh(h.size());
+  const auto gs =
+      check_accumulate({&dh}, [&](bool acc) { kc::select_token_backward(dh.data(), df.data(), B, T, C, 0, acc); });
+  CHECK(dot(first, df) == doctest::Approx(dot(h, gs[0])).epsilon(1e-9));
+}
+
+// ------------------------------------------------------------------------------------
+// Dropout, embedding, loss
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("dropout: p = 0 is the identity; the mask is reproducible from (seed, offset)") {
+  const std::int64_t n = 100000;
+  const Vec x = rand_vec(n, 131);
+  Vec y(sz(n)), y2(sz(n));
+  std::vector<std::uint8_t> mask(sz(n)), mask2(sz(n));
+  kc::dropout_forward(y.data(), mask.data(), x.data(), n, 0.0f, 7, 0);
+  CHECK(y == x);
+  CHECK(std::all_of(mask.begin(), mask.end(), [](std::uint8_t m) { return m == 1; }));
+
+  const float p = 0.3f;
+  kc::dropout_forward(y.data(), mask.data(), x.data(), n, p, 7, 1234);
+  kc::dropout_forward(y2.data(), mask2.data(), x.data(), n, p, 7, 1234);
+  CHECK(mask == mask2);
+  CHECK(y == y2);
+  const double kept = static_cast<double>(std::accumulate(mask.begin(), mask.end(), std::int64_t{0})) / n;
+  CHECK(kept == doctest::Approx(0.7).epsilon(0.02));
+  for (std::int64_t i = 0; i < n; i += 997)
+    CHECK(y[sz(i)] == (mask[sz(i)] != 0 ? x[sz(i)] * (1.0f / (1.0f - p)) : 0.0f));
+  // A sub-range with the shifted offset draws the same mask (offsets are element indices).
+  std::vector<std::uint8_t> part(50);
+  Vec yp(50);
+  kc::dropout_forward(yp.data(), part.data(), x.data() + 333, 50, p, 7, 1234 + 333);
+  CHECK(std::equal(part.begin(), part.end(), mask.begin() + 333));
+  kc::dropout_forward(y2.data(), mask2.data(), x.data(), n, p, 8, 1234);
+  CHECK(mask != mask2);
+
+  const std::int64_t m = 64;
+  const Vec dy = rand_vec(m, 132);
+  Vec dx(sz(m));
+  const auto g =
+      check_accumulate({&dx}, [&](bool acc) { kc::dropout_backward(dx.data(), mask.data(), dy.data(), m, p, acc); });
+  for (std::int64_t i = 0; i < m; ++i)
+    CHECK(g[0][sz(i)] == (mask[sz(i)] != 0 ? dy[sz(i)] * (1.0f / (1.0f - p)) : 0.0f));
+}
+
+TEST_CASE("embedding: gather, deterministic scatter-add, padding_idx, position ids") {
+  const std::int64_t V = 5, C = 3, N = 6;
+  const Vec w = rand_vec(V * C, 141);
+  const std::vector<std::int64_t> ids{4, 1, 4, 0, 2, 4};
+  Vec y(sz(N * C));
+  kc::embedding_forward(y.data(), ids.data(), w.data(), N, C);
+  for (std::int64_t i = 0; i < N; ++i)
+    for (std::int64_t c = 0; c < C; ++c) CHECK(y[sz(i * C + c)] == w[sz(ids[sz(i)] * C + c)]);
+  const Vec dy = rand_vec(N * C, 142);
+  Vec dw(sz(V * C));
+  const auto g = check_accumulate(
+      {&dw}, [&](bool acc) { kc::embedding_backward(dw.data(), ids.data(), dy.data(), N, V, C, -1, acc); });
+  for (std::int64_t c = 0; c < C; ++c) {
+    CHECK(g[0][sz(4 * C + c)] == (dy[sz(0 * C + c)] + dy[sz(2 * C + c)]) + dy[sz(5 * C + c)]);
+    CHECK(g[0][sz(3 * C + c)] == 0.0f);
+  }
+  kc::embedding_backward(dw.data(), ids.data(), dy.data(), N, V, C, 4, false);
+  for (std::int64_t c = 0; c < C; ++c) CHECK(dw[sz(4 * C + c)] == 0.0f);
+  // ids == nullptr: rows 0..N-1 (position embeddings).
+  Vec pos(sz(3 * C));
+  kc::embedding_forward(pos.data(), nullptr, w.data(), 3, C);
+  CHECK(std::equal(pos.begin(), pos.end(), w.begin()));
+}
+
+TEST_CASE("cross entropy: uniform logits give log(V); ignore_index; gradient; log_softmax + nll path") {
+  const std::int64_t N = 5, V = 7;
+  Vec zeros(sz(N * V), 0.0f);
+  std::vector<std::int64_t> t{0, 3, kc::kIgnoreIndex, 6, 2};
+  CHECK(kc::cross_entropy_forward(nullptr, zeros.data(), t.data(), N, V) ==
+        doctest::Approx(std::log(7.0)).epsilon(1e-6));
+
+  Vec logits = rand_vec(N * V, 151, -3.0f, 3.0f), lse(sz(N));
+  const float loss = kc::cross_entropy_forward(lse.data(), logits.data(), t.data(), N, V);
+  double want = 0.0;
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (t[sz(i)] == kc::kIgnoreIndex) continue;
+    double s = 0.0;
+    for (std::int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(logits[sz(i * V + j)]));
+    want += std::log(s) - logits[sz(i * V + t[sz(i)])];
+  }
+  CHECK(loss == doctest::Approx(want / 4.0).epsilon(1e-6));
+
+  const float dloss = 0.75f;
+  Vec dl(logits.size());
+  const auto g = check_accumulate({&dl}, [&](bool acc) {
+    kc::cross_entropy_backward(dl.data(), logits.data(), lse.data(), t.data(), N, V, dloss, acc);
+  });
+  for (std::int64_t j = 0; j < V; ++j) CHECK(g[0][sz(2 * V + j)] == 0.0f);  // ignored row
+  Vec scaled(g[0].size());
+  for (std::size_t i = 0; i < scaled.size(); ++i) scaled[i] = g[0][i] / dloss;
+  CHECK(max_fd_error(
+            logits, scaled,
+            [&] { return static_cast<double>(kc::cross_entropy_forward(nullptr, logits.data(), t.data(), N, V)); },
+            1e-2f) < kFdTol);
+  // Recomputing lse inside the backward gives the same gradient.
+  Vec dl2(logits.size());
+  kc::cross_entropy_backward(dl2.data(), logits.data(), nullptr, t.data(), N, V, dloss, false);
+  for (std::size_t i = 0; i < dl2.size(); ++i) CHECK(dl2[i] == doctest::Approx(g[0][i]).epsilon(1e-6));
+
+  // log_softmax + nll_loss: the same loss and gradient.
+  Vec logp(logits.size()), dl3(logits.size());
+  kc::log_softmax_forward(logp.data(), logits.data(), N, V);
+  CHECK(kc::nll_loss_forward(logp.data(), t.data(), N, V) == doctest::Approx(loss).epsilon(1e-6));
+  const auto g3 = check_accumulate(
+      {&dl3}, [&](bool acc) { kc::log_softmax_nll_backward(dl3.data(), logp.data(), t.data(), N, V, dloss, acc); });
+  for (std::size_t i = 0; i < dl3.size(); ++i) CHECK(g3[0][i] == doctest::Approx(g[0][i]).epsilon(1e-5));
+
+  // Huge logits stay finite; all targets ignored: loss 0, gradient 0.
+  Vec big(sz(N * V));
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = (i % 3 == 0) ? 1e4f : -1e4f;
+  CHECK(std::isfinite(kc::cross_entropy_forward(nullptr, big.data(), t.data(), N, V)));
+  std::vector<std::int64_t> none(sz(N), kc::kIgnoreIndex);
+  CHECK(kc::cross_entropy_forward(nullptr, logits.data(), none.data(), N, V) == 0.0f);
+  kc::cross_entropy_backward(dl.data(), logits.data(), nullptr, none.data(), N, V, 1.0f, false);
+  CHECK(std::all_of(dl.begin(), dl.end(), [](float v) { return v == 0.0f; }));
+}
+
+// ------------------------------------------------------------------------------------
+// Optimizers and reductions
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("AdamW / Adam: one step by hand, several steps against a double reference") {
+  // torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01), p = 1, g = 0.5:
+  //   p <- 1 * (1 - 1e-3 * 0.01)                      = 0.99999
+  //   m  = 0.1 * 0.5 = 0.05;   v = 0.001 * 0.25       = 2.5e-4
+  //   m_hat = 0.05 / 0.1 = 0.5; v_hat = 2.5e-4 / 1e-3 = 0.25; sqrt(v_hat) = 0.5
+  //   p <- 0.99999 - 1e-3 * 0.5 / (0.5 + 1e-8)        = 0.99899 (to 1e-11)
+  kc::AdamConfig cfg;
+  cfg.weight_decay = 0.01;
+  cfg.decoupled = true;
+  float p = 1.0f, m = 0.0f, v = 0.0f;
+  const float g = 0.5f;
+  kc::adam_step(&p, &g, &m, &v, 1, 1, cfg);
+  CHECK(p == doctest::Approx(0.99899).epsilon(1e-7));
+  CHECK(m == doctest::Approx(0.05).epsilon(1e-7));
+  CHECK(v == doctest::Approx(2.5e-4).epsilon(1e-6));
+
+  // Adam (L2): g' = 0.5 + 0.01 * 1 = 0.51; m_hat = 0.51, sqrt(v_hat) = 0.51; p = 1 - 1e-3.
+  cfg.decoupled = false;
+  p = 1.0f;
+  m = v = 0.0f;
+  kc::adam_step(&p, &g, &m, &v, 1, 1, cfg);
+  CHECK(p == doctest::Approx(0.999).epsilon(1e-7));
+
+  for (const bool decoupled : {false, true}) {
+    cfg.decoupled = decoupled;
+    cfg.lr = 1e-2;
+    const std::int64_t n = 16;
+    Vec pv = rand_vec(n, 161), mv(sz(n), 0.0f), vv(sz(n), 0.0f);
+    std::vector<double> rp(pv.begin(), pv.end()), rm(sz(n), 0.0), rv(sz(n), 0.0);
+    for (std::int64_t step = 1; step <= 5; ++step) {
+      const Vec gv = rand_vec(n, 170 + static_cast<std::uint64_t>(step));
+      kc::adam_step(pv.data(), gv.data(), mv.data(), vv.data(), n, step, cfg);
+      for (std::size_t i = 0; i < sz(n); ++i) {
+        double gi = gv[i];
+        if (decoupled)
+          rp[i] *= 1.0 - cfg.lr * cfg.weight_decay;
+        else
+          gi += cfg.weight_decay * rp[i];
+        rm[i] = cfg.beta1 * rm[i] + (1.0 - cfg.beta1) * gi;
+        rv[i] = cfg.beta2 * rv[i] + (1.0 - cfg.beta2) * gi * gi;
+        const double mh = rm[i] / (1.0 - std::pow(cfg.beta1, static_cast<double>(step)));
+        const double vh = rv[i] / (1.0 - std::pow(cfg.beta2, static_cast<double>(step)));
+        rp[i] -= cfg.lr * mh / (std::sqrt(vh) + cfg.eps);
+      }
+    }
+    for (std::size_t i = 0; i < sz(n); ++i) CHECK(pv[i] == doctest::Approx(rp[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("SGD: momentum, nesterov, weight decay (torch.optim.SGD)") {
+  const float g = 0.5f;
+  kc::SgdConfig cfg;
+  cfg.lr = 0.1;
+  cfg.momentum = 0.9;
+  float p = 1.0f, buf = 123.0f;  // the buffer's old contents are ignored at step 1
+  kc::sgd_step(&p, &g, &buf, 1, 1, cfg);
+  CHECK(buf == 0.5f);
+  CHECK(p == doctest::Approx(0.95));
+  kc::sgd_step(&p, &g, &buf, 1, 2, cfg);  // buf = 0.9*0.5 + 0.5 = 0.95; p = 0.95 - 0.095
+  CHECK(buf == doctest::Approx(0.95));
+  CHECK(p == doctest::Approx(0.855));
+
+  cfg.nesterov = true;
+  p = 1.0f;
+  kc::sgd_step(&p, &g, &buf, 1, 1, cfg);  // g + 0.9*buf = 0.95
+  CHECK(p == doctest::Approx(0.905));
+  kc::sgd_step(&p, &g, &buf, 1, 2, cfg);  // buf = 0.95; g + 0.9*0.95 = 1.355
+  CHECK(p == doctest::Approx(0.7695));
+
+  kc::SgdConfig plain;
+  plain.lr = 0.1;
+  plain.weight_decay = 0.1;
+  p = 1.0f;
+  kc::sgd_step(&p, &g, nullptr, 1, 1, plain);  // g = 0.5 + 0.1 = 0.6
+  CHECK(p == doctest::Approx(0.94));
+}
+
+TEST_CASE("scale_inplace, has_inf_or_nan, sum_squares") {
+  Vec x{1.0f, -2.0f, 4.0f};
+  kc::scale_inplace(x.data(), 3, 0.5f);
+  CHECK(x == Vec{0.5f, -1.0f, 2.0f});
+  CHECK_FALSE(kc::has_inf_or_nan(x.data(), 3));
+  x[1] = std::numeric_limits<float>::infinity();
+  CHECK(kc::has_inf_or_nan(x.data(), 3));
+  x[1] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(kc::has_inf_or_nan(x.data(), 3));
+
+  const std::int64_t n = 100003;
+  const Vec v = rand_vec(n, 181);
+  long double ref = 0.0L;
+  for (float e : v) ref += static_cast<long double>(e) * static_cast<long double>(e);
+  const double s1 = kc::sum_squares(v.data(), n);
+  CHECK(s1 == doctest::Approx(static_cast<double>(ref)).epsilon(1e-12));
+  const double s2 = kc::sum_squares(v.data(), n);
+  CHECK(std::bit_cast<std::uint64_t>(s1) == std::bit_cast<std::uint64_t>(s2));
+  const Vec small{3.0f, 4.0f};
+  CHECK(kc::sum_squares(small.data(), 2) == 25.0);
+  CHECK(kc::sum(small.data(), 2) == 7.0);
+  CHECK(kc::sum_squares(nullptr, 0) == 0.0);
+}
+
+// ------------------------------------------------------------------------------------
+// 16-bit conversions
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("bf16 / fp16: every 16-bit pattern round-trips; NaN stays a quiet NaN") {
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const auto h = static_cast<std::uint16_t>(i);
+    const float fb = kc::bf16_to_float(h);
+    if (std::isnan(fb)) {
+      REQUIRE(kc::float_to_bf16(fb) == kc::kBf16Nan);
+    } else {
+      REQUIRE(kc::float_to_bf16(fb) == h);
+    }
+    const float fh = kc::fp16_to_float(h);
+    if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu) != 0) {
+      REQUIRE(std::isnan(fh));
+      REQUIRE((std::bit_cast<std::uint32_t>(fh) & 0x00400000u) != 0);  // quiet
+      REQUIRE((kc::float_to_fp16(fh) & 0x7FFFu) == kc::kFp16Nan);
+    } else {
+      REQUIRE(kc::float_to_fp16(fh) == h);
+    }
+  }
+  const float snan = std::numeric_limits<float>::signaling_NaN();
+  CHECK(kc::float_to_bf16(snan) == 0x7FC0);
+  CHECK(kc::float_to_bf16(-std::numeric_limits<float>::quiet_NaN()) == 0x7FC0);
+  CHECK(std::isnan(kc::fp16_to_float(kc::float_to_fp16(snan))));
+}
+
+TEST_CASE("bf16: round to nearest even") {
+  CHECK(kc::float_to_bf16(1.0f) == 0x3F80);
+  CHECK(kc::float_to_bf16(1.0f + 0x1p-8f) == 0x3F80);             // tie, to even (down)
+  CHECK(kc::float_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3F82);         // tie, to even (up)
+  CHECK(kc::float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 0x3F81);  // above the tie
+  CHECK(kc::float_to_bf16(-1.0f - 0x1p-8f) == 0xBF80);
+  CHECK(kc::float_to_bf16(std::numeric_limits<float>::infinity()) == 0x7F80);
+  CHECK(kc::float_to_bf16(std::numeric_limits<float>::max()) == 0x7F80);  // rounds up to inf
+  CHECK(kc::bf16_to_float(0x3F80) == 1.0f);
+}
+
+TEST_CASE("fp16: range limits, subnormals, round to nearest even") {
+  CHECK(kc::float_to_fp16(65504.0f) == 0x7BFF);
+  CHECK(kc::fp16_to_float(0x7BFF) == 65504.0f);
+  CHECK(kc::float_to_fp16(65519.996f) == 0x7BFF);
+  CHECK(kc::float_to_fp16(65520.0f) == 0x7C00);  // overflow: +inf
+  CHECK(kc::float_to_fp16(-65520.0f) == 0xFC00);
+  CHECK(kc::float_to_fp16(1e10f) == 0x7C00);
+  CHECK(kc::float_to_fp16(std::numeric_limits<float>::infinity()) == 0x7C00);
+  CHECK(kc::fp16_to_float(0x0001) == 0x1p-24f);  // smallest subnormal
+  CHECK(kc::float_to_fp16(0x1p-24f) == 0x0001);
+  CHECK(kc::float_to_fp16(0x1p-25f) == 0x0000);               // tie, to even (zero)
+  CHECK(kc::float_to_fp16(0x1p-25f * 1.0000001f) == 0x0001);  // above the tie
+  CHECK(kc::float_to_fp16(3 * 0x1p-25f) == 0x0002);           // tie 1.5 ulp, to even
+  CHECK(kc::float_to_fp16(-0x1p-26f) == 0x8000);              // signed zero
+  CHECK(kc::float_to_fp16(0x1p-14f) == 0x0400);               // smallest normal
+  CHECK(kc::float_to_fp16(0x1p-14f - 0x1p-26f) == 0x0400);    // subnormal rounding up into the normals
+  CHECK(kc::float_to_fp16(1.0f + 0x1p-11f) == 0x3C00);        // tie, to even (down)
+  CHECK(kc::float_to_fp16(1.0f + 3 * 0x1p-11f) == 0x3C02);    // tie, to even (up)
+  CHECK(kc::float_to_fp16(1.0f) == 0x3C00);
+}
+
+TEST_CASE("fp16 / bf16: every sampled fp32 goes to its nearest 16-bit value (ties to even)") {
+  // For |f| inside the finite range, the result's neighbours must not be closer.
+  const auto check_nearest = [](float f, std::uint16_t h, double value_of_h, double below, double above) {
+    const double d = std::abs(value_of_h - static_cast<double>(f));
+    const double dl = std::abs(below - static_cast<double>(f)), du = std::abs(above - static_cast<double>(f));
+    const bool ok = d < dl && d < du;
+    const bool tie_even = (d == dl || d == du) && d <= dl && d <= du && (h & 1u) == 0;
+    return ok || tie_even;
+  };
+  int bad16 = 0, badb = 0;
+  for (std::uint64_t i = 0; i < 400000; ++i) {
+    const std::uint32_t bits = kc::random_u32(99, i) & 0x7FFFFFFFu;
+    // fp16: magnitudes below 65504 (exponent <= 142).
+    const float f16 = std::bit_cast<float>((bits % 0x477FE000u));
+    const std::uint16_t h = kc::float_to_fp16(f16);
+    const double v = kc::fp16_to_float(h);
+    const double lo =
+        h == 0 ? -static_cast<double>(kc::fp16_to_float(1)) : kc::fp16_to_float(static_cast<std::uint16_t>(h - 1));
+    const double hi = h == 0x7BFF ? 65536.0 : kc::fp16_to_float(static_cast<std::uint16_t>(h + 1));
+    bad16 += check_nearest(f16, h, v, lo, hi) ? 0 : 1;
+    // bf16: any finite magnitude below the largest bf16.
+    const float fb = std::bit_cast<float>(bits % 0x7F7F0000u);
+    const std::uint16_t b = kc::float_to_bf16(fb);
+    const double vb = kc::bf16_to_float(b);
+    const double lob =
+        b == 0 ? -static_cast<double>(kc::bf16_to_float(1)) : kc::bf16_to_float(static_cast<std::uint16_t>(b - 1));
+    const double hib = kc::bf16_to_float(static_cast<std::uint16_t>(b + 1));
+    badb += check_nearest(fb, b, vb, lob, hib) ? 0 : 1;
+  }
+  CHECK(bad16 == 0);
+  CHECK(badb == 0);
+}
+
+TEST_CASE("16-bit array conversions match the scalar ones") {
+  const Vec x = rand_vec(1000, 191, -70000.0f, 70000.0f);
+  std::vector<std::uint16_t> b(x.size()), h(x.size());
+  Vec xb(x.size()), xh(x.size());
+  kc::float_to_bf16(b.data(), x.data(), 1000);
+  kc::float_to_fp16(h.data(), x.data(), 1000);
+  kc::bf16_to_float(xb.data(), b.data(), 1000);
+  kc::fp16_to_float(xh.data(), h.data(), 1000);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    CHECK(b[i] == kc::float_to_bf16(x[i]));
+    CHECK(h[i] == kc::float_to_fp16(x[i]));
+    CHECK(xb[i] == kc::bf16_to_float(b[i]));
+    CHECK(std::bit_cast<std::uint32_t>(xh[i]) == std::bit_cast<std::uint32_t>(kc::fp16_to_float(h[i])));
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// Philox
+// ------------------------------------------------------------------------------------
+
+TEST_CASE("Philox4x32-10: Random123 known answers") {
+  CHECK(kc::philox4x32_10({0, 0, 0, 0}, {0, 0}) == kc::PhiloxBlock{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+  CHECK(kc::philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}) ==
+        kc::PhiloxBlock{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+  CHECK(kc::philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}) ==
+        kc::PhiloxBlock{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+}
+
+TEST_CASE("uniform / normal: reproducible, offset-addressed, right moments") {
+  CHECK(kc::uniform(42, 7) == kc::uniform(42, 7));
+  CHECK(kc::uniform(42, 7) != kc::uniform(42, 8));
+  CHECK(kc::uniform(42, 7) != kc::uniform(43, 7));
+  int repeats = 0;
+  for (std::uint64_t i = 0; i < 1000; ++i) repeats += kc::random_u32(5, i) == kc::random_u32(5, i + 1) ? 1 : 0;
+  CHECK(repeats == 0);
+
+  const std::int64_t n = 100000;
+  Vec u(sz(n));
+  kc::uniform_fill(u.data(), n, 3, 0);
+  CHECK(std::all_of(u.begin(), u.end(), [](float v) { return v >= 0.0f && v < 1.0f; }));
+  double mean = 0.0;
+  for (float v : u) mean += v;
+  mean /= static_cast<double>(n);
+  CHECK(std::abs(mean - 0.5) < 0.005);
+
+  // Fill from an unaligned offset equals element-wise draws.
+  Vec part(37);
+  kc::uniform_fill(part.data(), 37, 3, 5);
+  for (std::uint64_t i = 0; i < 37; ++i) CHECK(part[i] == kc::uniform(3, 5 + i));
+  CHECK(part[0] == u[5]);
+
+  Vec z(sz(n));
+  kc::normal_fill(z.data(), n, 11, 0, 0.0f, 1.0f);
+  double zm = 0.0, zv = 0.0;
+  for (float v : z) zm += v;
+  zm /= static_cast<double>(n);
+  for (float v : z) zv += (v - zm) * (v - zm);
+  zv /= static_cast<double>(n);
+  CHECK(std::abs(zm) < 0.02);
+  CHECK(std::abs(zv - 1.0) < 0.03);
+  CHECK(z[17] == kc::normal(11, 17));
+  Vec z2(4);
+  kc::normal_fill(z2.data(), 4, 11, 0, 1.0f, 0.02f);
+  CHECK(z2[2] == 1.0f + 0.02f * z[2]);
+}
