@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "cli/collectives.hpp"
+#include "cli/compare.hpp"
 #include "cli/explain.hpp"
 #include "cli/simulate.hpp"
 #include "core/error.hpp"
@@ -126,6 +127,17 @@ int main(int argc, char** argv) {
   train->add_option("--memory-limit", tr_limit, "device bytes that may be live at once (K/M/G suffixes)");
   train->add_option("--out", tr.out, "measurements JSON (FILE.rankR.json per rank when N > 1)");
   train->add_flag("--quiet", tr.quiet, "no per-step lines");
+  train->add_option("--trace", tr.trace, "Chrome trace of the last step, same layout and event ids as simulate --trace");
+  train->add_option("--checkpoint-dir", tr.checkpoint_dir, "save ZeRO-layout checkpoints here (global_stepN/, latest)");
+  train->add_option("--save-every", tr.save_every, "save every K steps (default: at the end)");
+  train->add_flag("--resume", tr.resume, "continue from the latest checkpoint in --checkpoint-dir");
+
+  zp::cli::CompareRequest cmp_req;
+  auto* cmp = app.add_subcommand("compare", "lay a prediction (simulate --json) beside a measurement (train --out) "
+                                            "of the same configuration: memory, bytes and time");
+  cmp->add_option("--predicted", cmp_req.predicted, "simulate --json output")->required();
+  cmp->add_option("--measured", cmp_req.measured, "train --out measurements of one rank (FILE.rankR.json)")->required();
+  cmp->add_flag("--json", cmp_req.json, "machine-readable output");
 
   auto* clusters = app.add_subcommand("clusters", "list the cluster presets");
   auto* models = app.add_subcommand("models", "list the model catalogue");
@@ -154,6 +166,8 @@ int main(int argc, char** argv) {
     } catch (const zp::InputError& e) {
       if (comm->rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
       return zp::kExitBadInput;
+    } catch (const zp::exec::RankRefused&) {
+      return zp::kExitBadInput;  // the refusing ranks printed why
     } catch (const std::exception& e) {
       comm->abort(fmt::format("internal error: {}", e.what()));
     }
@@ -196,6 +210,10 @@ int main(int argc, char** argv) {
       const auto kinds = zp::cli::parse_coll_kinds("--ops", coll_ops);
       if (coll_json) std::cout << zp::cli::collectives_json(cluster, ranks, lo, hi, coll_factor, kinds).dump(2) << "\n";
       else std::cout << zp::cli::collectives_table(cluster, ranks, lo, hi, coll_factor, kinds);
+    } else if (*cmp) {
+      const auto c = zp::cli::compare(cmp_req);
+      if (cmp_req.json) std::cout << c.json.dump(2) << "\n";
+      else std::cout << c.text;
     } else if (*clusters) {
       for (const auto& n : zp::sim::cluster_preset_names()) {
         const auto c = zp::sim::load_cluster(n);

@@ -12,6 +12,7 @@
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/bmm.hpp"
+#include "kernels/cpu/convert.hpp"
 #include "kernels/cpu/dropout.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/embedding.hpp"
@@ -47,9 +48,9 @@ std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 }  // namespace
 
 std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg) {
-  if (p.info.model_dtype != DType::fp32)
-    return fmt::format("model dtype {}: the CPU executor runs fp32 models only (set fp16/bf16 \"enabled\": false)",
-                       dtype_name(p.info.model_dtype));
+  if (cfg.zero.stage == 1 && p.info.model_dtype == DType::bf16 && cfg.grad_accum_dtype == DType::fp32)
+    return "bf16 with fp32 gradient accumulation at stage 1 (DeepSpeed's BF16_Optimizer) is not executed on CPU";
+  (void)p;
   if (g.opt.attention != models::Attention::eager) return "--attention sdpa is not executed on CPU; use eager";
   if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none ||
       cfg.zero.offload_param.device != zero::OffloadDevice::none)
@@ -87,11 +88,18 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
       goff += g.params[i].numel;
     }
   }
+  fp16_ = p.info.model_dtype == DType::fp16;
+  if (fp16_) {
+    const auto& f = cfg.fp16;
+    loss_scale_ = f.loss_scale > 0.0 ? f.loss_scale : std::ldexp(1.0, static_cast<int>(f.initial_scale_power));
+    hysteresis_ = f.hysteresis;
+  }
   tensor_buf_.assign(g.tensors.size(), -1);
   tgrad_buf_.assign(g.tensors.size(), -1);
   pgrad_buf_.assign(np, -1);
   full_buf_.assign(np, -1);
   seconds_.assign(p.events.size(), 0.0);
+  starts_.assign(p.events.size(), 0.0);
 }
 
 // ------------------------------------------------------------------ bindings
@@ -128,9 +136,48 @@ void Interpreter::unbind(BufferId b) {
 }
 
 float* Interpreter::f32(BufferId b) const {
-  if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
-  return static_cast<float*>(mem_.data(b));
+  const std::int64_t n = b >= 0 ? p_.buffers[U(b)].elements : 0;
+  return f32_range(b, 0, n);
 }
+
+float* Interpreter::f32_range(BufferId b, std::int64_t offset, std::int64_t count) const {
+  if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
+  const auto& buf = p_.buffers[U(b)];
+  if (buf.dtype != DType::fp16 && buf.dtype != DType::bf16) return static_cast<float*>(mem_.data(b)) + offset;
+  std::int64_t lo = offset, hi = offset + count;
+  auto it = staged_.find(b);
+  if (it != staged_.end()) {
+    const std::int64_t slo = it->second.lo, shi = slo + static_cast<std::int64_t>(it->second.v.size());
+    if (lo >= slo && hi <= shi) return it->second.v.data() + (offset - slo);
+    // Widen: write the held range back, then hold the union.
+    lo = std::min(lo, slo);
+    hi = std::max(hi, shi);
+    flush_one(b, it->second);
+    staged_.erase(it);
+  }
+  Staged st;
+  st.lo = lo;
+  st.v.resize(U(hi - lo));
+  const auto* raw = static_cast<const std::uint16_t*>(mem_.data(b)) + lo;
+  if (buf.dtype == DType::bf16) cpu::bf16_to_float(st.v.data(), raw, hi - lo);
+  else cpu::fp16_to_float(st.v.data(), raw, hi - lo);
+  auto& held = staged_[b] = std::move(st);
+  return held.v.data() + (offset - lo);
+}
+
+void Interpreter::flush_one(BufferId b, const Staged& st) const {
+  const auto& buf = p_.buffers[U(b)];
+  auto* raw = static_cast<std::uint16_t*>(mem_.data(b)) + st.lo;
+  const auto n = static_cast<std::int64_t>(st.v.size());
+  if (buf.dtype == DType::bf16) cpu::float_to_bf16(raw, st.v.data(), n);
+  else cpu::float_to_fp16(raw, st.v.data(), n);
+}
+
+void Interpreter::flush() const {
+  for (const auto& [b, st] : staged_) flush_one(b, st);
+  staged_.clear();
+}
+
 float* Interpreter::act(TensorId t) const {
   const BufferId b = tensor_buf_[U(t)];
   if (b < 0) throw std::logic_error(fmt::format("tensor {} is not live", g_.tensors[U(t)].name));
@@ -197,7 +244,10 @@ void Interpreter::prologue() {
     const std::int64_t s = ceil_div(prm.numel, N_);
     for (const auto& buf : p_.buffers) {
       if (!mem_.live(buf.id)) continue;
-      float* d = static_cast<float*>(mem_.data(buf.id));
+      if (buf.role != BufferRole::flat_params16 && buf.role != BufferRole::param_partition16 &&
+          buf.role != BufferRole::param_full16 && buf.role != BufferRole::master_partition)
+        continue;
+      float* d = f32(buf.id);
       switch (buf.role) {
         case BufferRole::flat_params16: std::copy(v.begin(), v.end(), d + layout_.offset[i]); break;
         case BufferRole::param_partition16:
@@ -223,6 +273,7 @@ void Interpreter::prologue() {
       }
     }
   }
+  flush();
 }
 
 // ------------------------------------------------------------------ step
@@ -230,6 +281,7 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
   step_ = step;
   loss_sum_ = 0.0;
   grad_norm_ = -1.0;
+  overflow_ = false;
   if (static_cast<std::int64_t>(data.size()) != p_.info.gas)
     throw std::logic_error(fmt::format("{} micro-batches for gradient accumulation {}", data.size(), p_.info.gas));
   const auto t0 = std::chrono::steady_clock::now();
@@ -240,10 +292,14 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
     const auto a = std::chrono::steady_clock::now();
     run_event(e);
     seconds_[U(id)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+    starts_[U(id)] = std::chrono::duration<double>(a - t0).count();
   }
   StepResult r;
   r.loss = loss_sum_ / static_cast<double>(p_.info.gas);
   r.grad_norm = grad_norm_;
+  r.loss_scale = loss_scale_;
+  r.skipped = overflow_;
+  update_loss_scale();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -271,6 +327,7 @@ void Interpreter::run_event(const Event& e) {
     case EventKind::optimizer: optimizer_event(e); break;
     case EventKind::marker: break;
   }
+  flush();
   for (BufferId b : p_.frees(e)) {
     unbind(b);
     mem_.release(p_.buffers[U(b)]);
@@ -454,7 +511,7 @@ void Interpreter::backward_op(const models::Op& op) {
   const std::int64_t n = y >= 0 ? numel(y) : 0;
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g_.tensors[U(t)].shape; };
   // The gradient flowing into this op: d(loss)/d(loss) = 1/GAS (DeepSpeed scales the loss).
-  const float loss_grad = 1.0f / static_cast<float>(p_.info.gas);
+  const float loss_grad = static_cast<float>(loss_scale_ / static_cast<double>(p_.info.gas));
   const TensorId out_main = op.fn == Fn::cross_entropy ? op.outputs[1] : y;
   const float* dy = nullptr;
   if (out_main == g_.loss) dy = &loss_grad;
@@ -654,7 +711,7 @@ void Interpreter::copy_event(const Event& e) {
   // bucket the program copied it into.
   auto grad_src = [&](const zero::BucketSlice& s) -> const float* {
     if (pgrad_buf_[U(s.param)] >= 0) return param_grad(s.param) + s.param_offset;
-    if (e.src_buf >= 0 && s.bucket_offset >= 0) return f32(e.src_buf) + s.bucket_offset;
+    if (e.src_buf >= 0 && s.bucket_offset >= 0) return f32_range(e.src_buf, s.bucket_offset, s.count);
     throw std::logic_error(fmt::format("{}: no gradient for {}", p_.event_name(e.id), g_.params[U(s.param)].name));
   };
   const std::int64_t P = layout_.partition, lo = rank_ * P;
@@ -670,12 +727,16 @@ void Interpreter::copy_event(const Event& e) {
       }
       break;
     case CopyOp::grad_to_bucket:
-      for (const auto& s : sl) std::copy_n(f32(e.src_buf) + s.param_offset, s.count, f32(e.dst_buf) + s.bucket_offset);
+      for (const auto& s : sl) {
+        const float* g = f32(e.src_buf) + s.param_offset;
+        std::copy_n(g, s.count, f32_range(e.dst_buf, s.bucket_offset, s.count));
+      }
       break;
     case CopyOp::flatten: {
       std::int64_t pos = 0;
       for (const auto& s : sl) {
-        std::copy_n(grad_src(s), s.count, f32(e.dst_buf) + pos);
+        const float* g = grad_src(s);
+        std::copy_n(g, s.count, f32_range(e.dst_buf, pos, s.count));
         pos += s.count;
       }
       break;
@@ -683,15 +744,16 @@ void Interpreter::copy_event(const Event& e) {
     case CopyOp::unflatten_grads: {
       std::int64_t pos = 0;
       for (const auto& s : sl) {
-        std::copy_n(f32(e.src_buf) + pos, s.count, param_grad(s.param) + s.param_offset);
+        std::copy_n(f32_range(e.src_buf, pos, s.count), s.count, param_grad(s.param) + s.param_offset);
         pos += s.count;
       }
       break;
     }
     case CopyOp::to_partition: {
-      std::int64_t pos = 0;
+      std::int64_t pos = 0, used = 0;
+      for (const auto& s : sl) used += s.count;
       float* dst = f32(e.dst_buf);
-      const float* src = f32(e.src_buf);
+      const float* src = f32_range(e.src_buf, 0, used);  // the packed slices, not the whole bucket
       for (const auto& s : sl) {
         const auto i = U(s.param);
         for (std::int64_t j = 0; j < s.count; ++j) {
@@ -785,6 +847,19 @@ void Interpreter::copy_event(const Event& e) {
 }
 
 // ------------------------------------------------------------------ collectives
+namespace {
+// Sum of squares and whether any value is not finite, over this rank's partition of the
+// gradients (what DeepSpeed's norm and overflow check cover on a rank).
+struct PartitionStats {
+  double sumsq = 0.0;
+  bool nonfinite = false;
+  void add(double v) {
+    sumsq += v * v;
+    if (!std::isfinite(v)) nonfinite = true;
+  }
+};
+}  // namespace
+
 void Interpreter::collective_event(const Event& e) {
   const auto& group = p_.groups[U(e.group)].ranks;
   CollectiveCall c;
@@ -794,44 +869,39 @@ void Interpreter::collective_event(const Event& e) {
   c.op = e.reduce_op;
   c.group = group;
   c.root = e.root < 0 ? 0 : e.root;
-  float scalar = 0.0f;
   if (e.dst_buf < 0) {
-    // A scalar reduction the program issues at the step.
-    if (e.trigger == zero::Trigger::grad_norm) {
-      double local = 0.0;
-      for (const auto& buf : p_.buffers) {
-        if (!mem_.live(buf.id)) continue;
-        if (buf.role == BufferRole::grad_partition || buf.role == BufferRole::grads_in_partition) {
-          if (stage_ == 3) {
-            local += cpu::sum_squares(f32(buf.id), buf.elements);
-          }
+    // A scalar the program reduces at the step: the squared gradient norm (sum) or the
+    // overflow flag (max), over this rank's partition of the gradients.
+    PartitionStats st;
+    if (stage_ == 3) {
+      for (const auto& buf : p_.buffers)
+        if (buf.role == BufferRole::grad_partition && mem_.live(buf.id)) {
+          const float* g = f32(buf.id);
+          for (std::int64_t i = 0; i < buf.elements; ++i) st.add(static_cast<double>(g[i]));
+        }
+    } else {
+      std::vector<const float*> parts;
+      for (const auto& buf : p_.buffers)
+        if (buf.role == BufferRole::grads_in_partition && mem_.live(buf.id)) parts.push_back(f32(buf.id));
+      const std::int64_t P = layout_.partition, lo = rank_ * P;
+      for (std::size_t i = 0; i < g_.params.size(); ++i) {
+        if (gip_off_[i] < 0) continue;
+        for (std::int64_t j = 0; j < g_.params[i].numel; ++j) {
+          const std::int64_t f = layout_.offset[i] + j;
+          if (f < lo || f >= lo + P) continue;
+          double v = 0.0;
+          for (const float* g : parts) v += static_cast<double>(g[gip_off_[i] + j]);
+          st.add(v);
         }
       }
-      if (stage_ == 1 || stage_ == 2) {
-        // this rank's partition of grads_in_partition (+ the accumulated copy)
-        std::vector<BufferId> parts;
-        for (const auto& buf : p_.buffers)
-          if (buf.role == BufferRole::grads_in_partition && mem_.live(buf.id)) parts.push_back(buf.id);
-        const std::int64_t P = layout_.partition, lo = rank_ * P;
-        for (std::size_t i = 0; i < g_.params.size(); ++i) {
-          if (gip_off_[i] < 0) continue;
-          for (std::int64_t j = 0; j < g_.params[i].numel; ++j) {
-            const std::int64_t f = layout_.offset[i] + j;
-            if (f < lo || f >= lo + P) continue;
-            double v = 0.0;
-            for (BufferId b : parts) v += static_cast<double>(f32(b)[gip_off_[i] + j]);
-            local += v * v;
-          }
-        }
-      }
-      scalar = static_cast<float>(local);
     }
+    float scalar = e.trigger == zero::Trigger::overflow_check ? (st.nonfinite ? 1.0f : 0.0f) : static_cast<float>(st.sumsq);
     c.buf = &scalar;
     comm_.run(c);
-    if (e.trigger == zero::Trigger::grad_norm) grad_norm_ = std::sqrt(static_cast<double>(scalar));
+    if (e.trigger == zero::Trigger::grad_norm) grad_norm_ = std::sqrt(static_cast<double>(scalar)) / loss_scale_;
+    if (e.trigger == zero::Trigger::overflow_check) overflow_ = scalar > 0.0f;
     return;
   }
-  c.buf = mem_.data(e.dst_buf);
   if (e.coll == zero::CollKind::all_gather && e.src_buf >= 0) {
     // Stage 3: this rank's shards of the slices' params into its block of the output.
     std::int64_t block = 0;
@@ -845,29 +915,36 @@ void Interpreter::collective_event(const Event& e) {
       prefix += sh;
     }
   }
+  flush();  // collectives move the buffers' stored bytes
+  c.buf = mem_.data(e.dst_buf);
   if (e.coll == zero::CollKind::reduce) {
     // Only the part of the packed buffer that lands in the root's partition is reduced.
     const std::int64_t P = layout_.partition, rlo = c.root * P;
-    std::vector<float> piece;
-    std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (position, count)
-    std::int64_t pos = 0;
+    const auto esz = static_cast<std::int64_t>(dtype_size(e.dtype));
+    std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (element, count)
+    std::int64_t pos = 0, total = 0;
     for (const auto& s : p_.slices(e)) {
       const std::int64_t a = layout_.offset[U(s.param)] + s.param_offset;
       const std::int64_t from = std::max(a, rlo), to = std::min(a + s.count, rlo + P);
-      if (to > from) where.emplace_back(pos + (from - a), to - from);
+      if (to > from) {
+        where.emplace_back(pos + (from - a), to - from);
+        total += to - from;
+      }
       pos += s.count;
     }
-    float* buf = f32(e.dst_buf);
-    for (auto [at, cnt] : where) piece.insert(piece.end(), buf + at, buf + at + cnt);
-    if (static_cast<std::int64_t>(piece.size()) != e.elements)
+    if (total != e.elements)
       throw std::logic_error(fmt::format("{}: {} elements in the root's partition, program says {}", p_.event_name(e.id),
-                                         piece.size(), e.elements));
+                                         total, e.elements));
+    auto* base = static_cast<std::byte*>(mem_.data(e.dst_buf));
+    std::vector<std::byte> piece;
+    piece.reserve(U(total * esz));
+    for (auto [at, cnt] : where) piece.insert(piece.end(), base + at * esz, base + (at + cnt) * esz);
     c.buf = piece.data();
     comm_.run(c);
     std::size_t k = 0;
     for (auto [at, cnt] : where) {
-      std::copy_n(piece.data() + k, cnt, buf + at);
-      k += U(cnt);
+      std::copy_n(piece.data() + k, cnt * esz, base + at * esz);
+      k += U(cnt * esz);
     }
     return;
   }
@@ -881,10 +958,8 @@ void Interpreter::optimizer_event(const Event& e) {
   const std::int64_t total = e.src2_buf >= 0 ? p_.buffers[U(e.src2_buf)].elements : 0;
   const bool adam = oc.type != zero::OptimizerType::sgd;
   const std::int64_t half = adam ? total / 2 : total;
-  // Gradient clipping by the global norm (DeepSpeed: grads /= norm/clip when above).
-  float clip = 1.0f;
-  auto update = [&](float* p, float* g, std::int64_t at, std::int64_t n) {
-    if (clip != 1.0f) cpu::scale_inplace(g, n, clip);
+  auto update = [&](float* p, float* g, std::int64_t at, std::int64_t n, float factor) {
+    if (factor != 1.0f) cpu::scale_inplace(g, n, factor);
     if (adam) {
       cpu::AdamConfig a;
       a.lr = oc.lr;
@@ -902,22 +977,70 @@ void Interpreter::optimizer_event(const Event& e) {
       cpu::sgd_step(p, g, states ? states + at : nullptr, n, step_, sg);
     }
   };
-  if (e.src_buf < 0) {
-    // Stage 0: each param with its own (replicated, averaged) gradient.
-    if (cfg_.gradient_clipping > 0.0) {
-      double ss = 0.0;
-      for (const auto& prm : g_.params) ss += cpu::sum_squares(param_grad(prm.id), prm.numel);
-      grad_norm_ = std::sqrt(ss);
+  // Stage 0 (replicated gradients): the norm and the overflow check are local.
+  if (stage_ == 0 || e.src_buf < 0) {
+    PartitionStats st;
+    if (e.src_buf < 0) {
+      for (const auto& prm : g_.params) {
+        const float* g = param_grad(prm.id);
+        for (std::int64_t i = 0; i < prm.numel; ++i) st.add(static_cast<double>(g[i]));
+      }
+    } else {
+      const float* g = f32(e.src_buf);
+      for (std::int64_t i = 0; i < e.elements; ++i) st.add(static_cast<double>(g[i]));
     }
-    if (cfg_.gradient_clipping > 0.0 && grad_norm_ > cfg_.gradient_clipping)
-      clip = static_cast<float>(cfg_.gradient_clipping / grad_norm_);
+    grad_norm_ = std::sqrt(st.sumsq) / loss_scale_;
+    if (fp16_) overflow_ = st.nonfinite;
+  }
+  if (overflow_) return;  // fp16: skip the update; the loss scale drops after the step
+  // DeepSpeed's unscale_and_clip_grads: grads /= loss_scale · max(1, norm / clip).
+  double combined = loss_scale_;
+  if (cfg_.gradient_clipping > 0.0 && grad_norm_ >= 0.0) {
+    const double clip = (grad_norm_ + 1e-6) / cfg_.gradient_clipping;
+    if (clip > 1.0) combined *= clip;
+  }
+  const auto factor = static_cast<float>(1.0 / combined);
+  if (e.src_buf < 0) {
     for (const auto& prm : g_.params)
-      update(f32(e.dst_buf) + layout_.offset[U(prm.id)], param_grad(prm.id), layout_.offset[U(prm.id)], prm.numel);
+      update(f32(e.dst_buf) + layout_.offset[U(prm.id)], param_grad(prm.id), layout_.offset[U(prm.id)], prm.numel, factor);
     return;
   }
-  if (cfg_.gradient_clipping > 0.0 && grad_norm_ > cfg_.gradient_clipping)
-    clip = static_cast<float>(cfg_.gradient_clipping / grad_norm_);
-  update(f32(e.dst_buf) + e.offset, f32(e.src_buf), e.offset, e.elements);
+  update(f32(e.dst_buf) + e.offset, f32(e.src_buf), e.offset, e.elements, factor);
+}
+
+void Interpreter::update_loss_scale() {
+  if (!fp16_ || cfg_.fp16.loss_scale > 0.0) return;  // static scale
+  const auto& f = cfg_.fp16;
+  if (overflow_) {
+    if (hysteresis_ <= 1) loss_scale_ = std::max(loss_scale_ / 2.0, f.min_loss_scale);
+    else --hysteresis_;
+    last_overflow_ = step_;
+  } else if ((step_ - last_overflow_) % f.loss_scale_window == 0) {
+    loss_scale_ *= 2.0;
+  }
+}
+
+std::vector<CheckpointBlob> Interpreter::checkpoint_blobs(CheckpointPart part) const {
+  std::vector<CheckpointBlob> out;
+  for (zero::EventId id = 0; id < p_.step_begin; ++id)
+    for (BufferId b : p_.allocs(p_.events[U(id)])) {
+      const auto& buf = p_.buffers[U(b)];
+      const bool model = buf.category == zero::Category::params;
+      const bool optim = buf.category == zero::Category::master_params || buf.category == zero::Category::optimizer_states;
+      if ((part == CheckpointPart::model_states && model) || (part == CheckpointPart::optim_states && optim))
+        out.push_back({p_.buffer_name(b), mem_.data(b), buf.bytes.v});
+    }
+  return out;
+}
+
+nlohmann::json Interpreter::scaler_state() const {
+  return {{"loss_scale", loss_scale_}, {"hysteresis", hysteresis_}, {"last_overflow", last_overflow_}};
+}
+
+void Interpreter::set_scaler_state(const nlohmann::json& j) {
+  loss_scale_ = j.at("loss_scale").get<double>();
+  hysteresis_ = j.at("hysteresis").get<std::int64_t>();
+  last_overflow_ = j.at("last_overflow").get<std::int64_t>();
 }
 
 std::vector<float> Interpreter::param_values(ParamId p) const {

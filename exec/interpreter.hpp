@@ -7,10 +7,12 @@
 // decides a buffer, a bucket or a fetch: the data movement of each event follows its
 // operands (zero/program.hpp), its op's function (models::Fn) and its slices.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "exec/allocator.hpp"
+#include "exec/checkpoint.hpp"
 #include "exec/comm.hpp"
 #include "models/graph.hpp"
 #include "zero/ds_config.hpp"
@@ -25,6 +27,8 @@ using MicroBatch = std::vector<std::vector<std::int64_t>>;
 struct StepResult {
   double loss = 0.0;                 // mean over micro-steps of this rank's loss
   double grad_norm = -1.0;           // global L2 norm before clipping (-1: not computed)
+  double loss_scale = 1.0;           // fp16: the dynamic loss scale this step ran with
+  bool skipped = false;              // fp16: gradients overflowed, the update was skipped
   double seconds = 0.0;
 };
 
@@ -42,9 +46,17 @@ class Interpreter {
   StepResult step(std::int64_t step, const std::vector<MicroBatch>& data);
   // Seconds each event took in the last step (index: event id).
   const std::vector<double>& event_seconds() const { return seconds_; }
+  // When each event of the last step started, in seconds from the step's start.
+  const std::vector<double>& event_starts() const { return starts_; }
   // The full value of param p as training left it (gathered from this rank's view; for
   // checks on one rank or where the rank holds it: stages 0-2 hold every param).
   std::vector<float> param_values(models::ParamId p) const;
+  // The state a checkpoint holds: the persistent buffers of the program (16-bit params
+  // this rank holds; master weights and optimizer states of its partition), and the
+  // fp16 loss scaler. Valid between steps.
+  std::vector<CheckpointBlob> checkpoint_blobs(CheckpointPart part) const;
+  nlohmann::json scaler_state() const;
+  void set_scaler_state(const nlohmann::json& j);
 
  private:
   void run_event(const zero::Event& e);
@@ -56,7 +68,16 @@ class Interpreter {
   void collective_event(const zero::Event& e);
   void optimizer_event(const zero::Event& e);
 
+  // A float view of a buffer for fp32 arithmetic: the buffer itself when it is fp32 (or
+  // not floating point: ids, masks), else an fp32 copy that flush() rounds back into the
+  // 16-bit buffer (round to nearest even). Values read and not changed round-trip exactly.
   float* f32(zero::BufferId b) const;
+  // The same for elements [offset, offset + count) only (a 5e8-element bucket sized for
+  // the GPU is converted where it is used). The pointer addresses element `offset`; it
+  // stays valid until the next f32 call on the same buffer.
+  float* f32_range(zero::BufferId b, std::int64_t offset, std::int64_t count) const;
+  void flush() const;
+  void update_loss_scale();
   float* act(models::TensorId t) const;        // a forward tensor's data
   float* grad(models::TensorId t) const;       // its gradient, or nullptr
   const std::int64_t* ids(models::TensorId t) const;
@@ -86,7 +107,18 @@ class Interpreter {
   const MicroBatch* batch_ = nullptr;
   double loss_sum_ = 0.0;
   double grad_norm_ = -1.0;
-  std::vector<double> seconds_;
+  std::vector<double> seconds_, starts_;
+  struct Staged {
+    std::int64_t lo = 0;             // first element held
+    std::vector<float> v;
+  };
+  mutable std::map<zero::BufferId, Staged> staged_;
+  void flush_one(zero::BufferId b, const Staged& st) const;
+  // fp16 dynamic loss scaling (DeepSpeed's DynamicLossScaler)
+  bool fp16_ = false;
+  double loss_scale_ = 1.0;
+  bool overflow_ = false;
+  std::int64_t hysteresis_ = 1, last_overflow_ = 0;
 };
 
 }  // namespace zp::exec

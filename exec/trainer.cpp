@@ -11,12 +11,14 @@
 
 #include "core/error.hpp"
 #include "exec/allocator.hpp"
+#include "exec/checkpoint.hpp"
 #include "exec/data.hpp"
 #include "exec/interpreter.hpp"
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
 #include "sim/device.hpp"
 #include "sim/memory.hpp"
+#include "sim/trace.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/lower.hpp"
 
@@ -80,39 +82,106 @@ json train(const TrainOptions& opt, Comm& comm) {
     throw InputError(opt.ds_config.empty() ? opt.model : opt.ds_config, "", why);
   if (opt.steps < 1) throw InputError("--steps", "", fmt::format("must be >= 1, got {}", opt.steps));
   DataSource data(opt.data, g, opt.seed);
+  if (opt.resume && opt.checkpoint_dir.empty()) throw InputError("--resume", "", "needs --checkpoint-dir");
+  if (opt.resume && !has_checkpoint(opt.checkpoint_dir))
+    throw InputError(opt.checkpoint_dir, "latest", "--resume: no checkpoint to resume from");
+  if (opt.save_every < 0) throw InputError("--save-every", "", fmt::format("must be >= 0, got {}", opt.save_every));
+  std::string cfg_text;
+  if (!opt.ds_config.empty()) {
+    std::ifstream cf(opt.ds_config);
+    cfg_text.assign(std::istreambuf_iterator<char>(cf), std::istreambuf_iterator<char>());
+  }
+  CheckpointMeta meta;
+  meta.model = g.cfg.name;
+  meta.config_digest = cfg_text.empty() ? std::string() : config_digest(cfg_text);
+  meta.stage = prog.info.stage;
+  meta.world_size = N;
+  meta.rank = rank;
+  meta.seed = opt.seed;
   const std::string out = opt.out.empty() ? std::string() : rank_path(opt.out, rank, N);
   if (!out.empty()) {
     std::ofstream probe(out);
     if (!probe) throw InputError(out, "", "--out: cannot write the measurements file");
   }
+  if (!opt.trace.empty()) {
+    std::ofstream probe(rank_path(opt.trace, rank, N));
+    if (!probe) throw InputError(rank_path(opt.trace, rank, N), "", "--trace: cannot write the trace file");
+  }
 
   // ---- run (from here a failure on one rank must end every rank)
   TrackingAllocator mem(prog.buffers.size(), opt.memory_limit);
   Interpreter interp(g, prog, cfg, comm, mem, opt.seed);
-  json losses = json::array(), norms = json::array();
+  json losses = json::array(), norms = json::array(), scales = json::array(), skipped = json::array();
   std::vector<double> event_sum(prog.events.size(), 0.0);
   double timed = 0.0;
   std::int64_t timed_steps = 0;
+  std::int64_t first = 1;
+  auto allocation_failed = [&](const AllocationFailed& e) {
+    const auto pred = sim::replay_memory(prog, sim::DeviceSpec{}, sim::MemoryOptions{false, false});
+    comm.abort(fmt::format("{} (predicted peak for this program: {} B)", e.what(), pred.peak_allocated.v));
+  };
   try {
     interp.prologue();
+  } catch (const AllocationFailed& e) {
+    allocation_failed(e);
+  }
+  if (opt.resume) {
+    // Every rank checks its own files; a refusal (corrupt, other world size) is bad input.
+    const auto model = interp.checkpoint_blobs(CheckpointPart::model_states);
+    const auto optim = interp.checkpoint_blobs(CheckpointPart::optim_states);
+    // Each rank checks its own files; all ranks then agree before going on, so a refusal
+    // on one rank ends every rank instead of leaving the others waiting.
+    CheckpointMeta got;
+    std::string refused;
+    try {
+      got = load_checkpoint(opt.checkpoint_dir, meta, model, optim);
+    } catch (const InputError& e) {
+      refused = e.what();
+    }
+    if (comm.sum_for_report(refused.empty() ? 0.0 : 1.0) > 0.0) {
+      if (!refused.empty()) std::fprintf(stderr, "zeroplan: rank %d: %s\n", rank, refused.c_str());
+      throw RankRefused("checkpoint refused");
+    }
+    first = got.step + 1;
+    if (got.extra.contains("losses")) losses = got.extra["losses"];
+    if (got.extra.contains("grad_norms")) norms = got.extra["grad_norms"];
+    if (got.extra.contains("loss_scales")) scales = got.extra["loss_scales"];
+    if (got.extra.contains("skipped_steps")) skipped = got.extra["skipped_steps"];
+    interp.set_scaler_state(got.extra.at("scaler"));
+    if (rank == 0 && !opt.quiet) std::printf("resumed from %s at step %lld\n", opt.checkpoint_dir.c_str(), static_cast<long long>(got.step));
+  }
+  auto save = [&](std::int64_t s) {
+    meta.step = s;
+    meta.extra = {{"losses", losses}, {"grad_norms", norms}, {"loss_scales", scales}, {"skipped_steps", skipped},
+                  {"scaler", interp.scaler_state()}};
+    save_checkpoint(opt.checkpoint_dir, meta, interp.checkpoint_blobs(CheckpointPart::model_states),
+                    interp.checkpoint_blobs(CheckpointPart::optim_states));
+    comm.barrier();  // every rank's files are in place before `latest` names them
+    if (rank == 0) write_latest(opt.checkpoint_dir, s);
+  };
+  try {
     comm.barrier();
-    for (std::int64_t s = 1; s <= opt.steps; ++s) {
+    for (std::int64_t s = first; s <= opt.steps; ++s) {
       std::vector<MicroBatch> mbs;
       for (int m = 0; m < batch.gas; ++m) mbs.push_back(data.batch(s, m, static_cast<int>(batch.gas), rank, N));
       const auto r = interp.step(s, mbs);
       const double loss = comm.sum_for_report(r.loss) / N;
       losses.push_back(loss);
       norms.push_back(r.grad_norm);
-      if (s > 1 || opt.steps == 1) {  // the first step warms caches
+      scales.push_back(r.loss_scale);
+      skipped.push_back(r.skipped);
+      if (!opt.checkpoint_dir.empty() && ((opt.save_every > 0 && s % opt.save_every == 0) || s == opt.steps)) save(s);
+      if (s > first || opt.steps == first) {  // the first step warms caches
         timed += r.seconds;
         ++timed_steps;
         for (std::size_t i = 0; i < event_sum.size(); ++i) event_sum[i] += interp.event_seconds()[i];
       }
-      if (rank == 0 && !opt.quiet) std::printf("step %4lld  loss %.6f  %.1f ms\n", static_cast<long long>(s), loss, r.seconds * 1e3);
+      if (rank == 0 && !opt.quiet)
+        std::printf("step %4lld  loss %.6f  %.1f ms%s\n", static_cast<long long>(s), loss, r.seconds * 1e3,
+                    r.skipped ? fmt::format("  (overflow: skipped, loss scale {:g})", r.loss_scale).c_str() : "");
     }
   } catch (const AllocationFailed& e) {
-    const auto pred = sim::replay_memory(prog, sim::DeviceSpec{}, sim::MemoryOptions{false, false});
-    comm.abort(fmt::format("{} (predicted peak for this program: {} B)", e.what(), pred.peak_allocated.v));
+    allocation_failed(e);
   } catch (const std::exception& e) {
     comm.abort(fmt::format("training failed: {}", e.what()));
   }
@@ -136,6 +205,8 @@ json train(const TrainOptions& opt, Comm& comm) {
                    {"backend", "cpu+mpi"}};
   doc["losses"] = losses;
   doc["grad_norms"] = norms;
+  doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)
+  doc["skipped_steps"] = skipped;  // fp16: the update was skipped after an overflow
   const double per_step = timed_steps > 0 ? timed / static_cast<double>(timed_steps) : 0.0;
   doc["step_seconds"] = per_step;
   doc["samples_per_s"] = per_step > 0 ? static_cast<double>(batch.train_batch_size) / per_step : 0.0;
@@ -161,6 +232,29 @@ json train(const TrainOptions& opt, Comm& comm) {
     events.push_back({{"id", prog.event_name(static_cast<zero::EventId>(i))},
                       {"seconds", timed_steps > 0 ? event_sum[i] / static_cast<double>(timed_steps) : 0.0}});
   doc["events"] = events;
+  // Seconds per phase of one step (the sum of its events' measured times; events run
+  // one at a time on CPU, so phases do not overlap).
+  json phases = json::object();
+  for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i) {
+    const char* ph = zero::phase_name(prog.events[i].phase);
+    const double v = timed_steps > 0 ? event_sum[i] / static_cast<double>(timed_steps) : 0.0;
+    phases[ph] = phases.value(ph, 0.0) + v;
+  }
+  doc["phases"] = phases;
+  if (!opt.trace.empty() && timed_steps > 0) {
+    // The last step as measured, in the simulator's layout: one track per stream, one
+    // slice per event named by its event id, the allocated-bytes counters.
+    sim::TimeReport tr;
+    tr.events.resize(prog.events.size());
+    for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i) {
+      tr.events[i].start = Seconds{interp.event_starts()[i]};
+      tr.events[i].end = Seconds{interp.event_starts()[i] + interp.event_seconds()[i]};
+    }
+    const std::string path = rank_path(opt.trace, rank, N);
+    std::ofstream f(path);
+    f << sim::chrome_trace(prog, tr).dump() << "\n";
+    if (!f) comm.abort(fmt::format("cannot write {}", path));
+  }
   if (!out.empty()) {
     std::ofstream f(out);
     f << doc.dump(1) << "\n";

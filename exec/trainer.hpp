@@ -26,6 +26,10 @@ struct TrainOptions {
   bool activation_checkpointing = false;
   Bytes memory_limit{0};              // device bytes live at once (0: none)
   std::string out;                    // measurements JSON (rank suffix when N > 1)
+  std::string trace;                  // Chrome trace of the last step (rank suffix when N > 1)
+  std::string checkpoint_dir;         // ZeRO-layout checkpoints (global_stepN/, latest)
+  std::int64_t save_every = 0;        // save every K steps (0: at the end only)
+  bool resume = false;                // continue from checkpoint_dir's latest
   bool quiet = false;
 };
 
@@ -33,6 +37,13 @@ struct TrainOptions {
 // opt.out). Bad input → InputError (before any collective); failures during the run
 // end the job on every rank through Comm::abort.
 nlohmann::json train(const TrainOptions& opt, Comm& comm);
+
+// A refusal that only some ranks saw (a damaged checkpoint file of one rank): those ranks
+// have printed their message; every rank ends with exit status 2.
+class RankRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // The --out path of a rank: FILE.json for one rank, FILE.rankR.json for several.
 std::string rank_path(const std::string& out, int rank, int world);

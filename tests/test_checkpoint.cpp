@@ -1,0 +1,404 @@
+// Checkpoints: round trip, `latest`, and every way a checkpoint can be unusable
+// (missing, truncated, corrupted, another version, another run's identity or blob
+// table, another world size), each answered with one InputError naming the file;
+// an interrupted save leaves the previous checkpoint loadable and no temporary files.
+#include "exec/checkpoint.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include "test_util.hpp"
+
+using zp::exec::CheckpointBlob;
+using zp::exec::CheckpointMeta;
+using zp::exec::CheckpointPart;
+using zp::test::input_error;
+namespace fs = std::filesystem;
+namespace ex = zp::exec;
+
+namespace {
+
+// A fresh directory, removed with everything in it at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() / fmt::format("zp_ckpt_{}_{}", ::getpid(), counter++);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string str() const { return path.string(); }
+};
+
+std::vector<unsigned char> random_bytes(std::size_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(gen() & 0xffu);
+  return v;
+}
+
+// The state of one rank: model blobs (16-bit params) and optimizer blobs.
+struct State {
+  std::vector<unsigned char> params, empty, master, optim;
+  State(std::uint32_t seed, std::size_t params_bytes = 1000, std::size_t master_bytes = 4099,
+        std::size_t optim_bytes = 8198)
+      : params(random_bytes(params_bytes, seed)),
+        master(random_bytes(master_bytes, seed + 1)),
+        optim(random_bytes(optim_bytes, seed + 2)) {}
+  State(const State& shape, int) : params(shape.params.size()), master(shape.master.size()), optim(shape.optim.size()) {}
+  std::vector<CheckpointBlob> model() {
+    return {{"params", params.data(), static_cast<std::int64_t>(params.size())},
+            {"empty", empty.data(), 0}};
+  }
+  std::vector<CheckpointBlob> optimizer() {
+    return {{"master_partition", master.data(), static_cast<std::int64_t>(master.size())},
+            {"optimizer_state", optim.data(), static_cast<std::int64_t>(optim.size())}};
+  }
+  // Same shape, zeroed.
+  State zeroed() const { return State(*this, 0); }
+  bool operator==(const State& o) const { return params == o.params && master == o.master && optim == o.optim; }
+};
+
+CheckpointMeta meta_of(std::int64_t step, int rank = 0, int world = 1) {
+  CheckpointMeta m;
+  m.model = "gpt2-tiny";
+  m.config_digest = ex::config_digest(R"({"zero_optimization": {"stage": 2}})");
+  m.stage = 2;
+  m.world_size = world;
+  m.rank = rank;
+  m.step = step;
+  m.seed = 0xfeedfacecafebeefull;
+  m.extra = {{"losses", {10.5, 9.25, 8.0}}, {"note", "ok"}};
+  return m;
+}
+
+void save(const TempDir& d, const CheckpointMeta& m, State& s) {
+  ex::save_checkpoint(d.str(), m, s.model(), s.optimizer());
+}
+
+CheckpointMeta load(const TempDir& d, const CheckpointMeta& expect, State& into, const std::string& tag = "") {
+  return ex::load_checkpoint(d.str(), expect, into.model(), into.optimizer(), tag);
+}
+
+std::vector<char> read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_all(const fs::path& p, const std::vector<char>& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Offset of the first blob byte: 8 magic + 4 length + header + 4 CRC.
+std::size_t data_start(const std::vector<char>& f) {
+  std::uint32_t h = 0;
+  for (int i = 3; i >= 0; --i) h = (h << 8) | static_cast<unsigned char>(f[static_cast<std::size_t>(8 + i)]);
+  return 16 + h;
+}
+
+// Regular files whose name ends in ".tmp" anywhere under `dir`.
+int temp_files(const fs::path& dir) {
+  int n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".tmp") ++n;
+  return n;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("checkpoint: round trip restores every byte and returns the saved meta") {
+  TempDir d;
+  State s(1, 1000, 4099, (std::size_t{4} << 20) + 3);  // one blob spans several I/O chunks
+  save(d, meta_of(7), s);
+  CHECK_FALSE(ex::has_checkpoint(d.str()));  // no `latest` yet
+  ex::write_latest(d.str(), 7);
+  CHECK(ex::has_checkpoint(d.str()));
+  CHECK(fs::is_regular_file(ex::checkpoint_path(d.str(), "global_step7", 0, CheckpointPart::optim_states)));
+  CHECK(fs::is_regular_file(d.path / "global_step7" / "zero_pp_rank_0_mp_rank_00_model_states.zpck"));
+  CHECK(temp_files(d.path) == 0);
+
+  State got = s.zeroed();
+  CHECK_FALSE(got == s);
+  const CheckpointMeta m = load(d, meta_of(0), got);
+  CHECK(got == s);
+  CHECK(m.step == 7);
+  CHECK(m.seed == 0xfeedfacecafebeefull);
+  CHECK(m.extra == meta_of(7).extra);
+  CHECK(m.model == "gpt2-tiny");
+  CHECK(m.world_size == 1);
+}
+
+TEST_CASE("checkpoint: latest names the newest; an explicit tag loads an older one") {
+  TempDir d;
+  State a(10), b(20);
+  save(d, meta_of(10), a);
+  ex::write_latest(d.str(), 10);
+  save(d, meta_of(20), b);
+  ex::write_latest(d.str(), 20);
+  std::ifstream in(d.path / "latest");
+  std::string tag;
+  std::getline(in, tag);
+  CHECK(tag == "global_step20");
+
+  State got = a.zeroed();
+  CHECK(load(d, meta_of(0), got).step == 20);
+  CHECK(got == b);
+  CHECK(load(d, meta_of(0), got, "global_step10").step == 10);
+  CHECK(got == a);
+  CHECK(contains(input_error([&] { load(d, meta_of(0), got, "global_step30"); }), "missing"));
+}
+
+TEST_CASE("checkpoint: a truncated file is refused, naming the file") {
+  TempDir d;
+  State s(3);
+  save(d, meta_of(5), s);
+  ex::write_latest(d.str(), 5);
+  const fs::path file = ex::checkpoint_path(d.str(), "global_step5", 0, CheckpointPart::optim_states);
+  const auto original = read_all(file);
+  const std::size_t start = data_start(original);
+  const std::vector<std::size_t> cuts = {0, 4, 10, 20, start - 2, start + 100, start + 4099 + 17,
+                                         original.size() - 8, original.size() - 1};
+  for (const std::size_t cut : cuts) {
+    CAPTURE(cut);
+    write_all(file, std::vector<char>(original.begin(), original.begin() + static_cast<std::ptrdiff_t>(cut)));
+    State got = s.zeroed();
+    const std::string e = input_error([&] { load(d, meta_of(0), got); });
+    CHECK(contains(e, "truncated"));
+    CHECK(contains(e, file.string()));
+    CHECK(contains(e, fmt::format("found {}", cut)));
+  }
+  // Cut inside a blob: the message gives the full expected size.
+  write_all(file, std::vector<char>(original.begin(), original.begin() + static_cast<std::ptrdiff_t>(start + 100)));
+  State got = s.zeroed();
+  CHECK(contains(input_error([&] { load(d, meta_of(0), got); }),
+                 fmt::format("truncated (expected {} bytes, found {})", original.size(), start + 100)));
+  write_all(file, original);
+  CHECK(load(d, meta_of(0), got).step == 5);
+}
+
+TEST_CASE("checkpoint: a flipped byte is detected as corruption") {
+  TempDir d;
+  State s(4);
+  save(d, meta_of(5), s);
+  ex::write_latest(d.str(), 5);
+  const fs::path file = ex::checkpoint_path(d.str(), "global_step5", 0, CheckpointPart::optim_states);
+  const auto original = read_all(file);
+  const std::size_t start = data_start(original);
+  const auto flip = [&](std::size_t at) {
+    auto bytes = original;
+    bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
+    write_all(file, bytes);
+    State got = s.zeroed();
+    return input_error([&] { load(d, meta_of(0), got); });
+  };
+  std::string e = flip(start + 17);  // first blob
+  CHECK(contains(e, "corrupted (CRC mismatch in blob master_partition)"));
+  CHECK(contains(e, file.string()));
+  e = flip(start + 4099 + 5000);  // second blob
+  CHECK(contains(e, "CRC mismatch in blob optimizer_state"));
+  e = flip(30);  // header text
+  CHECK(contains(e, "corrupted (CRC mismatch in the header)"));
+  CHECK(contains(e, file.string()));
+  e = flip(start - 2);  // header CRC
+  CHECK(contains(e, "CRC mismatch in the header"));
+  e = flip(9);  // header length
+  CHECK(contains(e, file.string()));
+  CHECK_FALSE(e.empty());
+  e = flip(original.size() - 3);  // footer
+  CHECK(contains(e, "corrupted (bad end marker)"));
+  e = flip(1);  // magic
+  CHECK(contains(e, "not a zeroplan checkpoint"));
+
+  auto bytes = original;  // another format version
+  bytes[7] = '2';
+  write_all(file, bytes);
+  State got = s.zeroed();
+  CHECK(contains(input_error([&] { load(d, meta_of(0), got); }), "wrong version"));
+
+  bytes = original;  // trailing garbage
+  bytes.push_back('x');
+  write_all(file, bytes);
+  CHECK(contains(input_error([&] { load(d, meta_of(0), got); }), "trailing data"));
+
+  write_all(file, original);
+  CHECK(load(d, meta_of(0), got).step == 5);
+  CHECK(got == s);
+}
+
+TEST_CASE("checkpoint: another world size is refused with both numbers") {
+  TempDir d;
+  State r0(5), r1(6);
+  save(d, meta_of(8, 0, 2), r0);
+  save(d, meta_of(8, 1, 2), r1);
+  ex::write_latest(d.str(), 8);
+
+  State got = r0.zeroed();
+  CHECK(load(d, meta_of(0, 1, 2), got).rank == 1);
+  CHECK(got == r1);
+
+  for (int rank : {0, 1, 3}) {
+    CAPTURE(rank);
+    const std::string e = input_error([&] { load(d, meta_of(0, rank, 4), got); });
+    CHECK(contains(e, "written by 2 ranks and this run has 4"));
+    CHECK(contains(e, "resharding"));
+    CHECK(contains(e, fmt::format("zero_pp_rank_{}_mp_rank_00", rank)));
+  }
+  const std::string e = input_error([&] { load(d, meta_of(0, 0, 1), got); });
+  CHECK(contains(e, "written by 2 ranks and this run has 1"));
+}
+
+TEST_CASE("checkpoint: another model, stage, config or blob table is refused") {
+  TempDir d;
+  State s(7);
+  save(d, meta_of(3), s);
+  ex::write_latest(d.str(), 3);
+  State got = s.zeroed();
+
+  CheckpointMeta m = meta_of(0);
+  m.model = "llama-tiny";
+  std::string e = input_error([&] { load(d, m, got); });
+  CHECK(contains(e, "meta.model"));
+  CHECK(contains(e, "gpt2-tiny"));
+  CHECK(contains(e, "llama-tiny"));
+
+  m = meta_of(0);
+  m.stage = 3;
+  e = input_error([&] { load(d, m, got); });
+  CHECK(contains(e, "meta.stage"));
+  CHECK(contains(e, "stage 2, this run uses stage 3"));
+
+  m = meta_of(0);
+  m.config_digest = "";
+  e = input_error([&] { load(d, m, got); });
+  CHECK(contains(e, "meta.config_digest"));
+  CHECK(contains(e, "defaults"));
+
+  // A blob of another size.
+  State wrong(7, 1000, 4100, 8198);
+  e = input_error([&] { load(d, meta_of(0), wrong); });
+  CHECK(contains(e, "blob master_partition size mismatch"));
+  CHECK(contains(e, "4099 bytes, this run expects 4100"));
+  CHECK(contains(e, "optim_states"));
+
+  // Another blob name or count.
+  std::vector<CheckpointBlob> renamed = got.model();
+  renamed[0].name = "weights";
+  e = input_error([&] { ex::load_checkpoint(d.str(), meta_of(0), renamed, got.optimizer()); });
+  CHECK(contains(e, "'params'"));
+  CHECK(contains(e, "'weights'"));
+  std::vector<CheckpointBlob> fewer = got.model();
+  fewer.pop_back();
+  e = input_error([&] { ex::load_checkpoint(d.str(), meta_of(0), fewer, got.optimizer()); });
+  CHECK(contains(e, "holds 2 blobs (params, empty), this run restores 1 (params)"));
+
+  // Nothing was restored by the refused loads.
+  CHECK(got == s.zeroed());
+  CHECK(load(d, meta_of(0), got).step == 3);
+  CHECK(got == s);
+}
+
+TEST_CASE("checkpoint: files of two different saves are not mixed") {
+  TempDir a, b;
+  State s1(8), s2(9);
+  save(a, meta_of(4), s1);
+  save(b, meta_of(4), s2);
+  ex::write_latest(a.str(), 4);
+  const auto optim = [](const TempDir& d) {
+    return fs::path(ex::checkpoint_path(d.str(), "global_step4", 0, CheckpointPart::optim_states));
+  };
+  fs::copy_file(optim(b), optim(a), fs::copy_options::overwrite_existing);
+  State got = s1.zeroed();
+  CHECK(contains(input_error([&] { load(a, meta_of(0), got); }), "same save"));
+}
+
+TEST_CASE("checkpoint: an interrupted save leaves the previous checkpoint and no temporary files") {
+  TempDir d;
+  State old(11), fresh(12);
+  save(d, meta_of(10), old);
+  ex::write_latest(d.str(), 10);
+  const auto previous_loads = [&] {
+    State got = old.zeroed();
+    CHECK(load(d, meta_of(0), got).step == 10);
+    CHECK(got == old);
+  };
+
+  SUBCASE("the temporary file cannot be created") {
+    fs::create_directories(d.path / "global_step20" / "zero_pp_rank_0_mp_rank_00_optim_states.zpck.tmp");
+    const std::string e = input_error([&] { save(d, meta_of(20), fresh); });
+    CHECK(contains(e, "cannot create the temporary file"));
+    CHECK(contains(e, "optim_states.zpck.tmp"));
+    // The model file was written to its temporary name only, and removed.
+    CHECK_FALSE(fs::exists(ex::checkpoint_path(d.str(), "global_step20", 0, CheckpointPart::model_states)));
+  }
+  SUBCASE("a blob without data, found while writing, over the same step") {
+    auto blobs = fresh.optimizer();
+    blobs[1].data = nullptr;
+    CHECK_THROWS_AS(ex::save_checkpoint(d.str(), meta_of(10), fresh.model(), blobs), std::invalid_argument);
+  }
+  SUBCASE("a write fails midway (file size limit)") {
+    State big(13, 1000, std::size_t{1} << 20, 1000);
+    rlimit before{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &before) == 0);
+    auto* const old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit lowered = before;
+    lowered.rlim_cur = 64 * 1024;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lowered) == 0);
+    std::string e;
+    try {
+      save(d, meta_of(10), big);
+    } catch (const zp::InputError& err) {
+      e = err.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &before);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(contains(e, "cannot write"));
+    CHECK(contains(e, "optim_states.zpck.tmp"));
+  }
+  CHECK(temp_files(d.path) == 0);
+  previous_loads();
+}
+
+TEST_CASE("checkpoint: nothing to resume from") {
+  TempDir d;
+  const std::string missing = (d.path / "no-such-dir").string();
+  CHECK_FALSE(ex::has_checkpoint(missing));
+  State got(1);
+  std::string e = input_error([&] { ex::load_checkpoint(missing, meta_of(0), got.model(), got.optimizer()); });
+  CHECK(contains(e, "no checkpoint"));
+  CHECK(contains(e, missing));
+
+  // `latest` names a step whose files are gone.
+  ex::write_latest(d.str(), 3);
+  e = input_error([&] { load(d, meta_of(0), got); });
+  CHECK(contains(e, "missing"));
+  CHECK(contains(e, "global_step3"));
+  fs::create_directories(d.path / "global_step3");
+  e = input_error([&] { load(d, meta_of(0), got); });
+  CHECK(contains(e, "missing"));
+  CHECK(contains(e, "zero_pp_rank_0_mp_rank_00_model_states.zpck"));
+}
+
+TEST_CASE("checkpoint: config digest") {
+  CHECK(ex::config_digest("").size() == 16);
+  CHECK(ex::config_digest("{}") != ex::config_digest("{ }"));
+  CHECK(ex::config_digest("abc") == ex::config_digest("abc"));
+}

@@ -1,0 +1,204 @@
+// `zeroplan compare`: a measured run (train --out) against its prediction (simulate --json).
+// The executor runs the same step program the simulator replays, so memory and bytes
+// agree exactly; times are reported as ratios (CPU against a GPU device model).
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;  // stdout (+ stderr when merged)
+};
+
+Run sh(const std::string& cmd, bool merge_stderr = true) {
+  Run r;
+  FILE* f = popen((cmd + (merge_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
+  REQUIRE(f != nullptr);
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), static_cast<int>(buf.size()), f)) r.out += buf.data();
+  const int st = pclose(f);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string bin() { return std::string(ZEROPLAN_BIN) + " "; }
+
+const std::string kMpirun = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 ";
+
+// One folder per test process, removed at exit.
+std::filesystem::path dir() {
+  const auto p = std::filesystem::temp_directory_path() / ("zeroplan-test-compare-" + std::to_string(getpid()));
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+struct RemoveDir {
+  ~RemoveDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(std::filesystem::temp_directory_path() /
+                                    ("zeroplan-test-compare-" + std::to_string(getpid())),
+                                ec);
+  }
+} remove_dir;
+
+std::string file(const std::string& name, const std::string& text) {
+  const auto p = dir() / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+std::string path(const std::string& name) { return (dir() / name).string(); }
+
+// Stage 2 with a small reduce bucket (several buckets per micro-step), 2 x 2 micro-steps.
+const std::string kConfig = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+  "zero_optimization": {"stage": 2, "reduce_bucket_size": 5000}})";
+
+// simulate --json of the stage-2 config into `name`.
+std::string predict(const std::string& name, const std::string& flags) {
+  const std::string ds = file("ds.json", kConfig);
+  const Run r = sh(bin() + "simulate --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --gpu H200 " + flags +
+                       " --json > " + path(name),
+                   false);
+  REQUIRE(r.status == 0);
+  return path(name);
+}
+
+// Exit status 2 and one line naming what is wrong.
+void bad(const std::string& args, const std::string& must_contain) {
+  CAPTURE(args);
+  const Run r = sh(bin() + "compare " + args);
+  CAPTURE(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find(must_contain) != std::string::npos);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+}
+
+void check_exact(const std::string& predicted, const std::string& measured) {
+  const Run j = sh(bin() + "compare --predicted " + predicted + " --measured " + measured + " --json");
+  CAPTURE(j.out);
+  REQUIRE(j.status == 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  CHECK(doc["exact_memory"] == true);
+  CHECK(doc["exact_comm"] == true);
+  for (const auto& [cat, v] : doc["memory"]["by_category"].items()) {
+    CAPTURE(cat);
+    CHECK(v["diff"] == 0);
+    CHECK(v["predicted"] == v["measured"]);
+  }
+  CHECK(doc["memory"]["by_category"].size() == 7);
+  CHECK(doc["memory"]["peak_allocated"]["diff"] == 0);
+  CHECK(doc["memory"]["reserved"]["diff"] == 0);
+  CHECK(doc["memory"]["peak_event"]["same"] == true);
+  CHECK(doc["comm"]["bytes_per_rank"]["diff"] == 0);
+  CHECK(doc["comm"]["by_kind"].contains("all_reduce"));
+  for (const char* ph : {"forward", "backward", "step", "iteration"}) {
+    CAPTURE(ph);
+    CHECK(doc["time"]["phases"][ph]["predicted_ms"].get<double>() >= 0);
+    CHECK(doc["time"]["phases"][ph]["measured_ms"].get<double>() > 0);
+  }
+  CHECK(doc["time"]["backend"] == "cpu+mpi");
+
+  const Run t = sh(bin() + "compare --predicted " + predicted + " --measured " + measured);
+  CAPTURE(t.out);
+  REQUIRE(t.status == 0);
+  CHECK(t.out.find("memory: exact") != std::string::npos);
+  CHECK(t.out.find("communication: exact") != std::string::npos);
+  CHECK(t.out.find("(same)") != std::string::npos);
+  CHECK(t.out.find("measured backend is CPU") != std::string::npos);
+  CHECK(t.out.find("calibration") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("compare: one rank, stage 2 with several buckets: memory and bytes are exact") {
+  const std::string ds = file("ds.json", kConfig);
+  const Run tr = sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 2 --quiet --out " +
+                    path("m1.json"));
+  CAPTURE(tr.out);
+  REQUIRE(tr.status == 0);
+  check_exact(predict("p1.json", "--gpus 1"), path("m1.json"));
+}
+
+TEST_CASE("compare: rank 1 of 2 under mpirun against simulate --rank 1 is exact") {
+  const std::string ds = file("ds.json", kConfig);
+  const Run tr = sh(kMpirun + bin() + "train --model tiny-gpt2 --ds-config " + ds +
+                    " --seq-len 16 --steps 2 --quiet --out " + path("m2.json"));
+  CAPTURE(tr.out);
+  REQUIRE(tr.status == 0);
+  const std::string p = predict("p2.json", "--gpus 2 --rank 1");
+  check_exact(p, path("m2.rank1.json"));
+  // Two ranks send bytes: the report has them per kind.
+  const auto doc = nlohmann::json::parse(sh(bin() + "compare --json --predicted " + p + " --measured " +
+                                            path("m2.rank1.json")).out);
+  CHECK(doc["comm"]["bytes_per_rank"]["measured"].get<std::int64_t>() > 0);
+  CHECK(doc["rank"] == 1);
+  CHECK(doc["world_size"] == 2);
+  // Rank 0's measurements are not rank 1's prediction.
+  bad("--predicted " + p + " --measured " + path("m2.rank0.json"), "rank");
+}
+
+TEST_CASE("compare: differences are shown, not hidden") {
+  const std::string ds = file("ds.json", kConfig);
+  REQUIRE(sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 2 --quiet --out " +
+             path("m3.json")).status == 0);
+  auto m = nlohmann::json::parse(std::ifstream(path("m3.json")));
+  m["memory"]["at_peak"]["grads"] = m["memory"]["at_peak"]["grads"].get<std::int64_t>() + 1024;
+  m["comm"]["by_kind"]["all_reduce"]["calls_per_step"] = m["comm"]["by_kind"]["all_reduce"]["calls_per_step"].get<int>() + 1;
+  const std::string off = file("m3off.json", m.dump());
+  const std::string p = predict("p3.json", "--gpus 1");
+  const Run j = sh(bin() + "compare --json --predicted " + p + " --measured " + off);
+  REQUIRE(j.status == 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  CHECK(doc["exact_memory"] == false);
+  CHECK(doc["exact_comm"] == false);
+  CHECK(doc["memory"]["by_category"]["grads"]["diff"] == -1024);
+  CHECK(doc["memory"]["by_category"]["params"]["diff"] == 0);
+  const Run t = sh(bin() + "compare --predicted " + p + " --measured " + off);
+  REQUIRE(t.status == 0);
+  CHECK(t.out.find("memory: differs in grads") != std::string::npos);
+  CHECK(t.out.find("communication: differs in all_reduce") != std::string::npos);
+  CHECK(t.out.find("-1,024") != std::string::npos);
+}
+
+TEST_CASE("compare: bad input and different runs exit 2 with one line") {
+  const std::string ds = file("ds.json", kConfig);
+  REQUIRE(sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 1 --quiet --out " +
+             path("m4.json")).status == 0);
+  const std::string m = path("m4.json");
+  const std::string p = predict("p4.json", "--gpus 1");
+  bad("--predicted " + predict("p4s3.json", "--gpus 1 --stages 3") + " --measured " + m, "stage 3");
+  bad("--predicted " + predict("p4s31.json", "--gpus 1 --stages 3,1") + " --measured " + m, "stages 3, 1");
+  bad("--predicted " + predict("p4w2.json", "--gpus 2") + " --measured " + m, "world_size: predicted 2 ");
+  bad("--predicted " + predict("p4mb.json", "--gpus 1 --micro-batch 1") + " --measured " + m, "micro_batch");
+  bad("--predicted " + path("no-such.json") + " --measured " + m, "no-such.json: cannot open");
+  bad("--predicted " + p + " --measured " + path("no-such.json"), "no-such.json: cannot open");
+  bad("--predicted " + file("malformed.json", "{\"results\": [") + " --measured " + m, "malformed.json: malformed JSON");
+  bad("--predicted " + p + " --measured " + file("notobj.json", "[1, 2]"), "notobj.json: must be a JSON object");
+  bad("--predicted " + m + " --measured " + p, "swapped");
+  auto doc = nlohmann::json::parse(std::ifstream(m));
+  doc["memory"]["at_peak"].erase("grads");
+  bad("--predicted " + p + " --measured " + file("nograds.json", doc.dump()), "memory.at_peak.grads: missing");
+  doc = nlohmann::json::parse(std::ifstream(m));
+  doc["config"]["seq_len"] = 32;
+  bad("--predicted " + p + " --measured " + file("seq.json", doc.dump()), "seq_len: predicted 16 (seq_len), measured 32");
+  doc = nlohmann::json::parse(std::ifstream(m));
+  doc["config"]["model"] = "gpt2";
+  bad("--predicted " + p + " --measured " + file("model.json", doc.dump()), "model: predicted tiny-gpt2");
+  doc = nlohmann::json::parse(std::ifstream(p));
+  doc["results"][0]["time"]["forward_ms"] = "fast";
+  bad("--predicted " + file("p4bad.json", doc.dump()) + " --measured " + m, "results[0].time.forward_ms: must be a number");
+  bad("--predicted " + p, "--measured");
+}
