@@ -1043,6 +1043,18 @@ void Interpreter::set_scaler_state(const nlohmann::json& j) {
   last_overflow_ = j.at("last_overflow").get<std::int64_t>();
 }
 
+void Interpreter::set_param_value(ParamId p, std::int64_t i, float v) {
+  if (stage_ == 3) throw std::logic_error("set_param_value: stage 3 holds shards");
+  const std::int64_t f = layout_.offset[U(p)] + i;
+  f32(params_buf_)[f] = v;
+  for (const auto& buf : p_.buffers) {
+    if (buf.role != BufferRole::master_partition || !mem_.live(buf.id)) continue;
+    const std::int64_t base = stage_ == 0 ? 0 : rank_ * layout_.partition;
+    if (f >= base && f < base + buf.elements) f32(buf.id)[f - base] = v;
+  }
+  flush();
+}
+
 std::vector<float> Interpreter::param_values(ParamId p) const {
   const auto& prm = g_.params[U(p)];
   if (stage_ < 3) {

@@ -51,6 +51,9 @@ class Interpreter {
   // The full value of param p as training left it (gathered from this rank's view; for
   // checks on one rank or where the rank holds it: stages 0-2 hold every param).
   std::vector<float> param_values(models::ParamId p) const;
+  // Sets element i of param p in every copy this rank holds (16-bit params and master
+  // weights); stages 0-2 only (for gradient checks).
+  void set_param_value(models::ParamId p, std::int64_t i, float v);
   // The state a checkpoint holds: the persistent buffers of the program (16-bit params
   // this rank holds; master weights and optimizer states of its partition), and the
   // fp16 loss scaler. Valid between steps.

@@ -117,7 +117,7 @@ TEST_CASE("defaults are DeepSpeed's (REFERENCE.md §1)") {
   CHECK(d.precision == Precision::fp32);
   CHECK(d.model_dtype() == DType::fp32);
   CHECK(d.communication_data_type() == DType::fp32);
-  CHECK(d.gradient_clipping == 1.0);  // GRADIENT_CLIPPING_DEFAULT
+  CHECK(d.gradient_clipping == 0.0);  // runtime/constants.py GRADIENT_CLIPPING_DEFAULT = 0 (off)
   CHECK(d.gradient_predivide_factor == 1.0);
   CHECK(d.prescale_gradients == false);
   CHECK_FALSE(d.has_optimizer);

@@ -826,7 +826,7 @@ DsConfig parse_ds_config(const std::string& file, const nlohmann::json& doc) {
     const std::string c = r.get_enum(top, "communication_data_type", "", {"fp16", "bf16", "fp32"});
     cfg.communication_data_type_override = c == "fp16" ? DType::fp16 : (c == "bf16" ? DType::bf16 : DType::fp32);
   }
-  cfg.gradient_clipping = r.get_double(top, "gradient_clipping", 1.0, 0.0, kMaxD);
+  cfg.gradient_clipping = r.get_double(top, "gradient_clipping", 0.0, 0.0, kMaxD);  // constants.py: 0 (off)
   cfg.prescale_gradients = r.get_bool(top, "prescale_gradients", false);
   cfg.gradient_predivide_factor = r.get_double(top, "gradient_predivide_factor", 1.0, 0.0, kMaxD);
   if (cfg.gradient_predivide_factor <= 0.0)
@@ -1031,7 +1031,7 @@ nlohmann::json to_json(const DsConfig& cfg) {
   } else if (out.contains("data_types") && out["data_types"].is_object()) {
     out["data_types"].erase("grad_accum_dtype");
   }
-  put(out, "gradient_clipping", cfg.gradient_clipping, 1.0);
+  put(out, "gradient_clipping", cfg.gradient_clipping, 0.0);
   put(out, "prescale_gradients", cfg.prescale_gradients, false);
   put(out, "gradient_predivide_factor", cfg.gradient_predivide_factor, 1.0);
 

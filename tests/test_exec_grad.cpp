@@ -1,0 +1,106 @@
+// Whole-model gradient check: the gradient the executor computes for a tiny model (every
+// layer's forward and backward, as the step program orders them) against central finite
+// differences of the loss. One rank, stage 0, fp32, SGD without momentum: after one step
+// with learning rate lr, p1 = p0 - lr * g, so g = (p0 - p1) / lr; the loss at p ± h comes
+// from steps run with learning rate 0 (a step reports the loss of its forward pass).
+#include <cmath>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include "exec/allocator.hpp"
+#include "exec/comm.hpp"
+#include "exec/data.hpp"
+#include "exec/interpreter.hpp"
+#include "models/graph.hpp"
+#include "models/model_config.hpp"
+#include "zero/ds_config.hpp"
+#include "zero/lower.hpp"
+
+namespace {
+
+zp::exec::Comm& comm() {
+  static auto c = [] {
+    int argc = 0;
+    char** argv = nullptr;
+    return zp::exec::make_mpi_comm(&argc, &argv);
+  }();
+  return *c;
+}
+
+struct Model {
+  zp::models::OpGraph g;
+  zp::zero::DsConfig cfg;
+  zp::zero::Program prog;
+};
+
+Model make(const std::string& name, double lr) {
+  Model m;
+  m.cfg = zp::zero::parse_ds_config("grad-check.json", nlohmann::json::parse(fmt::format(
+      R"({{"train_micro_batch_size_per_gpu": 2, "optimizer": {{"type": "SGD", "params": {{"lr": {}}}}},
+          "zero_optimization": {{"stage": 0}}}})", lr)));
+  const auto batch = zp::zero::resolve_batch(m.cfg, 1);
+  zp::models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = 8;
+  go.act_dtype = zp::DType::fp32;
+  auto mc = zp::models::load_model(name);
+  // No dropout: the loss must be a deterministic function of the weights.
+  mc.hidden_dropout = mc.attention_dropout = mc.embedding_dropout = 0.0;
+  m.g = zp::models::build_graph(mc, go);
+  zp::zero::LowerOptions lo;
+  m.prog = zp::zero::lower(m.g, m.cfg, batch, lo);
+  return m;
+}
+
+// The loss of one step's forward pass at the current weights, and the weights after it.
+double loss_at(zp::exec::Interpreter& it, const std::vector<zp::exec::MicroBatch>& data) {
+  return it.step(1, data).loss;
+}
+
+}  // namespace
+
+TEST_CASE("whole-model gradients of the tiny models match finite differences of the loss") {
+  for (const std::string name : {"tiny-gpt2", "tiny-bert", "tiny-llama"}) {
+    INFO(name);
+    const double lr = 1e-2;
+    Model upd = make(name, lr), probe = make(name, 0.0);
+    zp::exec::DataSource data("synthetic", upd.g, 7);
+    const std::vector<zp::exec::MicroBatch> batch{data.batch(1, 0, 1, 0, 1)};
+    // The analytic gradient from one SGD step.
+    zp::exec::TrackingAllocator mem_u(upd.prog.buffers.size());
+    zp::exec::Interpreter u(upd.g, upd.prog, upd.cfg, comm(), mem_u, 99);
+    u.prologue();
+    std::vector<std::vector<float>> before;
+    for (const auto& p : upd.g.params) before.push_back(u.param_values(p.id));
+    loss_at(u, batch);
+    // Finite differences through a second interpreter whose steps do not move the weights.
+    zp::exec::TrackingAllocator mem_p(probe.prog.buffers.size());
+    zp::exec::Interpreter f(probe.g, probe.prog, probe.cfg, comm(), mem_p, 99);
+    f.prologue();
+    int checked = 0;
+    for (const auto& p : upd.g.params) {
+      const auto after = u.param_values(p.id);
+      const auto& b = before[static_cast<std::size_t>(p.id)];
+      // The element with the largest gradient of this param.
+      std::size_t best = 0;
+      for (std::size_t i = 0; i < b.size(); ++i)
+        if (std::abs(b[i] - after[i]) > std::abs(b[best] - after[best])) best = i;
+      const double g = (static_cast<double>(b[best]) - static_cast<double>(after[best])) / lr;
+      if (std::abs(g) < 1e-3) continue;  // too small to resolve in fp32 either way
+      const double h = 1e-2;
+      f.set_param_value(p.id, static_cast<std::int64_t>(best), static_cast<float>(b[best] + h));
+      const double lp = loss_at(f, batch);
+      f.set_param_value(p.id, static_cast<std::int64_t>(best), static_cast<float>(b[best] - h));
+      const double lm = loss_at(f, batch);
+      f.set_param_value(p.id, static_cast<std::int64_t>(best), b[best]);
+      const double fd = (lp - lm) / (2 * h);
+      INFO(p.name, "[", best, "]: backward ", g, ", finite difference ", fd);
+      CHECK(std::abs(fd - g) <= 0.03 * std::abs(g) + 2e-4);
+      ++checked;
+    }
+    MESSAGE(name, ": ", checked, " params checked at their largest-gradient element");
+    CHECK(checked >= static_cast<int>(upd.g.params.size()) / 2);
+  }
+}
