@@ -339,6 +339,16 @@ namespace {
 struct Dims {
   std::int64_t B = 0, H = 0, T = 0, D = 0;
 };
+// y = x W^T (nn.Linear, W (N, K)) or y = x W (GPT-2's Conv1D, W (K, N)).
+struct LinearGeometry {
+  bool conv = false;
+  std::int64_t K = 0, N = 0;
+};
+LinearGeometry linear_geometry(const models::OpGraph& g, const models::Op& op) {
+  const auto& w = g.params[static_cast<std::size_t>(op.params[0])].shape;
+  const bool conv = op.fn == Fn::conv1d;
+  return {conv, conv ? w[0] : w[1], conv ? w[1] : w[0]};
+}
 }  // namespace
 
 void Interpreter::forward_op(const models::Op& op) {
@@ -358,9 +368,7 @@ void Interpreter::forward_op(const models::Op& op) {
     case Fn::linear:
     case Fn::conv1d:
     case Fn::linear_first_token: {
-      const auto& w = g_.params[U(op.params[0])].shape;
-      const bool conv = op.fn == Fn::conv1d;
-      const std::int64_t K = conv ? w[0] : w[1], Nn = conv ? w[1] : w[0];
+      const auto [conv, K, Nn] = linear_geometry(g_, op);
       const float* b = op.params.size() > 1 ? param(op.params[1]) : nullptr;
       const float* x = in(0);
       if (op.fn == Fn::linear_first_token) {
@@ -532,9 +540,7 @@ void Interpreter::backward_op(const models::Op& op) {
     case Fn::linear:
     case Fn::conv1d:
     case Fn::linear_first_token: {
-      const auto& w = g_.params[U(op.params[0])].shape;
-      const bool conv = op.fn == Fn::conv1d;
-      const std::int64_t K = conv ? w[0] : w[1], Nn = conv ? w[1] : w[0];
+      const auto [conv, K, Nn] = linear_geometry(g_, op);
       float* db = op.params.size() > 1 ? pg(1) : nullptr;
       const float* xin = x(0);
       float* dxin = dx(0);

@@ -16,23 +16,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_util.hpp"
+
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;  // stdout (+ stderr when merged)
-};
+using Run = zp::test::ShellRun;
 
-Run sh(const std::string& cmd, bool merge_stderr = true) {
-  Run r;
-  FILE* f = popen((cmd + (merge_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
-  REQUIRE(f != nullptr);
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), static_cast<int>(buf.size()), f)) r.out += buf.data();
-  const int st = pclose(f);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+Run sh(const std::string& cmd, bool merge_stderr = true) { return zp::test::run_shell(cmd, merge_stderr); }
 
 std::string bin() { return std::string(ZEROPLAN_BIN) + " "; }
 

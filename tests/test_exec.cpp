@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/graph.hpp"
+#include "test_util.hpp"
 #include "models/model_config.hpp"
 #include "sim/device.hpp"
 #include "sim/memory.hpp"
@@ -30,21 +31,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;
-};
-
-Run sh(const std::string& cmd) {
-  Run r;
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(f != nullptr);
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), static_cast<int>(buf.size()), f)) r.out += buf.data();
-  const int st = pclose(f);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Run = zp::test::ShellRun;
+Run sh(const std::string& cmd) { return zp::test::run_shell(cmd); }
 
 fs::path dir() {
   const auto d = fs::temp_directory_path() / "zeroplan-test-exec";
