@@ -116,6 +116,72 @@ json train(const TrainOptions& opt, Comm& comm) {
   double timed = 0.0;
   std::int64_t timed_steps = 0;
   std::int64_t first = 1;
+  // The measurements document (also written, with "error", when a run fails midway).
+  auto measurements = [&](const std::string& error) {
+    const std::int64_t done = std::max<std::int64_t>(1, static_cast<std::int64_t>(losses.size()) - (first - 1));
+    const auto& mr = mem.report();
+    const auto& cc = comm.counters();
+    json doc;
+    if (!error.empty()) doc["error"] = error;  // a failed run still reports what it measured
+    doc["config"] = {{"model", g.cfg.name},
+                     {"ds_config", opt.ds_config},
+                     {"stage", prog.info.stage},
+                     {"world_size", N},
+                     {"rank", rank},
+                     {"micro_batch", batch.micro_batch},
+                     {"gas", batch.gas},
+                     {"seq_len", g.opt.seq_len},
+                     {"steps", opt.steps},
+                     {"seed", opt.seed},
+                     {"data", opt.data},
+                     {"activation_checkpointing", opt.activation_checkpointing},
+                     {"backend", "cpu+mpi"}};
+    doc["losses"] = losses;
+    doc["grad_norms"] = norms;
+    doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)
+    doc["skipped_steps"] = skipped;  // fp16: the update was skipped after an overflow
+    const double per_step = timed_steps > 0 ? timed / static_cast<double>(timed_steps) : 0.0;
+    doc["step_seconds"] = per_step;
+    doc["samples_per_s"] = per_step > 0 ? static_cast<double>(batch.train_batch_size) / per_step : 0.0;
+    doc["memory"] = {{"peak_allocated", mr.peak_allocated.v},
+                     {"peak_event", mr.peak_event >= 0 ? prog.event_name(mr.peak_event) : ""},
+                     {"at_peak", categories(mr.at_peak)},
+                     {"category_peak", categories(mr.category_peak)},
+                     {"reserved_peak", mr.reserved_peak.v},
+                     {"peak_host", mr.peak_host.v},
+                     {"rss_peak", rss_peak_bytes()}};
+    json by_kind = json::object();
+    std::int64_t total = 0;
+    for (int k = 0; k < zero::kNumCollKinds; ++k) {
+      const auto i = static_cast<std::size_t>(k);
+      if (cc.calls[i] == 0) continue;
+      by_kind[zero::coll_kind_name(static_cast<zero::CollKind>(k))] = {{"bytes_per_step", cc.bytes_sent[i] / done},
+                                                                     {"calls_per_step", cc.calls[i] / done}};
+      total += cc.bytes_sent[i];
+    }
+    doc["comm"] = {{"bytes_per_rank", total / done}, {"by_kind", by_kind}};
+    json events = json::array();
+    for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i)
+      events.push_back({{"id", prog.event_name(static_cast<zero::EventId>(i))},
+                        {"seconds", timed_steps > 0 ? event_sum[i] / static_cast<double>(timed_steps) : 0.0}});
+    doc["events"] = events;
+    // Seconds per phase of one step (the sum of its events' measured times; events run
+    // one at a time on CPU, so phases do not overlap).
+    json phases = json::object();
+    for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i) {
+      const char* ph = zero::phase_name(prog.events[i].phase);
+      const double v = timed_steps > 0 ? event_sum[i] / static_cast<double>(timed_steps) : 0.0;
+      phases[ph] = phases.value(ph, 0.0) + v;
+    }
+    doc["phases"] = phases;
+    return doc;
+  };
+  auto write_partial = [&](const std::string& error) {
+    if (out.empty()) return;
+    std::ofstream f(out);
+    f << measurements(error).dump(1) << "\n";
+  };
+
   auto allocation_failed = [&](const AllocationFailed& e) {
     const auto pred = sim::replay_memory(prog, sim::DeviceSpec{}, sim::MemoryOptions{false, false});
     comm.abort(fmt::format("{} (predicted peak for this program: {} B)", e.what(), pred.peak_allocated.v));
@@ -123,6 +189,7 @@ json train(const TrainOptions& opt, Comm& comm) {
   try {
     interp.prologue();
   } catch (const AllocationFailed& e) {
+    write_partial(e.what());
     allocation_failed(e);
   }
   if (opt.resume) {
@@ -181,66 +248,14 @@ json train(const TrainOptions& opt, Comm& comm) {
                     r.skipped ? fmt::format("  (overflow: skipped, loss scale {:g})", r.loss_scale).c_str() : "");
     }
   } catch (const AllocationFailed& e) {
+    write_partial(e.what());
     allocation_failed(e);
   } catch (const std::exception& e) {
+    write_partial(e.what());
     comm.abort(fmt::format("training failed: {}", e.what()));
   }
 
-  // ---- measurements
-  const auto& mr = mem.report();
-  const auto& cc = comm.counters();
-  json doc;
-  doc["config"] = {{"model", g.cfg.name},
-                   {"ds_config", opt.ds_config},
-                   {"stage", prog.info.stage},
-                   {"world_size", N},
-                   {"rank", rank},
-                   {"micro_batch", batch.micro_batch},
-                   {"gas", batch.gas},
-                   {"seq_len", g.opt.seq_len},
-                   {"steps", opt.steps},
-                   {"seed", opt.seed},
-                   {"data", opt.data},
-                   {"activation_checkpointing", opt.activation_checkpointing},
-                   {"backend", "cpu+mpi"}};
-  doc["losses"] = losses;
-  doc["grad_norms"] = norms;
-  doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)
-  doc["skipped_steps"] = skipped;  // fp16: the update was skipped after an overflow
-  const double per_step = timed_steps > 0 ? timed / static_cast<double>(timed_steps) : 0.0;
-  doc["step_seconds"] = per_step;
-  doc["samples_per_s"] = per_step > 0 ? static_cast<double>(batch.train_batch_size) / per_step : 0.0;
-  doc["memory"] = {{"peak_allocated", mr.peak_allocated.v},
-                   {"peak_event", mr.peak_event >= 0 ? prog.event_name(mr.peak_event) : ""},
-                   {"at_peak", categories(mr.at_peak)},
-                   {"category_peak", categories(mr.category_peak)},
-                   {"reserved_peak", mr.reserved_peak.v},
-                   {"peak_host", mr.peak_host.v},
-                   {"rss_peak", rss_peak_bytes()}};
-  json by_kind = json::object();
-  std::int64_t total = 0;
-  for (int k = 0; k < zero::kNumCollKinds; ++k) {
-    const auto i = static_cast<std::size_t>(k);
-    if (cc.calls[i] == 0) continue;
-    by_kind[zero::coll_kind_name(static_cast<zero::CollKind>(k))] = {{"bytes_per_step", cc.bytes_sent[i] / opt.steps},
-                                                                   {"calls_per_step", cc.calls[i] / opt.steps}};
-    total += cc.bytes_sent[i];
-  }
-  doc["comm"] = {{"bytes_per_rank", total / opt.steps}, {"by_kind", by_kind}};
-  json events = json::array();
-  for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i)
-    events.push_back({{"id", prog.event_name(static_cast<zero::EventId>(i))},
-                      {"seconds", timed_steps > 0 ? event_sum[i] / static_cast<double>(timed_steps) : 0.0}});
-  doc["events"] = events;
-  // Seconds per phase of one step (the sum of its events' measured times; events run
-  // one at a time on CPU, so phases do not overlap).
-  json phases = json::object();
-  for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i) {
-    const char* ph = zero::phase_name(prog.events[i].phase);
-    const double v = timed_steps > 0 ? event_sum[i] / static_cast<double>(timed_steps) : 0.0;
-    phases[ph] = phases.value(ph, 0.0) + v;
-  }
-  doc["phases"] = phases;
+  json doc = measurements("");
   if (!opt.trace.empty() && timed_steps > 0) {
     // The last step as measured, in the simulator's layout: one track per stream, one
     // slice per event named by its event id, the allocated-bytes counters.

@@ -304,11 +304,24 @@ TEST_CASE("bad input: one line naming the problem, exit status 2") {
 
 TEST_CASE("a memory cap below the program's peak ends every rank with the predicted and requested bytes") {
   const std::string cfg = write("cap.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}})");
-  const auto r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 1 --seq-len 16 --memory-limit 200K",
-                                            ZEROPLAN_BIN, cfg));
+  for (int k = 0; k < 2; ++k) fs::remove(dir() / fmt::format("cap.out.rank{}.json", k));
+  const auto r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 1 --seq-len 16 --memory-limit 200K --out {}",
+                                            ZEROPLAN_BIN, cfg, (dir() / "cap.out.json").string()));
   CHECK(r.status != 0);
   CHECK(r.out.find("--memory-limit") != std::string::npos);
   CHECK(r.out.find("predicted peak") != std::string::npos);
+  // The rank that failed leaves its report, with the error and what it measured.
+  int reports = 0;
+  for (int k = 0; k < 2; ++k) {
+    std::ifstream in(dir() / fmt::format("cap.out.rank{}.json", k));
+    if (!in.good()) continue;
+    const json m = json::parse(in, nullptr, false);
+    if (m.is_discarded() || !m.contains("error")) continue;
+    CHECK(m["error"].get<std::string>().find("memory limit") != std::string::npos);
+    CHECK(m["memory"]["peak_allocated"].get<std::int64_t>() > 0);
+    ++reports;
+  }
+  CHECK(reports >= 1);
 }
 
 TEST_CASE("a token file trains like the synthetic corpus") {
