@@ -318,7 +318,7 @@ TEST_CASE("a memory cap below the program's peak ends every rank with the predic
     const json m = json::parse(in, nullptr, false);
     if (m.is_discarded() || !m.contains("error")) continue;
     CHECK(m["error"].get<std::string>().find("memory limit") != std::string::npos);
-    CHECK(m["memory"]["peak_allocated"].get<std::int64_t>() > 0);
+    CHECK(m["memory"]["peak_allocated"].get<std::int64_t>() <= 200 * 1024);  // never above the cap
     ++reports;
   }
   CHECK(reports >= 1);
