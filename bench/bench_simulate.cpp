@@ -1,5 +1,9 @@
-// Speed targets of the foundation (docs/performance.md):
+// Speed targets (docs/performance.md):
+//  - one full simulation of a bert-large configuration on 4 GPUs (lowering, memory
+//    replay, pricing and the event engine; BM_FullSim_BertLarge_4GPUs): < 5 ms
 //  - lowering + memory replay of one bert-large configuration: < 5 ms
+//  - gpt3-175b, stage 3, 1024 GPUs, full simulation: < 200 ms
+//  - the event engine: >= 5 M events/s
 //  - `simulate` of Llama-2-7b on 64 GPUs, stages 0-3: < 0.5 s
 #include <benchmark/benchmark.h>
 
@@ -81,7 +85,25 @@ void BM_Replay_BertLarge(benchmark::State& state) {
     benchmark::DoNotOptimize(m.peak_allocated);
   }
 }
-BENCHMARK(BM_Replay_BertLarge)->ArgsProduct({{1, 3}, {0, 1}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Replay_BertLarge)->ArgsProduct({{0, 1, 2, 3}, {0, 1}})->Unit(benchmark::kMillisecond);
+
+// The time half alone: pricing every event and running the event engine.
+void BM_Time_BertLarge(benchmark::State& state) {
+  auto req = bert_request();
+  const int stage = static_cast<int>(state.range(0));
+  const auto in = cli::load_inputs(req);
+  const auto cfg = cli::config_for_stage(in, req, stage);
+  const auto r = cli::simulate_one(in, cfg, nullptr, false);
+  const auto g = graph_for(in, cfg, r.batch);
+  sim::EngineOptions eo;
+  eo.interference = in.profile.comm_compute_interference;
+  for (auto _ : state) {
+    const sim::ComputeModel compute(in.profile, g);
+    auto t = sim::simulate_time(r.program, g, compute, *in.collectives, eo);
+    benchmark::DoNotOptimize(t.report.phases.iteration);
+  }
+}
+BENCHMARK(BM_Time_BertLarge)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
 
 // Issue targets of the time model: one full simulation (lowering + events + memory).
 void BM_FullSim_BertLarge_4GPUs(benchmark::State& state) {
@@ -140,6 +162,20 @@ void BM_Engine(benchmark::State& state) {
   state.counters["events_per_s"] = benchmark::Counter(static_cast<double>(processed), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Engine)->Unit(benchmark::kMillisecond);
+
+// The --json document of one result, with the critical path event by event.
+void BM_ResultJson_BertLarge(benchmark::State& state) {
+  auto req = bert_request();
+  const int stage = static_cast<int>(state.range(0));
+  const auto in = cli::load_inputs(req);
+  const auto r = cli::simulate_one(in, cli::config_for_stage(in, req, stage));
+  for (auto _ : state) {
+    auto j = cli::result_json(r, true);
+    benchmark::DoNotOptimize(j["critical_path"]["num_events"]);
+  }
+  state.counters["path_events"] = static_cast<double>(r.time.report.critical_path.size());
+}
+BENCHMARK(BM_ResultJson_BertLarge)->Arg(3)->Unit(benchmark::kMillisecond);
 
 // The whole command: load inputs, build the graph, lower and replay four stages.
 void BM_Simulate_Llama2_7b_64GPUs_AllStages(benchmark::State& state) {

@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
   add_common(sim, sim_req, sim_micro, sim_seq);
   sim->add_option("--stages", sim_stages, "comma-separated stages to simulate, e.g. 0,1,2,3 (default: the config's)");
   sim->add_option("--trace", sim_req.trace, "write a Chrome trace (Perfetto, chrome://tracing) of each stage");
+  sim->add_flag("--critical-path", sim_req.critical_path,
+                "show the critical path: its longest events (table), every event on it (--json)");
 
   zp::cli::ExplainRequest ex_req;
   std::string ex_micro, ex_seq;
@@ -187,8 +189,8 @@ int main(int argc, char** argv) {
         out << zp::cli::simulate_trace(rs).dump() << "\n";
         if (!out) throw zp::InputError(sim_req.trace, "", "cannot write the trace file");
       }
-      if (sim_req.json) std::cout << zp::cli::simulate_json(in, rs).dump(2) << "\n";
-      else std::cout << zp::cli::simulate_table(in, rs);
+      if (sim_req.json) std::cout << zp::cli::simulate_json(in, rs, sim_req.critical_path).dump(2) << "\n";
+      else std::cout << zp::cli::simulate_table(in, rs, sim_req.critical_path);
     } else if (*ex) {
       apply_numbers(ex_req.base, ex_micro, ex_seq);
       auto stage_arg = [](const std::string& flag, const std::string& v) {

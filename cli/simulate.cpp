@@ -13,6 +13,10 @@
 
 namespace zp::cli {
 
+namespace {
+constexpr std::size_t kPathEventsShown = 10;  // critical-path events in the table
+}  // namespace
+
 std::string human_bytes(Bytes b) {
   const double v = static_cast<double>(b.v);
   const double a = std::fabs(v);
@@ -171,7 +175,20 @@ std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req) {
   return out;
 }
 
-nlohmann::json result_json(const StageResult& r) {
+namespace {
+nlohmann::json path_event_json(const zero::Program& p, const sim::PathEvent& e) {
+  nlohmann::json o = nlohmann::json::object();
+  o["name"] = p.event_name(e.id);
+  o["stream"] = zero::stream_name(e.stream);
+  o["kind"] = zero::event_kind_name(e.kind);
+  o["communication"] = e.communication();
+  o["start_ms"] = e.start.ms();
+  o["end_ms"] = e.end.ms();
+  return o;
+}
+}  // namespace
+
+nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
   nlohmann::json cats = nlohmann::json::object();
   nlohmann::json host = nlohmann::json::object();
   for (int c = 0; c < zero::kNumCategories; ++c) {
@@ -207,16 +224,23 @@ nlohmann::json result_json(const StageResult& r) {
         {"exposed_ms", t.report.comm.exposed[ki].ms()}};
   }
   j["comm"] = {{"bytes_per_rank", t.report.comm.total.v}, {"by_kind", kinds}};
-  // The critical path: what the iteration's length is made of.
+  // The critical path: what the iteration's length is made of, by kind and event by event.
+  const auto path = sim::critical_path_events(r.program, t.report);
   std::map<std::string, double> on_path;
-  for (const auto e : t.report.critical_path) {
-    const auto& ev = r.program.events[static_cast<std::size_t>(e)];
-    const auto& et = t.report.events[static_cast<std::size_t>(e)];
-    on_path[zero::event_kind_name(ev.kind)] += (et.end - et.start).ms();
-  }
-  nlohmann::json cp = {{"events", t.report.critical_path.size()}};
+  for (const auto& e : path) on_path[zero::event_kind_name(e.kind)] += e.duration().ms();
+  nlohmann::json cp = {{"num_events", path.size()}};
   for (const auto& [k, v] : on_path) cp[k + "_ms"] = v;
-  j["critical_path"] = cp;
+  nlohmann::json longest = nlohmann::json::array();
+  for (const auto& e : sim::longest_events(path, kPathEventsShown)) longest.push_back(path_event_json(r.program, e));
+  cp["longest"] = std::move(longest);
+  if (full_critical_path) {  // tens of thousands of events for a large model: opt-in
+    nlohmann::json events = nlohmann::json::array();
+    auto& list = events.get_ref<nlohmann::json::array_t&>();
+    list.reserve(path.size());
+    for (const auto& e : path) list.push_back(path_event_json(r.program, e));
+    cp["events"] = std::move(events);
+  }
+  j["critical_path"] = std::move(cp);
   j["memory"] = {
       {"peak_allocated_bytes", r.memory.peak_allocated.v},
       {"device_used_bytes", r.memory.device_used.v},
@@ -232,7 +256,7 @@ nlohmann::json result_json(const StageResult& r) {
   return j;
 }
 
-nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& rs) {
+nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& rs, bool full_critical_path) {
   nlohmann::json j;
   j["model"] = in.model.name;
   j["world_size"] = in.world_size;
@@ -242,11 +266,11 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   j["attention"] = models::attention_name(in.attention);
   j["warnings"] = in.warnings;
   j["results"] = nlohmann::json::array();
-  for (const auto& r : rs) j["results"].push_back(result_json(r));
+  for (const auto& r : rs) j["results"].push_back(result_json(r, full_critical_path));
   return j;
 }
 
-std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs) {
+std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs, bool critical_path) {
   std::string out;
   const auto& first = rs.front();
   out += fmt::format("{} on {} x {} ({} memory), micro-batch {}, seq-len {}, {}, {} attention{}\n", in.model.name,
@@ -279,6 +303,21 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs)
   out += fmt::format("times per optimizer step of {} micro-steps on {} ({}); bwd_ar_ms: backward time the compute "
                      "stream spent not computing (exposed communication); comm_MB: bytes sent per rank\n",
                      first.batch.gas, in.cluster.name, in.profile.source.empty() ? "default profile" : "device profile");
+  if (!critical_path) return out;
+  out += fmt::format("\ncritical path: the chain of events that sets the iteration time, "
+                     "its length by kind and its {} longest events\n", kPathEventsShown);
+  for (const auto& r : rs) {
+    const auto path = sim::critical_path_events(r.program, r.time.report);
+    std::map<std::string, double> by_kind;
+    for (const auto& e : path) by_kind[zero::event_kind_name(e.kind)] += e.duration().ms();
+    std::string kinds;
+    for (const auto& [k, v] : by_kind) kinds += fmt::format("{}{} {:.1f} ms", kinds.empty() ? "" : ", ", k, v);
+    out += fmt::format("stage {}: {} events; {}\n", r.stage, path.size(), kinds);
+    out += fmt::format("  {:>10} {:>10}  {:<9} {:<10} {}\n", "dur_ms", "start_ms", "stream", "kind", "event");
+    for (const auto& e : sim::longest_events(path, kPathEventsShown))
+      out += fmt::format("  {:>10.3f} {:>10.3f}  {:<9} {:<10} {}\n", e.duration().ms(), e.start.ms(),
+                         zero::stream_name(e.stream), zero::event_kind_name(e.kind), r.program.event_name(e.id));
+  }
   return out;
 }
 

@@ -38,6 +38,7 @@ struct SimRequest {
   std::optional<int> rank;               // default: the rank with the most rank-dependent bytes
   std::string attention = "eager";       // eager | sdpa
   bool json = false;
+  bool critical_path = false;            // --critical-path: the path event by event
 };
 
 // Everything one configuration's prediction needs, loaded and validated once.
@@ -82,9 +83,11 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
 
 std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req);
 
-nlohmann::json result_json(const StageResult& r);
-nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& rs);
-std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs);
+// `critical_path` (`--critical-path`): the JSON lists every event of the critical path
+// (by default only its length by kind and its longest events), and the table shows it.
+nlohmann::json result_json(const StageResult& r, bool full_critical_path = false);
+nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& rs, bool full_critical_path = false);
+std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs, bool critical_path = false);
 // The Chrome trace of every result (one process per stage and rank).
 nlohmann::json simulate_trace(const std::vector<StageResult>& rs);
 

@@ -41,12 +41,32 @@ struct TimeReport {
   std::vector<EventTime> events;    // per event (prologue events at time 0, length 0)
   PhaseTimes phases;
   CommStats comm;
-  std::vector<zero::EventId> critical_path;  // from the first event to the last
+  // The critical path, from the first event to the last: back from the last event to
+  // finish (the highest id among equals), each time through whichever of its stream
+  // predecessor and dependencies finished last (the highest id among equals).
+  std::vector<zero::EventId> critical_path;
   std::array<Seconds, zero::kNumStreams> busy{};
   std::int64_t processed = 0;       // events the engine processed
 };
 
 // `duration[e]`: the cost of event e at full rate (from the cost models).
 TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration, const EngineOptions& opt = {});
+
+// One event of the critical path, for reports (its name: Program::event_name(id)).
+struct PathEvent {
+  zero::EventId id = -1;
+  zero::Stream stream = zero::Stream::compute;
+  zero::EventKind kind = zero::EventKind::marker;
+  Seconds start{}, end{};
+  bool communication() const { return kind == zero::EventKind::collective; }
+  Seconds duration() const { return end - start; }
+};
+
+// The critical path of `t` (a run of `p`) as events, first to last.
+std::vector<PathEvent> critical_path_events(const zero::Program& p, const TimeReport& t);
+
+// The `k` longest events of a path, longest first (lengths equal to the nanosecond in
+// path order).
+std::vector<PathEvent> longest_events(std::vector<PathEvent> path, std::size_t k);
 
 }  // namespace zp::sim

@@ -1,6 +1,7 @@
 #include "sim/memory.hpp"
 
-#include <optional>
+#include <algorithm>
+#include <cstdint>
 
 #include "sim/caching_allocator.hpp"
 
@@ -20,116 +21,176 @@ namespace {
 // when it frees only what it allocated (or buffers it names the same way) and keeps
 // nothing; its signature is the exact sequence of requests.
 struct MicroRange {
-  EventId begin = 0, end = 0;  // [begin, end)
-  bool analysed = false;
-  bool self_contained = true;
-  std::vector<std::int64_t> signature;
+  EventId begin = 0, end = -1;    // [begin, end); -1 while not yet known
+  std::int8_t same_as_prev = -1;  // whether it issues the same requests as the range before: -1 unknown
 };
 
-std::vector<MicroRange> micro_ranges(const zero::Program& p) {
-  std::vector<MicroRange> out;
-  EventId i = p.step_begin;
-  const auto n = static_cast<EventId>(p.events.size());
-  while (i < n) {
-    const int ms = p.events[static_cast<std::size_t>(i)].micro_step;
-    if (ms < 0) { ++i; continue; }
-    MicroRange r;
-    r.begin = i;
-    while (i < n && p.events[static_cast<std::size_t>(i)].micro_step == ms) ++i;
-    r.end = i;
-    out.push_back(std::move(r));
-  }
-  return out;
+// Memory reused from one replay to the next on this thread (per-buffer arrays are the
+// largest allocations of a replay).
+struct Scratch {
+  std::vector<CachingAllocatorModel::Handle> handle;  // per buffer
+  std::vector<std::int32_t> local;                     // per buffer: position in the range analysed, or -1
+  std::vector<BufferId> touched;
+  std::vector<std::int64_t> sig[2];       // capacity kept: sig_len says how much is used
+  std::size_t sig_len[2] = {0, 0};
+  std::size_t sig_range[2] = {SIZE_MAX, SIZE_MAX};
+  bool self_contained[2] = {false, false};
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
 }
 
-// The exact sequence of requests of a range (computed on demand): per event its stream,
-// the sizes, categories and placements it allocates, and what it frees — buffers
-// allocated in the range by their position, others by id.
-void analyse(const zero::Program& p, MicroRange& r, std::vector<std::int32_t>& ordinal) {
-  if (r.analysed) return;
-  r.analysed = true;
+// The micro-steps of a program (maximal runs of step events with the same micro-step)
+// and, on demand, whether each issues the same requests as the one before; found while
+// replaying (no pass of their own) and shared by every replay of the program (neither
+// depends on the allocator's capacity).
+struct MicroRanges {
+  std::vector<MicroRange> ranges;
+};
+
+// The exact sequence of requests of a range, into `sig`: per event a header (stream,
+// number of allocations, number of frees), the size, placement and category of each
+// allocation, and what it frees — buffers allocated in the range by their position,
+// others by id. Two ranges issue the same requests iff their signatures are equal.
+// Returns its length and whether the range frees everything it allocates; finds the
+// range's end when not yet known.
+std::size_t signature(const zero::Program& p, MicroRange& r, std::vector<std::int64_t>& sig, Scratch& s,
+                      bool& self_contained) {
+  if (s.local.size() < p.buffers.size()) s.local.resize(p.buffers.size(), -1);
+  s.touched.clear();
   std::int32_t next = 0;
   std::int64_t open = 0;
-  r.signature.reserve(static_cast<std::size_t>(r.end - r.begin) * 4);
-  for (EventId e = r.begin; e < r.end; ++e) {
+  std::size_t at = 0;
+  const auto n = static_cast<EventId>(p.events.size());
+  const bool find_end = r.end < 0;
+  const int ms = p.events[static_cast<std::size_t>(r.begin)].micro_step;
+  EventId e = r.begin;
+  for (; find_end ? e < n && p.events[static_cast<std::size_t>(e)].micro_step == ms : e < r.end; ++e) {
     const Event& ev = p.events[static_cast<std::size_t>(e)];
-    r.signature.push_back(-1 - static_cast<std::int64_t>(ev.stream));
-    for (BufferId b : p.allocs(ev)) {
+    // Events are large and read once here: ask for the ones ahead early.
+    if (e + 8 < n) __builtin_prefetch(&p.events[static_cast<std::size_t>(e) + 8].alloc_begin);
+    const auto allocs = p.allocs(ev);
+    const auto frees = p.frees(ev);
+    const std::size_t need = at + 1 + allocs.size() + frees.size();
+    if (need > sig.size()) sig.resize(std::max(need, 2 * sig.size() + 1024));
+    std::int64_t* out = sig.data() + at;
+    *out++ = static_cast<std::int64_t>(ev.stream) | static_cast<std::int64_t>(allocs.size()) << 8 |
+             static_cast<std::int64_t>(frees.size()) << 36;
+    for (BufferId b : allocs) {
       const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
-      ordinal[static_cast<std::size_t>(b)] = next++;
-      ++open;
-      r.signature.push_back(buf.bytes.v * 64 + static_cast<std::int64_t>(buf.placement) * 8 +
-                            static_cast<std::int64_t>(buf.category));
+      s.local[static_cast<std::size_t>(b)] = next++;
+      s.touched.push_back(b);
+      *out++ = buf.bytes.v * 64 + static_cast<std::int64_t>(buf.placement) * 8 + static_cast<std::int64_t>(buf.category);
     }
-    r.signature.push_back(-100);
-    for (BufferId b : p.frees(ev)) {
-      const auto o = ordinal[static_cast<std::size_t>(b)];
+    for (BufferId b : frees) {
+      const std::int32_t o = s.local[static_cast<std::size_t>(b)];
       if (o >= 0) {
-        r.signature.push_back(-1000 - o);
+        *out++ = o;  // allocated in this range: by position
         --open;
       } else {
-        r.signature.push_back(-(std::int64_t{1} << 40) - b);  // freed from before: the same buffer
+        *out++ = -1 - static_cast<std::int64_t>(b);  // allocated before: the same buffer
       }
     }
+    open += static_cast<std::int64_t>(allocs.size());
+    at = need;
   }
-  r.self_contained = open == 0;
-  for (EventId e = r.begin; e < r.end; ++e)
-    for (BufferId b : p.allocs(p.events[static_cast<std::size_t>(e)])) ordinal[static_cast<std::size_t>(b)] = -1;
+  if (find_end) r.end = e;
+  for (BufferId b : s.touched) s.local[static_cast<std::size_t>(b)] = -1;
+  self_contained = open == 0;
+  return at;
 }
-}  // namespace
 
-namespace {
+// Whether range k issues the same requests as range k - 1 (both freeing all they allocate).
+bool same_requests(const zero::Program& p, MicroRanges& m, std::size_t k, Scratch& s) {
+  MicroRange& cur = m.ranges[k];
+  if (cur.same_as_prev < 0) {
+    // Signatures of the last two ranges analysed are kept: ranges are compared in order.
+    auto slot_of = [&](std::size_t range) -> int {
+      for (int i = 0; i < 2; ++i)
+        if (s.sig_range[i] == range) return i;
+      return -1;
+    };
+    int a = slot_of(k - 1);
+    if (a < 0) {
+      a = slot_of(k) == 0 ? 1 : 0;
+      s.sig_len[a] = signature(p, m.ranges[k - 1], s.sig[a], s, s.self_contained[a]);
+      s.sig_range[a] = k - 1;
+    }
+    int b = slot_of(k);
+    if (b < 0) {
+      b = 1 - a;
+      s.sig_len[b] = signature(p, cur, s.sig[b], s, s.self_contained[b]);
+      s.sig_range[b] = k;
+    }
+    cur.same_as_prev = s.self_contained[a] && s.self_contained[b] && s.sig_len[a] == s.sig_len[b] &&
+                       std::equal(s.sig[a].begin(), s.sig[a].begin() + static_cast<std::ptrdiff_t>(s.sig_len[a]),
+                                  s.sig[b].begin());
+  }
+  return cur.same_as_prev > 0;
+}
 
 // One replay with the allocator limited to `capacity` bytes.
 MemoryReport replay_with_capacity(const zero::Program& p, const DeviceSpec& dev, const MemoryOptions& opt,
-                                  Bytes capacity) {
+                                  Bytes capacity, MicroRanges& micro, Scratch& scratch) {
   MemoryReport r;
   CategoryBytes dev_live{}, host_live{};
   Bytes dev_total{}, host_total{};
   CachingAllocatorOptions aopt;
   aopt.capacity = capacity;
   CachingAllocatorModel alloc(aopt);
-  std::vector<CachingAllocatorModel::Handle> handle;
+  std::vector<CachingAllocatorModel::Handle>& handle = scratch.handle;
   if (opt.allocator) handle.assign(p.buffers.size(), -1);
   if (opt.timeline) r.timeline.reserve(p.events.size());
 
   // Fixed-point skipping of repeated micro-steps (not with a timeline, which wants every event).
-  std::vector<MicroRange> ranges;
-  if (!opt.timeline) ranges = micro_ranges(p);
-  std::size_t next_range = 0;
-  std::vector<std::int32_t> ordinal(p.buffers.size(), -1);
+  const bool skipping = !opt.timeline;
+  std::size_t next_range = 0;  // ranges begun so far (micro.ranges may know more, from an earlier replay)
+  int run_ms = -1;             // micro-step of the event before, while in a step
   struct Snapshot {
     CachingAllocatorModel alloc;
     CategoryBytes dev_live, host_live;
-    bool oom;
+    bool oom = false;
   };
-  std::optional<Snapshot> prev_start;
+  Snapshot prev_start;
+  bool have_prev = false;
+  // True while nothing has changed since the state was last proved equal to prev_start
+  // (right after a skipped micro-step, which leaves the state where it was).
+  bool at_prev_start = false;
 
   const auto n = static_cast<EventId>(p.events.size());
   for (EventId id = 0; id < n; ++id) {
-    if (next_range < ranges.size() && ranges[next_range].begin == id) {
-      MicroRange& cur = ranges[next_range];
-      bool repeat = next_range > 0 && ranges[next_range - 1].end == cur.begin && prev_start &&
-                    prev_start->dev_live == dev_live && prev_start->host_live == host_live &&
-                    prev_start->oom == r.allocator_oom && (!opt.allocator || prev_start->alloc == alloc);
-      if (repeat) {
-        // Only when the state repeats are the two ranges' requests compared.
-        MicroRange& prev = ranges[next_range - 1];
-        analyse(p, prev, ordinal);
-        analyse(p, cur, ordinal);
-        repeat = cur.self_contained && prev.self_contained && cur.signature == prev.signature;
-      }
-      if (repeat) {
-        // Same start, same requests: same end state, no new peak. Skip it.
-        id = cur.end - 1;
-        ++next_range;
-        ++r.skipped_micro_steps;
-        continue;
-      }
-      prev_start = Snapshot{alloc, dev_live, host_live, r.allocator_oom};
-      ++next_range;
-    }
     const Event& e = p.events[static_cast<std::size_t>(id)];
+    if (skipping && id >= p.step_begin && e.micro_step != run_ms) {
+      // A boundary: the range before (if any) ends here, and one begins if this event is
+      // in a micro-step.
+      if (run_ms >= 0) micro.ranges[next_range - 1].end = id;
+      run_ms = e.micro_step;
+      if (run_ms >= 0) {
+        if (next_range == micro.ranges.size()) micro.ranges.push_back(MicroRange{id, -1, -1});
+        MicroRange& cur = micro.ranges[next_range];
+        bool repeat = next_range > 0 && micro.ranges[next_range - 1].end == cur.begin && have_prev &&
+                      (at_prev_start ||
+                       (prev_start.dev_live == dev_live && prev_start.host_live == host_live &&
+                        prev_start.oom == r.allocator_oom && (!opt.allocator || prev_start.alloc == alloc)));
+        // Only when the state repeats are the two ranges' requests compared.
+        if (repeat) repeat = same_requests(p, micro, next_range, scratch);
+        ++next_range;
+        if (repeat) {
+          // Same start, same requests: same end state, no new peak. Skip it.
+          id = cur.end - 1;
+          ++r.skipped_micro_steps;
+          at_prev_start = true;
+          continue;
+        }
+        if (opt.allocator) prev_start.alloc = alloc;  // copy-assignment reuses the snapshot's storage
+        prev_start.dev_live = dev_live;
+        prev_start.host_live = host_live;
+        prev_start.oom = r.allocator_oom;
+        have_prev = true;
+      }
+    }
+    at_prev_start = false;
     for (BufferId b : p.allocs(e)) {
       const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
       const auto c = static_cast<std::size_t>(buf.category);
@@ -195,14 +256,17 @@ MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const 
   // matters when that exceeds it (PyTorch then frees cached segments and retries); when
   // even the allocated bytes exceed it, nothing can make it fit.
   const Bytes capacity = dev.memory.v > 0 ? Bytes{dev.memory.v - dev.context_overhead.v} : Bytes{INT64_MAX};
-  MemoryReport r = replay_with_capacity(p, dev, opt, Bytes{INT64_MAX});
+  MicroRanges micro;
+  Scratch& s = scratch();
+  s.sig_range[0] = s.sig_range[1] = SIZE_MAX;  // signatures of another program are stale
+  MemoryReport r = replay_with_capacity(p, dev, opt, Bytes{INT64_MAX}, micro, s);
   if (!opt.allocator || dev.memory.v <= 0 || r.reserved_peak <= capacity) return r;
   if (r.allocator_allocated_peak > capacity) {
     r.fits = false;
     r.allocator_oom = true;
     return r;
   }
-  MemoryReport bounded = replay_with_capacity(p, dev, opt, capacity);
+  MemoryReport bounded = replay_with_capacity(p, dev, opt, capacity, micro, s);
   if (bounded.allocator_oom) {
     // Report what it would need; it does not fit.
     r.allocator_oom = true;

@@ -1,7 +1,6 @@
 #include "sim/timing.hpp"
 
-#include <map>
-#include <tuple>
+#include <algorithm>
 
 namespace zp::sim {
 
@@ -14,19 +13,33 @@ std::vector<Seconds> event_durations(const zero::Program& p, const ComputeModel&
   // (collective, group, size) once.
   constexpr int kPhases = 7;
   std::vector<double> op_cost;
-  std::map<std::tuple<int, int, std::int64_t>, Seconds> coll_cost;
-  for (const auto& e : p.events) {
-    if (e.id < p.step_begin) continue;  // the prologue describes state, not work
-    auto& out = d[static_cast<std::size_t>(e.id)];
+  struct CollCost {
+    int kind;
+    zero::GroupId group;
+    std::int64_t bytes;
+    Seconds time;
+  };
+  std::vector<CollCost> coll_cost;  // few distinct ones: searched from the last found
+  std::size_t last = 0;
+  const auto n = p.events.size();
+  for (std::size_t i = static_cast<std::size_t>(std::max<zero::EventId>(p.step_begin, 0)); i < n; ++i) {
+    const zero::Event& e = p.events[i];  // the prologue describes state, not work
+    if (i + 8 < n) __builtin_prefetch(&p.events[i + 8].kind);
+    auto& out = d[i];
     switch (e.kind) {
       case EventKind::marker: break;
       case EventKind::collective: {
         const Bytes bytes{e.elements * dtype_size(e.dtype)};
-        const auto key = std::make_tuple(static_cast<int>(e.coll), e.group, bytes.v);
-        auto it = coll_cost.find(key);
-        if (it == coll_cost.end())
-          it = coll_cost.emplace(key, collectives.cost(e.coll, p.groups[static_cast<std::size_t>(e.group)].ranks, bytes).time).first;
-        out = it->second;
+        const int kind = static_cast<int>(e.coll);
+        auto same = [&](const CollCost& c) { return c.kind == kind && c.group == e.group && c.bytes == bytes.v; };
+        if (last >= coll_cost.size() || !same(coll_cost[last])) {
+          last = 0;
+          while (last < coll_cost.size() && !same(coll_cost[last])) ++last;
+          if (last == coll_cost.size())
+            coll_cost.push_back(
+                {kind, e.group, bytes.v, collectives.cost(e.coll, p.groups[static_cast<std::size_t>(e.group)].ranks, bytes).time});
+        }
+        out = coll_cost[last].time;
         break;
       }
       case EventKind::compute: {

@@ -2,6 +2,7 @@
 // interference, determinism, phase accounting and the Chrome trace layout.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -147,6 +148,120 @@ TEST_CASE("zero-length events and markers complete at once; a bad duration count
   CHECK_THROWS_AS(sim::run_events(t.p, t.d), std::invalid_argument);
 }
 
+TEST_CASE("critical path: the chain back from the last event through whichever predecessor ended last") {
+  Tiny t;
+  const auto a = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0);            // 0 - 1
+  const auto g = t.add(EventKind::collective, Stream::allgather, Phase::forward, 0, 2.0);       // 0 - 2
+  const auto b = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0, {g});       // 2 - 3
+  const auto c = t.add(EventKind::collective, Stream::reduction, Phase::backward, 0, 3.0, {b}); // 3 - 6
+  const auto d = t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 1.0);           // 3 - 4
+  const auto e = t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 0.5, {c});      // 6 - 6.5
+  const auto r = sim::run_events(t.p, t.d);
+  REQUIRE(r.events[e].end.v == 6.5);
+  // e waited for c (ended 6) rather than d (4); b for g (2) rather than a (1).
+  CHECK(r.critical_path == std::vector<zero::EventId>{g, b, c, e});
+  (void)a;
+  (void)d;
+
+  const auto path = sim::critical_path_events(t.p, r);
+  REQUIRE(path.size() == 4);
+  CHECK(path[0].stream == Stream::allgather);
+  CHECK(path[0].communication());
+  CHECK(path[1].kind == EventKind::compute);
+  CHECK_FALSE(path[1].communication());
+  CHECK(path[2].stream == Stream::reduction);
+  CHECK(path[3].start.v == 6.0);
+  CHECK(path[3].end.v == 6.5);
+  CHECK(t.p.event_name(path[3].id) == "ms0/bwd/e5");
+
+  // Its length is the iteration less the idle gaps between its events (none here: each
+  // starts when the one before it ends).
+  double busy = 0, idle = path.front().start.v;
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    busy += path[i].duration().v;
+    if (i > 0) idle += path[i].start.v - path[i - 1].end.v;
+  }
+  CHECK(idle == 0.0);
+  CHECK(busy == doctest::Approx(r.phases.iteration.v - idle));
+
+  const auto top = sim::longest_events(path, 2);
+  REQUIRE(top.size() == 2);
+  CHECK(top[0].id == c);
+  CHECK(top[1].id == g);
+}
+
+TEST_CASE("critical path: equal end times go to the higher event id; the chain is deterministic") {
+  {
+    Tiny t;  // the dependency has the higher id
+    const auto x = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0);
+    const auto y = t.add(EventKind::collective, Stream::reduction, Phase::forward, 0, 1.0);
+    const auto z = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0, {y});
+    const auto r = sim::run_events(t.p, t.d);
+    CHECK(r.critical_path == std::vector<zero::EventId>{y, z});
+    (void)x;
+  }
+  {
+    Tiny t;  // the stream predecessor has the higher id
+    const auto y = t.add(EventKind::collective, Stream::reduction, Phase::forward, 0, 1.0);
+    const auto x = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0);
+    const auto z = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0, {y});
+    const auto r = sim::run_events(t.p, t.d);
+    CHECK(r.critical_path == std::vector<zero::EventId>{x, z});
+  }
+  {
+    Tiny t;  // two streams ending together: the path ends at the higher id
+    t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 2.0);
+    const auto q = t.add(EventKind::collective, Stream::reduction, Phase::forward, 0, 2.0);
+    const auto r = sim::run_events(t.p, t.d);
+    CHECK(r.critical_path == std::vector<zero::EventId>{q});
+  }
+  Tiny t;
+  for (int i = 0; i < 60; ++i) {
+    const auto s = static_cast<zero::EventId>(t.p.events.size());
+    t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 0.001 * (i % 3));
+    t.add(EventKind::collective, i % 2 ? Stream::reduction : Stream::allgather, Phase::forward, 0, 0.001 * (i % 4), {s});
+    t.add(EventKind::compute, Stream::compute, Phase::backward, 0, 0.0005, {static_cast<zero::EventId>(s + 1)});
+  }
+  sim::EngineOptions o;
+  o.interference = 0.5;
+  const auto r1 = sim::run_events(t.p, t.d, o);
+  const auto r2 = sim::run_events(t.p, t.d, o);
+  CHECK(r1.critical_path == r2.critical_path);
+  REQUIRE_FALSE(r1.critical_path.empty());
+  // A chain: each event starts when the one before it on the path ends, which is its
+  // stream predecessor or one of its dependencies.
+  for (std::size_t i = 1; i < r1.critical_path.size(); ++i) {
+    const auto prev = r1.critical_path[i - 1], cur = r1.critical_path[i];
+    CHECK(prev < cur);
+    CHECK(r1.events[cur].start.v == r1.events[prev].end.v);
+    const auto& ev = t.p.events[cur];
+    const auto deps = t.p.deps(ev);
+    bool linked = std::find(deps.begin(), deps.end(), prev) != deps.end();
+    if (!linked && t.p.events[prev].stream == ev.stream) {
+      linked = true;
+      for (auto k = prev + 1; k < cur; ++k)
+        if (t.p.events[k].stream == ev.stream) linked = false;
+    }
+    CHECK(linked);
+  }
+  CHECK(r1.events[r1.critical_path.back()].end.v == doctest::Approx(r1.phases.iteration.v));
+}
+
+TEST_CASE("a dependency on a later event: waits for it on another stream, never ends on the same") {
+  for (bool two_streams : {false, true}) {
+    Tiny t;
+    t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0, {1});
+    t.add(EventKind::compute, two_streams ? Stream::reduction : Stream::compute, Phase::forward, 0, 1.0);
+    if (two_streams) {
+      const auto r = sim::run_events(t.p, t.d);
+      CHECK(r.events[0].start.v == 1.0);
+      CHECK(r.critical_path == std::vector<zero::EventId>{1, 0});
+    } else {
+      CHECK_THROWS_AS(sim::run_events(t.p, t.d), std::logic_error);
+    }
+  }
+}
+
 TEST_CASE("Chrome trace: Trace Event Format, one track per stream, counters per category; golden file") {
   Tiny t;
   const auto a = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 0.001, {}, "fwd");
@@ -241,6 +356,83 @@ TEST_CASE("stage-3 gathers do not run ahead of the compute issued before them") 
     }
   }
   CHECK(gathers > 10);
+}
+
+TEST_CASE("on real programs: the critical path spans the iteration; --json lists it event by event") {
+  for (int stage : {1, 3}) {
+    nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 2},
+                         {"bf16", {{"enabled", true}}},
+                         {"zero_optimization", {{"stage", stage}, {"overlap_comm", true}, {"reduce_bucket_size", 2000000}}}};
+    const auto r = simulate_config("gpt2", ds, 8, "A100-80GB", 256);
+    CAPTURE(stage);
+    const auto& t = r.time.report;
+    const auto path = sim::critical_path_events(r.program, t);
+    REQUIRE(path.size() > 10);
+    double busy = 0, idle = path.front().start.v;
+    for (std::size_t i = 0; i < path.size(); ++i) {
+      busy += path[i].duration().v;
+      if (i > 0) idle += path[i].start.v - path[i - 1].end.v;
+    }
+    CHECK(idle >= 0);
+    CHECK(busy == doctest::Approx(t.phases.iteration.v - idle).epsilon(1e-9));
+    CHECK(path.back().end.v == doctest::Approx(t.phases.iteration.v));
+    CHECK_FALSE(cli::result_json(r)["critical_path"].contains("events"));  // opt-in
+    CHECK(cli::result_json(r)["critical_path"]["longest"].size() == 10);
+    const auto j = cli::result_json(r, true)["critical_path"];
+    REQUIRE(j["events"].size() == path.size());
+    CHECK(j["num_events"] == path.size());
+    const auto& last = j["events"].back();
+    CHECK(last["name"] == r.program.event_name(path.back().id));
+    CHECK(last["stream"] == zero::stream_name(path.back().stream));
+    CHECK(last["end_ms"].get<double>() == doctest::Approx(t.phases.iteration.ms()));
+    CHECK(last["communication"].is_boolean());
+    double compute_ms = 0;
+    for (const auto& e : j["events"])
+      if (e["kind"] == "compute") compute_ms += e["end_ms"].get<double>() - e["start_ms"].get<double>();
+    CHECK(compute_ms == doctest::Approx(j["compute_ms"].get<double>()));
+  }
+}
+
+namespace {
+// The critical path by its definition, from the run's times alone.
+std::vector<zero::EventId> reference_path(const zero::Program& p, const sim::TimeReport& t) {
+  const auto n = static_cast<zero::EventId>(p.events.size());
+  zero::EventId last = -1;
+  for (zero::EventId e = p.step_begin; e < n; ++e)
+    if (last < 0 || t.events[e].end.v >= t.events[last].end.v) last = e;
+  std::vector<zero::EventId> path;
+  for (zero::EventId e = last; e >= 0;) {
+    path.insert(path.begin(), e);
+    zero::EventId next = -1;
+    for (zero::EventId q = e - 1; q >= p.step_begin; --q)
+      if (p.events[q].stream == p.events[e].stream) {
+        next = q;
+        break;
+      }
+    for (zero::EventId d : p.deps(p.events[e])) {
+      if (d < p.step_begin) continue;
+      if (next < 0 || t.events[d].end.v > t.events[next].end.v ||
+          (t.events[d].end.v == t.events[next].end.v && d > next))
+        next = d;
+    }
+    e = next;
+  }
+  return path;
+}
+}  // namespace
+
+TEST_CASE("on real programs, one stream or several, the critical path is the one its definition gives") {
+  for (int stage : {0, 2, 3}) {
+    for (bool overlap : {false, true}) {
+      nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 2},
+                           {"bf16", {{"enabled", true}}},
+                           {"zero_optimization", {{"stage", stage}, {"overlap_comm", overlap}, {"reduce_bucket_size", 2000000}}}};
+      const auto r = simulate_config("gpt2", ds, 4, "A100-80GB", 128);
+      CAPTURE(stage);
+      CAPTURE(overlap);
+      CHECK(r.time.report.critical_path == reference_path(r.program, r.time.report));
+    }
+  }
 }
 
 TEST_CASE("fp32 models run GEMMs without tensor cores: far slower than bf16, MFU against the fp32 peak") {
