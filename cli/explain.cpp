@@ -172,11 +172,23 @@ std::string signed_bytes(Bytes b) { return b.v > 0 ? fmt::format("+{}", human_by
 Explanation explain(const ExplainRequest& req) {
   const bool by_stage = req.stage_b >= 0;
   const bool by_config = !req.vs_ds_config.empty();
-  if (by_stage == by_config)
+  if (by_stage == by_config && !req.given)
     throw InputError("explain", "", "give either --stage A --vs-stage B or --ds-config A --vs-ds-config B");
   std::vector<Side> sides(2);
   for (int k = 0; k < 2; ++k) {
     SimRequest r = req.base;
+    if (req.given) {
+      const auto& g = (*req.given)[static_cast<std::size_t>(k)];
+      r.stages.clear();
+      r.check_batch = false;
+      Side& sd = sides[static_cast<std::size_t>(k)];
+      sd.in = load_inputs(r);
+      sd.in.activation_checkpointing = g.activation_checkpointing;
+      sd.cfg = g.cfg;
+      sd.r = simulate_one(sd.in, sd.cfg);
+      sd.title = g.title;
+      continue;
+    }
     if (by_config && k == 1) r.ds_config = req.vs_ds_config;
     r.stages.clear();
     Inputs in = load_inputs(r);

@@ -1,5 +1,7 @@
 #pragma once
 // `zeroplan explain`: why two configurations differ in memory, cause by cause.
+#include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,14 @@ struct ExplainRequest {
   int stage_a = -1, stage_b = -1;    // --stage / --vs-stage
   std::string vs_ds_config;          // --vs-ds-config (B)
   bool suggest = true;               // re-simulate candidate changes
+  // In-process callers (plan): the two configurations themselves, each with its title
+  // and activation checkpointing; the stage and config flags are then not used.
+  struct Given {
+    std::string title;
+    zero::DsConfig cfg;
+    bool activation_checkpointing = false;
+  };
+  std::optional<std::array<Given, 2>> given;
 };
 
 struct Explanation {

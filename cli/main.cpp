@@ -12,6 +12,7 @@
 #include "cli/collectives.hpp"
 #include "cli/compare.hpp"
 #include "cli/explain.hpp"
+#include "cli/plan.hpp"
 #include "cli/simulate.hpp"
 #include "core/error.hpp"
 #include "exec/comm.hpp"
@@ -141,6 +142,37 @@ int main(int argc, char** argv) {
   cmp->add_option("--measured", cmp_req.measured, "train --out measurements of one rank (FILE.rankR.json)")->required();
   cmp->add_flag("--json", cmp_req.json, "machine-readable output");
 
+  zp::cli::PlanRequest plan_req;
+  std::string plan_seq, plan_global;
+  auto* pl = app.add_subcommand("plan", "find the best ZeRO stage, buckets and micro-batch for a model on a cluster, "
+                                        "and write its ds_config");
+  pl->add_option("--model", plan_req.base.model, "catalogue name (zeroplan models) or path to a HF config.json")->required();
+  pl->add_option("--ds-config", plan_req.base.ds_config, "BASE.json: kept as is except the searched keys");
+  pl->add_option("--cluster", plan_req.base.cluster, "cluster preset (zeroplan clusters), JSON file or NCCL topology XML");
+  pl->add_option("--nodes", plan_req.base.nodes, "multiply the cluster's node across an InfiniBand fabric");
+  pl->add_option("--nic-gbps", plan_req.base.nic_gbps, "NIC speed in Gb/s for --nodes");
+  pl->add_option("--gpus", plan_req.base.gpus, "ranks (default: the cluster's GPUs); with --gpu: one node of N");
+  pl->add_option("--gpu", plan_req.base.gpu, "GPU type for --gpus N (zeroplan devices)");
+  pl->add_option("--global-batch", plan_global, "train_batch_size (default: BASE.json's)");
+  pl->add_option("--seq-len", plan_seq, "sequence length (default: the model's max positions)");
+  pl->add_option("--attention", plan_req.base.attention, "eager (default) or sdpa");
+  pl->add_flag("--activation-checkpointing", plan_req.base.activation_checkpointing,
+               "the model checkpoints activations (the base value when checkpointing is not searched)");
+  pl->add_option("--objective", plan_req.objective, "throughput (default), memory, or cost");
+  pl->add_option("--price-per-gpu-hour", plan_req.price, "for --objective cost (default 1: GPU-hours)");
+  pl->add_option("--memory-headroom", plan_req.headroom, "fraction of device and host memory a plan may use, in (0, 1] (default 0.9)");
+  pl->add_option("--search", plan_req.search, "comma-separated dimensions to search (default: all); the rest come from BASE.json");
+  pl->add_option("--top", plan_req.top, "rows of the ranked table (default 10)");
+  pl->add_option("--out", plan_req.out, "write the winner's ds_config here");
+  pl->add_option("--threads", plan_req.threads, "threads (default 0: every core)");
+  pl->add_flag("--exhaustive", plan_req.exhaustive, "simulate every point of the grid instead of searching");
+  pl->add_flag("--explain", plan_req.explain, "add the full explain of the runner-up vs the winner");
+  pl->add_flag("--verify", plan_req.verify, "run the executor on the top candidates and compare");
+  pl->add_option("--verify-top", plan_req.verify_top, "candidates to verify (default 3)");
+  pl->add_option("--verify-steps", plan_req.verify_steps, "steps per verified candidate (default 3)");
+  pl->add_option("--verify-launcher", plan_req.verify_launcher, "rank launcher, {N} = ranks (default: mpirun --oversubscribe -np {N})");
+  pl->add_flag("--json", plan_req.base.json, "machine-readable output");
+
   auto* clusters = app.add_subcommand("clusters", "list the cluster presets");
   auto* models = app.add_subcommand("models", "list the model catalogue");
   auto* devices = app.add_subcommand("devices", "list the device database");
@@ -205,6 +237,14 @@ int main(int argc, char** argv) {
       print_warnings(e.warnings);
       if (ex_req.base.json) std::cout << e.json.dump(2) << "\n";
       else std::cout << e.text;
+    } else if (*pl) {
+      if (!plan_seq.empty()) plan_req.base.seq_len = parse_positive("--seq-len", plan_seq);
+      if (!plan_global.empty()) plan_req.global_batch = parse_positive("--global-batch", plan_global);
+      const auto o = zp::cli::run_plan(plan_req, argv[0]);
+      print_warnings(o.warnings);
+      if (plan_req.base.json) std::cout << o.json.dump(2) << "\n";
+      else std::cout << o.text;
+      return o.exit_code;
     } else if (*coll) {
       const auto cluster = zp::sim::load_cluster(coll_cluster, coll_nodes, coll_nic);
       const int ranks = coll_ranks.value_or(cluster.nodes * cluster.gpus_per_node);

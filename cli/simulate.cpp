@@ -97,7 +97,8 @@ Inputs load_inputs(const SimRequest& req) {
                                       "the whole optimizer is predicted on the host", in.cfg.file));
   // Validate the batch for every requested stage now, so errors surface before work.
   const std::vector<int> stages = req.stages.empty() ? std::vector<int>{in.cfg.zero.stage} : req.stages;
-  for (int s : stages) (void)zero::resolve_batch(config_for_stage(in, req, s), in.world_size);
+  if (req.check_batch)
+    for (int s : stages) (void)zero::resolve_batch(config_for_stage(in, req, s), in.world_size);
   return in;
 }
 
@@ -121,29 +122,33 @@ models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, 
 }
 
 StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph, bool with_time) {
-  StageResult r;
-  r.stage = cfg.zero.stage;
-  r.batch = zero::resolve_batch(cfg, in.world_size);
+  const zero::Batch batch = zero::resolve_batch(cfg, in.world_size);
   models::OpGraph local;
-  if (!graph || graph->opt.micro_batch != r.batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype() ||
+  if (!graph || graph->opt.micro_batch != batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype() ||
       graph->opt.attention != in.attention) {
-    local = models::build_graph(in.model, graph_options(in, cfg, r.batch));
+    local = models::build_graph(in.model, graph_options(in, cfg, batch));
     graph = &local;
   }
-  zero::LowerOptions lo;
-  lo.world_size = in.world_size;
-  lo.rank = in.rank ? *in.rank : zero::heaviest_rank(*graph, cfg, in.world_size);
-  lo.activation_checkpointing = in.activation_checkpointing;
-  r.rank = lo.rank;
-  r.program = zero::lower(*graph, cfg, r.batch, lo);
-  r.memory = sim::replay_memory(r.program, *in.device);
-  if (with_time) {
-    const sim::ComputeModel compute(in.profile, *graph);
-    sim::EngineOptions eo;
-    eo.interference = in.profile.comm_compute_interference;
-    r.time = sim::simulate_time(r.program, *graph, compute, *in.collectives, eo);
-  }
+  sim::Prediction p = sim::predict(*graph, cfg, batch, target(in), with_time);
+  StageResult r;
+  r.stage = cfg.zero.stage;
+  r.rank = p.rank;
+  r.batch = p.batch;
+  r.program = std::move(p.program);
+  r.memory = std::move(p.memory);
+  r.time = std::move(p.time);
   return r;
+}
+
+sim::Target target(const Inputs& in) {
+  sim::Target t;
+  t.device = in.device;
+  t.profile = &in.profile;
+  t.collectives = in.collectives.get();
+  t.world_size = in.world_size;
+  t.rank = in.rank;
+  t.activation_checkpointing = in.activation_checkpointing;
+  return t;
 }
 
 nlohmann::json simulate_trace(const std::vector<StageResult>& rs) {

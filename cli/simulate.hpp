@@ -14,6 +14,7 @@
 #include "sim/collective_model.hpp"
 #include "sim/device.hpp"
 #include "sim/memory.hpp"
+#include "sim/predict.hpp"
 #include "sim/timing.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/lower.hpp"
@@ -39,6 +40,7 @@ struct SimRequest {
   std::string attention = "eager";       // eager | sdpa
   bool json = false;
   bool critical_path = false;            // --critical-path: the path event by event
+  bool check_batch = true;               // false: the caller sets the batch (plan)
 };
 
 // Everything one configuration's prediction needs, loaded and validated once.
@@ -76,6 +78,9 @@ zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int sta
 
 // The op graph this configuration needs (micro-batch, seq-len, dtype, attention).
 models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch);
+
+// The prediction target of these inputs (device, profile, collectives, N, rank, checkpointing).
+sim::Target target(const Inputs& in);
 
 // Lower one configuration for its heaviest rank, replay its memory and run it in time.
 StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph = nullptr,

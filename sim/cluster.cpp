@@ -98,7 +98,7 @@ int max_links(const std::vector<std::vector<std::pair<int, int>>>& adj) {
 const std::vector<std::string> kRootKeys = {
     "name",   "description", "gpu",     "nodes",         "gpus_per_node", "intra",
     "nvlink", "pcie",        "network", "shared_memory", "measured",      "source",
-    "nccl_topo_xml"};
+    "nccl_topo_xml", "host_memory_gib"};
 const std::vector<std::string> kNvlinkKeys = {"generation", "links_per_gpu", "link_gbytes_per_s", "pairs"};
 const std::vector<std::string> kPcieKeys = {"gen", "width", "gpus_per_switch"};
 const std::vector<std::string> kNetworkKeys = {"nics_per_node", "nic_gbps", "fabric"};
@@ -321,6 +321,8 @@ ClusterSpec from_json(const std::string& file, const Json& doc) {
   c.description = r.get_string(doc, "description", c.description);
   c.source = r.get_string(doc, "source", c.source.empty() ? file : c.source);
   c.nodes = static_cast<int>(r.get_int(doc, "nodes", 1, 1, kMaxNodes));
+  if (doc.contains("host_memory_gib"))
+    c.host_memory = Bytes{r.get_int(doc, "host_memory_gib", 0, 1, std::int64_t{1} << 20) * (std::int64_t{1} << 30)};
   if (auto it = doc.find("network"); it != doc.end()) read_network(r.sub("network"), *it, c);
   if (c.nodes > 1 && c.nics_per_node == 0)
     throw InputError(file, "nodes", "more than one node needs NICs (network.nics_per_node, network.nic_gbps)");

@@ -53,6 +53,12 @@ struct ClusterSpec {
   int nvlink_gen = 0;                 // NVLink generation (2 Volta, 3 Ampere, 4 Hopper, 5 Blackwell)
   BytesPerSecond shm_bandwidth{};     // shared_memory: per-process copy bandwidth
   Seconds shm_latency{};              // shared_memory: per-hop latency
+  // Host (CPU) memory per node, for offloaded optimizer states; 0: unknown, and
+  // host_memory_per_node() assumes 64 GiB per GPU (a DGX-1's 512 GiB for 8).
+  Bytes host_memory{};
+  Bytes host_memory_per_node() const {
+    return host_memory.v > 0 ? host_memory : Bytes{std::int64_t{64} * (std::int64_t{1} << 30) * gpus_per_node};
+  }
   int world_size() const { return nodes * gpus_per_node; }
 };
 

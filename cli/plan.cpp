@@ -1,0 +1,484 @@
+#include "cli/plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "cli/explain.hpp"
+#include "core/error.hpp"
+
+namespace zp::cli {
+
+namespace fs = std::filesystem;
+using planner::Dim;
+using planner::Evaluation;
+using planner::get;
+
+namespace {
+
+std::vector<Dim> parse_search(const std::string& s) {
+  std::vector<Dim> out;
+  if (s.empty() || s == "all") return out;
+  std::size_t pos = 0;
+  while (pos <= s.size()) {
+    const std::size_t comma = s.find(',', pos);
+    const std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (tok.empty()) throw InputError("--search", "", fmt::format("empty key in '{}'", s));
+    out.push_back(planner::parse_dim(tok));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::string size_str(std::int64_t v) {
+  if (v >= 1000000000 && v % 100000000 == 0) return fmt::format("{:g}e9", static_cast<double>(v) / 1e9);
+  if (v >= 1000000 && v % 100000 == 0) return fmt::format("{:g}e6", static_cast<double>(v) / 1e6);
+  if (v >= 1000 && v % 100 == 0) return fmt::format("{:g}e3", static_cast<double>(v) / 1e3);
+  return fmt::format("{}", v);
+}
+
+// The knobs a candidate sets, in words, for the table and the comparisons.
+std::string knob_value(const planner::Problem& pb, const Evaluation& e, Dim d) {
+  const std::int64_t v = get(e.knobs, d);
+  if (!planner::relevant(pb, e.knobs, d)) return "-";
+  switch (d) {
+    case Dim::activation_checkpointing:
+    case Dim::offload_optimizer:
+    case Dim::contiguous_gradients:
+    case Dim::reduce_scatter:
+    case Dim::use_multi_rank_bucket_allreduce:
+      return v ? "on" : "off";
+    case Dim::overlap_comm:
+      return v < 0 ? (get(e.knobs, Dim::stage) == 3 ? "on" : "off") : (v ? "on" : "off");
+    case Dim::stage:
+    case Dim::micro_batch:
+    case Dim::zero_hpz_partition_size:
+      return fmt::format("{}", v);
+    default:
+      return size_str(v);
+  }
+}
+
+std::string differences(const planner::Problem& pb, const Evaluation& a, const Evaluation& b) {
+  std::string s;
+  for (int d = 0; d < planner::kNumDims; ++d) {
+    const Dim dim = static_cast<Dim>(d);
+    const std::string va = knob_value(pb, a, dim), vb = knob_value(pb, b, dim);
+    if (va == vb || ((va == "-" || vb == "-") && dim != Dim::stage)) continue;  // a knob one side does not have
+    s += fmt::format("{}{} {} vs {}", s.empty() ? "" : ", ", planner::dim_name(dim), va, vb);
+  }
+  if (a.batch.gas != b.batch.gas) s += fmt::format(", GAS {} vs {}", a.batch.gas, b.batch.gas);
+  return s.empty() ? "the same knobs" : s;
+}
+
+nlohmann::json evaluation_json(const planner::Problem& pb, const Evaluation& e) {
+  nlohmann::json knobs = nlohmann::json::object();
+  for (int d = 0; d < planner::kNumDims; ++d) {
+    const Dim dim = static_cast<Dim>(d);
+    if (!planner::relevant(pb, e.knobs, dim)) continue;
+    const std::int64_t v = get(e.knobs, dim);
+    switch (dim) {
+      case Dim::activation_checkpointing:
+      case Dim::offload_optimizer:
+      case Dim::contiguous_gradients:
+      case Dim::reduce_scatter:
+      case Dim::use_multi_rank_bucket_allreduce:
+        knobs[planner::dim_name(dim)] = v != 0;
+        break;
+      case Dim::overlap_comm:
+        knobs[planner::dim_name(dim)] = v < 0 ? get(e.knobs, Dim::stage) == 3 : v != 0;
+        break;
+      default:
+        knobs[planner::dim_name(dim)] = v;
+    }
+  }
+  return {{"stage", get(e.knobs, Dim::stage)},
+          {"micro_batch", e.batch.micro_batch},
+          {"gradient_accumulation_steps", e.batch.gas},
+          {"train_batch_size", e.batch.train_batch_size},
+          {"knobs", knobs},
+          {"rank", e.rank},
+          {"fits", e.fits},
+          {"memory", {{"peak_allocated_bytes", e.peak_allocated.v},
+                      {"reserved_bytes", e.reserved.v},
+                      {"device_used_bytes", e.device_used.v},
+                      {"device_limit_bytes", e.device_limit.v},
+                      {"margin", e.margin()},
+                      {"host_bytes_per_node", e.host_per_node.v},
+                      {"host_limit_bytes", e.host_limit.v},
+                      {"peak_event", e.peak_event}}},
+          {"time", {{"forward_ms", e.forward_ms},
+                    {"backward_ms", e.backward_ms},
+                    {"backward_allreduce_ms", e.backward_allreduce_ms},
+                    {"step_ms", e.step_ms},
+                    {"iteration_ms", e.iteration_ms},
+                    {"samples_per_s", e.samples_per_s},
+                    {"tokens_per_s", e.tokens_per_s},
+                    {"tflops", e.tflops},
+                    {"mfu", e.mfu},
+                    {"compute_bound_ms", e.compute_bound_ms}}},
+          {"comm", {{"bytes_per_rank", e.comm_bytes}}},
+          {"gpu_hours_per_million_tokens", e.gpu_hours_per_mtok},
+          {"cost_per_million_tokens", e.cost_per_mtok},
+          {"extrapolated_from_shorter_gas", e.extrapolated}};
+}
+
+std::string gib(Bytes b) { return fmt::format("{:.2f}", b.gib()); }
+
+std::string table(const planner::Problem& pb, const std::vector<Evaluation>& rows, int top) {
+  std::string t = fmt::format("{:>4} {:>5} {:>5} {:>5} {:>5} {:>7} {:>7} {:>7} {:>6} {:>4} {:>5} {:>22} {:>8} {:>7} {:>10} {:>6} {:>9}\n",
+                              "rank", "stage", "micro", "gas", "ckpt", "offload", "rbs", "overlap", "contig", "rs",
+                              "hpz", "s3 prefetch/persist/live", "mem_GiB", "margin", "samples/s", "mfu", "iter_ms");
+  int n = 0;
+  for (const auto& e : rows) {
+    if (n >= top) break;
+    ++n;
+    const std::string s3 =
+        get(e.knobs, Dim::stage) == 3
+            ? fmt::format("{}/{}/{}", knob_value(pb, e, Dim::stage3_prefetch_bucket_size),
+                          knob_value(pb, e, Dim::stage3_param_persistence_threshold),
+                          knob_value(pb, e, Dim::stage3_max_live_parameters))
+            : "-";
+    t += fmt::format("{:>4} {:>5} {:>5} {:>5} {:>5} {:>7} {:>7} {:>7} {:>6} {:>4} {:>5} {:>22} {:>8} {:>6.1f}% {:>10.1f} {:>5.1f}% {:>9.1f}{}\n",
+                     n, get(e.knobs, Dim::stage), e.batch.micro_batch, e.batch.gas,
+                     knob_value(pb, e, Dim::activation_checkpointing), knob_value(pb, e, Dim::offload_optimizer),
+                     knob_value(pb, e, Dim::reduce_bucket_size), knob_value(pb, e, Dim::overlap_comm),
+                     knob_value(pb, e, Dim::contiguous_gradients), knob_value(pb, e, Dim::reduce_scatter),
+                     knob_value(pb, e, Dim::zero_hpz_partition_size), s3, gib(e.device_used), 100.0 * e.margin(),
+                     e.samples_per_s, 100.0 * e.mfu, e.iteration_ms, e.fits ? "" : "  does not fit");
+  }
+  return t;
+}
+
+// Why `w` beats `o`, from their predictions.
+std::string why(const planner::Problem& pb, const Evaluation& w, const Evaluation& o, const std::string& name) {
+  std::string s = fmt::format("- vs {} (stage {}, micro-batch {}): {}.\n", name, get(o.knobs, Dim::stage),
+                              o.batch.micro_batch, differences(pb, w, o));
+  if (!o.fits) {
+    s += fmt::format("    it does not fit: {} GiB used of a {} GiB limit{}.\n", gib(o.device_used), gib(o.device_limit),
+                     o.host_per_node > o.host_limit ? fmt::format(" (host: {} of {} GiB per node)", gib(o.host_per_node),
+                                                                  gib(o.host_limit))
+                                                    : "");
+    return s;
+  }
+  const double gain = o.samples_per_s > 0 ? 100.0 * (w.samples_per_s / o.samples_per_s - 1.0) : 0.0;
+  s += fmt::format("    {:+.1f}% samples/s ({:.1f} vs {:.1f}); iteration {:.1f} vs {:.1f} ms: forward {:+.1f} ms, "
+                   "backward {:+.1f} ms (exposed communication {:.1f} vs {:.1f} ms), step {:+.1f} ms.\n",
+                   gain, w.samples_per_s, o.samples_per_s, w.iteration_ms, o.iteration_ms, w.forward_ms - o.forward_ms,
+                   w.backward_ms - o.backward_ms, w.backward_allreduce_ms, o.backward_allreduce_ms, w.step_ms - o.step_ms);
+  s += fmt::format("    memory {} vs {} GiB used ({:+.2f} GiB); communication {:.0f} vs {:.0f} MiB per rank per "
+                   "iteration.\n",
+                   gib(w.device_used), gib(o.device_used), (w.device_used - o.device_used).gib(), w.comm_bytes / 1048576.0,
+                   o.comm_bytes / 1048576.0);
+  const double bound_gap = 100.0 * (1.0 - w.compute_bound_ms / w.iteration_ms);
+  if (name == "the runner-up" && w.compute_bound_ms > 0)
+    s += fmt::format("    the winner spends {:.1f}% of its iteration beyond the compute stream's own work (communication "
+                     "it does not hide, host work).\n",
+                     bound_gap);
+  return s;
+}
+
+int run_and_wait(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  if (rc == -1) return -1;
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + (WIFSIGNALED(rc) ? WTERMSIG(rc) : 0);
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+planner::Problem plan_problem(const PlanRequest& req, Inputs* inputs_out) {
+  if (!std::isfinite(req.headroom) || req.headroom <= 0 || req.headroom > 1)
+    throw InputError("--memory-headroom", "", fmt::format("must be in (0, 1], got {}", req.headroom));
+  if (!std::isfinite(req.price) || req.price <= 0)
+    throw InputError("--price-per-gpu-hour", "", fmt::format("must be a number > 0, got {}", req.price));
+  if (req.top < 1) throw InputError("--top", "", fmt::format("must be an integer >= 1, got {}", req.top));
+  if (req.threads < 0) throw InputError("--threads", "", fmt::format("must be >= 0 (0: every core), got {}", req.threads));
+  if (req.verify_top < 1) throw InputError("--verify-top", "", fmt::format("must be an integer >= 1, got {}", req.verify_top));
+  if (req.verify_steps < 2)
+    throw InputError("--verify-steps", "", fmt::format("must be an integer >= 2 (the first step is not timed), got {}", req.verify_steps));
+  planner::Objective obj;
+  if (req.objective == "throughput") obj = planner::Objective::throughput;
+  else if (req.objective == "memory") obj = planner::Objective::memory;
+  else if (req.objective == "cost") obj = planner::Objective::cost;
+  else throw InputError("--objective", "", fmt::format("must be one of throughput, memory, cost, got '{}'", req.objective));
+  if (req.base.micro_batch)
+    throw InputError("--micro-batch", "", "plan searches the micro-batch; fix it with BASE.json and --search without micro_batch");
+  SimRequest r = req.base;
+  r.stages.clear();
+  r.check_batch = false;
+  Inputs in = load_inputs(r);
+  planner::Problem pb;
+  pb.model = in.model;
+  pb.base = in.cfg;
+  if (in.activation_checkpointing) pb.base.activation_checkpointing_present = true;
+  pb.device = in.device;
+  pb.cluster = in.cluster;
+  pb.collectives = in.collectives;
+  pb.profile = in.profile;
+  pb.world_size = in.world_size;
+  pb.seq_len = in.seq_len;
+  pb.attention = in.attention;
+  pb.objective = obj;
+  pb.headroom = req.headroom;
+  pb.price_per_gpu_hour = req.price;
+  if (req.global_batch) pb.global_batch = *req.global_batch;
+  else if (in.cfg.train_batch_size) pb.global_batch = *in.cfg.train_batch_size;
+  else throw InputError("--global-batch", "", "give the global batch (train_batch_size), or a BASE.json that sets it");
+  if (pb.global_batch < 1)
+    throw InputError("--global-batch", "", fmt::format("must be an integer >= 1, got {}", pb.global_batch));
+  if (inputs_out) *inputs_out = std::move(in);
+  return pb;
+}
+
+PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const std::string self_exe = ec ? std::string(argv0) : exe.string();
+  Inputs in;
+  const planner::Problem pb = plan_problem(req, &in);
+  const std::vector<Dim> dims = parse_search(req.search);
+  const planner::Space space = planner::default_space(pb, dims);
+  const planner::PlanResult res = req.exhaustive ? planner::exhaustive(pb, space, req.threads)
+                                                 : planner::plan(pb, space, req.threads);
+  PlanOutput out;
+  out.warnings = in.warnings;
+  std::string& t = out.text;
+  const auto& st = res.stats;
+  t += fmt::format("plan: {} on {} x {} ({}), global batch {}, seq-len {}, {}; objective {}\n", pb.model.name,
+                   pb.world_size, pb.device->name, pb.cluster.name, pb.global_batch, pb.seq_len,
+                   dtype_name(pb.base.model_dtype()), planner::objective_name(pb.objective));
+  t += fmt::format("memory limit: {:.0f}% of {} GiB per GPU = {} GiB; host {} GiB per node for offload\n",
+                   100 * pb.headroom, gib(pb.device->memory),
+                   gib(Bytes{static_cast<std::int64_t>(pb.headroom * static_cast<double>(pb.device->memory.v))}),
+                   gib(Bytes{static_cast<std::int64_t>(pb.headroom * static_cast<double>(pb.cluster.host_memory_per_node().v))}));
+  std::string searched;
+  for (int d = 0; d < planner::kNumDims; ++d)
+    if (space.values[static_cast<std::size_t>(d)].size() > 1)
+      searched += fmt::format("{}{}", searched.empty() ? "" : ", ", planner::dim_name(static_cast<Dim>(d)));
+  t += fmt::format("searched: {}\n", searched.empty() ? "nothing (every dimension fixed)" : searched);
+  t += fmt::format("{} grid of {} candidates in {} shapes: simulated {} in {:.2f} s on {} thread(s) ({:.0f} simulations/s, "
+                   "{:.0f} candidates decided/s)",
+                   req.exhaustive ? "exhaustive:" : "search:", st.grid, st.shapes, st.simulated, st.seconds, st.threads,
+                   static_cast<double>(st.simulated) / st.seconds, static_cast<double>(st.grid) / st.seconds);
+  if (!req.exhaustive)
+    t += fmt::format("; shapes pruned: {} by their model states, {} by memory, {} by the throughput bound",
+                     st.shapes_pruned_states, st.shapes_pruned_memory, st.shapes_pruned_bound);
+  t += "\n\n";
+
+  nlohmann::json j;
+  j["model"] = pb.model.name;
+  j["cluster"] = {{"name", pb.cluster.name}, {"nodes", pb.cluster.nodes}, {"gpus_per_node", pb.cluster.gpus_per_node},
+                  {"gpu", pb.device->name}};
+  j["world_size"] = pb.world_size;
+  j["global_batch"] = pb.global_batch;
+  j["seq_len"] = pb.seq_len;
+  j["objective"] = planner::objective_name(pb.objective);
+  j["memory_headroom"] = pb.headroom;
+  j["candidates_evaluated"] = st.simulated;
+  j["candidates_in_grid"] = st.grid;
+  j["search_seconds"] = st.seconds;
+  j["search"] = {{"mode", req.exhaustive ? "exhaustive" : "search"},
+                 {"threads", st.threads},
+                 {"shapes", st.shapes},
+                 {"shapes_pruned_model_states", st.shapes_pruned_states},
+                 {"shapes_pruned_memory", st.shapes_pruned_memory},
+                 {"shapes_pruned_throughput_bound", st.shapes_pruned_bound}};
+  j["ranked"] = nlohmann::json::array();
+  for (int i = 0; i < static_cast<int>(res.ranked.size()) && i < req.top; ++i)
+    j["ranked"].push_back(evaluation_json(pb, res.ranked[static_cast<std::size_t>(i)]));
+
+  if (!res.any_fits()) {
+    t += "nothing fits: no configuration of the grid stays within the memory limit.\n";
+    if (!res.ranked.empty()) {
+      t += "closest candidates (by memory):\n";
+      t += table(pb, res.ranked, std::min(req.top, 5));
+    }
+    const auto sugg = planner::suggest_when_nothing_fits(pb, space, req.threads);
+    t += "\nwhat would fit (each change alone, smallest first; the most frugal candidate under it):\n";
+    nlohmann::json sj = nlohmann::json::array();
+    const planner::Suggestion* first = nullptr;
+    for (const auto& sg : sugg) {
+      if (sg.fits && !first) first = &sg;
+      if (sg.best)
+        t += fmt::format("  {:<44} {:>9} GiB used of {} GiB{}{}\n", sg.change, gib(sg.best->device_used),
+                         gib(sg.best->device_limit), sg.fits ? fmt::format(", {:.1f} samples/s", sg.best->samples_per_s) : "",
+                         sg.fits ? "" : "  (still does not fit)");
+      sj.push_back({{"change", sg.change}, {"fits", sg.fits},
+                    {"candidate", sg.best ? evaluation_json(pb, *sg.best) : nlohmann::json()}});
+    }
+    if (first) t += fmt::format("smallest change that fits: {}.\n", first->change);
+    else t += "none of these changes alone fits; combine them, or use more GPUs than tried here.\n";
+    j["best"] = nullptr;
+    j["nothing_fits"] = true;
+    j["suggestions"] = sj;
+    out.json = std::move(j);
+    return out;
+  }
+
+  const Evaluation& w = res.ranked.front();
+  std::vector<Evaluation> fitting;
+  for (const auto& e : res.ranked)
+    if (e.fits) fitting.push_back(e);
+  t += table(pb, fitting, req.top);
+  t += "the best candidate of each shape that fits; sizes in elements; mem_GiB: predicted device-used bytes (reserved "
+       "+ context) of the heaviest rank; margin: to the memory limit\n";
+  const zero::DsConfig wcfg = planner::config_of(pb, w.knobs);
+  const nlohmann::json ds = zero::to_json(wcfg);
+  nlohmann::json best = evaluation_json(pb, w);
+  best["ds_config"] = ds;
+  j["best"] = best;
+
+  t += fmt::format("\nwinner: stage {}, micro-batch {} x GAS {}: {:.1f} samples/s, {:.1f}% MFU, {} GiB of {} GiB\n",
+                   get(w.knobs, Dim::stage), w.batch.micro_batch, w.batch.gas, w.samples_per_s, 100 * w.mfu,
+                   gib(w.device_used), gib(w.device_limit));
+  if (get(w.knobs, Dim::activation_checkpointing))
+    t += "  it checkpoints activations per layer: enable it in the model (HF: model.gradient_checkpointing_enable());\n"
+         "  the ds_config carries an activation_checkpointing section for DeepSpeed's own checkpointing API\n";
+  t += "why:\n";
+  std::vector<std::pair<std::string, Evaluation>> rivals;
+  if (res.ranked.size() > 1 && res.ranked[1].fits) rivals.emplace_back("the runner-up", res.ranked[1]);
+  for (int step : {-1, 1}) {
+    const std::int64_t s = get(w.knobs, Dim::stage) + step;
+    const auto& stages = space.values[static_cast<std::size_t>(Dim::stage)];
+    if (std::find(stages.begin(), stages.end(), s) == stages.end()) continue;
+    if (!rivals.empty() && get(rivals.front().second.knobs, Dim::stage) == s) continue;
+    // The best candidate of that stage the search simulated, or the winner moved there.
+    std::optional<Evaluation> r;
+    for (const auto& e : res.ranked)
+      if (get(e.knobs, Dim::stage) == s && e.fits) { r = e; break; }
+    std::string name = fmt::format("the best at stage {} found", s);
+    if (!r) {
+      planner::Space one = space;
+      for (int d = 0; d < planner::kNumDims; ++d) one.values[static_cast<std::size_t>(d)] = {w.knobs[static_cast<std::size_t>(d)]};
+      one.values[static_cast<std::size_t>(Dim::stage)] = {s};
+      one.values[static_cast<std::size_t>(Dim::micro_batch)] = space.values[static_cast<std::size_t>(Dim::micro_batch)];
+      const auto sub = planner::plan(pb, one, req.threads);
+      if (!sub.ranked.empty()) r = sub.ranked.front();
+      name = fmt::format("stage {} with the winner's knobs", s);
+    }
+    if (r) rivals.emplace_back(name, *r);
+  }
+  for (const auto& [name, e] : rivals) t += why(pb, w, e, name);
+  if (rivals.empty()) t += "- it is the only candidate that fits.\n";
+
+  if (req.explain && res.ranked.size() > 1 && res.ranked[1].fits) {
+    ExplainRequest er;
+    er.base = req.base;
+    er.base.json = false;
+    er.base.micro_batch.reset();
+    er.suggest = false;
+    er.given = std::array<ExplainRequest::Given, 2>{
+        ExplainRequest::Given{"runner-up", planner::config_of(pb, res.ranked[1].knobs),
+                              get(res.ranked[1].knobs, Dim::activation_checkpointing) != 0},
+        ExplainRequest::Given{"winner", wcfg, get(w.knobs, Dim::activation_checkpointing) != 0}};
+    const auto ex = explain(er);
+    t += "\nexplain (runner-up vs winner, the same simulation as `zeroplan explain`):\n" + ex.text;
+    j["explain"] = ex.json;
+  }
+
+  if (!req.out.empty()) {
+    const std::string tmp = req.out + ".tmp";
+    {
+      std::ofstream f(tmp);
+      if (!f) throw InputError(req.out, "", "cannot write the ds_config file");
+      f << ds.dump(2) << "\n";
+      if (!f) throw InputError(req.out, "", "cannot write the ds_config file");
+    }
+    fs::rename(tmp, req.out);
+    t += fmt::format("\nds_config written to {}\n", req.out);
+  } else {
+    t += fmt::format("\nds_config (--out FILE writes it):\n{}\n", ds.dump(2));
+  }
+
+  if (req.verify) {
+    // Run the executor on the top candidates for a few steps and lay them beside the plan.
+    const fs::path dir = fs::temp_directory_path() / fmt::format("zeroplan-verify-{}", ::getpid());
+    fs::create_directories(dir);
+    const std::string launcher = req.verify_launcher.empty() ? "mpirun --oversubscribe -np {N}" : req.verify_launcher;
+    std::string launch = launcher;
+    if (const auto pos = launch.find("{N}"); pos != std::string::npos) launch.replace(pos, 3, std::to_string(pb.world_size));
+    t += fmt::format("\nverify: {} steps of the top {} on the executor ({} ranks, CPU + MPI; launcher: {})\n",
+                     req.verify_steps, req.verify_top, pb.world_size, launch);
+    const bool comparable_time = pb.device->arch == "cpu";
+    if (!comparable_time)
+      t += fmt::format("  the executor runs on CPU ranks, so its throughput is not the {} prediction; memory bytes are "
+                       "device-independent and compared exactly\n",
+                       pb.device->name);
+    t += fmt::format("  {:>4} {:>5} {:>5} {:>16} {:>16} {:>7} {:>14} {:>14}\n", "rank", "stage", "micro", "pred_peak_B",
+                     "meas_peak_B", "equal", "pred_samples/s", "meas_samples/s");
+    nlohmann::json vj = nlohmann::json::array();
+    std::vector<std::pair<double, double>> order;  // (predicted, measured)
+    int n = 0;
+    for (const auto& e : res.ranked) {
+      if (n >= req.verify_top || !e.fits) break;
+      ++n;
+      const fs::path cfgp = dir / fmt::format("candidate{}.json", n);
+      const fs::path meas = dir / fmt::format("candidate{}.measured.json", n);
+      {
+        std::ofstream f(cfgp);
+        f << zero::to_json(planner::config_of(pb, e.knobs)).dump(2) << "\n";
+      }
+      std::string cmd = fmt::format("{} {} train --model {} --ds-config {} --steps {} --seq-len {} --out {}", launch,
+                                    shell_quote(self_exe), shell_quote(req.base.model), shell_quote(cfgp.string()),
+                                    req.verify_steps, pb.seq_len, shell_quote(meas.string()));
+      if (get(e.knobs, Dim::activation_checkpointing)) cmd += " --activation-checkpointing";
+      const fs::path log = dir / fmt::format("candidate{}.log", n);
+      cmd += fmt::format(" > {} 2>&1", shell_quote(log.string()));
+      const int rc = run_and_wait(cmd);
+      const std::string mfile = pb.world_size == 1 ? meas.string()
+                                                   : (meas.parent_path() / fmt::format("{}.rank{}.json", meas.stem().string(), e.rank)).string();
+      nlohmann::json row = {{"rank", n}, {"stage", get(e.knobs, Dim::stage)}, {"micro_batch", e.batch.micro_batch},
+                            {"predicted_peak_allocated_bytes", e.peak_allocated.v},
+                            {"predicted_samples_per_s", e.samples_per_s}, {"exit_status", rc}};
+      std::ifstream mf(mfile);
+      if (rc != 0 || !mf) {
+        std::ifstream lf(log);
+        std::string line, last;
+        while (std::getline(lf, line))
+          if (!line.empty()) last = line;
+        t += fmt::format("  {:>4} {:>5} {:>5}  not run here (exit {}): {}\n", n, get(e.knobs, Dim::stage),
+                         e.batch.micro_batch, rc, last);
+        row["error"] = last;
+        vj.push_back(row);
+        continue;
+      }
+      const nlohmann::json m = nlohmann::json::parse(mf);
+      const std::int64_t peak = m["memory"]["peak_allocated"].get<std::int64_t>();
+      const double sps = m["samples_per_s"].get<double>();
+      t += fmt::format("  {:>4} {:>5} {:>5} {:>16} {:>16} {:>7} {:>14.1f} {:>14.1f}\n", n, get(e.knobs, Dim::stage),
+                       e.batch.micro_batch, e.peak_allocated.v, peak, peak == e.peak_allocated.v ? "yes" : "NO",
+                       e.samples_per_s, sps);
+      row["measured_peak_allocated_bytes"] = peak;
+      row["measured_samples_per_s"] = sps;
+      row["memory_equal"] = peak == e.peak_allocated.v;
+      vj.push_back(row);
+      order.emplace_back(e.samples_per_s, sps);
+    }
+    bool held = true;
+    for (std::size_t i = 1; i < order.size(); ++i)
+      if (order[i].second > order[i - 1].second) held = false;
+    if (order.size() > 1)
+      t += fmt::format("  ranking by measured samples/s {}{}\n", held ? "held" : "did NOT hold",
+                       comparable_time ? "" : " (CPU ranks; the prediction is for the GPU cluster)");
+    t += fmt::format("  configs, logs and measurements: {}\n", dir.string());
+    j["verify"] = {{"candidates", vj}, {"ranking_held", order.size() > 1 ? nlohmann::json(held) : nlohmann::json()},
+                   {"directory", dir.string()}};
+  }
+  out.json = std::move(j);
+  return out;
+}
+
+}  // namespace zp::cli

@@ -1,0 +1,25 @@
+#include "sim/predict.hpp"
+
+namespace zp::sim {
+
+Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,
+                   bool with_time) {
+  Prediction r;
+  r.batch = batch;
+  zero::LowerOptions lo;
+  lo.world_size = t.world_size;
+  lo.rank = t.rank ? *t.rank : zero::heaviest_rank(g, cfg, t.world_size);
+  lo.activation_checkpointing = t.activation_checkpointing;
+  r.rank = lo.rank;
+  r.program = zero::lower(g, cfg, batch, lo);
+  r.memory = replay_memory(r.program, *t.device);
+  if (with_time) {
+    const ComputeModel compute(*t.profile, g);
+    EngineOptions eo;
+    eo.interference = t.profile->comm_compute_interference;
+    r.time = simulate_time(r.program, g, compute, *t.collectives, eo);
+  }
+  return r;
+}
+
+}  // namespace zp::sim

@@ -1,0 +1,41 @@
+#pragma once
+// One configuration's prediction, start to end: lower the op graph for one rank, replay
+// its memory, price its events and run them in time. `simulate`, `explain` and the
+// planner all go through here, so they cannot disagree.
+#include <optional>
+
+#include "models/graph.hpp"
+#include "sim/collective_model.hpp"
+#include "sim/compute_model.hpp"
+#include "sim/device.hpp"
+#include "sim/memory.hpp"
+#include "sim/timing.hpp"
+#include "zero/ds_config.hpp"
+#include "zero/lower.hpp"
+#include "zero/program.hpp"
+
+namespace zp::sim {
+
+// What one prediction is made for, besides the graph and the config.
+struct Target {
+  const DeviceSpec* device = nullptr;
+  const DeviceProfile* profile = nullptr;
+  const CollectiveModel* collectives = nullptr;
+  int world_size = 1;
+  std::optional<int> rank;           // default: zero::heaviest_rank
+  bool activation_checkpointing = false;
+};
+
+struct Prediction {
+  int rank = 0;
+  zero::Batch batch;
+  zero::Program program;
+  MemoryReport memory;
+  TimeSummary time;                  // empty when `with_time` is false
+};
+
+// `g` must be built for `batch.micro_batch` and the config's model dtype.
+Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,
+                   bool with_time = true);
+
+}  // namespace zp::sim
