@@ -7,7 +7,12 @@
 //  - `simulate` of Llama-2-7b on 64 GPUs, stages 0-3: < 0.5 s
 #include <benchmark/benchmark.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "cli/plan.hpp"
 #include "cli/simulate.hpp"
+#include "planner/plan.hpp"
 #include "sim/collective_model.hpp"
 #include "sim/compute_model.hpp"
 #include "sim/timing.hpp"
@@ -193,6 +198,50 @@ void BM_Simulate_Llama2_7b_64GPUs_AllStages(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Simulate_Llama2_7b_64GPUs_AllStages)->Unit(benchmark::kMillisecond);
+
+// The planner (issue targets: bert-large on 4 x V100 < 1 s; GPT-3 175B on 1024 GPUs < 10 s),
+// on every core. Counters: full simulations per second and grid candidates decided per second.
+void run_plan_bench(benchmark::State& state, const cli::PlanRequest& req) {
+  const auto pb = cli::plan_problem(req);
+  const auto space = planner::default_space(pb, {});
+  planner::PlanResult r;
+  double seconds = 0;
+  for (auto _ : state) {
+    r = planner::plan(pb, space, 0);
+    seconds += r.stats.seconds;
+    benchmark::DoNotOptimize(r.ranked.front().samples_per_s);
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["simulated"] = static_cast<double>(r.stats.simulated);
+  state.counters["grid"] = static_cast<double>(r.stats.grid);
+  state.counters["sims_per_s"] = static_cast<double>(r.stats.simulated) * n / seconds;
+  state.counters["decided_per_s"] = static_cast<double>(r.stats.grid) * n / seconds;
+  state.counters["threads"] = r.stats.threads;
+}
+
+void BM_Plan_BertLarge_4xV100(benchmark::State& state) {
+  cli::PlanRequest req;
+  req.base.model = "bert-large-uncased";
+  req.base.cluster = "4xV100-16GB-PCIe";
+  req.base.ds_config = std::string(ZEROPLAN_SHARED_DIR) + "/examples/bert_large_ds_config.json";
+  req.base.seq_len = 128;
+  run_plan_bench(state, req);
+}
+BENCHMARK(BM_Plan_BertLarge_4xV100)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Plan_GPT3_175B_1024GPUs(benchmark::State& state) {
+  cli::PlanRequest req;
+  req.base.model = "gpt3-175b";
+  req.base.cluster = "8xA100-80GB-NVSwitch";
+  req.base.nodes = 128;
+  req.base.seq_len = 2048;
+  req.global_batch = 2048;
+  const auto cfg = std::filesystem::temp_directory_path() / "zeroplan_bench_bf16.json";
+  std::ofstream(cfg) << R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})";
+  req.base.ds_config = cfg.string();
+  run_plan_bench(state, req);
+}
+BENCHMARK(BM_Plan_GPT3_175B_1024GPUs)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 }  // namespace
 

@@ -124,7 +124,7 @@ struct Evaluation {
 
 // GAS up to this is simulated as is; above it, at two shorter GAS and extrapolated
 // linearly (micro-steps after the first are identical in a step program).
-constexpr std::int64_t kDirectGas = 6;
+constexpr std::int64_t kDirectGas = 3;
 
 // Graphs per micro-batch, built once and shared by the threads.
 class GraphCache {

@@ -240,13 +240,20 @@ TEST_CASE("GAS above the direct limit: two short programs extrapolate the long o
   planner::GraphCache graphs(pb);
   graphs.prepare({2});
   for (int stage = 0; stage <= 3; ++stage)
-    for (int overlap : {0, 1}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const int overlap = variant & 1, other = variant >> 1;
       CAPTURE(stage);
       CAPTURE(overlap);
+      CAPTURE(other);
       planner::Knobs k = planner::base_knobs(pb);
       planner::set(k, Dim::stage, stage);
       planner::set(k, Dim::micro_batch, 2);  // GAS 512 / (2 x 16) = 16
       planner::set(k, Dim::overlap_comm, overlap);
+      // the other knobs that change what repeats per micro-step
+      planner::set(k, Dim::activation_checkpointing, other);
+      planner::set(k, Dim::contiguous_gradients, 1 - other);
+      planner::set(k, Dim::offload_optimizer, stage >= 1 ? other : 0);
+      planner::set(k, Dim::reduce_bucket_size, other ? 5000000 : 500000000);
       const auto ev = planner::evaluate(pb, graphs, k);
       REQUIRE(ev.extrapolated);
       REQUIRE(ev.batch.gas == 16);
@@ -256,6 +263,7 @@ TEST_CASE("GAS above the direct limit: two short programs extrapolate the long o
       t.profile = &pb.profile;
       t.collectives = pb.collectives.get();
       t.world_size = pb.world_size;
+      t.activation_checkpointing = other != 0;
       const auto direct = sim::predict(*graphs.find(2), cfg, zero::resolve_batch(cfg, pb.world_size), t);
       CHECK(ev.device_used == direct.memory.device_used);
       CHECK(ev.peak_allocated == direct.memory.peak_allocated);
@@ -327,4 +335,25 @@ TEST_CASE("plan: bad input is one line and exit status 2") {
     CHECK(r.out.find(b.expect) != std::string::npos);
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
+}
+
+TEST_CASE("plan --verify runs the top candidates on the executor: memory equal to the byte") {
+  const auto r = test::run_shell(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(ZEROPLAN_BIN) +
+          " plan --model tiny-gpt2 --cluster cpu-local --gpus 2 --global-batch 8 --seq-len 32 --search stage,micro_batch"
+          " --verify --verify-top 3 --verify-steps 2 --json",
+      false);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& v = j["verify"]["candidates"];
+  REQUIRE(v.size() == 3);
+  for (const auto& c : v) {
+    CAPTURE(c.dump());
+    CHECK(c["exit_status"] == 0);
+    CHECK(c["memory_equal"] == true);
+    CHECK(c["measured_peak_allocated_bytes"] == c["predicted_peak_allocated_bytes"]);
+    CHECK(c["measured_samples_per_s"].get<double>() > 0);
+  }
+  CHECK(j["verify"]["ranking_held"].is_boolean());
+  std::filesystem::remove_all(j["verify"]["directory"].get<std::string>());
 }
