@@ -327,7 +327,9 @@ TEST_CASE("checkpoint: files of two different saves are not mixed") {
   };
   fs::copy_file(optim(b), optim(a), fs::copy_options::overwrite_existing);
   State got = s1.zeroed();
-  CHECK(contains(input_error([&] { load(a, meta_of(0), got); }), "same save"));
+  const std::string msg = input_error([&] { load(a, meta_of(0), got); });
+  CAPTURE(msg);
+  CHECK(contains(msg, "same save"));
 }
 
 TEST_CASE("checkpoint: an interrupted save leaves the previous checkpoint and no temporary files") {
