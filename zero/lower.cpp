@@ -5,6 +5,7 @@
 #include "zero/lower.hpp"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -43,8 +44,18 @@ class Builder {
   }
 
   // Labels repeat across micro-steps: format each (kind, index) once.
+  // Indices are small (op, param, bucket or visit numbers): a flat table per kind, with a
+  // map for the rare large or negative one.
   template <class Make>
   std::int32_t cached(LabelKind kind, std::int64_t index, Make&& make) {
+    constexpr std::int64_t kFlat = std::int64_t{1} << 20;
+    if (index >= 0 && index < kFlat) {
+      auto& t = flat_[static_cast<std::size_t>(kind)];
+      const auto i = static_cast<std::size_t>(index);
+      if (i >= t.size()) t.resize(std::max<std::size_t>(i + 1, t.size() * 2), -1);
+      if (t[i] < 0) t[i] = label(make());
+      return t[i];
+    }
     const std::uint64_t key = (static_cast<std::uint64_t>(kind) << 48) ^ static_cast<std::uint64_t>(index);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
@@ -116,6 +127,7 @@ class Builder {
   Program& p_;
   bool open_ = false;
   std::unordered_map<std::uint64_t, std::int32_t> cache_;
+  std::array<std::vector<std::int32_t>, 18> flat_;  // one per LabelKind
 };
 
 // Per-tensor and per-param facts of the graph that do not depend on the micro-step.
@@ -215,6 +227,8 @@ class Lowering {
     p_.buffers.reserve(per_micro * static_cast<std::size_t>(gas()) + 64);
     p_.alloc_list.reserve(per_micro * static_cast<std::size_t>(gas()) + 64);
     p_.free_list.reserve(per_micro * static_cast<std::size_t>(gas()) + 64);
+    p_.dep_list.reserve(2 * per_micro * static_cast<std::size_t>(gas()) + 64);
+    p_.slice_list.reserve(per_micro * static_cast<std::size_t>(gas()) + 64);
     setup_info();
     setup_groups();
     prologue();
