@@ -389,3 +389,51 @@ TEST_CASE("checkpoint and resume continue bit-exactly; a corrupted or resharded 
   CHECK(r.status == 2);
   CHECK(r.out.find("--checkpoint-dir") != std::string::npos);
 }
+
+TEST_CASE("a killed rank ends the job on every rank, and its last checkpoint resumes") {
+  Case c{"tiny-gpt2", 2, 2, 1};
+  const std::string cfg = write("killed.json", config_text(c));
+  const auto ck = dir() / "killed-ckpt";
+  fs::remove_all(ck);
+  const auto log = dir() / "killed.log";
+  // A long run saving every 2 steps; once the first checkpoint exists, rank 1 is killed with
+  // SIGKILL (no chance to say anything). mpirun must end rank 0 and report it, well within
+  // the timeout (a hang would show as status 124).
+  const std::string marker = "--steps 987654";
+  const std::string cmd = fmt::format(
+      "{} timeout 120 mpirun --oversubscribe -np 2 {}{} train --model tiny-gpt2 --ds-config {} --seq-len 16 --quiet {} --checkpoint-dir {} "
+      "--save-every 2 > {} 2>&1 & "
+      "for i in $(seq 600); do [ -f {}/latest ] && break; sleep 0.1; done; "
+      "victim=$(for p in $(pgrep -x zeroplan); do grep -qa -- '{}' /proc/$p/cmdline 2>/dev/null && echo $p; done | sort -n | tail -1); "
+      "kill -9 $victim; wait $!; echo \"status=$?\"",
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "", ZEROPLAN_BIN, cfg, marker,
+      ck.string(), log.string(), ck.string(), "987654");
+  const Run r = sh(cmd);
+  std::ifstream in(log);
+  const std::string out((std::istreambuf_iterator<char>(in)), {});
+  INFO(r.out, "\n", out);
+  const auto pos = r.out.find("status=");
+  REQUIRE(pos != std::string::npos);
+  const int status = std::stoi(r.out.substr(pos + 7));
+  CHECK(status != 0);
+  CHECK(status != 124);  // not the timeout: the job ended because the rank died
+  CHECK(out.find("exited on signal 9") != std::string::npos);
+  // Nothing lost: the checkpoint written before the kill is whole and resumes on 2 ranks.
+  REQUIRE(fs::exists(ck / "latest"));
+  std::string tag;
+  std::ifstream(ck / "latest") >> tag;
+  REQUIRE(tag.rfind("global_step", 0) == 0);
+  const int saved = std::stoi(tag.substr(11));
+  CHECK(saved >= 2);
+  const auto out_json = dir() / "killed-resumed.json";
+  const Run resumed = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --seq-len 16 --quiet "
+                                                 "--steps {} --checkpoint-dir {} --resume --out {}",
+                                                 ZEROPLAN_BIN, cfg, saved + 2, ck.string(), out_json.string()));
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  std::ifstream m(dir() / "killed-resumed.rank0.json");
+  REQUIRE(m.good());
+  const auto losses = json::parse(m)["losses"];
+  CHECK(losses.size() >= 1);
+  CHECK(fs::exists(ck / fmt::format("global_step{}", saved + 2)));
+}
