@@ -968,19 +968,19 @@ void Interpreter::optimizer_event(const Event& e) {
     if (factor != 1.0f) cpu::scale_inplace(g, n, factor);
     if (adam) {
       cpu::AdamConfig a;
-      a.lr = oc.lr;
+      a.lr = lr_.value_or(oc.lr);
       a.beta1 = oc.beta1;
       a.beta2 = oc.beta2;
       a.eps = oc.eps;
       a.weight_decay = oc.weight_decay;
       a.decoupled = oc.type == zero::OptimizerType::adamw || oc.adam_w_mode;
-      cpu::adam_step(p, g, states + at, states + half + at, n, step_, a);
+      cpu::adam_step(p, g, states + at, states + half + at, n, optimizer_step_.value_or(step_), a);
     } else {
       cpu::SgdConfig sg;
-      sg.lr = oc.lr;
+      sg.lr = lr_.value_or(oc.lr);
       sg.momentum = oc.momentum;
       sg.weight_decay = oc.weight_decay;
-      cpu::sgd_step(p, g, states ? states + at : nullptr, n, step_, sg);
+      cpu::sgd_step(p, g, states ? states + at : nullptr, n, optimizer_step_.value_or(step_), sg);
     }
   };
   // Stage 0 (replicated gradients): the norm and the overflow check are local.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "exec/allocator.hpp"
@@ -44,6 +45,14 @@ class Interpreter {
   void prologue();
   // One optimizer step (all micro-steps); `step` counts from 1.
   StepResult step(std::int64_t step, const std::vector<MicroBatch>& data);
+  // The next update's learning rate (the scheduler's) and the optimizer's own step count
+  // (1 + the updates applied before it: an fp16 overflow skips the optimizer, so its
+  // count, and Adam's bias correction with it, does not advance). Default: the config's lr
+  // and the step number.
+  void set_update(double lr, std::int64_t optimizer_step) {
+    lr_ = lr;
+    optimizer_step_ = optimizer_step;
+  }
   // Seconds each event took in the last step (index: event id).
   const std::vector<double>& event_seconds() const { return seconds_; }
   // When each event of the last step started, in seconds from the step's start.
@@ -106,6 +115,8 @@ class Interpreter {
   std::vector<zero::BufferId> tensor_buf_, tgrad_buf_, pgrad_buf_, full_buf_;
   std::vector<std::vector<float>> scratch_;
   std::int64_t step_ = 0;
+  std::optional<double> lr_;                  // set_update
+  std::optional<std::int64_t> optimizer_step_;
   int micro_ = 0;
   const MicroBatch* batch_ = nullptr;
   double loss_sum_ = 0.0;

@@ -1,5 +1,7 @@
 #include "exec/trainer.hpp"
 
+#include "exec/lr_schedule.hpp"
+
 #include <sys/resource.h>
 
 #include <chrono>
@@ -81,6 +83,7 @@ json train(const TrainOptions& opt, Comm& comm) {
   if (const auto why = unsupported_reason(g, prog, cfg); !why.empty())
     throw InputError(opt.ds_config.empty() ? opt.model : opt.ds_config, "", why);
   if (opt.steps < 1) throw InputError("--steps", "", fmt::format("must be >= 1, got {}", opt.steps));
+  const LrSchedule schedule = parse_lr_schedule(cfg);
   DataSource data(opt.data, g, opt.seed);
   if (opt.resume && opt.checkpoint_dir.empty()) throw InputError("--resume", "", "needs --checkpoint-dir");
   if (opt.resume && !has_checkpoint(opt.checkpoint_dir))
@@ -112,6 +115,7 @@ json train(const TrainOptions& opt, Comm& comm) {
   TrackingAllocator mem(prog.buffers.size(), opt.memory_limit);
   Interpreter interp(g, prog, cfg, comm, mem, opt.seed);
   json losses = json::array(), norms = json::array(), scales = json::array(), skipped = json::array();
+  json lrs = json::array();  // the learning rate each step ran with
   std::vector<double> event_sum(prog.events.size(), 0.0);
   double timed = 0.0;
   std::int64_t timed_steps = 0;
@@ -140,6 +144,7 @@ json train(const TrainOptions& opt, Comm& comm) {
     doc["grad_norms"] = norms;
     doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)
     doc["skipped_steps"] = skipped;  // fp16: the update was skipped after an overflow
+    doc["learning_rates"] = lrs;     // per step (the ds_config's scheduler)
     const double per_step = timed_steps > 0 ? timed / static_cast<double>(timed_steps) : 0.0;
     doc["step_seconds"] = per_step;
     doc["samples_per_s"] = per_step > 0 ? static_cast<double>(batch.train_batch_size) / per_step : 0.0;
@@ -214,13 +219,14 @@ json train(const TrainOptions& opt, Comm& comm) {
     if (got.extra.contains("grad_norms")) norms = got.extra["grad_norms"];
     if (got.extra.contains("loss_scales")) scales = got.extra["loss_scales"];
     if (got.extra.contains("skipped_steps")) skipped = got.extra["skipped_steps"];
+    if (got.extra.contains("learning_rates")) lrs = got.extra["learning_rates"];
     interp.set_scaler_state(got.extra.at("scaler"));
     if (rank == 0 && !opt.quiet) std::printf("resumed from %s at step %lld\n", opt.checkpoint_dir.c_str(), static_cast<long long>(got.step));
   }
   auto save = [&](std::int64_t s) {
     meta.step = s;
     meta.extra = {{"losses", losses}, {"grad_norms", norms}, {"loss_scales", scales}, {"skipped_steps", skipped},
-                  {"scaler", interp.scaler_state()}};
+                  {"learning_rates", lrs}, {"scaler", interp.scaler_state()}};
     save_checkpoint(opt.checkpoint_dir, meta, interp.checkpoint_blobs(CheckpointPart::model_states),
                     interp.checkpoint_blobs(CheckpointPart::optim_states));
     comm.barrier();  // every rank's files are in place before `latest` names them
@@ -231,6 +237,12 @@ json train(const TrainOptions& opt, Comm& comm) {
     for (std::int64_t s = first; s <= opt.steps; ++s) {
       std::vector<MicroBatch> mbs;
       for (int m = 0; m < batch.gas; ++m) mbs.push_back(data.batch(s, m, static_cast<int>(batch.gas), rank, N));
+      // The scheduler and the optimizer advance only on applied updates (not fp16 overflows).
+      std::int64_t applied = 0;
+      for (const auto& k : skipped) applied += k.get<bool>() ? 0 : 1;
+      const double lr = schedule.lr_for(applied);
+      interp.set_update(lr, applied + 1);
+      lrs.push_back(lr);
       const auto r = interp.step(s, mbs);
       const double loss = comm.sum_for_report(r.loss) / N;
       losses.push_back(loss);

@@ -437,3 +437,45 @@ TEST_CASE("a killed rank ends the job on every rank, and its last checkpoint res
   CHECK(losses.size() >= 1);
   CHECK(fs::exists(ck / fmt::format("global_step{}", saved + 2)));
 }
+
+TEST_CASE("the ds_config's scheduler drives the learning rate, with DeepSpeed's off-by-one") {
+  // WarmupLR from 0 (linear, 4 steps): update 1 runs at the constructor's rate get_lr(-1) =
+  // min = 0, update 2 at get_lr(0) = 0, update 3 at get_lr(1) = 0.0005. A step's loss is
+  // computed before its update, so steps 1-3 see the initial params, as in a run at lr 0,
+  // and step 4 does not.
+  Case c{"tiny-gpt2", 2, 2, 1};
+  auto run = [&](const std::string& name, const std::string& extra) {
+    std::string text = config_text(c);
+    text.insert(text.rfind('}'), ", " + extra);
+    const std::string cfg = write(name + ".json", text);
+    const auto out = dir() / (name + ".out.json");
+    const Run r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 5 --seq-len 16 --quiet --out {}",
+                                             ZEROPLAN_BIN, cfg, out.string()));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    std::ifstream in(dir() / (name + ".out.rank0.json"));
+    return json::parse(in);
+  };
+  const auto warm = run("sched-warm", R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0,
+      "warmup_max_lr": 0.002, "warmup_num_steps": 4, "warmup_type": "linear"}})");
+  const auto frozen = run("sched-zero", R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0,
+      "warmup_max_lr": 0, "warmup_num_steps": 4}})");
+  const auto flat = run("sched-flat", R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.002,
+      "warmup_max_lr": 0.002}})");
+  const auto none = run("sched-none", R"("steps_per_print": 10)");
+  const auto lw = warm["losses"].get<std::vector<double>>(), lz = frozen["losses"].get<std::vector<double>>();
+  REQUIRE(lw.size() == 5);
+  CHECK(lw[0] == lz[0]);
+  CHECK(lw[1] == lz[1]);
+  CHECK(lw[2] == lz[2]);
+  CHECK(lw[3] != lz[3]);
+  const auto lr = warm["learning_rates"].get<std::vector<double>>();
+  REQUIRE(lr.size() == 5);
+  CHECK(lr[0] == 0.0);
+  CHECK(lr[1] == 0.0);
+  CHECK(lr[2] == doctest::Approx(0.0005));
+  CHECK(lr[3] == doctest::Approx(0.001));
+  CHECK(lr[4] == doctest::Approx(0.0015));
+  // A flat schedule is the constant lr, bit for bit.
+  CHECK(flat["losses"] == none["losses"]);
+}
