@@ -74,20 +74,11 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
   rank_ = p.info.rank;
   layout_ = zero::flat_layout(g, N_);
   const auto np = g.params.size();
-  part_off_.assign(np, 0);
-  gip_off_.assign(np, -1);
+  // The buffer layouts the lowering sized (zero/lower.hpp), indexed here.
+  part_off_ = zero::stage3_partition_offsets(g, N_);
+  part_off_.pop_back();
+  gip_off_ = zero::grads_in_partition_offsets(g, layout_, rank_);
   persist_off_.assign(np, -1);
-  std::int64_t off = 0, goff = 0;
-  const std::int64_t lo = rank_ * layout_.partition, hi = lo + layout_.partition;
-  for (std::size_t i = 0; i < np; ++i) {
-    part_off_[i] = off;
-    off += ceil_div(g.params[i].numel, N_);
-    const std::int64_t a = layout_.offset[i], z = a + g.params[i].numel;
-    if (a < hi && z > lo) {
-      gip_off_[i] = goff;
-      goff += g.params[i].numel;
-    }
-  }
   fp16_ = p.info.model_dtype == DType::fp16;
   if (fp16_) {
     const auto& f = cfg.fp16;

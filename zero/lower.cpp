@@ -1547,21 +1547,37 @@ FlatLayout flat_layout(const OpGraph& g, int world_size) {
   return l;
 }
 
-std::int64_t grads_in_partition_elements(const OpGraph& g, const FlatLayout& l, int rank) {
+std::vector<std::int64_t> grads_in_partition_offsets(const OpGraph& g, const FlatLayout& l, int rank) {
   const std::int64_t lo = static_cast<std::int64_t>(rank) * l.partition;
   const std::int64_t hi = lo + l.partition;
-  std::int64_t total = 0;
+  std::vector<std::int64_t> off(g.params.size(), -1);
+  std::int64_t at = 0;
   for (std::size_t i = 0; i < g.params.size(); ++i) {
     const std::int64_t a = l.offset[i], z = a + g.params[i].numel;
-    if (a < hi && z > lo) total += g.params[i].numel;
+    if (a < hi && z > lo) {
+      off[i] = at;
+      at += g.params[i].numel;
+    }
   }
+  return off;
+}
+
+std::int64_t grads_in_partition_elements(const OpGraph& g, const FlatLayout& l, int rank) {
+  const auto off = grads_in_partition_offsets(g, l, rank);
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < off.size(); ++i)
+    if (off[i] >= 0) total += g.params[i].numel;
   return total;
 }
 
+std::vector<std::int64_t> stage3_partition_offsets(const OpGraph& g, int world_size) {
+  std::vector<std::int64_t> off(g.params.size() + 1, 0);
+  for (std::size_t i = 0; i < g.params.size(); ++i) off[i + 1] = off[i] + ceil_div(g.params[i].numel, world_size);
+  return off;
+}
+
 std::int64_t stage3_partition_elements(const OpGraph& g, int world_size) {
-  std::int64_t total = 0;
-  for (const auto& p : g.params) total += ceil_div(p.numel, world_size);
-  return total;
+  return stage3_partition_offsets(g, world_size).back();
 }
 
 int heaviest_rank(const OpGraph& g, const DsConfig& cfg, int world_size) {

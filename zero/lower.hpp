@@ -2,6 +2,8 @@
 // Lowering: (op graph, ds_config, world size N, rank) → the step program of that rank.
 // Every DeepSpeed behaviour that decides a buffer, a bucket flush or a fetch is
 // decided here and only here (REFERENCE.md §1).
+#include <vector>
+
 #include "models/graph.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/program.hpp"
@@ -31,7 +33,13 @@ struct FlatLayout {
 FlatLayout flat_layout(const models::OpGraph& g, int world_size);
 // Σ numel of the params overlapping rank r's partition (stage 1/2 grads_in_partition).
 std::int64_t grads_in_partition_elements(const models::OpGraph& g, const FlatLayout& l, int rank);
+// The layout of that buffer: each param's offset in it (whole params that overlap the
+// partition, in param order), -1 for the others. The executor indexes it with these.
+std::vector<std::int64_t> grads_in_partition_offsets(const models::OpGraph& g, const FlatLayout& l, int rank);
 // Stage 3: Σ ceil(numel/N) over params (the padded partition), persistent numel.
 std::int64_t stage3_partition_elements(const models::OpGraph& g, int world_size);
+// Stage 3: where each param's partition starts in the flat partition (size params + 1; the
+// last entry is the total).
+std::vector<std::int64_t> stage3_partition_offsets(const models::OpGraph& g, int world_size);
 
 }  // namespace zp::zero
