@@ -91,6 +91,7 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
   full_buf_.assign(np, -1);
   seconds_.assign(p.events.size(), 0.0);
   starts_.assign(p.events.size(), 0.0);
+  sent_.assign(p.events.size(), 0);
 }
 
 // ------------------------------------------------------------------ bindings
@@ -267,6 +268,14 @@ void Interpreter::prologue() {
   flush();
 }
 
+namespace {
+std::int64_t total_sent(const CommCounters& c) {
+  std::int64_t t = 0;
+  for (auto b : c.bytes_sent) t += b;
+  return t;
+}
+}  // namespace
+
 // ------------------------------------------------------------------ step
 StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& data) {
   step_ = step;
@@ -281,9 +290,11 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
     micro_ = e.micro_step;
     if (e.kind == EventKind::copy && e.copy_op == CopyOp::load_batch) batch_ = &data[U(e.micro_step)];
     const auto a = std::chrono::steady_clock::now();
+    const std::int64_t sent_before = e.kind == EventKind::collective ? total_sent(comm_.counters()) : 0;
     run_event(e);
     seconds_[U(id)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
     starts_[U(id)] = std::chrono::duration<double>(a - t0).count();
+    if (e.kind == EventKind::collective) sent_[U(id)] = total_sent(comm_.counters()) - sent_before;
   }
   StepResult r;
   r.loss = loss_sum_ / static_cast<double>(p_.info.gas);

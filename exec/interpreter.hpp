@@ -57,6 +57,9 @@ class Interpreter {
   const std::vector<double>& event_seconds() const { return seconds_; }
   // When each event of the last step started, in seconds from the step's start.
   const std::vector<double>& event_starts() const { return starts_; }
+  // Bytes this rank sent in each collective event of the last step, as the communication
+  // backend counted them (0 for other events).
+  const std::vector<std::int64_t>& event_bytes_sent() const { return sent_; }
   // The full value of param p as training left it (gathered from this rank's view; for
   // checks on one rank or where the rank holds it: stages 0-2 hold every param).
   std::vector<float> param_values(models::ParamId p) const;
@@ -121,6 +124,7 @@ class Interpreter {
   const MicroBatch* batch_ = nullptr;
   double loss_sum_ = 0.0;
   double grad_norm_ = -1.0;
+  std::vector<std::int64_t> sent_;
   std::vector<double> seconds_, starts_;
   struct Staged {
     std::int64_t lo = 0;             // first element held

@@ -166,9 +166,14 @@ json train(const TrainOptions& opt, Comm& comm) {
     }
     doc["comm"] = {{"bytes_per_rank", total / done}, {"by_kind", by_kind}};
     json events = json::array();
-    for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i)
-      events.push_back({{"id", prog.event_name(static_cast<zero::EventId>(i))},
-                        {"seconds", timed_steps > 0 ? event_sum[i] / static_cast<double>(timed_steps) : 0.0}});
+    for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i) {
+      json ev = {{"id", prog.event_name(static_cast<zero::EventId>(i))},
+                 {"start", interp.event_starts()[i]},
+                 {"seconds", timed_steps > 0 ? event_sum[i] / static_cast<double>(timed_steps) : 0.0}};
+      // Collectives: the bytes this rank sent in the last step, as the backend counted them.
+      if (prog.events[i].kind == zero::EventKind::collective) ev["bytes_sent"] = interp.event_bytes_sent()[i];
+      events.push_back(std::move(ev));
+    }
     doc["events"] = events;
     // Seconds per phase of one step (the sum of its events' measured times; events run
     // one at a time on CPU, so phases do not overlap).

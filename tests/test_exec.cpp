@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -152,8 +153,22 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
       total += bytes[u];
     }
     CHECK(m["comm"]["bytes_per_rank"].get<std::int64_t>() == total);
-    // One timing per step event, keyed by the program's event names.
-    CHECK(m["events"].size() == prog.events.size() - static_cast<std::size_t>(prog.step_begin));
+    // One timing per step event, keyed by the program's event names; every collective's
+    // bytes, as the backend counted them, equal the program's for that event.
+    REQUIRE(m["events"].size() == prog.events.size() - static_cast<std::size_t>(prog.step_begin));
+    int collectives = 0;
+    for (auto id = prog.step_begin; id < static_cast<zp::zero::EventId>(prog.events.size()); ++id) {
+      const auto& e = prog.events[static_cast<std::size_t>(id)];
+      const json& me = m["events"][static_cast<std::size_t>(id - prog.step_begin)];
+      CHECK(me["id"].get<std::string>() == prog.event_name(id));
+      if (e.kind != zp::zero::EventKind::collective) {
+        CHECK_FALSE(me.contains("bytes_sent"));
+        continue;
+      }
+      ++collectives;
+      CHECK(me["bytes_sent"].get<std::int64_t>() == prog.bytes_sent(e).v);
+    }
+    CHECK(collectives == std::accumulate(calls.begin(), calls.end(), 0));
   }
 }
 
