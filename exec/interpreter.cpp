@@ -8,20 +8,10 @@
 
 #include <fmt/format.h>
 
+#include "exec/device_cpu.hpp"
 #include "exec/numeric.hpp"
-#include "kernels/cpu/activation.hpp"
-#include "kernels/cpu/attention.hpp"
-#include "kernels/cpu/bmm.hpp"
 #include "kernels/cpu/convert.hpp"
-#include "kernels/cpu/dropout.hpp"
-#include "kernels/cpu/elementwise.hpp"
-#include "kernels/cpu/embedding.hpp"
-#include "kernels/cpu/layout.hpp"
-#include "kernels/cpu/linear.hpp"
-#include "kernels/cpu/loss.hpp"
-#include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/optimizer.hpp"
-#include "kernels/cpu/reduce.hpp"
 #include "kernels/cpu/rng.hpp"
 
 namespace zp::exec {
@@ -67,8 +57,10 @@ std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p,
 }
 
 Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg, Comm& comm,
-                         TrackingAllocator& mem, std::uint64_t seed)
-    : g_(g), p_(p), cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
+                         TrackingAllocator& mem, std::uint64_t seed, Device* device)
+    : own_device_(device ? nullptr : std::make_unique<CpuDevice>()),
+      dev_(device ? *device : *own_device_),
+      g_(g), p_(p), cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
   stage_ = p.info.stage;
   N_ = p.info.world_size;
   rank_ = p.info.rank;
@@ -218,6 +210,11 @@ void init_param(const models::Param& prm, std::uint64_t seed, float* out) {
 }
 }  // namespace
 
+float Interpreter::loss_grad() const {
+  // d(loss)/d(loss) = 1/GAS (DeepSpeed scales the loss), times the fp16 loss scale.
+  return static_cast<float>(loss_scale_ / static_cast<double>(p_.info.gas));
+}
+
 void Interpreter::prologue() {
   for (zero::EventId id = 0; id < p_.step_begin; ++id) {
     const Event& e = p_.events[U(id)];
@@ -337,379 +334,9 @@ void Interpreter::run_event(const Event& e) {
 }
 
 // ------------------------------------------------------------------ ops
-namespace {
-struct Dims {
-  std::int64_t B = 0, H = 0, T = 0, D = 0;
-};
-// y = x W^T (nn.Linear, W (N, K)) or y = x W (GPT-2's Conv1D, W (K, N)).
-struct LinearGeometry {
-  bool conv = false;
-  std::int64_t K = 0, N = 0;
-};
-LinearGeometry linear_geometry(const models::OpGraph& g, const models::Op& op) {
-  const auto& w = g.params[static_cast<std::size_t>(op.params[0])].shape;
-  const bool conv = op.fn == Fn::conv1d;
-  return {conv, conv ? w[0] : w[1], conv ? w[1] : w[0]};
-}
-}  // namespace
+void Interpreter::forward_op(const models::Op& op) { dev_.forward(op, *this); }
+void Interpreter::backward_op(const models::Op& op) { dev_.backward(op, *this); }
 
-void Interpreter::forward_op(const models::Op& op) {
-  const auto& cfg = g_.cfg;
-  const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
-  const std::int64_t n = y >= 0 ? numel(y) : 0;
-  auto in = [&](std::size_t i) { return act(op.inputs[i]); };
-  auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g_.tensors[U(t)].shape; };
-  const float alpha = static_cast<float>(op.alpha);
-  switch (op.fn) {
-    case Fn::embedding: {
-      const std::int64_t C = shape(y).back();
-      cpu::embedding_forward(act(y), ids(op.inputs[0]), param(op.params[0]), n / C, C);
-      break;
-    }
-    case Fn::position_embedding: std::copy(param(op.params[0]), param(op.params[0]) + n, act(y)); break;
-    case Fn::linear:
-    case Fn::conv1d:
-    case Fn::linear_first_token: {
-      const auto [conv, K, Nn] = linear_geometry(g_, op);
-      const float* b = op.params.size() > 1 ? param(op.params[1]) : nullptr;
-      const float* x = in(0);
-      if (op.fn == Fn::linear_first_token) {
-        const auto& xs = shape(op.inputs[0]);
-        float* sel = scratch(0, xs[0] * K);
-        cpu::select_token_forward(sel, x, xs[0], xs[1], K, 0);
-        x = sel;
-      }
-      if (conv) cpu::conv1d_forward(act(y), x, param(op.params[0]), b, n / Nn, Nn, K);
-      else cpu::linear_forward(act(y), x, param(op.params[0]), b, n / Nn, Nn, K);
-      break;
-    }
-    case Fn::attn_scores:
-    case Fn::attn_context: {
-      const auto& ys = shape(y);  // (B, H, T, T) or (B, H, T, D)
-      Dims d{ys[0], ys[1], ys[2], cfg.head_dim};
-      // Operand i as (B, H, T, D): a head view of a (B, T, W) tensor, or a 4-D tensor.
-      auto operand = [&](std::size_t i, std::size_t slot) -> const float* {
-        const TensorId t = op.inputs[std::min(i, op.inputs.size() - 1)];
-        const auto& s = shape(t);
-        if (s.size() == 4) return act(t);
-        float* o = scratch(slot, d.B * d.H * d.T * d.D);
-        cpu::split_heads_forward(o, act(t), d.B, d.T, d.H, d.D, s[2], op.col[i]);
-        return o;
-      };
-      if (op.fn == Fn::attn_scores)
-        cpu::bmm_forward(act(y), operand(0, 0), operand(1, 1), d.B * d.H, d.T, d.T, d.D, false, true);
-      else
-        cpu::bmm_forward(act(y), act(op.inputs[0]), operand(1, 1), d.B * d.H, d.T, d.D, d.T, false, false);
-      break;
-    }
-    case Fn::scale: cpu::scale_forward(act(y), in(0), n, alpha); break;
-    case Fn::add_scalar: cpu::add_scalar_forward(act(y), in(0), n, alpha); break;
-    case Fn::add: {
-      const TensorId b = op.inputs[1];
-      if (numel(b) == n) {
-        cpu::add_forward(act(y), in(0), in(1), n);
-      } else {  // (1, T, C) over (B, T, C)
-        const auto& s = shape(y);
-        cpu::add_broadcast_forward(act(y), in(0), in(1), {1, s[0], s[1], s[2]}, {1, 1, s[1], s[2]});
-      }
-      break;
-    }
-    case Fn::causal_where: {
-      const auto& s = shape(y);
-      cpu::causal_where_forward(act(y), in(0), s[0] * s[1], s[2]);
-      break;
-    }
-    case Fn::add_mask: {
-      const auto& s = shape(y);
-      const auto& m = shape(op.inputs[1]);
-      cpu::add_broadcast_forward(act(y), in(0), in(1), {s[0], s[1], s[2], s[3]}, {m[0], m[1], m[2], m[3]});
-      break;
-    }
-    case Fn::softmax: {
-      const std::int64_t c = shape(y).back();
-      cpu::softmax_forward(act(y), in(0), n / c, c);
-      break;
-    }
-    case Fn::dropout:
-      cpu::dropout_forward(act(y), reinterpret_cast<std::uint8_t*>(act(op.outputs[1])), in(0), n, alpha,
-                           dropout_seed(), static_cast<std::uint64_t>(op.id) << 32);
-      break;
-    case Fn::layernorm: {
-      const std::int64_t C = shape(y).back();
-      cpu::layernorm_forward(act(y), act(op.outputs[1]), act(op.outputs[2]), in(0), param(op.params[0]),
-                             op.params.size() > 1 ? param(op.params[1]) : nullptr, n / C, C, alpha);
-      break;
-    }
-    case Fn::pow:
-      if (op.alpha == 2.0) cpu::pow2_forward(act(y), in(0), n);
-      else cpu::pow3_forward(act(y), in(0), n);
-      break;
-    case Fn::rms_rsqrt: {
-      const std::int64_t C = shape(op.inputs[0]).back();
-      cpu::rms_rsqrt_forward(act(y), in(0), n, C, alpha);
-      break;
-    }
-    case Fn::mul: cpu::mul_forward(act(y), in(0), in(1), n); break;
-    case Fn::mul_rowscale: {
-      const std::int64_t C = shape(y).back();
-      cpu::mul_rowscale_forward(act(y), in(0), in(1), n / C, C);
-      break;
-    }
-    case Fn::mul_weight: {
-      const std::int64_t C = shape(y).back();
-      cpu::mul_weight_forward(act(y), in(0), param(op.params[0]), n / C, C);
-      break;
-    }
-    case Fn::gelu: cpu::gelu_forward(act(y), in(0), n); break;
-    case Fn::gelu_tanh: cpu::gelu_tanh_forward(act(y), in(0), n); break;
-    case Fn::relu: cpu::relu_forward(act(y), in(0), n); break;
-    case Fn::silu: cpu::silu_forward(act(y), in(0), n); break;
-    case Fn::tanh: cpu::tanh_forward(act(y), in(0), n); break;
-    case Fn::cast: std::copy(in(0), in(0) + n, act(y)); break;
-    case Fn::rope_tables: {
-      const auto& s = shape(y);  // (1, T, D)
-      cpu::rope_tables(act(op.outputs[0]), act(op.outputs[1]), s[1], s[2], alpha);
-      break;
-    }
-    case Fn::rope: {
-      const auto& s = shape(y);  // (B, H, T, D) from a (B, T, H*D) projection
-      float* x = scratch(0, n);
-      cpu::split_heads_forward(x, in(0), s[0], s[2], s[1], s[3], s[1] * s[3], 0);
-      cpu::rope_forward(act(y), x, in(1), in(2), s[0], s[1], s[2], s[3]);
-      break;
-    }
-    case Fn::merge_heads: {
-      const auto& s = shape(op.inputs[0]);  // (B, H, T, D)
-      cpu::merge_heads_forward(act(y), in(0), s[0], s[2], s[1], s[3]);
-      break;
-    }
-    case Fn::repeat_kv: {
-      // (B, K, T, D), or a (B, T, K*D) projection read as heads
-      const auto& ys = shape(y);
-      const auto& s = shape(op.inputs[0]);
-      const std::int64_t B = ys[0], T = ys[2], D = ys[3], K = s.size() == 4 ? s[1] : s[2] / D;
-      const float* x = in(0);
-      if (s.size() == 3) {
-        float* h = scratch(0, B * K * T * D);
-        cpu::split_heads_forward(h, x, B, T, K, D, s[2], 0);
-        x = h;
-      }
-      cpu::repeat_kv_forward(act(y), x, B, K, ys[1] / K, T, D);
-      break;
-    }
-    case Fn::extended_mask: {
-      const auto& s = shape(op.inputs[0]);  // (B, T)
-      cpu::padding_mask(act(y), ids(op.inputs[0]), s[0], s[1]);
-      break;
-    }
-    case Fn::causal_mask: cpu::causal_mask(act(y), shape(y)[2]); break;
-    case Fn::cross_entropy: {
-      const std::int64_t V = shape(op.outputs[0]).back();
-      const std::int64_t rows = numel(op.inputs[0]) / V;
-      cpu::log_softmax_forward(act(op.outputs[0]), in(0), rows, V);
-      act(op.outputs[1])[0] = cpu::nll_loss_forward(act(op.outputs[0]), ids(op.inputs[1]), rows, V);
-      break;
-    }
-    case Fn::none:
-    case Fn::sdpa: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
-  }
-}
-
-void Interpreter::backward_op(const models::Op& op) {
-  const auto& cfg = g_.cfg;
-  const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
-  const std::int64_t n = y >= 0 ? numel(y) : 0;
-  auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g_.tensors[U(t)].shape; };
-  // The gradient flowing into this op: d(loss)/d(loss) = 1/GAS (DeepSpeed scales the loss).
-  const float loss_grad = static_cast<float>(loss_scale_ / static_cast<double>(p_.info.gas));
-  const TensorId out_main = op.fn == Fn::cross_entropy ? op.outputs[1] : y;
-  const float* dy = nullptr;
-  if (out_main == g_.loss) dy = &loss_grad;
-  else if (out_main >= 0) dy = grad(out_main);
-  if (!dy) return;  // nothing flows back through this op
-  auto dx = [&](std::size_t i) { return i < op.inputs.size() ? grad(op.inputs[i]) : nullptr; };
-  auto x = [&](std::size_t i) { return act(op.inputs[i]); };
-  auto pg = [&](std::size_t i) { return param_grad(op.params[i]); };
-  const float alpha = static_cast<float>(op.alpha);
-  switch (op.fn) {
-    case Fn::embedding: {
-      const std::int64_t C = shape(y).back();
-      const std::int64_t V = g_.params[U(op.params[0])].shape[0];
-      cpu::embedding_backward(pg(0), ids(op.inputs[0]), dy, n / C, V, C, -1, true);
-      break;
-    }
-    case Fn::position_embedding: cpu::copy_accumulate(pg(0), dy, n, true); break;
-    case Fn::linear:
-    case Fn::conv1d:
-    case Fn::linear_first_token: {
-      const auto [conv, K, Nn] = linear_geometry(g_, op);
-      float* db = op.params.size() > 1 ? pg(1) : nullptr;
-      const float* xin = x(0);
-      float* dxin = dx(0);
-      float* dsel = nullptr;
-      std::int64_t B = 0, T = 0;
-      if (op.fn == Fn::linear_first_token) {
-        const auto& xs = shape(op.inputs[0]);
-        B = xs[0];
-        T = xs[1];
-        float* sel = scratch(0, B * K);
-        cpu::select_token_forward(sel, xin, B, T, K, 0);
-        xin = sel;
-        if (dxin) dsel = scratch(1, B * K);
-      }
-      float* dtarget = op.fn == Fn::linear_first_token ? dsel : dxin;
-      if (conv) cpu::conv1d_backward(dtarget, pg(0), db, dy, xin, param(op.params[0]), n / Nn, Nn, K, true);
-      else cpu::linear_backward(dtarget, pg(0), db, dy, xin, param(op.params[0]), n / Nn, Nn, K, true);
-      if (dsel) cpu::select_token_backward(dxin, dsel, B, T, K, 0, true);
-      break;
-    }
-    case Fn::attn_scores:
-    case Fn::attn_context: {
-      const auto& ys = shape(y);
-      Dims d{ys[0], ys[1], ys[2], cfg.head_dim};
-      const std::int64_t hv = d.B * d.H * d.T * d.D;
-      // Operand i as (B, H, T, D) and where its gradient goes.
-      auto operand = [&](std::size_t i, std::size_t slot) -> const float* {
-        const TensorId t = op.inputs[std::min(i, op.inputs.size() - 1)];
-        const auto& s = shape(t);
-        if (s.size() == 4) return act(t);
-        float* o = scratch(slot, hv);
-        cpu::split_heads_forward(o, act(t), d.B, d.T, d.H, d.D, s[2], op.col[i]);
-        return o;
-      };
-      auto give_back = [&](std::size_t i, const float* g) {
-        const TensorId t = op.inputs[std::min(i, op.inputs.size() - 1)];
-        float* dt = grad(t);
-        if (!dt) return;
-        const auto& s = shape(t);
-        if (s.size() == 4) cpu::copy_accumulate(dt, g, numel(t), true);
-        else cpu::split_heads_backward(dt, g, d.B, d.T, d.H, d.D, s[2], op.col[i], true);
-      };
-      if (op.fn == Fn::attn_scores) {
-        const float* q = operand(0, 0);
-        const float* k = operand(1, 1);
-        float* dq = scratch(2, hv);
-        float* dk = scratch(3, hv);
-        cpu::bmm_backward(dq, dk, dy, q, k, d.B * d.H, d.T, d.T, d.D, false, true, false);
-        give_back(0, dq);
-        give_back(1, dk);
-      } else {
-        const float* pr = act(op.inputs[0]);
-        const float* v = operand(1, 1);
-        const std::int64_t np = numel(op.inputs[0]);
-        float* dp = scratch(2, np);
-        float* dv = scratch(3, hv);
-        cpu::bmm_backward(dp, dv, dy, pr, v, d.B * d.H, d.T, d.D, d.T, false, false, false);
-        if (float* g = grad(op.inputs[0])) cpu::copy_accumulate(g, dp, np, true);
-        give_back(1, dv);
-      }
-      break;
-    }
-    case Fn::scale: if (dx(0)) cpu::scale_backward(dx(0), dy, n, alpha, true); break;
-    case Fn::add_scalar: if (dx(0)) cpu::add_scalar_backward(dx(0), dy, n, true); break;
-    case Fn::add: {
-      if (op.inputs.size() > 1 && numel(op.inputs[1]) != n) {
-        const auto& s = shape(y);
-        cpu::add_broadcast_backward(dx(0), dx(1), dy, {1, s[0], s[1], s[2]}, {1, 1, s[1], s[2]}, true);
-      } else {
-        cpu::add_backward(dx(0), dx(1), dy, n, true);
-      }
-      break;
-    }
-    case Fn::causal_where: {
-      const auto& s = shape(y);
-      if (dx(0)) cpu::causal_where_backward(dx(0), dy, s[0] * s[1], s[2], true);
-      break;
-    }
-    case Fn::add_mask: {
-      const auto& s = shape(y);
-      const auto& m = shape(op.inputs[1]);
-      cpu::add_broadcast_backward(dx(0), nullptr, dy, {s[0], s[1], s[2], s[3]}, {m[0], m[1], m[2], m[3]}, true);
-      break;
-    }
-    case Fn::softmax: {
-      const std::int64_t c = shape(y).back();
-      if (dx(0)) cpu::softmax_backward(dx(0), act(y), dy, n / c, c, true);
-      break;
-    }
-    case Fn::dropout:
-      if (dx(0))
-        cpu::dropout_backward(dx(0), reinterpret_cast<const std::uint8_t*>(act(op.outputs[1])), dy, n, alpha, true);
-      break;
-    case Fn::layernorm: {
-      const std::int64_t C = shape(y).back();
-      cpu::layernorm_backward(dx(0), pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, x(0), act(op.outputs[1]),
-                              act(op.outputs[2]), param(op.params[0]), n / C, C, true);
-      break;
-    }
-    case Fn::pow:
-      if (!dx(0)) break;
-      if (op.alpha == 2.0) cpu::pow2_backward(dx(0), x(0), dy, n, true);
-      else cpu::pow3_backward(dx(0), x(0), dy, n, true);
-      break;
-    case Fn::rms_rsqrt: {
-      const std::int64_t C = shape(op.inputs[0]).back();
-      if (dx(0)) cpu::rms_rsqrt_backward(dx(0), dy, act(y), n, C, true);
-      break;
-    }
-    case Fn::mul: cpu::mul_backward(dx(0), dx(1), dy, x(0), x(1), n, true); break;
-    case Fn::mul_rowscale: {
-      const std::int64_t C = shape(y).back();
-      cpu::mul_rowscale_backward(dx(0), dx(1), dy, x(0), x(1), n / C, C, true);
-      break;
-    }
-    case Fn::mul_weight: {
-      const std::int64_t C = shape(y).back();
-      cpu::mul_weight_backward(dx(0), pg(0), dy, x(0), param(op.params[0]), n / C, C, true);
-      break;
-    }
-    case Fn::gelu: if (dx(0)) cpu::gelu_backward(dx(0), x(0), dy, n, true); break;
-    case Fn::gelu_tanh: if (dx(0)) cpu::gelu_tanh_backward(dx(0), x(0), dy, n, true); break;
-    case Fn::silu: if (dx(0)) cpu::silu_backward(dx(0), x(0), dy, n, true); break;
-    case Fn::relu: if (dx(0)) cpu::relu_backward(dx(0), act(y), dy, n, true); break;
-    case Fn::tanh: if (dx(0)) cpu::tanh_backward(dx(0), act(y), dy, n, true); break;
-    case Fn::cast: if (dx(0)) cpu::copy_accumulate(dx(0), dy, n, true); break;
-    case Fn::rope: {
-      const auto& s = shape(y);
-      if (!dx(0)) break;
-      float* dxh = scratch(0, n);
-      cpu::rope_backward(dxh, dy, x(1), x(2), s[0], s[1], s[2], s[3], false);
-      cpu::split_heads_backward(dx(0), dxh, s[0], s[2], s[1], s[3], s[1] * s[3], 0, true);
-      break;
-    }
-    case Fn::merge_heads: {
-      const auto& s = shape(op.inputs[0]);
-      if (dx(0)) cpu::merge_heads_backward(dx(0), dy, s[0], s[2], s[1], s[3], true);
-      break;
-    }
-    case Fn::repeat_kv: {
-      if (!dx(0)) break;
-      const auto& ys = shape(y);
-      const auto& s = shape(op.inputs[0]);
-      const std::int64_t B = ys[0], T = ys[2], D = ys[3], K = s.size() == 4 ? s[1] : s[2] / D;
-      if (s.size() == 4) {
-        cpu::repeat_kv_backward(dx(0), dy, B, K, ys[1] / K, T, D, true);
-      } else {
-        float* h = scratch(0, B * K * T * D);
-        cpu::repeat_kv_backward(h, dy, B, K, ys[1] / K, T, D, false);
-        cpu::split_heads_backward(dx(0), h, B, T, K, D, s[2], 0, true);
-      }
-      break;
-    }
-    case Fn::cross_entropy: {
-      const std::int64_t V = shape(op.outputs[0]).back();
-      const std::int64_t rows = numel(op.inputs[0]) / V;
-      if (dx(0))
-        cpu::log_softmax_nll_backward(dx(0), act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], true);
-      break;
-    }
-    case Fn::rope_tables:
-    case Fn::extended_mask:
-    case Fn::causal_mask: break;  // no gradient
-    case Fn::none:
-    case Fn::sdpa: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
-  }
-}
 
 // ------------------------------------------------------------------ copies
 void Interpreter::copy_event(const Event& e) {
@@ -774,7 +401,7 @@ void Interpreter::copy_event(const Event& e) {
     }
     case CopyOp::accumulate: {
       const std::int64_t n = std::min(elems(e.src_buf), elems(e.dst_buf));
-      cpu::copy_accumulate(f32(e.dst_buf), f32(e.src_buf), n, true);
+      dev_.accumulate(f32(e.dst_buf), f32(e.src_buf), n);
       break;
     }
     case CopyOp::partition_grads: {
@@ -967,7 +594,7 @@ void Interpreter::optimizer_event(const Event& e) {
   const bool adam = oc.type != zero::OptimizerType::sgd;
   const std::int64_t half = adam ? total / 2 : total;
   auto update = [&](float* p, float* g, std::int64_t at, std::int64_t n, float factor) {
-    if (factor != 1.0f) cpu::scale_inplace(g, n, factor);
+    if (factor != 1.0f) dev_.scale(g, n, factor);
     if (adam) {
       cpu::AdamConfig a;
       a.lr = lr_.value_or(oc.lr);
@@ -976,13 +603,13 @@ void Interpreter::optimizer_event(const Event& e) {
       a.eps = oc.eps;
       a.weight_decay = oc.weight_decay;
       a.decoupled = oc.type == zero::OptimizerType::adamw || oc.adam_w_mode;
-      cpu::adam_step(p, g, states + at, states + half + at, n, optimizer_step_.value_or(step_), a);
+      dev_.adam_step(p, g, states + at, states + half + at, n, optimizer_step_.value_or(step_), a);
     } else {
       cpu::SgdConfig sg;
       sg.lr = lr_.value_or(oc.lr);
       sg.momentum = oc.momentum;
       sg.weight_decay = oc.weight_decay;
-      cpu::sgd_step(p, g, states ? states + at : nullptr, n, optimizer_step_.value_or(step_), sg);
+      dev_.sgd_step(p, g, states ? states + at : nullptr, n, optimizer_step_.value_or(step_), sg);
     }
   };
   // Stage 0 (replicated gradients): the norm and the overflow check are local.

@@ -8,6 +8,7 @@
 // operands (zero/program.hpp), its op's function (models::Fn) and its slices.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <optional>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "exec/allocator.hpp"
 #include "exec/checkpoint.hpp"
 #include "exec/comm.hpp"
+#include "exec/device.hpp"
 #include "models/graph.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/lower.hpp"
@@ -36,10 +38,14 @@ struct StepResult {
 // Whether the executor can run this program, and if not, why (one line).
 std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg);
 
-class Interpreter {
+// Runs a step program on one device and one communicator: binds each event's buffers
+// (through the tracking allocator), stages 16-bit storage as fp32 views, and hands ops
+// and optimizer updates to the device and collectives to the communicator.
+class Interpreter : private Operands {
  public:
+  // `device`: nullptr for the CPU device.
   Interpreter(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg, Comm& comm,
-              TrackingAllocator& mem, std::uint64_t seed);
+              TrackingAllocator& mem, std::uint64_t seed, Device* device = nullptr);
   // Runs the prologue: allocates the persistent buffers and initialises params (the same
   // values for every stage and world size), master weights and optimizer states.
   void prologue();
@@ -93,14 +99,20 @@ class Interpreter {
   float* f32_range(zero::BufferId b, std::int64_t offset, std::int64_t count) const;
   void flush() const;
   void update_loss_scale();
-  float* act(models::TensorId t) const;        // a forward tensor's data
-  float* grad(models::TensorId t) const;       // its gradient, or nullptr
-  const std::int64_t* ids(models::TensorId t) const;
-  float* param(models::ParamId p) const;       // the param's full values
-  float* param_grad(models::ParamId p) const;  // its gradient (must be live)
-  float* scratch(std::size_t slot, std::int64_t n);
+  // Operands of the op being run (exec/device.hpp).
+  const models::OpGraph& graph() const override { return g_; }
+  float* act(models::TensorId t) const override;        // a forward tensor's data
+  float* grad(models::TensorId t) const override;       // its gradient, or nullptr
+  const std::int64_t* ids(models::TensorId t) const override;
+  float* param(models::ParamId p) const override;       // the param's full values
+  float* param_grad(models::ParamId p) const override;  // its gradient (must be live)
+  float* scratch(std::size_t slot, std::int64_t n) override;
+  std::uint64_t dropout_seed() const override;
+  float loss_grad() const override;
   std::int64_t numel(models::TensorId t) const;
-  std::uint64_t dropout_seed() const;
+
+  std::unique_ptr<Device> own_device_;  // the CPU device when none is given
+  Device& dev_;
 
   const models::OpGraph& g_;
   const zero::Program& p_;

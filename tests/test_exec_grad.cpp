@@ -12,6 +12,7 @@
 #include "exec/allocator.hpp"
 #include "exec/comm.hpp"
 #include "exec/data.hpp"
+#include "exec/device_cpu.hpp"
 #include "exec/interpreter.hpp"
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
@@ -103,4 +104,60 @@ TEST_CASE("whole-model gradients of the tiny models match finite differences of 
     MESSAGE(name, ": ", checked, " params checked at their largest-gradient element");
     CHECK(checked >= static_cast<int>(upd.g.params.size()) / 2);
   }
+}
+
+namespace {
+// A device that counts what it is asked to do and has the CPU device do it: the
+// interpreter must reach the device only through exec/device.hpp.
+class CountingDevice final : public zp::exec::Device {
+ public:
+  const char* name() const override { return "counting"; }
+  void forward(const zp::models::Op& op, zp::exec::Operands& o) override {
+    ++forward_calls;
+    cpu.forward(op, o);
+  }
+  void backward(const zp::models::Op& op, zp::exec::Operands& o) override {
+    ++backward_calls;
+    cpu.backward(op, o);
+  }
+  void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t step,
+                 const zp::kernels::cpu::AdamConfig& c) override {
+    ++updates;
+    cpu.adam_step(p, g, m, v, n, step, c);
+  }
+  void sgd_step(float* p, const float* g, float* m, std::int64_t n, std::int64_t step,
+                const zp::kernels::cpu::SgdConfig& c) override {
+    ++updates;
+    cpu.sgd_step(p, g, m, n, step, c);
+  }
+  void scale(float* x, std::int64_t n, float f) override { cpu.scale(x, n, f); }
+  void accumulate(float* d, const float* s, std::int64_t n) override { cpu.accumulate(d, s, n); }
+  zp::exec::CpuDevice cpu;
+  int forward_calls = 0, backward_calls = 0, updates = 0;
+};
+}  // namespace
+
+TEST_CASE("the interpreter runs ops and updates through the device interface") {
+  Model a = make("tiny-gpt2", 1e-2), b = make("tiny-gpt2", 1e-2);
+  zp::exec::DataSource data("synthetic", a.g, 7);
+  const std::vector<zp::exec::MicroBatch> batch{data.batch(1, 0, 1, 0, 1)};
+  zp::exec::TrackingAllocator mem_a(a.prog.buffers.size()), mem_b(b.prog.buffers.size());
+  CountingDevice dev;
+  zp::exec::Interpreter with(a.g, a.prog, a.cfg, comm(), mem_a, 99, &dev);
+  zp::exec::Interpreter plain(b.g, b.prog, b.cfg, comm(), mem_b, 99);
+  with.prologue();
+  plain.prologue();
+  int fwd = 0, bwd = 0;
+  for (auto id = a.prog.step_begin; id < static_cast<zp::zero::EventId>(a.prog.events.size()); ++id) {
+    const auto& e = a.prog.events[static_cast<std::size_t>(id)];
+    if (e.kind != zp::zero::EventKind::compute || e.op < 0) continue;
+    fwd += e.phase != zp::zero::Phase::backward ? 1 : 0;
+    bwd += e.phase == zp::zero::Phase::backward ? 1 : 0;
+  }
+  for (int s = 1; s <= 2; ++s) CHECK(with.step(s, batch).loss == plain.step(s, batch).loss);
+  CHECK(dev.forward_calls == 2 * fwd);
+  CHECK(dev.backward_calls > 0);
+  CHECK(dev.backward_calls <= 2 * bwd);
+  CHECK(dev.updates >= 2);
+  CHECK(with.param_values(0) == plain.param_values(0));
 }
