@@ -215,7 +215,7 @@ void run_plan_bench(benchmark::State& state, const cli::PlanRequest& req) {
   state.counters["simulated"] = static_cast<double>(r.stats.simulated);
   state.counters["grid"] = static_cast<double>(r.stats.grid);
   state.counters["sims_per_s"] = static_cast<double>(r.stats.simulated) * n / seconds;
-  state.counters["decided_per_s"] = static_cast<double>(r.stats.grid) * n / seconds;
+  state.counters["candidates_per_s"] = static_cast<double>(r.stats.grid) * n / seconds;
   state.counters["threads"] = r.stats.threads;
 }
 

@@ -269,13 +269,14 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     if (space.values[static_cast<std::size_t>(d)].size() > 1)
       searched += fmt::format("{}{}", searched.empty() ? "" : ", ", planner::dim_name(static_cast<Dim>(d)));
   t += fmt::format("searched: {}\n", searched.empty() ? "nothing (every dimension fixed)" : searched);
-  t += fmt::format("{} grid of {} candidates in {} shapes: simulated {} in {:.2f} s on {} thread(s) ({:.0f} simulations/s, "
-                   "{:.0f} candidates decided/s)",
-                   req.exhaustive ? "exhaustive:" : "search:", st.grid, st.shapes, st.simulated, st.seconds, st.threads,
-                   static_cast<double>(st.simulated) / st.seconds, static_cast<double>(st.grid) / st.seconds);
+  t += fmt::format("{} {} candidates in {} shapes evaluated in {:.2f} s on {} thread(s): {:.0f} candidates/s; {} by full "
+                   "simulation ({:.0f} simulations/s)",
+                   req.exhaustive ? "exhaustive:" : "search:", st.grid, st.shapes, st.seconds, st.threads,
+                   static_cast<double>(st.grid) / st.seconds, st.simulated, static_cast<double>(st.simulated) / st.seconds);
   if (!req.exhaustive)
-    t += fmt::format("; shapes pruned: {} by their model states, {} by memory, {} by the throughput bound",
-                     st.shapes_pruned_states, st.shapes_pruned_memory, st.shapes_pruned_bound);
+    t += fmt::format("; {} ruled out by their memory lower bound; shapes dropped: {} (no point under the memory bound), "
+                     "{} (memory-frugal point does not fit), {} (throughput bound below the best)",
+                     st.pruned_memory_bound, st.shapes_pruned_states, st.shapes_pruned_memory, st.shapes_pruned_bound);
   t += "\n\n";
 
   nlohmann::json j;
@@ -287,12 +288,13 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
   j["seq_len"] = pb.seq_len;
   j["objective"] = planner::objective_name(pb.objective);
   j["memory_headroom"] = pb.headroom;
-  j["candidates_evaluated"] = st.simulated;
-  j["candidates_in_grid"] = st.grid;
+  j["candidates_evaluated"] = st.grid;  // every point: by its memory bound, and the promising ones simulated
+  j["candidates_simulated"] = st.simulated;
   j["search_seconds"] = st.seconds;
   j["search"] = {{"mode", req.exhaustive ? "exhaustive" : "search"},
                  {"threads", st.threads},
                  {"shapes", st.shapes},
+                 {"candidates_over_memory_bound", st.pruned_memory_bound},
                  {"shapes_pruned_model_states", st.shapes_pruned_states},
                  {"shapes_pruned_memory", st.shapes_pruned_memory},
                  {"shapes_pruned_throughput_bound", st.shapes_pruned_bound}};

@@ -124,6 +124,20 @@ std::int64_t frugal_value(const std::vector<std::int64_t>& values) { return valu
 
 }  // namespace
 
+// Device bytes a candidate holds at once at some point of the step, whatever else is
+// live: its model states (above) and the gradient buckets its knobs allocate while they
+// are live (stages 1/2: reduce_bucket_size x the model dtype, twice under overlap_comm,
+// when contiguous_gradients; stage 3: one bucket in the communication dtype).
+Bytes candidate_lower_bound(const Problem& pb, std::int64_t psi, const Knobs& k) {
+  const int stage = static_cast<int>(get(k, Dim::stage));
+  Bytes b = model_states_lower_bound(pb, psi, stage, get(k, Dim::offload_optimizer) != 0);
+  if (stage == 0 || !relevant(pb, k, Dim::reduce_bucket_size) || get(k, Dim::contiguous_gradients) == 0) return b;
+  const std::int64_t rbs = get(k, Dim::reduce_bucket_size);
+  if (stage == 3) return b + Bytes{rbs * dtype_size(pb.base.communication_data_type())};
+  const std::int64_t overlap = get(k, Dim::overlap_comm) < 0 ? 0 : get(k, Dim::overlap_comm);
+  return b + Bytes{rbs * dtype_size(pb.base.model_dtype()) * (overlap ? 2 : 1)};
+}
+
 const char* objective_name(Objective o) {
   switch (o) {
     case Objective::throughput: return "throughput";
@@ -486,6 +500,30 @@ std::vector<Knobs> enumerate(const Problem& pb, const Space& space, const Knobs&
   return out;
 }
 
+// The same points, one at a time, without storing them.
+template <class F>
+void for_each_point(const Problem& pb, const Space& space, const Knobs& start, F&& f) {
+  Knobs k = start;
+  auto rec = [&](auto&& self, int d) -> void {
+    if (d == kNumDims) {
+      f(k);
+      return;
+    }
+    const Dim dim = static_cast<Dim>(d);
+    const auto& vals = space.values[static_cast<std::size_t>(d)];
+    if (!relevant(pb, k, dim) || vals.size() <= 1) {
+      set(k, dim, relevant(pb, k, dim) ? vals.front() : get(start, dim));
+      self(self, d + 1);
+      return;
+    }
+    for (std::int64_t v : vals) {
+      set(k, dim, v);
+      self(self, d + 1);
+    }
+  };
+  rec(rec, 0);
+}
+
 Knobs shape_of(const Knobs& k) {
   Knobs s{};
   for (Dim d : kShapeDims) set(s, d, get(k, d));
@@ -569,17 +607,28 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
       families[fam].push_back(s);
     }
   }
-  // The full grid: each shape times the values of its relevant knobs.
-  for (auto& [fam, shapes] : families)
-    for (const Knobs& s : shapes) {
-      std::int64_t n = 1;
-      for (int d = 0; d < kNumDims; ++d) {
-        const Dim dim = static_cast<Dim>(d);
-        if (is_shape_dim(dim) || !relevant(pb, s, dim)) continue;
-        n *= static_cast<std::int64_t>(space.values[static_cast<std::size_t>(d)].size());
-      }
-      grid += n;
-    }
+  // Every point of the grid, evaluated by its memory lower bound (candidate_lower_bound):
+  // the points above the limit are never simulated, and a shape with none below it is
+  // dropped before its throughput bound is computed.
+  const Bytes device_limit{static_cast<std::int64_t>(std::floor(pb.headroom * static_cast<double>(pb.device->memory.v)))};
+  std::vector<const Knobs*> all_shapes;
+  for (auto& [fam, list] : families)
+    for (const Knobs& sh : list) all_shapes.push_back(&sh);
+  std::vector<std::int64_t> points(all_shapes.size(), 0), below(all_shapes.size(), 0);
+  parallel_for(all_shapes.size(), threads, [&](std::size_t i) {
+    Space one = space;
+    for (Dim d : kShapeDims) one.values[static_cast<std::size_t>(d)] = {get(*all_shapes[i], d)};
+    for_each_point(pb, one, *all_shapes[i], [&](const Knobs& k) {
+      ++points[i];
+      if (candidate_lower_bound(pb, psi, k) <= device_limit) ++below[i];
+    });
+  });
+  std::set<Knobs> shapes_without_fit;
+  for (std::size_t i = 0; i < all_shapes.size(); ++i) {
+    grid += points[i];
+    r.stats.pruned_memory_bound += points[i] - below[i];
+    if (below[i] == 0) shapes_without_fit.insert(*all_shapes[i]);
+  }
   r.stats.grid = grid;
   for (auto& [fam, shapes] : families) r.stats.shapes += static_cast<std::int64_t>(shapes.size());
 
@@ -619,8 +668,16 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
     auto it = cache.find(k);
     return it == cache.end() ? nullptr : &it->second;
   };
+  // A point above its memory bound is answered without simulation (it cannot fit).
   auto eval = [&](const Knobs& k) {
     if (const Evaluation* e = cached(k)) return *e;
+    if (candidate_lower_bound(pb, psi, k) > device_limit) {
+      Evaluation e;
+      e.knobs = k;
+      e.device_used = candidate_lower_bound(pb, psi, k);
+      e.device_limit = device_limit;
+      return e;  // fits = false; not recorded: it was never simulated
+    }
     Evaluation e = evaluate(pb, graphs, k);
     record(e);
     return e;
@@ -630,7 +687,6 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
   for (int d = 0; d < kNumDims; ++d)
     if (!is_shape_dim(static_cast<Dim>(d)) && space.values[static_cast<std::size_t>(d)].size() > 1)
       knob_dims.push_back(static_cast<Dim>(d));
-  const Bytes device_limit{static_cast<std::int64_t>(std::floor(pb.headroom * static_cast<double>(pb.device->memory.v)))};
 
   struct ShapeState {
     Knobs shape{};
@@ -645,7 +701,13 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
       r.stats.shapes_pruned_states += static_cast<std::int64_t>(list.size());
       continue;
     }
-    for (const Knobs& sh : list) shapes.push_back({sh, fam, 0, {}});
+    for (const Knobs& sh : list) {
+      if (shapes_without_fit.count(sh)) {
+        ++r.stats.shapes_pruned_states;
+        continue;
+      }
+      shapes.push_back({sh, fam, 0, {}});
+    }
   }
   // One cheap look at every shape: its bound (a lowering at GAS 1, no replay, no
   // engine), or for the memory objective its frugal setting, fully simulated.

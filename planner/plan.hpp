@@ -146,14 +146,21 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
 // stream's own ops and optimizer work at full rate (from a lowering at GAS 1).
 double compute_bound_ms(const Problem& pb, const GraphCache& graphs, const Knobs& k);
 
+// Device bytes every setting of `k` allocates at once at some point (model states and the
+// gradient buckets its knobs size): device_used >= this, so a point above the limit
+// cannot fit and is not simulated. Ψ: the model's parameter count.
+Bytes candidate_lower_bound(const Problem& pb, std::int64_t psi, const Knobs& k);
+
 // Better under the objective (fitting candidates before non-fitting ones).
 bool better(const Problem& pb, const Evaluation& a, const Evaluation& b);
 
 struct SearchStats {
-  std::int64_t grid = 0;             // points of the full grid (relevant dimensions only)
+  std::int64_t grid = 0;             // points of the full grid (relevant dimensions only), each
+                                     // evaluated by its memory lower bound
   std::int64_t simulated = 0;        // candidates evaluated by full simulation
   std::int64_t shapes = 0;           // (stage, micro-batch, checkpointing, offload, hpZ) combinations
-  std::int64_t shapes_pruned_states = 0;   // persistent model states alone exceed the limit
+  std::int64_t shapes_pruned_states = 0;   // every point's memory bound (model states, buckets) exceeds the limit
+  std::int64_t pruned_memory_bound = 0;    // grid points whose memory lower bound exceeds the limit
   std::int64_t shapes_pruned_memory = 0;   // the memory-frugal setting does not fit
   std::int64_t shapes_pruned_bound = 0;    // throughput bound below the best found
   double seconds = 0;

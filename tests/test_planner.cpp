@@ -98,8 +98,12 @@ TEST_CASE("regret: the search's choice is within 1% of the exhaustive grid's bes
     // The winner fits its bound, and so does every fitting candidate of the grid.
     CHECK(got.device_used <= got.device_limit);
     CHECK(got.host_per_node <= got.host_limit);
-    for (const auto& e : full.all)
+    const std::int64_t psi = planner::GraphCache(pb).get(1).param_count();
+    for (const auto& e : full.all) {
       if (e.fits) CHECK(e.device_used <= e.device_limit);
+      CHECK(planner::candidate_lower_bound(pb, psi, e.knobs) <= e.device_used);  // the bound never overestimates
+    }
+    CHECK(found.stats.grid == full.stats.grid);  // every point evaluated, by bound or simulation
     // The compute bound holds for every point, and is the same for every knob setting of a shape.
     planner::GraphCache graphs(pb);
     graphs.prepare(c.mbs);
@@ -284,7 +288,8 @@ TEST_CASE("the winner's ds_config is the base with the searched keys replaced, a
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
   REQUIRE(j["best"].is_object());
-  CHECK(j["candidates_evaluated"].get<int>() > 0);
+  CHECK(j["candidates_evaluated"].get<int>() > j["candidates_simulated"].get<int>());
+  CHECK(j["candidates_simulated"].get<int>() > 0);
   CHECK(j["search_seconds"].get<double>() > 0);
   CHECK(j["ranked"].size() >= 2);
   const auto cfg = zero::load_ds_config(out.string());
