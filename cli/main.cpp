@@ -162,13 +162,13 @@ int main(int argc, char** argv) {
   pl->add_option("--price-per-gpu-hour", plan_req.price, "for --objective cost (default 1: GPU-hours)");
   pl->add_option("--memory-headroom", plan_req.headroom, "fraction of device and host memory a plan may use, in (0, 1] (default 0.9)");
   pl->add_option("--search", plan_req.search, "comma-separated dimensions to search (default: all); the rest come from BASE.json");
-  pl->add_option("--top", plan_req.top, "rows of the ranked table (default 10)");
+  auto* plan_top = pl->add_option("--top", plan_req.top, "rows of the ranked table (default 10); with --verify, the candidates verified");
   pl->add_option("--out", plan_req.out, "write the winner's ds_config here");
   pl->add_option("--threads", plan_req.threads, "threads (default 0: every core)");
   pl->add_flag("--exhaustive", plan_req.exhaustive, "simulate every point of the grid instead of searching");
   pl->add_flag("--explain", plan_req.explain, "add the full explain of the runner-up vs the winner");
   pl->add_flag("--verify", plan_req.verify, "run the executor on the top candidates and compare");
-  pl->add_option("--verify-top", plan_req.verify_top, "candidates to verify (default 3)");
+  auto* plan_verify_top = pl->add_option("--verify-top", plan_req.verify_top, "candidates to verify (default: --top if given, else 3)");
   pl->add_option("--verify-steps", plan_req.verify_steps, "steps per verified candidate (default 3)");
   pl->add_option("--verify-launcher", plan_req.verify_launcher, "rank launcher, {N} = ranks (default: mpirun --oversubscribe -np {N})");
   pl->add_flag("--json", plan_req.base.json, "machine-readable output");
@@ -240,6 +240,7 @@ int main(int argc, char** argv) {
     } else if (*pl) {
       if (!plan_seq.empty()) plan_req.base.seq_len = parse_positive("--seq-len", plan_seq);
       if (!plan_global.empty()) plan_req.global_batch = parse_positive("--global-batch", plan_global);
+      if (plan_top->count() > 0 && plan_verify_top->count() == 0) plan_req.verify_top = plan_req.top;
       const auto o = zp::cli::run_plan(plan_req, argv[0]);
       print_warnings(o.warnings);
       if (plan_req.base.json) std::cout << o.json.dump(2) << "\n";

@@ -346,7 +346,7 @@ TEST_CASE("plan --verify runs the top candidates on the executor: memory equal t
   const auto r = test::run_shell(
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(ZEROPLAN_BIN) +
           " plan --model tiny-gpt2 --cluster cpu-local --gpus 2 --global-batch 8 --seq-len 32 --search stage,micro_batch"
-          " --verify --verify-top 3 --verify-steps 2 --json",
+          " --verify --top 3 --verify-steps 2 --json",
       false);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
