@@ -45,7 +45,6 @@ std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p,
   if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none ||
       cfg.zero.offload_param.device != zero::OffloadDevice::none)
     return "offload_optimizer/offload_param are not executed on CPU ranks";
-  if (cfg.zero.stage == 3 && cfg.zero.zero_hpz_partition_size > 1) return "zero_hpz_partition_size > 1 is not executed";
   if (cfg.zero.stage == 3 && !cfg.zero.reduce_scatter) return "stage 3 with reduce_scatter false is not executed";
   using zero::OptimizerType;
   const auto t = cfg.optimizer.type;
@@ -81,6 +80,7 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
   tgrad_buf_.assign(g.tensors.size(), -1);
   pgrad_buf_.assign(np, -1);
   full_buf_.assign(np, -1);
+  hpz_buf_.assign(np, -1);
   seconds_.assign(p.events.size(), 0.0);
   starts_.assign(p.events.size(), 0.0);
   sent_.assign(p.events.size(), 0);
@@ -101,6 +101,7 @@ void Interpreter::bind(BufferId b) {
       break;
     case BufferRole::flat_params16:
     case BufferRole::param_partition16: params_buf_ = b; break;
+    case BufferRole::hpz_partition16: hpz_buf_[U(buf.ref)] = b; break;
     default: break;
   }
 }
@@ -115,6 +116,7 @@ void Interpreter::unbind(BufferId b) {
     case BufferRole::activation_grad: drop(tgrad_buf_); break;
     case BufferRole::param_grad: drop(pgrad_buf_); break;
     case BufferRole::param_full16: drop(full_buf_); break;
+    case BufferRole::hpz_partition16: drop(hpz_buf_); break;
     default: break;
   }
 }
@@ -425,17 +427,31 @@ void Interpreter::copy_event(const Event& e) {
       break;
     }
     case CopyOp::gather_unflatten: {
+      // The gathered buffer holds one block per rank of the gather's group (all ranks, or
+      // the hpZ group); each block has every param's shard of that rank, in slice order.
+      const std::int64_t gn = e.group >= 0 ? static_cast<std::int64_t>(p_.groups[U(e.group)].ranks.size()) : N_;
       std::int64_t block = 0;
-      for (const auto& s : sl) block += ceil_div(s.count, N_);
+      for (const auto& s : sl) block += ceil_div(s.count, gn);
       const float* src = f32(e.src_buf);
       std::int64_t prefix = 0;
       for (const auto& s : sl) {
-        const std::int64_t sh = ceil_div(s.count, N_);
+        const std::int64_t sh = ceil_div(s.count, gn);
         float* full = param(s.param);
-        for (std::int64_t q = 0; q < N_; ++q)
+        for (std::int64_t q = 0; q < gn; ++q)
           for (std::int64_t j = 0; j < sh && q * sh + j < s.count; ++j) full[q * sh + j] = src[q * block + prefix + j];
         prefix += sh;
       }
+      // hpZ: the forward gather also fills each param's secondary partition, this rank's
+      // 1/h of it within its hpZ group, which the backward gathers read.
+      if (const std::int64_t h = cfg_.zero.zero_hpz_partition_size; stage_ == 3 && h > 1)
+        for (const auto& s : sl) {
+          const BufferId sec = hpz_buf_[U(s.param)];
+          if (sec < 0) continue;
+          const std::int64_t sh = ceil_div(s.count, h), at = (rank_ % h) * sh;
+          float* d = f32(sec);
+          const float* full = param(s.param);
+          for (std::int64_t j = 0; j < sh; ++j) d[j] = at + j < s.count ? full[at + j] : 0.0f;
+        }
       break;
     }
     case CopyOp::interleave: {
@@ -538,15 +554,20 @@ void Interpreter::collective_event(const Event& e) {
     return;
   }
   if (e.coll == zero::CollKind::all_gather && e.src_buf >= 0) {
-    // Stage 3: this rank's shards of the slices' params into its block of the output.
+    // Stage 3: this rank's shards of the slices' params into its block of the output: from
+    // its partition (a gather over all ranks), or from the params' hpZ secondary partitions
+    // (a gather within the hpZ group; src_buf names one of them).
+    const auto gn = static_cast<std::int64_t>(group.size());
+    const auto gi = static_cast<std::int64_t>(std::find(group.begin(), group.end(), rank_) - group.begin());
+    const bool secondary = p_.buffers[U(e.src_buf)].role == BufferRole::hpz_partition16;
     std::int64_t block = 0;
-    for (const auto& s : p_.slices(e)) block += ceil_div(s.count, N_);
-    float* dst = f32(e.dst_buf) + rank_ * block;
-    const float* part = f32(e.src_buf);
+    for (const auto& s : p_.slices(e)) block += ceil_div(s.count, gn);
+    float* dst = f32(e.dst_buf) + gi * block;
     std::int64_t prefix = 0;
     for (const auto& s : p_.slices(e)) {
-      const std::int64_t sh = ceil_div(s.count, N_);
-      std::copy_n(part + part_off_[U(s.param)], sh, dst + prefix);
+      const std::int64_t sh = ceil_div(s.count, gn);
+      const float* from = secondary ? f32(hpz_buf_[U(s.param)]) : f32(e.src_buf) + part_off_[U(s.param)];
+      std::copy_n(from, sh, dst + prefix);
       prefix += sh;
     }
   }

@@ -128,6 +128,7 @@ class Interpreter : private Operands {
   zero::BufferId persist_buf_ = -1, params_buf_ = -1;
   // live bindings
   std::vector<zero::BufferId> tensor_buf_, tgrad_buf_, pgrad_buf_, full_buf_;
+  std::vector<zero::BufferId> hpz_buf_;  // stage 3 hpZ: param → its secondary partition
   std::vector<std::vector<float>> scratch_;
   std::int64_t step_ = 0;
   std::optional<double> lr_;                  // set_update

@@ -64,6 +64,9 @@ struct Case {
   int steps = 3;
   std::int64_t seq = 16;
   std::string dtype = "fp32";  // fp32, bf16, fp16
+  int hpz = 1;                 // zero_hpz_partition_size (stage 3)
+  std::int64_t reuse = 1000000000;  // stage3_max_reuse_distance
+  std::int64_t prefetch = 3000;     // stage3_prefetch_bucket_size
 };
 
 std::string config_text(const Case& c) {
@@ -72,13 +75,15 @@ std::string config_text(const Case& c) {
  "optimizer": {{"type": "AdamW", "params": {{"lr": 0.002, "weight_decay": 0.01}}}},
  "gradient_clipping": 1.0,
  "zero_optimization": {{"stage": {}, "overlap_comm": {}, "contiguous_gradients": {}, "reduce_bucket_size": {},
-   "stage3_prefetch_bucket_size": 3000, "stage3_param_persistence_threshold": 100}}}})",
-                     c.gas, precision, c.stage, c.overlap ? "true" : "false", c.contiguous ? "true" : "false", c.bucket);
+   "stage3_prefetch_bucket_size": {}, "stage3_param_persistence_threshold": 100, "zero_hpz_partition_size": {},
+   "stage3_max_reuse_distance": {}}}}})",
+                     c.gas, precision, c.stage, c.overlap ? "true" : "false", c.contiguous ? "true" : "false", c.bucket,
+                     c.prefetch, c.hpz, c.reuse);
 }
 
 std::string name_of(const Case& c) {
-  return fmt::format("{}-s{}-n{}-g{}-o{}-c{}-b{}-k{}-{}", c.model, c.stage, c.np, c.gas, c.overlap, c.ckpt, c.bucket,
-                     c.contiguous, c.dtype);
+  return fmt::format("{}-s{}-n{}-g{}-o{}-c{}-b{}-k{}-{}-h{}-r{}-p{}", c.model, c.stage, c.np, c.gas, c.overlap, c.ckpt,
+                     c.bucket, c.contiguous, c.dtype, c.hpz, c.reuse, c.prefetch);
 }
 
 // Runs the case and returns each rank's measurements.
@@ -493,4 +498,35 @@ TEST_CASE("the ds_config's scheduler drives the learning rate, with DeepSpeed's 
   CHECK(lr[4] == doctest::Approx(0.0015));
   // A flat schedule is the constant lr, bit for bit.
   CHECK(flat["losses"] == none["losses"]);
+}
+
+TEST_CASE("hpZ: stage 3 with secondary partitions of 2 ranks trains like stage 0, exact bytes") {
+  // 4 ranks in hpZ groups of 2: the forward gathers over all 4 and leaves each rank its half
+  // of every param within its pair; backward (and recomputation) gather within the pair.
+  for (bool ckpt : {false, true}) {
+    Case ref{"tiny-gpt2", 0, 4, 2};
+    ref.ckpt = ckpt;
+    Case h{"tiny-gpt2", 3, 4, 2};
+    h.ckpt = ckpt;
+    h.hpz = 2;
+    h.overlap = true;
+    h.reuse = 0;     // release every param after its use and prefetch (almost) nothing,
+    h.prefetch = 1;  // so that backward gathers each module again
+    const auto a = train(ref);
+    const auto b = train(h);
+    check_against_prediction(h, b);
+    check_same_losses(losses(a[0]), losses(b[0]), 1e-6);
+    // The backward gathers run within the pair: fewer all-gather bytes than a stage 3
+    // without hpZ (each rank sends its half to one peer instead of its quarter to three).
+    Case plain = h;
+    plain.hpz = 1;
+    const auto c = train(plain);
+    check_same_losses(losses(a[0]), losses(c[0]), 1e-6);
+    CHECK(b[0]["comm"]["by_kind"]["all_gather"]["bytes_per_step"].get<std::int64_t>() <
+          c[0]["comm"]["by_kind"]["all_gather"]["bytes_per_step"].get<std::int64_t>());
+    int within_pair = 0;
+    for (const auto& e : b[0]["events"])
+      if (e["id"].get<std::string>().find("bwd/all_gather") != std::string::npos) ++within_pair;
+    CHECK(within_pair > 0);
+  }
 }

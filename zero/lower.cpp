@@ -1168,12 +1168,18 @@ class Lowering {
     const BufferId flat = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::gather_flat, md_, gathered,
                                     b_.cached(LabelKind::gather_buf, key, [&] { return fmt::format("all-gather flat buffer {}", what()); }), seq);
     b_.alloc(flat);
-    b_.cur().src_buf = params_buf_;
+    // Within the hpZ group each rank contributes its secondary partition of every param
+    // (src_buf names the first; the others follow the slices), else its primary partition.
+    BufferId src = params_buf_;
+    if (within_hpz && !params.empty() && !s3_hpz_.empty() && s3_hpz_[static_cast<std::size_t>(params.front())] >= 0)
+      src = s3_hpz_[static_cast<std::size_t>(params.front())];
+    b_.cur().src_buf = src;
     b_.cur().dst_buf = flat;
     for (ParamId p : params) b_.slice({p, 0, numel(p), -1});
     Event& cp = b_.begin(EventKind::copy, s, ph, ms_, b_.cached(LabelKind::gather_copy, key, [&] { return fmt::format("unflatten.{}", what()); }));
     cp.mem_bytes = Bytes{2 * full * b16()};
     cp.copy_op = CopyOp::gather_unflatten;
+    cp.group = within_hpz ? hpz_group_ : dp_group_;  // whose blocks the flat buffer holds
     cp.src_buf = flat;
     for (ParamId p : params) b_.slice({p, 0, numel(p), -1});
     for (ParamId p : params) {

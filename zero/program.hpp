@@ -171,8 +171,11 @@ struct Event {
   Placement src = Placement::device, dst = Placement::device;
   // Executor operands (the simulator does not read them): what a copy, collective or
   // optimizer event reads and writes. A collective works in place on dst (all-gather and
-  // reduce-scatter: src is this rank's input block). `offset` is the first element of the
-  // range an optimizer or sub-group copy covers; `root` is a reduce's destination.
+  // reduce-scatter: src is this rank's input block; a stage-3 all-gather within the hpZ
+  // group names the first param's secondary partition, the others follow its slices). A
+  // gather_unflatten copy's `group` is the gather's, whose blocks it reads. `offset` is the
+  // first element of the range an optimizer or sub-group copy covers; `root` is a
+  // reduce's destination.
   CopyOp copy_op = CopyOp::none;
   BufferId src_buf = -1, src2_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
