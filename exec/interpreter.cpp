@@ -45,7 +45,6 @@ std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p,
   if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none ||
       cfg.zero.offload_param.device != zero::OffloadDevice::none)
     return "offload_optimizer/offload_param are not executed on CPU ranks";
-  if (cfg.zero.stage == 3 && !cfg.zero.reduce_scatter) return "stage 3 with reduce_scatter false is not executed";
   using zero::OptimizerType;
   const auto t = cfg.optimizer.type;
   if (t != OptimizerType::adam && t != OptimizerType::adamw && t != OptimizerType::sgd)
@@ -468,6 +467,10 @@ void Interpreter::copy_event(const Event& e) {
       break;
     }
     case CopyOp::shard_accumulate: {
+      // This rank's chunk of each param: from the reduce-scatter output (blocks per rank,
+      // interleaved), or from the all-reduced contiguous bucket (each param whole, in slice
+      // order: stage 3 with reduce_scatter false).
+      const bool contiguous = p_.buffers[U(e.src_buf)].role == BufferRole::ipg_bucket;
       std::int64_t block = 0;
       for (const auto& s : sl) block += ceil_div(s.count, N_);
       const float* src = f32(e.src_buf);
@@ -475,8 +478,8 @@ void Interpreter::copy_event(const Event& e) {
       std::int64_t prefix = 0;
       for (const auto& s : sl) {
         const std::int64_t sh = ceil_div(s.count, N_);
-        for (std::int64_t j = 0; j < sh && rank_ * sh + j < s.count; ++j)
-          dst[part_off_[U(s.param)] + j] += src[rank_ * block + prefix + j];
+        const float* from = contiguous ? src + s.bucket_offset + rank_ * sh : src + rank_ * block + prefix;
+        for (std::int64_t j = 0; j < sh && rank_ * sh + j < s.count; ++j) dst[part_off_[U(s.param)] + j] += from[j];
         prefix += sh;
       }
       break;

@@ -530,3 +530,36 @@ TEST_CASE("hpZ: stage 3 with secondary partitions of 2 ranks trains like stage 0
     CHECK(within_pair > 0);
   }
 }
+
+TEST_CASE("stage 3 with reduce_scatter false: the contiguous bucket is all-reduced, same losses as stage 0") {
+  Case ref{"tiny-llama", 0, 2, 2};
+  const auto a = train(ref);
+  for (bool contiguous : {true, false}) {
+    Case c{"tiny-llama", 3, 2, 2};
+    c.contiguous = contiguous;
+    c.bucket = 500000;  // every param fits the bucket (a larger one sends the bucket down the reduce-scatter path)
+    c.reuse = 7;        // a distinct name (and config) for this case
+    std::string text = config_text(c);
+    text.replace(text.find("\"zero_optimization\": {"), 22, "\"zero_optimization\": {\"reduce_scatter\": false, ");
+    const std::string cfg = write(name_of(c) + ".json", text);
+    const auto out = dir() / (name_of(c) + ".out.json");
+    const Run r = sh(mpirun(2) + fmt::format("{} train --model tiny-llama --ds-config {} --steps 3 --seq-len 16 --quiet --out {}",
+                                             ZEROPLAN_BIN, cfg, out.string()));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    std::vector<json> ranks;
+    for (int k = 0; k < 2; ++k) {
+      std::ifstream in(dir() / fmt::format("{}.out.rank{}.json", name_of(c), k));
+      ranks.push_back(json::parse(in));
+    }
+    check_against_prediction(c, ranks);
+    check_same_losses(losses(a[0]), losses(ranks[0]), 1e-6);
+    // DeepSpeed all-reduces the contiguous bucket (__avg_scatter_contiguous_grads); without
+    // contiguous gradients it still reduce-scatters.
+    const auto& bk = ranks[0]["comm"]["by_kind"];
+    CHECK(bk.contains("reduce_scatter") == !contiguous);
+    const int all_reduces = bk["all_reduce"]["calls_per_step"].get<int>();  // one is the gradient norm
+    if (contiguous) CHECK(all_reduces > 1);
+    else CHECK(all_reduces == 1);
+  }
+}

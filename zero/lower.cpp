@@ -1333,17 +1333,20 @@ class Lowering {
       padded += N_ * ceil_div(s.count, N_);
       out += ceil_div(s.count, N_);
     }
-    // stage3.py __avg_scatter_grads: with reduce_scatter, the bucket is interleaved per
+    // stage3.py __reduce_and_partition_ipg_grads: the bucket is interleaved per
     // destination rank into one buffer (reduce_scatter_coalesced), reduce-scattered, and
     // this rank's output — a view of that buffer — accumulated into the gradient
-    // partition; without it, the bucket is all-reduced in place.
+    // partition; only with reduce_scatter false and contiguous_gradients is the contiguous
+    // bucket all-reduced in place instead (__avg_scatter_contiguous_grads), and this
+    // rank's chunk of each param taken from it.
     Event& il = b_.begin(EventKind::copy, rs, Phase::backward, ms_, b_.cached(LabelKind::interleave, bn, [&] { return fmt::format("interleave.bucket{}", bn); }));
     b_.dep(last_copy_);
     b_.dep(last_grad_event_);
     BufferId inter = -1;
     const BufferId bucket_src = cfg_.zero.contiguous_gradients ? s3_bucket_ : -1;
     BufferId reduced = bucket_src;
-    if (cfg_.zero.reduce_scatter) {
+    // (a param larger than the bucket stays outside it, and then the bucket is not used)
+    if (cfg_.zero.reduce_scatter || !cfg_.zero.contiguous_gradients || !s3_loose_.empty()) {
       il.mem_bytes = Bytes{2 * padded * dtype_size(cd_)};
       inter = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::comm_staging, cd_, padded,
                         b_.cached(LabelKind::rs_in, bn, [&] { return fmt::format("reduce-scatter input bucket{}", bn); }), bn);
