@@ -42,9 +42,8 @@ std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p,
     return "bf16 with fp32 gradient accumulation at stage 1 (DeepSpeed's BF16_Optimizer) is not executed on CPU";
   (void)p;
   if (g.opt.attention != models::Attention::eager) return "--attention sdpa is not executed on CPU; use eager";
-  if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none ||
-      cfg.zero.offload_param.device != zero::OffloadDevice::none)
-    return "offload_optimizer/offload_param are not executed on CPU ranks";
+  if (cfg.zero.offload_param.device != zero::OffloadDevice::none)
+    return "offload_param is not executed on CPU ranks (offload_optimizer is)";
   using zero::OptimizerType;
   const auto t = cfg.optimizer.type;
   if (t != OptimizerType::adam && t != OptimizerType::adamw && t != OptimizerType::sgd)
@@ -235,7 +234,8 @@ void Interpreter::prologue() {
     for (const auto& buf : p_.buffers) {
       if (!mem_.live(buf.id)) continue;
       if (buf.role != BufferRole::flat_params16 && buf.role != BufferRole::param_partition16 &&
-          buf.role != BufferRole::param_full16 && buf.role != BufferRole::master_partition)
+          buf.role != BufferRole::param_full16 && buf.role != BufferRole::master_partition &&
+          buf.role != BufferRole::host_master)
         continue;
       float* d = f32(buf.id);
       switch (buf.role) {
@@ -247,6 +247,7 @@ void Interpreter::prologue() {
           if (buf.ref < 0 && persist_off_[i] >= 0) std::copy(v.begin(), v.end(), d + persist_off_[i]);
           break;
         case BufferRole::master_partition:
+        case BufferRole::host_master:  // offload_optimizer: the same partition, in host memory
           if (stage_ == 3) {
             for (std::int64_t j = 0; j < s && rank_ * s + j < prm.numel; ++j) d[part_off_[i] + j] = v[U(rank_ * s + j)];
           } else if (stage_ == 0) {
@@ -386,6 +387,7 @@ void Interpreter::copy_event(const Event& e) {
       break;
     }
     case CopyOp::to_partition: {
+      const bool host = p_.buffers[U(e.dst_buf)].role == BufferRole::host_grads32;
       std::int64_t pos = 0, used = 0;
       for (const auto& s : sl) used += s.count;
       float* dst = f32(e.dst_buf);
@@ -394,7 +396,10 @@ void Interpreter::copy_event(const Event& e) {
         const auto i = U(s.param);
         for (std::int64_t j = 0; j < s.count; ++j) {
           const std::int64_t f = layout_.offset[i] + s.param_offset + j;
-          if (f >= lo && f < lo + P) dst[gip_off_[i] + s.param_offset + j] += src[pos + j];
+          if (f < lo || f >= lo + P) continue;
+          // grads_in_partition holds whole params; the offloaded host partition holds
+          // exactly the partition, by position.
+          dst[host ? f - lo : gip_off_[i] + s.param_offset + j] += src[pos + j];
         }
         pos += s.count;
       }
@@ -527,9 +532,13 @@ void Interpreter::collective_event(const Event& e) {
     // A scalar the program reduces at the step: the squared gradient norm (sum) or the
     // overflow flag (max), over this rank's partition of the gradients.
     PartitionStats st;
-    if (stage_ == 3) {
+    const auto host_grads = std::find_if(p_.buffers.begin(), p_.buffers.end(), [&](const zero::Buffer& buf) {
+      return buf.role == BufferRole::host_grads32 && mem_.live(buf.id);
+    });
+    if (stage_ == 3 || host_grads != p_.buffers.end()) {
+      // A flat partition of this rank's gradients: stage 3's, or the offloaded host one.
       for (const auto& buf : p_.buffers)
-        if (buf.role == BufferRole::grad_partition && mem_.live(buf.id)) {
+        if ((buf.role == BufferRole::grad_partition || buf.role == BufferRole::host_grads32) && mem_.live(buf.id)) {
           const float* g = f32(buf.id);
           for (std::int64_t i = 0; i < buf.elements; ++i) st.add(static_cast<double>(g[i]));
         }
@@ -651,7 +660,13 @@ void Interpreter::optimizer_event(const Event& e) {
     grad_norm_ = std::sqrt(st.sumsq) / loss_scale_;
     if (fp16_) overflow_ = st.nonfinite;
   }
-  if (overflow_) return;  // fp16: skip the update; the loss scale drops after the step
+  // The offloaded host gradient partition is consumed by its update (DeepSpeed zeroes it
+  // for the next step, and on an overflow too).
+  const bool host_grads = e.src_buf >= 0 && p_.buffers[U(e.src_buf)].role == BufferRole::host_grads32;
+  if (overflow_) {  // fp16: skip the update; the loss scale drops after the step
+    if (host_grads) std::fill_n(f32(e.src_buf) + e.offset, e.elements, 0.0f);
+    return;
+  }
   // DeepSpeed's unscale_and_clip_grads: grads /= loss_scale · max(1, norm / clip).
   double combined = loss_scale_;
   if (cfg_.gradient_clipping > 0.0 && grad_norm_ >= 0.0) {
@@ -664,7 +679,9 @@ void Interpreter::optimizer_event(const Event& e) {
       update(f32(e.dst_buf) + layout_.offset[U(prm.id)], param_grad(prm.id), layout_.offset[U(prm.id)], prm.numel, factor);
     return;
   }
-  update(f32(e.dst_buf) + e.offset, f32(e.src_buf), e.offset, e.elements, factor);
+  float* grads = f32(e.src_buf) + (host_grads ? e.offset : 0);
+  update(f32(e.dst_buf) + e.offset, grads, e.offset, e.elements, factor);
+  if (host_grads) std::fill_n(grads, e.elements, 0.0f);
 }
 
 void Interpreter::update_loss_scale() {

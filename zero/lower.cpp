@@ -349,7 +349,8 @@ class Lowering {
                                "master fp32 partition", 0);
       states(P, "optimizer states (partition)", 0);
       if (offload_opt_) {
-        persistent(Category::grads, Placement::host, BufferRole::host_grads32, DType::fp32, P, "host fp32 grad partition");
+        host_grads_ = persistent(Category::grads, Placement::host, BufferRole::host_grads32, DType::fp32, P,
+                                 "host fp32 grad partition");
         persistent(Category::params, Placement::host, BufferRole::host_staging16, md_, P, "host 16-bit staging partition");
         std::int64_t largest = 0;
         for (const auto& prm : g_.params) largest = std::max(largest, prm.numel);
@@ -388,7 +389,8 @@ class Lowering {
                              "master fp32 partition", 0);
     states(part, "optimizer states (partition)", 0);
     if (offload_opt_) {
-      persistent(Category::grads, Placement::host, BufferRole::host_grads32, DType::fp32, part, "host fp32 grad partition");
+      host_grads_ = persistent(Category::grads, Placement::host, BufferRole::host_grads32, DType::fp32, part,
+                               "host fp32 grad partition");
     } else {
       s3_grad_partition_ = persistent(Category::grads, Placement::device, BufferRole::grad_partition, accum_dtype(), part,
                                       "flat gradient partition");
@@ -814,6 +816,7 @@ class Lowering {
     if (offload_opt_) {
       cp.dst = Placement::host;
       cp.mem_bytes = Bytes{mine * b16()};  // bytes crossing PCIe, one direction
+      cp.dst_buf = host_grads_;            // accumulated there in fp32, by partition position
     } else if (grads_in_partition_ < 0) {
       grads_in_partition_ = b_.buffer(Category::grads, Placement::device, BufferRole::grads_in_partition, accum_dtype(),
                                       grads_in_partition_elements(g_, layout_, opt_.rank),
@@ -960,11 +963,15 @@ class Lowering {
       d2h.mem_bytes = Bytes{P * 4};
       if (grads_in_partition_ >= 0) { b_.free(grads_in_partition_); grads_in_partition_ = -1; }
       if (accumulated_partition_ >= 0) { b_.free(accumulated_partition_); accumulated_partition_ = -1; }
-      optimizer_event(P, Placement::host, "optimizer.cpu");
+      optimizer_event(P, Placement::host, "optimizer.cpu", master_buf_, host_grads_);
       Event& h2d = b_.begin(EventKind::copy, Stream::host, Phase::step, -1, "params_to_device");
       h2d.src = Placement::host;
       h2d.dst = Placement::device;
       h2d.mem_bytes = Bytes{P * b16()};
+      h2d.copy_op = CopyOp::master_to_params;  // through the host 16-bit staging buffer
+      h2d.src_buf = master_buf_;
+      h2d.dst_buf = params_buf_;
+      h2d.elements = P;
     } else {
       // Flatten the partition's grads (accumulation dtype) and cast to fp32: transient.
       // The cast is no copy when they are fp32 already.
@@ -1368,7 +1375,7 @@ class Lowering {
     acc.mem_bytes = Bytes{3 * out * dtype_size(cd_)};
     acc.copy_op = CopyOp::shard_accumulate;
     acc.src_buf = reduced;
-    acc.dst_buf = s3_grad_partition_;
+    acc.dst_buf = offload_opt_ ? host_grads_ : s3_grad_partition_;
     for (const auto& s : s3_params_) b_.slice(s);
     if (offload_opt_) acc.dst = Placement::host;
     if (inter >= 0) b_.free(inter);
@@ -1409,11 +1416,18 @@ class Lowering {
     for (std::int64_t gi = 0; gi < groups; ++gi) {
       const std::int64_t n = sizes[static_cast<std::size_t>(gi)];
       if (offload_opt_) {
-        optimizer_event(n, Placement::host, fmt::format("optimizer.cpu.subgroup{}", gi));
+        optimizer_event(n, Placement::host, fmt::format("optimizer.cpu.subgroup{}", gi), master_buf_, host_grads_,
+                        group_start);
         Event& h2d = b_.begin(EventKind::copy, Stream::host, Phase::step, -1, fmt::format("params_to_device.subgroup{}", gi));
         h2d.src = Placement::host;
         h2d.dst = offload_param_ ? Placement::host : Placement::device;
         h2d.mem_bytes = Bytes{n * b16()};
+        h2d.copy_op = CopyOp::master_to_params;
+        h2d.src_buf = master_buf_;
+        h2d.dst_buf = params_buf_;
+        h2d.offset = group_start;
+        h2d.elements = n;
+        group_start += n;
         continue;
       }
       Event& fl = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, fmt::format("flatten_grads.subgroup{}", gi));
@@ -1523,6 +1537,7 @@ class Lowering {
   // stage 3
   std::vector<char> s3_persistent_;
   BufferId s3_grad_partition_ = -1, s3_bucket_ = -1;
+  BufferId host_grads_ = -1;  // offload: the host fp32 gradient partition
   std::vector<Visit> visits_fwd_;
   std::vector<std::int32_t> visit_of_first_op_, visit_of_last_op_;
   std::vector<TraceStep> trace_;
