@@ -275,8 +275,10 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
                    static_cast<double>(st.grid) / st.seconds, st.simulated, static_cast<double>(st.simulated) / st.seconds);
   if (!req.exhaustive)
     t += fmt::format("; {} ruled out by their memory lower bound; shapes dropped: {} (no point under the memory bound), "
-                     "{} (memory-frugal point does not fit), {} (throughput bound below the best)",
-                     st.pruned_memory_bound, st.shapes_pruned_states, st.shapes_pruned_memory, st.shapes_pruned_bound);
+                     "{} (memory-frugal point does not fit), {} ({})",
+                     st.pruned_memory_bound, st.shapes_pruned_states, st.shapes_pruned_memory, st.shapes_pruned_bound,
+                     pb.objective == planner::Objective::memory ? "frugal point above the best memory"
+                                                                : "throughput bound below the best");
   t += "\n\n";
 
   nlohmann::json j;
@@ -346,6 +348,10 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
   t += fmt::format("\nwinner: stage {}, micro-batch {} x GAS {}: {:.1f} samples/s, {:.1f}% MFU, {} GiB of {} GiB\n",
                    get(w.knobs, Dim::stage), w.batch.micro_batch, w.batch.gas, w.samples_per_s, 100 * w.mfu,
                    gib(w.device_used), gib(w.device_limit));
+  if (pb.objective == planner::Objective::cost)
+    t += fmt::format("  {:.4g} GPU-hours per million tokens, {:.4g} at {:g} per GPU-hour (on a fixed cluster the cheapest "
+                     "is the fastest)\n",
+                     w.gpu_hours_per_mtok, w.cost_per_mtok, pb.price_per_gpu_hour);
   if (get(w.knobs, Dim::activation_checkpointing))
     t += "  it checkpoints activations per layer: enable it in the model (HF: model.gradient_checkpointing_enable());\n"
          "  the ds_config carries an activation_checkpointing section for DeepSpeed's own checkpointing API\n";

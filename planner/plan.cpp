@@ -578,6 +578,7 @@ PlanResult exhaustive(const Problem& pb, const Space& space, int threads) {
   r.ranked = rank_by_shape(pb, r.all);
   add_bounds(pb, graphs, r.ranked, threads);
   r.stats.grid = static_cast<std::int64_t>(points.size());
+  r.stats.shapes = static_cast<std::int64_t>(r.ranked.size());
   r.stats.simulated = r.stats.grid;
   r.stats.threads = threads;
   r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
