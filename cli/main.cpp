@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
   train->add_option("--seq-len", tr_seq, "sequence length (default: the model's max positions)");
   train->add_option("--micro-batch", tr_micro, "override train_micro_batch_size_per_gpu (GAS follows)");
   train->add_flag("--activation-checkpointing", tr.activation_checkpointing, "per-layer activation checkpointing");
+  train->add_option("--attention", tr.attention, "eager (default) or sdpa (fused attention, as simulate --attention sdpa)");
   train->add_option("--memory-limit", tr_limit, "device bytes that may be live at once (K/M/G suffixes)");
   train->add_option("--out", tr.out, "measurements JSON (FILE.rankR.json per rank when N > 1)");
   train->add_flag("--quiet", tr.quiet, "no per-step lines");

@@ -18,6 +18,7 @@
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/optimizer.hpp"
 #include "kernels/cpu/rng.hpp"
+#include "kernels/cpu/sdpa.hpp"
 
 namespace zp::exec {
 
@@ -33,6 +34,33 @@ std::int64_t prod(const std::vector<std::int64_t>& s) {
   return n;
 }
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
+
+// The q, k, v operands of an sdpa op: 4-D (B, H, T, D) tensors (Llama, after RoPE and
+// repeat_kv), three (B, T, C) projections (BERT, whose fourth input is the additive
+// (B, 1, 1, T) mask), or one (B, T, 3C) projection read as column blocks (GPT-2's c_attn).
+// Causal unless a mask is given.
+struct SdpaOperands {
+  std::int64_t B = 0, H = 0, T = 0, D = 0;
+  bool causal = true;
+  int source[3] = {0, 0, 0};         // input index of q, k, v
+  std::int64_t col[3] = {0, 0, 0};   // their column offset in a (B, T, W) input
+  std::int64_t width = 0;            // W; 0: the inputs are 4-D
+};
+SdpaOperands sdpa_operands(const models::OpGraph& g, const models::Op& op) {
+  SdpaOperands s;
+  const auto& o = g.tensors[U(op.outputs[0])].shape;  // (B, H, T, D)
+  s.B = o[0], s.H = o[1], s.T = o[2], s.D = o[3];
+  s.causal = op.inputs.size() != 4;
+  const auto& in0 = g.tensors[U(op.inputs[0])].shape;
+  if (in0.size() == 4) return s;
+  s.width = in0[2];
+  const std::int64_t C = s.H * s.D;
+  for (int i = 0; i < 3; ++i) {
+    if (op.inputs.size() == 1) s.col[i] = i * C;
+    else s.source[i] = i;
+  }
+  return s;
+}
 }  // namespace
 
 namespace {
@@ -215,8 +243,26 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
       act(op.outputs[1])[0] = cpu::nll_loss_forward(act(op.outputs[0]), ids(op.inputs[1]), rows, V);
       break;
     }
-    case Fn::none:
-    case Fn::sdpa: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
+    case Fn::sdpa: {
+      const SdpaOperands s = sdpa_operands(graph, op);
+      const float* qkv[3];
+      for (int i = 0; i < 3; ++i) {
+        const TensorId t = op.inputs[U(s.source[i])];
+        if (s.width == 0) {
+          qkv[i] = act(t);
+        } else {
+          float* h = scratch(U(i), s.B * s.H * s.T * s.D);
+          cpu::split_heads_forward(h, act(t), s.B, s.T, s.H, s.D, s.width, s.col[i]);
+          qkv[i] = h;
+        }
+      }
+      const float* mask = op.inputs.size() == 4 ? act(op.inputs[3]) : nullptr;
+      cpu::sdpa_forward(act(y), act(op.outputs[1]), qkv[0], qkv[1], qkv[2], mask, s.B, s.H, s.T, s.D, s.causal,
+                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D))), alpha, dropout_seed(),
+                        static_cast<std::uint64_t>(op.id) << 32);
+      break;
+    }
+    case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
   }
 }
 
@@ -419,8 +465,37 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
     case Fn::rope_tables:
     case Fn::extended_mask:
     case Fn::causal_mask: break;  // no gradient
-    case Fn::none:
-    case Fn::sdpa: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
+    case Fn::sdpa: {
+      const SdpaOperands s = sdpa_operands(graph, op);
+      const std::int64_t n4 = s.B * s.H * s.T * s.D;
+      const float* qkv[3];
+      float* grads[3];
+      for (int i = 0; i < 3; ++i) {
+        const TensorId t = op.inputs[U(s.source[i])];
+        if (s.width == 0) {
+          qkv[i] = act(t);
+          grads[i] = scratch(U(3 + i), n4);  // dx(i) may be absent; scatter below
+        } else {
+          float* h = scratch(U(i), n4);
+          cpu::split_heads_forward(h, act(t), s.B, s.T, s.H, s.D, s.width, s.col[i]);
+          qkv[i] = h;
+          grads[i] = scratch(U(3 + i), n4);
+        }
+      }
+      const float* mask = op.inputs.size() == 4 ? act(op.inputs[3]) : nullptr;
+      cpu::sdpa_backward(grads[0], grads[1], grads[2], dy, qkv[0], qkv[1], qkv[2], act(op.outputs[1]), mask, s.B, s.H,
+                         s.T, s.D, s.causal, static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D))), alpha,
+                         ops.dropout_seed(), static_cast<std::uint64_t>(op.id) << 32);
+      for (int i = 0; i < 3; ++i) {
+        const auto src = U(s.source[i]);
+        float* g = dx(src);
+        if (!g) continue;
+        if (s.width == 0) cpu::copy_accumulate(g, grads[i], n4, true);
+        else cpu::split_heads_backward(g, grads[i], s.B, s.T, s.H, s.D, s.width, s.col[i], true);
+      }
+      break;
+    }
+    case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
   }
 }
 void CpuDevice::adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t step,

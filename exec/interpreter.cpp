@@ -41,7 +41,6 @@ std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p,
   if (cfg.zero.stage == 1 && p.info.model_dtype == DType::bf16 && cfg.grad_accum_dtype == DType::fp32)
     return "bf16 with fp32 gradient accumulation at stage 1 (DeepSpeed's BF16_Optimizer) is not executed on CPU";
   (void)p;
-  if (g.opt.attention != models::Attention::eager) return "--attention sdpa is not executed on CPU; use eager";
   if (cfg.zero.offload_param.device != zero::OffloadDevice::none)
     return "offload_param is not executed on CPU ranks (offload_optimizer is)";
   using zero::OptimizerType;
@@ -49,7 +48,7 @@ std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p,
   if (t != OptimizerType::adam && t != OptimizerType::adamw && t != OptimizerType::sgd)
     return fmt::format("optimizer {} is not executed (Adam, AdamW, SGD are)", cfg.optimizer.type_name);
   for (const auto& op : g.ops)
-    if (op.fn == Fn::none || op.fn == Fn::sdpa) return fmt::format("op {} has no executable function", op.name);
+    if (op.fn == Fn::none) return fmt::format("op {} has no executable function", op.name);
   return {};
 }
 

@@ -73,6 +73,9 @@ json train(const TrainOptions& opt, Comm& comm) {
   go.micro_batch = batch.micro_batch;
   go.seq_len = opt.seq_len;
   go.act_dtype = cfg.model_dtype();
+  if (opt.attention == "sdpa") go.attention = models::Attention::sdpa;
+  else if (opt.attention != "eager")
+    throw InputError("--attention", "", fmt::format("must be one of eager, sdpa, got '{}'", opt.attention));
   const auto g = models::build_graph(mcfg, go);
   zero::LowerOptions lo;
   lo.world_size = N;

@@ -459,13 +459,14 @@ class Builder {
   // the tensors owning q, k and v. FLOPs are the two GEMMs (4·b·a·s²·d), halved when
   // causal (the kernel skips masked blocks); backward recomputes the scores (2.5×).
   TensorId sdpa(const std::string& name, std::vector<TensorId> in, std::vector<TensorId> saved_qkv,
-                std::int64_t b, std::int64_t a, std::int64_t s, std::int64_t d, bool causal) {
+                std::int64_t b, std::int64_t a, std::int64_t s, std::int64_t d, bool causal, double dropout) {
     const TensorId out = tensor(name, {b, a, s, d}, act_);
     const TensorId lse = tensor(name + ".logsumexp", {b, a, s, 1}, DType::fp32);  // (B, A, T, 1)
     Op op;
     op.name = name;
     op.kind = OpKind::bmm;
     op.fn = Fn::sdpa;
+    op.alpha = dropout;  // dropout_p on the probabilities (training)
     op.inputs = std::move(in);
     op.outputs = {out, lse};
     op.saved = std::move(saved_qkv);
@@ -592,7 +593,7 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   TensorId ctx = kNone;
   if (bd.attention() == Attention::sdpa) {
     // q, k, v are views of qkv: the kernel's saved q, k, v keep the (B, T, 3C) tensor alive.
-    ctx = bd.sdpa("attn.sdpa", {qkv}, {qkv}, d.b, d.a, d.s, d.d, true);
+    ctx = bd.sdpa("attn.sdpa", {qkv}, {qkv}, d.b, d.a, d.s, d.d, true, c.attention_dropout);
   } else {
     // q, k, v are views of qkv: both matmuls keep the one (B, T, 3C) tensor alive.
     // q, k, v are the column blocks [0, C), [C, 2C), [2C, 3C) of qkv, split into heads.
@@ -691,8 +692,10 @@ TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   const TensorId v = bd.linear("attention.self.value", bd.mod(p + "attention.self.value"), x, d.h, d.h);
   TensorId ctx = kNone;
   if (bd.attention() == Attention::sdpa) {
-    // The padding mask (B, 1, 1, T) is an input of the kernel, not saved memory of note.
-    ctx = bd.sdpa("attention.self.sdpa", {q, k, v, mask}, {q, k, v}, d.b, d.a, d.s, d.d, false);
+    // The padding mask (B, 1, 1, T) is an input of the kernel, and its backward reads it
+    // again (the efficient kernel saves attn_bias): one small tensor all layers keep alive.
+    ctx = bd.sdpa("attention.self.sdpa", {q, k, v, mask}, {q, k, v, mask}, d.b, d.a, d.s, d.d, false,
+                  c.attention_dropout);
   } else {
     TensorId sc = bd.bmm("attention.self.scores", {q, k}, {q, k}, bash, Gemm{d.s, d.s, d.d, d.b * d.a},
                          Fn::attn_scores);
@@ -842,7 +845,7 @@ TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int3
   TensorId ctx = kNone;
   if (bd.attention() == Attention::sdpa) {
     // is_causal=True without a materialised mask; repeat_kv'd k and v are what it saves.
-    ctx = bd.sdpa("self_attn.sdpa", {qr, kk, vv}, {qr, kk, vv}, d.b, d.a, d.s, d.d, true);
+    ctx = bd.sdpa("self_attn.sdpa", {qr, kk, vv}, {qr, kk, vv}, d.b, d.a, d.s, d.d, true, c.attention_dropout);
   } else {
     TensorId sc = bd.bmm("self_attn.qk", {qr, kk}, {qr, kk}, bash, Gemm{d.s, d.s, d.d, d.b * d.a}, Fn::attn_scores);
     sc = bd.simple("self_attn.scale", OpKind::scale, {sc}, bash, bd.act(), {});

@@ -86,7 +86,7 @@ enum class Fn : std::uint8_t {
   extended_mask,       // (B,T) int mask -> (B,1,1,T): (1 - m) * lowest
   causal_mask,         // (1,1,T,T): 0 on and below the diagonal, lowest above
   cross_entropy,       // outputs log-probabilities and the mean loss (ignore_index -100)
-  sdpa,                // fused attention (not executed on CPU)
+  sdpa,                // fused attention (F.scaled_dot_product_attention; alpha: dropout_p)
 };
 const char* fn_name(Fn f);
 

@@ -36,7 +36,7 @@ struct Model {
   zp::zero::Program prog;
 };
 
-Model make(const std::string& name, double lr) {
+Model make(const std::string& name, double lr, zp::models::Attention attention = zp::models::Attention::eager) {
   Model m;
   m.cfg = zp::zero::parse_ds_config("grad-check.json", nlohmann::json::parse(fmt::format(
       R"({{"train_micro_batch_size_per_gpu": 2, "optimizer": {{"type": "SGD", "params": {{"lr": {}}}}},
@@ -46,6 +46,7 @@ Model make(const std::string& name, double lr) {
   go.micro_batch = batch.micro_batch;
   go.seq_len = 8;
   go.act_dtype = zp::DType::fp32;
+  go.attention = attention;
   auto mc = zp::models::load_model(name);
   // No dropout: the loss must be a deterministic function of the weights.
   mc.hidden_dropout = mc.attention_dropout = mc.embedding_dropout = 0.0;
@@ -63,10 +64,11 @@ double loss_at(zp::exec::Interpreter& it, const std::vector<zp::exec::MicroBatch
 }  // namespace
 
 TEST_CASE("whole-model gradients of the tiny models match finite differences of the loss") {
+  for (const auto attention : {zp::models::Attention::eager, zp::models::Attention::sdpa})
   for (const std::string name : {"tiny-gpt2", "tiny-bert", "tiny-llama"}) {
-    INFO(name);
+    INFO(name, " ", std::string(zp::models::attention_name(attention)));
     const double lr = 1e-2;
-    Model upd = make(name, lr), probe = make(name, 0.0);
+    Model upd = make(name, lr, attention), probe = make(name, 0.0, attention);
     zp::exec::DataSource data("synthetic", upd.g, 7);
     const std::vector<zp::exec::MicroBatch> batch{data.batch(1, 0, 1, 0, 1)};
     // The analytic gradient from one SGD step.
@@ -101,7 +103,8 @@ TEST_CASE("whole-model gradients of the tiny models match finite differences of 
       CHECK(std::abs(fd - g) <= 0.03 * std::abs(g) + 2e-4);
       ++checked;
     }
-    MESSAGE(name, ": ", checked, " params checked at their largest-gradient element");
+    MESSAGE(name, " (", std::string(zp::models::attention_name(attention)), "): ", checked,
+            " params checked at their largest-gradient element");
     CHECK(checked >= static_cast<int>(upd.g.params.size()) / 2);
   }
 }

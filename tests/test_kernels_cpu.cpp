@@ -28,6 +28,7 @@
 #include "kernels/cpu/optimizer.hpp"
 #include "kernels/cpu/reduce.hpp"
 #include "kernels/cpu/rng.hpp"
+#include "kernels/cpu/sdpa.hpp"
 
 namespace kc = zp::kernels::cpu;
 
@@ -1011,4 +1012,64 @@ TEST_CASE("uniform / normal: reproducible, offset-addressed, right moments") {
   Vec z2(4);
   kc::normal_fill(z2.data(), 4, 11, 0, 1.0f, 0.02f);
   CHECK(z2[2] == 1.0f + 0.02f * z[2]);
+}
+
+// ------------------------------------------------------------------------------------
+// Fused attention
+// ------------------------------------------------------------------------------------
+TEST_CASE("sdpa: forward equals the eager chain (scale, mask, softmax, dropout, bmm); backward against finite differences") {
+  const std::int64_t B = 2, H = 2, T = 5, D = 4, n = B * H * T * D;
+  const float scale = 0.5f;
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool causal = variant != 1;
+    const float p = variant == 2 ? 0.3f : 0.0f;
+    CAPTURE(variant);
+    Vec q = rand_vec(n, 1), k = rand_vec(n, 2), v = rand_vec(n, 3);
+    Vec mask(sz(B * T), 0.0f);
+    if (!causal) mask[sz(T - 1)] = kc::kMaskValue;  // batch 0's last key is padding
+    const float* mk = causal ? nullptr : mask.data();
+    Vec o(sz(n)), lse(sz(B * H * T));
+    kc::sdpa_forward(o.data(), lse.data(), q.data(), k.data(), v.data(), mk, B, H, T, D, causal, scale, p, 42, 7);
+    // The eager chain, element by element.
+    double worst = 0.0;
+    for (std::int64_t bh = 0; bh < B * H; ++bh)
+      for (std::int64_t i = 0; i < T; ++i) {
+        std::vector<double> s(sz(T), -INFINITY);
+        double m = -INFINITY;
+        for (std::int64_t j = 0; j < T; ++j) {
+          if (causal && j > i) continue;
+          double d = 0;
+          for (std::int64_t x = 0; x < D; ++x) d += q[sz((bh * T + i) * D + x)] * k[sz((bh * T + j) * D + x)];
+          s[sz(j)] = scale * d + (mk ? mk[sz((bh / H) * T + j)] : 0.0f);
+          m = std::max(m, s[sz(j)]);
+        }
+        double l = 0;
+        for (std::int64_t j = 0; j < T; ++j) l += std::isinf(s[sz(j)]) ? 0.0 : std::exp(s[sz(j)] - m);
+        for (std::int64_t x = 0; x < D; ++x) {
+          double acc = 0;
+          for (std::int64_t j = 0; j < T; ++j) {
+            if (std::isinf(s[sz(j)])) continue;
+            double pr = std::exp(s[sz(j)] - m) / l;
+            if (p > 0) pr = kc::uniform(42, 7 + static_cast<std::uint64_t>((bh * T + i) * T + j)) < 1.0f - p ? pr / (1 - p) : 0.0;
+            acc += pr * v[sz((bh * T + j) * D + x)];
+          }
+          worst = std::max(worst, std::abs(acc - o[sz((bh * T + i) * D + x)]));
+        }
+        CHECK(lse[sz(bh * T + i)] == doctest::Approx(m + std::log(l)).epsilon(1e-6));
+      }
+    CHECK(worst < 1e-6);
+    // Gradients of sum(w * o) for q, k and v.
+    const Vec w = rand_vec(n, 9);
+    Vec dq(sz(n), 0.0f), dk(sz(n), 0.0f), dv(sz(n), 0.0f);
+    kc::sdpa_backward(dq.data(), dk.data(), dv.data(), w.data(), q.data(), k.data(), v.data(), lse.data(), mk, B, H, T,
+                      D, causal, scale, p, 42, 7);
+    Vec tmp(sz(n)), tl(sz(B * H * T));
+    auto loss = [&] {
+      kc::sdpa_forward(tmp.data(), tl.data(), q.data(), k.data(), v.data(), mk, B, H, T, D, causal, scale, p, 42, 7);
+      return dot(tmp, w);
+    };
+    CHECK(max_fd_error(q, dq, loss) < kFdTol);
+    CHECK(max_fd_error(k, dk, loss) < kFdTol);
+    CHECK(max_fd_error(v, dv, loss) < kFdTol);
+  }
 }

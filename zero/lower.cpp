@@ -211,9 +211,18 @@ class Lowering {
     offload_param_ = cfg.zero.offload_param.device != OffloadDevice::none && stage_ == 3;
     ckpt_ = opt.activation_checkpointing;
     ckpt_input_.assign(g.tensors.size(), 0);
+    // torch.utils.checkpoint keeps every tensor argument of the checkpointed layer: the
+    // hidden states, and whatever else the layer reads from outside it (BERT's extended
+    // attention mask, Llama's rotary cos/sin).
     if (ckpt_)
-      for (const auto& l : g.layers)
+      for (const auto& l : g.layers) {
         if (l.input >= 0) ckpt_input_[static_cast<std::size_t>(l.input)] = 1;
+        for (OpId o = l.first; o >= 0 && o <= l.last; ++o)
+          for (TensorId t : g.ops[static_cast<std::size_t>(o)].inputs) {
+            const OpId prod = g.tensors[static_cast<std::size_t>(t)].producer;
+            if (prod < l.first || prod > l.last) ckpt_input_[static_cast<std::size_t>(t)] = 1;
+          }
+      }
     hpz_ = stage_ == 3 && cfg.zero.zero_hpz_partition_size > 1 ? cfg.zero.zero_hpz_partition_size : 1;
     // engine.py _do_optimizer_sanity_check: stage 1 + bf16 + fp32 gradient accumulation
     // (no CPU offload) runs BF16_Optimizer instead of the ZeRO optimizer.

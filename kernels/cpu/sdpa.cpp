@@ -1,0 +1,118 @@
+#include "kernels/cpu/sdpa.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/rng.hpp"
+
+namespace zp::kernels::cpu {
+
+namespace {
+
+// The scores of row i of head (b, h) into s[0, n): n = i + 1 when causal, T otherwise.
+std::int64_t row_scores(double* s, const float* qi, const float* kh, const float* maskb, std::int64_t i,
+                        std::int64_t T, std::int64_t D, bool causal, float scale) {
+  const std::int64_t n = causal ? i + 1 : T;
+  for (std::int64_t j = 0; j < n; ++j) {
+    double dot = 0.0;
+    const float* kj = kh + j * D;
+    for (std::int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kj[d]);
+    s[j] = static_cast<double>(scale) * dot + (maskb ? static_cast<double>(maskb[j]) : 0.0);
+  }
+  return n;
+}
+
+}  // namespace
+
+void sdpa_forward(float* o, float* lse, const float* q, const float* k, const float* v, const float* mask,
+                  std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
+                  std::uint64_t seed, std::uint64_t offset) {
+  std::vector<double> s(static_cast<std::size_t>(T)), acc(static_cast<std::size_t>(D));
+  const double keep_scale = p > 0.0f ? 1.0 / (1.0 - static_cast<double>(p)) : 1.0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t bh = b * H + h;
+      const float* qh = q + bh * T * D;
+      const float* kh = k + bh * T * D;
+      const float* vh = v + bh * T * D;
+      const float* maskb = mask ? mask + b * T : nullptr;
+      for (std::int64_t i = 0; i < T; ++i) {
+        const std::int64_t n = row_scores(s.data(), qh + i * D, kh, maskb, i, T, D, causal, scale);
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j < n; ++j) m = std::max(m, s[static_cast<std::size_t>(j)]);
+        double l = 0.0;
+        for (std::int64_t j = 0; j < n; ++j) l += std::exp(s[static_cast<std::size_t>(j)] - m);
+        const double L = m + std::log(l);
+        lse[bh * T + i] = static_cast<float>(L);
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (std::int64_t j = 0; j < n; ++j) {
+          double pij = std::exp(s[static_cast<std::size_t>(j)] - L);
+          if (p > 0.0f) {
+            const bool kept = uniform(seed, offset + static_cast<std::uint64_t>((bh * T + i) * T + j)) < 1.0f - p;
+            pij = kept ? pij * keep_scale : 0.0;
+          }
+          const float* vj = vh + j * D;
+          for (std::int64_t d = 0; d < D; ++d) acc[static_cast<std::size_t>(d)] += pij * static_cast<double>(vj[d]);
+        }
+        float* oi = o + (bh * T + i) * D;
+        for (std::int64_t d = 0; d < D; ++d) oi[d] = static_cast<float>(acc[static_cast<std::size_t>(d)]);
+      }
+    }
+}
+
+void sdpa_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                   const float* lse, const float* mask, std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D,
+                   bool causal, float scale, float p, std::uint64_t seed, std::uint64_t offset) {
+  std::vector<double> s(static_cast<std::size_t>(T)), P(static_cast<std::size_t>(T)), dP(static_cast<std::size_t>(T));
+  const double keep_scale = p > 0.0f ? 1.0 / (1.0 - static_cast<double>(p)) : 1.0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t bh = b * H + h;
+      const float* qh = q + bh * T * D;
+      const float* kh = k + bh * T * D;
+      const float* vh = v + bh * T * D;
+      float* dqh = dq + bh * T * D;
+      float* dkh = dk + bh * T * D;
+      float* dvh = dv + bh * T * D;
+      const float* maskb = mask ? mask + b * T : nullptr;
+      for (std::int64_t i = 0; i < T; ++i) {
+        const std::int64_t n = row_scores(s.data(), qh + i * D, kh, maskb, i, T, D, causal, scale);
+        const double L = lse[bh * T + i];
+        const float* doi = dout + (bh * T + i) * D;
+        double rowsum = 0.0;
+        for (std::int64_t j = 0; j < n; ++j) {
+          const auto u = static_cast<std::size_t>(j);
+          P[u] = std::exp(s[u] - L);
+          double keep = 1.0;
+          if (p > 0.0f)
+            keep = uniform(seed, offset + static_cast<std::uint64_t>((bh * T + i) * T + j)) < 1.0f - p ? keep_scale : 0.0;
+          // O = (P ∘ keep) V: dV += (P ∘ keep)ᵀ dO; d(P ∘ keep) = dO Vᵀ.
+          const float* vj = vh + j * D;
+          float* dvj = dvh + j * D;
+          double dpd = 0.0;
+          for (std::int64_t d = 0; d < D; ++d) {
+            dvj[d] += static_cast<float>(P[u] * keep * static_cast<double>(doi[d]));
+            dpd += static_cast<double>(doi[d]) * static_cast<double>(vj[d]);
+          }
+          dP[u] = dpd * keep;
+          rowsum += P[u] * dP[u];
+        }
+        float* dqi = dqh + i * D;
+        const float* qi = qh + i * D;
+        for (std::int64_t j = 0; j < n; ++j) {
+          const auto u = static_cast<std::size_t>(j);
+          const double ds = P[u] * (dP[u] - rowsum) * static_cast<double>(scale);
+          const float* kj = kh + j * D;
+          float* dkj = dkh + j * D;
+          for (std::int64_t d = 0; d < D; ++d) {
+            dqi[d] += static_cast<float>(ds * static_cast<double>(kj[d]));
+            dkj[d] += static_cast<float>(ds * static_cast<double>(qi[d]));
+          }
+        }
+      }
+    }
+}
+
+}  // namespace zp::kernels::cpu
