@@ -171,6 +171,8 @@ int main(int argc, char** argv) {
   pl->add_flag("--verify", plan_req.verify, "run the executor on the top candidates and compare");
   auto* plan_verify_top = pl->add_option("--verify-top", plan_req.verify_top, "candidates to verify (default: --top if given, else 3)");
   pl->add_option("--verify-steps", plan_req.verify_steps, "steps per verified candidate (default 3)");
+  pl->add_option("--verify-max-minutes", plan_req.verify_max_minutes,
+                 "skip candidates the CPU executor would need longer for (default 10)");
   pl->add_option("--verify-launcher", plan_req.verify_launcher, "rank launcher, {N} = ranks (default: mpirun --oversubscribe -np {N})");
   pl->add_flag("--json", plan_req.base.json, "machine-readable output");
 

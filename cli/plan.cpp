@@ -12,6 +12,7 @@
 
 #include "cli/explain.hpp"
 #include "core/error.hpp"
+#include "sim/device.hpp"
 
 namespace zp::cli {
 
@@ -207,6 +208,8 @@ planner::Problem plan_problem(const PlanRequest& req, Inputs* inputs_out) {
   if (req.top < 1) throw InputError("--top", "", fmt::format("must be an integer >= 1, got {}", req.top));
   if (req.threads < 0) throw InputError("--threads", "", fmt::format("must be >= 0 (0: every core), got {}", req.threads));
   if (req.verify_top < 1) throw InputError("--verify-top", "", fmt::format("must be an integer >= 1, got {}", req.verify_top));
+  if (!std::isfinite(req.verify_max_minutes) || req.verify_max_minutes <= 0)
+    throw InputError("--verify-max-minutes", "", fmt::format("must be a number > 0, got {}", req.verify_max_minutes));
   if (req.verify_steps < 2)
     throw InputError("--verify-steps", "", fmt::format("must be an integer >= 2 (the first step is not timed), got {}", req.verify_steps));
   planner::Objective obj;
@@ -430,9 +433,33 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     nlohmann::json vj = nlohmann::json::array();
     std::vector<std::pair<double, double>> order;  // (predicted, measured)
     int n = 0;
+    // What a CPU rank would compute: the model FLOPs of a step (a third more with
+    // recomputation) at the CPU's fp32 peak, an optimistic estimate.
+    const double cpu_flops = sim::find_device("cpu").peak_fp32_flops.v;
     for (const auto& e : res.ranked) {
       if (n >= req.verify_top || !e.fits) break;
       ++n;
+      {
+        models::GraphOptions go;
+        go.micro_batch = e.batch.micro_batch;
+        go.seq_len = pb.seq_len;
+        go.act_dtype = pb.base.model_dtype();
+        go.attention = pb.attention;
+        const auto g = models::build_graph(pb.model, go);
+        const double step_flops = (g.fwd_flops().v * (get(e.knobs, Dim::activation_checkpointing) ? 2.0 : 1.0) +
+                                   g.bwd_flops().v) * static_cast<double>(e.batch.gas);
+        const double minutes = step_flops / cpu_flops * req.verify_steps / 60.0;
+        if (minutes > req.verify_max_minutes) {
+          const std::string why = fmt::format(
+              "skipped: {} steps would take at least {:.0f} min on a CPU rank ({:.1f} TFLOP per rank per step at "
+              "{:.0f} GFLOP/s); use a smaller model or sequence, or --verify-max-minutes",
+              req.verify_steps, minutes, step_flops / 1e12, cpu_flops / 1e9);
+          t += fmt::format("  {:>4} {:>5} {:>5}  {}\n", n, get(e.knobs, Dim::stage), e.batch.micro_batch, why);
+          vj.push_back({{"rank", n}, {"stage", get(e.knobs, Dim::stage)}, {"micro_batch", e.batch.micro_batch},
+                        {"skipped", why}});
+          continue;
+        }
+      }
       const fs::path cfgp = dir / fmt::format("candidate{}.json", n);
       const fs::path meas = dir / fmt::format("candidate{}.measured.json", n);
       {

@@ -362,3 +362,21 @@ TEST_CASE("plan --verify runs the top candidates on the executor: memory equal t
   CHECK(j["verify"]["ranking_held"].is_boolean());
   std::filesystem::remove_all(j["verify"]["directory"].get<std::string>());
 }
+
+TEST_CASE("plan --verify skips candidates the CPU executor would need longer than the cap for, and says why") {
+  const auto r = test::run_shell(std::string(ZEROPLAN_BIN) +
+                                     " plan --model bert-large-uncased --cluster 4xV100-16GB-PCIe --seq-len 128"
+                                     " --global-batch 1024 --verify --top 2 --json",
+                                 false);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& v = j["verify"]["candidates"];
+  REQUIRE(v.size() == 2);
+  for (const auto& c : v) CHECK(c["skipped"].get<std::string>().find("would take at least") != std::string::npos);
+  CHECK(j["verify"]["ranking_held"].is_null());
+  std::filesystem::remove_all(j["verify"]["directory"].get<std::string>());
+  const auto bad = test::run_shell(std::string(ZEROPLAN_BIN) + " plan --model tiny-gpt2 --cluster cpu-local "
+                                   "--global-batch 8 --verify --verify-max-minutes 0");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--verify-max-minutes: must be a number > 0") != std::string::npos);
+}
