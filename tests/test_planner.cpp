@@ -365,14 +365,18 @@ TEST_CASE("plan --verify runs the top candidates on the executor: memory equal t
 
 TEST_CASE("plan --verify skips candidates the CPU executor would need longer than the cap for, and says why") {
   const auto r = test::run_shell(std::string(ZEROPLAN_BIN) +
-                                     " plan --model bert-large-uncased --cluster 4xV100-16GB-PCIe --seq-len 128"
-                                     " --global-batch 1024 --verify --top 2 --json",
+                                     " plan --model bert-large-uncased --cluster 4xV100-16GB-PCIe --seq-len 128 --ds-config " +
+                                     std::string(ZEROPLAN_SHARED_DIR) + "/examples/bert_large_ds_config.json"
+                                     " --verify --top 2 --json",
                                  false);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
   const auto& v = j["verify"]["candidates"];
   REQUIRE(v.size() == 2);
-  for (const auto& c : v) CHECK(c["skipped"].get<std::string>().find("would take at least") != std::string::npos);
+  for (const auto& c : v) {
+    REQUIRE(c.contains("skipped"));
+    CHECK(c["skipped"].get<std::string>().find("would take at least 13 min") != std::string::npos);
+  }
   CHECK(j["verify"]["ranking_held"].is_null());
   std::filesystem::remove_all(j["verify"]["directory"].get<std::string>());
   const auto bad = test::run_shell(std::string(ZEROPLAN_BIN) + " plan --model tiny-gpt2 --cluster cpu-local "
