@@ -79,27 +79,6 @@ int resolve_threads(int threads) {
   return h == 0 ? 1 : static_cast<int>(h);
 }
 
-bool bf16_optimizer_path(const Problem& pb, const Knobs& k) {
-  // stage 1 + bf16 + fp32 gradient accumulation runs DeepSpeed's BF16_Optimizer, which
-  // has none of the ZeRO bucket knobs.
-  return get(k, Dim::stage) == 1 && pb.base.model_dtype() == DType::bf16 && pb.base.grad_accum_dtype == DType::fp32 &&
-         get(k, Dim::offload_optimizer) == 0;
-}
-
-// Persistent device bytes every knob setting of this family allocates before the first
-// event (16-bit params, fp32 master and optimizer states unless offloaded), plus the
-// device's context: a proof that the family cannot fit when it exceeds the limit.
-Bytes model_states_lower_bound(const Problem& pb, std::int64_t psi, int stage, bool offload) {
-  const std::int64_t n = pb.world_size;
-  const std::int64_t b = dtype_size(pb.base.model_dtype());
-  const std::int64_t part = (psi + n - 1) / n;
-  std::int64_t bytes = (stage == 3 ? part : psi) * b;
-  const std::int64_t state = pb.base.optimizer.state_bytes_per_param();
-  const std::int64_t master = pb.base.model_dtype() == DType::fp32 ? 0 : 4;
-  if (!(offload && stage >= 1)) bytes += (stage == 0 ? psi : psi / n) * (master + state);
-  return Bytes{bytes} + pb.device->context_overhead;
-}
-
 std::vector<std::int64_t> divisors(std::int64_t x) {
   std::vector<std::int64_t> d;
   for (std::int64_t i = 1; i * i <= x; ++i)
@@ -124,18 +103,8 @@ std::int64_t frugal_value(const std::vector<std::int64_t>& values) { return valu
 
 }  // namespace
 
-// Device bytes a candidate holds at once at some point of the step, whatever else is
-// live: its model states (above) and the gradient buckets its knobs allocate while they
-// are live (stages 1/2: reduce_bucket_size x the model dtype, twice under overlap_comm,
-// when contiguous_gradients; stage 3: one bucket in the communication dtype).
 Bytes candidate_lower_bound(const Problem& pb, std::int64_t psi, const Knobs& k) {
-  const int stage = static_cast<int>(get(k, Dim::stage));
-  Bytes b = model_states_lower_bound(pb, psi, stage, get(k, Dim::offload_optimizer) != 0);
-  if (stage == 0 || !relevant(pb, k, Dim::reduce_bucket_size) || get(k, Dim::contiguous_gradients) == 0) return b;
-  const std::int64_t rbs = get(k, Dim::reduce_bucket_size);
-  if (stage == 3) return b + Bytes{rbs * dtype_size(pb.base.communication_data_type())};
-  const std::int64_t overlap = get(k, Dim::overlap_comm) < 0 ? 0 : get(k, Dim::overlap_comm);
-  return b + Bytes{rbs * dtype_size(pb.base.model_dtype()) * (overlap ? 2 : 1)};
+  return zero::device_bytes_lower_bound(pb.base, zero_of(pb, k), psi, pb.world_size) + pb.device->context_overhead;
 }
 
 const char* objective_name(Objective o) {
@@ -186,6 +155,16 @@ Knobs base_knobs(const Problem& pb) {
   return k;
 }
 
+namespace {
+// The BF16_Optimizer test reads only the stage and offload of the point (zero/lower.hpp).
+bool runs_bf16(const Problem& pb, const Knobs& k) {
+  zero::ZeroConfig z;
+  z.stage = static_cast<int>(get(k, Dim::stage));
+  z.offload_optimizer.device = get(k, Dim::offload_optimizer) != 0 ? zero::OffloadDevice::cpu : zero::OffloadDevice::none;
+  return zero::runs_bf16_optimizer(pb.base, z);
+}
+}  // namespace
+
 bool relevant(const Problem& pb, const Knobs& k, Dim d) {
   const std::int64_t stage = get(k, Dim::stage);
   switch (d) {
@@ -203,9 +182,9 @@ bool relevant(const Problem& pb, const Knobs& k, Dim d) {
     case Dim::overlap_comm:
     case Dim::contiguous_gradients:
     case Dim::reduce_scatter:
-      return stage >= 1 && !bf16_optimizer_path(pb, k);
+      return stage >= 1 && !runs_bf16(pb, k);
     case Dim::use_multi_rank_bucket_allreduce:
-      return (stage == 1 || stage == 2) && !bf16_optimizer_path(pb, k);
+      return (stage == 1 || stage == 2) && !runs_bf16(pb, k);
     case Dim::stage3_prefetch_bucket_size:
     case Dim::stage3_param_persistence_threshold:
     case Dim::stage3_max_live_parameters:
@@ -263,20 +242,11 @@ Space default_space(const Problem& pb, const std::vector<Dim>& searched) {
   return s;
 }
 
-zero::DsConfig config_of(const Problem& pb, const Knobs& k) {
+zero::ZeroConfig zero_of(const Problem& pb, const Knobs& k) {
   const Knobs base = base_knobs(pb);
-  zero::DsConfig c = pb.base;
+  zero::ZeroConfig z = pb.base.zero;
   auto changed = [&](Dim d) { return get(k, d) != get(base, d); };
-  auto& z = c.zero;
   z.stage = static_cast<int>(get(k, Dim::stage));
-  c.train_batch_size = pb.global_batch;
-  c.train_micro_batch_size_per_gpu = get(k, Dim::micro_batch);
-  c.gradient_accumulation_steps = pb.global_batch / (get(k, Dim::micro_batch) * pb.world_size);
-  if (changed(Dim::activation_checkpointing)) {
-    // zeroplan reads the section's presence as "the model checkpoints every layer".
-    c.activation_checkpointing_present = get(k, Dim::activation_checkpointing) != 0;
-    if (!c.activation_checkpointing_present) c.activation_checkpointing = {};
-  }
   if (changed(Dim::offload_optimizer)) {
     z.offload_optimizer = {};
     if (get(k, Dim::offload_optimizer)) {
@@ -300,6 +270,20 @@ zero::DsConfig config_of(const Problem& pb, const Knobs& k) {
     z.stage3_param_persistence_threshold = get(k, Dim::stage3_param_persistence_threshold);
   if (changed(Dim::stage3_max_live_parameters)) z.stage3_max_live_parameters = get(k, Dim::stage3_max_live_parameters);
   if (changed(Dim::stage3_max_reuse_distance)) z.stage3_max_reuse_distance = get(k, Dim::stage3_max_reuse_distance);
+  return z;
+}
+
+zero::DsConfig config_of(const Problem& pb, const Knobs& k) {
+  zero::DsConfig c = pb.base;
+  c.zero = zero_of(pb, k);
+  c.train_batch_size = pb.global_batch;
+  c.train_micro_batch_size_per_gpu = get(k, Dim::micro_batch);
+  c.gradient_accumulation_steps = pb.global_batch / (get(k, Dim::micro_batch) * pb.world_size);
+  if (get(k, Dim::activation_checkpointing) != get(base_knobs(pb), Dim::activation_checkpointing)) {
+    // zeroplan reads the section's presence as "the model checkpoints every layer".
+    c.activation_checkpointing_present = get(k, Dim::activation_checkpointing) != 0;
+    if (!c.activation_checkpointing_present) c.activation_checkpointing = {};
+  }
   return c;
 }
 
@@ -469,38 +453,21 @@ bool better(const Problem& pb, const Evaluation& a, const Evaluation& b) {
     if (a.samples_per_s != b.samples_per_s) return a.samples_per_s > b.samples_per_s;
     if (a.device_used != b.device_used) return a.device_used < b.device_used;
   }
+  // Equal predictions (a knob that changed nothing here): the fewer changes to BASE.json.
+  const Knobs base = base_knobs(pb);
+  int da = 0, db = 0;
+  for (std::size_t d = 0; d < base.size(); ++d) {
+    da += a.knobs[d] != base[d];
+    db += b.knobs[d] != base[d];
+  }
+  if (da != db) return da < db;
   return a.knobs < b.knobs;
 }
 
 namespace {
 
-// The points of the grid: every combination of the values of the dimensions relevant at
-// the point (the rest stay at the base value), once each.
-std::vector<Knobs> enumerate(const Problem& pb, const Space& space, const Knobs& start, int from) {
-  std::vector<Knobs> out;
-  Knobs k = start;
-  auto rec = [&](auto&& self, int d) -> void {
-    if (d == kNumDims) {
-      out.push_back(k);
-      return;
-    }
-    const Dim dim = static_cast<Dim>(d);
-    const auto& vals = space.values[static_cast<std::size_t>(d)];
-    if (!relevant(pb, k, dim) || vals.size() <= 1) {
-      set(k, dim, relevant(pb, k, dim) ? vals.front() : get(start, dim));
-      self(self, d + 1);
-      return;
-    }
-    for (std::int64_t v : vals) {
-      set(k, dim, v);
-      self(self, d + 1);
-    }
-  };
-  rec(rec, from);
-  return out;
-}
-
-// The same points, one at a time, without storing them.
+// The points of the grid, one at a time: every combination of the values of the
+// dimensions relevant at the point (the rest stay at the base value), once each.
 template <class F>
 void for_each_point(const Problem& pb, const Space& space, const Knobs& start, F&& f) {
   Knobs k = start;
@@ -522,6 +489,13 @@ void for_each_point(const Problem& pb, const Space& space, const Knobs& start, F
     }
   };
   rec(rec, 0);
+}
+
+// The same points, stored.
+std::vector<Knobs> enumerate(const Problem& pb, const Space& space, const Knobs& start) {
+  std::vector<Knobs> out;
+  for_each_point(pb, space, start, [&](const Knobs& k) { out.push_back(k); });
+  return out;
 }
 
 Knobs shape_of(const Knobs& k) {
@@ -559,9 +533,14 @@ std::vector<Evaluation> rank_by_shape(const Problem& pb, const std::vector<Evalu
 std::vector<std::int64_t> micro_batches(const Space& space) { return space.values[static_cast<std::size_t>(Dim::micro_batch)]; }
 
 // The bound of the leading rows, for reports (how far each is from its compute stream).
-void add_bounds(const Problem& pb, const GraphCache& graphs, std::vector<Evaluation>& ranked, int threads) {
+// `known`: the bounds the search already computed, by shape.
+void add_bounds(const Problem& pb, const GraphCache& graphs, std::vector<Evaluation>& ranked, int threads,
+                const std::map<Knobs, double>& known = {}) {
   const std::size_t n = std::min<std::size_t>(ranked.size(), 16);
-  parallel_for(n, threads, [&](std::size_t i) { ranked[i].compute_bound_ms = compute_bound_ms(pb, graphs, ranked[i].knobs); });
+  parallel_for(n, threads, [&](std::size_t i) {
+    const auto it = known.find(shape_of(ranked[i].knobs));
+    ranked[i].compute_bound_ms = it != known.end() ? it->second : compute_bound_ms(pb, graphs, ranked[i].knobs);
+  });
 }
 
 }  // namespace
@@ -571,7 +550,7 @@ PlanResult exhaustive(const Problem& pb, const Space& space, int threads) {
   threads = resolve_threads(threads);
   GraphCache graphs(pb);
   graphs.prepare(micro_batches(space));
-  const auto points = enumerate(pb, space, base_knobs(pb), 0);
+  const auto points = enumerate(pb, space, base_knobs(pb));
   PlanResult r;
   r.all.resize(points.size());
   parallel_for(points.size(), threads, [&](std::size_t i) { r.all[i] = evaluate(pb, graphs, points[i]); });
@@ -602,7 +581,7 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
     Space shapes_only = space;
     for (int d = 0; d < kNumDims; ++d)
       if (!is_shape_dim(static_cast<Dim>(d))) shapes_only.values[static_cast<std::size_t>(d)] = {base[static_cast<std::size_t>(d)]};
-    for (const Knobs& s : enumerate(pb, shapes_only, base, 0)) {
+    for (const Knobs& s : enumerate(pb, shapes_only, base)) {
       Knobs fam = shape_of(s);
       set(fam, Dim::micro_batch, 0);
       families[fam].push_back(s);
@@ -672,10 +651,10 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
   // A point above its memory bound is answered without simulation (it cannot fit).
   auto eval = [&](const Knobs& k) {
     if (const Evaluation* e = cached(k)) return *e;
-    if (candidate_lower_bound(pb, psi, k) > device_limit) {
+    if (const Bytes lb = candidate_lower_bound(pb, psi, k); lb > device_limit) {
       Evaluation e;
       e.knobs = k;
-      e.device_used = candidate_lower_bound(pb, psi, k);
+      e.device_used = lb;
       e.device_limit = device_limit;
       return e;  // fits = false; not recorded: it was never simulated
     }
@@ -697,11 +676,6 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
   };
   std::vector<ShapeState> shapes;
   for (auto& [fam, list] : families) {
-    if (model_states_lower_bound(pb, psi, static_cast<int>(get(fam, Dim::stage)), get(fam, Dim::offload_optimizer) != 0) >
-        device_limit) {
-      r.stats.shapes_pruned_states += static_cast<std::int64_t>(list.size());
-      continue;
-    }
     for (const Knobs& sh : list) {
       if (shapes_without_fit.count(sh)) {
         ++r.stats.shapes_pruned_states;
@@ -798,7 +772,10 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
   for (auto& [k, e] : cache) r.all.push_back(e);
   r.stats.simulated = static_cast<std::int64_t>(cache.size());
   r.ranked = rank_by_shape(pb, r.all);
-  add_bounds(pb, graphs, r.ranked, threads);
+  std::map<Knobs, double> known;
+  for (const auto& st : shapes)
+    if (st.bound_ms > 0) known.emplace(shape_of(st.shape), st.bound_ms);
+  add_bounds(pb, graphs, r.ranked, threads, known);
   r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -878,7 +855,7 @@ std::vector<Suggestion> suggest_when_nothing_fits(const Problem& pb, const Space
       }
     GraphCache graphs(c.pb);
     graphs.prepare(mbs);
-    const auto pts = enumerate(c.pb, s, base_knobs(c.pb), 0);
+    const auto pts = enumerate(c.pb, s, base_knobs(c.pb));
     std::vector<Evaluation> evs(pts.size());
     parallel_for(pts.size(), threads, [&](std::size_t i) { evs[i] = evaluate(c.pb, graphs, pts[i]); });
     for (auto& e : evs)

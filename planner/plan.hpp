@@ -99,6 +99,8 @@ Knobs base_knobs(const Problem& pb);
 // precision); knobs that cannot are kept at the base value and never searched.
 bool relevant(const Problem& pb, const Knobs& k, Dim d);
 
+// The ZeRO settings of a point (the base config's, with the point's knobs).
+zero::ZeroConfig zero_of(const Problem& pb, const Knobs& k);
 // The DeepSpeed config for a point: the base config with the searched keys replaced.
 zero::DsConfig config_of(const Problem& pb, const Knobs& k);
 

@@ -226,7 +226,7 @@ class Lowering {
     hpz_ = stage_ == 3 && cfg.zero.zero_hpz_partition_size > 1 ? cfg.zero.zero_hpz_partition_size : 1;
     // engine.py _do_optimizer_sanity_check: stage 1 + bf16 + fp32 gradient accumulation
     // (no CPU offload) runs BF16_Optimizer instead of the ZeRO optimizer.
-    bf16_opt_ = stage_ == 1 && md_ == DType::bf16 && cfg.grad_accum_dtype == DType::fp32 && !offload_opt_;
+    bf16_opt_ = runs_bf16_optimizer(cfg);
   }
 
   void run() {
@@ -292,9 +292,7 @@ class Lowering {
     i.partition_elements = stage_ == 3 ? stage3_partition_elements(g_, N_)
                            : (stage_ == 0 ? layout_.params : layout_.partition);
     i.reduce_bucket_elements = rbs_;
-    i.ipg_buffers = (stage_ == 1 || stage_ == 2) && cfg_.zero.contiguous_gradients && hooks_installed()
-                        ? (overlap_ ? 2 : 1)
-                        : (stage_ == 3 && cfg_.zero.contiguous_gradients ? 1 : 0);
+    i.ipg_buffers = gradient_buckets(cfg_).count;
   }
 
   void setup_groups() {
@@ -673,8 +671,8 @@ class Lowering {
   void setup_buckets() {
     if (ipg_ready_) return;
     ipg_ready_ = true;
-    if (!cfg_.zero.contiguous_gradients) return;
-    const int nbuf = overlap_ ? 2 : 1;
+    const int nbuf = gradient_buckets(cfg_).count;
+    if (nbuf == 0) return;
     b_.begin(EventKind::marker, Stream::compute, Phase::backward, ms_, "setup_buckets");
     for (int i = 0; i < nbuf; ++i) {
       ipg_buf_[i] = b_.buffer(Category::comm_buffers, Placement::device, BufferRole::ipg_bucket, md_, rbs_,
@@ -943,6 +941,16 @@ class Lowering {
 
   // Data: dst (master or the params) -= update(src grads, src2 states) over
   // [offset, offset + elements); src -1: each param's own gradient (stage 0, fp32).
+  // The updated master range [offset, offset + n) copied (cast) into the 16-bit params
+  // (through the host staging buffer when the optimizer is offloaded).
+  void params_from_master(Event& e, std::int64_t offset, std::int64_t n) {
+    e.copy_op = CopyOp::master_to_params;
+    e.src_buf = master_buf_;
+    e.dst_buf = params_buf_;
+    e.offset = offset;
+    e.elements = n;
+  }
+
   void optimizer_event(std::int64_t elements, Placement where, const std::string& name, BufferId dst = -1,
                        BufferId grads = -1, std::int64_t offset = 0) {
     Event& e = b_.begin(EventKind::optimizer, where == Placement::host ? Stream::host : Stream::compute, Phase::step, -1, name);
@@ -977,10 +985,7 @@ class Lowering {
       h2d.src = Placement::host;
       h2d.dst = Placement::device;
       h2d.mem_bytes = Bytes{P * b16()};
-      h2d.copy_op = CopyOp::master_to_params;  // through the host 16-bit staging buffer
-      h2d.src_buf = master_buf_;
-      h2d.dst_buf = params_buf_;
-      h2d.elements = P;
+      params_from_master(h2d, 0, P);
     } else {
       // Flatten the partition's grads (accumulation dtype) and cast to fp32: transient.
       // The cast is no copy when they are fp32 already.
@@ -1012,10 +1017,7 @@ class Lowering {
       b_.free(flat32);
       Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
       cp.mem_bytes = Bytes{P * (4 + b16())};
-      cp.copy_op = CopyOp::master_to_params;
-      cp.src_buf = master_buf_;
-      cp.dst_buf = params_buf_;
-      cp.elements = P;
+      params_from_master(cp, 0, P);
     }
     post_step_allgather(P);
   }
@@ -1056,10 +1058,7 @@ class Lowering {
       b_.free(flat32);
       Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
       cp.mem_bytes = Bytes{psi * (4 + b16())};
-      cp.copy_op = CopyOp::master_to_params;
-      cp.src_buf = master_buf_;
-      cp.dst_buf = params_buf_;
-      cp.elements = psi;
+      params_from_master(cp, 0, psi);
     } else if (bf16_opt_) {
       optimizer_event(layout_.partition, Placement::device, "optimizer");
       post_step_allgather(layout_.partition);
@@ -1431,11 +1430,7 @@ class Lowering {
         h2d.src = Placement::host;
         h2d.dst = offload_param_ ? Placement::host : Placement::device;
         h2d.mem_bytes = Bytes{n * b16()};
-        h2d.copy_op = CopyOp::master_to_params;
-        h2d.src_buf = master_buf_;
-        h2d.dst_buf = params_buf_;
-        h2d.offset = group_start;
-        h2d.elements = n;
+        params_from_master(h2d, group_start, n);
         group_start += n;
         continue;
       }
@@ -1462,11 +1457,7 @@ class Lowering {
       b_.free(f32);
       Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, fmt::format("master_to_params16.subgroup{}", gi));
       cp.mem_bytes = Bytes{n * (4 + b16())};
-      cp.copy_op = CopyOp::master_to_params;
-      cp.src_buf = master_buf_;
-      cp.dst_buf = params_buf_;
-      cp.offset = group_start;
-      cp.elements = n;
+      params_from_master(cp, group_start, n);
       group_start += n;
     }
     persistent_allgather();
@@ -1611,6 +1602,30 @@ std::vector<std::int64_t> stage3_partition_offsets(const OpGraph& g, int world_s
 
 std::int64_t stage3_partition_elements(const OpGraph& g, int world_size) {
   return stage3_partition_offsets(g, world_size).back();
+}
+
+bool runs_bf16_optimizer(const DsConfig& cfg, const ZeroConfig& z) {
+  return z.stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.grad_accum_dtype == DType::fp32 &&
+         z.offload_optimizer.device == OffloadDevice::none;
+}
+
+GradientBuckets gradient_buckets(const DsConfig& cfg, const ZeroConfig& z) {
+  if (!z.contiguous_gradients || z.stage == 0 || runs_bf16_optimizer(cfg, z)) return {};
+  if (z.stage == 3) return {1, Bytes{z.reduce_bucket_size * dtype_size(cfg.communication_data_type())}};
+  // stage_1_and_2.py: hooks are installed (contiguous_gradients), one bucket, two with overlap.
+  return {z.overlap() ? 2 : 1, Bytes{z.reduce_bucket_size * dtype_size(cfg.model_dtype())}};
+}
+
+Bytes device_bytes_lower_bound(const DsConfig& cfg, const ZeroConfig& z, std::int64_t params, int world_size) {
+  const std::int64_t n = world_size;
+  std::int64_t bytes = (z.stage == 3 ? ceil_div(params, n) : params) * dtype_size(cfg.model_dtype());
+  const bool offload = z.offload_optimizer.device != OffloadDevice::none && z.stage >= 1;
+  if (!offload) {
+    const std::int64_t master = cfg.model_dtype() == DType::fp32 ? 0 : 4;
+    bytes += (z.stage == 0 ? params : params / n) * (master + cfg.optimizer.state_bytes_per_param());
+  }
+  const GradientBuckets b = gradient_buckets(cfg, z);
+  return Bytes{bytes + b.count * b.each.v};
 }
 
 int heaviest_rank(const OpGraph& g, const DsConfig& cfg, int world_size) {

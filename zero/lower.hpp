@@ -4,6 +4,8 @@
 // decided here and only here (REFERENCE.md §1).
 #include <vector>
 
+#include "core/units.hpp"
+
 #include "models/graph.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/program.hpp"
@@ -22,6 +24,28 @@ Program lower(const models::OpGraph& g, const DsConfig& cfg, const Batch& batch,
 // The rank whose persistent and bucket bytes are largest (stages 1/2 have rank-dependent
 // grads_in_partition sizes; stages 0 and 3 are symmetric → 0). Cheap: no lowering.
 int heaviest_rank(const models::OpGraph& g, const DsConfig& cfg, int world_size);
+
+// engine.py _do_optimizer_sanity_check: stage 1 + bf16 + fp32 gradient accumulation,
+// without CPU offload, runs BF16_Optimizer instead of the ZeRO optimizer (no buckets).
+// (`z`: ZeRO settings to use instead of cfg.zero; precision and optimizer come from cfg.)
+bool runs_bf16_optimizer(const DsConfig& cfg, const ZeroConfig& z);
+inline bool runs_bf16_optimizer(const DsConfig& cfg) { return runs_bf16_optimizer(cfg, cfg.zero); }
+
+// The gradient buckets lower() allocates for cfg: stages 1/2 with contiguous_gradients,
+// reduce_bucket_size elements of the model dtype, two under overlap_comm; stage 3 with
+// contiguous_gradients, one in the communication dtype; none otherwise.
+struct GradientBuckets {
+  int count = 0;
+  Bytes each{};
+};
+GradientBuckets gradient_buckets(const DsConfig& cfg, const ZeroConfig& z);
+inline GradientBuckets gradient_buckets(const DsConfig& cfg) { return gradient_buckets(cfg, cfg.zero); }
+
+// Device bytes every program lower() makes of cfg (Ψ = `params`, N ranks) holds at once at
+// some point of the step: the persistent 16-bit params, fp32 master and optimizer states
+// (unless offloaded), and its gradient buckets, which are live while those are. The
+// planner rules candidates out with it before simulating them.
+Bytes device_bytes_lower_bound(const DsConfig& cfg, const ZeroConfig& z, std::int64_t params, int world_size);
 
 // Layout facts the lowering uses, exposed for explain and tests.
 struct FlatLayout {

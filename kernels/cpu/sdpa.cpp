@@ -24,13 +24,18 @@ std::int64_t row_scores(double* s, const float* qi, const float* kh, const float
   return n;
 }
 
+// The dropout factor of probability (b·H + h, i, j): 1/(1 - p) when kept, 0 when dropped.
+double keep_factor(std::uint64_t seed, std::uint64_t offset, std::int64_t index, float p) {
+  if (p <= 0.0f) return 1.0;
+  return uniform(seed, offset + static_cast<std::uint64_t>(index)) < 1.0f - p ? 1.0 / (1.0 - static_cast<double>(p)) : 0.0;
+}
+
 }  // namespace
 
 void sdpa_forward(float* o, float* lse, const float* q, const float* k, const float* v, const float* mask,
                   std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
                   std::uint64_t seed, std::uint64_t offset) {
   std::vector<double> s(static_cast<std::size_t>(T)), acc(static_cast<std::size_t>(D));
-  const double keep_scale = p > 0.0f ? 1.0 / (1.0 - static_cast<double>(p)) : 1.0;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t bh = b * H + h;
@@ -48,11 +53,7 @@ void sdpa_forward(float* o, float* lse, const float* q, const float* k, const fl
         lse[bh * T + i] = static_cast<float>(L);
         std::fill(acc.begin(), acc.end(), 0.0);
         for (std::int64_t j = 0; j < n; ++j) {
-          double pij = std::exp(s[static_cast<std::size_t>(j)] - L);
-          if (p > 0.0f) {
-            const bool kept = uniform(seed, offset + static_cast<std::uint64_t>((bh * T + i) * T + j)) < 1.0f - p;
-            pij = kept ? pij * keep_scale : 0.0;
-          }
+          const double pij = std::exp(s[static_cast<std::size_t>(j)] - L) * keep_factor(seed, offset, (bh * T + i) * T + j, p);
           const float* vj = vh + j * D;
           for (std::int64_t d = 0; d < D; ++d) acc[static_cast<std::size_t>(d)] += pij * static_cast<double>(vj[d]);
         }
@@ -66,7 +67,6 @@ void sdpa_backward(float* dq, float* dk, float* dv, const float* dout, const flo
                    const float* lse, const float* mask, std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D,
                    bool causal, float scale, float p, std::uint64_t seed, std::uint64_t offset) {
   std::vector<double> s(static_cast<std::size_t>(T)), P(static_cast<std::size_t>(T)), dP(static_cast<std::size_t>(T));
-  const double keep_scale = p > 0.0f ? 1.0 / (1.0 - static_cast<double>(p)) : 1.0;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t bh = b * H + h;
@@ -85,9 +85,7 @@ void sdpa_backward(float* dq, float* dk, float* dv, const float* dout, const flo
         for (std::int64_t j = 0; j < n; ++j) {
           const auto u = static_cast<std::size_t>(j);
           P[u] = std::exp(s[u] - L);
-          double keep = 1.0;
-          if (p > 0.0f)
-            keep = uniform(seed, offset + static_cast<std::uint64_t>((bh * T + i) * T + j)) < 1.0f - p ? keep_scale : 0.0;
+          const double keep = keep_factor(seed, offset, (bh * T + i) * T + j, p);
           // O = (P ∘ keep) V: dV += (P ∘ keep)ᵀ dO; d(P ∘ keep) = dO Vᵀ.
           const float* vj = vh + j * D;
           float* dvj = dvh + j * D;
