@@ -10,6 +10,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -38,9 +39,19 @@ class Builder {
  public:
   explicit Builder(Program& p) : p_(p) {}
 
-  std::int32_t label(std::string s) {
+  // A new label. Callers that issue a name once per key keep the index themselves
+  // (cached() and the Lowering's per-op tables).
+  std::int32_t add_label(std::string s) {
     p_.labels.push_back(std::move(s));
     return static_cast<std::int32_t>(p_.labels.size() - 1);
+  }
+  // A name issued as it comes (every micro-step's "batch", the step's "optimizer") is
+  // interned: issued again it gets the index it got first, so a program's labels do not
+  // depend on how many micro-steps were lowered one by one (see Lowering::replicate).
+  std::int32_t label(std::string s) {
+    auto [it, fresh] = interned_.try_emplace(s, static_cast<std::int32_t>(p_.labels.size()));
+    if (fresh) p_.labels.push_back(std::move(s));
+    return it->second;
   }
 
   // Labels repeat across micro-steps: format each (kind, index) once.
@@ -53,13 +64,13 @@ class Builder {
       auto& t = flat_[static_cast<std::size_t>(kind)];
       const auto i = static_cast<std::size_t>(index);
       if (i >= t.size()) t.resize(std::max<std::size_t>(i + 1, t.size() * 2), -1);
-      if (t[i] < 0) t[i] = label(make());
+      if (t[i] < 0) t[i] = add_label(make());
       return t[i];
     }
     const std::uint64_t key = (static_cast<std::uint64_t>(kind) << 48) ^ static_cast<std::uint64_t>(index);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    const std::int32_t l = label(make());
+    const std::int32_t l = add_label(make());
     cache_.emplace(key, l);
     return l;
   }
@@ -127,6 +138,7 @@ class Builder {
   Program& p_;
   bool open_ = false;
   std::unordered_map<std::uint64_t, std::int32_t> cache_;
+  std::unordered_map<std::string, std::int32_t> interned_;
   std::array<std::vector<std::int32_t>, 18> flat_;  // one per LabelKind
 };
 
@@ -242,7 +254,33 @@ class Lowering {
     setup_groups();
     prologue();
     p_.step_begin = static_cast<EventId>(p_.events.size());
-    for (int m = 0; m < gas(); ++m) micro_step(m);
+    if (opt_.copied_micro_steps) *opt_.copied_micro_steps = 0;
+    const int G = gas();
+    // Micro-steps 0 .. 3 are lowered one by one; when micro-step 3 repeats micro-step 2
+    // (both follow a micro-step like themselves), 4 .. G-2 are copies of micro-step 3.
+    constexpr int kCompared = 2;
+    std::array<Marks, kCompared + 3> at{};
+    int m = 0;
+    for (; m < G; ++m) {
+      if (m <= kCompared + 2) {
+        b_.close();  // finishes the event before; the micro-step opens its own first
+        at[static_cast<std::size_t>(m)] = marks();
+      }
+      if (m == kCompared + 2 && opt_.replicate_micro_steps && G > m + 1 &&
+          periodic(at[kCompared], at[kCompared + 1], at[kCompared + 2]))
+        break;
+      micro_step(m);
+    }
+    if (m < G) {
+      // Lower the last micro-step and the step right after micro-step 3, then make room
+      // for the copies.
+      micro_step(G - 1);
+      step();
+      b_.close();
+      replicate(at[kCompared], at[kCompared + 1], at[kCompared + 2], G - 1 - m);
+      if (opt_.copied_micro_steps) *opt_.copied_micro_steps = G - 1 - m;
+      return;
+    }
     step();
     b_.close();
   }
@@ -307,6 +345,132 @@ class Lowering {
       p_.groups.push_back(h);
       hpz_group_ = 1;
     }
+  }
+
+  // ------------------------------------------------------------------ replication
+  // Where each of the program's lists stood at a point of the lowering.
+  struct Marks {
+    std::size_t events = 0, buffers = 0, allocs = 0, frees = 0, deps = 0, slices = 0;
+  };
+  Marks marks() const {
+    return {p_.events.size(), p_.buffers.size(), p_.alloc_list.size(), p_.free_list.size(), p_.dep_list.size(),
+            p_.slice_list.size()};
+  }
+
+  // A reference (event or buffer id) of the later of two compared micro-steps points either
+  // into itself or the one before (relative: it moves with the micro-step) or before both
+  // (fixed: the prologue's buffers, what micro-step 0 allocated for the whole step). `r1`
+  // is the earlier micro-step's reference, `start1` where that micro-step begins.
+  static bool same_ref(std::int64_t r1, std::int64_t r2, std::size_t start1, std::size_t delta) {
+    if (r1 < 0 || r2 < 0) return r1 == r2;
+    if (static_cast<std::size_t>(r2) >= start1) return static_cast<std::size_t>(r1) + delta == static_cast<std::size_t>(r2);
+    return r1 == r2;
+  }
+
+  // Whether the micro-step [b, c) is the micro-step [a, b) moved by one micro-step: the
+  // same events, buffers, lists and labels, every reference relative or fixed as above,
+  // and every buffer the first allocates freed by the end of the second (so nothing a
+  // repeated micro-step allocates outlives the next one, and what the last micro-step and
+  // the step free was allocated before the compared ones or by the one before them).
+  bool periodic(const Marks& a, const Marks& b, const Marks& c) const {
+    const Marks d{b.events - a.events, b.buffers - a.buffers, b.allocs - a.allocs,
+                  b.frees - a.frees,   b.deps - a.deps,       b.slices - a.slices};
+    if (c.events - b.events != d.events || c.buffers - b.buffers != d.buffers || c.allocs - b.allocs != d.allocs ||
+        c.frees - b.frees != d.frees || c.deps - b.deps != d.deps || c.slices - b.slices != d.slices)
+      return false;
+    for (std::size_t i = 0; i < d.events; ++i) {
+      const Event& e1 = p_.events[a.events + i];
+      const Event& e2 = p_.events[b.events + i];
+      if (!same_ref(e1.src_buf, e2.src_buf, a.buffers, d.buffers) ||
+          !same_ref(e1.src2_buf, e2.src2_buf, a.buffers, d.buffers) ||
+          !same_ref(e1.dst_buf, e2.dst_buf, a.buffers, d.buffers))
+        return false;
+      Event t = e1;
+      shift_event(t, 1, d, a, true);
+      t.src_buf = e2.src_buf;
+      t.src2_buf = e2.src2_buf;
+      t.dst_buf = e2.dst_buf;
+      if (!(t == e2)) return false;
+    }
+    for (std::size_t i = 0; i < d.buffers; ++i) {
+      Buffer t = p_.buffers[a.buffers + i];
+      t.id += static_cast<BufferId>(d.buffers);
+      if (!(t == p_.buffers[b.buffers + i])) return false;
+    }
+    for (std::size_t i = 0; i < d.allocs; ++i)
+      if (!same_ref(p_.alloc_list[a.allocs + i], p_.alloc_list[b.allocs + i], a.buffers, d.buffers)) return false;
+    for (std::size_t i = 0; i < d.frees; ++i)
+      if (!same_ref(p_.free_list[a.frees + i], p_.free_list[b.frees + i], a.buffers, d.buffers)) return false;
+    for (std::size_t i = 0; i < d.deps; ++i)
+      if (!same_ref(p_.dep_list[a.deps + i], p_.dep_list[b.deps + i], a.events, d.events)) return false;
+    for (std::size_t i = 0; i < d.slices; ++i)
+      if (!(p_.slice_list[a.slices + i] == p_.slice_list[b.slices + i])) return false;
+    std::vector<char> freed(d.buffers, 0);
+    for (std::size_t i = a.frees; i < c.frees; ++i) {
+      const auto f = static_cast<std::size_t>(p_.free_list[i]);
+      if (f >= a.buffers && f < b.buffers) freed[f - a.buffers] = 1;
+    }
+    return std::all_of(freed.begin(), freed.end(), [](char x) { return x != 0; });
+  }
+
+  // Moves an event by k micro-steps of `d` ids: its id, its list ranges, and (when it is a
+  // repeated micro-step's) its micro-step; buffer references at or after `a` move too.
+  static void shift_event(Event& e, std::size_t k, const Marks& d, const Marks& a, bool repeated) {
+    e.id += static_cast<EventId>(k * d.events);
+    if (repeated && e.micro_step >= 0) e.micro_step = static_cast<std::int16_t>(e.micro_step + k);
+    e.alloc_begin += static_cast<std::uint32_t>(k * d.allocs);
+    e.alloc_end += static_cast<std::uint32_t>(k * d.allocs);
+    e.free_begin += static_cast<std::uint32_t>(k * d.frees);
+    e.free_end += static_cast<std::uint32_t>(k * d.frees);
+    e.dep_begin += static_cast<std::uint32_t>(k * d.deps);
+    e.dep_end += static_cast<std::uint32_t>(k * d.deps);
+    e.slice_begin += static_cast<std::uint32_t>(k * d.slices);
+    e.slice_end += static_cast<std::uint32_t>(k * d.slices);
+    auto buf = [&](BufferId& b) {
+      if (b >= 0 && static_cast<std::size_t>(b) >= a.buffers) b += static_cast<BufferId>(k * d.buffers);
+    };
+    buf(e.src_buf);
+    buf(e.src2_buf);
+    buf(e.dst_buf);
+  }
+
+  // The program holds the micro-steps up to [b, c), which repeats [a, b), then the last
+  // micro-step and the step (from c). Insert k copies of [b, c) before the last one and
+  // move it and the step past them: every reference at or after a moves by k micro-steps.
+  void replicate(const Marks& a, const Marks& b, const Marks& c, int copies) {
+    const Marks d{b.events - a.events, b.buffers - a.buffers, b.allocs - a.allocs,
+                  b.frees - a.frees,   b.deps - a.deps,       b.slices - a.slices};
+    const auto k_all = static_cast<std::size_t>(copies);
+    auto move_buf = [&](BufferId x, std::size_t k) {
+      return x >= 0 && static_cast<std::size_t>(x) >= a.buffers ? x + static_cast<BufferId>(k * d.buffers) : x;
+    };
+    auto move_event = [&](EventId x, std::size_t k) {
+      return x >= 0 && static_cast<std::size_t>(x) >= a.events ? x + static_cast<EventId>(k * d.events) : x;
+    };
+    // Each list: [0, c) kept, then the copies of [b, c), then the tail [c, end) moved; each
+    // copy is appended whole, then its references are moved in place.
+    auto expand = [&](auto& list, std::size_t from, std::size_t to, auto&& move) {
+      using T = std::remove_reference_t<decltype(list[0])>;
+      static_assert(std::is_trivially_copyable_v<T>);
+      const std::vector<T> block(list.begin() + static_cast<std::ptrdiff_t>(from), list.begin() + static_cast<std::ptrdiff_t>(to));
+      const std::vector<T> tail(list.begin() + static_cast<std::ptrdiff_t>(to), list.end());
+      list.resize(to);
+      list.reserve(to + k_all * block.size() + tail.size());
+      for (std::size_t k = 1; k <= k_all; ++k) {
+        const std::size_t at = list.size();
+        list.insert(list.end(), block.begin(), block.end());
+        for (std::size_t i = at; i < list.size(); ++i) move(list[i], k, true);
+      }
+      const std::size_t at = list.size();
+      list.insert(list.end(), tail.begin(), tail.end());
+      for (std::size_t i = at; i < list.size(); ++i) move(list[i], k_all, false);
+    };
+    expand(p_.events, b.events, c.events, [&](Event& e, std::size_t k, bool repeated) { shift_event(e, k, d, a, repeated); });
+    expand(p_.buffers, b.buffers, c.buffers, [&](Buffer& x, std::size_t k, bool) { x.id += static_cast<BufferId>(k * d.buffers); });
+    expand(p_.alloc_list, b.allocs, c.allocs, [&](BufferId& x, std::size_t k, bool) { x = move_buf(x, k); });
+    expand(p_.free_list, b.frees, c.frees, [&](BufferId& x, std::size_t k, bool) { x = move_buf(x, k); });
+    expand(p_.dep_list, b.deps, c.deps, [&](EventId& x, std::size_t k, bool) { x = move_event(x, k); });
+    expand(p_.slice_list, b.slices, c.slices, [](BucketSlice&, std::size_t, bool) {});
   }
 
   // ------------------------------------------------------------------ prologue
@@ -452,25 +616,25 @@ class Lowering {
   std::int32_t op_label(OpId o) {
     if (op_labels_.empty()) op_labels_.assign(g_.ops.size(), -1);
     auto& l = op_labels_[static_cast<std::size_t>(o)];
-    if (l < 0) l = b_.label(g_.ops[static_cast<std::size_t>(o)].name);
+    if (l < 0) l = b_.add_label(g_.ops[static_cast<std::size_t>(o)].name);
     return l;
   }
   std::int32_t op_label_tensor(TensorId t) {
     if (tensor_labels_.empty()) tensor_labels_.assign(g_.tensors.size(), -1);
     auto& l = tensor_labels_[static_cast<std::size_t>(t)];
-    if (l < 0) l = b_.label(g_.tensors[static_cast<std::size_t>(t)].name);
+    if (l < 0) l = b_.add_label(g_.tensors[static_cast<std::size_t>(t)].name);
     return l;
   }
   std::int32_t grad_label_tensor(TensorId t) {
     if (grad_labels_.empty()) grad_labels_.assign(g_.tensors.size(), -1);
     auto& l = grad_labels_[static_cast<std::size_t>(t)];
-    if (l < 0) l = b_.label("grad:" + g_.tensors[static_cast<std::size_t>(t)].name);
+    if (l < 0) l = b_.add_label("grad:" + g_.tensors[static_cast<std::size_t>(t)].name);
     return l;
   }
   std::int32_t param_grad_label(ParamId p) {
     if (pgrad_labels_.empty()) pgrad_labels_.assign(g_.params.size(), -1);
     auto& l = pgrad_labels_[static_cast<std::size_t>(p)];
-    if (l < 0) l = b_.label("grad:" + pname(p));
+    if (l < 0) l = b_.add_label("grad:" + pname(p));
     return l;
   }
 
@@ -1200,7 +1364,7 @@ class Lowering {
     for (ParamId p : params) {
       if (s3_full_label_.empty()) s3_full_label_.assign(g_.params.size(), -1);
       auto& lbl = s3_full_label_[static_cast<std::size_t>(p)];
-      if (lbl < 0) lbl = b_.label("full " + pname(p));
+      if (lbl < 0) lbl = b_.add_label("full " + pname(p));
       const BufferId id = b_.buffer(Category::params, Placement::device, BufferRole::param_full16, md_, numel(p), lbl, p);
       b_.alloc(id);
       s3_full_[static_cast<std::size_t>(p)] = id;

@@ -132,6 +132,7 @@ struct Buffer {
   Bytes bytes{};
   std::int32_t ref = -1;       // param / tensor / module / bucket index, by role
   std::int32_t name = -1;      // index into Program::labels
+  bool operator==(const Buffer&) const = default;
 };
 
 // A slice of a parameter's gradient inside a bucket (for the executor).
@@ -140,11 +141,13 @@ struct BucketSlice {
   std::int64_t param_offset = 0;   // first element of the param in this slice
   std::int64_t count = 0;
   std::int64_t bucket_offset = 0;  // where it lands in the bucket
+  bool operator==(const BucketSlice&) const = default;
 };
 
 struct Group {
   std::string name;                // "dp", "hpz", "self"
   std::vector<int> ranks;
+  bool operator==(const Group&) const = default;
 };
 
 struct Event {
@@ -185,6 +188,7 @@ struct Event {
   std::uint32_t free_begin = 0, free_end = 0;
   std::uint32_t dep_begin = 0, dep_end = 0;
   std::uint32_t slice_begin = 0, slice_end = 0;
+  bool operator==(const Event&) const = default;
 };
 
 struct ProgramInfo {
@@ -204,6 +208,7 @@ struct ProgramInfo {
   std::int64_t partition_elements = 0; // this rank's partition of the flat params
   std::int64_t reduce_bucket_elements = 0;
   int ipg_buffers = 0;                 // ipg buckets that exist (0, 1 or 2)
+  bool operator==(const ProgramInfo&) const = default;
 };
 
 struct Program {
@@ -216,6 +221,7 @@ struct Program {
   std::vector<EventId> dep_list;
   std::vector<BucketSlice> slice_list;
   EventId step_begin = 0;              // events before this are the prologue (init)
+  bool operator==(const Program&) const = default;
 
   std::span<const BufferId> allocs(const Event& e) const {
     return {alloc_list.data() + e.alloc_begin, e.alloc_end - e.alloc_begin};
