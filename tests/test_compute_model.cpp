@@ -10,6 +10,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.hpp"
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
@@ -212,28 +214,56 @@ TEST_CASE("GPT-2 124M on H200 in bf16: time and model FLOPs utilisation of forwa
     CHECK(mfu > 0.10);
     CHECK(mfu < 0.25);
   }
-  // The same network as an efficient trainer runs it (fused tanh GELU, vocab padded to
-  // 50304, no dropout, flash attention): the model must credit each of those.
+  // The same network as an efficient trainer runs it (tanh GELU as one kernel, vocab
+  // padded to 50304, no dropout, flash attention), measured on the H200 with
+  // tools/measure_gpt2_step.py (tests/data/h200_gpt2_step.json): eager, and under
+  // torch.compile, which fuses kernels across ops (the op graph describes eager PyTorch,
+  // so the compiled figures bound what the model may claim, they are not its target).
+  std::ifstream in(std::string(ZEROPLAN_DATA_DIR) + "/tests/data/h200_gpt2_step.json");
+  REQUIRE(in.good());
+  const auto measured = nlohmann::json::parse(in);
+  auto find = [&](const std::string& variant, std::int64_t mb) {
+    for (const auto& r : measured["results"])
+      if (r["variant"] == variant && r["micro_batch"] == mb) return r;
+    FAIL("no measurement " << variant << " mb " << mb);
+    return nlohmann::json{};
+  };
+  // Reproduces the earlier measurement of the default model within 2%.
+  CHECK(find("hf_sdpa", 16)["fwd_bwd_ms"].get<double>() == doctest::Approx(86.3).epsilon(0.02));
   auto cfg = zp::models::load_model("gpt2");
   cfg.act = zp::models::Act::gelu_pytorch_tanh;
   cfg.vocab = 50304;
   cfg.hidden_dropout = cfg.attention_dropout = cfg.embedding_dropout = 0.0;
-  GraphOptions opt;
-  opt.micro_batch = 16;
-  opt.seq_len = 1024;
-  opt.act_dtype = zp::DType::bf16;
-  opt.attention = zp::models::Attention::sdpa;
-  const OpGraph fast = zp::models::build_graph(cfg, opt);
   const OpGraph hf = graph_of("gpt2", 16, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
-  const ComputeModel cf(profile_of("H200-141GB"), fast), ch(profile_of("H200-141GB"), hf);
-  const double tf = phase_seconds(cf, fast, Phase::forward) + phase_seconds(cf, fast, Phase::backward);
+  const ComputeModel ch(profile_of("H200-141GB"), hf);
   const double th = phase_seconds(ch, hf, Phase::forward) + phase_seconds(ch, hf, Phase::backward);
-  const double mfu = model_flops(fast) / (tf * cf.profile().peak_tensor_flops.v);
-  MESSAGE("gpt2 mb16 s1024 H200 bf16, fused GELU + padded vocab + no dropout: fwd+bwd " << tf * 1e3 << " ms, MFU "
-                                                                                         << mfu * 100 << "%");
-  CHECK(th / tf > 1.5);
-  CHECK(mfu > 0.30);
-  CHECK(mfu < 0.55);
+  for (const std::int64_t mb : {16, 32}) {
+    CAPTURE(mb);
+    GraphOptions opt;
+    opt.micro_batch = mb;
+    opt.seq_len = 1024;
+    opt.act_dtype = zp::DType::bf16;
+    opt.attention = zp::models::Attention::sdpa;
+    const OpGraph fast = zp::models::build_graph(cfg, opt);
+    const ComputeModel cf(profile_of("H200-141GB"), fast);
+    const double fwd = phase_seconds(cf, fast, Phase::forward);
+    const double tf = fwd + phase_seconds(cf, fast, Phase::backward);
+    const double mfu = model_flops(fast) / (tf * cf.profile().peak_tensor_flops.v);
+    const auto eager = find("efficient_eager", mb);
+    const auto compiled = find("efficient_compiled", mb);
+    const double eager_ms = eager["fwd_bwd_ms"].get<double>();
+    MESSAGE("gpt2 mb" << mb << " s1024 H200 bf16, tanh GELU + vocab 50304 + no dropout + sdpa: fwd " << fwd * 1e3
+                      << " ms (measured " << eager["forward_ms"].get<double>() << "), fwd+bwd " << tf * 1e3
+                      << " ms (measured " << eager_ms << " eager, " << compiled["fwd_bwd_ms"].get<double>()
+                      << " compiled), MFU " << mfu * 100 << "% (measured " << eager["mfu"].get<double>() * 100
+                      << "% eager, " << compiled["mfu"].get<double>() * 100 << "% compiled)");
+    CHECK(tf * 1e3 > 0.75 * eager_ms);
+    CHECK(tf * 1e3 < 1.25 * eager_ms);
+    // The model's MFU lies between eager's and what fused kernels reach.
+    CHECK(mfu > 0.9 * eager["mfu"].get<double>());
+    CHECK(mfu < compiled["mfu"].get<double>() * 1.1);
+    if (mb == 16) CHECK(th / tf > 1.5);  // credits the efficient trainer's changes
+  }
 }
 
 TEST_CASE("bert-large on H200, fp16, micro-batch 64, seq 128: near the measured step") {
