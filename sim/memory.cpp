@@ -35,6 +35,7 @@ struct Scratch {
   std::size_t sig_len[2] = {0, 0};
   std::size_t sig_range[2] = {SIZE_MAX, SIZE_MAX};
   bool self_contained[2] = {false, false};
+  std::vector<std::int64_t> sig_repeat;   // the copied micro-step's, once per program
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -47,6 +48,7 @@ Scratch& scratch() {
 // depends on the allocator's capacity).
 struct MicroRanges {
   std::vector<MicroRange> ranges;
+  std::int8_t repeat_self_contained = -1;  // whether the micro-step the lowering copied frees all it allocates
 };
 
 // The exact sequence of requests of a range, into `sig`: per event a header (stream,
@@ -104,6 +106,21 @@ std::size_t signature(const zero::Program& p, MicroRange& r, std::vector<std::in
 // Whether range k issues the same requests as range k - 1 (both freeing all they allocate).
 bool same_requests(const zero::Program& p, MicroRanges& m, std::size_t k, Scratch& s) {
   MicroRange& cur = m.ranges[k];
+  const zero::Repeat& rp = p.repeat;
+  if (cur.same_as_prev < 0 && rp.copies > 0 && cur.begin > rp.first && (cur.begin - rp.first) % rp.events == 0 &&
+      (cur.begin - rp.first) / rp.events <= rp.copies && m.ranges[k - 1].begin == cur.begin - rp.events) {
+    // A copy of the micro-step before (or of the one it copies). When that one frees all it
+    // allocates, everything it frees from outside was allocated before the copies, and
+    // keeps its id in each: the requests are the same (Program::repeat).
+    cur.end = cur.begin + rp.events;
+    if (m.repeat_self_contained < 0) {
+      MicroRange orig{rp.first, rp.first + rp.events, -1};
+      bool sc = false;
+      signature(p, orig, s.sig_repeat, s, sc);
+      m.repeat_self_contained = sc ? 1 : 0;
+    }
+    cur.same_as_prev = m.repeat_self_contained;
+  }
   if (cur.same_as_prev < 0) {
     // Signatures of the last two ranges analysed are kept: ranges are compared in order.
     auto slot_of = [&](std::size_t range) -> int {

@@ -7,6 +7,7 @@
 
 #include "cli/simulate.hpp"
 #include "sim/memory.hpp"
+#include "sim/timing.hpp"
 #include "zero/lower.hpp"
 
 using namespace zp;
@@ -601,7 +602,10 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     const auto fast = zero::lower(g, cfg, batch, lo);
     lo.replicate_micro_steps = false;
     lo.copied_micro_steps = nullptr;
-    const auto full = zero::lower(g, cfg, batch, lo);
+    auto full = zero::lower(g, cfg, batch, lo);
+    CHECK(full.repeat.copies == 0);
+    CHECK(fast.repeat.copies == std::max(copied, 0));
+    full.repeat = fast.repeat;
     CAPTURE(j.dump());
     CAPTURE(model);
     CAPTURE(N);
@@ -614,6 +618,22 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     CHECK(fast.dep_list == full.dep_list);
     CHECK(fast.slice_list == full.slice_list);
     CHECK(fast == full);
+    // The replay that knows the copies skips their signatures: the same report.
+    auto plain = fast;
+    plain.repeat = {};
+    for (const char* gpu : {"A100-80GB", "cpu"}) {
+      const auto a = sim::replay_memory(fast, sim::find_device(gpu));
+      const auto b = sim::replay_memory(plain, sim::find_device(gpu));
+      CHECK(a.peak_allocated == b.peak_allocated);
+      CHECK(a.peak_event == b.peak_event);
+      CHECK(a.at_peak == b.at_peak);
+      CHECK(a.category_peak == b.category_peak);
+      CHECK(a.reserved_peak == b.reserved_peak);
+      CHECK(a.segments == b.segments);
+      CHECK(a.peak_host == b.peak_host);
+      CHECK(a.fits == b.fits);
+      CHECK(a.skipped_micro_steps == b.skipped_micro_steps);
+    }
     ++cases;
     if (copied > 0) ++copied_any;
   }
@@ -638,9 +658,29 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     const auto fast = zero::lower(g, cfg, batch, lo);
     lo.replicate_micro_steps = false;
     lo.copied_micro_steps = nullptr;
-    const auto full = zero::lower(g, cfg, batch, lo);
+    auto full = zero::lower(g, cfg, batch, lo);
+    CHECK(full.repeat.copies == 0);
+    CHECK(fast.repeat.copies == std::max(copied, 0));
+    full.repeat = fast.repeat;
     CAPTURE(stage);
     CHECK(copied == 11);
     CHECK(fast == full);
+    // Prices and times: copied micro-steps take their durations from the one they copy.
+    cli::SimRequest req;
+    req.model = "bert-large-uncased";
+    req.gpus = 4;
+    req.gpu = "V100-16GB";
+    const auto in = cli::load_inputs(req);
+    const sim::ComputeModel cm(in.profile, g);
+    auto plain = fast;
+    plain.repeat = {};
+    const auto d_fast = sim::event_durations(fast, cm, *in.collectives);
+    const auto d_plain = sim::event_durations(plain, cm, *in.collectives);
+    CHECK(d_fast == d_plain);
+    const auto m_fast = sim::replay_memory(fast, sim::find_device("V100-16GB"));
+    const auto m_plain = sim::replay_memory(plain, sim::find_device("V100-16GB"));
+    CHECK(m_fast.reserved_peak == m_plain.reserved_peak);
+    CHECK(m_fast.peak_event == m_plain.peak_event);
+    CHECK(m_fast.skipped_micro_steps == m_plain.skipped_micro_steps);
   }
 }

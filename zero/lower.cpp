@@ -278,6 +278,8 @@ class Lowering {
       step();
       b_.close();
       replicate(at[kCompared], at[kCompared + 1], at[kCompared + 2], G - 1 - m);
+      p_.repeat = {static_cast<EventId>(at[kCompared + 1].events),
+                   static_cast<EventId>(at[kCompared + 2].events - at[kCompared + 1].events), G - 1 - m};
       if (opt_.copied_micro_steps) *opt_.copied_micro_steps = G - 1 - m;
       return;
     }

@@ -211,6 +211,18 @@ struct ProgramInfo {
   bool operator==(const ProgramInfo&) const = default;
 };
 
+// Micro-steps the lowering copied rather than lowered (LowerOptions::replicate_micro_steps):
+// for k = 1 .. copies, the events [first + k·events, first + (k+1)·events) are the events
+// [first, first + events) with their ids, buffers and references moved by k micro-steps
+// (references to what came before the micro-step before `first` stay). Their costs and
+// their requests to the allocator are the same; consumers may use that, or ignore it.
+struct Repeat {
+  EventId first = -1;
+  EventId events = 0;
+  int copies = 0;
+  bool operator==(const Repeat&) const = default;
+};
+
 struct Program {
   ProgramInfo info;
   std::vector<std::string> labels;
@@ -221,6 +233,7 @@ struct Program {
   std::vector<EventId> dep_list;
   std::vector<BucketSlice> slice_list;
   EventId step_begin = 0;              // events before this are the prologue (init)
+  Repeat repeat;
   bool operator==(const Program&) const = default;
 
   std::span<const BufferId> allocs(const Event& e) const {
