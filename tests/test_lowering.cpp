@@ -640,7 +640,9 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
   MESSAGE(copied_any << " of " << cases << " sampled programs copied repeated micro-steps");
   CHECK(copied_any > cases / 2);  // the common case is copied, not only checked
 
-  // The README example at every stage: 11 of its 16 micro-steps are copied.
+  // The README example at every stage: 12 of its 16 micro-steps are copied; 11 at stage 2,
+  // whose micro-step 0 keeps its grads_in_partition as the accumulated partition (the
+  // later ones add theirs to it), so micro-step 1 finds a shorter micro-step before it.
   for (int stage = 0; stage <= 3; ++stage) {
     auto cfg = config(stage, 64, 16);
     cfg.zero.reduce_bucket_size = 500000000;
@@ -663,7 +665,7 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     CHECK(fast.repeat.copies == std::max(copied, 0));
     full.repeat = fast.repeat;
     CAPTURE(stage);
-    CHECK(copied == 11);
+    CHECK(copied == (stage == 2 ? 11 : 12));
     CHECK(fast == full);
     // Prices and times: copied micro-steps take their durations from the one they copy.
     cli::SimRequest req;

@@ -256,31 +256,37 @@ class Lowering {
     p_.step_begin = static_cast<EventId>(p_.events.size());
     if (opt_.copied_micro_steps) *opt_.copied_micro_steps = 0;
     const int G = gas();
-    // Micro-steps 0 .. 3 are lowered one by one; when micro-step 3 repeats micro-step 2
-    // (both follow a micro-step like themselves), 4 .. G-2 are copies of micro-step 3.
-    constexpr int kCompared = 2;
-    std::array<Marks, kCompared + 3> at{};
-    int m = 0;
+    // Micro-steps are lowered one by one until one repeats the one before it: micro-step 2
+    // micro-step 1, else 3 micro-step 2 (micro-step 0 may differ from the rest, and with it
+    // where micro-step 1 finds what micro-step 0 left). The micro-steps after it, to G-2,
+    // are then copies of it.
+    std::array<Marks, 5> at{};
+    int m = 0, compared = -1;
     for (; m < G; ++m) {
-      if (m <= kCompared + 2) {
+      if (m < static_cast<int>(at.size())) {
         b_.close();  // finishes the event before; the micro-step opens its own first
         at[static_cast<std::size_t>(m)] = marks();
       }
-      if (m == kCompared + 2 && opt_.replicate_micro_steps && G > m + 1 &&
-          periodic(at[kCompared], at[kCompared + 1], at[kCompared + 2]))
+      if ((m == 3 || m == 4) && opt_.replicate_micro_steps && G > m + 1 &&
+          periodic(at[static_cast<std::size_t>(m - 2)], at[static_cast<std::size_t>(m - 1)], at[static_cast<std::size_t>(m)])) {
+        compared = m - 2;
         break;
+      }
       micro_step(m);
     }
-    if (m < G) {
-      // Lower the last micro-step and the step right after micro-step 3, then make room
-      // for the copies.
+    if (compared >= 0) {
+      // Lower the last micro-step and the step right after the repeating one, then make
+      // room for the copies.
+      const Marks& a = at[static_cast<std::size_t>(compared)];
+      const Marks& b = at[static_cast<std::size_t>(compared + 1)];
+      const Marks& c = at[static_cast<std::size_t>(compared + 2)];
+      const int copies = G - 1 - m;
       micro_step(G - 1);
       step();
       b_.close();
-      replicate(at[kCompared], at[kCompared + 1], at[kCompared + 2], G - 1 - m);
-      p_.repeat = {static_cast<EventId>(at[kCompared + 1].events),
-                   static_cast<EventId>(at[kCompared + 2].events - at[kCompared + 1].events), G - 1 - m};
-      if (opt_.copied_micro_steps) *opt_.copied_micro_steps = G - 1 - m;
+      replicate(a, b, c, copies);
+      p_.repeat = {static_cast<EventId>(b.events), static_cast<EventId>(c.events - b.events), copies};
+      if (opt_.copied_micro_steps) *opt_.copied_micro_steps = copies;
       return;
     }
     step();

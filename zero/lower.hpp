@@ -17,9 +17,10 @@ struct LowerOptions {
   int rank = 0;
   int gpus_per_node = 8;             // for hpZ groups
   bool activation_checkpointing = false;  // per-layer (HF gradient_checkpointing_enable)
-  // The middle micro-steps repeat: when micro-step 3 is micro-step 2 moved by one
-  // micro-step's worth of ids, micro-steps 4 .. GAS-2 are copied instead of lowered (the
-  // program is identical either way; tests compare the two). Off: lower every one.
+  // The middle micro-steps repeat: when micro-step 2 is micro-step 1 moved by one
+  // micro-step's worth of ids (else 3 micro-step 2), the ones after it to GAS-2 are copied
+  // instead of lowered (the program is identical either way; tests compare the two).
+  // Off: lower every one.
   bool replicate_micro_steps = true;
   int* copied_micro_steps = nullptr;   // out, when set: how many micro-steps were copied
 };
