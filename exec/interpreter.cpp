@@ -13,6 +13,7 @@
 #include "kernels/cpu/convert.hpp"
 #include "kernels/cpu/optimizer.hpp"
 #include "kernels/cpu/rng.hpp"
+#include "zero/lower.hpp"
 
 namespace zp::exec {
 
@@ -38,8 +39,6 @@ std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 }  // namespace
 
 std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg) {
-  if (cfg.zero.stage == 1 && p.info.model_dtype == DType::bf16 && cfg.grad_accum_dtype == DType::fp32)
-    return "bf16 with fp32 gradient accumulation at stage 1 (DeepSpeed's BF16_Optimizer) is not executed on CPU";
   (void)p;
   if (cfg.zero.offload_param.device != zero::OffloadDevice::none)
     return "offload_param is not executed on CPU ranks (offload_optimizer is)";
@@ -58,6 +57,7 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
       dev_(device ? *device : *own_device_),
       g_(g), p_(p), cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
   stage_ = p.info.stage;
+  bf16_opt_ = zero::runs_bf16_optimizer(cfg);
   N_ = p.info.world_size;
   rank_ = p.info.rank;
   layout_ = zero::flat_layout(g, N_);
@@ -368,6 +368,10 @@ void Interpreter::copy_event(const Event& e) {
         std::copy_n(g, s.count, f32_range(e.dst_buf, s.bucket_offset, s.count));
       }
       break;
+    case CopyOp::grad_accumulate:
+      for (const auto& s : sl)
+        dev_.accumulate(f32_range(e.dst_buf, s.bucket_offset, s.count), f32(e.src_buf) + s.param_offset, s.count);
+      break;
     case CopyOp::flatten: {
       std::int64_t pos = 0;
       for (const auto& s : sl) {
@@ -380,7 +384,8 @@ void Interpreter::copy_event(const Event& e) {
     case CopyOp::unflatten_grads: {
       std::int64_t pos = 0;
       for (const auto& s : sl) {
-        std::copy_n(f32_range(e.src_buf, pos, s.count), s.count, param_grad(s.param) + s.param_offset);
+        float* to = e.dst_buf >= 0 ? f32_range(e.dst_buf, s.bucket_offset, s.count) : param_grad(s.param) + s.param_offset;
+        std::copy_n(f32_range(e.src_buf, pos, s.count), s.count, to);
         pos += s.count;
       }
       break;
@@ -644,6 +649,25 @@ void Interpreter::optimizer_event(const Event& e) {
       dev_.sgd_step(p, g, states ? states + at : nullptr, n, optimizer_step_.value_or(step_), sg);
     }
   };
+  // BF16_Optimizer: every rank holds the all-reduced fp32 gradients of every param; the
+  // norm is theirs (local), the update reads this rank's partition, clear_hp_grads zeroes
+  // them for the next step.
+  if (bf16_opt_) {
+    float* all = f32(e.src_buf);
+    const std::int64_t n = p_.buffers[U(e.src_buf)].elements;
+    PartitionStats st;
+    for (std::int64_t i = 0; i < n; ++i) st.add(static_cast<double>(all[i]));
+    grad_norm_ = std::sqrt(st.sumsq);
+    double combined = 1.0;
+    if (cfg_.gradient_clipping > 0.0) {
+      const double clip = (grad_norm_ + 1e-6) / cfg_.gradient_clipping;
+      if (clip > 1.0) combined = clip;
+    }
+    update(f32(e.dst_buf) + e.offset, all + rank_ * layout_.partition + e.offset, e.offset, e.elements,
+           static_cast<float>(1.0 / combined));
+    std::fill_n(all, n, 0.0f);
+    return;
+  }
   // Stage 0 (replicated gradients): the norm and the overflow check are local.
   if (stage_ == 0 || e.src_buf < 0) {
     PartitionStats st;

@@ -121,6 +121,7 @@ class Interpreter : private Operands {
   TrackingAllocator& mem_;
   std::uint64_t seed_;
   int stage_ = 0, N_ = 1, rank_ = 0;
+  bool bf16_opt_ = false;  // DeepSpeed runs BF16_Optimizer for this config (zero::runs_bf16_optimizer)
   zero::FlatLayout layout_;
   std::vector<std::int64_t> part_off_;     // stage 3: param → offset in the partition
   std::vector<std::int64_t> gip_off_;      // stages 1/2: param → offset in grads_in_partition (-1: none)

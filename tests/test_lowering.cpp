@@ -452,10 +452,29 @@ TEST_CASE("optimizer wrappers follow engine.py: FP16_Optimizer for 16-bit stage 
   CHECK(count_events(s0.p, EventKind::collective, static_cast<int>(CollKind::all_gather)) == 0);
   // Its step: per-param fp32 copies (4Ψ) and their flat copy (4Ψ) are live together.
   CHECK(s0.m.category_peak[static_cast<std::size_t>(Category::temporaries)].v >= 8 * P);
-  // Stage 1 bf16 + fp32 accumulation: BF16_Optimizer, fp32 grads 4Ψ, partitioned master and states.
-  const auto b1 = build("tiny-gpt2", bf16_config(1, 2, 2, true), N, 16);
-  const std::int64_t part = zero::flat_layout(b1.g, N).partition;
-  CHECK(b1.m.persistent.v == 2 * P + 4 * P + 4 * part + 8 * part);
+  // Stage 1 bf16 + fp32 accumulation: BF16_Optimizer, flat 16-bit params and fp32 grads
+  // aligned to 2N (Ψ'), partitioned master and states.
+  const auto b1 = build("tiny-gpt2", bf16_config(1, 2, 2, true), 5, 16);  // 5 ranks: Ψ is not a multiple of 10
+  const auto layout = zero::flat_layout(b1.g, 5);
+  const std::int64_t part = layout.partition;
+  CHECK(layout.padded > P);  // the alignment pads this model
+  CHECK(b1.m.persistent.v == 2 * layout.padded + 4 * layout.padded + 4 * part + 8 * part);
+  // Each hook adds the param's gradient into the fp32 buffer at its flat offset; the step
+  // updates the partition, casts it into the 16-bit params and all-gathers them.
+  std::int64_t accumulated = 0;
+  for (const auto& e : b1.p.events) {
+    if (e.copy_op != zero::CopyOp::grad_accumulate) continue;
+    ++accumulated;
+    REQUIRE(b1.p.slices(e).size() == 1);
+    const auto& sl = b1.p.slices(e).front();
+    CHECK(sl.bucket_offset == layout.offset[static_cast<std::size_t>(sl.param)]);
+    CHECK(b1.p.buffers[static_cast<std::size_t>(e.dst_buf)].role == zero::BufferRole::flat_grads32);
+  }
+  CHECK(accumulated == 2 * static_cast<std::int64_t>(b1.g.params.size()));
+  CHECK(count_events(b1.p, EventKind::optimizer) == 1);
+  int master_copies = 0;
+  for (const auto& e : b1.p.events) master_copies += e.copy_op == zero::CopyOp::master_to_params;
+  CHECK(master_copies == 1);
   CHECK(b1.p.info.ipg_buffers == 0);
   CHECK(count_buffers(b1.p, zero::BufferRole::ipg_bucket) == 0);
   CHECK(count_events(b1.p, EventKind::collective, static_cast<int>(CollKind::all_gather)) == 1);

@@ -501,8 +501,10 @@ class Lowering {
                                  DType::fp32, elements * k_state / 4, name, ref);
     };
     if (stage_ == 0 || bf16_opt_) {
-      params_buf_ = persistent(Category::params, Placement::device, BufferRole::flat_params16, md_, psi,
-                 fmt::format("params{} (flat, {} elements)", dtype_name(md_), psi));
+      // BF16_Optimizer flattens its 16-bit params and fp32 gradients aligned to 2N, as ZeRO-1/2 do.
+      const std::int64_t flat = bf16_opt_ ? layout_.padded : psi;
+      params_buf_ = persistent(Category::params, Placement::device, BufferRole::flat_params16, md_, flat,
+                 fmt::format("params{} (flat, {} elements)", dtype_name(md_), flat));
       if (!bf16_opt_ && md_ != DType::fp32) {
         // FP16_Optimizer (fp16, and bf16 without ZeRO): fp32 master copy and states, unpartitioned.
         master_buf_ = persistent(Category::master_params, Placement::device, BufferRole::master_partition, DType::fp32, psi,
@@ -510,7 +512,8 @@ class Lowering {
         states(psi, "optimizer states", 0);
       } else if (bf16_opt_) {
         // BF16_Optimizer (ZeRO-1 with fp32 accumulation): fp32 grad buffer, master and states partitioned.
-        persistent(Category::grads, Placement::device, BufferRole::flat_grads32, DType::fp32, psi, "fp32 grad accumulation buffer");
+        grads32_ = persistent(Category::grads, Placement::device, BufferRole::flat_grads32, DType::fp32, flat,
+                              "fp32 grad accumulation buffer");
         master_buf_ = persistent(Category::master_params, Placement::device, BufferRole::master_partition, DType::fp32,
                                  layout_.partition, "master fp32 partition", 0);
         states(layout_.partition, "optimizer states (partition)", 0);
@@ -823,8 +826,12 @@ class Lowering {
     if (stage_ == 0 || bf16_opt_) {
       if (bf16_opt_) {
         auto& pg = st.param_grad[static_cast<std::size_t>(p)];
-        b_.begin(EventKind::copy, Stream::compute, Phase::backward, ms_, b_.cached(LabelKind::accumulate_fp32, p, [&] { return fmt::format("accumulate_fp32.{}", pname(p)); }));
-        b_.cur().mem_bytes = Bytes{numel(p) * (b16() + 8)};
+        Event& e = b_.begin(EventKind::copy, Stream::compute, Phase::backward, ms_, b_.cached(LabelKind::accumulate_fp32, p, [&] { return fmt::format("accumulate_fp32.{}", pname(p)); }));
+        e.mem_bytes = Bytes{numel(p) * (b16() + 8)};
+        e.copy_op = CopyOp::grad_accumulate;
+        e.src_buf = pg;
+        e.dst_buf = grads32_;
+        b_.slice({p, 0, numel(p), layout_.offset[static_cast<std::size_t>(p)]});
         b_.free(pg);
         pg = -1;
       }
@@ -1085,7 +1092,10 @@ class Lowering {
       b_.alloc(flat);
       fl.copy_op = CopyOp::flatten;
       fl.dst_buf = flat;
-      for (ParamId p : cur) b_.slice({p, 0, numel(p), -1});
+      // BF16_Optimizer's gradients are its fp32 buffer's (get_grads_for_reduction), by flat offset.
+      auto grad_at = [&](ParamId p) { return bf16_opt_ ? layout_.offset[static_cast<std::size_t>(p)] : std::int64_t{-1}; };
+      fl.src_buf = bf16_opt_ ? grads32_ : -1;
+      for (ParamId p : cur) b_.slice({p, 0, numel(p), grad_at(p)});
       collective(Stream::compute, Phase::reduction, ms_, b_.label(fmt::format("all_reduce.bucket{}", bn)), CollKind::all_reduce, ReduceOp::avg, Trigger::gas_boundary, dp_group_, cur_n, cfg_.communication_data_type_override.value_or(gd), bn);
       b_.cur().dst_buf = flat;
       for (ParamId p : cur) b_.slice({p, 0, numel(p), -1});
@@ -1093,7 +1103,8 @@ class Lowering {
       back.mem_bytes = Bytes{2 * cur_n * dtype_size(gd)};
       back.copy_op = CopyOp::unflatten_grads;
       back.src_buf = flat;
-      for (ParamId p : cur) b_.slice({p, 0, numel(p), -1});
+      back.dst_buf = bf16_opt_ ? grads32_ : -1;
+      for (ParamId p : cur) b_.slice({p, 0, numel(p), grad_at(p)});
       b_.free(flat);
       cur.clear();
       cur_n = 0;
@@ -1232,8 +1243,15 @@ class Lowering {
       cp.mem_bytes = Bytes{psi * (4 + b16())};
       params_from_master(cp, 0, psi);
     } else if (bf16_opt_) {
-      optimizer_event(layout_.partition, Placement::device, "optimizer");
-      post_step_allgather(layout_.partition);
+      // bf16_optimizer.py step: the norm of the (all-reduced, full) fp32 gradients, the
+      // update of this rank's fp32 partition, update_lp_params (the partition cast into the
+      // flat 16-bit params, then all-gathered), clear_hp_grads.
+      const std::int64_t P = layout_.partition;
+      optimizer_event(P, Placement::device, "optimizer", master_buf_, grads32_);
+      Event& cp = b_.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
+      cp.mem_bytes = Bytes{P * (4 + b16())};
+      params_from_master(cp, 0, P);
+      post_step_allgather(P);
     } else {
       optimizer_event(psi, Placement::device, "optimizer", params_buf_, -1);
     }
@@ -1688,6 +1706,7 @@ class Lowering {
 
   // persistent buffers the executor's operands name
   BufferId params_buf_ = -1, master_buf_ = -1, states_buf_ = -1;
+  BufferId grads32_ = -1;  // BF16_Optimizer: the flat fp32 gradients of every param
   // stages 0/1: accumulated param.grad buffers across micro-steps
   std::vector<BufferId> accum_grads_;
   // stages 1/2: ipg bucket state

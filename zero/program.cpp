@@ -128,6 +128,7 @@ const char* copy_op_name(CopyOp c) {
     case CopyOp::none: return "none";
     case CopyOp::load_batch: return "load_batch";
     case CopyOp::grad_to_bucket: return "grad_to_bucket";
+    case CopyOp::grad_accumulate: return "grad_accumulate";
     case CopyOp::flatten: return "flatten";
     case CopyOp::unflatten_grads: return "unflatten_grads";
     case CopyOp::to_partition: return "to_partition";

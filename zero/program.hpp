@@ -81,8 +81,10 @@ enum class CopyOp : std::uint8_t {
   none,
   load_batch,          // the micro-step's inputs into their (freshly allocated) buffers
   grad_to_bucket,      // slice: the param's grad (src) → bucket dst at bucket_offset
+  grad_accumulate,     // slice: the param's grad (src) added into dst at bucket_offset (BF16_Optimizer)
   flatten,             // slices: each param's grad, or the bucket src at bucket_offset → dst, packed
-  unflatten_grads,     // slices: packed src → each param's grad (stage 0 after its all-reduce)
+  unflatten_grads,     // slices: packed src → each param's grad, or dst at bucket_offset (after the
+                       // stage-0 all-reduce)
   to_partition,        // slices: the part of reduced src in this rank's partition → dst += (grads_in_partition)
   accumulate,          // dst += src (same layout)
   partition_grads,     // this rank's partition of src (+ src2) → dst; src (and src2) are zeroed
@@ -178,7 +180,8 @@ struct Event {
   // group names the first param's secondary partition, the others follow its slices). A
   // gather_unflatten copy's `group` is the gather's, whose blocks it reads. `offset` is the
   // first element of the range an optimizer or sub-group copy covers; `root` is a
-  // reduce's destination.
+  // reduce's destination. An optimizer whose src is the flat fp32 gradient buffer of every
+  // param (BF16_Optimizer) reads this rank's partition of it, and clears it after.
   CopyOp copy_op = CopyOp::none;
   BufferId src_buf = -1, src2_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
