@@ -40,8 +40,6 @@ std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 
 std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg) {
   (void)p;
-  if (cfg.zero.offload_param.device != zero::OffloadDevice::none)
-    return "offload_param is not executed on CPU ranks (offload_optimizer is)";
   using zero::OptimizerType;
   const auto t = cfg.optimizer.type;
   if (t != OptimizerType::adam && t != OptimizerType::adamw && t != OptimizerType::sgd)
