@@ -633,8 +633,8 @@ void Interpreter::optimizer_event(const Event& e) {
     if (adam) {
       cpu::AdamConfig a;
       a.lr = lr_.value_or(oc.lr);
-      a.beta1 = oc.beta1;
-      a.beta2 = oc.beta2;
+      a.beta1 = betas_ ? betas_->first : oc.beta1;
+      a.beta2 = betas_ ? betas_->second : oc.beta2;
       a.eps = oc.eps;
       a.weight_decay = oc.weight_decay;
       a.decoupled = oc.type == zero::OptimizerType::adamw || oc.adam_w_mode;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "exec/allocator.hpp"
@@ -55,9 +56,11 @@ class Interpreter : private Operands {
   // (1 + the updates applied before it: an fp16 overflow skips the optimizer, so its
   // count, and Adam's bias correction with it, does not advance). Default: the config's lr
   // and the step number.
-  void set_update(double lr, std::int64_t optimizer_step) {
+  // `betas`: Adam's (beta1, beta2) when the scheduler sets them (OneCycle), else the config's.
+  void set_update(double lr, std::int64_t optimizer_step, std::optional<std::pair<double, double>> betas = {}) {
     lr_ = lr;
     optimizer_step_ = optimizer_step;
+    betas_ = betas;
   }
   // Seconds each event took in the last step (index: event id).
   const std::vector<double>& event_seconds() const { return seconds_; }
@@ -133,6 +136,7 @@ class Interpreter : private Operands {
   std::vector<std::vector<float>> scratch_;
   std::int64_t step_ = 0;
   std::optional<double> lr_;                  // set_update
+  std::optional<std::pair<double, double>> betas_;
   std::optional<std::int64_t> optimizer_step_;
   int micro_ = 0;
   const MicroBatch* batch_ = nullptr;

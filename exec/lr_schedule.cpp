@@ -56,6 +56,18 @@ double LrSchedule::get_lr(std::int64_t it) const {
                                   std::max(1.0, static_cast<double>(total_num_steps - warmup_num_steps)));
       return min_lr + (max_lr - min_lr) * gamma;
     }
+    case Type::one_cycle: {
+      if (it < 0) return cycle_min_lr;  // the constructor's rate
+      const double total = cycle_first_step_size + cycle_second_step_size;
+      if (static_cast<double>(it) < total) return cycle_min_lr + (cycle_max_lr - cycle_min_lr) * one_cycle_scale(it);
+      if (decay_step_size == 0 || decay_lr_rate == 0) return cycle_min_lr;
+      const double interval = (static_cast<double>(it) - total + 1) / decay_step_size;
+      return cycle_min_lr / (1 + decay_lr_rate * interval);
+    }
+    case Type::lr_range_test: {
+      const double x = static_cast<double>(it + 1) / static_cast<double>(range_step_size);
+      return range_min_lr * (1 + range_step_rate * (range_staircase ? std::floor(x) : x));
+    }
     case Type::warmup_cosine: {
       if (it < 0) return 0.0;  // WarmupCosineLR.get_lr before it has started
       double ratio;
@@ -71,6 +83,45 @@ double LrSchedule::get_lr(std::int64_t it) const {
     }
   }
   return base_lr;
+}
+
+// OneCycle._get_scale_factor with last_batch_iteration = it.
+double LrSchedule::one_cycle_scale(std::int64_t it) const {
+  const double bi = static_cast<double>(it + 1);
+  const double total = cycle_first_step_size + cycle_second_step_size;
+  const double ratio = cycle_first_step_size / total;
+  const double cycle = std::floor(1 + bi / total);
+  const double x = 1.0 + bi / total - cycle;
+  double scale;
+  std::int64_t stairs;
+  if (x <= ratio) {
+    scale = x / ratio;
+    stairs = cycle_first_stair_count;
+  } else {
+    scale = (x - 1) / (ratio - 1);
+    stairs = cycle_second_stair_count;
+  }
+  if (stairs > 0) {
+    // Quantised from the integer offset in the cycle (lr_schedules.py does the same).
+    const double ci = std::fmod(bi, total);
+    const double pos = ci <= cycle_first_step_size
+                           ? ci * static_cast<double>(stairs) / cycle_first_step_size
+                           : (total - ci) * static_cast<double>(stairs) / cycle_second_step_size;
+    scale = std::floor(pos) / static_cast<double>(stairs);
+  }
+  return scale;
+}
+
+std::optional<std::pair<double, double>> LrSchedule::get_betas(std::int64_t it) const {
+  if (type != Type::one_cycle || !cycle_momentum) return std::nullopt;
+  constexpr double kBeta2 = 0.99;
+  if (it < 0) return std::pair{cycle_min_mom, kBeta2};
+  const double total = cycle_first_step_size + cycle_second_step_size;
+  if (static_cast<double>(it) < total)
+    return std::pair{cycle_max_mom - (cycle_max_mom - cycle_min_mom) * one_cycle_scale(it), kBeta2};
+  if (decay_step_size == 0 || decay_mom_rate == 0) return std::pair{cycle_max_mom, kBeta2};
+  const double interval = (static_cast<double>(it) - total + 1) / decay_step_size;
+  return std::pair{cycle_max_mom * (1 + decay_mom_rate * interval), kBeta2};
 }
 
 LrSchedule parse_lr_schedule(const zero::DsConfig& cfg) {
@@ -98,11 +149,15 @@ LrSchedule parse_lr_schedule(const zero::DsConfig& cfg) {
     s.type = LrSchedule::Type::warmup_cosine;
     allowed = {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
                "last_batch_iteration"};
-  } else if (type == "OneCycle" || type == "LRRangeTest") {
-    throw InputError(file, "scheduler.type",
-                     fmt::format("{} is not run by the executor (it runs WarmupLR, WarmupDecayLR, WarmupCosineLR); "
-                                 "simulate and plan accept it, since it changes neither memory nor communication",
-                                 type));
+  } else if (type == "OneCycle") {
+    s.type = LrSchedule::Type::one_cycle;
+    allowed = {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
+               "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
+               "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"};
+  } else if (type == "LRRangeTest") {
+    s.type = LrSchedule::Type::lr_range_test;
+    allowed = {"lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate", "lr_range_test_staircase",
+               "last_batch_iteration"};
   } else {
     throw InputError(file, "scheduler.type",
                      fmt::format("unknown scheduler '{}'; allowed: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, "
@@ -114,9 +169,50 @@ LrSchedule parse_lr_schedule(const zero::DsConfig& cfg) {
       for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
       throw InputError(file, fmt::format("scheduler.params.{}", k), fmt::format("unknown key for {}; allowed: {}", type, list));
     }
-  if (params.contains("last_batch_iteration") && integer(cfg, params, "last_batch_iteration", 0) != 0)
+  if (params.contains("last_batch_iteration") && number(cfg, params, "last_batch_iteration", -1.0) != -1.0)
     throw InputError(file, "scheduler.params.last_batch_iteration",
                      "only the default (-1: a fresh schedule) is supported; --resume restores the position");
+  auto boolean = [&](const char* key, bool dflt) {
+    if (!params.contains(key)) return dflt;
+    const json& v = params.at(key);
+    if (!v.is_boolean())
+      throw InputError(file, fmt::format("scheduler.params.{}", key), fmt::format("must be true or false, got {}", v.dump()));
+    return v.get<bool>();
+  };
+  if (s.type == LrSchedule::Type::one_cycle) {
+    for (const char* k : {"cycle_min_lr", "cycle_max_lr"})
+      if (!params.contains(k)) throw InputError(file, fmt::format("scheduler.params.{}", k), "required by OneCycle");
+    s.cycle_min_lr = number(cfg, params, "cycle_min_lr", 0.0);
+    s.cycle_max_lr = number(cfg, params, "cycle_max_lr", 0.0);
+    s.decay_lr_rate = number(cfg, params, "decay_lr_rate", 0.0);
+    s.cycle_first_step_size = static_cast<double>(integer(cfg, params, "cycle_first_step_size", 2000));
+    if (s.cycle_first_step_size <= 0)
+      throw InputError(file, "scheduler.params.cycle_first_step_size", "must be positive, got 0");
+    s.cycle_second_step_size = params.contains("cycle_second_step_size") && !params.at("cycle_second_step_size").is_null()
+                                   ? static_cast<double>(integer(cfg, params, "cycle_second_step_size", 0))
+                                   : s.cycle_first_step_size;
+    s.cycle_first_stair_count = integer(cfg, params, "cycle_first_stair_count", 0);
+    s.cycle_second_stair_count =
+        params.contains("cycle_second_stair_count") && !params.at("cycle_second_stair_count").is_null()
+            ? integer(cfg, params, "cycle_second_stair_count", 0)
+            : s.cycle_first_stair_count;
+    s.decay_step_size = static_cast<double>(integer(cfg, params, "decay_step_size", 0));
+    // DeepSpeed cycles momentum only for an optimizer with betas (it warns and skips for SGD).
+    s.cycle_momentum = boolean("cycle_momentum", true) && cfg.optimizer.type != zero::OptimizerType::sgd;
+    s.cycle_min_mom = number(cfg, params, "cycle_min_mom", 0.8);
+    s.cycle_max_mom = number(cfg, params, "cycle_max_mom", 0.9);
+    s.decay_mom_rate = number(cfg, params, "decay_mom_rate", 0.0);
+    return s;
+  }
+  if (s.type == LrSchedule::Type::lr_range_test) {
+    s.range_min_lr = number(cfg, params, "lr_range_test_min_lr", 1e-3);
+    s.range_step_rate = number(cfg, params, "lr_range_test_step_rate", 1.0);
+    s.range_step_size = integer(cfg, params, "lr_range_test_step_size", 2000);
+    if (s.range_step_size <= 0)
+      throw InputError(file, "scheduler.params.lr_range_test_step_size", "must be a positive integer, got 0");
+    s.range_staircase = boolean("lr_range_test_staircase", false);
+    return s;
+  }
   s.min_lr = number(cfg, params, "warmup_min_lr", 0.0);
   s.max_lr = number(cfg, params, "warmup_max_lr", 0.001);
   s.warmup_num_steps = std::max<std::int64_t>(2, integer(cfg, params, "warmup_num_steps", 1000));

@@ -249,7 +249,7 @@ json train(const TrainOptions& opt, Comm& comm) {
       std::int64_t applied = 0;
       for (const auto& k : skipped) applied += k.get<bool>() ? 0 : 1;
       const double lr = schedule.lr_for(applied);
-      interp.set_update(lr, applied + 1);
+      interp.set_update(lr, applied + 1, schedule.betas_for(applied));
       lrs.push_back(lr);
       const auto r = interp.step(s, mbs);
       const double loss = comm.sum_for_report(r.loss) / N;

@@ -544,6 +544,43 @@ TEST_CASE("the ds_config's scheduler drives the learning rate, with DeepSpeed's 
   CHECK(flat["losses"] == none["losses"]);
 }
 
+TEST_CASE("OneCycle and LRRangeTest drive the executor: DeepSpeed's rates, and OneCycle's betas (momentum, 0.99)") {
+  auto run = [&](const std::string& name, const std::string& optimizer, const std::string& scheduler) {
+    const std::string cfg = write(name + ".json", fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+ "optimizer": {{"type": "Adam", "params": {}}}, {} "zero_optimization": {{"stage": 1}}}})", optimizer, scheduler));
+    const auto out = dir() / (name + ".out.json");
+    const Run r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 5 --seq-len 16 --quiet --out {}",
+                                             ZEROPLAN_BIN, cfg, out.string()));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    std::ifstream in(dir() / (name + ".out.rank0.json"));
+    return json::parse(in);
+  };
+  // A flat cycle (min = max lr and momentum): every update at lr 0.002 with betas
+  // (0.85, 0.99), bit for bit the run whose Adam has those betas and no scheduler.
+  const auto cycled = run("onecycle-flat", R"({"lr": 0.5})", R"("scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.002, "cycle_max_lr": 0.002, "cycle_first_step_size": 2, "cycle_min_mom": 0.85,
+      "cycle_max_mom": 0.85}},)");
+  const auto fixed = run("onecycle-betas", R"({"lr": 0.002, "betas": [0.85, 0.99]})", "");
+  const auto plain = run("onecycle-default", R"({"lr": 0.002})", "");
+  CHECK(cycled["losses"] == fixed["losses"]);
+  CHECK(cycled["losses"] != plain["losses"]);
+  // A real cycle: the recorded rates are DeepSpeed's (tests/test_lr_schedule.cpp has the golden values).
+  const auto cyc = run("onecycle", R"({"lr": 0.5})", R"("scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 4, "cycle_second_step_size": 6}},)");
+  const auto lr = cyc["learning_rates"].get<std::vector<double>>();
+  REQUIRE(lr.size() == 5);
+  CHECK(lr[0] == doctest::Approx(0.001));
+  CHECK(lr[1] == doctest::Approx(0.00325));
+  CHECK(lr[4] == doctest::Approx(0.01));
+  const auto rng = run("lrrange", R"({"lr": 0.5})", R"("scheduler": {"type": "LRRangeTest", "params": {
+      "lr_range_test_min_lr": 0.002, "lr_range_test_step_size": 2, "lr_range_test_step_rate": 0.5}},)");
+  const auto lr2 = rng["learning_rates"].get<std::vector<double>>();
+  REQUIRE(lr2.size() == 5);
+  CHECK(lr2[0] == doctest::Approx(0.002));
+  CHECK(lr2[4] == doctest::Approx(0.004));
+}
+
 TEST_CASE("hpZ: stage 3 with secondary partitions of 2 ranks trains like stage 0, exact bytes") {
   // 4 ranks in hpZ groups of 2: the forward gathers over all 4 and leaves each rank its half
   // of every param within its pair; backward (and recomputation) gather within the pair.
