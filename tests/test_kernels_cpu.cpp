@@ -697,6 +697,44 @@ TEST_CASE("embedding: gather, deterministic scatter-add, padding_idx, position i
   CHECK(std::equal(pos.begin(), pos.end(), w.begin()));
 }
 
+TEST_CASE("cross entropy over a vocabulary-long row (vectorised exp) agrees with the double-precision formula") {
+  for (const std::int64_t V : {33, 50257}) {
+    CAPTURE(V);
+    const std::int64_t N = 3;
+    Vec logits = rand_vec(N * V, 977, -20.0f, 20.0f), lse(sz(N)), d(sz(N * V));
+    logits[sz(V + 5)] = -std::numeric_limits<float>::infinity();  // a masked logit
+    std::vector<std::int64_t> t{1, V - 1, V / 2};
+    const float loss = kc::cross_entropy_forward(lse.data(), logits.data(), t.data(), N, V);
+    kc::cross_entropy_backward(d.data(), logits.data(), lse.data(), t.data(), N, V, 1.0f, false);
+    double want = 0.0;
+    for (std::int64_t i = 0; i < N; ++i) {
+      double mx = -1e300, s = 0.0;
+      for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(logits[sz(i * V + j)]));
+      for (std::int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(logits[sz(i * V + j)]) - mx);
+      const double l = mx + std::log(s);
+      CHECK(lse[sz(i)] == doctest::Approx(l).epsilon(1e-6));
+      want += l - logits[sz(i * V + t[sz(i)])];
+      for (std::int64_t j = 0; j < V; ++j) {
+        const double p = std::exp(static_cast<double>(logits[sz(i * V + j)]) - l);
+        const double g = (p - (j == t[sz(i)] ? 1.0 : 0.0)) / static_cast<double>(N);
+        CHECK(std::abs(d[sz(i * V + j)] - g) <= 1e-9 + 1e-5 * std::abs(g));
+      }
+    }
+    CHECK(loss == doctest::Approx(want / static_cast<double>(N)).epsilon(1e-6));
+    // A NaN logit (an fp16 overflow upstream) reaches the loss and the gradient.
+    logits[sz(2)] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(std::isnan(kc::cross_entropy_forward(lse.data(), logits.data(), t.data(), N, V)));
+    kc::cross_entropy_backward(d.data(), logits.data(), lse.data(), t.data(), N, V, 1.0f, false);
+    CHECK(std::isnan(d[sz(7)]));
+    Vec logp(logits.size());
+    kc::log_softmax_forward(logp.data(), logits.data(), N, V);
+    CHECK(std::isnan(kc::nll_loss_forward(logp.data(), t.data(), N, V)));
+    kc::log_softmax_nll_backward(d.data(), logp.data(), t.data(), N, V, 1.0f, false);
+    CHECK(std::isnan(d[sz(7)]));
+    CHECK_FALSE(std::isnan(d[sz(V + 7)]));  // the other rows stay finite
+  }
+}
+
 TEST_CASE("cross entropy: uniform logits give log(V); ignore_index; gradient; log_softmax + nll path") {
   const std::int64_t N = 5, V = 7;
   Vec zeros(sz(N * V), 0.0f);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cpu/detail.hpp"
@@ -12,11 +14,76 @@ using detail::store;
 
 namespace {
 
-float row_logsumexp(const float* x, std::int64_t V) {
+// Rows are as long as a vocabulary (50k for GPT-2): the passes over them are written so
+// the compiler vectorises them (lanes of partial results, an exp without library calls).
+constexpr int kLanes = 16;
+
+// e^x for x <= 0 (a logit minus its row's maximum): 2^n · e^r with n = round(x · log2 e)
+// and r = x − n · ln 2 in two parts (Cody–Waite), e^r by its degree-6 minimax polynomial on
+// |r| <= ln2 / 2. Relative error below 3e-7 against std::exp; arguments below -87 (where
+// e^x < 2e-38, nothing next to the row's maximum term 1) give e^-87; NaN gives NaN.
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;  // NaN passes
+  // round(t) for t <= 0 as a truncation (vectorises; std::floor would be a call); the
+  // clamp keeps a NaN's conversion defined (its r, and so the result, is NaN anyway)
+  float t = x * 1.44269504088896341f - 0.5f;
+  t = t > -127.0f ? t : -127.0f;
+  const auto ni = static_cast<std::int32_t>(t);
+  const auto n = static_cast<float>(ni);
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const std::int32_t bits = (ni + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// The row's maximum, or NaN when the row holds a NaN.
+float row_max(const float* x, std::int64_t V) {
+  float lane[kLanes];
+  int nan[kLanes] = {};
+  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
+  std::int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+      nan[l] |= x[j + l] != x[j + l];
+    }
   float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, x[j]);
+  bool any_nan = false;
+  for (int l = 0; l < kLanes; ++l) {
+    mx = std::max(mx, lane[l]);
+    any_nan = any_nan || nan[l] != 0;
+  }
+  for (; j < V; ++j) {
+    mx = std::max(mx, x[j]);
+    any_nan = any_nan || std::isnan(x[j]);
+  }
+  return any_nan ? std::numeric_limits<float>::quiet_NaN() : mx;
+}
+
+float row_logsumexp(const float* x, std::int64_t V) {
+  const float mx = row_max(x, V);
+  if (!std::isfinite(mx)) {
+    // An infinite or NaN logit (an fp16 overflow upstream): the loss is not finite, so the
+    // overflow check sees it.
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < V; ++j) sum += static_cast<double>(std::exp(x[j] - mx));
+    return mx + static_cast<float>(std::log(sum));
+  }
+  float lane[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += exp_nonpositive(x[j + l] - mx);
   double sum = 0.0;
-  for (std::int64_t j = 0; j < V; ++j) sum += static_cast<double>(std::exp(x[j] - mx));
+  for (float l : lane) sum += static_cast<double>(l);
+  for (; j < V; ++j) sum += static_cast<double>(exp_nonpositive(x[j] - mx));
   return mx + static_cast<float>(std::log(sum));
 }
 
@@ -33,7 +100,11 @@ void ce_grad_row(float* d, std::int64_t target, std::int64_t V, float scale, boo
     if (!accumulate) std::fill(d, d + V, 0.0f);
     return;
   }
-  for (std::int64_t j = 0; j < V; ++j) store(d + j, scale * (prob(j) - (j == target ? 1.0f : 0.0f)), accumulate);
+  if (accumulate)
+    for (std::int64_t j = 0; j < V; ++j) d[j] += scale * prob(j);
+  else
+    for (std::int64_t j = 0; j < V; ++j) d[j] = scale * prob(j);
+  if (target >= 0 && target < V) d[target] -= scale;
 }
 
 }  // namespace
@@ -61,8 +132,12 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
     const float* x = logits + i * V;
     const bool ignored = targets[i] == ignore_index;
     const float l = ignored ? 0.0f : (lse != nullptr ? lse[i] : row_logsumexp(x, V));
-    ce_grad_row(dlogits + i * V, targets[i], V, scale, ignored, accumulate,
-                [&](std::int64_t j) { return std::exp(x[j] - l); });
+    if (std::isfinite(l))
+      ce_grad_row(dlogits + i * V, targets[i], V, scale, ignored, accumulate,
+                  [&](std::int64_t j) { return exp_nonpositive(x[j] - l); });
+    else  // non-finite logits: propagate them
+      ce_grad_row(dlogits + i * V, targets[i], V, scale, ignored, accumulate,
+                  [&](std::int64_t j) { return std::exp(x[j] - l); });
   }
 }
 
@@ -93,7 +168,7 @@ void log_softmax_nll_backward(float* dlogits, const float* logp, const std::int6
   for (std::int64_t i = 0; i < N; ++i) {
     const float* lp = logp + i * V;
     ce_grad_row(dlogits + i * V, targets[i], V, scale, targets[i] == ignore_index, accumulate,
-                [&](std::int64_t j) { return std::exp(lp[j]); });
+                [&](std::int64_t j) { return exp_nonpositive(lp[j]); });
   }
 }
 
