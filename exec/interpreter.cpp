@@ -40,6 +40,8 @@ std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 
 std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg) {
   (void)p;
+  if (cfg.zero.offload_param.device == zero::OffloadDevice::nvme || cfg.zero.offload_optimizer.device == zero::OffloadDevice::nvme)
+    return "offload to nvme is not executed on CPU ranks (offload to cpu is)";
   using zero::OptimizerType;
   const auto t = cfg.optimizer.type;
   if (t != OptimizerType::adam && t != OptimizerType::adamw && t != OptimizerType::sgd)

@@ -228,6 +228,10 @@ TEST_CASE("batch rule violations name the file, the keys and the values") {
   m = batch_error(parse(R"({"train_batch_size": 10})"), 4);
   CHECK(m == "cfg.json: train_batch_size: 10 is not divisible by world size (4)");
 
+  m = batch_error(parse(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 40000})"), 4);
+  CHECK(m == "cfg.json: gradient_accumulation_steps: 40000 micro-steps per optimizer step; at most 32767 are supported");
+  CHECK(resolve_batch(parse(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 32767})"), 4).gas == 32767);
+
   m = batch_error(parse(R"({"gradient_accumulation_steps": 2})"), 4);
   CHECK(m == "cfg.json: train_batch_size: train_batch_size or train_micro_batch_size_per_gpu must be set");
   m = batch_error(parse("{}"), 1);

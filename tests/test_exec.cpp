@@ -350,6 +350,11 @@ TEST_CASE("bad input: one line naming the problem, exit status 2") {
   auto r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 1", ZEROPLAN_BIN, lamb));
   CHECK(r.status == 2);
   CHECK(r.out.find("is not executed (Adam, AdamW, SGD are)") != std::string::npos);
+  const std::string nvme = write("nvme.json", R"({"train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})");
+  r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 1", ZEROPLAN_BIN, nvme));
+  CHECK(r.status == 2);
+  CHECK(r.out.find("offload to nvme is not executed on CPU ranks") != std::string::npos);
   r = sh(fmt::format("{} train --model tiny-gpt2 --steps 0", ZEROPLAN_BIN));
   CHECK(r.status == 2);
   CHECK(r.out.find("--steps") != std::string::npos);

@@ -581,7 +581,7 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
   for (int i = 0; i < 400; ++i) {
     const std::string model = models_[pick(3)];
     const int stage = static_cast<int>(pick(4));
-    const std::int64_t gas = std::int64_t{5} + static_cast<std::int64_t>(pick(4));
+    const std::int64_t gas = std::int64_t{5} + static_cast<std::int64_t>(pick(8));
     const int dtype = static_cast<int>(pick(3));  // fp16, bf16, fp32
     nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", gas},
                         {"zero_optimization", {{"stage", stage}}}};

@@ -901,6 +901,11 @@ Batch resolve_batch(const DsConfig& cfg, std::int64_t world_size) {
   } else {
     throw InputError(file, "train_batch_size", "train_batch_size or train_micro_batch_size_per_gpu must be set");
   }
+  // A step program numbers its micro-steps in 16 bits.
+  constexpr std::int64_t kMaxGas = 32767;
+  if (b.gas > kMaxGas)
+    throw InputError(file, "gradient_accumulation_steps",
+                     fmt::format("{} micro-steps per optimizer step; at most {} are supported", b.gas, kMaxGas));
   return b;
 }
 
