@@ -188,6 +188,18 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
   }
 }
 
+// Five steps of tiny-gpt2 on 2 ranks with the ds_config `text`; rank 0's measurements.
+json train_five_steps(const std::string& name, const std::string& text) {
+  const std::string cfg = write(name + ".json", text);
+  const auto out = dir() / (name + ".out.json");
+  const Run r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 5 --seq-len 16 --quiet --out {}",
+                                           ZEROPLAN_BIN, cfg, out.string()));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  std::ifstream in(dir() / (name + ".out.rank0.json"));
+  return json::parse(in);
+}
+
 std::vector<double> losses(const json& m) { return m["losses"].get<std::vector<double>>(); }
 
 void check_same_losses(const std::vector<double>& a, const std::vector<double>& b, double rel) {
@@ -516,14 +528,7 @@ TEST_CASE("the ds_config's scheduler drives the learning rate, with DeepSpeed's 
   auto run = [&](const std::string& name, const std::string& extra) {
     std::string text = config_text(c);
     text.insert(text.rfind('}'), ", " + extra);
-    const std::string cfg = write(name + ".json", text);
-    const auto out = dir() / (name + ".out.json");
-    const Run r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 5 --seq-len 16 --quiet --out {}",
-                                             ZEROPLAN_BIN, cfg, out.string()));
-    INFO(r.out);
-    REQUIRE(r.status == 0);
-    std::ifstream in(dir() / (name + ".out.rank0.json"));
-    return json::parse(in);
+    return train_five_steps(name, text);
   };
   const auto warm = run("sched-warm", R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0,
       "warmup_max_lr": 0.002, "warmup_num_steps": 4, "warmup_type": "linear"}})");
@@ -551,15 +556,8 @@ TEST_CASE("the ds_config's scheduler drives the learning rate, with DeepSpeed's 
 
 TEST_CASE("OneCycle and LRRangeTest drive the executor: DeepSpeed's rates, and OneCycle's betas (momentum, 0.99)") {
   auto run = [&](const std::string& name, const std::string& optimizer, const std::string& scheduler) {
-    const std::string cfg = write(name + ".json", fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+    return train_five_steps(name, fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
  "optimizer": {{"type": "Adam", "params": {}}}, {} "zero_optimization": {{"stage": 1}}}})", optimizer, scheduler));
-    const auto out = dir() / (name + ".out.json");
-    const Run r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 5 --seq-len 16 --quiet --out {}",
-                                             ZEROPLAN_BIN, cfg, out.string()));
-    INFO(r.out);
-    REQUIRE(r.status == 0);
-    std::ifstream in(dir() / (name + ".out.rank0.json"));
-    return json::parse(in);
   };
   // A flat cycle (min = max lr and momentum): every update at lr 0.002 with betas
   // (0.85, 0.99), bit for bit the run whose Adam has those betas and no scheduler.

@@ -564,6 +564,29 @@ TEST_CASE("stage 2 with accumulation: the accumulated partition and a new grads_
   CHECK(n1 == 1);
 }
 
+namespace {
+// One configuration lowered with repeated micro-steps copied (`fast`) and one by one
+// (`full`, its `repeat` set to fast's so the two compare whole), and how many were copied.
+struct BothWays {
+  zero::Program fast, full;
+  int copied = -1;
+};
+BothWays lower_both_ways(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch,
+                         zero::LowerOptions lo) {
+  BothWays b;
+  lo.replicate_micro_steps = true;
+  lo.copied_micro_steps = &b.copied;
+  b.fast = zero::lower(g, cfg, batch, lo);
+  lo.replicate_micro_steps = false;
+  lo.copied_micro_steps = nullptr;
+  b.full = zero::lower(g, cfg, batch, lo);
+  CHECK(b.full.repeat.copies == 0);
+  CHECK(b.fast.repeat.copies == std::max(b.copied, 0));
+  b.full.repeat = b.fast.repeat;
+  return b;
+}
+}  // namespace
+
 TEST_CASE("copying repeated micro-steps gives the program lowering every one gives") {
   // A seeded sample of configurations over every knob the lowering reads: the program
   // with micro-steps 3 .. GAS-2 copied must equal, list for list and field for field, the
@@ -616,15 +639,7 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     lo.world_size = N;
     lo.rank = static_cast<int>(pick(static_cast<std::uint64_t>(N)));
     lo.activation_checkpointing = ckpt;
-    int copied = -1;
-    lo.copied_micro_steps = &copied;
-    const auto fast = zero::lower(g, cfg, batch, lo);
-    lo.replicate_micro_steps = false;
-    lo.copied_micro_steps = nullptr;
-    auto full = zero::lower(g, cfg, batch, lo);
-    CHECK(full.repeat.copies == 0);
-    CHECK(fast.repeat.copies == std::max(copied, 0));
-    full.repeat = fast.repeat;
+    const auto [fast, full, copied] = lower_both_ways(g, cfg, batch, lo);
     CAPTURE(j.dump());
     CAPTURE(model);
     CAPTURE(N);
@@ -674,15 +689,7 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     zero::LowerOptions lo;
     lo.world_size = 4;
     lo.rank = zero::heaviest_rank(g, cfg, 4);
-    int copied = -1;
-    lo.copied_micro_steps = &copied;
-    const auto fast = zero::lower(g, cfg, batch, lo);
-    lo.replicate_micro_steps = false;
-    lo.copied_micro_steps = nullptr;
-    auto full = zero::lower(g, cfg, batch, lo);
-    CHECK(full.repeat.copies == 0);
-    CHECK(fast.repeat.copies == std::max(copied, 0));
-    full.repeat = fast.repeat;
+    const auto [fast, full, copied] = lower_both_ways(g, cfg, batch, lo);
     CAPTURE(stage);
     CHECK(copied == (stage == 2 ? 11 : 12));
     CHECK(fast == full);
