@@ -36,6 +36,7 @@ std::string paired_bars(const std::vector<Pair>& rows, const std::string& axis, 
     }
   if (!(hi > 0)) hi = 1;
   std::function<double(double)> x;
+  std::string axis_text = axis;
   std::string s = svg_open(W, H, axis);
   if (log_scale) {
     const double d0 = std::floor(std::log10(std::isfinite(lo) ? lo : hi)), d1 = std::ceil(std::log10(hi));
@@ -47,16 +48,28 @@ std::string paired_bars(const std::vector<Pair>& rows, const std::string& axis, 
       s += text(xx, H - B + 14, tick_text(std::pow(10.0, d)), "class=\"tick\" text-anchor=\"middle\"");
     }
   } else {
-    const auto ticks = nice_ticks(hi, 6);
-    const double top = std::max(hi, ticks.back());
+    // Bytes: ticks round in the binary unit the largest value reads in.
+    struct Unit {
+      double div;
+      const char* name;
+    };
+    Unit u{1, "B"};
+    for (const Unit c : {Unit{1024.0 * 1024 * 1024, "GiB"}, Unit{1024.0 * 1024, "MiB"}, Unit{1024.0, "KiB"}})
+      if (hi >= c.div) {
+        u = c;
+        break;
+      }
+    const auto ticks = nice_ticks(hi / u.div, 6);
+    const double top = std::max(hi, ticks.back() * u.div);
     x = [=](double v) { return L + pw * v / top; };
     for (double t : ticks) {
-      s += line(x(t), T, x(t), H - B, "class=\"grid\"");
-      s += text(x(t), H - B + 14, shown(t), "class=\"tick\" text-anchor=\"middle\"");
+      s += line(x(t * u.div), T, x(t * u.div), H - B, "class=\"grid\"");
+      s += text(x(t * u.div), H - B + 14, tick_text(t), "class=\"tick\" text-anchor=\"middle\"");
     }
+    axis_text = fmt::format("{} ({})", axis, u.name);
   }
   s += line(L, T, L, H - B, "class=\"ax\"");
-  s += text(L + pw / 2, H - 8, axis, "class=\"axl\" text-anchor=\"middle\"");
+  s += text(L + pw / 2, H - 8, axis_text, "class=\"axl\" text-anchor=\"middle\"");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     const double y = T + rowH * static_cast<double>(i);
@@ -114,14 +127,20 @@ Section measured_vs_predicted(const Report& r, const PageOptions& opt) {
   h += legend_html({{kPredicted, "predicted", ""}, {kMeasured, "measured", "zp-hatch"}});
 
   std::vector<Pair> mem;
-  for (auto it = c["memory"]["by_category"].begin(); it != c["memory"]["by_category"].end(); ++it)
-    mem.push_back({it.key(), it.key(), it.value().value("predicted", 0.0), it.value().value("measured", 0.0)});
+  const auto& cats = c["memory"]["by_category"];
+  for (int k = 0; k < zero::kNumCategories; ++k) {  // the program's order, then any other
+    const char* name = zero::category_name(static_cast<zero::Category>(k));
+    if (cats.contains(name)) mem.push_back({name, name, cats[name].value("predicted", 0.0), cats[name].value("measured", 0.0)});
+  }
+  for (auto it = cats.begin(); it != cats.end(); ++it)
+    if (std::none_of(mem.begin(), mem.end(), [&](const Pair& q) { return q.key == it.key(); }))
+      mem.push_back({it.key(), it.key(), it.value().value("predicted", 0.0), it.value().value("measured", 0.0)});
   for (const char* k : {"peak_allocated", "reserved", "host_peak"})
     if (c["memory"].contains(k))
       mem.push_back({k, k == std::string("peak_allocated") ? "peak allocated" : k == std::string("reserved") ? "reserved" : "host peak",
                      c["memory"][k].value("predicted", 0.0), c["memory"][k].value("measured", 0.0)});
   h += "<h3>Device memory at the peak, by category</h3>\n";
-  h += paired_bars(mem, "bytes at the peak (GiB = 2^30 B)", false, bytes_shown);
+  h += paired_bars(mem, "bytes at the peak", false, bytes_shown);
   h += pair_table("measured-memory", "bytes at the peak", mem, bytes_shown, true);
   const auto& pe = c["memory"]["peak_event"];
   h += fmt::format("<p class=\"note\">Peak event: predicted <code>{}</code>, measured <code>{}</code> ({}).</p>\n",
@@ -133,7 +152,10 @@ Section measured_vs_predicted(const Report& r, const PageOptions& opt) {
   comm.push_back({"total", "total", c["comm"]["bytes_per_rank"].value("predicted", 0.0),
                   c["comm"]["bytes_per_rank"].value("measured", 0.0)});
   h += "<h3>Bytes sent per rank per step, by collective kind</h3>\n";
-  h += paired_bars(comm, "bytes sent per rank per step", false, bytes_shown);
+  if (std::all_of(comm.begin(), comm.end(), [](const Pair& q) { return q.predicted == 0 && q.measured == 0; }))
+    h += "<p class=\"note\">No bytes sent, predicted or measured (one rank).</p>\n";
+  else
+    h += paired_bars(comm, "bytes sent per rank per step", false, bytes_shown);
   h += pair_table("measured-comm", "bytes sent", comm, bytes_shown, true);
 
   std::vector<Pair> times;
