@@ -52,13 +52,14 @@ SdpaOperands sdpa_operands(const models::OpGraph& g, const models::Op& op) {
   s.B = o[0], s.H = o[1], s.T = o[2], s.D = o[3];
   s.causal = op.inputs.size() != 4;
   const auto& in0 = g.tensors[U(op.inputs[0])].shape;
+  // q, k, v are inputs 0, 1, 2, or column blocks of the one packed input.
+  if (op.inputs.size() != 1)
+    for (int i = 0; i < 3; ++i) s.source[i] = i;
   if (in0.size() == 4) return s;
   s.width = in0[2];
   const std::int64_t C = s.H * s.D;
-  for (int i = 0; i < 3; ++i) {
-    if (op.inputs.size() == 1) s.col[i] = i * C;
-    else s.source[i] = i;
-  }
+  if (op.inputs.size() == 1)
+    for (int i = 0; i < 3; ++i) s.col[i] = i * C;
   return s;
 }
 }  // namespace
