@@ -17,6 +17,7 @@
 #include "cli/compare.hpp"
 #include "cli/explain.hpp"
 #include "cli/plan.hpp"
+#include "cli/report.hpp"
 #include "cli/simulate.hpp"
 #include "core/error.hpp"
 #include "exec/comm.hpp"
@@ -220,6 +221,9 @@ int main(int argc, char** argv) {
   pl->add_option("--verify-launcher", plan_req.verify_launcher, "rank launcher, {N} = ranks (default: mpirun --oversubscribe -np {N})");
   pl->add_flag("--json", plan_req.base.json, "machine-readable output");
 
+  zp::cli::ReportRequest rep_req;
+  auto* rep = zp::cli::add_report_command(app, rep_req);
+
   auto* clusters = app.add_subcommand("clusters", "list the cluster presets");
   auto* models = app.add_subcommand("models", "list the model catalogue");
   auto* devices = app.add_subcommand("devices", "list the device database");
@@ -310,6 +314,11 @@ int main(int argc, char** argv) {
       const auto kinds = zp::cli::parse_coll_kinds("--ops", coll_ops);
       if (coll_json) std::cout << zp::cli::collectives_json(cluster, ranks, lo, hi, coll_factor, kinds).dump(2) << "\n";
       else std::cout << zp::cli::collectives_table(cluster, ranks, lo, hi, coll_factor, kinds);
+    } else if (*rep) {
+      rep_req.command = zp::cli::report_command_line(argc, argv);
+      const auto o = zp::cli::run_report(rep_req, argv[0]);
+      print_warnings(o.warnings);
+      std::cout << o.summary;
     } else if (*cmp) {
       const auto c = zp::cli::compare(cmp_req);
       if (cmp_req.json) std::cout << c.json.dump(2) << "\n";

@@ -257,6 +257,8 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
   const planner::PlanResult res = req.exhaustive ? planner::exhaustive(pb, space, req.threads)
                                                  : planner::plan(pb, space, req.threads);
   PlanOutput out;
+  out.problem = pb;
+  out.result = res;
   out.warnings = in.warnings;
   std::string& t = out.text;
   const auto& st = res.stats;

@@ -16,6 +16,7 @@
 #include "exec/checkpoint.hpp"
 #include "exec/data.hpp"
 #include "exec/interpreter.hpp"
+#include "kernels/cpu/isa.hpp"
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
 #include "sim/device.hpp"
@@ -54,6 +55,7 @@ std::int64_t rss_peak_bytes() {
 json train(const TrainOptions& opt, Comm& comm) {
   const int N = comm.size(), rank = comm.rank();
   // ---- inputs (every rank reads the same; errors happen before any collective)
+  const kernels::cpu::Isa gemm_isa = kernels::cpu::gemm_isa();  // ZEROPLAN_CPU_ISA is checked here
   const auto mcfg = models::load_model(opt.model);
   zero::DsConfig cfg;
   if (opt.ds_config.empty()) {
@@ -143,7 +145,8 @@ json train(const TrainOptions& opt, Comm& comm) {
                      {"seed", opt.seed},
                      {"data", opt.data},
                      {"activation_checkpointing", opt.activation_checkpointing},
-                     {"backend", "cpu+mpi"}};
+                     {"backend", "cpu+mpi"},
+                     {"cpu_gemm", kernels::cpu::isa_name(gemm_isa)}};
     doc["losses"] = losses;
     doc["grad_norms"] = norms;
     doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "kernels/cpu/dropout.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/layout.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/loss.hpp"
@@ -184,6 +186,56 @@ TEST_CASE("conv1d (weight (in, out)): equals linear with the transposed weight; 
   CHECK(max_fd_error(x, g[0], loss) < kFdTol);
   CHECK(max_fd_error(w, g[1], loss) < kFdTol);
   CHECK(max_fd_error(b, g[2], loss) < kFdTol);
+}
+
+// Each GEMM variant this binary carries and this CPU runs (kernels/cpu/isa.hpp), on shapes
+// that exercise Eigen's packing edges (odd sizes, k below and above its block), against a
+// double-precision reference. fp32 products summed over k carry at most about k·eps·Σ|a||b|
+// of rounding whatever the order or fused multiply-adds; the bound checked is that, with
+// eps = 2^-23. A variant must also give the same bits twice.
+TEST_CASE("gemm: every instruction-set variant agrees with the double reference within fp32 rounding") {
+  const auto variants = kc::built_isas();
+  REQUIRE(!variants.empty());
+  int ran = 0;
+  for (const kc::Isa isa : variants) {
+    if (!kc::cpu_supports(isa)) continue;
+    ++ran;
+    const kc::GemmFn gemm = kc::gemm_fn(isa);
+    for (const auto [m, n, k] : {std::array<std::int64_t, 3>{1, 1, 1}, {7, 13, 5}, {33, 17, 300}, {64, 96, 129}}) {
+      for (int t = 0; t < 8; ++t) {
+        const bool ta = (t & 1) != 0, tb = (t & 2) != 0, acc = (t & 4) != 0;
+        CAPTURE(kc::isa_name(isa));
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(k);
+        CAPTURE(t);
+        const Vec a = rand_vec(m * k, 31), b = rand_vec(k * n, 32), c0 = rand_vec(m * n, 33);
+        Vec c = c0, again = c0;
+        gemm(c.data(), a.data(), b.data(), m, n, k, ta, tb, acc);
+        gemm(again.data(), a.data(), b.data(), m, n, k, ta, tb, acc);
+        CHECK(std::memcmp(c.data(), again.data(), c.size() * sizeof(float)) == 0);
+        double worst = 0.0;
+        for (std::int64_t r = 0; r < m; ++r)
+          for (std::int64_t col = 0; col < n; ++col) {
+            double s = acc ? c0[sz(r * n + col)] : 0.0, mag = std::abs(s);
+            for (std::int64_t p = 0; p < k; ++p) {
+              const double av = ta ? a[sz(p * m + r)] : a[sz(r * k + p)];
+              const double bv = tb ? b[sz(col * k + p)] : b[sz(p * n + col)];
+              s += av * bv;
+              mag += std::abs(av * bv);
+            }
+            const double bound = static_cast<double>(k + 2) * std::ldexp(1.0, -23) * mag;
+            worst = std::max(worst, std::abs(c[sz(r * n + col)] - s) / bound);
+          }
+        CHECK(worst <= 1.0);
+      }
+    }
+  }
+  CHECK(ran >= 1);
+  // The variant the kernels use is one of them.
+  const kc::Isa used = kc::gemm_isa();
+  CHECK(std::find(variants.begin(), variants.end(), used) != variants.end());
+  CHECK(kc::cpu_supports(used));
 }
 
 TEST_CASE("bmm: every transpose combination, forward and both operand gradients") {
