@@ -42,16 +42,10 @@ std::vector<int> parse_stages(const std::string& s) {
   return out;
 }
 
-// --attention's help, with the default read from the code (models::kDefaultAttention).
-std::string attention_help() {
-  return fmt::format("eager, sdpa or flash_attention_2, as transformers names them (default: the config.json's "
-                     "attn_implementation, else {}, what transformers picks)",
-                     zp::models::attention_name(zp::models::kDefaultAttention));
-}
-
-// The first argument when it names no subcommand: "zeroplan nosuch", "zeroplan report --help"
-// when no report subcommand exists. CLI11 would say "A subcommand is required", or print the
-// main help with exit 0, so this is answered before parsing: unknown, with the closest name.
+// The first argument when it names no subcommand: "zeroplan nosuch", "zeroplan nosuch --help".
+// CLI11 would say "A subcommand is required", or print the main help with exit 0, so this is
+// answered before parsing: unknown, with the closest name. The names come from the parser, so
+// every subcommand registered on `app` is known without a list here.
 std::optional<std::string> unknown_subcommand(const CLI::App& app, int argc, char** argv) {
   if (argc < 2) return std::nullopt;
   const std::string first = argv[1];
@@ -92,7 +86,7 @@ void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::st
   c->add_option("--seq-len", seq, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
   c->add_flag("--json", r.json, "machine-readable output");
-  c->add_option("--attention", r.attention, attention_help());
+  c->add_option("--attention", r.attention, zp::cli::attention_help());
   c->add_option("--rank", r.rank, "rank to simulate (default: the one with the most rank-dependent bytes)");
 }
 
@@ -172,7 +166,7 @@ int main(int argc, char** argv) {
   train->add_option("--seq-len", tr_seq, "sequence length (default: the model's max positions)");
   train->add_option("--micro-batch", tr_micro, "override train_micro_batch_size_per_gpu (GAS follows)");
   train->add_flag("--activation-checkpointing", tr.activation_checkpointing, "per-layer activation checkpointing");
-  train->add_option("--attention", tr.attention, attention_help());
+  train->add_option("--attention", tr.attention, zp::cli::attention_help());
   train->add_option("--memory-limit", tr_limit, "device bytes that may be live at once (K/M/G suffixes)");
   train->add_option("--out", tr.out, "measurements JSON (FILE.rankR.json per rank when N > 1)");
   train->add_flag("--quiet", tr.quiet, "no per-step lines");
@@ -201,7 +195,7 @@ int main(int argc, char** argv) {
   pl->add_option("--gpu", plan_req.base.gpu, "GPU type for --gpus N (zeroplan devices)");
   pl->add_option("--global-batch", plan_global, "train_batch_size (default: BASE.json's)");
   pl->add_option("--seq-len", plan_seq, "sequence length (default: the model's max positions)");
-  pl->add_option("--attention", plan_req.base.attention, attention_help());
+  pl->add_option("--attention", plan_req.base.attention, zp::cli::attention_help());
   pl->add_flag("--activation-checkpointing", plan_req.base.activation_checkpointing,
                "the model checkpoints activations (the base value when checkpointing is not searched)");
   pl->add_option("--objective", plan_req.objective, "throughput (default), memory, or cost");

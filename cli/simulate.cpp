@@ -17,6 +17,12 @@ namespace {
 constexpr std::size_t kPathEventsShown = 10;  // critical-path events in the table
 }  // namespace
 
+std::string attention_help() {
+  return fmt::format("eager, sdpa or flash_attention_2, as transformers names them (default: the config.json's "
+                     "attn_implementation, else {}, what transformers picks)",
+                     models::attention_name(models::kDefaultAttention));
+}
+
 std::string human_bytes(Bytes b) {
   const double v = static_cast<double>(b.v);
   const double a = std::fabs(v);

@@ -96,6 +96,9 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
 // The Chrome trace of every result (one process per stage and rank).
 nlohmann::json simulate_trace(const std::vector<StageResult>& rs);
 
+// --attention's help, with the default read from the code (models::kDefaultAttention).
+std::string attention_help();
+
 // Human-readable sizes: "1.23 GiB", "512.0 MiB".
 std::string human_bytes(Bytes b);
 
