@@ -356,7 +356,7 @@ CLI::App* add_report_command(CLI::App& app, ReportRequest& req) {
                                          "plan (and a measurement over its prediction)");
   SimRequest& r = req.sim;
   c->add_option("--out,-o", req.out, "the HTML file to write")->required();
-  c->add_option("--model", r.model, "catalogue name (zeroplan models) or path to a HF config.json")
+  c->add_option("--model", r.model, "catalogue name or hub id (zeroplan models), or path to a HF config.json")
       ->each([&req](const std::string&) { req.model_given = true; });
   c->add_option("--ds-config", r.ds_config, "DeepSpeed config JSON (default: DeepSpeed's defaults)");
   c->add_option("--gpus", r.gpus, "data-parallel world size N (default: the cluster's GPUs)");
@@ -368,7 +368,7 @@ CLI::App* add_report_command(CLI::App& app, ReportRequest& req) {
   c->add_option("--micro-batch", r.micro_batch, "override train_micro_batch_size_per_gpu (GAS follows)");
   c->add_option("--seq-len", r.seq_len, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
-  c->add_option("--attention", r.attention, "eager (default) or sdpa");
+  c->add_option("--attention", r.attention, attention_help());
   c->add_option("--rank", r.rank, "rank to simulate (default: the one with the most rank-dependent bytes)");
   c->add_option("--stages", req.stages, "stages to simulate, e.g. 0,1,2,3 (the default)");
   c->add_option("--stage", req.stage_a, "stage A of views 2 and 3 (default: the config's)");

@@ -75,9 +75,10 @@ json train(const TrainOptions& opt, Comm& comm) {
   go.micro_batch = batch.micro_batch;
   go.seq_len = opt.seq_len;
   go.act_dtype = cfg.model_dtype();
-  if (opt.attention == "sdpa") go.attention = models::Attention::sdpa;
-  else if (opt.attention != "eager")
-    throw InputError("--attention", "", fmt::format("must be one of eager, sdpa, got '{}'", opt.attention));
+  // --attention when given, else the config.json's attn_implementation, else the default.
+  const models::AttentionChoice att = models::choose_attention(mcfg, opt.attention);
+  go.attention = att.attention;
+  if (!att.note.empty() && rank == 0) std::fprintf(stderr, "warning: %s\n", att.note.c_str());
   const auto g = models::build_graph(mcfg, go);
   zero::LowerOptions lo;
   lo.world_size = N;

@@ -1163,3 +1163,64 @@ TEST_CASE("sdpa: forward equals the eager chain (scale, mask, softmax, dropout, 
     CHECK(max_fd_error(v, dv, loss) < kFdTol);
   }
 }
+
+TEST_CASE("flash layout: strided (B, T, H, D) operands and grouped k, v equal sdpa on repeat_kv'd copies, bit for bit") {
+  // q (B, T, H·D) and k, v (B, T, K·D) as projections lay them out, K = 2 kv heads for H = 4;
+  // sdpa gets (B, H, T, D) copies with each kv head repeated for its H/K query heads.
+  const std::int64_t B = 2, H = 4, K = 2, T = 6, D = 3, G = H / K;
+  const float scale = 0.5f;
+  for (const bool causal : {true, false})
+    for (const float p : {0.0f, 0.25f}) {
+      CAPTURE(causal);
+      CAPTURE(p);
+      const Vec q = rand_vec(B * T * H * D, 1), k = rand_vec(B * T * K * D, 2), v = rand_vec(B * T * K * D, 3);
+      const Vec dout = rand_vec(B * T * H * D, 4);
+      const kc::HeadStrides sq = kc::bthd(T, H * D, D), skv = kc::bthd(T, K * D, D);
+      // The (B, H, T, D) copies.
+      const std::int64_t n = B * H * T * D;
+      Vec q4(sz(n)), k4(sz(n)), v4(sz(n)), do4(sz(n));
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t d = 0; d < D; ++d) {
+              const auto to = sz(((b * H + h) * T + t) * D + d);
+              q4[to] = q[sz(b * sq.b + h * sq.h + t * sq.t + d)];
+              do4[to] = dout[sz(b * sq.b + h * sq.h + t * sq.t + d)];
+              k4[to] = k[sz(b * skv.b + (h / G) * skv.h + t * skv.t + d)];
+              v4[to] = v[sz(b * skv.b + (h / G) * skv.h + t * skv.t + d)];
+            }
+      Vec o(sz(n)), lse(sz(B * H * T)), o4(sz(n)), lse4(sz(B * H * T));
+      kc::attention_forward(o.data(), sq, lse.data(), q.data(), sq, k.data(), skv, v.data(), skv, nullptr, B, H, K, T, D,
+                            causal, scale, p, 42, 7);
+      kc::sdpa_forward(o4.data(), lse4.data(), q4.data(), k4.data(), v4.data(), nullptr, B, H, T, D, causal, scale, p, 42, 7);
+      CHECK(lse == lse4);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t d = 0; d < D; ++d)
+              CHECK(o[sz(b * sq.b + h * sq.h + t * sq.t + d)] == o4[sz(((b * H + h) * T + t) * D + d)]);
+      // Backward: dq equal bit for bit; dk, dv equal the sums over each group of query heads.
+      Vec dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f), dq4(sz(n), 0.0f), dk4(sz(n), 0.0f), dv4(sz(n), 0.0f);
+      kc::attention_backward(dq.data(), sq, dk.data(), skv, dv.data(), skv, dout.data(), sq, q.data(), sq, k.data(), skv,
+                             v.data(), skv, lse.data(), nullptr, B, H, K, T, D, causal, scale, p, 42, 7);
+      kc::sdpa_backward(dq4.data(), dk4.data(), dv4.data(), do4.data(), q4.data(), k4.data(), v4.data(), lse4.data(),
+                        nullptr, B, H, T, D, causal, scale, p, 42, 7);
+      double worst = 0.0;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t d = 0; d < D; ++d) {
+            for (std::int64_t h = 0; h < H; ++h)
+              CHECK(dq[sz(b * sq.b + h * sq.h + t * sq.t + d)] == dq4[sz(((b * H + h) * T + t) * D + d)]);
+            for (std::int64_t kv = 0; kv < K; ++kv) {
+              double sk = 0.0, sv = 0.0;
+              for (std::int64_t g = 0; g < G; ++g) {
+                sk += dk4[sz(((b * H + kv * G + g) * T + t) * D + d)];
+                sv += dv4[sz(((b * H + kv * G + g) * T + t) * D + d)];
+              }
+              worst = std::max({worst, std::abs(sk - dk[sz(b * skv.b + kv * skv.h + t * skv.t + d)]),
+                                std::abs(sv - dv[sz(b * skv.b + kv * skv.h + t * skv.t + d)])});
+            }
+          }
+      CHECK(worst < 1e-5);
+    }
+}
