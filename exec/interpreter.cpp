@@ -326,6 +326,7 @@ void Interpreter::run_event(const Event& e) {
     case EventKind::collective: collective_event(e); break;
     case EventKind::optimizer: optimizer_event(e); break;
     case EventKind::marker: break;
+    case EventKind::host: break;  // the executor's own host thread does this work
   }
   flush();
   for (BufferId b : p_.frees(e)) {

@@ -33,7 +33,6 @@ struct HostCosts {
   Seconds stage3_module_forward{};  // stage 3: coordinator work per module visit in forward
   Seconds stage3_module_backward{}; // stage 3: per module visit in backward
   Seconds stage3_grad_hook{};       // stage 3: reduce_partition_and_remove_grads, per parameter
-  Seconds collective_launch{};      // per collective (Python + NCCL enqueue)
   // The optimizer step, by the wrapper DeepSpeed chose: base + per_tensor × parameter tensors.
   struct Step {
     Seconds base{}, per_tensor{};
@@ -67,11 +66,16 @@ struct DeviceProfile {
   BytesPerSecond host_memcpy_bandwidth{};// memcpy within host memory (read + write counted)
   double cpu_adam_params_per_second = 1e9;  // DeepSpeed CPUAdam throughput on the host
   double comm_compute_interference = 0.0;   // slowdown of compute while a collective overlaps
+  // fp32 GEMMs run in TF32 on the tensor cores (at half their 16-bit peak) instead of on the
+  // fp32 cores: what a stack that allows TF32 matmuls does.
+  bool fp32_gemm_tf32 = false;
   HostCosts host;                           // the training host's framework work
   std::string source;
 };
 // The host costs measured on the H200 machine (the default of every profile without its own).
 HostCosts default_host_costs();
+// The time a host event (zero::EventKind::host) keeps the host thread busy.
+Seconds host_cost(const HostCosts& c, const zero::Event& e);
 
 // Defaults for a device from sim/profiles.json (or derived from the device database).
 DeviceProfile default_profile(const DeviceSpec& dev);

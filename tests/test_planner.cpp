@@ -296,7 +296,9 @@ TEST_CASE("the winner's ds_config is the base with the searched keys replaced, a
   const auto doc = nlohmann::json::parse(std::ifstream(out));
   CHECK(doc == j["best"]["ds_config"]);
   CHECK(doc["scheduler"]["type"] == "WarmupLR");  // the base's other sections stay
-  CHECK(doc["sparse_attention"]["block"] == 16);
+  // Keys DeepSpeed 0.19 refuses are left out, so DeepSpeed accepts what the plan writes.
+  CHECK_FALSE(doc.contains("sparse_attention"));
+  CHECK_FALSE(doc["zero_optimization"].contains("grad_hooks"));
   CHECK(cfg.zero.stage == j["best"]["stage"].get<int>());
   const auto b = zero::resolve_batch(cfg, 4);
   CHECK(b.train_batch_size == 4096);

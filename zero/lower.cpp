@@ -67,6 +67,7 @@ void run(Context& c, lowering::OptimizerLowering& optimizer, lowering::Walk& wal
     const Marks& cm = at[static_cast<std::size_t>(compared + 2)];
     const int copies = G - 1 - m;
     walk.micro_step(G - 1);
+    c.host_step(optimizer.host_step(), optimizer.host_step_tensors());
     optimizer.step();
     c.b.close();
     lowering::replicate(p, a, b, cm, copies);
@@ -74,6 +75,7 @@ void run(Context& c, lowering::OptimizerLowering& optimizer, lowering::Walk& wal
     if (c.opt.copied_micro_steps) *c.opt.copied_micro_steps = copies;
     return;
   }
+  c.host_step(optimizer.host_step(), optimizer.host_step_tensors());
   optimizer.step();
   c.b.close();
 }

@@ -17,6 +17,10 @@ struct LowerOptions {
   int rank = 0;
   int gpus_per_node = 8;             // for hpZ groups
   bool activation_checkpointing = false;  // per-layer (HF gradient_checkpointing_enable)
+  // The host thread's work (EventKind::host): PyTorch's dispatch and the Python of the model
+  // and of DeepSpeed, which the device waits for when the host falls behind. Off: the
+  // program describes the device's work alone (an ideal host).
+  bool host_work = true;
   // The middle micro-steps repeat: when micro-step 2 is micro-step 1 moved by one
   // micro-step's worth of ids (else 3 micro-step 2), the ones after it to GAS-2 are copied
   // instead of lowered (the program is identical either way; tests compare the two).

@@ -49,6 +49,7 @@ const char* event_kind_name(EventKind k) {
     case EventKind::copy: return "copy";
     case EventKind::optimizer: return "optimizer";
     case EventKind::marker: return "marker";
+    case EventKind::host: return "host";
   }
   return "?";
 }

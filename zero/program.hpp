@@ -50,8 +50,35 @@ enum class EventKind : std::uint8_t {
   copy,         // memory copy: flatten, cast, copy into a bucket, offload transfers
   optimizer,    // the optimizer update of a partition (device or host)
   marker,       // allocation/free point without work (e.g. zero_grad)
+  host,         // framework work on the host thread (HostWork); the device events it issues wait for it
 };
 const char* event_kind_name(EventKind k);
+
+// What a host event (EventKind::host, on Stream::host) stands for: the host thread's share of
+// training, which the GPU's work waits for when the host falls behind. PyTorch's eager
+// dispatch and kernel launches and the model's Python for `ops` graph ops (forward or
+// recomputation, or backward nodes, by the event's phase), DeepSpeed's Python in
+// `grad_hooks` gradient hooks (stages 1/2 and BF16_Optimizer; stage 3's in
+// `stage3_grad_hooks`) and in stage 3's fetch/release hooks of `module_visits` module visits, and the optimizer step's loop over `tensors` parameter tensors with its .item()
+// synchronisations (`step`: the wrapper that runs it). sim/ prices it with the profile's
+// HostCosts; the executor does this work itself and treats the event as a marker.
+enum class HostStep : std::uint8_t {
+  none,
+  fp16_optimizer,   // stage 0 with 16-bit params (runtime/fp16/fused_optimizer.py)
+  bf16_optimizer,   // stage 1 + bf16 + fp32 gradient accumulation (runtime/bf16_optimizer.py)
+  zero_optimizer,   // stages 1/2 (runtime/zero/stage_1_and_2.py)
+  zero3_optimizer,  // stage 3 (runtime/zero/stage3.py)
+  plain,            // fp32 without ZeRO: the torch optimizer alone
+};
+struct HostWork {
+  std::int32_t ops = 0;
+  std::int32_t grad_hooks = 0;
+  std::int32_t stage3_grad_hooks = 0;
+  std::int32_t module_visits = 0;
+  HostStep step = HostStep::none;
+  std::int32_t tensors = 0;        // parameter tensors the step loops over
+  bool operator==(const HostWork&) const = default;
+};
 
 enum class CollKind : std::uint8_t { all_reduce, reduce, reduce_scatter, all_gather, broadcast, all_to_all };
 constexpr int kNumCollKinds = 6;
@@ -191,6 +218,8 @@ struct Event {
   std::uint32_t free_begin = 0, free_end = 0;
   std::uint32_t dep_begin = 0, dep_end = 0;
   std::uint32_t slice_begin = 0, slice_end = 0;
+  // host (EventKind::host)
+  HostWork host;
   bool operator==(const Event&) const = default;
 };
 
