@@ -484,6 +484,22 @@ TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration,
   return r;
 }
 
+TimeReport expand_times(const zero::Program& p, const TimeReport& t) {
+  TimeReport r = t;
+  if (p.repeat.copies == 0) return r;
+  const auto n = static_cast<std::size_t>(p.num_events());
+  r.events.assign(n, EventTime{});
+  r.ns = ExactTimes{};
+  r.ns.start.resize(n);
+  r.ns.end.resize(n);
+  for (std::size_t e = 0; e < n; ++e) {
+    r.ns.start[e] = t.ns.start_of(static_cast<EventId>(e));
+    r.ns.end[e] = t.ns.end_of(static_cast<EventId>(e));
+    r.events[e] = {to_seconds(r.ns.start[e]), to_seconds(r.ns.end[e])};
+  }
+  return r;
+}
+
 // ------------------------------------------------------------------ path reports
 PathEvent path_event(const zero::Program& p, const TimeReport& t, EventId id) {
   const Event& ev = p.events.at(static_cast<std::size_t>(p.stored_event(id).id));

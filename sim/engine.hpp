@@ -114,6 +114,10 @@ struct TimeReport {
   std::int64_t total_duration_ns(zero::EventId stored) const;
 };
 
+// `t` as if `p` stored every micro-step (zero::expand(p)): `events` and `ns` give every
+// event's time by its id. For consumers that index times by event; it grows with GAS.
+TimeReport expand_times(const zero::Program& p, const TimeReport& t);
+
 // `duration[e]`: the cost of stored event e at full rate (from the cost models); the copies
 // of a repeated block cost what the block costs.
 TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration, const EngineOptions& opt = {});
