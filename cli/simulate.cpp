@@ -214,7 +214,7 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
   j["micro_batch"] = r.batch.micro_batch;
   j["gradient_accumulation_steps"] = r.batch.gas;
   j["train_batch_size"] = r.batch.train_batch_size;
-  j["events"] = r.program.events.size();
+  j["events"] = r.program.num_events();
   const auto& t = r.time;
   const auto& ph = t.report.phases;
   j["time"] = {{"forward_ms", ph.forward.ms()},
@@ -238,19 +238,27 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
   }
   j["comm"] = {{"bytes_per_rank", t.report.comm.total.v}, {"by_kind", kinds}};
   // The critical path: what the iteration's length is made of, by kind and event by event.
-  const auto path = sim::critical_path_events(r.program, t.report);
-  std::map<std::string, double> on_path;
-  for (const auto& e : path) on_path[zero::event_kind_name(e.kind)] += e.duration().ms();
-  nlohmann::json cp = {{"num_events", path.size()}};
-  for (const auto& [k, v] : on_path) cp[k + "_ms"] = v;
+  const auto path = sim::summarize_critical_path(r.program, t.report, kPathEventsShown);
+  nlohmann::json cp = {{"num_events", path.num_events}};
+  for (int k = 0; k < zero::kNumEventKinds; ++k)
+    if (path.has_kind[static_cast<std::size_t>(k)])
+      cp[std::string(zero::event_kind_name(static_cast<zero::EventKind>(k))) + "_ms"] = path.by_kind[static_cast<std::size_t>(k)].ms();
   nlohmann::json longest = nlohmann::json::array();
-  for (const auto& e : sim::longest_events(path, kPathEventsShown)) longest.push_back(path_event_json(r.program, e));
+  for (const auto& e : path.longest) longest.push_back(path_event_json(r.program, e));
   cp["longest"] = std::move(longest);
   if (full_critical_path) {  // tens of thousands of events for a large model: opt-in
+    // A stretch the path crosses the same way in many repeated micro-steps is listed once,
+    // then {"repeats": n, ...}: the events before it n more times, each later by period_ms.
     nlohmann::json events = nlohmann::json::array();
     auto& list = events.get_ref<nlohmann::json::array_t&>();
-    list.reserve(path.size());
-    for (const auto& e : path) list.push_back(path_event_json(r.program, e));
+    for (const auto& run : t.report.critical_path.runs) {
+      for (zero::EventId e : run.events) list.push_back(path_event_json(r.program, sim::path_event(r.program, t.report, e)));
+      if (run.times > 1 && !run.events.empty()) {
+        const auto e = run.events.front();
+        const Seconds period = t.report.at(e + run.step).start - t.report.at(e).start;
+        list.push_back({{"repeats", run.times - 1}, {"events_each", run.events.size()}, {"period_ms", period.ms()}});
+      }
+    }
     cp["events"] = std::move(events);
   }
   j["critical_path"] = std::move(cp);
@@ -320,14 +328,16 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
   out += fmt::format("\ncritical path: the chain of events that sets the iteration time, "
                      "its length by kind and its {} longest events\n", kPathEventsShown);
   for (const auto& r : rs) {
-    const auto path = sim::critical_path_events(r.program, r.time.report);
+    const auto path = sim::summarize_critical_path(r.program, r.time.report, kPathEventsShown);
     std::map<std::string, double> by_kind;
-    for (const auto& e : path) by_kind[zero::event_kind_name(e.kind)] += e.duration().ms();
+    for (int k = 0; k < zero::kNumEventKinds; ++k)
+      if (path.has_kind[static_cast<std::size_t>(k)])
+        by_kind[zero::event_kind_name(static_cast<zero::EventKind>(k))] = path.by_kind[static_cast<std::size_t>(k)].ms();
     std::string kinds;
     for (const auto& [k, v] : by_kind) kinds += fmt::format("{}{} {:.1f} ms", kinds.empty() ? "" : ", ", k, v);
-    out += fmt::format("stage {}: {} events; {}\n", r.stage, path.size(), kinds);
+    out += fmt::format("stage {}: {} events; {}\n", r.stage, path.num_events, kinds);
     out += fmt::format("  {:>10} {:>10}  {:<9} {:<10} {}\n", "dur_ms", "start_ms", "stream", "kind", "event");
-    for (const auto& e : sim::longest_events(path, kPathEventsShown))
+    for (const auto& e : path.longest)
       out += fmt::format("  {:>10.3f} {:>10.3f}  {:<9} {:<10} {}\n", e.duration().ms(), e.start.ms(),
                          zero::stream_name(e.stream), zero::event_kind_name(e.kind), r.program.event_name(e.id));
   }

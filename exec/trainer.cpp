@@ -84,7 +84,7 @@ json train(const TrainOptions& opt, Comm& comm) {
   lo.world_size = N;
   lo.rank = rank;
   lo.activation_checkpointing = opt.activation_checkpointing;
-  const zero::Program prog = zero::lower(g, cfg, batch, lo);
+  const zero::Program prog = zero::expand(zero::lower(g, cfg, batch, lo));  // every micro-step: the executor runs each
   prog.validate();
   if (const auto why = unsupported_reason(g, prog, cfg); !why.empty())
     throw InputError(opt.ds_config.empty() ? opt.model : opt.ds_config, "", why);

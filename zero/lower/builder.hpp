@@ -34,7 +34,7 @@ class Builder {
   }
   // A name issued as it comes (every micro-step's "batch", the step's "optimizer") is
   // interned: issued again it gets the index it got first, so a program's labels do not
-  // depend on how many micro-steps were lowered one by one (see replicate.hpp).
+  // depend on how many micro-steps were lowered one by one (Program::repeat).
   std::int32_t label(std::string s) {
     auto [it, fresh] = interned_.try_emplace(s, static_cast<std::int32_t>(p_.labels.size()));
     if (fresh) p_.labels.push_back(std::move(s));

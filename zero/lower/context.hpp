@@ -19,7 +19,7 @@
 //   optimizer_step   the pieces every step shares: norm/overflow all-reduces, the update,
 //                    the 16-bit copy back, the post-step all-gather
 //   offload          offload_optimizer / offload_param: host buffers, host step, host copies
-//   replicate        micro-steps that repeat, copied instead of lowered
+//   (zero/lower.cpp drives them; micro-steps that repeat are stored once: zero/repeat.cpp)
 //
 // Host-side work (ARCHITECTURE.md §4): the host thread's dispatch of the model's ops and
 // DeepSpeed's Python — gradient hooks, stage 3's per-submodule hooks, the step's per-tensor
