@@ -19,6 +19,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include "core/json_util.hpp"
 #include "test_util.hpp"
 
 using zp::exec::CheckpointBlob;
@@ -113,11 +114,11 @@ std::size_t data_start(const std::vector<char>& f) {
   return 16 + h;
 }
 
-// Regular files whose name ends in ".tmp" anywhere under `dir`.
+// Temporaries of the atomic writer (".NAME.tmp-XXXXXX") anywhere under `dir`.
 int temp_files(const fs::path& dir) {
   int n = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() == ".tmp") ++n;
+    if (e.is_regular_file() && e.path().filename().string().find(".tmp-") != std::string::npos) ++n;
   return n;
 }
 
@@ -343,11 +344,11 @@ TEST_CASE("checkpoint: an interrupted save leaves the previous checkpoint and no
     CHECK(got == old);
   };
 
-  SUBCASE("the temporary file cannot be created") {
-    fs::create_directories(d.path / "global_step20" / "zero_pp_rank_0_mp_rank_00_optim_states.zpck.tmp");
+  SUBCASE("the second file cannot be written (a folder stands at its path)") {
+    fs::create_directories(d.path / "global_step20" / "zero_pp_rank_0_mp_rank_00_optim_states.zpck");
     const std::string e = input_error([&] { save(d, meta_of(20), fresh); });
-    CHECK(contains(e, "cannot create the temporary file"));
-    CHECK(contains(e, "optim_states.zpck.tmp"));
+    CHECK(contains(e, "is a directory"));
+    CHECK(contains(e, "optim_states.zpck"));
     // The model file was written to its temporary name only, and removed.
     CHECK_FALSE(fs::exists(ex::checkpoint_path(d.str(), "global_step20", 0, CheckpointPart::model_states)));
   }
@@ -373,7 +374,7 @@ TEST_CASE("checkpoint: an interrupted save leaves the previous checkpoint and no
     ::setrlimit(RLIMIT_FSIZE, &before);
     std::signal(SIGXFSZ, old_handler);
     CHECK(contains(e, "cannot write"));
-    CHECK(contains(e, "optim_states.zpck.tmp"));
+    CHECK(contains(e, "optim_states.zpck"));
   }
   CHECK(temp_files(d.path) == 0);
   previous_loads();
@@ -403,4 +404,67 @@ TEST_CASE("checkpoint: config digest") {
   CHECK(ex::config_digest("").size() == 16);
   CHECK(ex::config_digest("{}") != ex::config_digest("{ }"));
   CHECK(ex::config_digest("abc") == ex::config_digest("abc"));
+}
+
+TEST_CASE("checkpoint: a file copied from another step's folder is refused") {
+  TempDir d;
+  State s5(21), s9(22);
+  save(d, meta_of(5), s5);
+  save(d, meta_of(9), s9);
+  ex::write_latest(d.str(), 9);
+  // Rank 0's step-5 files copied over its step-9 files.
+  for (const auto part : {CheckpointPart::model_states, CheckpointPart::optim_states})
+    fs::copy_file(ex::checkpoint_path(d.str(), "global_step5", 0, part), ex::checkpoint_path(d.str(), "global_step9", 0, part),
+                  fs::copy_options::overwrite_existing);
+  State got = s9.zeroed();
+  const std::string e = input_error([&] { load(d, meta_of(0), got); });
+  CHECK(contains(e, "zero_pp_rank_0_mp_rank_00_model_states.zpck: holds the state of step 5 (saved as global_step5), "
+                    "but lies in global_step9"));
+  CHECK(got == s9.zeroed());  // nothing restored
+  CHECK(ex::step_of_tag("global_step12") == 12);
+  CHECK_FALSE(ex::step_of_tag("global_step"));
+  CHECK_FALSE(ex::step_of_tag("global_step1x"));
+  CHECK_FALSE(ex::step_of_tag("step12"));
+  CHECK(ex::latest_tag(d.str()) == "global_step9");
+}
+
+TEST_CASE("checkpoint: another ds_config or model config is refused naming the keys that differ") {
+  TempDir d;
+  State s(31);
+  CheckpointMeta m = meta_of(4);
+  m.config = nlohmann::json::parse(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 5000},
+                                      "optimizer": {"type": "AdamW", "params": {"lr": 0.002}}})");
+  m.config_digest = zp::json::digest(m.config);
+  m.model_config = nlohmann::json::parse(R"({"model_type": "gpt2", "n_head": 4, "activation_function": "gelu_new"})");
+  m.model_digest = zp::json::digest(m.model_config);
+  m.run_id = "0123456789abcdef";
+  save(d, m, s);
+  ex::write_latest(d.str(), 4);
+  State got = s.zeroed();
+
+  // The same configs written another way (spacing, key order, 5e3 for 5000) load.
+  CheckpointMeta same = m;
+  same.config = nlohmann::json::parse(R"({"optimizer": {"params": {"lr": 0.002}, "type": "AdamW"},
+                                         "zero_optimization": {"reduce_bucket_size": 5e3, "stage": 2}})");
+  same.config_digest = zp::json::digest(same.config);
+  const CheckpointMeta back = load(d, same, got);
+  CHECK(got == s);
+  CHECK(back.run_id == "0123456789abcdef");
+  CHECK(back.model_config == m.model_config);
+
+  CheckpointMeta other = m;
+  other.config["optimizer"]["params"]["lr"] = 0.003;
+  other.config_digest = zp::json::digest(other.config);
+  std::string e = input_error([&] { load(d, other, got); });
+  CHECK(contains(e, "meta.config_digest: the checkpoint was written with another ds_config: optimizer.params.lr: "
+                    "0.002 in the checkpoint vs 0.003 now"));
+
+  other = m;
+  other.model_config["n_head"] = 2;
+  other.model_config["activation_function"] = "relu";
+  other.model_digest = zp::json::digest(other.model_config);
+  e = input_error([&] { load(d, other, got); });
+  CHECK(contains(e, "meta.model_digest: the model's config.json changed since the checkpoint was written: "
+                    "activation_function: \"gelu_new\" in the checkpoint vs \"relu\" now; n_head: 4 in the "
+                    "checkpoint vs 2 now"));
 }
