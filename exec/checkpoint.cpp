@@ -141,15 +141,41 @@ json meta_to_json(const CheckpointMeta& m) {
               {"seed", m.seed},          {"extra", m.extra}};
 }
 
+// A header that parses as JSON but does not hold what a writer writes.
+struct CorruptHeader : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An integer field, exactly: a fraction, a string or a value outside [lo, hi] is corruption
+// (never converted, truncated or wrapped).
+std::int64_t int_field(const json& j, const char* key, std::int64_t lo, std::int64_t hi) {
+  const json& v = j.at(key);
+  std::optional<std::int64_t> x;
+  if (v.is_number_unsigned()) {
+    if (v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      x = static_cast<std::int64_t>(v.get<std::uint64_t>());
+  } else if (v.is_number_integer()) {
+    x = v.get<std::int64_t>();
+  }
+  if (!x || *x < lo || *x > hi)
+    throw CorruptHeader(fmt::format("{} must be an integer in [{}, {}], got {}", key, lo, hi,
+                                    zp::json::printable(v.dump())));
+  return *x;
+}
+
 CheckpointMeta meta_from_json(const json& j) {
+  constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
   CheckpointMeta m;
   m.model = j.at("model").get<std::string>();
   m.config_digest = j.at("config_digest").get<std::string>();
-  m.stage = j.at("stage").get<int>();
-  m.world_size = j.at("world_size").get<int>();
-  m.rank = j.at("rank").get<int>();
-  m.step = j.at("step").get<std::int64_t>();
-  m.seed = j.at("seed").get<std::uint64_t>();
+  m.stage = static_cast<int>(int_field(j, "stage", 0, 3));
+  m.world_size = static_cast<int>(int_field(j, "world_size", 1, kMaxInt));
+  m.rank = static_cast<int>(int_field(j, "rank", 0, kMaxInt));
+  m.step = int_field(j, "step", 0, std::numeric_limits<std::int64_t>::max());
+  const json& seed = j.at("seed");
+  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<std::int64_t>() >= 0))
+    throw CorruptHeader(fmt::format("seed must be an integer >= 0, got {}", zp::json::printable(seed.dump())));
+  m.seed = seed.get<std::uint64_t>();
   m.extra = j.at("extra");
   // Recorded since run identities were introduced; older files lack them.
   m.model_digest = j.value("model_digest", std::string());
@@ -324,28 +350,33 @@ PartFile open_part(const fs::path& path, CheckpointPart part) {
   try {
     header = json::parse(text);
     if (header.at("format").get<std::string>() != "zeroplan-checkpoint") bad(path, "not a zeroplan checkpoint (header format)");
-    if (const int v = header.at("version").get<int>(); v != kVersion)
+    if (const auto v = int_field(header, "version", std::numeric_limits<std::int64_t>::min(),
+                                 std::numeric_limits<std::int64_t>::max());
+        v != kVersion)
       bad(path, fmt::format("wrong version: header version {}, this build reads {}", v, kVersion));
     if (const auto kind = header.at("kind").get<std::string>(); kind != part_name(part))
-      bad(path, fmt::format("holds {}, expected {}", kind, part_name(part)));
+      bad(path, fmt::format("holds {}, expected {}", zp::json::printable(kind), part_name(part)));
     f.tag = header.at("tag").get<std::string>();
     f.save_id = header.at("save_id").get<std::string>();
     f.meta = meta_from_json(header.at("meta"));
     for (const auto& b : header.at("blobs")) {
       BlobEntry e;
       e.name = b.at("name").get<std::string>();
-      e.bytes = b.at("bytes").get<std::int64_t>();
+      e.bytes = int_field(b, "bytes", 0, std::numeric_limits<std::int64_t>::max());
       const auto crc = b.at("crc32").get<std::string>();
-      std::size_t used = 0;
-      const unsigned long v = crc.size() == 8 ? std::stoul(crc, &used, 16) : 0;
-      if (used != 8 || e.bytes < 0) bad(path, fmt::format("corrupted (bad entry for blob {} in the header)", e.name));
-      e.crc = static_cast<std::uint32_t>(v);
+      const bool hex = crc.size() == 8 && std::all_of(crc.begin(), crc.end(), [](char c) {
+                         return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+                       });
+      if (!hex)
+        bad(path, fmt::format("corrupted (bad entry for blob {} in the header: crc32 is not 8 hex digits)",
+                              zp::json::printable(e.name)));
+      e.crc = static_cast<std::uint32_t>(std::stoul(crc, nullptr, 16));
       f.blobs.push_back(std::move(e));
     }
   } catch (const json::exception& e) {
+    bad(path, fmt::format("corrupted header: {}", zp::json::printable(e.what())));
+  } catch (const CorruptHeader& e) {
     bad(path, fmt::format("corrupted header: {}", e.what()));
-  } catch (const std::logic_error&) {  // std::stoul on a non-hex CRC
-    bad(path, "corrupted header: a blob CRC is not hexadecimal");
   }
 
   f.data_start = kPrefixBytes + hlen + 4;
@@ -374,7 +405,8 @@ void check_meta(const PartFile& f, const CheckpointMeta& expect) {
     throw InputError(f.path.string(), "meta.rank", fmt::format("written by rank {}, read by rank {}", m.rank, expect.rank));
   if (m.model != expect.model)
     throw InputError(f.path.string(), "meta.model",
-                     fmt::format("the checkpoint is of model '{}', this run trains '{}'", m.model, expect.model));
+                     fmt::format("the checkpoint is of model '{}', this run trains '{}'", zp::json::printable(m.model),
+                                 expect.model));
   if (m.stage != expect.stage)
     throw InputError(f.path.string(), "meta.stage",
                      fmt::format("the checkpoint was written at ZeRO stage {}, this run uses stage {}", m.stage, expect.stage));
@@ -389,7 +421,7 @@ void check_meta(const PartFile& f, const CheckpointMeta& expect) {
                                                                                      : " (the checkpoint used the defaults)",
                                    zp::json::describe_differences(was, now, "in the checkpoint", "now")));
     }
-    const auto show = [](const std::string& d) { return d.empty() ? std::string("defaults") : d; };
+    const auto show = [](const std::string& d) { return d.empty() ? std::string("defaults") : zp::json::printable(d); };
     throw InputError(f.path.string(), "meta.config_digest",
                      fmt::format("the checkpoint was written with ds_config {}, this run uses {}", show(m.config_digest),
                                  show(expect.config_digest)));
@@ -398,7 +430,7 @@ void check_meta(const PartFile& f, const CheckpointMeta& expect) {
     const std::string what = m.model_config.is_object() && expect.model_config.is_object()
                                  ? zp::json::describe_differences(m.model_config, expect.model_config,
                                                                   "in the checkpoint", "now")
-                                 : fmt::format("digest {} in the checkpoint, {} now", m.model_digest, expect.model_digest);
+                                 : fmt::format("digest {} in the checkpoint, {} now", zp::json::printable(m.model_digest), expect.model_digest);
     throw InputError(f.path.string(), "meta.model_digest",
                      fmt::format("the model's config.json changed since the checkpoint was written: {}", what));
   }
@@ -406,7 +438,7 @@ void check_meta(const PartFile& f, const CheckpointMeta& expect) {
 
 std::string name_list(const auto& blobs) {
   std::string s;
-  for (const auto& b : blobs) s += (s.empty() ? "" : ", ") + b.name;
+  for (const auto& b : blobs) s += (s.empty() ? "" : ", ") + zp::json::printable(b.name);
   return s;
 }
 
@@ -418,9 +450,9 @@ void check_blobs(const PartFile& f, std::span<const CheckpointBlob> want) {
   for (std::size_t i = 0; i < want.size(); ++i) {
     const auto& have = f.blobs[i];
     if (have.name != want[i].name)
-      bad(f.path, fmt::format("blob {} is '{}', this run expects '{}'", i, have.name, want[i].name));
+      bad(f.path, fmt::format("blob {} is '{}', this run expects '{}'", i, zp::json::printable(have.name), want[i].name));
     if (have.bytes != want[i].bytes)
-      bad(f.path, fmt::format("blob {} size mismatch: the checkpoint has {} bytes, this run expects {}", have.name,
+      bad(f.path, fmt::format("blob {} size mismatch: the checkpoint has {} bytes, this run expects {}", want[i].name,
                               have.bytes, want[i].bytes));
     if (want[i].bytes > 0 && want[i].data == nullptr)
       throw std::invalid_argument(fmt::format("checkpoint: blob '{}' has {} bytes but no data to restore into",

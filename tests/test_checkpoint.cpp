@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <functional>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <boost/crc.hpp>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -467,4 +469,65 @@ TEST_CASE("checkpoint: another ds_config or model config is refused naming the k
   CHECK(contains(e, "meta.model_digest: the model's config.json changed since the checkpoint was written: "
                     "activation_function: \"gelu_new\" in the checkpoint vs \"relu\" now; n_head: 4 in the "
                     "checkpoint vs 2 now"));
+}
+
+namespace {
+
+// Replaces a file's JSON header with `edit(header)`, keeping it well formed: the header
+// length and CRC are rewritten as a writer would (blob CRCs are left as they were).
+void rewrite_header(const fs::path& file, const std::function<void(nlohmann::json&)>& edit) {
+  const auto bytes = read_all(file);
+  std::uint32_t h = 0;
+  for (int i = 3; i >= 0; --i) h = (h << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(8 + i)]);
+  nlohmann::json header = nlohmann::json::parse(std::string(bytes.begin() + 12, bytes.begin() + 12 + h));
+  edit(header);
+  const std::string text = header.dump();
+  boost::crc_32_type crc;
+  crc.process_bytes(text.data(), text.size());
+  const auto le = [](std::uint32_t v) {
+    return std::string{static_cast<char>(v & 0xff), static_cast<char>((v >> 8) & 0xff), static_cast<char>((v >> 16) & 0xff),
+                       static_cast<char>((v >> 24) & 0xff)};
+  };
+  std::string out(bytes.begin(), bytes.begin() + 8);
+  out += le(static_cast<std::uint32_t>(text.size())) + text + le(static_cast<std::uint32_t>(crc.checksum()));
+  out.append(bytes.begin() + 16 + h, bytes.end());
+  write_all(file, std::vector<char>(out.begin(), out.end()));
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: a header with valid checksums but impossible values is refused, never converted") {
+  TempDir d;
+  State s(41);
+  save(d, meta_of(6), s);
+  ex::write_latest(d.str(), 6);
+  const auto file = ex::checkpoint_path(d.str(), "global_step6", 0, CheckpointPart::model_states);
+  const auto original = read_all(file);
+  struct Bad {
+    std::function<void(nlohmann::json&)> edit;
+    std::string expect;
+  };
+  const std::vector<Bad> bad = {
+      // Found by fuzz_checkpoint: a float outside int's range was converted (undefined behaviour).
+      {[](nlohmann::json& h) { h["meta"]["stage"] = 1e300; }, "corrupted header: stage must be an integer in [0, 3], got 1e+300"},
+      {[](nlohmann::json& h) { h["meta"]["world_size"] = 4294967297LL; }, "world_size must be an integer in [1, 2147483647]"},
+      {[](nlohmann::json& h) { h["meta"]["step"] = -6; }, "step must be an integer in [0, "},
+      {[](nlohmann::json& h) { h["meta"]["seed"] = 1.5; }, "seed must be an integer >= 0, got 1.5"},
+      {[](nlohmann::json& h) { h["blobs"][0]["bytes"] = 1000.0; }, "bytes must be an integer"},
+      {[](nlohmann::json& h) { h["blobs"][0]["crc32"] = "-0000001"; }, "crc32 is not 8 hex digits"},
+      {[](nlohmann::json& h) { h["version"] = 1.0e10; }, "version must be an integer"},
+      {[](nlohmann::json& h) { h["meta"]["model"] = "two\nlines"; }, "model 'two\\x0alines'"},
+  };
+  for (const auto& b : bad) {
+    CAPTURE(b.expect);
+    write_all(file, original);
+    rewrite_header(file, b.edit);
+    State got = s.zeroed();
+    const std::string e = input_error([&] { load(d, meta_of(0), got); });
+    CHECK(contains(e, b.expect));
+    CHECK(e.find('\n') == std::string::npos);
+  }
+  write_all(file, original);
+  State got = s.zeroed();
+  CHECK(load(d, meta_of(0), got).step == 6);
 }
