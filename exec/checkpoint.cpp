@@ -501,8 +501,13 @@ std::string read_latest(const fs::path& dir) {
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) bad(latest, "empty: no checkpoint tag");
   text = text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
-  if (text.find('/') != std::string::npos || text == "." || text == "..")
-    bad(latest, fmt::format("'{}' is not a checkpoint tag", text));
+  // A tag names a folder next to `latest`: letters, digits, '.', '_' and '-' (DeepSpeed's
+  // "global_stepN" or a name the user chose), never a path.
+  const bool name_like = std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+  });
+  if (!name_like || text == "." || text == "..")
+    bad(latest, fmt::format("'{}' is not a checkpoint tag (letters, digits, '.', '_' and '-')", zp::json::printable(text)));
   return text;
 }
 
@@ -587,7 +592,7 @@ CheckpointMeta load_checkpoint(const std::string& dir, const CheckpointMeta& exp
   const fs::path step_dir = fs::path(dir) / use_tag;
   std::error_code ec;
   if (!fs::is_directory(step_dir, ec))
-    bad(step_dir, fmt::format("missing: no checkpoint '{}' in {}", use_tag, dir));
+    bad(step_dir, fmt::format("missing: no checkpoint '{}' in {}", zp::json::printable(use_tag), dir));
 
   const auto open_checked = [&](CheckpointPart part) {
     const fs::path path = checkpoint_path(dir, use_tag, expect.rank, part);

@@ -531,3 +531,22 @@ TEST_CASE("checkpoint: a header with valid checksums but impossible values is re
   State got = s.zeroed();
   CHECK(load(d, meta_of(0), got).step == 6);
 }
+
+TEST_CASE("checkpoint: `latest` naming something other than a folder beside it is refused on one line") {
+  TempDir d;
+  State s(51);
+  save(d, meta_of(2), s);
+  // Found by fuzz_checkpoint: a `latest` of binary text with a newline reached the messages raw.
+  for (const std::string& text : {std::string("ZPCKPT01\n\x01\x02[[4]]"), std::string("../global_step2"),
+                                  std::string("global step2"), std::string("..")}) {
+    CAPTURE(text);
+    std::ofstream(d.path / "latest", std::ios::binary | std::ios::trunc) << text;
+    State got = s.zeroed();
+    const std::string e = input_error([&] { load(d, meta_of(0), got); });
+    CHECK(contains(e, "is not a checkpoint tag (letters, digits, '.', '_' and '-')"));
+    CHECK(e.find('\n') == std::string::npos);
+  }
+  std::ofstream(d.path / "latest", std::ios::trunc) << "  global_step2\n";
+  State got = s.zeroed();
+  CHECK(load(d, meta_of(0), got).step == 2);
+}
