@@ -2,6 +2,8 @@
 // outputs through devices, FIFOs, symlinks and directories; outputs that are inputs;
 // concurrent writers of one --out; plan when nothing fits; a bad --checkpoint-dir;
 // inputs nested too deep or without end; the scale edges; and the smaller refusals.
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -73,32 +75,39 @@ const std::string kPlan = "plan --model tiny-gpt2 --gpus 2 --gpu A100-80GB --glo
 }  // namespace
 
 TEST_CASE("--out writes through /dev/stdout, devices and symlinks; refuses a directory without leaving a temporary") {
+  // The system's /dev/stdout, /dev/null and /dev/full are not handed to the command under
+  // test (a regression would replace them for the whole machine): stand-ins of the same
+  // kind are made here, a symlink to /proc/self/fd/1 and, as root, device nodes 1:3, 1:7.
+  const auto stdout_link = dir() / "stdout";
+  fs::remove(stdout_link);
+  fs::create_symlink("/proc/self/fd/1", stdout_link);
   // stdout redirected to a file: the ds_config goes into it, before the report.
   const std::string captured = path("captured.txt");
-  ShellRun r = sh(fmt::format("{} {} --out /dev/stdout > {}", kBin, kPlan, captured));
+  ShellRun r = sh(fmt::format("{} {} --out {} > {}", kBin, kPlan, stdout_link.string(), captured));
   REQUIRE(r.status == 0);
   const std::string text = slurp(captured);
   REQUIRE(text.rfind("{\n", 0) == 0);
   CHECK(json::parse(text.substr(0, text.find("\n}\n") + 3))["train_batch_size"] == 8);
-  CHECK(contains(text, "ds_config written to /dev/stdout"));
-  // Into a pipe.
-  r = sh(fmt::format("{} {} --out /dev/stdout | head -c 1", kBin, kPlan));
+  CHECK(contains(text, "ds_config written to " + stdout_link.string()));
+  // Into a pipe; the link stays a link.
+  r = sh(fmt::format("{} {} --out {} | head -c 1", kBin, kPlan, stdout_link.string()));
   CHECK(r.out == "{");
-  // A symlink to /proc/self/fd/1 is written through and stays a symlink.
-  const auto link = dir() / "to-stdout";
-  fs::remove(link);
-  fs::create_symlink("/proc/self/fd/1", link);
-  r = sh(fmt::format("{} {} --out {} | head -c 1", kBin, kPlan, link.string()));
-  CHECK(r.out == "{");
-  CHECK(fs::is_symlink(link));
+  CHECK(fs::is_symlink(stdout_link));
   // A device stays a device.
-  r = cmd(kPlan + " --out /dev/null");
-  CHECK(r.status == 0);
-  CHECK(fs::is_character_file("/dev/null"));
-  r = cmd(kPlan + " --out /dev/full");
-  CHECK(r.status == 2);
-  CHECK(contains(r.out, "zeroplan: /dev/full: --out: cannot write: No space left on device"));
-  CHECK(fs::is_character_file("/dev/full"));
+  if (::geteuid() == 0) {
+    const std::string null = path("null"), full = path("full");
+    fs::remove(null);
+    fs::remove(full);
+    REQUIRE(::mknod(null.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0);
+    REQUIRE(::mknod(full.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0);
+    r = cmd(kPlan + " --out " + null);
+    CHECK(r.status == 0);
+    CHECK(fs::is_character_file(null));
+    r = cmd(kPlan + " --out " + full);
+    CHECK(r.status == 2);
+    CHECK(contains(r.out, "zeroplan: " + full + ": --out: cannot write: No space left on device"));
+    CHECK(fs::is_character_file(full));
+  }
   // A directory: one line, exit 2, checked before the search, nothing left in or beside it.
   const auto d = dir() / "outdir";
   fs::create_directories(d);
