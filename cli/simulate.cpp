@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/json_util.hpp"
 #include "sim/collective_model.hpp"
 #include "sim/compute_model.hpp"
 #include "sim/trace.hpp"
@@ -32,6 +34,16 @@ std::string human_bytes(Bytes b) {
   return fmt::format("{} B", b.v);
 }
 
+std::vector<std::pair<std::string, std::string>> input_files(const SimRequest& req, const Inputs& in) {
+  return {{"--ds-config", req.ds_config}, {"--model", in.model.source}, {"--cluster", req.cluster}};
+}
+
+void check_output(const std::string& path, const std::string& flag, const SimRequest& req, const Inputs& in) {
+  if (path.empty()) return;
+  io::refuse_same_file(path, flag, input_files(req, in));
+  io::AtomicWriter probe(path, flag);  // removed unwritten
+}
+
 Inputs load_inputs(const SimRequest& req) {
   if (req.gpus && *req.gpus < 1)
     throw InputError("--gpus", "", fmt::format("must be an integer >= 1, got {}", *req.gpus));
@@ -43,7 +55,7 @@ Inputs load_inputs(const SimRequest& req) {
     throw InputError("--micro-batch", "", fmt::format("must be an integer >= 1, got {}", *req.micro_batch));
   Inputs in;
   if (!req.cluster.empty()) {
-    in.cluster = sim::load_cluster(req.cluster, req.nodes, req.nic_gbps);
+    in.cluster = sim::load_cluster(req.cluster, req.nodes, req.nic_gbps, req.gpu);
     const int size = in.cluster.nodes * in.cluster.gpus_per_node;
     if (req.gpus && *req.gpus > size)
       throw InputError("--gpus", "", fmt::format("{} ranks do not fit cluster {} of {} GPUs", *req.gpus, in.cluster.name, size));
@@ -51,7 +63,7 @@ Inputs load_inputs(const SimRequest& req) {
     in.device = &sim::find_device(in.cluster.gpu);
   } else {
     if (!req.gpus) throw InputError("--gpus", "", "give --gpus N (with --gpu TYPE) or --cluster NAME|FILE");
-    in.device = &sim::find_device(req.gpu);
+    in.device = &sim::find_device(req.gpu.empty() ? std::string("A100-80GB") : req.gpu);
     in.cluster = sim::single_node(in.device->name, *req.gpus);
     in.world_size = *req.gpus;
   }
@@ -286,6 +298,9 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   j["seq_len"] = in.seq_len;
   j["attention"] = models::attention_name(in.attention);
   j["warnings"] = in.warnings;
+  // The ds_config as read (canonical JSON; {} for DeepSpeed's defaults), so that compare can
+  // tell a prediction of another configuration.
+  j["ds_config"] = in.cfg.raw.is_object() ? zp::json::canonical(in.cfg.raw) : nlohmann::json::object();
   j["results"] = nlohmann::json::array();
   for (const auto& r : rs) j["results"].push_back(result_json(r, full_critical_path));
   return j;

@@ -176,11 +176,11 @@ TEST_CASE("nothing fits: the answer says so and names the smallest change that f
   for (const auto& s : sugg)
     if (s.change.find("seq-len") == 0 || s.change.find("activation") == 0) CHECK_FALSE(s.fits);
 
-  // The command says so too, with exit status 0 and "best": null.
+  // The command says so too, with exit status 3 (kExitNothingFits) and "best": null.
   const auto r = test::run_shell(std::string(ZEROPLAN_BIN) +
                                  " plan --model gpt3-175b --cluster 8xA100-80GB-NVSwitch --global-batch 64 --seq-len 2048"
                                  " --json --ds-config " + bf16_config(), false);
-  CHECK(r.status == 0);
+  CHECK(r.status == 3);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["best"].is_null());
   CHECK(j["nothing_fits"] == true);

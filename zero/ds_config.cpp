@@ -964,6 +964,17 @@ Batch resolve_batch(const DsConfig& cfg, std::int64_t world_size) {
   } else if (mb) {
     b = {checked_mul(*mb, world_size, file, "train_micro_batch_size_per_gpu"), *mb, 1};
   } else {
+    // Hugging Face's "auto" placeholders read as absent: say so, and what to pass instead.
+    const auto was_auto = [&](std::string_view key) {
+      for (const auto& w : cfg.warnings)
+        if (w.find(fmt::format(": {}: \"auto\"", key)) != std::string::npos) return true;
+      return false;
+    };
+    if (was_auto("train_batch_size") || was_auto("train_micro_batch_size_per_gpu"))
+      throw InputError(file, "train_batch_size",
+                       "the batch sizes are \"auto\" (placeholders the Hugging Face Trainer fills in from its own "
+                       "arguments), so no batch size is set; pass --micro-batch B (or, for plan, --global-batch G), or "
+                       "write the numbers into the file");
     throw InputError(file, "train_batch_size", "train_batch_size or train_micro_batch_size_per_gpu must be set");
   }
   // A step program numbers its micro-steps in 16 bits.
