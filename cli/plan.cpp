@@ -196,7 +196,8 @@ std::string why(const planner::Problem& pb, const Evaluation& w, const Evaluatio
 // The winner's ds_config: BASE.json as it was, with only what the plan decided written
 // over it: the batch keys whose value changes, and each searched key that matters at the
 // winner's stage and differs from BASE's (in its canonical spelling, an alias spelling
-// removed). Everything else, "auto" values included, stays exactly as in BASE.json.
+// removed). Everything else, "auto" values included, stays exactly as in BASE.json, except the
+// keys DeepSpeed 0.19 refuses, which are left out (their warning says so).
 // Without BASE.json: the winner's configuration as zero::to_json writes it.
 nlohmann::json winner_ds_config(const planner::Problem& pb, const planner::Space& space, const Evaluation& w,
                                 const zero::DsConfig& wcfg) {
@@ -251,6 +252,7 @@ nlohmann::json winner_ds_config(const planner::Problem& pb, const planner::Space
         write(planner::dim_name(dim), v);
     }
   }
+  zero::erase_refused_by_deepspeed(out);  // and nothing DeepSpeed 0.19 refuses (BASE may have it)
   return out;
 }
 

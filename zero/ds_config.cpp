@@ -286,7 +286,7 @@ void warn_refused_by_deepspeed(const json& doc, DsConfig& cfg) {
   }
 }
 
-void erase_refused_by_deepspeed(json& out) {
+void erase_refused_keys(json& out) {
   for (const auto& k : kRefusedByDeepSpeed) {
     if (*k.section == '\0') {
       out.erase(k.key);
@@ -1014,6 +1014,8 @@ json offload_json(const json& old, const OffloadConfig& o, bool is_param) {
 
 }  // namespace
 
+void erase_refused_by_deepspeed(nlohmann::json& doc) { erase_refused_keys(doc); }
+
 nlohmann::json to_json(const DsConfig& cfg) {
   json out = cfg.raw.is_object() ? cfg.raw : json::object();
 
@@ -1153,7 +1155,7 @@ nlohmann::json to_json(const DsConfig& cfg) {
   }
 
   // Keys DeepSpeed 0.19 refuses (sparse_attention among them) are never written.
-  erase_refused_by_deepspeed(out);
+  erase_refused_keys(out);
   return out;
 }
 
