@@ -1,0 +1,221 @@
+#pragma once
+// What the GPU kernel tests share: device buffers, uploads in a storage dtype (the host
+// copy rounded the same way, so the CPU twin sees exactly the GPU's inputs), poisoned
+// outputs, and comparisons with a tolerance atol + |ref|·rtol plus the relative L2 error
+// ‖got − ref‖ / ‖ref‖ against a band per dtype, printing the first mismatches.
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "kernels/cpu/convert.hpp"
+#include "kernels/cpu/rng.hpp"
+
+namespace zp::gpu_test {
+
+using Vec = std::vector<float>;
+namespace kc = zp::kernels::cpu;
+
+inline std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+inline void cuda_ok(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) FAIL(what << ": " << cudaGetErrorString(err));
+}
+#define ZP_TEST_CUDA(call) ::zp::gpu_test::cuda_ok((call), #call)
+
+// A device allocation (RAII); `offset` bytes past a 256-byte aligned base when a test wants
+// a pointer that is not 16-byte aligned (the kernels' scalar paths).
+class Dev {
+ public:
+  explicit Dev(std::size_t bytes, std::size_t offset = 0) : bytes_(bytes), offset_(offset) {
+    ZP_TEST_CUDA(cudaMalloc(&base_, bytes + offset + 16));
+  }
+  ~Dev() { cudaFree(base_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void* get() const { return static_cast<char*>(base_) + offset_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(get());
+  }
+  std::size_t bytes() const { return bytes_; }
+  // 0xFF bytes: NaN in fp32, bf16 and fp16, so an element no kernel wrote never matches.
+  void poison() const { ZP_TEST_CUDA(cudaMemset(get(), 0xFF, bytes_)); }
+
+ private:
+  void* base_ = nullptr;
+  std::size_t bytes_ = 0, offset_ = 0;
+};
+
+inline float round_value(float x, DType dt) {
+  switch (dt) {
+    case DType::bf16: return kc::bf16_to_float(kc::float_to_bf16(x));
+    case DType::fp16: return kc::fp16_to_float(kc::float_to_fp16(x));
+    default: return x;
+  }
+}
+
+inline Vec rounded(Vec v, DType dt) {
+  for (float& x : v) x = round_value(x, dt);
+  return v;
+}
+
+// Uniform in [lo, hi), rounded to dt: exactly what the device buffer will hold.
+inline Vec rand_vec(std::int64_t n, std::uint64_t seed, DType dt, float lo = -1.0f, float hi = 1.0f) {
+  Vec v(sz(n));
+  kc::uniform_fill(v.data(), n, seed, 0);
+  for (float& x : v) x = lo + (hi - lo) * x;
+  return rounded(std::move(v), dt);
+}
+
+inline std::vector<unsigned char> encode(const Vec& v, DType dt) {
+  std::vector<unsigned char> out(v.size() * sz(dtype_size(dt)));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::fp32) {
+      std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else {
+      const std::uint16_t h = dt == DType::bf16 ? kc::float_to_bf16(v[i]) : kc::float_to_fp16(v[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+inline Vec decode(const std::vector<unsigned char>& bytes, std::size_t n, DType dt) {
+  Vec v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (dt == DType::fp32) {
+      std::memcpy(&v[i], bytes.data() + 4 * i, 4);
+    } else {
+      std::uint16_t h = 0;
+      std::memcpy(&h, bytes.data() + 2 * i, 2);
+      v[i] = dt == DType::bf16 ? kc::bf16_to_float(h) : kc::fp16_to_float(h);
+    }
+  }
+  return v;
+}
+
+inline void upload(const Dev& d, const Vec& v, DType dt) {
+  const auto bytes = encode(v, dt);
+  REQUIRE(bytes.size() <= d.bytes());
+  ZP_TEST_CUDA(cudaMemcpy(d.get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+}
+
+inline Vec download(const Dev& d, std::size_t n, DType dt) {
+  std::vector<unsigned char> bytes(n * sz(dtype_size(dt)));
+  ZP_TEST_CUDA(cudaDeviceSynchronize());
+  ZP_TEST_CUDA(cudaMemcpy(bytes.data(), d.get(), bytes.size(), cudaMemcpyDeviceToHost));
+  return decode(bytes, n, dt);
+}
+
+// A device copy of v in dt (v should already be representable: see rand_vec / rounded).
+inline std::unique_ptr<Dev> device(const Vec& v, DType dt, std::size_t offset = 0) {
+  auto d = std::make_unique<Dev>(v.size() * sz(dtype_size(dt)), offset);
+  upload(*d, v, dt);
+  return d;
+}
+
+// An output buffer of n elements, poisoned.
+inline std::unique_ptr<Dev> output(std::size_t n, DType dt, std::size_t offset = 0) {
+  auto d = std::make_unique<Dev>(n * sz(dtype_size(dt)), offset);
+  d->poison();
+  return d;
+}
+
+template <class T>
+std::unique_ptr<Dev> device_raw(const std::vector<T>& v) {
+  auto d = std::make_unique<Dev>(v.size() * sizeof(T));
+  ZP_TEST_CUDA(cudaMemcpy(d->get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class T>
+std::vector<T> download_raw(const Dev& d, std::size_t n) {
+  std::vector<T> v(n);
+  ZP_TEST_CUDA(cudaDeviceSynchronize());
+  ZP_TEST_CUDA(cudaMemcpy(v.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+inline std::vector<unsigned char> bits(const Dev& d) {
+  std::vector<unsigned char> v(d.bytes());
+  ZP_TEST_CUDA(cudaDeviceSynchronize());
+  ZP_TEST_CUDA(cudaMemcpy(v.data(), d.get(), v.size(), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// Machine epsilon of the storage dtype (spacing of its values at 1).
+inline double eps(DType dt) {
+  switch (dt) {
+    case DType::bf16: return 0x1p-7;
+    case DType::fp16: return 0x1p-10;
+    default: return 0x1p-23;
+  }
+}
+
+// Relative L2 error bands (METHOD.md): fp32 far under 1e-3; 16-bit operands 1e-3 .. 1e-2.
+inline double band(DType dt) {
+  switch (dt) {
+    case DType::bf16: return 1e-2;
+    case DType::fp16: return 2e-3;
+    default: return 1e-5;
+  }
+}
+
+struct Tol {
+  double atol = 0.0;
+  double rtol = 0.0;
+  double rel_l2 = 0.0;  // bound on ‖got − ref‖ / ‖ref‖ (0: not checked)
+};
+
+// The usual tolerance of one kernel's output: k ulps of dt relative, atol absolute, the band.
+inline Tol tol(DType dt, double k_ulps, double atol) { return Tol{atol, k_ulps * eps(dt), band(dt)}; }
+
+// For kernels with transcendental functions: the fp32 results may differ by a few ulps from
+// the CPU's libm (16 of them allowed), 16-bit ones by their rounding.
+inline Tol tol_math(DType dt, double atol) { return Tol{atol, eps(dt) + 16 * 0x1p-23, band(dt)}; }
+
+inline std::string dtype_str(DType dt) { return std::string(dtype_name(dt)); }
+
+// Every element within atol + |ref|·rtol (NaN matches only NaN), and the relative L2 error
+// within the band; the first mismatches are printed.
+inline void expect_close(const std::string& what, const Vec& got, const Vec& ref, const Tol& t) {
+  REQUIRE(got.size() == ref.size());
+  std::size_t bad = 0;
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], r = ref[i];
+    const bool both_nan = std::isnan(g) && std::isnan(r);
+    const bool ok = both_nan || (std::fabs(g - r) <= t.atol + std::fabs(r) * t.rtol);
+    if (!ok) {
+      if (bad < 8)
+        std::printf("  %s: element %zu: got %.9g, expected %.9g (|diff| %.3g, allowed %.3g)\n", what.c_str(), i, g, r,
+                    std::fabs(g - r), t.atol + std::fabs(r) * t.rtol);
+      ++bad;
+    }
+    if (!both_nan && std::isfinite(r)) {
+      num += (g - r) * (g - r);
+      den += r * r;
+    }
+  }
+  const double rel = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (bad > 0) std::printf("  %s: %zu of %zu elements off; relative L2 error %.3g\n", what.c_str(), bad, got.size(), rel);
+  INFO(what << ": relative L2 error " << rel << ", band " << t.rel_l2);
+  CHECK(bad == 0);
+  if (t.rel_l2 > 0.0) CHECK(rel <= t.rel_l2);
+}
+
+inline void expect_equal_bits(const std::string& what, const std::vector<unsigned char>& a,
+                              const std::vector<unsigned char>& b) {
+  INFO(what << ": two runs on the same inputs must give the same bits");
+  CHECK(a == b);
+}
+
+}  // namespace zp::gpu_test
