@@ -26,17 +26,12 @@ constexpr int kPLd = kTile + kPad<T>;  // forward: each warp's 16 × 64 probabil
 template <class T>
 constexpr int kCLd = kChunk + kPad<T>;  // backward: each warp's 16 × 16 P and dS
 
-// ------------------------------------------------------------------ warp tile product
+// ------------------------------------------------------------------ warp tile products
 // A warp's 16 × 8 fp32 tile C (lane = 4·g + t holds C[g][2t], C[g][2t+1], C[g+8][2t],
-// C[g+8][2t+1], the mma.sync accumulator layout) += A (16 × 16) · B (16 × 8), A row-major
-// in shared memory (a[i·lda + k]), B either "NK" (b[n·ldb + k]: the rows of K or V when
-// the product is against their transpose) or "KN" (b[k·ldb + n]).
+// C[g+8][2t+1], the mma.sync accumulator layout) += A (16 × 16) · B (16 × 8).
 __device__ __forceinline__ std::uint32_t ld32(const void* p) { return *static_cast<const std::uint32_t*>(p); }
-__device__ __forceinline__ std::uint32_t pack16(const void* lo, const void* hi) {
-  return static_cast<std::uint32_t>(*static_cast<const std::uint16_t*>(lo)) |
-         (static_cast<std::uint32_t>(*static_cast<const std::uint16_t*>(hi)) << 16);
-}
 
+// 16-bit operands on the tensor cores: m16n8k16, A and B as packed fragment registers.
 template <class T>
 __device__ __forceinline__ void mma16816(float (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
                                          std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
@@ -60,33 +55,91 @@ __device__ __forceinline__ void mma16816(float (&c)[4], std::uint32_t a0, std::u
 #endif
 }
 
-template <class T, bool NK>
-__device__ __forceinline__ void mma_tile(float (&c)[4], const T* a, int lda, const T* b, int ldb) {
+// fp32 operands on the CUDA cores (exact fp32 products, no TF32), in the same C layout: A
+// row-major in shared memory (a[i·lda + k]); B "NK" (b[n·ldb + k]: rows of K, V, Q or dO
+// when the product is against their transpose) or "KN" (b[k·ldb + n]).
+template <bool NK>
+__device__ __forceinline__ void fma_tile(float (&c)[4], const float* a, int lda, const float* b, int ldb) {
   const int lane = static_cast<int>(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
-  if constexpr (std::is_same_v<T, float>) {
 #pragma unroll
-    for (int kk = 0; kk < 16; ++kk) {
-      const float a0 = a[g * lda + kk], a1 = a[(g + 8) * lda + kk];
-      const float b0 = NK ? b[(2 * t) * ldb + kk] : b[kk * ldb + 2 * t];
-      const float b1 = NK ? b[(2 * t + 1) * ldb + kk] : b[kk * ldb + 2 * t + 1];
-      c[0] = fmaf(a0, b0, c[0]);
-      c[1] = fmaf(a0, b1, c[1]);
-      c[2] = fmaf(a1, b0, c[2]);
-      c[3] = fmaf(a1, b1, c[3]);
-    }
-  } else {
-    const std::uint32_t a0 = ld32(a + g * lda + 2 * t), a1 = ld32(a + (g + 8) * lda + 2 * t),
-                        a2 = ld32(a + g * lda + 2 * t + 8), a3 = ld32(a + (g + 8) * lda + 2 * t + 8);
-    std::uint32_t b0, b1;
-    if constexpr (NK) {
-      b0 = ld32(b + g * ldb + 2 * t);
-      b1 = ld32(b + g * ldb + 2 * t + 8);
-    } else {
-      b0 = pack16(b + (2 * t) * ldb + g, b + (2 * t + 1) * ldb + g);
-      b1 = pack16(b + (2 * t + 8) * ldb + g, b + (2 * t + 9) * ldb + g);
-    }
-    mma16816<T>(c, a0, a1, a2, a3, b0, b1);
+  for (int kk = 0; kk < 16; ++kk) {
+    const float a0 = a[g * lda + kk], a1 = a[(g + 8) * lda + kk];
+    const float b0 = NK ? b[(2 * t) * ldb + kk] : b[kk * ldb + 2 * t];
+    const float b1 = NK ? b[(2 * t + 1) * ldb + kk] : b[kk * ldb + 2 * t + 1];
+    c[0] = fmaf(a0, b0, c[0]);
+    c[1] = fmaf(a0, b1, c[1]);
+    c[2] = fmaf(a1, b0, c[2]);
+    c[3] = fmaf(a1, b1, c[3]);
   }
+}
+
+// ------------------------------------------------------------------ 16-bit fragments
+// The 16-bit path keeps its operands in registers as mma.sync fragments: Q (or the block's
+// K and V in the dK/dV kernel) loaded once per block, P and dS converted from the
+// accumulator layout of one product to the A-operand layout of the next without going
+// through shared memory (the C fragments of two adjacent n-tiles are exactly the A
+// fragment of a 16-wide k-step), and B operands stored [k][n] read with ldmatrix.trans.
+__device__ __forceinline__ int lane_g() { return static_cast<int>((threadIdx.x & 31) >> 2); }
+__device__ __forceinline__ int lane_t() { return static_cast<int>(threadIdx.x & 3); }
+
+// A fragment of the 16 × 16 block at s (row-major, ld elements per row).
+template <class T>
+__device__ __forceinline__ void frag_a(std::uint32_t (&a)[4], const T* s, int ld) {
+  const int g = lane_g(), t = lane_t();
+  a[0] = ld32(s + g * ld + 2 * t);
+  a[1] = ld32(s + (g + 8) * ld + 2 * t);
+  a[2] = ld32(s + g * ld + 2 * t + 8);
+  a[3] = ld32(s + (g + 8) * ld + 2 * t + 8);
+}
+
+// B fragment of a 16 (k) × 8 (n) block stored [n][k] at s (the rows of K, V, Q or dO).
+template <class T>
+__device__ __forceinline__ void frag_b_nk(std::uint32_t (&b)[2], const T* s, int ld) {
+  const int g = lane_g(), t = lane_t();
+  b[0] = ld32(s + g * ld + 2 * t);
+  b[1] = ld32(s + g * ld + 2 * t + 8);
+}
+
+// B fragments of two adjacent 16 (k) × 8 (n) blocks stored [k][n] at s: the first in r[0],
+// r[1], the next 8 columns in r[2], r[3] (four 8 × 8 matrices, transposed on the way).
+template <class T>
+__device__ __forceinline__ void frag_b_kn2(std::uint32_t (&r)[4], const T* s, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31), mi = lane >> 3;
+  const T* row = s + ((mi & 1) * 8 + (lane & 7)) * ld + (mi >> 1) * 8;
+  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// Two fp32 values rounded to T and packed (lo in the low half), as an mma operand register.
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  std::uint32_t r;
+  if constexpr (std::is_same_v<T, detail::bf16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  }
+  return r;
+}
+
+// The accumulators of n-tiles c0 (columns 0-7) and c1 (8-15) as the A fragment of a 16 × 16
+// block: a[0] = row g cols 2t, 2t+1; a[1] = row g+8; a[2], a[3] the same 8 columns on.
+template <class T>
+__device__ __forceinline__ void c_to_a(std::uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  mma16816<T>(c, a[0], a[1], a[2], a[3], b0, b1);
 }
 
 // ------------------------------------------------------------------ helpers
@@ -141,6 +194,20 @@ struct Args {
   std::uint64_t seed, offset;
 };
 
+template <class T>
+constexpr bool kTensor = !std::is_same_v<T, float>;  // 16-bit: tensor cores, operands in registers
+
+// Shared memory of each kernel (bytes): floats first, then the tiles.
+template <class T, int D>
+constexpr std::size_t kForwardSmem =
+    kTile * sizeof(float) + (3 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kPLd<T>)) * sizeof(T);
+template <class T, int D>
+constexpr std::size_t kDqSmem =
+    kTile * sizeof(float) + (4 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kCLd<T>)) * sizeof(T);
+template <class T, int D>
+constexpr std::size_t kDkDvSmem =
+    2 * kTile * sizeof(float) + (4 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 2 * 16 * kCLd<T>)) * sizeof(T);
+
 // ------------------------------------------------------------------ forward
 // Block (query tile x, head y); warp w owns rows q0 + 16w .. q0 + 16w + 15. Online softmax
 // over 64-key tiles: running max m and sum l per row, O rescaled when the max moves.
@@ -155,19 +222,23 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
   T* qs = reinterpret_cast<T*>(smem + kTile * sizeof(float));
   T* ks = qs + kTile * LD;
   T* vs = ks + kTile * LD;
-  T* ps = vs + kTile * LD;
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int g = lane >> 2, t = lane & 3;
+  [[maybe_unused]] T* pw = vs + kTile * LD + (threadIdx.x >> 5) * 16 * PLD;  // fp32 path: this warp's P
+  const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
   const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
   const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
   const std::int64_t head = bh * T_ * D;
   load_tile<T, D>(qs, q + head, q0, T_, args.vec);
+  __syncthreads();
+  [[maybe_unused]] std::uint32_t qf[kTensor<T> ? KS : 1][4];
+  if constexpr (kTensor<T>) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) frag_a(qf[kk], qs + (warp * 16) * LD + kk * 16, LD);
+  }
   const std::int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  T* pw = ps + warp * 16 * PLD;
   const std::int64_t key_end = args.causal ? (q0 + kTile < T_ ? q0 + kTile : T_) : T_;
   const std::int64_t tiles = (key_end + kTile - 1) / kTile;
   for (std::int64_t kb = 0; kb < tiles; ++kb) {
@@ -185,8 +256,15 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-        mma_tile<T, true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (nt * 8) * LD + kk * 16, LD);
+      for (int nt = 0; nt < 8; ++nt) {
+        if constexpr (kTensor<T>) {
+          std::uint32_t bf[2];
+          frag_b_nk(bf, ks + (nt * 8) * LD + kk * 16, LD);
+          mma<T>(s[nt], qf[kk], bf[0], bf[1]);
+        } else {
+          fma_tile<true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (nt * 8) * LD + kk * 16, LD);
+        }
+      }
 
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -223,31 +301,48 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[nt][e] *= alpha[e >> 1];
 
-    // P (dropped and rescaled where dropout is on) to this warp's rows in shared memory.
+    // Dropout on P (the normaliser l above is taken before it, as the CPU's P).
+    if (args.p > 0.0f) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int col = nt * 8 + 2 * t;
-        float p0 = s[nt][2 * half], p1 = s[nt][2 * half + 1];
-        if (args.p > 0.0f) {
+        for (int half = 0; half < 2; ++half) {
           float k0f, k1f;
           const std::uint64_t pos =
-              args.offset + static_cast<std::uint64_t>((bh * T_ + rows[half]) * T_ + k0 + col);
+              args.offset + static_cast<std::uint64_t>((bh * T_ + rows[half]) * T_ + k0 + nt * 8 + 2 * t);
           keep_pair(args.seed, pos, args.thresh, args.drop_scale, k0f, k1f);
-          p0 *= k0f;
-          p1 *= k1f;
+          s[nt][2 * half] *= k0f;
+          s[nt][2 * half + 1] *= k1f;
         }
-        pw[(g + 8 * half) * PLD + col] = from_float<T>(p0);
-        pw[(g + 8 * half) * PLD + col + 1] = from_float<T>(p1);
+    }
+    if constexpr (kTensor<T>) {
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        std::uint32_t pa[4];
+        c_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+          std::uint32_t bf[4];
+          frag_b_kn2(bf, vs + (kk * 16) * LD + nt * 8, LD);
+          mma<T>(acc[nt], pa, bf[0], bf[1]);
+          mma<T>(acc[nt + 1], pa, bf[2], bf[3]);
+        }
       }
-    __syncwarp();
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        mma_tile<T, false>(acc[nt], pw + kk * 16, PLD, vs + (kk * 16) * LD + nt * 8, LD);
-    __syncwarp();
+        for (int half = 0; half < 2; ++half) {
+          pw[(g + 8 * half) * PLD + nt * 8 + 2 * t] = s[nt][2 * half];
+          pw[(g + 8 * half) * PLD + nt * 8 + 2 * t + 1] = s[nt][2 * half + 1];
+        }
+      __syncwarp();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) fma_tile<false>(acc[nt], pw + kk * 16, PLD, vs + (kk * 16) * LD + nt * 8, LD);
+      __syncwarp();
+    }
   }
 
 #pragma unroll
@@ -294,14 +389,22 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
   T* dos = qs + kTile * LD;
   T* ks = dos + kTile * LD;
   T* vs = ks + kTile * LD;
-  T* dsw = vs + kTile * LD + (threadIdx.x >> 5) * 16 * CLD;
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int g = lane >> 2, t = lane & 3;
+  [[maybe_unused]] T* dsw = vs + kTile * LD + (threadIdx.x >> 5) * 16 * CLD;  // fp32 path: this warp's dS
+  const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
   const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
   const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
   const std::int64_t head = bh * T_ * D;
   load_tile<T, D>(qs, q + head, q0, T_, args.vec);
   load_tile<T, D>(dos, dout + head, q0, T_, args.vec);
+  __syncthreads();
+  [[maybe_unused]] std::uint32_t qf[kTensor<T> ? KS : 1][4], dof[kTensor<T> ? KS : 1][4];
+  if constexpr (kTensor<T>) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      frag_a(qf[kk], qs + (warp * 16) * LD + kk * 16, LD);
+      frag_a(dof[kk], dos + (warp * 16) * LD + kk * 16, LD);
+    }
+  }
   const std::int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float L[2], Dv[2];
 #pragma unroll
@@ -333,9 +436,18 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
       for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          mma_tile<T, true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (kc + nt * 8) * LD + kk * 16, LD);
-          mma_tile<T, true>(dp[nt], dos + (warp * 16) * LD + kk * 16, LD, vs + (kc + nt * 8) * LD + kk * 16, LD);
+          if constexpr (kTensor<T>) {
+            std::uint32_t bf[2];
+            frag_b_nk(bf, ks + (kc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(s[nt], qf[kk], bf[0], bf[1]);
+            frag_b_nk(bf, vs + (kc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(dp[nt], dof[kk], bf[0], bf[1]);
+          } else {
+            fma_tile<true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (kc + nt * 8) * LD + kk * 16, LD);
+            fma_tile<true>(dp[nt], dos + (warp * 16) * LD + kk * 16, LD, vs + (kc + nt * 8) * LD + kk * 16, LD);
+          }
         }
+      // dS in place of S.
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -352,14 +464,29 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
             const bool valid = jj < T_ && !(args.causal && jj > i);
             const float x = s[nt][2 * half + e2] * args.scale + mask_s[col + e2];
             const float P = valid ? expf(x - L[half]) : 0.0f;
-            const float ds = P * (dp[nt][2 * half + e2] * kf[e2] - Dv[half]) * args.scale;
-            dsw[(g + 8 * half) * CLD + nt * 8 + 2 * t + e2] = from_float<T>(ds);
+            s[nt][2 * half + e2] = P * (dp[nt][2 * half + e2] * kf[e2] - Dv[half]) * args.scale;
           }
         }
-      __syncwarp();
+      if constexpr (kTensor<T>) {
+        std::uint32_t da[4];
+        c_to_a<T>(da, s[0], s[1]);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma_tile<T, false>(acc[nt], dsw, CLD, ks + kc * LD + nt * 8, LD);
-      __syncwarp();
+        for (int nt = 0; nt < NT; nt += 2) {
+          std::uint32_t bf[4];
+          frag_b_kn2(bf, ks + kc * LD + nt * 8, LD);
+          mma<T>(acc[nt], da, bf[0], bf[1]);
+          mma<T>(acc[nt + 1], da, bf[2], bf[3]);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dsw[(g + 8 * (e >> 1)) * CLD + nt * 8 + 2 * t + (e & 1)] = s[nt][e];
+        __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) fma_tile<false>(acc[nt], dsw, CLD, ks + kc * LD + nt * 8, LD);
+        __syncwarp();
+      }
     }
   }
 #pragma unroll
@@ -387,6 +514,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
                                                             const float* __restrict__ dvec,
                                                             const T* __restrict__ mask, Args args) {
   constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16;
+  // The block's own K and V as A fragments in registers, where registers allow.
+  constexpr bool kCache = kTensor<T> && D <= 64;
   extern __shared__ __align__(16) unsigned char smem[];
   float* ls = reinterpret_cast<float*>(smem);
   float* dvs = ls + kTile;
@@ -394,15 +523,23 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
   T* vs = ks + kTile * LD;
   T* qs = vs + kTile * LD;
   T* dos = qs + kTile * LD;
-  T* ptw = dos + kTile * LD + (threadIdx.x >> 5) * 2 * 16 * CLD;
-  T* dstw = ptw + 16 * CLD;
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int g = lane >> 2, t = lane & 3;
+  [[maybe_unused]] T* ptw = dos + kTile * LD + (threadIdx.x >> 5) * 2 * 16 * CLD;  // fp32 path: Pᵀ, dSᵀ
+  [[maybe_unused]] T* dstw = ptw + 16 * CLD;
+  const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
   const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
   const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
   const std::int64_t head = bh * T_ * D;
   load_tile<T, D>(ks, k + head, k0, T_, args.vec);
   load_tile<T, D>(vs, v + head, k0, T_, args.vec);
+  __syncthreads();
+  [[maybe_unused]] std::uint32_t kf[kCache ? KS : 1][4], vf[kCache ? KS : 1][4];
+  if constexpr (kCache) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      frag_a(kf[kk], ks + (warp * 16) * LD + kk * 16, LD);
+      frag_a(vf[kk], vs + (warp * 16) * LD + kk * 16, LD);
+    }
+  }
   const std::int64_t keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
   float mk[2];
 #pragma unroll
@@ -432,12 +569,36 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk)
+      for (int kk = 0; kk < KS; ++kk) {
+        if constexpr (kTensor<T>) {
+          std::uint32_t ka[4], va[4];
+          if constexpr (kCache) {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          mma_tile<T, true>(st[nt], ks + (warp * 16) * LD + kk * 16, LD, qs + (qc + nt * 8) * LD + kk * 16, LD);
-          mma_tile<T, true>(dpt[nt], vs + (warp * 16) * LD + kk * 16, LD, dos + (qc + nt * 8) * LD + kk * 16, LD);
+            for (int r = 0; r < 4; ++r) {
+              ka[r] = kf[kk][r];
+              va[r] = vf[kk][r];
+            }
+          } else {
+            frag_a(ka, ks + (warp * 16) * LD + kk * 16, LD);
+            frag_a(va, vs + (warp * 16) * LD + kk * 16, LD);
+          }
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            std::uint32_t bf[2];
+            frag_b_nk(bf, qs + (qc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(st[nt], ka, bf[0], bf[1]);
+            frag_b_nk(bf, dos + (qc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(dpt[nt], va, bf[0], bf[1]);
+          }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            fma_tile<true>(st[nt], ks + (warp * 16) * LD + kk * 16, LD, qs + (qc + nt * 8) * LD + kk * 16, LD);
+            fma_tile<true>(dpt[nt], vs + (warp * 16) * LD + kk * 16, LD, dos + (qc + nt * 8) * LD + kk * 16, LD);
+          }
         }
+      }
+      // Pᵀ ∘ keep in place of Sᵀ, dSᵀ in place of dPᵀ.
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -447,21 +608,44 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
           const bool valid = i < T_ && j < T_ && !(args.causal && j > i);
           const float x = st[nt][e] * args.scale + mk[half];
           const float P = valid ? expf(x - ls[cl]) : 0.0f;
-          float kf = 1.0f;
+          float kf1 = 1.0f;
           if (args.p > 0.0f && valid)
-            kf = keep_one(args.seed, args.offset + static_cast<std::uint64_t>((bh * T_ + i) * T_ + j), args.thresh,
-                          args.drop_scale);
-          const int at = (g + 8 * half) * CLD + nt * 8 + 2 * t + (e & 1);
-          ptw[at] = from_float<T>(P * kf);
-          dstw[at] = from_float<T>(P * (dpt[nt][e] * kf - dvs[cl]) * args.scale);
+            kf1 = keep_one(args.seed, args.offset + static_cast<std::uint64_t>((bh * T_ + i) * T_ + j), args.thresh,
+                           args.drop_scale);
+          st[nt][e] = P * kf1;
+          dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]) * args.scale;
         }
-      __syncwarp();
+      if constexpr (kTensor<T>) {
+        std::uint32_t pa[4], da[4];
+        c_to_a<T>(pa, st[0], st[1]);
+        c_to_a<T>(da, dpt[0], dpt[1]);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        mma_tile<T, false>(dv_acc[nt], ptw, CLD, dos + qc * LD + nt * 8, LD);
-        mma_tile<T, false>(dk_acc[nt], dstw, CLD, qs + qc * LD + nt * 8, LD);
+        for (int nt = 0; nt < NT; nt += 2) {
+          std::uint32_t bf[4];
+          frag_b_kn2(bf, dos + qc * LD + nt * 8, LD);
+          mma<T>(dv_acc[nt], pa, bf[0], bf[1]);
+          mma<T>(dv_acc[nt + 1], pa, bf[2], bf[3]);
+          frag_b_kn2(bf, qs + qc * LD + nt * 8, LD);
+          mma<T>(dk_acc[nt], da, bf[0], bf[1]);
+          mma<T>(dk_acc[nt + 1], da, bf[2], bf[3]);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int at = (g + 8 * (e >> 1)) * CLD + nt * 8 + 2 * t + (e & 1);
+            ptw[at] = st[nt][e];
+            dstw[at] = dpt[nt][e];
+          }
+        __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          fma_tile<false>(dv_acc[nt], ptw, CLD, dos + qc * LD + nt * 8, LD);
+          fma_tile<false>(dk_acc[nt], dstw, CLD, qs + qc * LD + nt * 8, LD);
+        }
+        __syncwarp();
       }
-      __syncwarp();
     }
   }
 #pragma unroll
@@ -540,8 +724,7 @@ void sdpa_forward(void* o, float* lse, const void* q, const void* k, const void*
     using E = decltype(tag);
     dispatch_head_dim(D, [&](auto dim) {
       constexpr int Dc = decltype(dim)::value;
-      const std::size_t bytes =
-          kTile * sizeof(float) + (3 * kTile * kLd<E, Dc> + kWarps * 16 * kPLd<E>) * sizeof(E);
+      const std::size_t bytes = kForwardSmem<E, Dc>;
       allow_smem(sdpa_forward_kernel<E, Dc>, bytes);
       const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
       sdpa_forward_kernel<E, Dc><<<grid, kThreads, bytes, stream>>>(
@@ -573,15 +756,14 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
           dvec, static_cast<const E*>(dout), static_cast<const E*>(o), rows);
       ZP_CUDA_CHECK_LAUNCH("row_terms_kernel");
 
-      const std::size_t dq_bytes = kTile * sizeof(float) + (4 * kTile * kLd<E, Dc> + kWarps * 16 * kCLd<E>) * sizeof(E);
+      const std::size_t dq_bytes = kDqSmem<E, Dc>;
       allow_smem(sdpa_dq_kernel<E, Dc>, dq_bytes);
       sdpa_dq_kernel<E, Dc><<<grid, kThreads, dq_bytes, stream>>>(
           static_cast<E*>(dq), static_cast<const E*>(dout), static_cast<const E*>(q), static_cast<const E*>(k),
           static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
       ZP_CUDA_CHECK_LAUNCH("sdpa_dq_kernel");
 
-      const std::size_t kv_bytes =
-          2 * kTile * sizeof(float) + (4 * kTile * kLd<E, Dc> + kWarps * 2 * 16 * kCLd<E>) * sizeof(E);
+      const std::size_t kv_bytes = kDkDvSmem<E, Dc>;
       allow_smem(sdpa_dkdv_kernel<E, Dc>, kv_bytes);
       sdpa_dkdv_kernel<E, Dc><<<grid, kThreads, kv_bytes, stream>>>(
           static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
