@@ -38,7 +38,7 @@ void set_attr(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t
   ZP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
 }
 
-// y[i, j] += bias[j] for the rows of each batch item (bias pointers cuBLASLt does not take).
+// y[i, j] += bias[j] (an empty product: C = bias).
 template <class T>
 __global__ void add_bias_kernel(T* __restrict__ c, const T* __restrict__ bias, std::int64_t rows, std::int64_t n) {
   const std::int64_t total = rows * n;
@@ -132,7 +132,16 @@ void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
     return;
   }
   Context::Impl& s = ctx.impl();
-  const bool epilogue_bias = mm.bias != nullptr && detail::aligned16(mm.bias);
+  // The bias always goes through the epilogue (one rounding, as PyTorch's addmm): a bias
+  // that is not 16-byte aligned is copied to the Context's scratch first.
+  const void* bias = mm.bias;
+  if (bias != nullptr && !detail::aligned16(bias)) {
+    void* aligned = ctx.scratch(static_cast<std::size_t>(mm.n * elem), "linear bias");
+    ZP_CUDA_CHECK(cudaMemcpyAsync(aligned, bias, static_cast<std::size_t>(mm.n * elem), cudaMemcpyDeviceToDevice,
+                                  stream));
+    bias = aligned;
+  }
+  const bool epilogue_bias = bias != nullptr;
   const int align_a = alignment(mm.a, mm.stride_a * elem, mm.batch);
   const int align_b = alignment(mm.b, mm.stride_b * elem, mm.batch);
   const int align_c = alignment(mm.c, mm.stride_c * elem, mm.batch);
@@ -144,11 +153,10 @@ void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
     it = s.plans.emplace(key, plan).first;
   }
   const MatmulPlan& plan = it->second;
-  if (epilogue_bias) set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, mm.bias);
+  if (epilogue_bias) set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.0f, beta = mm.accumulate ? 1.0f : 0.0f;
   ZP_CUBLAS_CHECK(cublasLtMatmul(s.lt, plan.op, &alpha, mm.b, plan.a, mm.a, plan.b, &beta, mm.c, plan.c, mm.c, plan.c,
                                  &plan.algo, s.workspace, s.workspace_bytes, stream));
-  if (mm.bias != nullptr && !epilogue_bias) add_bias(mm, stream);
 }
 
 void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k,

@@ -1,7 +1,8 @@
 #pragma once
 // Fully connected layers (kernels/cpu/linear.hpp's twins): nn.Linear (weight (out, in))
 // and GPT-2's Conv1D (weight (in, out)), through cuBLASLt with fp32 accumulation; the
-// forward's bias is the GEMM's epilogue (one rounding, as PyTorch's addmm). Every gradient
+// forward's bias is the GEMM's epilogue (one rounding, as PyTorch's addmm; a bias that is not
+// 16-byte aligned is copied to the Context's scratch first). Every gradient
 // output may be nullptr (not needed); `accumulate` adds into all of them (beta = 1).
 #include <cstdint>
 

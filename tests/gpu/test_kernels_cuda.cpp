@@ -555,7 +555,7 @@ TEST_CASE("gemm and bmm: every transposition, accumulate, ragged and aligned sha
       }
 }
 
-TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned) or after it (misaligned); backward; bias_backward") {
+TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied aligned first); backward; bias_backward") {
   kg::Context ctx;
   for (DType dt : kDtypes)
     for (std::size_t bias_offset : {std::size_t{0}, std::size_t{4}})
