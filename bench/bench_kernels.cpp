@@ -1,12 +1,16 @@
 // CPU kernel throughput: the GEMMs of a 4-layer, hidden-256 GPT-2 at micro-batch 8,
-// sequence 128 (M = 1024 token rows), against a plain Eigen GEMM as the reference peak.
-// Target: linear forward and backward at >= 70% of BM_EigenPeak's GFLOP/s.
+// sequence 128 (M = 1024 token rows), against a square GEMM as the reference peak.
+// Target: linear forward and backward at >= 70% of BM_GemmPeak's GFLOP/s for the variant
+// in use. BM_GemmPeak/<isa> runs each GEMM variant of this build that this CPU supports
+// (kernels/cpu/isa.hpp); the linear benchmarks run the one the kernels pick
+// (ZEROPLAN_CPU_ISA=baseline|avx2|avx512 to pick another).
 #include <benchmark/benchmark.h>
 
-#include <Eigen/Core>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/loss.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/rng.hpp"
@@ -82,16 +86,15 @@ void BM_Conv1dBackward(benchmark::State& state) {
   set_gflops(state, 4.0 * static_cast<double>(M * N * K));
 }
 
-// Reference: a plain Eigen row-major float GEMM, 1024 x 1024 x 1024.
-void BM_EigenPeak(benchmark::State& state) {
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const Eigen::Index n = 1024;
+// Reference: a square row-major fp32 GEMM, 1024 x 1024 x 1024, through one variant.
+void BM_GemmPeak(benchmark::State& state, kc::Isa isa) {
+  const std::int64_t n = 1024;
   const auto a = random_buffer(n * n, 5), b = random_buffer(n * n, 6);
-  const Eigen::Map<const RowMat> A(a.data(), n, n), B(b.data(), n, n);
-  RowMat C(n, n);
+  std::vector<float> c(static_cast<std::size_t>(n * n));
+  const kc::GemmFn gemm = kc::gemm_fn(isa);
   for (auto _ : state) {
-    C.noalias() = A * B;
-    benchmark::DoNotOptimize(C.data());
+    gemm(c.data(), a.data(), b.data(), n, n, n, false, false, false);
+    benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
   set_gflops(state, 2.0 * static_cast<double>(n * n * n));
@@ -127,11 +130,21 @@ void BM_CrossEntropy(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(N * V), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_EigenPeak)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CrossEntropy)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LinearForward)->Apply(gpt2_shapes)->ArgNames({"K", "N"})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LinearBackward)->Apply(gpt2_shapes)->ArgNames({"K", "N"})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv1dForward)->Apply(gpt2_layer_shapes)->ArgNames({"K", "N"})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv1dBackward)->Apply(gpt2_layer_shapes)->ArgNames({"K", "N"})->Unit(benchmark::kMillisecond);
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  for (const kc::Isa isa : kc::built_isas())
+    if (kc::cpu_supports(isa))
+      benchmark::RegisterBenchmark((std::string("BM_GemmPeak/") + kc::isa_name(isa)).c_str(), BM_GemmPeak, isa)
+          ->Unit(benchmark::kMillisecond);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("gemm_variant_in_use", kc::isa_name(kc::gemm_isa()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,4 +1,6 @@
-// zeroplan: predict DeepSpeed ZeRO memory (and, later, time) before spending GPU hours.
+// zeroplan: predict the memory and time of DeepSpeed ZeRO training before spending GPU hours,
+// explain them, plan the best configuration, train it for real on CPU ranks and compare.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -7,12 +9,15 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include "core/json_util.hpp"
+#include "models/graph.hpp"
 #include <fmt/format.h>
 
 #include "cli/collectives.hpp"
 #include "cli/compare.hpp"
 #include "cli/explain.hpp"
 #include "cli/plan.hpp"
+#include "cli/report.hpp"
 #include "cli/simulate.hpp"
 #include "core/error.hpp"
 #include "exec/comm.hpp"
@@ -37,8 +42,39 @@ std::vector<int> parse_stages(const std::string& s) {
   return out;
 }
 
+// The first argument when it names no subcommand: "zeroplan nosuch", "zeroplan nosuch --help".
+// CLI11 would say "A subcommand is required", or print the main help with exit 0, so this is
+// answered before parsing: unknown, with the closest name. The names come from the parser, so
+// every subcommand registered on `app` is known without a list here.
+std::optional<std::string> unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2) return std::nullopt;
+  const std::string first = argv[1];
+  if (first.empty() || first[0] == '-') return std::nullopt;  // --help, or an option CLI11 will judge
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names.push_back(sub->get_name());
+    for (const auto& a : sub->get_aliases()) names.push_back(a);
+  }
+  for (const auto& n : names)
+    if (n == first) return std::nullopt;
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  std::string msg = fmt::format("unknown subcommand '{}'", zp::json::printable(first));
+  if (const std::string near = zp::json::closest(first, names); !near.empty()) {
+    msg += fmt::format("; did you mean '{}'?", near);
+  } else {
+    // Nothing within a typo's distance: still name the nearest one.
+    const auto best = std::min_element(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
+      return zp::json::edit_distance(first, a) < zp::json::edit_distance(first, b);
+    });
+    if (best != names.end()) msg += fmt::format("; the closest subcommand is '{}'", *best);
+  }
+  msg += fmt::format(" (subcommands: {}; zeroplan --help describes them)", list);
+  return msg;
+}
+
 void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::string& seq) {
-  c->add_option("--model", r.model, "catalogue name (zeroplan models) or path to a HF config.json")->required();
+  c->add_option("--model", r.model, "catalogue name or hub id (zeroplan models), or path to a HF config.json")->required();
   c->add_option("--ds-config", r.ds_config, "DeepSpeed config JSON (default: DeepSpeed's defaults)");
   c->add_option("--gpus", r.gpus, "data-parallel world size N (default: the cluster's GPUs)");
   c->add_option("--gpu", r.gpu, "GPU type for --gpus N (zeroplan devices)");
@@ -50,7 +86,7 @@ void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::st
   c->add_option("--seq-len", seq, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
   c->add_flag("--json", r.json, "machine-readable output");
-  c->add_option("--attention", r.attention, "eager (HF eager attention, the default) or sdpa (flash / memory-efficient kernels)");
+  c->add_option("--attention", r.attention, zp::cli::attention_help());
   c->add_option("--rank", r.rank, "rank to simulate (default: the one with the most rank-dependent bytes)");
 }
 
@@ -78,7 +114,10 @@ void print_warnings(const std::vector<std::string>& ws) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"zeroplan: predict DeepSpeed ZeRO memory per stage, and explain it"};
+  CLI::App app{"zeroplan: predicts the memory and time of DeepSpeed ZeRO training (stages 0-3, offload, buckets) on a "
+               "cluster from a Hugging Face config.json and a ds_config, explains the difference between two "
+               "configurations, plans the best one, trains it for real on CPU ranks, and compares the prediction "
+               "with the measurement"};
   app.require_subcommand(1);
 
   zp::cli::SimRequest sim_req;
@@ -119,7 +158,7 @@ int main(int argc, char** argv) {
   std::string tr_seq, tr_limit, tr_micro;
   auto* train = app.add_subcommand("train", "train the model for real with the config's ZeRO stage on CPU ranks "
                                             "(run under mpirun -np N) and measure memory, bytes and time");
-  train->add_option("--model", tr.model, "catalogue name or path to a HF config.json")->required();
+  train->add_option("--model", tr.model, "catalogue name or hub id (zeroplan models), or path to a HF config.json")->required();
   train->add_option("--ds-config", tr.ds_config, "DeepSpeed config JSON (default: DeepSpeed's defaults)");
   train->add_option("--steps", tr.steps, "optimizer steps (default 10)");
   train->add_option("--seed", tr.seed, "seed for initial weights, data and dropout (default 1234)");
@@ -127,7 +166,7 @@ int main(int argc, char** argv) {
   train->add_option("--seq-len", tr_seq, "sequence length (default: the model's max positions)");
   train->add_option("--micro-batch", tr_micro, "override train_micro_batch_size_per_gpu (GAS follows)");
   train->add_flag("--activation-checkpointing", tr.activation_checkpointing, "per-layer activation checkpointing");
-  train->add_option("--attention", tr.attention, "eager (default) or sdpa (fused attention, as simulate --attention sdpa)");
+  train->add_option("--attention", tr.attention, zp::cli::attention_help());
   train->add_option("--memory-limit", tr_limit, "device bytes that may be live at once (K/M/G suffixes)");
   train->add_option("--out", tr.out, "measurements JSON (FILE.rankR.json per rank when N > 1)");
   train->add_flag("--quiet", tr.quiet, "no per-step lines");
@@ -147,7 +186,7 @@ int main(int argc, char** argv) {
   std::string plan_seq, plan_global;
   auto* pl = app.add_subcommand("plan", "find the best ZeRO stage, buckets and micro-batch for a model on a cluster, "
                                         "and write its ds_config");
-  pl->add_option("--model", plan_req.base.model, "catalogue name (zeroplan models) or path to a HF config.json")->required();
+  pl->add_option("--model", plan_req.base.model, "catalogue name or hub id (zeroplan models), or path to a HF config.json")->required();
   pl->add_option("--ds-config", plan_req.base.ds_config, "BASE.json: kept as is except the searched keys");
   pl->add_option("--cluster", plan_req.base.cluster, "cluster preset (zeroplan clusters), JSON file or NCCL topology XML");
   pl->add_option("--nodes", plan_req.base.nodes, "multiply the cluster's node across an InfiniBand fabric");
@@ -156,7 +195,7 @@ int main(int argc, char** argv) {
   pl->add_option("--gpu", plan_req.base.gpu, "GPU type for --gpus N (zeroplan devices)");
   pl->add_option("--global-batch", plan_global, "train_batch_size (default: BASE.json's)");
   pl->add_option("--seq-len", plan_seq, "sequence length (default: the model's max positions)");
-  pl->add_option("--attention", plan_req.base.attention, "eager (default) or sdpa");
+  pl->add_option("--attention", plan_req.base.attention, zp::cli::attention_help());
   pl->add_flag("--activation-checkpointing", plan_req.base.activation_checkpointing,
                "the model checkpoints activations (the base value when checkpointing is not searched)");
   pl->add_option("--objective", plan_req.objective, "throughput (default), memory, or cost");
@@ -176,10 +215,17 @@ int main(int argc, char** argv) {
   pl->add_option("--verify-launcher", plan_req.verify_launcher, "rank launcher, {N} = ranks (default: mpirun --oversubscribe -np {N})");
   pl->add_flag("--json", plan_req.base.json, "machine-readable output");
 
+  zp::cli::ReportRequest rep_req;
+  auto* rep = zp::cli::add_report_command(app, rep_req);
+
   auto* clusters = app.add_subcommand("clusters", "list the cluster presets");
   auto* models = app.add_subcommand("models", "list the model catalogue");
   auto* devices = app.add_subcommand("devices", "list the device database");
 
+  if (const auto unknown = unknown_subcommand(app, argc, argv)) {
+    std::fprintf(stderr, "zeroplan: %s\n", unknown->c_str());
+    return zp::kExitBadInput;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -199,6 +245,12 @@ int main(int argc, char** argv) {
       if (!tr_seq.empty()) tr.seq_len = parse_positive("--seq-len", tr_seq);
       if (!tr_micro.empty()) tr.micro_batch = parse_positive("--micro-batch", tr_micro);
       if (!tr_limit.empty()) tr.memory_limit = zp::cli::parse_size("--memory-limit", tr_limit);
+      if (const auto m = zp::models::load_model(tr.model); !m.rope_type.empty())
+        throw zp::InputError(m.source, "rope_scaling",
+                             fmt::format("rope_type \"{}\" rescales the rotary frequencies, which the CPU executor does "
+                                         "not apply (simulate and plan model the run: it changes neither memory nor "
+                                         "time); train a config.json without rope_scaling",
+                                         m.rope_type));
       zp::exec::train(tr, *comm);
     } catch (const zp::InputError& e) {
       if (comm->rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
@@ -256,6 +308,11 @@ int main(int argc, char** argv) {
       const auto kinds = zp::cli::parse_coll_kinds("--ops", coll_ops);
       if (coll_json) std::cout << zp::cli::collectives_json(cluster, ranks, lo, hi, coll_factor, kinds).dump(2) << "\n";
       else std::cout << zp::cli::collectives_table(cluster, ranks, lo, hi, coll_factor, kinds);
+    } else if (*rep) {
+      rep_req.command = zp::cli::report_command_line(argc, argv);
+      const auto o = zp::cli::run_report(rep_req, argv[0]);
+      print_warnings(o.warnings);
+      std::cout << o.summary;
     } else if (*cmp) {
       const auto c = zp::cli::compare(cmp_req);
       if (cmp_req.json) std::cout << c.json.dump(2) << "\n";
@@ -266,10 +323,19 @@ int main(int argc, char** argv) {
         std::cout << fmt::format("{:<24} {} x {} per node, {} node(s)\n", n, c.gpus_per_node, c.gpu, c.nodes);
       }
     } else if (*models) {
+      const auto ids = zp::models::hub_ids();
       for (const auto& n : zp::models::catalog_names()) {
         const auto m = zp::models::load_model(n);
-        std::cout << fmt::format("{:<22} {:<8} layers {:>3}  hidden {:>5}  heads {:>3}  vocab {:>6}\n", n, m.model_type,
-                                 m.layers, m.hidden, m.heads, m.vocab);
+        // Parameters counted on a one-token graph (the count does not depend on the shape).
+        zp::models::GraphOptions go;
+        go.seq_len = 1;
+        const std::int64_t params = zp::models::build_graph(m, go).param_count();
+        std::string hub;
+        for (const auto& [id, name] : ids)
+          if (name == n) hub += (hub.empty() ? "" : ", ") + id;
+        std::cout << fmt::format("{:<18} {:<8} {:>15} params  layers {:>3}  hidden {:>5}  heads {:>3}/{:<3} vocab {:>6}  {}\n",
+                                 n, m.model_type, fmt::group_digits(params), m.layers, m.hidden, m.heads, m.kv_heads,
+                                 m.vocab, hub);
       }
     } else if (*devices) {
       for (const auto& d : zp::sim::devices())

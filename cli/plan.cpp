@@ -257,6 +257,8 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
   const planner::PlanResult res = req.exhaustive ? planner::exhaustive(pb, space, req.threads)
                                                  : planner::plan(pb, space, req.threads);
   PlanOutput out;
+  out.problem = pb;
+  out.result = res;
   out.warnings = in.warnings;
   std::string& t = out.text;
   const auto& st = res.stats;
@@ -469,6 +471,7 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
       std::string cmd = fmt::format("{} {} train --model {} --ds-config {} --steps {} --seq-len {} --out {}", launch,
                                     shell_quote(self_exe), shell_quote(req.base.model), shell_quote(cfgp.string()),
                                     req.verify_steps, pb.seq_len, shell_quote(meas.string()));
+      cmd += fmt::format(" --attention {}", models::attention_name(pb.attention));
       if (get(e.knobs, Dim::activation_checkpointing)) cmd += " --activation-checkpointing";
       const fs::path log = dir / fmt::format("candidate{}.log", n);
       cmd += fmt::format(" > {} 2>&1", shell_quote(log.string()));

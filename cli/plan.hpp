@@ -35,6 +35,8 @@ struct PlanOutput {
   std::string text;
   nlohmann::json json;
   int exit_code = 0;
+  planner::Problem problem;           // what was searched, and how (for `zeroplan report`)
+  planner::PlanResult result;
 };
 
 // Validates the request (headroom in (0, 1], known search keys and objective, a global

@@ -17,6 +17,12 @@ namespace {
 constexpr std::size_t kPathEventsShown = 10;  // critical-path events in the table
 }  // namespace
 
+std::string attention_help() {
+  return fmt::format("eager, sdpa or flash_attention_2, as transformers names them (default: the config.json's "
+                     "attn_implementation, else {}, what transformers picks)",
+                     models::attention_name(models::kDefaultAttention));
+}
+
 std::string human_bytes(Bytes b) {
   const double v = static_cast<double>(b.v);
   const double a = std::fabs(v);
@@ -61,10 +67,11 @@ Inputs load_inputs(const SimRequest& req) {
     in.profile.comm_compute_interference = *req.interference;
   }
   in.rank = req.rank;
-  if (req.attention == "eager") in.attention = models::Attention::eager;
-  else if (req.attention == "sdpa") in.attention = models::Attention::sdpa;
-  else throw InputError("--attention", "", fmt::format("must be one of eager, sdpa, got '{}'", req.attention));
+  // --attention's value is checked before the model is read, so a bad value is named first.
+  if (!req.attention.empty()) (void)models::parse_attention("--attention", "", req.attention);
   in.model = models::load_model(req.model);
+  const models::AttentionChoice attention = models::choose_attention(in.model, req.attention);
+  in.attention = attention.attention;
   if (req.ds_config.empty()) {
     // No config: DeepSpeed's defaults, with one sample per GPU per micro-step.
     in.cfg = zero::default_ds_config();
@@ -78,6 +85,7 @@ Inputs load_inputs(const SimRequest& req) {
                                                   in.model.max_positions, in.model.name, in.seq_len));
   in.activation_checkpointing = req.activation_checkpointing || in.cfg.activation_checkpointing_present;
   in.warnings = in.cfg.warnings;
+  if (!attention.note.empty()) in.warnings.push_back(attention.note);
   if (in.cfg.sparse_attention.present)
     in.warnings.push_back(fmt::format(
         "{}: sparse_attention: accepted but not modelled: attention FLOPs and memory are predicted for dense "

@@ -37,7 +37,7 @@ struct SimRequest {
   std::optional<std::int64_t> seq_len;
   bool activation_checkpointing = false;
   std::optional<int> rank;               // default: the rank with the most rank-dependent bytes
-  std::string attention = "eager";       // eager | sdpa
+  std::string attention;                 // eager | sdpa | flash_attention_2; empty: the config.json's, else sdpa
   bool json = false;
   bool critical_path = false;            // --critical-path: the path event by event
   bool check_batch = true;               // false: the caller sets the batch (plan)
@@ -55,7 +55,7 @@ struct Inputs {
   std::int64_t seq_len = 0;
   bool activation_checkpointing = false;
   std::optional<int> rank;
-  models::Attention attention = models::Attention::eager;
+  models::Attention attention = models::kDefaultAttention;
   std::vector<std::string> warnings;
 };
 
@@ -95,6 +95,9 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
 std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs, bool critical_path = false);
 // The Chrome trace of every result (one process per stage and rank).
 nlohmann::json simulate_trace(const std::vector<StageResult>& rs);
+
+// --attention's help, with the default read from the code (models::kDefaultAttention).
+std::string attention_help();
 
 // Human-readable sizes: "1.23 GiB", "512.0 MiB".
 std::string human_bytes(Bytes b);

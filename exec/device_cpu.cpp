@@ -52,13 +52,14 @@ SdpaOperands sdpa_operands(const models::OpGraph& g, const models::Op& op) {
   s.B = o[0], s.H = o[1], s.T = o[2], s.D = o[3];
   s.causal = op.inputs.size() != 4;
   const auto& in0 = g.tensors[U(op.inputs[0])].shape;
+  // q, k, v are inputs 0, 1, 2, or column blocks of the one packed input.
+  if (op.inputs.size() != 1)
+    for (int i = 0; i < 3; ++i) s.source[i] = i;
   if (in0.size() == 4) return s;
   s.width = in0[2];
   const std::int64_t C = s.H * s.D;
-  for (int i = 0; i < 3; ++i) {
-    if (op.inputs.size() == 1) s.col[i] = i * C;
-    else s.source[i] = i;
-  }
+  if (op.inputs.size() == 1)
+    for (int i = 0; i < 3; ++i) s.col[i] = i * C;
   return s;
 }
 }  // namespace
@@ -260,6 +261,21 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
       cpu::sdpa_forward(act(y), act(op.outputs[1]), qkv[0], qkv[1], qkv[2], mask, s.B, s.H, s.T, s.D, s.causal,
                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D))), alpha, dropout_seed(),
                         static_cast<std::uint64_t>(op.id) << 32);
+      break;
+    }
+    case Fn::flash_attention: {
+      // transformers' flash_attention_2 (models::flash_layout): strided heads, k and v with K heads.
+      const models::FlashLayout f = models::flash_layout(graph, op);
+      auto base = [&](const models::HeadsOperand& h) { return act(h.tensor) + h.offset; };
+      auto st = [](const models::HeadsOperand& h) { return cpu::HeadStrides{h.sb, h.sh, h.st}; };
+      // rng_state as flash-attn keeps it: the dropout stream's seed and offset.
+      auto* rng = reinterpret_cast<std::int64_t*>(act(f.rng));
+      rng[0] = static_cast<std::int64_t>(dropout_seed());
+      rng[1] = static_cast<std::int64_t>(static_cast<std::uint64_t>(op.id) << 32);
+      cpu::attention_forward(base(f.o), st(f.o), act(f.lse), base(f.q), st(f.q), base(f.k), st(f.k), base(f.v),
+                             st(f.v), nullptr, f.B, f.H, f.K, f.T, f.D, f.causal,
+                             static_cast<float>(1.0 / std::sqrt(static_cast<double>(f.D))), alpha,
+                             static_cast<std::uint64_t>(rng[0]), static_cast<std::uint64_t>(rng[1]));
       break;
     }
     case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
@@ -493,6 +509,25 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
         if (s.width == 0) cpu::copy_accumulate(g, grads[i], n4, true);
         else cpu::split_heads_backward(g, grads[i], s.B, s.T, s.H, s.D, s.width, s.col[i], true);
       }
+      break;
+    }
+    case Fn::flash_attention: {
+      const models::FlashLayout f = models::flash_layout(graph, op);
+      auto base = [&](const models::HeadsOperand& h) { return act(h.tensor) + h.offset; };
+      auto st = [](const models::HeadsOperand& h) { return cpu::HeadStrides{h.sb, h.sh, h.st}; };
+      // The gradients land in the inputs' gradients at the operands' own strides (GPT-2: the
+      // column blocks of d(qkv)); an input without one gets a zeroed scratch of its size.
+      const models::HeadsOperand* in[3] = {&f.q, &f.k, &f.v};
+      float* g[3];
+      for (int i = 0; i < 3; ++i) {
+        float* d = grad(in[i]->tensor);
+        g[i] = d ? d + in[i]->offset : scratch(U(i), numel(in[i]->tensor)) + in[i]->offset;
+      }
+      const auto* rng = reinterpret_cast<const std::int64_t*>(act(f.rng));
+      cpu::attention_backward(g[0], st(f.q), g[1], st(f.k), g[2], st(f.v), dy, st(f.o), base(f.q), st(f.q), base(f.k),
+                              st(f.k), base(f.v), st(f.v), act(f.lse), nullptr, f.B, f.H, f.K, f.T, f.D, f.causal,
+                              static_cast<float>(1.0 / std::sqrt(static_cast<double>(f.D))), alpha,
+                              static_cast<std::uint64_t>(rng[0]), static_cast<std::uint64_t>(rng[1]));
       break;
     }
     case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));

@@ -16,6 +16,7 @@
 #include "exec/checkpoint.hpp"
 #include "exec/data.hpp"
 #include "exec/interpreter.hpp"
+#include "kernels/cpu/isa.hpp"
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
 #include "sim/device.hpp"
@@ -54,6 +55,7 @@ std::int64_t rss_peak_bytes() {
 json train(const TrainOptions& opt, Comm& comm) {
   const int N = comm.size(), rank = comm.rank();
   // ---- inputs (every rank reads the same; errors happen before any collective)
+  const kernels::cpu::Isa gemm_isa = kernels::cpu::gemm_isa();  // ZEROPLAN_CPU_ISA is checked here
   const auto mcfg = models::load_model(opt.model);
   zero::DsConfig cfg;
   if (opt.ds_config.empty()) {
@@ -73,9 +75,10 @@ json train(const TrainOptions& opt, Comm& comm) {
   go.micro_batch = batch.micro_batch;
   go.seq_len = opt.seq_len;
   go.act_dtype = cfg.model_dtype();
-  if (opt.attention == "sdpa") go.attention = models::Attention::sdpa;
-  else if (opt.attention != "eager")
-    throw InputError("--attention", "", fmt::format("must be one of eager, sdpa, got '{}'", opt.attention));
+  // --attention when given, else the config.json's attn_implementation, else the default.
+  const models::AttentionChoice att = models::choose_attention(mcfg, opt.attention);
+  go.attention = att.attention;
+  if (!att.note.empty() && rank == 0) std::fprintf(stderr, "warning: %s\n", att.note.c_str());
   const auto g = models::build_graph(mcfg, go);
   zero::LowerOptions lo;
   lo.world_size = N;
@@ -142,7 +145,8 @@ json train(const TrainOptions& opt, Comm& comm) {
                      {"seed", opt.seed},
                      {"data", opt.data},
                      {"activation_checkpointing", opt.activation_checkpointing},
-                     {"backend", "cpu+mpi"}};
+                     {"backend", "cpu+mpi"},
+                     {"cpu_gemm", kernels::cpu::isa_name(gemm_isa)}};
     doc["losses"] = losses;
     doc["grad_norms"] = norms;
     doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)

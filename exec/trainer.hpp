@@ -24,7 +24,7 @@ struct TrainOptions {
   std::int64_t seq_len = 0;           // 0: the model's maximum
   std::optional<std::int64_t> micro_batch;  // overrides train_micro_batch_size_per_gpu
   bool activation_checkpointing = false;
-  std::string attention = "eager";    // eager | sdpa (F.scaled_dot_product_attention)
+  std::string attention;              // eager | sdpa | flash_attention_2; empty: the config.json's, else sdpa
   Bytes memory_limit{0};              // device bytes live at once (0: none)
   std::string out;                    // measurements JSON (rank suffix when N > 1)
   std::string trace;                  // Chrome trace of the last step (rank suffix when N > 1)

@@ -1,5 +1,10 @@
 // Op graphs of BERT, GPT-2 and Llama-like models, following what PyTorch eager autograd
-// saves for the Hugging Face implementation of each family (eager attention).
+// saves for the Hugging Face implementation of each family. Attention comes in three
+// variants, each built by its own branch in gpt2_block, bert_layer and llama_layer:
+//   eager              Builder::bmm + softmax + dropout + bmm: probabilities saved (s² terms)
+//   sdpa               Builder::sdpa: q, k, v, output and logsumexp saved
+//   flash_attention_2  Builder::flash_attention: q, k, v (k and v not repeated), output,
+//                      logsumexp and rng_state saved; no merge_heads copy after it
 //
 // Notation in shape comments: B micro-batch, T sequence, C hidden, A heads, K kv heads,
 // D head_dim, F MLP width, V vocabulary.
@@ -84,11 +89,10 @@ const char* fn_name(Fn f) {
     case Fn::causal_mask: return "causal_mask";
     case Fn::cross_entropy: return "cross_entropy";
     case Fn::sdpa: return "sdpa";
+    case Fn::flash_attention: return "flash_attention";
   }
   return "?";
 }
-
-const char* attention_name(Attention a) { return a == Attention::sdpa ? "sdpa" : "eager"; }
 
 namespace {
 
@@ -467,6 +471,7 @@ class Builder {
     op.kind = OpKind::bmm;
     op.fn = Fn::sdpa;
     op.alpha = dropout;  // dropout_p on the probabilities (training)
+    op.causal = causal;
     op.inputs = std::move(in);
     op.outputs = {out, lse};
     op.saved = std::move(saved_qkv);
@@ -482,6 +487,62 @@ class Builder {
     op.bwd_bytes = Bytes{2 * qkvo * dsz_ + b * a * s * 4};
     emit(std::move(op), false);
     return out;
+  }
+
+  // flash_attn_func(q, k, v, dropout_p, softmax_scale, causal) as transformers' flash_attention_2
+  // path calls it (transformers 5.25: integrations/flash_attention.py transposes the head
+  // views to (B, T, H, D), modeling_flash_attention_utils._flash_attention_forward calls
+  // flash_attn_func when there is no padding; flash-attn 2.8: FlashAttnFunc.forward):
+  //  - k and v keep their K heads: no repeat_kv, flash-attn groups the query heads itself;
+  //  - q, k, v are views (last stride 1, so maybe_contiguous copies nothing): the tensors in
+  //    `saved_qkv` own their storage and stay alive;
+  //  - saved for backward: q, k, v, out_padded, softmax_lse (B, H, T) fp32 and rng_state
+  //    (2 int64); nothing of size T²;
+  //  - the output (B, T, H, D) is already (B, T, H·D): reshape(...).contiguous() copies
+  //    nothing, so no merge_heads op follows and o_proj saves this very tensor.
+  // FLOPs: the forward's two GEMMs over the (i, j) pairs attended, T² or, causal, the lower
+  // triangle with its diagonal T(T+1)/2: 4·b·a·d·pairs. Backward runs five GEMMs of that
+  // size: Q Kᵀ recomputed (P from the logsumexp), dV = Pᵀ dO, dP = dO Vᵀ, dQ = dS K,
+  // dK = dSᵀ Q: 2.5× the forward.
+  TensorId flash_attention(const std::string& name, std::vector<TensorId> in, std::vector<TensorId> saved_qkv,
+                           std::int64_t b, std::int64_t a, std::int64_t kv, std::int64_t s, std::int64_t d,
+                           bool causal, double dropout) {
+    const TensorId out = tensor(name, {b, s, a * d}, act_);                          // (B, T, A·D)
+    const TensorId lse = tensor(name + ".softmax_lse", {b, a, s, 1}, DType::fp32);  // (B, A, T, 1)
+    const TensorId rng = tensor(name + ".rng_state", {2}, DType::i64);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::bmm;
+    op.fn = Fn::flash_attention;
+    op.alpha = dropout;
+    op.causal = causal;
+    op.inputs = std::move(in);
+    op.outputs = {out, lse, rng};
+    op.saved = std::move(saved_qkv);
+    op.saved.insert(op.saved.end(), {out, lse, rng});
+    op.gemms = {Gemm{s, s, d, b * a}, Gemm{s, d, s, b * a}};
+    const double pairs = causal ? static_cast<double>(s) * static_cast<double>(s + 1) / 2.0
+                                : static_cast<double>(s) * static_cast<double>(s);
+    const double f = 4.0 * static_cast<double>(b * a) * static_cast<double>(d) * pairs;
+    op.fwd_flops = Flops{f};
+    op.bwd_flops = Flops{2.5 * f};
+    // Forward reads q, k, v and writes o and the logsumexp. Backward reads q, k, v, o, dO and
+    // the logsumexp, writes dq, dk, dv, its fp32 dq accumulator and softmax_d (rowsum(dO∘O));
+    // with K < A it writes dk, dv over A heads and sums them down to K.
+    const std::int64_t qo = b * s * a * d, kv_el = b * s * kv * d, rows = b * a * s;
+    op.fwd_bytes = Bytes{(2 * qo + 2 * kv_el) * dsz_ + rows * 4};
+    const std::int64_t expand = kv < a ? 4 * qo : 0;
+    op.bwd_bytes = Bytes{(4 * qo + 4 * kv_el + expand) * dsz_ + 2 * qo * 4 + 3 * rows * 4};
+    emit(std::move(op), false);
+    return out;
+  }
+
+  // (B, H, T, D) -> (B, T, H·D): transpose(1, 2).contiguous(), a copy that saves nothing.
+  TensorId merge_heads(const std::string& name, TensorId ctx, std::int64_t width) {
+    const Shape& cs = T(ctx).shape;
+    const TensorId y = simple(name, OpKind::copy, {ctx}, {cs[0], cs[2], width}, act_, {});
+    tag(Fn::merge_heads);
+    return y;
   }
 
   // F.cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
@@ -590,28 +651,38 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   bd.begin_layer(l, x);
   const TensorId y = bd.layernorm("ln_1", bd.mod(p + "ln_1"), x);
   const TensorId qkv = bd.linear("attn.c_attn", bd.mod(p + "attn.c_attn"), y, d.h, 3 * d.h, std::nullopt, Fn::conv1d);  // (B, T, 3C)
-  TensorId ctx = kNone;
-  if (bd.attention() == Attention::sdpa) {
-    // q, k, v are views of qkv: the kernel's saved q, k, v keep the (B, T, 3C) tensor alive.
-    ctx = bd.sdpa("attn.sdpa", {qkv}, {qkv}, d.b, d.a, d.s, d.d, true, c.attention_dropout);
-  } else {
-    // q, k, v are views of qkv: both matmuls keep the one (B, T, 3C) tensor alive.
-    // q, k, v are the column blocks [0, C), [C, 2C), [2C, 3C) of qkv, split into heads.
-    TensorId sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a},
-                         Fn::attn_scores, 0, d.h);
-    sc = bd.simple("attn.scale", OpKind::scale, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
-    bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
-    // torch.where(bias[..., :T, :T], w, min): the condition is a persistent buffer.
-    sc = bd.simple("attn.causal_mask", OpKind::add, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
-    bd.tag(Fn::causal_where);
-    const TensorId probs = bd.simple("attn.softmax", OpKind::softmax, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {}, true);
-    bd.tag(Fn::softmax);
-    const TensorId pd = bd.dropout("attn.attn_dropout", probs, c.attention_dropout);
-    ctx = bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
-                 Fn::attn_context, 0, 2 * d.h);
+  // Attention, one variant per case, each ending in the merged (B, T, C) tensor.
+  TensorId merged = kNone;
+  switch (bd.attention()) {
+    case Attention::eager: {
+      // q, k, v are views of qkv: both matmuls keep the one (B, T, 3C) tensor alive.
+      // q, k, v are the column blocks [0, C), [C, 2C), [2C, 3C) of qkv, split into heads.
+      TensorId sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a},
+                           Fn::attn_scores, 0, d.h);
+      sc = bd.simple("attn.scale", OpKind::scale, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
+      bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
+      // torch.where(bias[..., :T, :T], w, min): the condition is a persistent buffer.
+      sc = bd.simple("attn.causal_mask", OpKind::add, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
+      bd.tag(Fn::causal_where);
+      const TensorId probs = bd.simple("attn.softmax", OpKind::softmax, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {}, true);
+      bd.tag(Fn::softmax);
+      const TensorId pd = bd.dropout("attn.attn_dropout", probs, c.attention_dropout);
+      const TensorId ctx = bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d},
+                                  Gemm{d.s, d.d, d.s, d.b * d.a}, Fn::attn_context, 0, 2 * d.h);
+      merged = bd.merge_heads("attn.merge_heads", ctx, d.h);
+      break;
+    }
+    case Attention::sdpa: {
+      // q, k, v are views of qkv: the kernel's saved q, k, v keep the (B, T, 3C) tensor alive.
+      const TensorId ctx = bd.sdpa("attn.sdpa", {qkv}, {qkv}, d.b, d.a, d.s, d.d, true, c.attention_dropout);
+      merged = bd.merge_heads("attn.merge_heads", ctx, d.h);
+      break;
+    }
+    case Attention::flash_attention_2:
+      // q, k, v are (B, T, A, D) views of qkv's column blocks; its output is the merged tensor.
+      merged = bd.flash_attention("attn.flash_attn", {qkv}, {qkv}, d.b, d.a, d.a, d.s, d.d, true, c.attention_dropout);
+      break;
   }
-  const TensorId merged = bd.simple("attn.merge_heads", OpKind::copy, {ctx}, {d.b, d.s, d.h}, bd.act(), {});
-  bd.tag(Fn::merge_heads);
   TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h, std::nullopt, Fn::conv1d);
   o = bd.dropout("attn.resid_dropout", o, c.hidden_dropout);
   const TensorId x2 = bd.simple("attn.residual", OpKind::add, {o, x}, {d.b, d.s, d.h}, bd.act(), {});
@@ -690,28 +761,40 @@ TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   const TensorId q = bd.linear("attention.self.query", bd.mod(p + "attention.self.query"), x, d.h, d.h);
   const TensorId k = bd.linear("attention.self.key", bd.mod(p + "attention.self.key"), x, d.h, d.h);
   const TensorId v = bd.linear("attention.self.value", bd.mod(p + "attention.self.value"), x, d.h, d.h);
-  TensorId ctx = kNone;
-  if (bd.attention() == Attention::sdpa) {
-    // The padding mask (B, 1, 1, T) is an input of the kernel, and its backward reads it
-    // again (the efficient kernel saves attn_bias): one small tensor all layers keep alive.
-    ctx = bd.sdpa("attention.self.sdpa", {q, k, v, mask}, {q, k, v, mask}, d.b, d.a, d.s, d.d, false,
-                  c.attention_dropout);
-  } else {
-    TensorId sc = bd.bmm("attention.self.scores", {q, k}, {q, k}, bash, Gemm{d.s, d.s, d.d, d.b * d.a},
-                         Fn::attn_scores);
-    sc = bd.simple("attention.self.scale", OpKind::scale, {sc}, bash, bd.act(), {});
-    bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
-    // + extended attention mask (B, 1, 1, T): a broadcast add saves nothing.
-    sc = bd.simple("attention.self.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
-    bd.tag(Fn::add_mask);
-    const TensorId probs = bd.simple("attention.self.softmax", OpKind::softmax, {sc}, bash, bd.act(), {}, true);
-    bd.tag(Fn::softmax);
-    const TensorId pd = bd.dropout("attention.self.dropout", probs, c.attention_dropout);
-    ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
-                 Fn::attn_context);
+  // Attention, one variant per case, each ending in the merged (B, T, C) tensor.
+  TensorId merged = kNone;
+  switch (bd.attention()) {
+    case Attention::eager: {
+      TensorId sc = bd.bmm("attention.self.scores", {q, k}, {q, k}, bash, Gemm{d.s, d.s, d.d, d.b * d.a},
+                           Fn::attn_scores);
+      sc = bd.simple("attention.self.scale", OpKind::scale, {sc}, bash, bd.act(), {});
+      bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
+      // + extended attention mask (B, 1, 1, T): a broadcast add saves nothing.
+      sc = bd.simple("attention.self.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
+      bd.tag(Fn::add_mask);
+      const TensorId probs = bd.simple("attention.self.softmax", OpKind::softmax, {sc}, bash, bd.act(), {}, true);
+      bd.tag(Fn::softmax);
+      const TensorId pd = bd.dropout("attention.self.dropout", probs, c.attention_dropout);
+      const TensorId ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d},
+                                  Gemm{d.s, d.d, d.s, d.b * d.a}, Fn::attn_context);
+      merged = bd.merge_heads("attention.self.merge_heads", ctx, d.h);
+      break;
+    }
+    case Attention::sdpa: {
+      // The padding mask (B, 1, 1, T) is an input of the kernel, and its backward reads it
+      // again (the efficient kernel saves attn_bias): one small tensor all layers keep alive.
+      const TensorId ctx = bd.sdpa("attention.self.sdpa", {q, k, v, mask}, {q, k, v, mask}, d.b, d.a, d.s, d.d, false,
+                                   c.attention_dropout);
+      merged = bd.merge_heads("attention.self.merge_heads", ctx, d.h);
+      break;
+    }
+    case Attention::flash_attention_2:
+      // Without padding transformers passes no mask (masking_utils.flash_attention_mask
+      // returns None for an all-ones attention_mask): dense, non-causal flash_attn_func.
+      merged = bd.flash_attention("attention.self.flash_attn", {q, k, v}, {q, k, v}, d.b, d.a, d.a, d.s, d.d, false,
+                                  c.attention_dropout);
+      break;
   }
-  const TensorId merged = bd.simple("attention.self.merge_heads", OpKind::copy, {ctx}, bsh, bd.act(), {});
-  bd.tag(Fn::merge_heads);
   TensorId o = bd.linear("attention.output.dense", bd.mod(p + "attention.output.dense"), merged, d.h, d.h);
   o = bd.dropout("attention.output.dropout", o, c.hidden_dropout);
   o = bd.simple("attention.output.residual", OpKind::add, {o, x}, bsh, bd.act(), {});
@@ -738,9 +821,13 @@ void bert_graph(Builder& bd, OpGraph& g) {
   const TensorId amask = bd.input("attention_mask", {d.b, d.s}, DType::i64);
   const TensorId labels = bd.input("labels", {d.b, d.s}, DType::i64);
   const TensorId nsp_labels = pretraining ? bd.input("next_sentence_label", {d.b}, DType::i64) : kNone;
-  // (1 - mask) * finfo.min in the activation dtype: (B, 1, 1, T).
-  const TensorId ext = bd.simple("bert.extended_attention_mask", OpKind::copy, {amask}, {d.b, 1, 1, d.s}, bd.act(), {});
-  bd.tag(Fn::extended_mask);
+  // (1 - mask) * finfo.min in the activation dtype: (B, 1, 1, T), for eager and sdpa;
+  // flash_attention_2 takes no mask when nothing is padded.
+  TensorId ext = kNone;
+  if (bd.attention() != Attention::flash_attention_2) {
+    ext = bd.simple("bert.extended_attention_mask", OpKind::copy, {amask}, {d.b, 1, 1, d.s}, bd.act(), {});
+    bd.tag(Fn::extended_mask);
+  }
   const Shape bsh{d.b, d.s, d.h};
   const TensorId w = bd.embedding("bert.embeddings.word_embeddings", bd.mod("bert.embeddings.word_embeddings"), ids, bsh);
   const TensorId t =
@@ -835,37 +922,52 @@ TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int3
                                 bd.act(), {rope.cos, rope.sin});
   bd.tag(Fn::rope);
   // repeat_kv: expand + reshape materialises (B, A, T, D) when K < A; saves nothing.
-  TensorId kk = kr, vv = v;
-  if (d.kv < d.a) {
-    kk = bd.simple("self_attn.repeat_k", OpKind::copy, {kr}, {d.b, d.a, d.s, d.d}, bd.act(), {});
+  auto repeat_kv = [&]() -> std::pair<TensorId, TensorId> {
+    if (d.kv == d.a) return {kr, v};
+    const TensorId kk = bd.simple("self_attn.repeat_k", OpKind::copy, {kr}, {d.b, d.a, d.s, d.d}, bd.act(), {});
     bd.tag(Fn::repeat_kv);
-    vv = bd.simple("self_attn.repeat_v", OpKind::copy, {v}, {d.b, d.a, d.s, d.d}, bd.act(), {});
+    const TensorId vv = bd.simple("self_attn.repeat_v", OpKind::copy, {v}, {d.b, d.a, d.s, d.d}, bd.act(), {});
     bd.tag(Fn::repeat_kv);
-  }
-  TensorId ctx = kNone;
-  if (bd.attention() == Attention::sdpa) {
-    // is_causal=True without a materialised mask; repeat_kv'd k and v are what it saves.
-    ctx = bd.sdpa("self_attn.sdpa", {qr, kk, vv}, {qr, kk, vv}, d.b, d.a, d.s, d.d, true, c.attention_dropout);
-  } else {
-    TensorId sc = bd.bmm("self_attn.qk", {qr, kk}, {qr, kk}, bash, Gemm{d.s, d.s, d.d, d.b * d.a}, Fn::attn_scores);
-    sc = bd.simple("self_attn.scale", OpKind::scale, {sc}, bash, bd.act(), {});
-    bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
-    sc = bd.simple("self_attn.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
-    bd.tag(Fn::add_mask);
-    // softmax(dtype=float32) saves its fp32 output; .to(act) is saved by the PV matmul.
-    const TensorId p32 = bd.simple("self_attn.softmax", OpKind::softmax, {sc}, bash, DType::fp32, {}, true);
-    bd.tag(Fn::softmax);
-    TensorId probs = p32;
-    if (bd.act() != DType::fp32) {
-      probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});
-      bd.tag(Fn::cast);
+    return {kk, vv};
+  };
+  // Attention, one variant per case, each ending in the merged (B, T, A·D) tensor.
+  TensorId merged = kNone;
+  switch (bd.attention()) {
+    case Attention::eager: {
+      const auto [kk, vv] = repeat_kv();
+      TensorId sc = bd.bmm("self_attn.qk", {qr, kk}, {qr, kk}, bash, Gemm{d.s, d.s, d.d, d.b * d.a}, Fn::attn_scores);
+      sc = bd.simple("self_attn.scale", OpKind::scale, {sc}, bash, bd.act(), {});
+      bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
+      sc = bd.simple("self_attn.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
+      bd.tag(Fn::add_mask);
+      // softmax(dtype=float32) saves its fp32 output; .to(act) is saved by the PV matmul.
+      const TensorId p32 = bd.simple("self_attn.softmax", OpKind::softmax, {sc}, bash, DType::fp32, {}, true);
+      bd.tag(Fn::softmax);
+      TensorId probs = p32;
+      if (bd.act() != DType::fp32) {
+        probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});
+        bd.tag(Fn::cast);
+      }
+      probs = bd.dropout("self_attn.dropout", probs, c.attention_dropout);
+      const TensorId ctx = bd.bmm("self_attn.pv", {probs, vv}, {probs, vv}, {d.b, d.a, d.s, d.d},
+                                  Gemm{d.s, d.d, d.s, d.b * d.a}, Fn::attn_context);
+      merged = bd.merge_heads("self_attn.merge_heads", ctx, qd);
+      break;
     }
-    probs = bd.dropout("self_attn.dropout", probs, c.attention_dropout);
-    ctx = bd.bmm("self_attn.pv", {probs, vv}, {probs, vv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
-                 Fn::attn_context);
+    case Attention::sdpa: {
+      // is_causal=True without a materialised mask; repeat_kv'd k and v are what it saves.
+      const auto [kk, vv] = repeat_kv();
+      const TensorId ctx =
+          bd.sdpa("self_attn.sdpa", {qr, kk, vv}, {qr, kk, vv}, d.b, d.a, d.s, d.d, true, c.attention_dropout);
+      merged = bd.merge_heads("self_attn.merge_heads", ctx, qd);
+      break;
+    }
+    case Attention::flash_attention_2:
+      // q and k after RoPE, v the projection's view; k and v keep their K heads.
+      merged = bd.flash_attention("self_attn.flash_attn", {qr, kr, v}, {qr, kr, v}, d.b, d.a, d.kv, d.s, d.d, true,
+                                  c.attention_dropout);
+      break;
   }
-  const TensorId merged = bd.simple("self_attn.merge_heads", OpKind::copy, {ctx}, {d.b, d.s, qd}, bd.act(), {});
-  bd.tag(Fn::merge_heads);
   const TensorId o = bd.linear("self_attn.o_proj", bd.mod(p + "self_attn.o_proj"), merged, qd, d.h);
   const TensorId x2 = bd.simple("residual_attn", OpKind::add, {x, o}, bsh, bd.act(), {});
   bd.tag(Fn::add);
@@ -979,6 +1081,12 @@ OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt) {
   if (!is_float(opt.act_dtype))
     throw InputError("--dtype", "", fmt::format("activations must be fp32, fp16 or bf16, got {}",
                                                 dtype_name(opt.act_dtype)));
+  // transformers casts fp32 q, k, v to the dtype of the model's Linear weights, fp32 when the
+  // model trains in fp32, and flash-attn refuses it.
+  if (opt.attention == Attention::flash_attention_2 && opt.act_dtype == DType::fp32)
+    throw InputError("--attention", "",
+                     "flash_attention_2 runs in fp16 or bf16 only (flash-attn refuses fp32 q, k, v) and this "
+                     "configuration trains in fp32: enable fp16 or bf16 in the ds_config, or use sdpa");
   if (g.opt.seq_len == 0) g.opt.seq_len = cfg.max_positions;
   if (cfg.layers > 10000)
     throw InputError(cfg.source, cfg.family == Family::gpt2 ? "n_layer" : "num_hidden_layers",
@@ -996,6 +1104,49 @@ OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt) {
     case Family::llama: llama_graph(bd, g); break;
   }
   return g;
+}
+
+FlashLayout flash_layout(const OpGraph& g, const Op& op) {
+  if (op.fn != Fn::flash_attention || op.outputs.size() != 3 || (op.inputs.size() != 1 && op.inputs.size() != 3))
+    throw std::logic_error(fmt::format("op {} is not a flash_attention op", op.name));
+  auto shape = [&](TensorId t) -> const Shape& { return g.tensors.at(static_cast<std::size_t>(t)).shape; };
+  FlashLayout f;
+  const Shape& lse = shape(op.outputs[1]);  // (B, H, T, 1)
+  f.B = lse[0];
+  f.H = lse[1];
+  f.T = lse[2];
+  const std::int64_t W = shape(op.outputs[0])[2];  // (B, T, H·D)
+  f.D = W / f.H;
+  f.causal = op.causal;
+  f.o = {op.outputs[0], 0, f.T * W, f.D, W};
+  f.lse = op.outputs[1];
+  f.rng = op.outputs[2];
+  std::int64_t kv_heads = f.H;
+  if (op.inputs.size() == 1) {
+    // GPT-2's c_attn output (B, T, 3C): q, k, v are its column blocks.
+    const TensorId t = op.inputs[0];
+    const std::int64_t W3 = shape(t)[2];
+    f.q = {t, 0, f.T * W3, f.D, W3};
+    f.k = {t, W, f.T * W3, f.D, W3};
+    f.v = {t, 2 * W, f.T * W3, f.D, W3};
+  } else {
+    HeadsOperand* dst[3] = {&f.q, &f.k, &f.v};
+    for (int i = 0; i < 3; ++i) {
+      const TensorId t = op.inputs[static_cast<std::size_t>(i)];
+      const Shape& x = shape(t);
+      std::int64_t heads = 0;
+      if (x.size() == 4) {  // (B, X, T, D): a RoPE output
+        heads = x[1];
+        *dst[i] = {t, 0, heads * f.T * f.D, f.T * f.D, f.D};
+      } else {  // (B, T, X·D): a projection
+        heads = x[2] / f.D;
+        *dst[i] = {t, 0, f.T * x[2], f.D, x[2]};
+      }
+      if (i == 1) kv_heads = heads;
+    }
+  }
+  f.K = kv_heads;
+  return f;
 }
 
 BoostGraph to_boost(const OpGraph& g) {

@@ -87,6 +87,8 @@ enum class Fn : std::uint8_t {
   causal_mask,         // (1,1,T,T): 0 on and below the diagonal, lowest above
   cross_entropy,       // outputs log-probabilities and the mean loss (ignore_index -100)
   sdpa,                // fused attention (F.scaled_dot_product_attention; alpha: dropout_p)
+  flash_attention,     // flash_attn_func as transformers' flash_attention_2 calls it (alpha: dropout_p);
+                       // operands and layout: flash_layout()
 };
 const char* fn_name(Fn f);
 
@@ -123,21 +125,18 @@ struct Op {
   Fn fn = Fn::none;                  // exact function, for the executor
   double alpha = 0.0;                // the constant of scale/add_scalar/pow/dropout/eps
   std::int64_t col[2] = {0, 0};      // attention operands read from a (B,T,W) tensor: column offset
+  bool causal = false;               // fused attention (sdpa, flash_attention): causal masking
 };
 
-// How attention is computed. `eager`: HF's eager path (scores, softmax, dropout and the
-// probabilities are materialised and saved: the 5·a·s²·b term). `sdpa`: HF's sdpa path,
-// torch.nn.functional.scaled_dot_product_attention with a flash / memory-efficient kernel,
-// which saves q, k, v, the output and a per-row logsumexp, and recomputes the rest.
-enum class Attention { eager, sdpa };
-const char* attention_name(Attention a);
-
+// How attention is computed (models/attention.hpp: eager, sdpa, flash_attention_2; the
+// default is kDefaultAttention, sdpa, as transformers picks it).
 struct GraphOptions {
   std::int64_t micro_batch = 1;      // b
   std::int64_t seq_len = 0;          // s (0: the model's max_positions)
   DType act_dtype = DType::fp16;     // dtype of activations and 16-bit params
-  Attention attention = Attention::eager;
+  Attention attention = kDefaultAttention;
 };
+
 
 // One layer's extent in the op list, for activation checkpointing.
 struct LayerSpan {
@@ -169,6 +168,22 @@ struct OpGraph {
 };
 
 OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt);
+
+// Where a flash_attention op reads q, k, v and writes its output: element (b, h, t, d) of
+// an operand at offset + b·sb + h·sh + t·st + d of the tensor named by `tensor`.
+struct HeadsOperand {
+  TensorId tensor = kNone;
+  std::int64_t offset = 0, sb = 0, sh = 0, st = 0;
+};
+struct FlashLayout {
+  std::int64_t B = 0, H = 0, K = 0, T = 0, D = 0;  // K: kv heads (H % K == 0)
+  bool causal = false;
+  HeadsOperand q, k, v;   // inputs (views of the projections, or RoPE outputs)
+  HeadsOperand o;         // outputs[0], (B, T, H·D)
+  TensorId lse = kNone;   // outputs[1], (B, H, T, 1) fp32
+  TensorId rng = kNone;   // outputs[2], (2) int64: flash-attn's rng_state (seed, offset)
+};
+FlashLayout flash_layout(const OpGraph& g, const Op& op);
 
 // Ops as vertices, one edge per (producer → consumer) use of a tensor.
 using BoostGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS,

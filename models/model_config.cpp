@@ -204,6 +204,41 @@ void parse_llama(const Reader& r, const json& o, ModelConfig& c) {
   }
 }
 
+// rope_scaling: null, or {"rope_type" (or the older "type"), "factor", ...}.
+void parse_rope_scaling(const Reader& r, const json& o, ModelConfig& c) {
+  auto it = o.find("rope_scaling");
+  if (it == o.end() || it->is_null()) return;
+  if (!it->is_object())
+    throw InputError(r.file, "rope_scaling", fmt::format("must be null or an object, got {}", zp::json::printable(it->dump())));
+  const Reader rs = r.sub("rope_scaling");
+  static const std::vector<std::string> types{"default", "linear", "dynamic", "yarn", "longrope", "llama3"};
+  std::string type = rs.get_enum(*it, "rope_type", "", types);
+  if (type.empty()) type = rs.get_enum(*it, "type", "", types);
+  if (type.empty())
+    throw InputError(r.file, "rope_scaling.rope_type", fmt::format("required field is missing; must be one of {}", join(types)));
+  if (type == "default") return;
+  c.rope_type = type;
+  c.rope_factor = rs.get_double(*it, "factor", 1.0, 1.0, 1e6);
+}
+
+// attn_implementation, or _attn_implementation as transformers 4.x's save_pretrained wrote it.
+void parse_attn_implementation(const Reader& r, const json& o, ModelConfig& c) {
+  for (const char* key : {"attn_implementation", "_attn_implementation"}) {
+    const std::string v = r.get_string(o, key, "");
+    if (v.empty()) continue;
+    const Attention a = parse_attention(r.file, key, v);
+    if (c.attn_implementation && *c.attn_implementation != a)
+      throw InputError(r.file, key, fmt::format("'{}' contradicts {} '{}'", v, c.attn_key,
+                                                attention_name(*c.attn_implementation)));
+    if (!c.attn_implementation) {
+      c.attn_implementation = a;
+      c.attn_key = key;
+    }
+  }
+}
+
+fs::path hub_ids_file() { return fs::path(ZEROPLAN_DATA_DIR) / "models" / "hub_ids.json"; }
+
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& file, const std::string& json_text) {
@@ -225,8 +260,28 @@ ModelConfig parse_model_config(const std::string& file, const std::string& json_
     parse_bert(r, root, c);
   } else {
     parse_llama(r, root, c);
+    parse_rope_scaling(r, root, c);
   }
+  parse_attn_implementation(r, root, c);
   return c;
+}
+
+AttentionChoice choose_attention(const ModelConfig& m, const std::string& flag_value) {
+  AttentionChoice ch;
+  if (!flag_value.empty()) {
+    ch.attention = parse_attention("--attention", "", flag_value);
+    ch.from = "--attention";
+    if (m.attn_implementation && *m.attn_implementation != ch.attention)
+      ch.note = fmt::format("--attention {} overrides {} \"{}\" of {}", attention_name(ch.attention), m.attn_key,
+                            attention_name(*m.attn_implementation), m.source);
+  } else if (m.attn_implementation) {
+    ch.attention = *m.attn_implementation;
+    ch.from = fmt::format("{}: {}", m.source, m.attn_key);
+  } else {
+    ch.attention = kDefaultAttention;
+    ch.from = "default";
+  }
+  return ch;
 }
 
 std::vector<std::string> catalog_names() {
@@ -238,6 +293,40 @@ std::vector<std::string> catalog_names() {
   std::sort(names.begin(), names.end());
   return names;
 }
+
+std::vector<std::pair<std::string, std::string>> hub_ids() {
+  const std::string file = hub_ids_file().string();
+  const json doc = zp::json::parse_file(file);
+  if (!doc.is_object()) throw InputError(file, "", "must be an object of hub id -> catalogue name");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [id, v] : doc.items()) {
+    if (id.rfind('_', 0) == 0) continue;  // _comment
+    if (!v.is_string()) throw InputError(file, id, "must be a catalogue name (a string)");
+    out.emplace_back(id, v.get<std::string>());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
+// The one-line answer to a name that is neither a catalogue entry, a hub id of one, nor a file.
+[[noreturn]] void unknown_model(const std::string& name_or_path) {
+  std::vector<std::string> names = catalog_names();
+  std::vector<std::string> ids;
+  for (const auto& [id, n] : hub_ids()) ids.push_back(id);
+  std::vector<std::string> all = names;
+  all.insert(all.end(), ids.begin(), ids.end());
+  std::string msg = fmt::format("unknown model '{}'", zp::json::printable(name_or_path));
+  if (const std::string near = zp::json::closest(name_or_path, all); !near.empty())
+    msg += fmt::format(" (did you mean '{}'?)", near);
+  msg += fmt::format("; the catalogue knows {}; and these hub ids, offline: {}; for any other model pass its "
+                     "config.json: --model path/to/config.json, or a checkpoint directory that holds one",
+                     join(names), join(ids));
+  throw InputError("--model", "", msg);
+}
+
+}  // namespace
 
 ModelConfig load_model(const std::string& name_or_path) {
   std::string path, name;
@@ -256,16 +345,31 @@ ModelConfig load_model(const std::string& name_or_path) {
       name = p.lexically_normal().filename().string();
       if (name.empty()) name = p.lexically_normal().parent_path().filename().string();
       p /= "config.json";
+      path = p.string();
     } else if (!name_or_path.empty() && fs::is_regular_file(p, ec)) {
       name = p.stem() == "config" && p.has_parent_path() ? p.parent_path().filename().string() : p.stem().string();
-    } else if (name_or_path.find('/') != std::string::npos || p.extension() == ".json") {
-      throw InputError(name_or_path, "", "cannot open file (not a catalogue name, and no such config.json)");
+      path = p.string();
     } else {
-      throw InputError("--model", "",
-                       fmt::format("unknown model '{}'; catalogue: {} or a path to config.json", name_or_path,
-                                   join(catalog_names())));
+      // A hub id of a catalogue entry ("meta-llama/Meta-Llama-3-8B"), resolved offline.
+      for (const auto& [id, n] : hub_ids()) {
+        if (lower(id) == lower(name_or_path)) {
+          path = (catalog_dir() / (n + ".json")).string();
+          name = n;
+          break;
+        }
+      }
+      if (path.empty()) {
+        // "org/name" may be a hub id; anything else with a slash or a .json is a path.
+        const auto slashes = std::count(name_or_path.begin(), name_or_path.end(), '/');
+        const bool hub_like = slashes == 1 && name_or_path.front() != '/' && name_or_path.front() != '.' &&
+                              name_or_path.back() != '/';
+        if (p.extension() == ".json" || (slashes > 0 && !hub_like))
+          throw InputError(name_or_path, "",
+                           "cannot open file (no such config.json or directory holding one, and not a catalogue "
+                           "name or hub id)");
+        unknown_model(name_or_path);
+      }
     }
-    path = p.string();
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "", "cannot open file");

@@ -3,8 +3,12 @@
 // Families: BERT (BertForPreTraining / BertForMaskedLM), GPT-2 (GPT2LMHeadModel),
 // Llama-like decoders (Llama, Mistral, Qwen2: LlamaForCausalLM and friends).
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "models/attention.hpp"
 
 namespace zp::models {
 
@@ -50,14 +54,38 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;        // Llama family: RoPE base
   std::int64_t sliding_window = 0;    // Mistral (0: none)
+  // rope_scaling (Llama 3.1/3.2: rope_type "llama3"): changes the rotary frequencies, not
+  // memory or FLOPs. Empty rope_type: none.
+  std::string rope_type;
+  double rope_factor = 1.0;
+  // attn_implementation (or _attn_implementation, as transformers 4.x saved it) when the
+  // config.json names one; `attn_key` is the key that did.
+  std::optional<Attention> attn_implementation;
+  std::string attn_key;
 };
 
-// `name_or_path`: a catalogue name (models/catalog/NAME.json, case-insensitive) or a
-// path to any config.json. Bad input → zp::InputError naming the file and key.
+// Which attention a run uses: the command line's --attention when given (and a note when it
+// overrides the config.json's), else the config.json's attn_implementation, else
+// kDefaultAttention. A bad --attention value → zp::InputError naming --attention.
+struct AttentionChoice {
+  Attention attention = kDefaultAttention;
+  std::string from;  // "--attention", "FILE: attn_implementation", or "default"
+  std::string note;  // non-empty when --attention overrides the config.json
+};
+AttentionChoice choose_attention(const ModelConfig& m, const std::string& flag_value /* "" = not given */);
+
+// `name_or_path`: a catalogue name (models/catalog/NAME.json, case-insensitive), a path to
+// any config.json or to a checkpoint directory holding one, or a Hugging Face hub id of a
+// catalogue entry (models/hub_ids.json: "meta-llama/Meta-Llama-3-8B"), resolved offline.
+// An existing path wins over a hub id. Bad input → zp::InputError naming the file and key;
+// an unknown name lists the catalogue and the hub ids and says how to pass a config.json.
 ModelConfig load_model(const std::string& name_or_path);
 ModelConfig parse_model_config(const std::string& file, const std::string& json_text);
 
 // Names in the catalogue, sorted.
 std::vector<std::string> catalog_names();
+
+// Hub id → catalogue name, as models/hub_ids.json lists them (sorted by hub id).
+std::vector<std::pair<std::string, std::string>> hub_ids();
 
 }  // namespace zp::models

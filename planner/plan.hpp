@@ -73,7 +73,7 @@ struct Problem {
   int world_size = 1;
   std::int64_t seq_len = 0;
   std::int64_t global_batch = 0;     // train_batch_size
-  models::Attention attention = models::Attention::eager;
+  models::Attention attention = models::kDefaultAttention;
   Objective objective = Objective::throughput;
   double headroom = 0.9;             // fraction of device (and host) memory a plan may use
   double price_per_gpu_hour = 1.0;   // cost objective (currency per GPU-hour)

@@ -23,6 +23,7 @@ constexpr double kAdamFlopsPerElement = 12.0;  // what the lowering charges per 
 
 const std::vector<std::string> kProfileKeys = {
     "device",
+    "host",
     "peak_tensor_tflops",
     "peak_fp32_tflops",
     "hbm_gbps",
@@ -61,6 +62,47 @@ double positive(const json::Reader& r, const json::json& obj, std::string_view k
 
 double fraction(const json::Reader& r, const json::json& obj, std::string_view key) {
   return positive(r, obj, key, 1.0);
+}
+
+Seconds micros(const json::Reader& r, const json::json& obj, std::string_view key, Seconds dflt) {
+  return Seconds{r.get_double(obj, std::string(key), dflt.v / kMicro, 0, 1e9) * kMicro};
+}
+
+// "host": {"forward_op_us": …, "step": {"zero_optimizer": {"base_us": …, "per_tensor_us": …}, …}, "source": …}
+// Keys left out keep the defaults (default_host_costs()).
+HostCosts read_host_costs(const json::Reader& r, const json::json& h) {
+  if (!h.is_object()) throw InputError(r.file, r.path, "must be a JSON object");
+  r.reject_unknown(h, {"forward_op_us", "backward_op_us", "grad_hook_us", "stage3_module_forward_us",
+                       "stage3_module_backward_us", "stage3_grad_hook_us", "collective_launch_us", "step", "source"});
+  HostCosts c = default_host_costs();
+  c.forward_op = micros(r, h, "forward_op_us", c.forward_op);
+  c.backward_op = micros(r, h, "backward_op_us", c.backward_op);
+  c.grad_hook = micros(r, h, "grad_hook_us", c.grad_hook);
+  c.stage3_module_forward = micros(r, h, "stage3_module_forward_us", c.stage3_module_forward);
+  c.stage3_module_backward = micros(r, h, "stage3_module_backward_us", c.stage3_module_backward);
+  c.stage3_grad_hook = micros(r, h, "stage3_grad_hook_us", c.stage3_grad_hook);
+  c.collective_launch = micros(r, h, "collective_launch_us", c.collective_launch);
+  if (auto it = h.find("step"); it != h.end()) {
+    const json::Reader sr = r.sub("step");
+    if (!it->is_object()) throw InputError(r.file, r.key_path("step"), "must be a JSON object");
+    sr.reject_unknown(*it, {"fp16_optimizer", "bf16_optimizer", "zero_optimizer", "zero3_optimizer", "plain"});
+    auto step = [&](const char* key, HostCosts::Step& s) {
+      auto jt = it->find(key);
+      if (jt == it->end()) return;
+      const json::Reader kr = sr.sub(key);
+      if (!jt->is_object()) throw InputError(r.file, sr.key_path(key), "must be a JSON object");
+      kr.reject_unknown(*jt, {"base_us", "per_tensor_us"});
+      s.base = micros(kr, *jt, "base_us", s.base);
+      s.per_tensor = micros(kr, *jt, "per_tensor_us", s.per_tensor);
+    };
+    step("fp16_optimizer", c.fp16_optimizer);
+    step("bf16_optimizer", c.bf16_optimizer);
+    step("zero_optimizer", c.zero_optimizer);
+    step("zero3_optimizer", c.zero3_optimizer);
+    step("plain", c.plain);
+  }
+  c.source = r.get_string(h, "source", c.source);
+  return c;
 }
 
 DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std::vector<std::string>& extra_keys) {
@@ -103,6 +145,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   p.host_memcpy_bandwidth = BytesPerSecond{positive(r, e, "host_memcpy_gbps", 1e6) * kGiga};
   p.cpu_adam_params_per_second = positive(r, e, "cpu_adam_params_per_second", 1e15);
   p.comm_compute_interference = r.get_double(e, "comm_compute_interference", 0, 0, 10);
+  p.host = e.contains("host") ? read_host_costs(r.sub("host"), e.at("host")) : default_host_costs();
   p.source = r.get_string(e, "source", "");
   if (p.source.empty()) throw InputError(r.file, r.key_path("source"), "must say where the figures come from");
   return p;
@@ -154,6 +197,7 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   p.host_memcpy_bandwidth = BytesPerSecond{20.0 * kGiga};
   p.cpu_adam_params_per_second = cpu ? 3e8 : 1.5e9;
   p.comm_compute_interference = cpu ? 0.3 : 0.15;
+  p.host = default_host_costs();
   p.source = fmt::format("derived for {} from the device database (no entry in sim/profiles.json): "
                          "the {} assumptions of docs/compute_model.md", dev.name, dev.arch);
   return p;
@@ -164,6 +208,27 @@ double saturation(double x, double half) { return x / (x + half); }
 }  // namespace
 
 std::vector<DeviceProfile> load_profiles(const std::string& path) { return read_database(path); }
+
+HostCosts default_host_costs() {
+  // Fitted to the 38 runs of tests/data/deepspeed/h200_deepspeed_0.19.8.json (docs/time_model.md):
+  // the H200 machine's host (Intel Xeon, 16 cores), torch 2.11, transformers 5.17, DeepSpeed 0.19.8.
+  HostCosts c;
+  c.forward_op = Seconds{84 * kMicro};
+  c.backward_op = Seconds{128 * kMicro};
+  c.grad_hook = Seconds{84 * kMicro};
+  c.stage3_module_forward = Seconds{620 * kMicro};
+  c.stage3_module_backward = Seconds{800 * kMicro};
+  c.stage3_grad_hook = Seconds{0};
+  c.collective_launch = Seconds{30 * kMicro};
+  c.fp16_optimizer = {Seconds{1.9e3 * kMicro}, Seconds{264 * kMicro}};
+  c.bf16_optimizer = {Seconds{9.1e3 * kMicro}, Seconds{269 * kMicro}};
+  c.zero_optimizer = {Seconds{9.1e3 * kMicro}, Seconds{269 * kMicro}};
+  c.zero3_optimizer = {Seconds{11.4e3 * kMicro}, Seconds{62 * kMicro}};
+  c.plain = {Seconds{2.0e3 * kMicro}, Seconds{60 * kMicro}};
+  c.source = "fitted to DeepSpeed 0.19.8 / torch 2.11 / transformers 5.17 runs on the H200 machine's host "
+             "(tests/data/deepspeed/h200_deepspeed_0.19.8.json; tools/fit_host_costs.py)";
+  return c;
+}
 
 DeviceProfile load_profile(const std::string& path) {
   const json::json doc = json::parse_file(path);

@@ -155,7 +155,9 @@ TEST_CASE("bad input: one line, exit status 2") {
   bad("simulate --model gpt2 --gpus 4 --rank 4", "--rank");
   bad("simulate --model gpt2 --gpus 4 --attention flash2", "--attention");
   bad("simulate --model Llama-2-13b --gpus 2 --micro-batch 1000000000 --stages 0", "too large to simulate");
-  bad("simulate --model " + tmp_file("npos.json", R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100, "n_positions": 2147483647})") + " --gpus 2",
+  // Eager attention's (B, A, T, T) scores at T = 2^31 - 1 pass the 1 PiB bound (sdpa and
+  // flash-attn keep nothing of size T²).
+  bad("simulate --model " + tmp_file("npos.json", R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100, "n_positions": 2147483647})") + " --gpus 2 --attention eager",
       "too large to simulate");
   bad("simulate --model /nonexistent/config.json --gpus 2", "cannot open");
   bad("simulate --model gpt2 --gpus 2 --ds-config /tmp", "is a directory");
@@ -218,4 +220,52 @@ TEST_CASE("collectives prints an nccl-tests-like sweep") {
   bad("collectives --cluster 8xA100-80GB-NVSwitch --min 1X", "--min");
   bad("simulate --model gpt2 --nodes 2", "--nodes");
   bad("simulate --model gpt2 --cluster 8xA100-80GB-NVSwitch --gpus 9", "--gpus");
+}
+
+TEST_CASE("the command line: what zeroplan is, unknown subcommands, hub ids, attention names") {
+  const Run help = run("--help");
+  CHECK(help.status == 0);
+  CHECK(help.out.find("predicts the memory and time of DeepSpeed ZeRO training") != std::string::npos);
+  CHECK(help.out.find("plans the best one, trains it for real on CPU ranks") != std::string::npos);
+  // An unknown subcommand is named, with the closest one, whatever follows it; the list of
+  // subcommands comes from the parser, so a new one is known without touching this.
+  bad("nosuch", "zeroplan: unknown subcommand 'nosuch'; the closest subcommand is");
+  bad("nosuch --help", "unknown subcommand 'nosuch'");
+  bad("simulat --model gpt2", "unknown subcommand 'simulat'; did you mean 'simulate'?");
+  bad("modles", "did you mean 'models'?");
+  {
+    const Run r = run("nosuch");
+    for (const char* s : {"simulate", "explain", "plan", "train", "compare", "models"})
+      CHECK(r.out.find(s) != std::string::npos);
+  }
+  // A subcommand that exists answers its own help.
+  CHECK(run("plan --help").status == 0);
+  CHECK(run("simulate --help").out.find("flash_attention_2") != std::string::npos);
+  CHECK(run("simulate --help").out.find("else sdpa") != std::string::npos);
+  // Hub ids resolve offline; the catalogue lists them.
+  const Run hub = run("simulate --model meta-llama/Meta-Llama-3-8B --gpus 8 --gpu H100-80GB --seq-len 4096 --json");
+  CAPTURE(hub.out);
+  REQUIRE(hub.status == 0);
+  CHECK(nlohmann::json::parse(hub.out)["model"] == "Meta-Llama-3-8B");
+  CHECK(nlohmann::json::parse(hub.out)["attention"] == "sdpa");
+  const Run models = run("models");
+  CHECK(models.out.find("Qwen2.5-72B        qwen2     72,706,203,648 params") != std::string::npos);
+  CHECK(models.out.find("meta-llama/Llama-3.1-8B, meta-llama/Meta-Llama-3.1-8B") != std::string::npos);
+  bad("simulate --model meta-llama/Llama-9-1B --gpus 1", "--model: unknown model 'meta-llama/Llama-9-1B'");
+  bad("simulate --model gpt2 --gpus 1 --attention flash_attention", "did you mean 'flash_attention_2'?");
+  // flash_attention_2 needs 16-bit activations; DeepSpeed's defaults train in fp32.
+  bad("simulate --model gpt2 --gpus 1 --attention flash_attention_2", "flash_attention_2 runs in fp16 or bf16 only");
+  // A config.json's attn_implementation is honoured; --attention wins and says so.
+  const std::string cfg = tmp_file("eager_gpt2_config.json",
+                                   R"({"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                                       "n_positions": 64, "attn_implementation": "eager"})");
+  const Run own = run("simulate --model " + cfg + " --gpus 1 --json");
+  REQUIRE(own.status == 0);
+  CHECK(nlohmann::json::parse(own.out)["attention"] == "eager");
+  const Run over = run("simulate --model " + cfg + " --gpus 1 --attention sdpa");
+  REQUIRE(over.status == 0);
+  CHECK(over.out.find("warning: --attention sdpa overrides attn_implementation \"eager\" of " + cfg) != std::string::npos);
+  CHECK(over.out.find(", sdpa attention") != std::string::npos);
+  // train refuses what the CPU executor would compute differently (Llama 3.1's rope scaling).
+  bad("train --model meta-llama/Llama-3.1-8B --steps 1", "rope_scaling: rope_type \"llama3\" rescales the rotary frequencies");
 }

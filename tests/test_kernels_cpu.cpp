@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "kernels/cpu/dropout.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/layout.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/loss.hpp"
@@ -184,6 +186,56 @@ TEST_CASE("conv1d (weight (in, out)): equals linear with the transposed weight; 
   CHECK(max_fd_error(x, g[0], loss) < kFdTol);
   CHECK(max_fd_error(w, g[1], loss) < kFdTol);
   CHECK(max_fd_error(b, g[2], loss) < kFdTol);
+}
+
+// Each GEMM variant this binary carries and this CPU runs (kernels/cpu/isa.hpp), on shapes
+// that exercise Eigen's packing edges (odd sizes, k below and above its block), against a
+// double-precision reference. fp32 products summed over k carry at most about k·eps·Σ|a||b|
+// of rounding whatever the order or fused multiply-adds; the bound checked is that, with
+// eps = 2^-23. A variant must also give the same bits twice.
+TEST_CASE("gemm: every instruction-set variant agrees with the double reference within fp32 rounding") {
+  const auto variants = kc::built_isas();
+  REQUIRE(!variants.empty());
+  int ran = 0;
+  for (const kc::Isa isa : variants) {
+    if (!kc::cpu_supports(isa)) continue;
+    ++ran;
+    const kc::GemmFn gemm = kc::gemm_fn(isa);
+    for (const auto [m, n, k] : {std::array<std::int64_t, 3>{1, 1, 1}, {7, 13, 5}, {33, 17, 300}, {64, 96, 129}}) {
+      for (int t = 0; t < 8; ++t) {
+        const bool ta = (t & 1) != 0, tb = (t & 2) != 0, acc = (t & 4) != 0;
+        CAPTURE(kc::isa_name(isa));
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(k);
+        CAPTURE(t);
+        const Vec a = rand_vec(m * k, 31), b = rand_vec(k * n, 32), c0 = rand_vec(m * n, 33);
+        Vec c = c0, again = c0;
+        gemm(c.data(), a.data(), b.data(), m, n, k, ta, tb, acc);
+        gemm(again.data(), a.data(), b.data(), m, n, k, ta, tb, acc);
+        CHECK(std::memcmp(c.data(), again.data(), c.size() * sizeof(float)) == 0);
+        double worst = 0.0;
+        for (std::int64_t r = 0; r < m; ++r)
+          for (std::int64_t col = 0; col < n; ++col) {
+            double s = acc ? c0[sz(r * n + col)] : 0.0, mag = std::abs(s);
+            for (std::int64_t p = 0; p < k; ++p) {
+              const double av = ta ? a[sz(p * m + r)] : a[sz(r * k + p)];
+              const double bv = tb ? b[sz(col * k + p)] : b[sz(p * n + col)];
+              s += av * bv;
+              mag += std::abs(av * bv);
+            }
+            const double bound = static_cast<double>(k + 2) * std::ldexp(1.0, -23) * mag;
+            worst = std::max(worst, std::abs(c[sz(r * n + col)] - s) / bound);
+          }
+        CHECK(worst <= 1.0);
+      }
+    }
+  }
+  CHECK(ran >= 1);
+  // The variant the kernels use is one of them.
+  const kc::Isa used = kc::gemm_isa();
+  CHECK(std::find(variants.begin(), variants.end(), used) != variants.end());
+  CHECK(kc::cpu_supports(used));
 }
 
 TEST_CASE("bmm: every transpose combination, forward and both operand gradients") {
@@ -1110,4 +1162,65 @@ TEST_CASE("sdpa: forward equals the eager chain (scale, mask, softmax, dropout, 
     CHECK(max_fd_error(k, dk, loss) < kFdTol);
     CHECK(max_fd_error(v, dv, loss) < kFdTol);
   }
+}
+
+TEST_CASE("flash layout: strided (B, T, H, D) operands and grouped k, v equal sdpa on repeat_kv'd copies, bit for bit") {
+  // q (B, T, H·D) and k, v (B, T, K·D) as projections lay them out, K = 2 kv heads for H = 4;
+  // sdpa gets (B, H, T, D) copies with each kv head repeated for its H/K query heads.
+  const std::int64_t B = 2, H = 4, K = 2, T = 6, D = 3, G = H / K;
+  const float scale = 0.5f;
+  for (const bool causal : {true, false})
+    for (const float p : {0.0f, 0.25f}) {
+      CAPTURE(causal);
+      CAPTURE(p);
+      const Vec q = rand_vec(B * T * H * D, 1), k = rand_vec(B * T * K * D, 2), v = rand_vec(B * T * K * D, 3);
+      const Vec dout = rand_vec(B * T * H * D, 4);
+      const kc::HeadStrides sq = kc::bthd(T, H * D, D), skv = kc::bthd(T, K * D, D);
+      // The (B, H, T, D) copies.
+      const std::int64_t n = B * H * T * D;
+      Vec q4(sz(n)), k4(sz(n)), v4(sz(n)), do4(sz(n));
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t d = 0; d < D; ++d) {
+              const auto to = sz(((b * H + h) * T + t) * D + d);
+              q4[to] = q[sz(b * sq.b + h * sq.h + t * sq.t + d)];
+              do4[to] = dout[sz(b * sq.b + h * sq.h + t * sq.t + d)];
+              k4[to] = k[sz(b * skv.b + (h / G) * skv.h + t * skv.t + d)];
+              v4[to] = v[sz(b * skv.b + (h / G) * skv.h + t * skv.t + d)];
+            }
+      Vec o(sz(n)), lse(sz(B * H * T)), o4(sz(n)), lse4(sz(B * H * T));
+      kc::attention_forward(o.data(), sq, lse.data(), q.data(), sq, k.data(), skv, v.data(), skv, nullptr, B, H, K, T, D,
+                            causal, scale, p, 42, 7);
+      kc::sdpa_forward(o4.data(), lse4.data(), q4.data(), k4.data(), v4.data(), nullptr, B, H, T, D, causal, scale, p, 42, 7);
+      CHECK(lse == lse4);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t d = 0; d < D; ++d)
+              CHECK(o[sz(b * sq.b + h * sq.h + t * sq.t + d)] == o4[sz(((b * H + h) * T + t) * D + d)]);
+      // Backward: dq equal bit for bit; dk, dv equal the sums over each group of query heads.
+      Vec dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f), dq4(sz(n), 0.0f), dk4(sz(n), 0.0f), dv4(sz(n), 0.0f);
+      kc::attention_backward(dq.data(), sq, dk.data(), skv, dv.data(), skv, dout.data(), sq, q.data(), sq, k.data(), skv,
+                             v.data(), skv, lse.data(), nullptr, B, H, K, T, D, causal, scale, p, 42, 7);
+      kc::sdpa_backward(dq4.data(), dk4.data(), dv4.data(), do4.data(), q4.data(), k4.data(), v4.data(), lse4.data(),
+                        nullptr, B, H, T, D, causal, scale, p, 42, 7);
+      double worst = 0.0;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t d = 0; d < D; ++d) {
+            for (std::int64_t h = 0; h < H; ++h)
+              CHECK(dq[sz(b * sq.b + h * sq.h + t * sq.t + d)] == dq4[sz(((b * H + h) * T + t) * D + d)]);
+            for (std::int64_t kv = 0; kv < K; ++kv) {
+              double sk = 0.0, sv = 0.0;
+              for (std::int64_t g = 0; g < G; ++g) {
+                sk += dk4[sz(((b * H + kv * G + g) * T + t) * D + d)];
+                sv += dv4[sz(((b * H + kv * G + g) * T + t) * D + d)];
+              }
+              worst = std::max({worst, std::abs(sk - dk[sz(b * skv.b + kv * skv.h + t * skv.t + d)]),
+                                std::abs(sv - dv[sz(b * skv.b + kv * skv.h + t * skv.t + d)])});
+            }
+          }
+      CHECK(worst < 1e-5);
+    }
 }

@@ -9,11 +9,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <boost/graph/topological_sort.hpp>
+#include <fmt/format.h>
 
 #include "core/error.hpp"
 #include "models/graph.hpp"
@@ -24,20 +27,25 @@ using namespace zp::models;
 
 namespace {
 
-OpGraph graph_of(const std::string& name, std::int64_t b, std::int64_t s, DType dt = DType::fp16) {
+// The closed forms below (Korthikanti's 5as²b term, the 4bs²hL attention FLOPs) are those of
+// HF's eager attention: these graphs ask for it explicitly; the default (sdpa) and
+// flash_attention_2 have their own tests at the end.
+OpGraph graph_with(const ModelConfig& c, std::int64_t b, std::int64_t s, DType dt, Attention att) {
   GraphOptions o;
   o.micro_batch = b;
   o.seq_len = s;
   o.act_dtype = dt;
-  return build_graph(load_model(name), o);
-}
-
-OpGraph graph_of(const ModelConfig& c, std::int64_t b, std::int64_t s, DType dt = DType::fp16) {
-  GraphOptions o;
-  o.micro_batch = b;
-  o.seq_len = s;
-  o.act_dtype = dt;
+  o.attention = att;
   return build_graph(c, o);
+}
+OpGraph graph_with(const std::string& name, std::int64_t b, std::int64_t s, DType dt, Attention att) {
+  return graph_with(load_model(name), b, s, dt, att);
+}
+OpGraph eager_graph(const std::string& name, std::int64_t b, std::int64_t s, DType dt = DType::fp16) {
+  return graph_with(name, b, s, dt, Attention::eager);
+}
+OpGraph eager_graph(const ModelConfig& c, std::int64_t b, std::int64_t s, DType dt = DType::fp16) {
+  return graph_with(c, b, s, dt, Attention::eager);
 }
 
 using zp::test::input_error;
@@ -52,25 +60,148 @@ std::int64_t korthikanti(std::int64_t s, std::int64_t b, std::int64_t h, std::in
 }  // namespace
 
 TEST_CASE("catalogue parameter counts are exact") {
-  CHECK(graph_of("gpt2", 1, 128).param_count() == 124'439'808);
-  CHECK(graph_of("gpt2-medium", 1, 128).param_count() == 354'823'168);
-  CHECK(graph_of("gpt2-large", 1, 128).param_count() == 774'030'080);
-  CHECK(graph_of("gpt2-xl", 1, 128).param_count() == 1'557'611'200);
-  CHECK(graph_of("gpt2", 1, 128).base_param_count() == 124'439'808);  // lm_head tied to wte
-  CHECK(graph_of("bert-base-uncased", 1, 128).base_param_count() == 109'482'240);
-  CHECK(graph_of("bert-large-uncased", 1, 128).base_param_count() == 335'141'888);
+  CHECK(eager_graph("gpt2", 1, 128).param_count() == 124'439'808);
+  CHECK(eager_graph("gpt2-medium", 1, 128).param_count() == 354'823'168);
+  CHECK(eager_graph("gpt2-large", 1, 128).param_count() == 774'030'080);
+  CHECK(eager_graph("gpt2-xl", 1, 128).param_count() == 1'557'611'200);
+  CHECK(eager_graph("gpt2", 1, 128).base_param_count() == 124'439'808);  // lm_head tied to wte
+  CHECK(eager_graph("bert-base-uncased", 1, 128).base_param_count() == 109'482'240);
+  CHECK(eager_graph("bert-large-uncased", 1, 128).base_param_count() == 335'141'888);
   // BertForPreTraining adds cls.predictions.{bias, transform} and cls.seq_relationship.
-  CHECK(graph_of("bert-base-uncased", 1, 128).param_count() == 110'106'428);
-  CHECK(graph_of("Llama-2-7b", 1, 128).param_count() == 6'738'415'616);
-  CHECK(graph_of("Llama-2-13b", 1, 128).param_count() == 13'015'864'320);
-  CHECK(graph_of("Meta-Llama-3-8B", 1, 128).param_count() == 8'030'261'248);
-  CHECK(graph_of("Mistral-7B-v0.1", 1, 128).param_count() == 7'241'732'096);
+  CHECK(eager_graph("bert-base-uncased", 1, 128).param_count() == 110'106'428);
+  CHECK(eager_graph("Llama-2-7b", 1, 128).param_count() == 6'738'415'616);
+  CHECK(eager_graph("Llama-2-13b", 1, 128).param_count() == 13'015'864'320);
+  CHECK(eager_graph("Meta-Llama-3-8B", 1, 128).param_count() == 8'030'261'248);
+  CHECK(eager_graph("Mistral-7B-v0.1", 1, 128).param_count() == 7'241'732'096);
   // LlamaModel alone leaves out the untied lm_head (V x h).
-  CHECK(graph_of("Llama-2-7b", 1, 128).base_param_count() == 6'738'415'616 - 32000LL * 4096);
+  CHECK(eager_graph("Llama-2-7b", 1, 128).base_param_count() == 6'738'415'616 - 32000LL * 4096);
+}
+
+// Every catalogue entry against its published parameter total. Sources:
+//  - "hub": the count the Hugging Face hub publishes for the checkpoint (its API's
+//    safetensors.total, read from the safetensors headers; for sharded bf16 checkpoints the
+//    same as model.safetensors.index.json's metadata.total_size / 2 bytes), for the hub id
+//    models/hub_ids.json gives the entry:
+//      Llama-3-8B / 3.1-8B 8,030,261,248 (total_size 16,060,522,496), Llama-3.1-70B 70,553,706,496,
+//      Llama-3.1-405B 405,853,388,800, Llama-3.2-1B 1,235,814,400, Llama-3.2-3B 3,212,749,824,
+//      Mistral-7B-v0.1 7,241,732,096, Mistral-7B-v0.3 7,248,023,552, Llama-2-7b 6,738,415,616,
+//      Llama-2-13b 13,015,864,320; Qwen2.5 (model cards: 0.49B, 1.54B, 3.09B, 7.61B, 14.7B,
+//      32.5B, 72.7B): 0.5B 494,032,768, 1.5B 1,543,714,304, 3B 3,085,938,688 (total_size
+//      6,171,877,376), 7B 7,615,616,512 (total_size 15,231,233,024), 14B 14,770,033,664,
+//      32B 32,763,876,352 (total_size 65,527,752,704), 72B 72,706,203,648.
+//  - GPT-2: the hub's safetensors hold n_layer causal-mask buffers h.N.attn.bias
+//    (1, 1, 1024, 1024) besides the parameters, and its published totals count them:
+//      gpt2 137,022,720, gpt2-medium 379,988,992, gpt2-large 811,778,816, gpt2-xl 1,607,942,848.
+//  - BERT: BertModel as AutoModel loads it (with the pooler), the count its model card's
+//    "110M / 340M" rounds: 109,482,240 and 335,141,888.
+//  - GPT-3 175B: the paper's Table 2.1 gives 175.0B, rounded; the architecture it lists
+//    (96 layers, d_model 12288, 2048 positions, GPT-2's 50257 tokens) is within 0.3 % of it.
+TEST_CASE("every catalogue entry has its published parameter count") {
+  auto params = [](const std::string& n) { return graph_with(n, 1, 1, DType::bf16, kDefaultAttention).param_count(); };
+  const std::vector<std::pair<std::string, std::int64_t>> hub{
+      {"Meta-Llama-3-8B", 8'030'261'248},  {"Llama-3.1-8B", 8'030'261'248},    {"Llama-3.1-70B", 70'553'706'496},
+      {"Llama-3.1-405B", 405'853'388'800}, {"Llama-3.2-1B", 1'235'814'400},    {"Llama-3.2-3B", 3'212'749'824},
+      {"Mistral-7B-v0.1", 7'241'732'096},  {"Mistral-7B-v0.3", 7'248'023'552}, {"Llama-2-7b", 6'738'415'616},
+      {"Llama-2-13b", 13'015'864'320},     {"Qwen2.5-0.5B", 494'032'768},      {"Qwen2.5-1.5B", 1'543'714'304},
+      {"Qwen2.5-3B", 3'085'938'688},       {"Qwen2.5-7B", 7'615'616'512},      {"Qwen2.5-14B", 14'770'033'664},
+      {"Qwen2.5-32B", 32'763'876'352},     {"Qwen2.5-72B", 72'706'203'648}};
+  for (const auto& [n, total] : hub) {
+    CAPTURE(n);
+    CHECK(params(n) == total);
+  }
+  // The bf16 shards' byte totals are twice the counts.
+  CHECK(2 * params("Llama-3.1-8B") == 16'060'522'496);
+  CHECK(2 * params("Qwen2.5-3B") == 6'171'877'376);
+  CHECK(2 * params("Qwen2.5-7B") == 15'231'233'024);
+  CHECK(2 * params("Qwen2.5-32B") == 65'527'752'704);
+  const std::vector<std::pair<std::string, std::int64_t>> gpt2{
+      {"gpt2", 137'022'720}, {"gpt2-medium", 379'988'992}, {"gpt2-large", 811'778'816}, {"gpt2-xl", 1'607'942'848}};
+  for (const auto& [n, total] : gpt2) {
+    CAPTURE(n);
+    const ModelConfig c = load_model(n);
+    CHECK(params(n) + c.layers * c.max_positions * c.max_positions == total);
+  }
+  CHECK(graph_with("bert-base-uncased", 1, 1, DType::bf16, kDefaultAttention).base_param_count() == 109'482'240);
+  CHECK(graph_with("bert-large-uncased", 1, 1, DType::bf16, kDefaultAttention).base_param_count() == 335'141'888);
+  CHECK(std::abs(static_cast<double>(params("gpt3-175b")) / 175.0e9 - 1.0) < 0.003);
+  // Every entry but the tiny test models is covered above.
+  std::size_t covered = hub.size() + gpt2.size() + 2 + 1;
+  for (const auto& n : catalog_names()) if (n.rfind("tiny-", 0) == 0) ++covered;
+  CHECK(covered == catalog_names().size());
+}
+
+TEST_CASE("catalogue configs: rope scaling, biases and tying as published") {
+  const ModelConfig l31 = load_model("Llama-3.1-8B");
+  CHECK(l31.rope_type == "llama3");
+  CHECK(l31.rope_factor == 8.0);
+  CHECK(l31.rope_theta == 500000.0);
+  CHECK(l31.max_positions == 131072);
+  CHECK(!l31.tie_word_embeddings);
+  CHECK(!l31.qkv_bias);
+  const ModelConfig l32 = load_model("Llama-3.2-1B");
+  CHECK(l32.rope_factor == 32.0);
+  CHECK(l32.tie_word_embeddings);
+  CHECK(l32.head_dim == 64);
+  CHECK(load_model("Meta-Llama-3-8B").rope_type.empty());  // rope_scaling: null
+  for (const char* n : {"Qwen2.5-0.5B", "Qwen2.5-7B", "Qwen2.5-72B"}) {
+    const ModelConfig q = load_model(n);
+    CHECK(q.qkv_bias);   // q, k, v with bias; o_proj and the MLP without
+    CHECK(!q.mlp_bias);
+    CHECK(q.sliding_window == 0);  // use_sliding_window: false
+    CHECK(q.rope_theta == 1000000.0);
+  }
+  CHECK(load_model("Qwen2.5-3B").tie_word_embeddings);
+  CHECK(!load_model("Qwen2.5-7B").tie_word_embeddings);
+  const OpGraph q = graph_with("Qwen2.5-0.5B", 1, 8, DType::bf16, kDefaultAttention);
+  CHECK(q.params[1].name == "model.layers.0.self_attn.q_proj.weight");
+  CHECK(q.params[2].name == "model.layers.0.self_attn.q_proj.bias");
+  CHECK(std::none_of(q.params.begin(), q.params.end(), [](const Param& p) { return p.name.find("o_proj.bias") != std::string::npos; }));
+  // Mistral v0.3: a 32768-token vocabulary, no sliding window, RoPE base 1e6; v0.1 kept.
+  const ModelConfig m3 = load_model("Mistral-7B-v0.3"), m1 = load_model("Mistral-7B-v0.1");
+  CHECK(m3.vocab == 32768);
+  CHECK(m3.sliding_window == 0);
+  CHECK(m3.rope_theta == 1000000.0);
+  CHECK(m1.vocab == 32000);
+  CHECK(m1.sliding_window == 4096);
+}
+
+TEST_CASE("hub ids resolve offline to catalogue entries") {
+  CHECK(load_model("meta-llama/Meta-Llama-3-8B").name == "Meta-Llama-3-8B");
+  CHECK(load_model("bert-large-uncased").name == "bert-large-uncased");
+  CHECK(load_model("google-bert/bert-large-uncased").name == "bert-large-uncased");
+  CHECK(load_model("openai-community/gpt2-medium").name == "gpt2-medium");
+  CHECK(load_model("Qwen/Qwen2.5-7B").name == "Qwen2.5-7B");
+  CHECK(load_model("qwen/qwen2.5-7b").name == "Qwen2.5-7B");  // the hub resolves ids case-insensitively
+  CHECK(load_model("meta-llama/Meta-Llama-3.1-8B").name == "Llama-3.1-8B");  // the name before the rename
+  const auto names = catalog_names();
+  const auto ids = hub_ids();
+  CHECK(ids.size() == 26);
+  for (const auto& [id, n] : ids) {
+    CAPTURE(id);
+    CHECK(std::find(names.begin(), names.end(), n) != names.end());
+    CHECK(load_model(id).name == n);
+    CHECK(load_model(id).source == load_model(n).source);
+  }
+  // Every published entry has its hub id; GPT-3 and the tiny models have none.
+  for (const auto& n : names) {
+    CAPTURE(n);
+    const bool has = std::any_of(ids.begin(), ids.end(), [&](const auto& e) { return e.second == n; });
+    CHECK(has == (n != "gpt3-175b" && n.rfind("tiny-", 0) != 0));
+  }
+  // An unknown name says what is known and how to pass a config.json.
+  const std::string msg = input_error([] { load_model("meta-llama/Llama-4-Scout"); });
+  CHECK(contains(msg, "--model: unknown model 'meta-llama/Llama-4-Scout'"));
+  CHECK(contains(msg, "Llama-3.1-8B"));
+  CHECK(contains(msg, "meta-llama/Meta-Llama-3-8B"));
+  CHECK(contains(msg, "--model path/to/config.json"));
+  CHECK(contains(input_error([] { load_model("Qwen2.5-7"); }), "did you mean 'Qwen2.5-7B'?"));
+  // A path that is no hub id stays a path.
+  CHECK(contains(input_error([] { load_model("/no/such/dir"); }), "/no/such/dir: cannot open file"));
+  CHECK(contains(input_error([] { load_model("missing.json"); }), "missing.json: cannot open file"));
 }
 
 TEST_CASE("params follow registration order with Hugging Face names and shapes") {
-  const OpGraph g = graph_of("gpt2", 1, 64);
+  const OpGraph g = eager_graph("gpt2", 1, 64);
   REQUIRE(g.params.size() == 2 + 12 * 12 + 2);
   CHECK(g.params[0].name == "transformer.wte.weight");
   CHECK(g.params[1].name == "transformer.wpe.weight");
@@ -79,7 +210,7 @@ TEST_CASE("params follow registration order with Hugging Face names and shapes")
   CHECK(g.params[4].shape == std::vector<std::int64_t>{768, 2304});  // Conv1D: (in, out)
   CHECK(g.params.back().name == "transformer.ln_f.bias");
 
-  const OpGraph l = graph_of("Meta-Llama-3-8B", 1, 64);
+  const OpGraph l = eager_graph("Meta-Llama-3-8B", 1, 64);
   CHECK(l.params[0].name == "model.embed_tokens.weight");
   CHECK(l.params[1].name == "model.layers.0.self_attn.q_proj.weight");
   CHECK(l.params[2].shape == std::vector<std::int64_t>{1024, 4096});  // k_proj: (kv*d, h)
@@ -87,7 +218,7 @@ TEST_CASE("params follow registration order with Hugging Face names and shapes")
   CHECK(l.params.back().name == "lm_head.weight");
   CHECK_FALSE(l.params.back().in_base_model);
 
-  const OpGraph b = graph_of("bert-base-uncased", 1, 64);
+  const OpGraph b = eager_graph("bert-base-uncased", 1, 64);
   CHECK(b.params[1].name == "bert.embeddings.position_embeddings.weight");
   CHECK(b.params[3].name == "bert.embeddings.LayerNorm.weight");
   auto at = [&](const std::string& n) {
@@ -113,7 +244,7 @@ TEST_CASE("BERT layers save exactly s*b*h*(34 + 5as/h) bytes, plus LayerNorm sta
     CAPTURE(c.model);
     CAPTURE(c.s);
     CAPTURE(c.b);
-    const OpGraph g = graph_of(c.model, c.b, c.s);
+    const OpGraph g = eager_graph(c.model, c.b, c.s);
     for (std::int32_t l = 0; l < static_cast<std::int32_t>(g.layers.size()); ++l) {
       CHECK(g.saved_bytes_of_layer_large(l).v == korthikanti(c.s, c.b, c.h, c.a));
       // Two LayerNorms, each keeping fp32 mean and rstd per token.
@@ -121,9 +252,9 @@ TEST_CASE("BERT layers save exactly s*b*h*(34 + 5as/h) bytes, plus LayerNorm sta
     }
   }
   // bert-large, s=128, b=64: 128*64*1024*(34 + 10) bytes per layer.
-  CHECK(graph_of("bert-large-uncased", 64, 128).saved_bytes_of_layer_large(0).v == 369'098'752);
+  CHECK(eager_graph("bert-large-uncased", 64, 128).saved_bytes_of_layer_large(0).v == 369'098'752);
   // bf16 has the same sizes as fp16.
-  CHECK(graph_of("bert-base-uncased", 4, 128, DType::bf16).saved_bytes_of_layer_large(5).v ==
+  CHECK(eager_graph("bert-base-uncased", 4, 128, DType::bf16).saved_bytes_of_layer_large(5).v ==
         korthikanti(128, 4, 768, 12));
 }
 
@@ -138,25 +269,25 @@ TEST_CASE("GPT-2 layers: the formula with fused gelu, 24sbh more with gelu_new")
     CAPTURE(c.s);
     ModelConfig cfg = load_model(c.model);
     cfg.act = Act::gelu;  // the formula assumes one fused GELU kernel that saves its input
-    const OpGraph g = graph_of(cfg, c.b, c.s);
+    const OpGraph g = eager_graph(cfg, c.b, c.s);
     for (std::int32_t l = 0; l < static_cast<std::int32_t>(g.layers.size()); ++l) {
       CHECK(g.saved_bytes_of_layer_large(l).v == korthikanti(c.s, c.b, c.h, c.a));
       CHECK((g.saved_bytes_of_layer(l) - g.saved_bytes_of_layer_large(l)).v == 2 * 2 * 4 * c.s * c.b);
     }
     // gelu_pytorch_tanh is fused too.
     cfg.act = Act::gelu_pytorch_tanh;
-    CHECK(graph_of(cfg, c.b, c.s).saved_bytes_of_layer_large(0).v == korthikanti(c.s, c.b, c.h, c.a));
+    CHECK(eager_graph(cfg, c.b, c.s).saved_bytes_of_layer_large(0).v == korthikanti(c.s, c.b, c.h, c.a));
 
     // The catalogue's gelu_new is HF's NewGELUActivation, written as Python ops:
     //   0.5*x * (1 + tanh(sqrt(2/pi) * (x + 0.044715*x^3)))
     // Autograd keeps x (pow), tanh's output, 0.5*x and (1 + tanh) (the final mul saves
     // both operands): three (b, s, 4h) 16-bit tensors beyond x, i.e. 3 * 8sbh = 24sbh.
-    const OpGraph n = graph_of(c.model, c.b, c.s);
+    const OpGraph n = eager_graph(c.model, c.b, c.s);
     for (std::int32_t l = 0; l < static_cast<std::int32_t>(n.layers.size()); ++l)
       CHECK(n.saved_bytes_of_layer_large(l).v == (34 + 24) * c.s * c.b * c.h + 5 * c.a * c.s * c.s * c.b);
   }
   // gpt2, s=1024, b=4: 58*sbh + 5as^2b.
-  CHECK(graph_of("gpt2", 4, 1024).saved_bytes_of_layer_large(11).v == 434'110'464);
+  CHECK(eager_graph("gpt2", 4, 1024).saved_bytes_of_layer_large(11).v == 434'110'464);
 }
 
 // Llama-family layer, derived from the HF code (16-bit activations, attention_dropout 0,
@@ -188,18 +319,18 @@ TEST_CASE("Llama-family layers match the derived closed form") {
     CAPTURE(c.s);
     const std::int64_t sbh = c.s * c.b * c.h, sbi = c.s * c.b * c.i, as2b = c.a * c.s * c.s * c.b;
     for (DType dt : {DType::bf16, DType::fp16}) {
-      const OpGraph g = graph_of(c.model, c.b, c.s, dt);
+      const OpGraph g = eager_graph(c.model, c.b, c.s, dt);
       for (std::int32_t l = 0; l < static_cast<std::int32_t>(g.layers.size()); ++l) {
         CHECK(g.saved_bytes_of_layer_large(l).v == 24 * sbh + 8 * sbi + 6 * as2b);
         CHECK(g.saved_bytes_of_layer(l).v == 24 * sbh + 8 * sbi + 6 * as2b + 8 * c.s * c.b);
       }
     }
-    const OpGraph f = graph_of(c.model, c.b, c.s, DType::fp32);
+    const OpGraph f = eager_graph(c.model, c.b, c.s, DType::fp32);
     CHECK(f.saved_bytes_of_layer_large(0).v == 40 * sbh + 16 * sbi + 4 * as2b);
     CHECK(f.saved_bytes_of_layer(0).v == 40 * sbh + 16 * sbi + 4 * as2b + 8 * c.s * c.b);
   }
   // Llama-2-7b, s=4096, b=1, bf16: 402,653,184 + 360,710,144 + 3,221,225,472 (+ 32,768).
-  const OpGraph g = graph_of("Llama-2-7b", 1, 4096, DType::bf16);
+  const OpGraph g = eager_graph("Llama-2-7b", 1, 4096, DType::bf16);
   CHECK(g.saved_bytes_of_layer_large(31).v == 3'984'588'800);
   CHECK(g.saved_bytes_of_layer(31).v == 3'984'621'568);
 
@@ -207,7 +338,7 @@ TEST_CASE("Llama-family layers match the derived closed form") {
   // the dropout output (2 bytes) are: 7as^2b instead of 6as^2b.
   ModelConfig cfg = load_model("tiny-llama");
   cfg.attention_dropout = 0.1;
-  const OpGraph d = graph_of(cfg, 2, 32, DType::bf16);
+  const OpGraph d = eager_graph(cfg, 2, 32, DType::bf16);
   const std::int64_t s = 32, b = 2, h = 64, a = 4, i = 176;
   CHECK(d.saved_bytes_of_layer_large(1).v == 24 * s * b * h + 8 * s * b * i + 7 * a * s * s * b);
 }
@@ -233,7 +364,7 @@ TEST_CASE("forward GEMM FLOPs: 2 x weights x tokens + 4bs^2hL") {
   for (const Case& c : {Case{"gpt2", 4, 1024, gpt2_w}, Case{"Llama-2-7b", 1, 4096, llama_w},
                         Case{"Llama-2-7b", 2, 512, llama_w}}) {
     CAPTURE(c.model);
-    const OpGraph g = graph_of(c.model, c.b, c.s);
+    const OpGraph g = eager_graph(c.model, c.b, c.s);
     const double tokens = static_cast<double>(c.b * c.s);
     const double attn = 4.0 * static_cast<double>(c.b) * static_cast<double>(c.s * c.s) *
                         static_cast<double>(g.cfg.hidden) * static_cast<double>(g.cfg.layers);
@@ -305,7 +436,7 @@ TEST_CASE("bad model configs are rejected with the file and key named") {
   CHECK(contains(m, "--model"));
 
   // A sequence longer than a learned position table.
-  m = input_error([] { graph_of("gpt2", 1, 2048); });
+  m = input_error([] { eager_graph("gpt2", 1, 2048); });
   CHECK(contains(m, "n_positions"));
 }
 
@@ -326,7 +457,7 @@ TEST_CASE("configs: defaults, unknown HF keys, heads, families") {
                     "max_position_embeddings":64,"tie_word_embeddings":true})");
   CHECK(q.qkv_bias);
   CHECK(q.tie_word_embeddings);
-  const OpGraph qg = graph_of(q, 1, 16);
+  const OpGraph qg = eager_graph(q, 1, 16);
   // q/k/v biases, no o_proj bias; lm_head tied to the embeddings.
   std::int64_t per_layer = 64 * 64 + 64 + 2 * (32 * 64 + 32) + 64 * 64 + 3 * 64 * 176 + 2 * 64;
   CHECK(qg.param_count() == 256 * 64 + 2 * per_layer + 64);
@@ -349,24 +480,28 @@ TEST_CASE("configs: defaults, unknown HF keys, heads, families") {
   const ModelConfig b = load_model(path.string());
   CHECK(b.head == Head::bert_mlm);
   CHECK(b.name == "zeroplan_test_models");
-  const OpGraph bg = graph_of(b, 2, 16);
+  const OpGraph bg = eager_graph(b, 2, 16);
   for (const auto& p : bg.params) CHECK(p.name.rfind("bert.pooler", 0) == std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("every catalogue entry builds a consistent graph") {
+TEST_CASE("every catalogue entry builds a consistent graph, with each attention") {
   const auto names = catalog_names();
-  // The ten published models, GPT-3 175B and the three tiny test models.
-  for (const char* n : {"bert-base-uncased", "bert-large-uncased", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
-                        "Llama-2-7b", "Llama-2-13b", "Meta-Llama-3-8B", "Mistral-7B-v0.1", "gpt3-175b", "tiny-gpt2",
-                        "tiny-bert", "tiny-llama"})
-    CHECK(std::find(names.begin(), names.end(), n) != names.end());
-  REQUIRE(names.size() == 14);
-  for (const auto& n : names) {
+  // The published models, GPT-3 175B and the three tiny test models.
+  const std::vector<std::string> expected{
+      "bert-base-uncased", "bert-large-uncased", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "Llama-2-7b",
+      "Llama-2-13b", "Meta-Llama-3-8B", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Llama-3.2-1B",
+      "Llama-3.2-3B", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-3B", "Qwen2.5-7B", "Qwen2.5-14B", "Qwen2.5-32B",
+      "Qwen2.5-72B", "Mistral-7B-v0.1", "Mistral-7B-v0.3", "gpt3-175b", "tiny-gpt2", "tiny-bert", "tiny-llama"};
+  for (const auto& n : expected) CHECK(std::find(names.begin(), names.end(), n) != names.end());
+  REQUIRE(names.size() == expected.size());
+  for (const auto& n : names)
+    for (const Attention att : {Attention::eager, Attention::sdpa, Attention::flash_attention_2}) {
     CAPTURE(n);
-    // s = 128, or the whole position table of the tiny models (64).
+    CAPTURE(attention_name(att));
+    // s = 128, or the whole position table of the tiny models (64); bf16 (flash-attn's dtype).
     const ModelConfig c = load_model(n);
-    const OpGraph g = graph_of(c, 1, std::min<std::int64_t>(128, c.max_positions));
+    const OpGraph g = graph_with(c, 1, std::min<std::int64_t>(128, c.max_positions), DType::bf16, att);
     REQUIRE(g.layers.size() == static_cast<std::size_t>(g.cfg.layers));
     REQUIRE(g.loss != kNone);
 
@@ -430,13 +565,13 @@ TEST_CASE("every catalogue entry builds a consistent graph") {
       CHECK(g.saved_bytes_of_layer(static_cast<std::int32_t>(l)) > g.saved_bytes_of_layer_large(static_cast<std::int32_t>(l)));
     }
     CHECK(!g.inputs.empty());
-  }
+    }
 }
 
 TEST_CASE("dropout with p == 0 adds no op and no mask") {
   ModelConfig c = load_model("tiny-gpt2");
   c.attention_dropout = c.hidden_dropout = c.embedding_dropout = 0.0;
-  const OpGraph g = graph_of(c, 2, 32);
+  const OpGraph g = eager_graph(c, 2, 32);
   for (const auto& op : g.ops) CHECK(op.kind != OpKind::dropout);
   for (const auto& t : g.tensors) CHECK(t.dtype != DType::b1);
   // Without dropout: the two 1-byte hidden masks go (58 - 2 = 56 sbh with gelu_new), and
@@ -481,4 +616,156 @@ TEST_CASE("sdpa attention saves q, k, v, the output and the logsumexp: no s^2 te
   const std::int64_t s = 512, h = 768;
   for (const auto& op : causal.ops)
     if (op.name == "layer0.attn.sdpa") CHECK(op.fwd_flops.v == doctest::Approx(2.0 * s * s * h));
+}
+
+TEST_CASE("the default attention is what transformers picks, and the docs say which") {
+  CHECK(kDefaultAttention == Attention::sdpa);  // transformers 5.25: "sdpa" when none is requested
+  CHECK(GraphOptions{}.attention == kDefaultAttention);
+  CHECK(choose_attention(load_model("gpt2"), "").attention == kDefaultAttention);
+  // README.md and docs/design.md state the default in one sentence built from the code's
+  // value: changing kDefaultAttention without them fails here.
+  const std::string sentence = fmt::format("The default attention is `{}`", attention_name(kDefaultAttention));
+  for (const std::string doc : {"README.md", "docs/design.md"}) {
+    CAPTURE(doc);
+    std::ifstream in(std::filesystem::path(ZEROPLAN_SHARED_DIR) / doc);
+    REQUIRE(in.good());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(contains(text, sentence));
+  }
+}
+
+TEST_CASE("attention names: transformers' spellings, config.json's attn_implementation, the command line wins") {
+  CHECK(parse_attention("--attention", "", "flash_attention_2") == Attention::flash_attention_2);
+  CHECK(std::string(attention_name(Attention::flash_attention_2)) == "flash_attention_2");
+  CHECK(contains(input_error([] { parse_attention("--attention", "", "flash2"); }),
+                 "--attention: must be one of eager, sdpa, flash_attention_2"));
+  CHECK(contains(input_error([] { parse_attention("--attention", "", "flash_attention_3"); }), "flash_attention_3"));
+  CHECK(contains(input_error([] { parse_attention("--attention", "", "SDPA"); }), "did you mean 'sdpa'?"));
+  const std::string base = R"({"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                               "n_positions": 64)";
+  const ModelConfig none = parse_model_config("c.json", base + "}");
+  CHECK(!none.attn_implementation);
+  const ModelConfig eager = parse_model_config("c.json", base + R"(, "attn_implementation": "eager"})");
+  REQUIRE(eager.attn_implementation);
+  CHECK(*eager.attn_implementation == Attention::eager);
+  // transformers 4.x's save_pretrained wrote the private key.
+  const ModelConfig old = parse_model_config("c.json", base + R"(, "_attn_implementation": "flash_attention_2"})");
+  CHECK(*old.attn_implementation == Attention::flash_attention_2);
+  CHECK(old.attn_key == "_attn_implementation");
+  CHECK(contains(input_error([&] { parse_model_config("c.json", base + R"(, "attn_implementation": "flex_attention"})"); }),
+                 "c.json: attn_implementation: must be one of eager, sdpa, flash_attention_2"));
+  CHECK(contains(input_error([&] {
+                   parse_model_config("c.json", base + R"(, "attn_implementation": "eager", "_attn_implementation": "sdpa"})");
+                 }),
+                 "contradicts attn_implementation 'eager'"));
+  // The config.json's choice, unless the command line asks otherwise (and then says so).
+  const AttentionChoice from_cfg = choose_attention(eager, "");
+  CHECK(from_cfg.attention == Attention::eager);
+  CHECK(from_cfg.note.empty());
+  const AttentionChoice cli = choose_attention(eager, "sdpa");
+  CHECK(cli.attention == Attention::sdpa);
+  CHECK(cli.note == "--attention sdpa overrides attn_implementation \"eager\" of c.json");
+  CHECK(choose_attention(eager, "eager").note.empty());
+  CHECK(choose_attention(none, "flash_attention_2").note.empty());
+  CHECK(contains(input_error([&] { choose_attention(none, "fa2"); }), "--attention: must be one of"));
+}
+
+namespace {
+
+Bytes saved_of(const OpGraph& g, const std::string& name) {
+  for (const auto& op : g.ops)
+    if (op.name == name) {
+      Bytes b{};
+      for (TensorId t : op.saved) b += g.tensors[static_cast<std::size_t>(t)].bytes;
+      return b;
+    }
+  FAIL("no op ", name);
+  return Bytes{};
+}
+
+const Op& op_named(const OpGraph& g, const std::string& name) {
+  for (const auto& op : g.ops)
+    if (op.name == name) return op;
+  throw std::runtime_error("no op " + name);
+}
+
+}  // namespace
+
+TEST_CASE("flash_attention_2 saves q, k, v as given (no repeat_kv), its output, logsumexp and rng_state") {
+  auto flash = [](const std::string& n, std::int64_t b, std::int64_t s) { return graph_with(n, b, s, DType::bf16, Attention::flash_attention_2); };
+  auto sdpa = [](const std::string& n, std::int64_t b, std::int64_t s) { return graph_with(n, b, s, DType::bf16, Attention::sdpa); };
+  const std::int64_t rng = 16;  // rng_state: 2 int64 per layer, counted with the large tensors (shape (2))
+  // BERT: sdpa's 36sbh less its (B, H, T, D) output, which flash-attn writes straight into the
+  // merged (B, T, H·D) layout (the output dense saves that one tensor): 34sbh; the
+  // logsumexp (4 bytes × a·s·b) and LayerNorm statistics are the small rest.
+  {
+    const std::int64_t b = 8, s = 128, h = 1024, a = 16;
+    const auto g = flash("bert-large-uncased", b, s);
+    for (std::int32_t l = 0; l < 24; ++l) {
+      CHECK(g.saved_bytes_of_layer_large(l).v == 34 * s * b * h + rng);
+      CHECK(g.saved_bytes_of_layer(l).v == 34 * s * b * h + rng + 2 * 2 * 4 * s * b + 4 * a * s * b);
+    }
+    // No mask is built when nothing is padded, and no merge_heads copy follows the kernel.
+    for (const auto& op : g.ops) {
+      CHECK(op.fn != Fn::extended_mask);
+      CHECK(op.fn != Fn::merge_heads);
+    }
+    const Op& fa = op_named(g, "layer0.attention.self.flash_attn");
+    CHECK(!fa.causal);
+    CHECK(op_named(g, "layer0.attention.output.dense").inputs[0] == fa.outputs[0]);
+    // Non-causal: 4·b·s²·h forward, 2.5× that backward (Q Kᵀ recomputed + four gradient GEMMs).
+    CHECK(fa.fwd_flops.v == doctest::Approx(4.0 * b * s * s * h));
+    CHECK(fa.bwd_flops.v == doctest::Approx(2.5 * 4.0 * b * s * s * h));
+  }
+  // GPT-2 (gelu_new): sdpa's 60sbh less the separate output: 58sbh.
+  {
+    const std::int64_t b = 2, s = 1024, h = 768;
+    const auto g = flash("gpt2", b, s);
+    CHECK(g.saved_bytes_of_layer_large(3).v == 58 * s * b * h + rng);
+    CHECK(sdpa("gpt2", b, s).saved_bytes_of_layer_large(3).v - g.saved_bytes_of_layer_large(3).v == 2 * s * b * h - rng);
+    // Causal: the lower triangle with its diagonal, s(s+1)/2 pairs: 4·b·a·d·s(s+1)/2.
+    const Op& fa = op_named(g, "layer0.attn.flash_attn");
+    CHECK(fa.causal);
+    CHECK(fa.fwd_flops.v == doctest::Approx(2.0 * b * h * s * (s + 1)));
+    CHECK(fa.bwd_flops.v == doctest::Approx(2.5 * 2.0 * b * h * s * (s + 1)));
+  }
+  // Llama-2 (K = A): sdpa's 26sbh + 8sbI less the separate output: 24sbh + 8sbI.
+  {
+    const std::int64_t b = 1, s = 4096, h = 4096, i = 11008;
+    CHECK(flash("Llama-2-7b", b, s).saved_bytes_of_layer_large(0).v == 24 * s * b * h + 8 * s * b * i + rng);
+  }
+  // Llama-3 (GQA, K = 8 of A = 32): flash-attn reads k and v with their 8 heads, so it saves
+  // (B, T, K·D) k and v (2sbh·K/A each) where sdpa saves repeat_kv's (B, A, T, D) copies
+  // (2sbh each): 24sbh - 4sbh + 4sbh·K/A + 8sbI = 21sbh + 8sbI.
+  {
+    const std::int64_t b = 1, s = 4096, h = 4096, i = 14336;
+    const auto g = flash("Meta-Llama-3-8B", b, s);
+    CHECK(g.saved_bytes_of_layer_large(0).v == 21 * s * b * h + 8 * s * b * i + rng);
+    CHECK(sdpa("Meta-Llama-3-8B", b, s).saved_bytes_of_layer_large(0).v == 26 * s * b * h + 8 * s * b * i);
+    for (const auto& op : g.ops) CHECK(op.fn != Fn::repeat_kv);
+    const Op& fa = op_named(g, "layer0.self_attn.flash_attn");
+    const FlashLayout f = flash_layout(g, fa);
+    CHECK(f.H == 32);
+    CHECK(f.K == 8);
+    CHECK(f.D == 128);
+    CHECK(f.causal);
+    CHECK(g.tensors[static_cast<std::size_t>(f.k.tensor)].name == "layer0.self_attn.rope_k");
+    CHECK(g.tensors[static_cast<std::size_t>(f.v.tensor)].name == "layer0.self_attn.v_proj");
+    CHECK(g.tensors[static_cast<std::size_t>(f.rng)].dtype == DType::i64);
+    CHECK(saved_of(g, "layer0.self_attn.flash_attn").v ==
+          (2 * s * h + 2 * 2 * s * 8 * 128 + 2 * s * h) + 4 * 32 * s + rng);
+  }
+  // GPT-2's q, k, v are column blocks of c_attn's (B, T, 3C) output.
+  {
+    const auto g = flash("tiny-gpt2", 2, 16);
+    const FlashLayout f = flash_layout(g, op_named(g, "layer0.attn.flash_attn"));
+    CHECK(f.q.tensor == f.k.tensor);
+    CHECK(f.k.offset == 64);
+    CHECK(f.v.offset == 128);
+    CHECK(f.q.st == 192);
+    CHECK(f.o.st == 64);
+  }
+  // flash-attn has no fp32 kernel: an fp32 configuration is refused, naming the flag.
+  CHECK(contains(input_error([] { graph_with("tiny-llama", 1, 16, DType::fp32, Attention::flash_attention_2); }),
+                 "--attention: flash_attention_2 runs in fp16 or bf16 only"));
 }

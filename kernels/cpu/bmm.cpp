@@ -1,42 +1,13 @@
 #include "kernels/cpu/bmm.hpp"
 
-#include <Eigen/Core>
+#include "kernels/cpu/isa.hpp"
 
 namespace zp::kernels::cpu {
 
-namespace {
-
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstMap = Eigen::Map<const RowMat>;
-using Map = Eigen::Map<RowMat>;
-
-template <class L, class R>
-void product(Map& c, const L& l, const R& r, bool accumulate) {
-  if (accumulate)
-    c.noalias() += l * r;
-  else
-    c.noalias() = l * r;
-}
-
-}  // namespace
-
 void gemm(float* c, const float* a, const float* b, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a,
           bool trans_b, bool accumulate) {
-  Map cm(c, m, n);
-  if (k == 0) {
-    if (!accumulate) cm.setZero();
-    return;
-  }
-  const ConstMap am(a, trans_a ? k : m, trans_a ? m : k);
-  const ConstMap bm(b, trans_b ? n : k, trans_b ? k : n);
-  if (!trans_a && !trans_b)
-    product(cm, am, bm, accumulate);
-  else if (!trans_a)
-    product(cm, am, bm.transpose(), accumulate);
-  else if (!trans_b)
-    product(cm, am.transpose(), bm, accumulate);
-  else
-    product(cm, am.transpose(), bm.transpose(), accumulate);
+  static const GemmFn variant = gemm_fn(gemm_isa());  // kernels/cpu/isa.hpp: chosen at the first call
+  variant(c, a, b, m, n, k, trans_a, trans_b, accumulate);
 }
 
 void bmm_forward(float* c, const float* a, const float* b, std::int64_t batch, std::int64_t m, std::int64_t n,

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Lay zeroplan's predictions beside DeepSpeed's measurements (tools/deepspeed_reference.py).
+
+Reads DIR/meta.json and DIR/runs.jsonl, predicts every run with `zeroplan simulate --json` on the
+H200 preset (same model config, ds_config, micro-batch, sequence length and attention), and prints one
+table: measured, predicted and the error of the allocated peak, the reserved peak, device-used bytes,
+the peak's moment, and the forward, backward, step and iteration wall times.
+
+--write-reference FILE keeps what CI checks the simulator against (tests/data/deepspeed/): the
+versions, the process constants and, per run, its inputs and measurements (no snapshots or traces).
+
+Usage: deepspeed_compare.py DIR [--zeroplan build/cli/zeroplan] [--write-reference FILE] [--json OUT]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MiB = 1 << 20
+
+
+def model_arg(run_model):
+    """The model as zeroplan takes it: a catalogue name when the config is one, else the path."""
+    cat = os.path.join(ROOT, "models", "catalog", run_model)
+    if os.path.exists(cat):
+        return os.path.splitext(run_model)[0]
+    local = os.path.join(ROOT, "tests", "data", "deepspeed", run_model)
+    if os.path.exists(local):
+        return local
+    raise SystemExit(f"deepspeed_compare: no model config named {run_model} in models/catalog or tests/data/deepspeed")
+
+
+def predict(zeroplan, run):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(run["ds_config"], f)
+        cfg = f.name
+    try:
+        cmd = [zeroplan, "simulate", "--model", model_arg(run["model"]), "--ds-config", cfg, "--cluster", "1xH200-141GB",
+               "--seq-len", str(run["seq_len"]), "--attention", run["attention"], "--json"]
+        if run.get("keep_output"):
+            cmd.append("--keep-output")
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
+        r = json.loads(p.stdout)["results"][0]
+        return {
+            "peak_allocated": r["memory"]["peak_allocated_bytes"],
+            "reserved": r["memory"]["reserved_bytes"],
+            "device_used": r["memory"]["device_used_bytes"],
+            "persistent": r["memory"]["persistent_bytes"],
+            "peak_event": r["memory"]["peak_event"],
+            "forward": r["time"]["forward_ms"] * 1e-3,
+            "backward": r["time"]["backward_ms"] * 1e-3,
+            "step": r["time"]["step_ms"] * 1e-3,
+            "iteration": r["time"]["iteration_ms"] * 1e-3,
+        }
+    finally:
+        os.remove(cfg)
+
+
+def err(pred, meas):
+    return (pred - meas) / meas if meas else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--zeroplan", default=os.path.join(ROOT, "build", "cli", "zeroplan"))
+    ap.add_argument("--write-reference")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    meta = json.load(open(os.path.join(args.dir, "meta.json")))
+    runs = [json.loads(line) for line in open(os.path.join(args.dir, "runs.jsonl"))]
+    rows = []
+    for run in runs:
+        if "error" in run:
+            print(f"{run['name']}: not measured ({run['error']})", file=sys.stderr)
+            continue
+        m = run["memory"]
+        consts = run.get("process_constants", meta["constants"])
+        meas = {
+            "peak_allocated": m["peak_allocated"],
+            "reserved": m["peak_reserved"],
+            # device-used at the end of the step, with the caching allocator at its peak reservation
+            "device_used": m["device_used_after_step"] - m["reserved_after_step"] + m["peak_reserved"],
+            "persistent": m["allocated_before_step"],
+            "peak_between": m["peak_between"],
+            "forward": run["phases_s"]["forward"],
+            "backward": run["phases_s"]["backward"],
+            "step": run["phases_s"]["step"],
+            "iteration": run["iteration_s"],
+        }
+        pred = predict(args.zeroplan, run)
+        rows.append({"name": run["name"], "measured": meas, "predicted": pred, "constants": consts})
+
+    hdr = (f"{'run':<28} {'alloc MiB meas/pred':>21} {'err':>6} {'reserved meas/pred':>20} {'err':>6} "
+           f"{'fwd ms':>13} {'err':>6} {'bwd ms':>13} {'err':>6} {'step ms':>13} {'err':>6} {'iter ms':>13} {'err':>6}")
+    print(hdr)
+    worst = {}
+    for r in rows:
+        m, p = r["measured"], r["predicted"]
+        if "error" in p:
+            print(f"{r['name']:<28} prediction failed: {p['error']}")
+            continue
+        cells = []
+        for k, scale, unit in (("peak_allocated", MiB, 0), ("reserved", MiB, 0), ("forward", 1e-3, 1), ("backward", 1e-3, 1),
+                               ("step", 1e-3, 1), ("iteration", 1e-3, 1)):
+            e = err(p[k], m[k])
+            worst[k] = max(worst.get(k, 0.0), abs(e))
+            w = 8 if unit == 0 else 6
+            cells.append(f"{m[k] / scale:>{w}.{unit}f}/{p[k] / scale:<{w}.{unit}f} {e * 100:+5.1f}%")
+        print(f"{r['name']:<28} " + " ".join(cells))
+        print(f"{'':<28} peak: measured between {m['peak_between'][0]} and {m['peak_between'][1]}; predicted {p['peak_event']}")
+    print("worst |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in worst.items()))
+    if args.json:
+        json.dump({"meta": meta, "rows": rows}, open(args.json, "w"), indent=1)
+    if args.write_reference:
+        keep = []
+        for run in runs:
+            if "error" in run:
+                continue
+            keep.append({k: run[k] for k in ("name", "model", "arch", "attention", "dtype", "stage", "micro_batch", "seq_len",
+                                              "gas", "keep_output", "ds_config", "params", "param_tensors", "param_modules",
+                                              "optimizer_class", "inner_optimizer_class", "memory", "phases_s",
+                                              "iteration_s", "phases_all_s", "skipped_steps") if k in run})
+            keep[-1]["memory"] = {k: v for k, v in run["memory"].items() if k != "at_peak"}
+            keep[-1]["gpu_s"] = {ph: v["gpu_busy_s"] for ph, v in run.get("profile", {}).get("phases", {}).items()}
+        with open(args.write_reference, "w") as f:
+            json.dump({"meta": meta, "runs": keep}, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+#include "zero/lower/context.hpp"
+
+namespace zp::zero::lowering {
+
+std::int32_t Names::op(models::OpId o) {
+  if (op_.empty()) op_.assign(g_.ops.size(), -1);
+  auto& l = op_[static_cast<std::size_t>(o)];
+  if (l < 0) l = b_.add_label(g_.ops[static_cast<std::size_t>(o)].name);
+  return l;
+}
+
+std::int32_t Names::tensor(models::TensorId t) {
+  if (tensor_.empty()) tensor_.assign(g_.tensors.size(), -1);
+  auto& l = tensor_[static_cast<std::size_t>(t)];
+  if (l < 0) l = b_.add_label(g_.tensors[static_cast<std::size_t>(t)].name);
+  return l;
+}
+
+std::int32_t Names::tensor_grad(models::TensorId t) {
+  if (tensor_grad_.empty()) tensor_grad_.assign(g_.tensors.size(), -1);
+  auto& l = tensor_grad_[static_cast<std::size_t>(t)];
+  if (l < 0) l = b_.add_label("grad:" + g_.tensors[static_cast<std::size_t>(t)].name);
+  return l;
+}
+
+std::int32_t Names::param_grad(models::ParamId p) {
+  if (param_grad_.empty()) param_grad_.assign(g_.params.size(), -1);
+  auto& l = param_grad_[static_cast<std::size_t>(p)];
+  if (l < 0) l = b_.add_label("grad:" + g_.params[static_cast<std::size_t>(p)].name);
+  return l;
+}
+
+Context::Context(const models::OpGraph& graph, const DsConfig& config, const Batch& bt, const LowerOptions& options,
+                 Program& program)
+    : g(graph), cfg(config), batch(bt), opt(options), p(program), b(program), names(graph, b), f(analyse(graph)),
+      layout(flat_layout(graph, options.world_size)) {
+  N = opt.world_size;
+  stage = cfg.zero.stage;
+  md = cfg.model_dtype();
+  cd = cfg.communication_data_type();
+  overlap = cfg.zero.overlap();
+  rbs = cfg.zero.reduce_bucket_size;
+  offload_opt = cfg.zero.offload_optimizer.device != OffloadDevice::none && stage >= 1;
+  offload_param = cfg.zero.offload_param.device != OffloadDevice::none && stage == 3;
+  ckpt = opt.activation_checkpointing;
+  hpz = stage == 3 && cfg.zero.zero_hpz_partition_size > 1 ? cfg.zero.zero_hpz_partition_size : 1;
+  // engine.py _do_optimizer_sanity_check: stage 1 + bf16 + fp32 gradient accumulation
+  // (no CPU offload) runs BF16_Optimizer instead of the ZeRO optimizer.
+  bf16_opt = runs_bf16_optimizer(cfg);
+}
+
+void Context::describe_program() {
+  auto& i = p.info;
+  i.model = g.cfg.name;
+  i.stage = stage;
+  i.world_size = N;
+  i.rank = opt.rank;
+  i.micro_batch = batch.micro_batch;
+  i.seq_len = g.opt.seq_len;
+  i.gas = batch.gas;
+  i.model_dtype = md;
+  i.comm_dtype = cd;
+  i.overlap_comm = overlap;
+  i.activation_checkpointing = ckpt;
+  i.params = layout.params;
+  i.padded_params = stage == 1 || stage == 2 ? layout.padded : layout.params;
+  i.partition_elements = stage == 3 ? stage3_partition_elements(g, N) : (stage == 0 ? layout.params : layout.partition);
+  i.reduce_bucket_elements = rbs;
+  i.ipg_buffers = gradient_buckets(cfg).count;
+}
+
+void Context::add_groups() {
+  Group dp{"dp", {}};
+  for (int r = 0; r < N; ++r) dp.ranks.push_back(r);
+  p.groups.push_back(dp);
+  dp_group = 0;
+  if (hpz > 1) {
+    // The hpz-rank block this rank belongs to (ranks [base, base + hpz)).
+    Group h{"hpz", {}};
+    const int base = opt.rank / static_cast<int>(hpz) * static_cast<int>(hpz);
+    for (int r = base; r < base + hpz && r < N; ++r) h.ranks.push_back(r);
+    p.groups.push_back(h);
+    hpz_group = 1;
+  }
+}
+
+BufferId Context::persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements,
+                             std::string name, std::int32_t ref) {
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, name);
+  const BufferId id = b.buffer(c, where, role, t, elements, b.cur().label, ref);
+  b.alloc(id);
+  return id;
+}
+
+void Context::optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref) {
+  const std::int64_t k_state = cfg.optimizer.state_bytes_per_param();
+  if (k_state <= 0) return;
+  // (elements × k_state / 4,) fp32: Adam's m and v are k_state = 8 bytes per param
+  states.states = persistent(Category::optimizer_states, offload_opt ? Placement::host : Placement::device,
+                             offload_opt ? BufferRole::host_optimizer_state : BufferRole::optimizer_state, DType::fp32,
+                             elements * k_state / 4, name, ref);
+}
+
+Event& Context::collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,
+                           GroupId group, std::int64_t elements, DType t, std::int32_t bucket) {
+  Event& c = b.begin(EventKind::collective, s, ph, micro, label);
+  c.coll = kind;
+  c.reduce_op = op;
+  c.trigger = why;
+  c.group = group;
+  c.elements = elements;
+  c.dtype = t;
+  c.bucket = bucket;
+  return c;
+}
+
+}  // namespace zp::zero::lowering

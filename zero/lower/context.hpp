@@ -1,0 +1,136 @@
+#pragma once
+// What every part of the lowering shares: its inputs, the facts of the configuration it
+// reads everywhere, the program being built (through the Builder), the persistent model
+// states the executor's operands name, and where the issue order stands (the events that
+// later events wait for).
+//
+// The parts (one file each, named after the DeepSpeed source they follow):
+//   walk             the forward/backward walk of a micro-step, activation checkpointing
+//                    (torch autograd, torch.utils.checkpoint)
+//   optimizer        the hooks the walk calls into the optimizer wrapper DeepSpeed chose
+//                    (engine.py _configure_optimizer), one implementation per wrapper:
+//     fused_optimizer       stage 0: FP16_Optimizer (runtime/fp16/fused_optimizer.py)
+//     bf16_optimizer        stage 1 + bf16 + fp32 accumulation (runtime/bf16_optimizer.py)
+//     stage_1_and_2         DeepSpeedZeroOptimizer: ipg buckets (runtime/zero/stage_1_and_2.py)
+//     stage3                DeepSpeedZeroOptimizer_Stage3: gradients and sub-group step
+//                           (runtime/zero/stage3.py)
+//   partitioned_param_coordinator  stage 3 fetch, prefetch and release
+//   engine_allreduce  engine.py allreduce_gradients (stage 0 and BF16_Optimizer)
+//   optimizer_step   the pieces every step shares: norm/overflow all-reduces, the update,
+//                    the 16-bit copy back, the post-step all-gather
+//   offload          offload_optimizer / offload_param: host buffers, host step, host copies
+//   replicate        micro-steps that repeat, copied instead of lowered
+//
+// Host-side work (ARCHITECTURE.md §4): DeepSpeed's Python — gradient hooks, bucket copies,
+// collective launches, the step's per-tensor loops and .item() syncs, stage 3's
+// per-submodule hooks — is not modelled yet. Each place it belongs is marked "host work:"
+// where the event that models it would be issued on Stream::host.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/graph.hpp"
+#include "zero/ds_config.hpp"
+#include "zero/lower.hpp"
+#include "zero/lower/builder.hpp"
+#include "zero/lower/graph_facts.hpp"
+#include "zero/program.hpp"
+
+namespace zp::zero::lowering {
+
+inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+inline std::int64_t ceil_div(std::int64_t x, std::int64_t m) { return (x + m - 1) / m; }
+
+// The persistent buffers that events name as operands (the executor binds them).
+struct ModelStates {
+  BufferId params = -1;      // 16-bit params: flat (stages 0-2) or the partitions (stage 3)
+  BufferId master = -1;      // fp32 master weights (this rank's partition, or all of them)
+  BufferId states = -1;      // optimizer states of the master
+  BufferId grads32 = -1;     // BF16_Optimizer: the flat fp32 gradients of every param
+  BufferId host_grads = -1;  // offload_optimizer: the host fp32 gradient partition
+};
+
+// Where the issue order stands: the micro-step being lowered and the latest events of
+// each kind that later events wait for.
+struct IssueCursor {
+  int micro = 0;                  // micro-step being lowered
+  bool boundary = false;          // it is the last one (GAS boundary)
+  EventId last_compute = -1;      // the latest compute event issued
+  EventId last_grad_event = -1;   // the backward op that produced the gradient being hooked
+  EventId last_copy = -1;         // the latest copy into a reduce bucket
+  EventId last_reduce = -1;       // the latest event of a bucket reduction (the step waits for it)
+  int bucket_seq = 0;             // reduce buckets flushed in this micro-step
+};
+
+// Labels formatted once per op, tensor or param.
+class Names {
+ public:
+  Names(const models::OpGraph& g, Builder& b) : g_(g), b_(b) {}
+  std::int32_t op(models::OpId o);               // the op's name
+  std::int32_t tensor(models::TensorId t);       // the tensor's name
+  std::int32_t tensor_grad(models::TensorId t);  // "grad:" + the tensor's name
+  std::int32_t param_grad(models::ParamId p);    // "grad:" + the param's name
+
+ private:
+  const models::OpGraph& g_;
+  Builder& b_;
+  std::vector<std::int32_t> op_, tensor_, tensor_grad_, param_grad_;
+};
+
+class Context {
+ public:
+  Context(const models::OpGraph& graph, const DsConfig& config, const Batch& b, const LowerOptions& options,
+          Program& program);
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // inputs and the program being built
+  const models::OpGraph& g;
+  const DsConfig& cfg;
+  const Batch& batch;
+  const LowerOptions& opt;
+  Program& p;
+  Builder b;
+  Names names;
+  const GraphFacts f;
+  const FlatLayout layout;
+
+  // the configuration, as the lowering reads it
+  int N = 1;                       // data-parallel world size
+  int stage = 0;
+  DType md = DType::fp16;          // model (16-bit params, activations) dtype
+  DType cd = DType::fp16;          // communication dtype
+  bool overlap = false;            // overlap_comm
+  bool offload_opt = false;        // offload_optimizer (stages 1-3)
+  bool offload_param = false;      // offload_param (stage 3)
+  bool ckpt = false;               // per-layer activation checkpointing
+  bool bf16_opt = false;           // engine.py runs BF16_Optimizer
+  std::int64_t rbs = 0;            // reduce_bucket_size (elements)
+  std::int64_t hpz = 1;            // zero_hpz_partition_size (stage 3), else 1
+  GroupId dp_group = 0, hpz_group = -1;
+
+  ModelStates states;
+  IssueCursor at;
+
+  int gas() const { return static_cast<int>(batch.gas); }
+  std::int64_t b16() const { return dtype_size(md); }
+  Stream red_stream() const { return overlap ? Stream::reduction : Stream::compute; }
+  DType accum_dtype() const { return cfg.grad_accum_dtype.value_or(md); }
+  std::int64_t numel(models::ParamId prm) const { return g.params[static_cast<std::size_t>(prm)].numel; }
+  const std::string& pname(models::ParamId prm) const { return g.params[static_cast<std::size_t>(prm)].name; }
+
+  // The program's info and rank groups ("dp", and "hpz" under hpZ).
+  void describe_program();
+  void add_groups();
+  // A prologue marker allocating one persistent buffer.
+  BufferId persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements, std::string name,
+                      std::int32_t ref = -1);
+  // The optimizer states of `elements` master params (state_bytes_per_param each; none
+  // for plain SGD), on the host under offload_optimizer.
+  void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref);
+  // One collective event (nccl-tests style: kind, group, count, dtype) and why it was issued.
+  Event& collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,
+                    GroupId group, std::int64_t elements, DType t, std::int32_t bucket);
+};
+
+}  // namespace zp::zero::lowering

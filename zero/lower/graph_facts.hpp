@@ -1,0 +1,24 @@
+#pragma once
+// Per-tensor and per-param facts of the op graph that do not depend on the micro-step:
+// the lifetimes the forward/backward walk derives, and where each gradient hook fires.
+#include <cstdint>
+#include <vector>
+
+#include "models/graph.hpp"
+
+namespace zp::zero::lowering {
+
+struct GraphFacts {
+  std::vector<models::OpId> last_fwd_use;    // per tensor: last forward op reading or producing it
+  std::vector<models::OpId> min_saver;       // per tensor: earliest op saving it (its backward frees it), -1 none
+  std::vector<models::OpId> grad_first;      // per tensor: backward op that first produces its gradient
+  std::vector<char> requires_grad;           // per tensor
+  std::vector<models::OpId> param_first_bwd; // per param: max op reading it: its grad appears there
+  std::vector<models::OpId> param_ready;     // per param: min op reading it: its hook fires there
+  std::vector<std::vector<models::ParamId>> ready_at_op;  // per op: params whose hook fires at its backward
+  std::vector<std::int32_t> layer_of_op;     // per op: its layer, -1 outside layers
+};
+
+GraphFacts analyse(const models::OpGraph& g);
+
+}  // namespace zp::zero::lowering

@@ -1,0 +1,32 @@
+#pragma once
+// The pieces every optimizer step shares: the scalar all-reduces of the overflow check and
+// the gradient norm, the update of a range of master params, the copy of the updated master
+// back into the 16-bit params, and the post-step all-gather of the 16-bit partitions.
+// host work: the step's Python (per-tensor loops over param groups, the .item() syncs of
+// the overflow check and the norm) belongs with these events.
+#include <string>
+
+#include "zero/lower/context.hpp"
+
+namespace zp::zero::lowering {
+
+// fp16: MAX all-reduce of the overflow flag; always: SUM all-reduce of the squared norm
+// (stage_1_and_2.py / stage3.py step). One fp32 element each.
+void gradient_checks(Context& c);
+
+// Data: dst (master or the params) -= update(grads, states) over [offset, offset +
+// elements); grads -1: each param's own gradient (stage 0, fp32). Waits for the last
+// reduction.
+void optimizer_event(Context& c, std::int64_t elements, Placement where, const std::string& name, BufferId dst = -1,
+                     BufferId grads = -1, std::int64_t offset = 0);
+
+// Makes `e` the copy (cast) of the updated master range [offset, offset + n) into the
+// 16-bit params (through the host staging buffer when the optimizer is offloaded).
+void params_from_master(Context& c, Event& e, std::int64_t offset, std::int64_t n);
+
+// runtime/utils.py all_gather_dp_groups: one all_gather_into_tensor of the flat 16-bit
+// buffer (N × P elements) per param group (allgather_bucket_size is not used by it);
+// nothing when N = 1.
+void post_step_allgather(Context& c, std::int64_t P);
+
+}  // namespace zp::zero::lowering

@@ -1,0 +1,47 @@
+#pragma once
+// Stage 3: DeepSpeedZeroOptimizer_Stage3 (runtime/zero/stage3.py). Each rank keeps the
+// 16-bit partition of every param (ceil(numel/N) elements each), the persistent params
+// whole, the fp32 master and optimizer states of its partition, a flat gradient partition
+// and one reduce bucket allocated once. Params are fetched around each module by the
+// coordinator (partitioned_param_coordinator.hpp). Each gradient hook copies the gradient
+// into the bucket; a bucket that cannot take the next one is reduce-scattered (an
+// interleaved copy per destination rank) and this rank's block accumulated into the
+// partition. The step runs per sub-group of whole params, then refreshes the persistent
+// params with one all-gather.
+#include <vector>
+
+#include "zero/lower/optimizer.hpp"
+#include "zero/lower/partitioned_param_coordinator.hpp"
+
+namespace zp::zero::lowering {
+
+class Stage3Lowering : public OptimizerLowering {
+ public:
+  explicit Stage3Lowering(Context& c) : c_(c), coord_(c) {}
+  void prologue() override;
+  void begin_micro_step() override { coord_.begin_pass(); }
+  void before_op(models::OpId o, Phase ph) override { coord_.before_op(o, ph); }
+  void op_issued(models::OpId o) override { coord_.wait_for_params(o); }
+  void after_op(models::OpId o, Phase ph) override { coord_.after_op(o, ph); }
+  void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
+  void grad_hook(MicroState& st, models::ParamId p) override;
+  void end_of_backward() override;
+  void step() override;
+
+ private:
+  void flush(Trigger why);
+  // stage3.py _create_fp16_sub_groups: the sizes of the sub-groups.
+  std::vector<std::int64_t> sub_groups() const;
+  void device_step_subgroup(std::int64_t gi, std::int64_t offset, std::int64_t n);
+  void persistent_allgather();
+
+  Context& c_;
+  ParamCoordinator coord_;
+  BufferId grad_partition_ = -1, bucket_ = -1;
+  std::int64_t elements_ = 0;            // in the bucket
+  std::vector<BucketSlice> params_;      // the bucket's slices
+  std::vector<BufferId> loose_;          // gradients reduced from their own storage
+  EventId last_reduce_ = -1;             // the reduction that last read the bucket
+};
+
+}  // namespace zp::zero::lowering
