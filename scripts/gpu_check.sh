@@ -13,10 +13,11 @@
 #   ZEROPLAN_BENCH_ARGS=--quick  smaller shapes, fewer repetitions; ZEROPLAN_BENCH=0 skips it
 #   ZEROPLAN_SANITIZE=1          run the tests under compute-sanitizer (memcheck) as well
 #
-# Only the kernels are configured (-DZEROPLAN_KERNELS_ONLY=ON): the CLI's dependencies
-# (Boost, fmt, CLI11, MPI, JSON) need not be installed. Eigen and doctest are header-only:
-# when the machine lacks them, `bash scripts/gpu_deps.sh` on a machine that has them copies
-# their headers into .gpu-deps/, which this script passes to CMake.
+# Only core and the kernels are configured (-DZEROPLAN_KERNELS_ONLY=ON): the CLI's
+# dependencies (Boost, CLI11, MPI) need not be installed. Eigen, doctest, fmt and
+# nlohmann/json are used header-only: when the machine lacks them, `bash scripts/gpu_deps.sh`
+# on a machine that has them copies their headers into .gpu-deps/, which this script passes
+# to CMake.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${ZEROPLAN_GPU_BUILD:-build-gpu}
