@@ -39,7 +39,7 @@ struct MatmulPlan {
   std::size_t workspace = 0;
 };
 
-// (dtype, batch, m, n, k, strides a/b/c, trans a/b, bias, alignments a/b/c/bias)
+// (dtype, batch, m, n, k, strides a/b/c, trans a/b, bias, alignments a/b/c, TF32 allowed)
 using MatmulKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                              std::int64_t, bool, bool, bool, int, int, int, int>;
 

@@ -10,6 +10,9 @@ namespace {
 
 using detail::ceil_div;
 
+// The split-K reductions allowed: none, or fp32 partial sums (see make_plan).
+constexpr std::uint32_t kReductionSchemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+
 cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
     case DType::bf16: return CUDA_R_16BF;
@@ -56,8 +59,16 @@ void add_bias(const Matmul& mm, cudaStream_t stream) {
   });
 }
 
-MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, bool epilogue_bias, int align_a, int align_b, int align_c) {
-  MatmulPlan plan;
+void destroy_plan(MatmulPlan& plan) {
+  if (plan.a != nullptr) cublasLtMatrixLayoutDestroy(plan.a);
+  if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);
+  if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
+  if (plan.op != nullptr) cublasLtMatmulDescDestroy(plan.op);
+  plan = MatmulPlan{};
+}
+
+void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, bool epilogue_bias, int align_a, int align_b,
+               int align_c) {
   const cudaDataType_t type = cuda_type(mm.dt);
   const cublasComputeType_t compute =
       mm.dt == DType::fp32 && s.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -97,6 +108,17 @@ MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, bool epilogue_bias, int
     set_attr(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<std::uint32_t>(align_a));
     set_attr(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<std::uint32_t>(align_c));
     set_attr(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<std::uint32_t>(align_c));
+    // Split-K partial sums stay in fp32. By default cuBLASLt may add the parts of a split
+    // product in the output type (in place, or through the workspace): one 16-bit rounding
+    // per part at the part's magnitude, so an output whose parts cancel keeps an error of
+    // their ulp, not its own. With a large workspace its heuristic picks such algorithms for
+    // small aligned shapes: on the H200, 16-bit outputs of a 64x128x96 product were up to 16
+    // bf16 ulps off and their relative L2 error was 1.5 times that of one rounding, while
+    // the ragged shapes (other algorithms) were right. (PyTorch allows it unless
+    // torch.backends.cuda.matmul.allow_{bf16,fp16}_reduced_precision_reduction is False.)
+    // Allowed here: no split, or fp32 parts reduced in the workspace; the output is then
+    // rounded once, as the CPU twin's fp32 product rounded to the storage dtype.
+    set_attr(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, kReductionSchemes);
     ZP_CUBLAS_CHECK(
         cublasLtMatmulAlgoGetHeuristic(s.lt, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found));
   } catch (...) {
@@ -110,6 +132,30 @@ MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, bool epilogue_bias, int
                     ", k " + std::to_string(mm.k));
   plan.algo = result.algo;
   plan.workspace = result.workspaceSize;
+  // The mask is a preference: an algorithm that still reduces in the output type is refused.
+  std::int32_t splits = 1;
+  std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  std::size_t written = 0;
+  ZP_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                       sizeof(splits), &written));
+  ZP_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                       sizeof(scheme), &written));
+  if (splits > 1 && (scheme & ~kReductionSchemes) != 0)
+    throw CudaError("cuBLASLt chose a split-K reduction in " + std::string(dtype_name(mm.dt)) + " (scheme " +
+                    std::to_string(scheme) + ", " + std::to_string(splits) + " parts) for a GEMM of batch " +
+                    std::to_string(mm.batch) + ", m " + std::to_string(mm.m) + ", n " + std::to_string(mm.n) +
+                    ", k " + std::to_string(mm.k));
+}
+
+// Descriptors and algorithm for one shape; nothing is left allocated when it throws.
+MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, bool epilogue_bias, int align_a, int align_b, int align_c) {
+  MatmulPlan plan;
+  try {
+    fill_plan(plan, s, mm, epilogue_bias, align_a, align_b, align_c);
+  } catch (...) {
+    destroy_plan(plan);
+    throw;
+  }
   return plan;
 }
 
