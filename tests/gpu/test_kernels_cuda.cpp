@@ -178,6 +178,7 @@ TEST_CASE("elementwise: broadcast add over position embeddings and attention mas
       const std::int64_t nb = s.b_dims[0] * s.b_dims[1] * s.b_dims[2] * s.b_dims[3];
       const std::int64_t fan_in = n / nb;
       const Vec a = rand_vec(n, 5, dt), b = rand_vec(nb, 6, dt), dy = rand_vec(n, 7, dt), init = rand_vec(nb, 8, dt);
+      const Vec init_a = rand_vec(n, 9, dt);
       auto da = device(a, dt), db = device(b, dt), ddy = device(dy, dt);
       auto y = output(sz(n), dt);
       kg::add_broadcast_forward(y->get(), da->get(), db->get(), s.dims, s.b_dims, dt, kStream);
@@ -185,10 +186,11 @@ TEST_CASE("elementwise: broadcast add over position embeddings and attention mas
       kc::add_broadcast_forward(ref.data(), a.data(), b.data(), s.dims, s.b_dims);
       expect_close("add_broadcast_forward", download(*y, sz(n), dt), ref, tol(dt, 1.0, 1e-7));
       for (bool acc : {false, true}) {
+        // Both gradients accumulate into initial values (never into the poison).
         auto gb = acc ? device(init, dt) : output(sz(nb), dt);
-        auto ga = output(sz(n), dt);
+        auto ga = acc ? device(init_a, dt) : output(sz(n), dt);
         kg::add_broadcast_backward(ga->get(), gb->get(), ddy->get(), s.dims, s.b_dims, acc, dt, kStream);
-        Vec rb = acc ? init : Vec(sz(nb)), ra(sz(n));
+        Vec rb = acc ? init : Vec(sz(nb)), ra = acc ? init_a : Vec(sz(n));
         kc::add_broadcast_backward(ra.data(), rb.data(), dy.data(), s.dims, s.b_dims, acc);
         expect_close("add_broadcast_backward (a)", download(*ga, sz(n), dt), ra, tol(dt, 1.0, 1e-7));
         // fp32 sums of fan_in terms in y's order against the CPU's double sums.
