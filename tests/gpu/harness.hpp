@@ -160,6 +160,18 @@ inline double eps(DType dt) {
   }
 }
 
+// Half the spacing of dt's subnormals. Below its smallest normal (fp16: 2^-14, about 6.1e-5) a
+// value of dt is a multiple of its smallest subnormal (fp16: 2^-24, about 6e-8), so rounding
+// a result there errs by up to half of that, absolutely, where no relative tolerance reaches:
+// fp16 softmax probabilities over a 50257-long row (about 2e-5) all lie there.
+inline double underflow(DType dt) {
+  switch (dt) {
+    case DType::bf16: return 0x1p-134;
+    case DType::fp16: return 0x1p-25;
+    default: return 0x1p-150;
+  }
+}
+
 // Relative L2 error bands (METHOD.md): fp32 far under 1e-3; 16-bit operands 1e-3 .. 1e-2.
 inline double band(DType dt) {
   switch (dt) {
@@ -175,12 +187,17 @@ struct Tol {
   double rel_l2 = 0.0;  // bound on ‖got − ref‖ / ‖ref‖ (0: not checked)
 };
 
-// The usual tolerance of one kernel's output: k ulps of dt relative, atol absolute, the band.
-inline Tol tol(DType dt, double k_ulps, double atol) { return Tol{atol, k_ulps * eps(dt), band(dt)}; }
+// The usual tolerance of one kernel's output: k ulps of dt relative, atol absolute (plus the
+// rounding of dt's subnormals), the band.
+inline Tol tol(DType dt, double k_ulps, double atol) {
+  return Tol{atol + underflow(dt), k_ulps * eps(dt), band(dt)};
+}
 
 // For kernels with transcendental functions: the fp32 results may differ by a few ulps from
 // the CPU's libm (16 of them allowed), 16-bit ones by their rounding.
-inline Tol tol_math(DType dt, double atol) { return Tol{atol, eps(dt) + 16 * 0x1p-23, band(dt)}; }
+inline Tol tol_math(DType dt, double atol) {
+  return Tol{atol + underflow(dt), eps(dt) + 16 * 0x1p-23, band(dt)};
+}
 
 inline std::string dtype_str(DType dt) { return std::string(dtype_name(dt)); }
 
