@@ -201,20 +201,22 @@ inline Tol tol_math(DType dt, double atol) {
 
 inline std::string dtype_str(DType dt) { return std::string(dtype_name(dt)); }
 
-// Every element within atol + |ref|·rtol (NaN matches only NaN), and the relative L2 error
-// within the band; the first mismatches are printed.
-inline void expect_close(const std::string& what, const Vec& got, const Vec& ref, const Tol& t) {
+// Every element i within allowed(i) of ref[i] (NaN matches only NaN), and the relative L2
+// error within rel_l2 (0: not checked); the first mismatches are printed.
+template <class Allowed>
+void expect_within(const std::string& what, const Vec& got, const Vec& ref, Allowed allowed, double rel_l2) {
   REQUIRE(got.size() == ref.size());
   std::size_t bad = 0;
   double num = 0.0, den = 0.0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double g = got[i], r = ref[i];
     const bool both_nan = std::isnan(g) && std::isnan(r);
-    const bool ok = both_nan || (std::fabs(g - r) <= t.atol + std::fabs(r) * t.rtol);
+    const double limit = allowed(i);
+    const bool ok = both_nan || (std::fabs(g - r) <= limit);
     if (!ok) {
       if (bad < 8)
         std::printf("  %s: element %zu: got %.9g, expected %.9g (|diff| %.3g, allowed %.3g)\n", what.c_str(), i, g, r,
-                    std::fabs(g - r), t.atol + std::fabs(r) * t.rtol);
+                    std::fabs(g - r), limit);
       ++bad;
     }
     if (!both_nan && std::isfinite(r)) {
@@ -224,9 +226,49 @@ inline void expect_close(const std::string& what, const Vec& got, const Vec& ref
   }
   const double rel = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
   if (bad > 0) std::printf("  %s: %zu of %zu elements off; relative L2 error %.3g\n", what.c_str(), bad, got.size(), rel);
-  INFO(what << ": relative L2 error " << rel << ", band " << t.rel_l2);
+  INFO(what << ": relative L2 error " << rel << ", band " << rel_l2);
   CHECK(bad == 0);
-  if (t.rel_l2 > 0.0) CHECK(rel <= t.rel_l2);
+  if (rel_l2 > 0.0) CHECK(rel <= rel_l2);
+}
+
+// Every element within atol + |ref|·rtol, and the relative L2 error within the band.
+inline void expect_close(const std::string& what, const Vec& got, const Vec& ref, const Tol& t) {
+  expect_within(
+      what, got, ref, [&](std::size_t i) { return t.atol + std::fabs(static_cast<double>(ref[i])) * t.rtol; },
+      t.rel_l2);
+}
+
+// The bound on |GPU − CPU| for outputs that are fp32-accumulated dot products stored in dt:
+// output i sums `terms` products (and addends: the accumulated value, a bias) whose absolute
+// values sum to s[i] (the CPU twin run on the absolute values of its inputs).
+//  - Each side's fp32 sum errs by at most about terms·u·s[i], u = 2^-24, whatever the order of
+//    the additions (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §3.1:
+//    γ_n = n·u / (1 − n·u)). The CPU (Eigen, or a plain loop) rounds each step to nearest.
+//    The GPU's tensor cores add blocks of 16-bit products after aligning them by truncation,
+//    at most 2u of the block's magnitude per product and per block sum: 4·terms·u·s[i] is
+//    allowed for the GPU, so A = 5·terms·u·s[i] in all (for fp32 operands, on the CUDA
+//    cores with fused multiply-adds, A = 2·terms·u·s[i] would do).
+//  - A 16-bit output is then rounded once: |stored − sum| <= u_dt·|sum| <= u_dt·(|ref| + A),
+//    u_dt = eps(dt) / 2, plus half the subnormal spacing below dt's smallest normal.
+// A split-K reduction in the output type adds one u_dt·|part| per part on top, which cancels
+// only by chance: the check fails on outputs whose parts are larger than they are.
+inline void expect_dot(const std::string& what, const Vec& got, const Vec& ref, const Vec& s, std::int64_t terms,
+                       DType dt) {
+  REQUIRE(s.size() == ref.size());
+  const double u = 0x1p-24, u_dt = dt == DType::fp32 ? 0.0 : eps(dt) / 2.0;
+  expect_within(
+      what, got, ref,
+      [&](std::size_t i) {
+        const double a = 5.0 * static_cast<double>(terms) * u * static_cast<double>(s[i]);
+        return u_dt * (std::fabs(static_cast<double>(ref[i])) + a) + a + underflow(dt);
+      },
+      band(dt));
+}
+
+// |v|, elementwise.
+inline Vec abs_of(Vec v) {
+  for (float& x : v) x = std::fabs(x);
+  return v;
 }
 
 inline void expect_equal_bits(const std::string& what, const std::vector<unsigned char>& a,

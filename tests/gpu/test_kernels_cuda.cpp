@@ -505,13 +505,6 @@ TEST_CASE("rotary: Llama's tables and the rotation forward and backward") {
 // ------------------------------------------------------------------------------------
 // GEMMs (cuBLASLt)
 // ------------------------------------------------------------------------------------
-namespace {
-
-// An fp32-accumulated product of k terms of magnitude <= 1, against Eigen's fp32 product.
-Tol gemm_tol(DType dt, std::int64_t k) { return Tol{2e-7 * static_cast<double>(k), eps(dt), band(dt)}; }
-
-}  // namespace
-
 TEST_CASE("gemm and bmm: every transposition, accumulate, ragged and aligned shapes, batched strides") {
   kg::Context ctx;
   struct Shape {
@@ -528,19 +521,23 @@ TEST_CASE("gemm and bmm: every transposition, accumulate, ragged and aligned sha
         const std::int64_t m = sh.m, n = sh.n, k = sh.k, batch = 3;
         const Vec a = rand_vec(batch * m * k, 101, dt), b = rand_vec(batch * k * n, 102, dt);
         const Vec cinit = rand_vec(batch * m * n, 103, dt);
+        const Vec abs_a = abs_of(a), abs_b = abs_of(b);
         auto da = device(a, dt), db = device(b, dt);
         for (bool acc : {false, true}) {
           auto c = acc ? device(cinit, dt) : output(sz(m * n), dt);
           kg::gemm(ctx, c->get(), da->get(), db->get(), m, n, k, ta, tb, acc, dt, kStream);
           Vec r = acc ? Vec(cinit.begin(), cinit.begin() + m * n) : Vec(sz(m * n));
           kc::gemm(r.data(), a.data(), b.data(), m, n, k, ta, tb, acc);
-          expect_close("gemm", download(*c, sz(m * n), dt), r, gemm_tol(dt, k));
+          Vec sr = acc ? abs_of(Vec(cinit.begin(), cinit.begin() + m * n)) : Vec(sz(m * n));
+          kc::gemm(sr.data(), abs_a.data(), abs_b.data(), m, n, k, ta, tb, acc);
+          expect_dot("gemm", download(*c, sz(m * n), dt), r, sr, k + 1, dt);
         }
         auto c = output(sz(batch * m * n), dt);
         kg::bmm_forward(ctx, c->get(), da->get(), db->get(), batch, m, n, k, ta, tb, dt, kStream);
-        Vec rc(sz(batch * m * n));
+        Vec rc(sz(batch * m * n)), src(sz(batch * m * n));
         kc::bmm_forward(rc.data(), a.data(), b.data(), batch, m, n, k, ta, tb);
-        expect_close("bmm_forward", download(*c, rc.size(), dt), rc, gemm_tol(dt, k));
+        kc::bmm_forward(src.data(), abs_a.data(), abs_b.data(), batch, m, n, k, ta, tb);
+        expect_dot("bmm_forward", download(*c, rc.size(), dt), rc, src, k, dt);
         const Vec dc = rand_vec(batch * m * n, 104, dt);
         const Vec ainit = rand_vec(batch * m * k, 105, dt), binit = rand_vec(batch * k * n, 106, dt);
         auto ddc = device(dc, dt);
@@ -551,8 +548,11 @@ TEST_CASE("gemm and bmm: every transposition, accumulate, ragged and aligned sha
                            dt, kStream);
           Vec ra = acc ? ainit : Vec(a.size()), rb = acc ? binit : Vec(b.size());
           kc::bmm_backward(ra.data(), rb.data(), dc.data(), a.data(), b.data(), batch, m, n, k, ta, tb, acc);
-          expect_close("bmm_backward (a)", download(*ga, ra.size(), dt), ra, gemm_tol(dt, n));
-          expect_close("bmm_backward (b)", download(*gb, rb.size(), dt), rb, gemm_tol(dt, m));
+          Vec sa = acc ? abs_of(ainit) : Vec(a.size()), sb = acc ? abs_of(binit) : Vec(b.size());
+          kc::bmm_backward(sa.data(), sb.data(), abs_of(dc).data(), abs_a.data(), abs_b.data(), batch, m, n, k, ta, tb,
+                           acc);
+          expect_dot("bmm_backward (a)", download(*ga, ra.size(), dt), ra, sa, n + 1, dt);
+          expect_dot("bmm_backward (b)", download(*gb, rb.size(), dt), rb, sb, m + 1, dt);
         }
       }
 }
@@ -577,7 +577,12 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
           kg::linear_forward(ctx, y->get(), dxin->get(), dw->get(), dbias->get(), M, N, K, dt, kStream);
           kc::linear_forward(ry.data(), x.data(), w.data(), b.data(), M, N, K);
         }
-        expect_close("linear/conv1d forward", download(*y, ry.size(), dt), ry, gemm_tol(dt, K + 1));
+        Vec sy(sz(M * N));
+        if (conv)
+          kc::conv1d_forward(sy.data(), abs_of(x).data(), abs_of(w).data(), abs_of(b).data(), M, N, K);
+        else
+          kc::linear_forward(sy.data(), abs_of(x).data(), abs_of(w).data(), abs_of(b).data(), M, N, K);
+        expect_dot("linear/conv1d forward", download(*y, ry.size(), dt), ry, sy, K + 1, dt);
         const Vec dy = rand_vec(M * N, 114, dt);
         const Vec xinit = rand_vec(M * K, 115, dt), winit = rand_vec(N * K, 116, dt), binit = rand_vec(N, 117, dt);
         auto ddy = device(dy, dt);
@@ -595,9 +600,17 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
                                 dt, kStream);
             kc::linear_backward(rx.data(), rw.data(), rb.data(), dy.data(), x.data(), w.data(), M, N, K, acc);
           }
-          expect_close("backward dx", download(*gx, rx.size(), dt), rx, gemm_tol(dt, N));
-          expect_close("backward dw", download(*gw, rw.size(), dt), rw, gemm_tol(dt, M));
-          expect_close("backward db", download(*gb, rb.size(), dt), rb, gemm_tol(dt, M));
+          Vec sx = acc ? abs_of(xinit) : Vec(x.size()), sw = acc ? abs_of(winit) : Vec(w.size()),
+              sb = acc ? abs_of(binit) : Vec(b.size());
+          if (conv)
+            kc::conv1d_backward(sx.data(), sw.data(), sb.data(), abs_of(dy).data(), abs_of(x).data(),
+                                abs_of(w).data(), M, N, K, acc);
+          else
+            kc::linear_backward(sx.data(), sw.data(), sb.data(), abs_of(dy).data(), abs_of(x).data(),
+                                abs_of(w).data(), M, N, K, acc);
+          expect_dot("backward dx", download(*gx, rx.size(), dt), rx, sx, N + 1, dt);
+          expect_dot("backward dw", download(*gw, rw.size(), dt), rw, sw, M + 1, dt);
+          expect_dot("backward db", download(*gb, rb.size(), dt), rb, sb, M + 1, dt);
         }
       }
   // bias_backward over many rows (several row chunks), deterministic.
