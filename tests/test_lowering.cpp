@@ -740,7 +740,7 @@ TEST_CASE("a repeated micro-step stored once gives the program and the results o
   std::map<int, cli::Inputs> inputs;
   int copied_any = 0, periodic = 0, cases = 0;
   for (int i = 0; i < 400; ++i) {
-    const std::int64_t gas = std::int64_t{5} + static_cast<std::int64_t>(pick(8));
+    const std::int64_t gas = std::int64_t{7} + static_cast<std::int64_t>(pick(8));
     const Drawn d = draw(pick, gas);
     const Lowered l = lower_drawn(d);
     const auto& [compact, full, copied] = l.both;
@@ -765,9 +765,10 @@ TEST_CASE("a repeated micro-step stored once gives the program and the results o
   CHECK(periodic > cases / 2);
 
   // The README example at every stage: 12 of its 16 micro-steps are copies of the stored
-  // one; 11 at stage 2, whose micro-step 0 keeps its grads_in_partition as the accumulated
-  // partition (the later ones add theirs to it), so micro-step 1 finds a shorter micro-step
-  // before it.
+  // one at stages 0 and 3, 11 at stages 1 and 2. There micro-step 1's host waits (the launch
+  // queue) for an op of micro-step 0, which is not laid out as the later ones are (at stage
+  // 2, for instance, it keeps its grads_in_partition as the accumulated partition, and the
+  // later ones add theirs to it), so micro-step 2 is the first that repeats the one before.
   for (int stage = 0; stage <= 3; ++stage) {
     auto cfg = config(stage, 64, 16);
     cfg.zero.reduce_bucket_size = 500000000;
@@ -782,7 +783,7 @@ TEST_CASE("a repeated micro-step stored once gives the program and the results o
     lo.rank = zero::heaviest_rank(g, cfg, 4);
     const auto [compact, full, copied] = lower_both_ways(g, cfg, batch, lo);
     CAPTURE(stage);
-    CHECK(copied == (stage == 2 ? 11 : 12));
+    CHECK(copied == (stage == 1 || stage == 2 ? 11 : 12));
     check_same_program(compact, full);
     cli::SimRequest req;
     req.model = "bert-large-uncased";

@@ -1,5 +1,7 @@
 #include "zero/lower/context.hpp"
 
+#include <optional>
+
 namespace zp::zero::lowering {
 
 std::int32_t Names::op(models::OpId o) {
@@ -115,6 +117,14 @@ Event& Context::collective(Stream s, Phase ph, int micro, std::int32_t label, Co
 }
 
 HostWork& Context::host_event(Phase ph, bool full) {
+  if (at.issued_micro != at.micro) {
+    // The micro-step lowered before stands for micro-step micro - 1 (where repeated ones are
+    // stored once, the copy it stands for).
+    at.has_prev_micro = at.issued_micro >= 0 && at.issued_micro < at.micro;
+    at.prev_micro_first = at.micro_first;
+    at.micro_first = at.issued.size();
+    at.issued_micro = at.micro;
+  }
   // Recomputation is dispatched like the forward it repeats, and priced the same way.
   if (at.host < 0 || at.host_micro != at.micro || at.host_phase != ph || full) {
     const std::int32_t lbl = b.label(ph == Phase::backward ? "host.backward" : "host.dispatch");
@@ -123,6 +133,13 @@ HostWork& Context::host_event(Phase ph, bool full) {
     at.host_micro = at.micro;
     at.host_phase = ph;
     at.host_ops = 0;
+    // The launch queue: the host waits while kLaunchQueueOps ops are pending.
+    const std::size_t n = at.issued.size();
+    std::optional<std::size_t> wait;
+    if (n >= kLaunchQueueOps) wait = n - kLaunchQueueOps;
+    if (at.micro >= 1 && at.has_prev_micro)
+      wait = std::max(wait.value_or(0), at.prev_micro_first);
+    if (wait && *wait < n) b.dep(at.issued[*wait]);
   }
   return p.events[static_cast<std::size_t>(at.host)].host;
 }
@@ -133,6 +150,7 @@ void Context::dispatch(Phase ph) {
   ++h.ops;
   ++at.host_ops;
   b.next_waits_for(at.host);
+  at.issued.push_back(static_cast<EventId>(p.events.size()));  // the op's event, begun next
 }
 
 void Context::host_hook(Phase ph) {

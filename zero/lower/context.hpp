@@ -65,6 +65,12 @@ struct IssueCursor {
   int host_micro = -2;            // its micro-step and phase, and the ops it issued so far
   Phase host_phase = Phase::init;
   int host_ops = 0;
+  // The graph ops issued so far (their compute events, in issue order), and where the
+  // current and the previous micro-step's begin among them (the launch queue's bound).
+  std::vector<EventId> issued;
+  int issued_micro = -2;
+  std::size_t micro_first = 0, prev_micro_first = 0;
+  bool has_prev_micro = false;
 };
 
 // Labels formatted once per op, tensor or param.
@@ -145,6 +151,12 @@ class Context {
   // so that a device op can start at most kHostGroupOps - 1 ops' host time before the host
   // would have issued it on its own, for a fraction of the events.
   static constexpr int kHostGroupOps = 4;
+  // The host runs ahead of the device until CUDA's queue of pending launches is full (about
+  // a thousand kernels): a host event waits for the op issued kLaunchQueueOps ops before it
+  // to end, and from micro-step 1 on for the previous micro-step's first op at the latest,
+  // so that the host's lead is bounded where micro-steps issue fewer ops than the queue
+  // holds (the run then repeats from copy to copy, and the engine can tell).
+  static constexpr std::size_t kLaunchQueueOps = 1024;
   // Before the device event of one graph op of phase `ph`: count it on the current host
   // event (opening one when needed); the next event begun waits for it.
   void dispatch(Phase ph);
