@@ -38,6 +38,8 @@ struct SimRequest {
   bool activation_checkpointing = false;
   std::optional<int> rank;               // default: the rank with the most rank-dependent bytes
   std::string attention;                 // eager | sdpa | flash_attention_2; empty: the config.json's, else sdpa
+  std::string transformers;              // 5 | 4.46; empty: models::kDefaultTransformers
+  bool keep_output = false;              // the caller keeps the model output until the micro-step ends
   bool json = false;
   bool critical_path = false;            // --critical-path: the path event by event
   bool check_batch = true;               // false: the caller sets the batch (plan)
@@ -56,6 +58,8 @@ struct Inputs {
   bool activation_checkpointing = false;
   std::optional<int> rank;
   models::Attention attention = models::kDefaultAttention;
+  models::Transformers transformers = models::kDefaultTransformers;
+  bool keep_output = false;
   std::vector<std::string> warnings;
 };
 
@@ -98,6 +102,9 @@ nlohmann::json simulate_trace(const std::vector<StageResult>& rs);
 
 // --attention's help, with the default read from the code (models::kDefaultAttention).
 std::string attention_help();
+// --transformers's and --keep-output's help (one string for every subcommand).
+std::string transformers_help();
+std::string keep_output_help();
 
 // Human-readable sizes: "1.23 GiB", "512.0 MiB".
 std::string human_bytes(Bytes b);

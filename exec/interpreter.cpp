@@ -177,6 +177,10 @@ float* Interpreter::param(ParamId p) const {
   if (stage_ < 3) return f32(params_buf_) + layout_.offset[U(p)];
   if (persist_off_[U(p)] >= 0) return f32(persist_buf_) + persist_off_[U(p)];
   const BufferId b = full_buf_[U(p)];
+  // One rank gathers nothing: the param is its (whole) partition, where the program keeps
+  // it on the device.
+  if (b < 0 && N_ == 1 && params_buf_ >= 0 && p_.buffers[U(params_buf_)].placement == zero::Placement::device)
+    return f32(params_buf_) + part_off_[U(p)];
   if (b < 0) throw std::logic_error(fmt::format("param {} used but not gathered", g_.params[U(p)].name));
   return f32(b);
 }

@@ -79,11 +79,16 @@ json train(const TrainOptions& opt, Comm& comm) {
   const models::AttentionChoice att = models::choose_attention(mcfg, opt.attention);
   go.attention = att.attention;
   if (!att.note.empty() && rank == 0) std::fprintf(stderr, "warning: %s\n", att.note.c_str());
+  if (!opt.transformers.empty()) go.transformers = models::parse_transformers("--transformers", "", opt.transformers);
+  go.gradient_checkpointing = opt.activation_checkpointing;
   const auto g = models::build_graph(mcfg, go);
   zero::LowerOptions lo;
   lo.world_size = N;
   lo.rank = rank;
   lo.activation_checkpointing = opt.activation_checkpointing;
+  lo.keep_output = opt.keep_output;
+  lo.cublas_workspace = opt.cublas_workspace;
+  lo.cublaslt_workspace = opt.cublaslt_workspace;
   const zero::Program prog = zero::lower(g, cfg, batch, lo);
   prog.validate();
   if (const auto why = unsupported_reason(g, prog, cfg); !why.empty())

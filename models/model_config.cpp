@@ -263,6 +263,7 @@ ModelConfig parse_model_config(const std::string& file, const std::string& json_
     parse_rope_scaling(r, root, c);
   }
   parse_attn_implementation(r, root, c);
+  c.use_cache = r.get_bool(root, "use_cache", true);
   return c;
 }
 

@@ -62,6 +62,9 @@ struct ModelConfig {
   // config.json names one; `attn_key` is the key that did.
   std::optional<Attention> attn_implementation;
   std::string attn_key;
+  // use_cache (GPT-2 and Llama-family configs default to true): whether the decoder builds
+  // a KV cache in its forward, which transformers 5 does in training too (models/transformers.hpp).
+  bool use_cache = true;
 };
 
 // Which attention a run uses: the command line's --attention when given (and a note when it

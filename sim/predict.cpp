@@ -10,6 +10,9 @@ Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const ze
   lo.world_size = t.world_size;
   lo.rank = t.rank ? *t.rank : zero::heaviest_rank(g, cfg, t.world_size);
   lo.activation_checkpointing = t.activation_checkpointing;
+  lo.keep_output = t.keep_output;
+  lo.cublas_workspace = t.device->cublas_workspace;
+  lo.cublaslt_workspace = t.device->cublaslt_workspace;
   r.rank = lo.rank;
   r.program = zero::lower(g, cfg, batch, lo);
   r.memory = replay_memory(r.program, *t.device);

@@ -24,6 +24,7 @@ struct Target {
   int world_size = 1;
   std::optional<int> rank;           // default: zero::heaviest_rank
   bool activation_checkpointing = false;
+  bool keep_output = false;          // zero::LowerOptions::keep_output
 };
 
 struct Prediction {

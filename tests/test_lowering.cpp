@@ -41,6 +41,7 @@ Built build(const std::string& model, const zero::DsConfig& cfg, int N, std::int
   go.micro_batch = batch.micro_batch;
   go.seq_len = seq;
   go.act_dtype = cfg.model_dtype();
+  go.gradient_checkpointing = ckpt;
   b.g = models::build_graph(mc, go);
   zero::LowerOptions lo;
   lo.world_size = N;
@@ -634,6 +635,7 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     go.micro_batch = batch.micro_batch;
     go.seq_len = 16;
     go.act_dtype = cfg.model_dtype();
+    go.gradient_checkpointing = ckpt;
     const auto g = models::build_graph(models::load_model(model), go);
     zero::LowerOptions lo;
     lo.world_size = N;
@@ -711,4 +713,170 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     CHECK(m_fast.peak_event == m_plain.peak_event);
     CHECK(m_fast.skipped_micro_steps == m_plain.skipped_micro_steps);
   }
+}
+
+namespace {
+
+// tiny-gpt2 (V = 256, C = 64, 2 layers) lowered with the given options on one rank.
+struct Lowered {
+  models::OpGraph g;
+  zero::Program p;
+};
+Lowered lower_with(const zero::DsConfig& cfg, const zero::LowerOptions& lo, models::Attention att,
+                   const std::string& model = "tiny-gpt2") {
+  Lowered l;
+  const auto batch = zero::resolve_batch(cfg, lo.world_size);
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = 16;
+  go.act_dtype = cfg.model_dtype();
+  go.attention = att;
+  go.gradient_checkpointing = lo.activation_checkpointing;
+  l.g = models::build_graph(models::load_model(model), go);
+  l.p = zero::lower(l.g, cfg, batch, lo);
+  l.p.validate();
+  return l;
+}
+
+zero::EventId event_named(const zero::Program& p, const std::string& name) {
+  for (const auto& e : p.events)
+    if (p.event_name(e.id) == name) return e.id;
+  FAIL("no event ", name);
+  return -1;
+}
+
+// Device bytes live at the start of event `id` (after its allocations).
+std::int64_t live_bytes(const zero::Program& p, zero::EventId id) {
+  std::int64_t n = 0;
+  for (auto b : sim::live_at(p, id))
+    if (p.buffers[static_cast<std::size_t>(b)].placement == zero::Placement::device)
+      n += p.buffers[static_cast<std::size_t>(b)].bytes.v;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("the loss's backward holds logp, its gradient and the logits' gradient at once") {
+  // F.cross_entropy = log_softmax + nll_loss: nll_loss's backward writes the gradient of logp,
+  // (B·T, V) in its dtype, and log_softmax's then writes the logits' gradient while logp (saved)
+  // and that gradient are live. GPT-2 upcasts the logits (logits.float()): all three are fp32.
+  const std::int64_t B = 2, T = 16, V = 256;
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", B}, {"zero_optimization", {{"stage", 0}}}};
+    if (bf16) j["bf16"] = {{"enabled", true}};
+    const auto l = lower_with(zero::parse_ds_config("t.json", j), zero::LowerOptions{}, models::Attention::sdpa);
+    const auto id = event_named(l.p, "ms0/bwd/loss.cross_entropy");
+    const auto& e = l.p.events[static_cast<std::size_t>(id)];
+    std::vector<std::string> allocs, frees;
+    for (auto b : l.p.allocs(e)) {
+      allocs.push_back(l.p.buffer_name(b));
+      CHECK(l.p.buffers[static_cast<std::size_t>(b)].bytes.v == B * T * V * 4);
+    }
+    for (auto b : l.p.frees(e)) frees.push_back(l.p.buffer_name(b));
+    const std::string input = bf16 ? "grad:loss.upcast" : "grad:lm_head";
+    CHECK(allocs == std::vector<std::string>{input, "grad:loss.cross_entropy.log_softmax"});
+    // The gradient of logp and logp itself go when the backward ends; the logits' stays.
+    CHECK(std::count(frees.begin(), frees.end(), "grad:loss.cross_entropy.log_softmax") == 1);
+    CHECK(std::count(frees.begin(), frees.end(), "loss.cross_entropy.log_softmax") == 1);
+    CHECK(std::count(frees.begin(), frees.end(), input) == 0);
+    // Three logits-sized fp32 tensors at once; the bf16 logits went when the output was
+    // dropped after the forward.
+    int big = 0;
+    for (auto b : sim::live_at(l.p, id)) {
+      const std::string name = l.p.buffer_name(b);
+      CHECK(name != "lm_head");
+      if (name == "loss.cross_entropy.log_softmax" || name == "grad:loss.cross_entropy.log_softmax" || name == input) {
+        CHECK(l.p.buffers[static_cast<std::size_t>(b)].bytes.v == B * T * V * 4);
+        ++big;
+      }
+    }
+    CHECK(big == 3);
+  }
+}
+
+TEST_CASE("keeping the model output keeps the 16-bit logits to the end of the micro-step") {
+  const std::int64_t B = 2, T = 16, V = 256;
+  const auto cfg = zero::parse_ds_config(
+      "t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", B}, {"bf16", {{"enabled", true}}},
+                               {"zero_optimization", {{"stage", 1}}}});
+  zero::LowerOptions drop, keep;
+  keep.keep_output = true;
+  const auto d = lower_with(cfg, drop, models::Attention::sdpa);
+  const auto k = lower_with(cfg, keep, models::Attention::sdpa);
+  // HF Trainer drops the output after the forward: one marker frees the logits (the KV cache
+  // copies are saved by attention and stay with it).
+  const auto dropped = event_named(d.p, "ms0/fwd/drop_output");
+  std::vector<std::string> freed;
+  for (auto b : d.p.frees(d.p.events[static_cast<std::size_t>(dropped)])) freed.push_back(d.p.buffer_name(b));
+  CHECK(freed == std::vector<std::string>{"lm_head"});
+  for (const auto& e : k.p.events) CHECK(k.p.event_name(e.id) != "ms0/fwd/drop_output");
+  // At the loss's backward the kept output holds B·T·V bf16 logits more, and the programs
+  // differ by nothing else there.
+  const auto dk = live_bytes(k.p, event_named(k.p, "ms0/bwd/loss.cross_entropy"));
+  const auto dd = live_bytes(d.p, event_named(d.p, "ms0/bwd/loss.cross_entropy"));
+  CHECK(dk - dd == B * T * V * 2);
+  // Kept, the cache copies outlive attention's backward too: the sdpa backward of layer 0
+  // frees no cache copy, and the micro-step's last event frees them with the logits.
+  const auto& sd = k.p.events[static_cast<std::size_t>(event_named(k.p, "ms0/bwd/layer0.attn.sdpa"))];
+  for (auto b : k.p.frees(sd)) CHECK(k.p.buffer_name(b).find("cache") == std::string::npos);
+  const auto& sd_drop = d.p.events[static_cast<std::size_t>(event_named(d.p, "ms0/bwd/layer0.attn.sdpa"))];
+  int cache_freed = 0;
+  for (auto b : d.p.frees(sd_drop)) cache_freed += d.p.buffer_name(b).find("cache") != std::string::npos;
+  CHECK(cache_freed == 2);
+  CHECK(sim::replay_memory(k.p, sim::find_device("A100-80GB")).peak_allocated.v >=
+        sim::replay_memory(d.p, sim::find_device("A100-80GB")).peak_allocated.v);
+}
+
+TEST_CASE("PyTorch's cuBLAS and cuBLASLt workspaces are persistent buffers of the program") {
+  const auto cfg = config(2, 2, 1);
+  zero::LowerOptions none, a100;
+  const auto& dev = sim::find_device("A100-80GB");
+  a100.cublas_workspace = dev.cublas_workspace;
+  a100.cublaslt_workspace = dev.cublaslt_workspace;
+  const auto n = lower_with(cfg, none, models::Attention::sdpa);
+  const auto w = lower_with(cfg, a100, models::Attention::sdpa);
+  const auto mn = sim::replay_memory(n.p, dev), mw = sim::replay_memory(w.p, dev);
+  // Two cuBLAS workspaces (the forward thread's and autograd's) of :4096:2:16:8 and one
+  // cuBLASLt workspace of 1024 KiB: 2 × 8,519,680 + 1,048,576 B, before the step and kept.
+  const std::int64_t ws = 2 * 8'519'680 + 1'048'576;
+  CHECK(mw.persistent.v - mn.persistent.v == ws);
+  CHECK(mw.peak_allocated.v - mn.peak_allocated.v == ws);
+  CHECK(cat(mw, Category::temporaries).v - cat(mn, Category::temporaries).v == ws);
+  int found = 0;
+  for (zero::EventId id = 0; id < w.p.step_begin; ++id)
+    for (auto b : w.p.allocs(w.p.events[static_cast<std::size_t>(id)])) {
+      const auto& buf = w.p.buffers[static_cast<std::size_t>(b)];
+      if (buf.role != zero::BufferRole::library_workspace) continue;
+      ++found;
+      CHECK(w.p.events[static_cast<std::size_t>(id)].stream == zero::Stream::compute);
+      CHECK(buf.bytes.v == (buf.ref == 2 ? 1'048'576 : 8'519'680));
+    }
+  CHECK(found == 3);
+}
+
+TEST_CASE("stage 3 on one rank gathers nothing: params are their partitions") {
+  // partition_parameters.py: a partition world of one takes _no_gather_coalesced (param.data
+  // points at ds_tensor): no all-gather, no gathered copy, no flat buffer, no persistent copy.
+  auto c = config(3, 2, 1);
+  c.zero.reduce_bucket_size = 50000;
+  zero::LowerOptions lo;
+  const auto l = lower_with(c, lo, models::Attention::sdpa);
+  const std::int64_t P = psi(l.g);
+  for (const auto& e : l.p.events) CHECK(!(e.kind == EventKind::collective && e.coll == CollKind::all_gather));
+  for (const auto& b : l.p.buffers) {
+    CHECK(b.role != zero::BufferRole::param_full16);
+    CHECK(b.role != zero::BufferRole::gather_flat);
+  }
+  const auto m = sim::replay_memory(l.p, sim::find_device("A100-80GB"));
+  // fp16 partition (Ψ), fp32 master, Adam, fp16 grad partition, the fp16 reduce bucket.
+  CHECK(m.persistent.v == 2 * P + 4 * P + 8 * P + 2 * P + 2 * 50000);
+  CHECK(cat(m, Category::params).v == 2 * P);
+  CHECK(m.category_peak[static_cast<std::size_t>(Category::params)].v == 2 * P);
+  // Two ranks still gather.
+  lo.world_size = 2;
+  bool gathers = false;
+  for (const auto& e : lower_with(c, lo, models::Attention::sdpa).p.events)
+    gathers = gathers || (e.kind == EventKind::collective && e.coll == CollKind::all_gather);
+  CHECK(gathers);
 }

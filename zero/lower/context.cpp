@@ -84,6 +84,24 @@ void Context::add_groups() {
   }
 }
 
+// CublasHandlePool.cpp: a cuBLAS workspace per (handle, stream), and handles are per
+// thread: the one that runs the forward and the autograd engine's device thread (backward)
+// each set one on the compute stream at their first GEMM; cuBLASLt's (per handle and
+// stream too) is asked for only by the forward's GEMMs with a bias epilogue (addmm).
+void Context::library_workspaces() {
+  const struct {
+    Bytes bytes;
+    const char* name;
+  } ws[3] = {{opt.cublas_workspace, "cuBLAS workspace (forward thread)"},
+             {opt.cublas_workspace, "cuBLAS workspace (autograd thread)"},
+             {opt.cublaslt_workspace, "cuBLASLt workspace (forward thread)"}};
+  for (int i = 0; i < 3; ++i)
+    if (ws[i].bytes.v > 0)
+      // (bytes,) u8
+      persistent(Category::temporaries, Placement::device, BufferRole::library_workspace, DType::u8, ws[i].bytes.v,
+                 ws[i].name, i);
+}
+
 BufferId Context::persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements,
                              std::string name, std::int32_t ref) {
   b.begin(EventKind::marker, Stream::compute, Phase::init, -1, name);

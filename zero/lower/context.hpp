@@ -122,6 +122,9 @@ class Context {
   // The program's info and rank groups ("dp", and "hpz" under hpZ).
   void describe_program();
   void add_groups();
+  // PyTorch's library workspaces (LowerOptions::cublas_workspace, cublaslt_workspace): one
+  // prologue buffer each, on the compute stream.
+  void library_workspaces();
   // A prologue marker allocating one persistent buffer.
   BufferId persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements, std::string name,
                       std::int32_t ref = -1);
