@@ -49,6 +49,7 @@ const char* role_title(BufferRole r) {
     case BufferRole::host_optimizer_state: return "host optimizer states";
     case BufferRole::checkpoint_host: return "host activation checkpoints";
     case BufferRole::library_workspace: return "cuBLAS / cuBLASLt workspaces";
+    case BufferRole::op_scratch: return "backward kernels' temporaries";
   }
   return "?";
 }
@@ -125,6 +126,8 @@ std::string role_formula(BufferRole role, const Side& s) {
     case BufferRole::activation_grad:
       return "gradients of activations between backward ops (and the loss's log-probabilities' gradient "
              "inside its backward)";
+    case BufferRole::op_scratch:
+      return "a temporary one op's backward kernel allocates and frees (softmax's grad × output)";
     case BufferRole::library_workspace:
       return "one cuBLAS workspace per thread that runs GEMMs (the forward's and autograd's) and one cuBLASLt "
              "workspace, allocated through the caching allocator at the first GEMM and kept (sim/devices.json)";

@@ -92,6 +92,9 @@ Inputs load_inputs(const SimRequest& req) {
   } else {
     in.cfg = zero::load_ds_config(req.ds_config);
   }
+  if (const auto note = zero::apply_module_dtype(in.cfg, in.model.torch_dtype, in.model.source, in.model.torch_dtype_key);
+      !note.empty())
+    in.warnings.push_back(note);
   in.seq_len = req.seq_len.value_or(in.model.max_positions);
   if (in.seq_len < 1 || in.seq_len > in.model.max_positions)
     throw InputError("--seq-len", "", fmt::format("must be in [1, {}] (max_position_embeddings of {}), got {}",

@@ -367,8 +367,11 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       break;
     }
     case Fn::softmax: {
+      // Through the program's temporary (op.bwd_scratch), as the CUDA kernel does.
       const std::int64_t c = shape(y).back();
-      if (dx(0)) cpu::softmax_backward(dx(0), act(y), dy, n / c, c, true);
+      if (op.bwd_scratch.empty())
+        throw std::logic_error(fmt::format("op {}: no temporary for its backward", op.name));
+      if (dx(0)) cpu::softmax_backward(dx(0), act(y), dy, act(op.bwd_scratch[0]), n / c, c, true);
       break;
     }
     case Fn::dropout:

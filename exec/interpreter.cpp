@@ -87,7 +87,8 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
 void Interpreter::bind(BufferId b) {
   const auto& buf = p_.buffers[U(b)];
   switch (buf.role) {
-    case BufferRole::activation: tensor_buf_[U(buf.ref)] = b; break;
+    case BufferRole::activation:
+    case BufferRole::op_scratch: tensor_buf_[U(buf.ref)] = b; break;
     case BufferRole::activation_grad: tgrad_buf_[U(buf.ref)] = b; break;
     case BufferRole::param_grad:
       if (pgrad_buf_[U(buf.ref)] < 0) pgrad_buf_[U(buf.ref)] = b;  // the first live one is param.grad
@@ -109,7 +110,8 @@ void Interpreter::unbind(BufferId b) {
     if (buf.ref >= 0 && v[U(buf.ref)] == b) v[U(buf.ref)] = -1;
   };
   switch (buf.role) {
-    case BufferRole::activation: drop(tensor_buf_); break;
+    case BufferRole::activation:
+    case BufferRole::op_scratch: drop(tensor_buf_); break;
     case BufferRole::activation_grad: drop(tgrad_buf_); break;
     case BufferRole::param_grad: drop(pgrad_buf_); break;
     case BufferRole::param_full16: drop(full_buf_); break;

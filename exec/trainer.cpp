@@ -70,6 +70,9 @@ json train(const TrainOptions& opt, Comm& comm) {
     cfg.train_micro_batch_size_per_gpu = *opt.micro_batch;
     if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
   }
+  if (const auto note = zero::apply_module_dtype(cfg, mcfg.torch_dtype, mcfg.source, mcfg.torch_dtype_key);
+      !note.empty() && rank == 0)
+    std::fprintf(stderr, "warning: %s\n", note.c_str());
   const zero::Batch batch = zero::resolve_batch(cfg, N);
   models::GraphOptions go;
   go.micro_batch = batch.micro_batch;

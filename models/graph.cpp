@@ -575,6 +575,27 @@ class Builder {
     return out;
   }
 
+  // softmax over the last dimension, saving its output (in `out` dtype: fp32 for Llama's
+  // softmax(dtype=float32)). ATen's softmax(x, dim, dtype): a 16-bit x asked for fp32 runs
+  // the fused half_to_float kernel for fp16 only; bf16 is first upcast (x.toType(float), a
+  // copy whose backward casts the fp32 gradient back). Its CUDA backward (softmax_backward)
+  // computes tmp = grad * output, a temporary of the gradient's size and dtype, before
+  // grad_input = tmp - output * Σ tmp.
+  TensorId softmax(const std::string& name, TensorId x, DType out) {
+    const Shape shape = T(x).shape;
+    TensorId in = x;
+    if (out != T(x).dtype && T(x).dtype == DType::bf16) {
+      in = simple(name + "_upcast", OpKind::cast, {x}, shape, out, {});
+      tag(Fn::cast);
+    }
+    const TensorId y = simple(name, OpKind::softmax, {in}, shape, out, {}, true);
+    tag(Fn::softmax);
+    const TensorId tmp = tensor(name + ".grad_times_output", shape, out);
+    g_.ops.back().bwd_scratch = {tmp};
+    g_.ops.back().bwd_bytes += Bytes{2 * T(tmp).bytes.v};
+    return y;
+  }
+
   // (B, H, T, D) -> (B, T, H·D): transpose(1, 2).contiguous(), a copy that saves nothing.
   TensorId merge_heads(const std::string& name, TensorId ctx, std::int64_t width) {
     const Shape& cs = T(ctx).shape;
@@ -724,8 +745,7 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
       // torch.where(bias[..., :T, :T], w, min): the condition is a persistent buffer.
       sc = bd.simple("attn.causal_mask", OpKind::add, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
       bd.tag(Fn::causal_where);
-      const TensorId probs = bd.simple("attn.softmax", OpKind::softmax, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {}, true);
-      bd.tag(Fn::softmax);
+      const TensorId probs = bd.softmax("attn.softmax", sc, bd.act());
       const TensorId pd = bd.dropout("attn.attn_dropout", probs, c.attention_dropout);
       const TensorId ctx =
           vc == kNone ? bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
@@ -837,8 +857,7 @@ TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
       // + extended attention mask (B, 1, 1, T): a broadcast add saves nothing.
       sc = bd.simple("attention.self.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
       bd.tag(Fn::add_mask);
-      const TensorId probs = bd.simple("attention.self.softmax", OpKind::softmax, {sc}, bash, bd.act(), {}, true);
-      bd.tag(Fn::softmax);
+      const TensorId probs = bd.softmax("attention.self.softmax", sc, bd.act());
       const TensorId pd = bd.dropout("attention.self.dropout", probs, c.attention_dropout);
       const TensorId ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d},
                                   Gemm{d.s, d.d, d.s, d.b * d.a}, Fn::attn_context);
@@ -1019,8 +1038,7 @@ TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int3
       sc = bd.simple("self_attn.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
       bd.tag(Fn::add_mask);
       // softmax(dtype=float32) saves its fp32 output; .to(act) is saved by the PV matmul.
-      const TensorId p32 = bd.simple("self_attn.softmax", OpKind::softmax, {sc}, bash, DType::fp32, {}, true);
-      bd.tag(Fn::softmax);
+      const TensorId p32 = bd.softmax("self_attn.softmax", sc, DType::fp32);
       TensorId probs = p32;
       if (bd.act() != DType::fp32) {
         probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});

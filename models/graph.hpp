@@ -126,6 +126,10 @@ struct Op {
   // freed when it ends (cross_entropy: nll_loss's backward writes the gradient of the
   // log-probabilities, which log_softmax's backward reads while writing the logits').
   std::vector<TensorId> bwd_grads;
+  // Temporaries the op's backward kernel allocates, live for that backward only (softmax:
+  // PyTorch's CUDA softmax_backward materialises grad * output before its row reduction).
+  // Tensors of the graph that no op produces, reads or saves.
+  std::vector<TensorId> bwd_scratch;
   Flops fwd_flops{};                 // forward FLOPs (2mnk for a GEMM)
   Flops bwd_flops{};                 // backward FLOPs (grad input + grad weight)
   Bytes fwd_bytes{};                 // bytes read + written by the forward kernel(s)

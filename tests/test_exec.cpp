@@ -92,7 +92,7 @@ std::string config_text(const Case& c) {
 }
 
 std::string name_of(const Case& c) {
-  return fmt::format("{}-s{}-n{}-g{}-o{}-c{}-b{}-k{}-{}-h{}-r{}-p{}-f{}-{}{}", c.model, c.stage, c.np, c.gas, c.overlap,
+  return fmt::format("{}-s{}-n{}-g{}-o{}-c{}-b{}-k{}-{}-h{}-r{}-p{}-f{}-{}{}", fs::path(c.model).stem().string(), c.stage, c.np, c.gas, c.overlap,
                      c.ckpt, c.bucket, c.contiguous, c.dtype, c.hpz, c.reuse, c.prefetch, c.offload, c.attention,
                      std::string(c.fp32_accum ? "-acc32" : "") + (c.offload_param ? "-offp" : "") + "-t" +
                          c.transformers + (c.keep_output ? "-keep" : "") +
@@ -124,7 +124,9 @@ std::vector<json> train(const Case& c) {
 
 // The prediction for rank k: the same lowering the trainer runs, replayed by the simulator.
 void check_against_prediction(const Case& c, const std::vector<json>& measured) {
-  const auto cfg = zp::zero::load_ds_config((dir() / (name_of(c) + ".json")).string());
+  auto cfg = zp::zero::load_ds_config((dir() / (name_of(c) + ".json")).string());
+  const auto mc = zp::models::load_model(c.model);
+  (void)zp::zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key);
   const auto batch = zp::zero::resolve_batch(cfg, c.np);
   zp::models::GraphOptions go;
   go.micro_batch = batch.micro_batch;
@@ -133,7 +135,7 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
   go.attention = zp::models::parse_attention("--attention", "", c.attention);
   go.gradient_checkpointing = c.ckpt;  // transformers turns the KV cache off
   go.transformers = zp::models::parse_transformers("--transformers", "", c.transformers);
-  const auto g = zp::models::build_graph(zp::models::load_model(c.model), go);
+  const auto g = zp::models::build_graph(mc, go);
   for (int k = 0; k < c.np; ++k) {
     zp::zero::LowerOptions lo;
     lo.world_size = c.np;
@@ -803,5 +805,20 @@ TEST_CASE("--keep-output, --workspaces-of and --transformers 4.46: measured byte
     const auto v4 = train(c);
     check_against_prediction(c, v4);
     check_same_losses(losses(v5[0]), losses(v4[0]), 1e-6);
+  }
+}
+
+TEST_CASE("a bf16 torch_dtype without fp16/bf16 in the ds_config: the model trains in bf16, exact bytes") {
+  // DeepSpeed casts nothing then; transformers built the model in bf16. Stage 0 runs AdamW on
+  // the bf16 params themselves, stage 2 keeps fp32 master partitions.
+  std::ifstream in(std::string(ZEROPLAN_SHARED_DIR) + "/models/catalog/tiny-llama.json");
+  json m = json::parse(in);
+  m["torch_dtype"] = "bfloat16";
+  const std::string model = write("tiny-llama-bf16.json", m.dump());
+  for (int stage : {0, 2}) {
+    Case c{model, stage, 1, 2};
+    const auto r = train(c);
+    check_against_prediction(c, r);
+    for (double l : losses(r[0])) CHECK(std::isfinite(l));
   }
 }

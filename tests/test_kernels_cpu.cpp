@@ -321,6 +321,12 @@ TEST_CASE("softmax: rows sum to 1, masked entries are exactly 0, gradient") {
           kc::softmax_forward(tmp.data(), xs.data(), rows, n);
           return dot(tmp, w);
         }) < kFdTol);
+  // Through a temporary, as PyTorch's CUDA kernel: tmp = dy * y, then dx = tmp - y * Σ tmp.
+  Vec scratch(x.size()), dxt(x.size());
+  const auto gt = check_accumulate(
+      {&dxt}, [&](bool acc) { kc::softmax_backward(dxt.data(), y.data(), w.data(), scratch.data(), rows, n, acc); });
+  for (std::size_t i = 0; i < scratch.size(); ++i) CHECK(scratch[i] == w[i] * y[i]);
+  for (std::size_t i = 0; i < dxt.size(); ++i) CHECK(gt[0][i] == doctest::Approx(g[0][i]).epsilon(1e-5));
 }
 
 TEST_CASE("masks: causal and padding builders, causal_where") {

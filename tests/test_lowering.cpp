@@ -880,3 +880,58 @@ TEST_CASE("stage 3 on one rank gathers nothing: params are their partitions") {
     gathers = gathers || (e.kind == EventKind::collective && e.coll == CollKind::all_gather);
   CHECK(gathers);
 }
+
+TEST_CASE("without fp16 or bf16 the model trains in its config.json's torch_dtype") {
+  // DeepSpeed casts the module only when fp16 or bf16 is enabled; transformers builds it in
+  // torch_dtype. Stage 0 then runs the plain optimizer on the 16-bit params (states
+  // zeros_like(p): 2 × 2 B), stages 1/2 keep fp32 master partitions and Adam in fp32.
+  auto cfg0 = zero::parse_ds_config("t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", 2},
+                                                              {"zero_optimization", {{"stage", 0}}}});
+  const std::string note = zero::apply_module_dtype(cfg0, DType::bf16, "llama.json", "torch_dtype");
+  CHECK(note.find("llama.json: torch_dtype bf16: with neither fp16 nor bf16 enabled in t.json") == 0);
+  CHECK(cfg0.model_dtype() == DType::bf16);
+  CHECK(cfg0.precision_dtype() == DType::fp32);
+  CHECK(cfg0.communication_data_type() == DType::fp32);  // engine.py: fp32 without fp16/bf16
+  CHECK(cfg0.grad_accum() == DType::fp32);
+  const auto l0 = lower_with(cfg0, zero::LowerOptions{}, models::Attention::sdpa, "tiny-llama");
+  const std::int64_t P = psi(l0.g);
+  const auto m0 = sim::replay_memory(l0.p, sim::find_device("A100-80GB"));
+  CHECK(m0.persistent.v == 2 * P + 2 * 2 * P);
+  CHECK(m0.category_peak[static_cast<std::size_t>(Category::master_params)].v == 0);
+  auto cfg2 = zero::parse_ds_config("t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", 2},
+                                                              {"zero_optimization", {{"stage", 2}}}});
+  (void)zero::apply_module_dtype(cfg2, DType::bf16, "llama.json", "torch_dtype");
+  CHECK(!zero::runs_bf16_optimizer(cfg2));
+  const auto l2 = lower_with(cfg2, zero::LowerOptions{}, models::Attention::sdpa, "tiny-llama");
+  const std::int64_t padded = l2.p.info.padded_params;  // Ψ padded to 2N = 2
+  CHECK(sim::replay_memory(l2.p, sim::find_device("A100-80GB")).persistent.v == 2 * padded + 4 * padded + 8 * padded);
+  // A 16-bit precision section wins; an fp32 torch_dtype changes nothing.
+  auto bf = config(1, 2, 1, false);
+  bf.precision = zero::Precision::bf16;
+  CHECK(zero::apply_module_dtype(bf, DType::fp16, "m.json", "torch_dtype").empty());
+  CHECK(bf.model_dtype() == DType::bf16);
+  auto f32 = config(1, 2, 1, false);
+  CHECK(zero::apply_module_dtype(f32, DType::fp32, "m.json", "torch_dtype").empty());
+  CHECK(f32.model_dtype() == DType::fp32);
+}
+
+TEST_CASE("eager softmax backward holds grad × output for the length of the op") {
+  // Llama (bf16, softmax(dtype=float32)): at the softmax's backward, the fp32 gradient of its
+  // output, the fp32 gradient of its (upcast) input and the kernel's fp32 temporary are live.
+  const std::int64_t B = 2, A = 4, T = 16;
+  const auto cfg = zero::parse_ds_config(
+      "t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", B}, {"bf16", {{"enabled", true}}},
+                               {"zero_optimization", {{"stage", 0}}}});
+  const auto l = lower_with(cfg, zero::LowerOptions{}, models::Attention::eager, "tiny-llama");
+  const auto id = event_named(l.p, "ms0/bwd/layer1.self_attn.softmax");
+  const auto& e = l.p.events[static_cast<std::size_t>(id)];
+  std::vector<std::string> allocs;
+  for (auto b : l.p.allocs(e)) {
+    allocs.push_back(l.p.buffer_name(b));
+    CHECK(l.p.buffers[static_cast<std::size_t>(b)].bytes.v == B * A * T * T * 4);
+  }
+  CHECK(allocs == std::vector<std::string>{"grad:layer1.self_attn.softmax_upcast", "layer1.self_attn.softmax.grad_times_output"});
+  int freed = 0;
+  for (auto b : l.p.frees(e)) freed += l.p.buffer_name(b) == "layer1.self_attn.softmax.grad_times_output";
+  CHECK(freed == 1);
+}

@@ -941,3 +941,48 @@ TEST_CASE("cross_entropy's backward holds the gradient of the log-probabilities"
   for (const auto& op : g.ops)
     if (op.fn != Fn::cross_entropy) CHECK(op.bwd_grads.empty());
 }
+
+TEST_CASE("torch_dtype: the dtype transformers builds the model in, read from config.json") {
+  const std::string base = R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64)";
+  CHECK(!parse_model_config("c.json", base + "}").torch_dtype);
+  const ModelConfig t = parse_model_config("c.json", base + R"(, "torch_dtype": "bfloat16"})");
+  REQUIRE(t.torch_dtype);
+  CHECK(*t.torch_dtype == DType::bf16);
+  CHECK(t.torch_dtype_key == "torch_dtype");
+  // transformers 5 writes "dtype"; "torch." prefixes and "auto" are accepted.
+  CHECK(*parse_model_config("c.json", base + R"(, "dtype": "float16"})").torch_dtype == DType::fp16);
+  CHECK(*parse_model_config("c.json", base + R"(, "torch_dtype": "torch.float32"})").torch_dtype == DType::fp32);
+  CHECK(!parse_model_config("c.json", base + R"(, "torch_dtype": "auto"})").torch_dtype);
+  CHECK(contains(input_error([&] { parse_model_config("c.json", base + R"(, "torch_dtype": "int8"})"); }),
+                 "c.json: torch_dtype: must be one of float32, float16, bfloat16, auto, got 'int8'"));
+  CHECK(contains(input_error([&] {
+                   parse_model_config("c.json", base + R"(, "torch_dtype": "bfloat16", "dtype": "float32"})");
+                 }),
+                 "c.json: dtype: 'float32' contradicts torch_dtype 'bf16'"));
+  CHECK(contains(input_error([&] { parse_model_config("c.json", base + R"(, "dtype": 16})"); }), "c.json: dtype: must be a string"));
+}
+
+TEST_CASE("eager softmax: the backward's grad × output temporary, and bf16's upcast before softmax(dtype=float32)") {
+  for (const DType dt : {DType::bf16, DType::fp16}) {
+    CAPTURE(dtype_name(dt));
+    const OpGraph g = graph_with("tiny-llama", 2, 16, dt, Attention::eager);
+    const Op& sm = op_named(g, "layer0.self_attn.softmax");
+    REQUIRE(sm.bwd_scratch.size() == 1);
+    const Tensor& tmp = g.tensors[static_cast<std::size_t>(sm.bwd_scratch[0])];
+    CHECK(tmp.dtype == DType::fp32);  // the gradient's dtype: the fp32 output's
+    CHECK(tmp.shape == std::vector<std::int64_t>{2, 4, 16, 16});
+    CHECK(tmp.producer == kNone);
+    // bf16 is upcast by a copy (its backward casts the fp32 gradient down); fp16 takes the
+    // fused half_to_float kernel, whose input is the fp16 scores themselves.
+    const Tensor& in = g.tensors[static_cast<std::size_t>(sm.inputs[0])];
+    CHECK(in.dtype == (dt == DType::bf16 ? DType::fp32 : DType::fp16));
+    CHECK(in.name == (dt == DType::bf16 ? "layer0.self_attn.softmax_upcast" : "layer0.self_attn.mask"));
+  }
+  // GPT-2 and BERT take softmax in the activation dtype: the temporary is too.
+  const OpGraph b = graph_with("tiny-bert", 2, 16, DType::bf16, Attention::eager);
+  const Op& bs = op_named(b, "layer1.attention.self.softmax");
+  REQUIRE(bs.bwd_scratch.size() == 1);
+  CHECK(b.tensors[static_cast<std::size_t>(bs.bwd_scratch[0])].dtype == DType::bf16);
+  CHECK(b.tensors[static_cast<std::size_t>(bs.bwd_scratch[0])].bytes.v == 2 * 4 * 16 * 16 * 2);
+}

@@ -118,6 +118,7 @@ enum class BufferRole : std::uint8_t {
   offload_staging,    // device staging for host transfers
   host_master, host_grads32, host_staging16, host_optimizer_state,
   checkpoint_host,    // layer input kept on host (cpu_checkpointing)
+  op_scratch,         // a backward kernel's temporary (ref = models::TensorId, one of the op's bwd_scratch)
   library_workspace,  // cuBLAS / cuBLASLt workspace (ref = 0 forward thread, 1 autograd thread, 2 cuBLASLt)
 };
 

@@ -110,12 +110,12 @@ BufferId Context::persistent(Category c, Placement where, BufferRole role, DType
   return id;
 }
 
-void Context::optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref) {
+void Context::optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t) {
   const std::int64_t k_state = cfg.optimizer.state_bytes_per_param();
   if (k_state <= 0) return;
-  // (elements × k_state / 4,) fp32: Adam's m and v are k_state = 8 bytes per param
+  // (elements × k_state / 4,) in t: Adam's m and v are k_state = 8 fp32 bytes per param
   states.states = persistent(Category::optimizer_states, offload_opt ? Placement::host : Placement::device,
-                             offload_opt ? BufferRole::host_optimizer_state : BufferRole::optimizer_state, DType::fp32,
+                             offload_opt ? BufferRole::host_optimizer_state : BufferRole::optimizer_state, t,
                              elements * k_state / 4, name, ref);
 }
 

@@ -115,7 +115,7 @@ class Context {
   int gas() const { return static_cast<int>(batch.gas); }
   std::int64_t b16() const { return dtype_size(md); }
   Stream red_stream() const { return overlap ? Stream::reduction : Stream::compute; }
-  DType accum_dtype() const { return cfg.grad_accum_dtype.value_or(md); }
+  DType accum_dtype() const { return cfg.grad_accum(); }
   std::int64_t numel(models::ParamId prm) const { return g.params[static_cast<std::size_t>(prm)].numel; }
   const std::string& pname(models::ParamId prm) const { return g.params[static_cast<std::size_t>(prm)].name; }
 
@@ -128,9 +128,10 @@ class Context {
   // A prologue marker allocating one persistent buffer.
   BufferId persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements, std::string name,
                       std::int32_t ref = -1);
-  // The optimizer states of `elements` master params (state_bytes_per_param each; none
-  // for plain SGD), on the host under offload_optimizer.
-  void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref);
+  // The optimizer states of `elements` master params (state_bytes_per_param each in fp32;
+  // none for plain SGD), on the host under offload_optimizer; `t`: the states' dtype when
+  // the optimizer steps the module's own params (torch.zeros_like(p)).
+  void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t = DType::fp32);
   // One collective event (nccl-tests style: kind, group, count, dtype) and why it was issued.
   Event& collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,
                     GroupId group, std::int64_t elements, DType t, std::int32_t bucket);

@@ -12,12 +12,15 @@ void FusedOptimizerLowering::prologue() {
   // (Ψ,) model dtype
   c_.states.params = c_.persistent(Category::params, Placement::device, BufferRole::flat_params16, c_.md, psi,
                                    fmt::format("params{} (flat, {} elements)", dtype_name(c_.md), psi));
-  if (c_.md != DType::fp32) {
+  if (mixed()) {
     // FP16_Optimizer: (Ψ,) fp32 master copy and the states of Ψ params, unpartitioned.
     c_.states.master = c_.persistent(Category::master_params, Placement::device, BufferRole::master_partition,
                                      DType::fp32, psi, "master fp32 params", 0);
+    c_.optimizer_states(psi, "optimizer states", 0);
+  } else {
+    // The plain optimizer on the module's own params: its states are zeros_like(p).
+    c_.optimizer_states(psi, "optimizer states", 0, c_.md);
   }
-  c_.optimizer_states(psi, "optimizer states", 0);
 }
 
 void FusedOptimizerLowering::grad_produced(MicroState&, models::ParamId p, models::OpId o) { grads_.produced(c_, p, o); }
@@ -29,7 +32,7 @@ void FusedOptimizerLowering::end_of_backward() {
 void FusedOptimizerLowering::step() {
   Builder& b = c_.b;
   const std::int64_t psi = c_.layout.params;
-  if (c_.md != DType::fp32) {
+  if (mixed()) {
     // fused_optimizer.py step: a list of per-param fp32 copies of the grads (4Ψ), flattened
     // into one fp32 buffer (4Ψ more), the list dropped; step; copy back to the 16-bit
     // params; zero_grad.

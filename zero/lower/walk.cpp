@@ -214,6 +214,14 @@ void Walk::backward_op(MicroState& st, OpId o) {
                   ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor_grad(t), t);
     b.alloc(gb);
   }
+  // The backward kernel's own temporaries, freed when it ends.
+  for (TensorId t : op.bwd_scratch) {
+    const auto& ten = c_.g.tensors[static_cast<std::size_t>(t)];
+    const BufferId id = b.buffer(Category::temporaries, Placement::device, BufferRole::op_scratch, ten.dtype,
+                                 ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor(t), t);
+    b.alloc(id);
+    b.free(id);
+  }
   // Parameter gradients.
   for (ParamId p : op.params) opt_.grad_produced(st, p, o);
   // What this backward consumed: saved tensors whose earliest saver is this op (unless the
