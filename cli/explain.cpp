@@ -50,6 +50,7 @@ const char* role_title(BufferRole r) {
     case BufferRole::checkpoint_host: return "host activation checkpoints";
     case BufferRole::library_workspace: return "cuBLAS / cuBLASLt workspaces";
     case BufferRole::op_scratch: return "backward kernels' temporaries";
+    case BufferRole::init_copy: return "set-up copies (freed before training)";
   }
   return "?";
 }

@@ -221,15 +221,28 @@ float Interpreter::loss_grad() const {
 }
 
 void Interpreter::prologue() {
+  // The set-up: persistent buffers, and the temporaries transformers and DeepSpeed make and
+  // drop on the way (the caching allocator keeps their segments).
   for (zero::EventId id = 0; id < p_.step_begin; ++id) {
     const Event& e = p_.events[U(id)];
+    if (e.empty_cache) mem_.empty_cache();
     for (BufferId b : p_.allocs(e)) {
+      if (p_.buffers[U(b)].first_step && p_.buffers[U(b)].placement == zero::Placement::device) {
+        first_step_.emplace_back(b, static_cast<int>(e.stream));
+        continue;
+      }
       mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
       bind(b);
     }
     mem_.after_allocations(e.id);
     for (const auto& s : p_.slices(e)) persist_off_[U(s.param)] = s.bucket_offset;
+    for (BufferId b : p_.frees(e)) {
+      unbind(b);
+      mem_.release(p_.buffers[U(b)]);
+    }
   }
+  // Peaks are those of the steps (the set-up's temporaries are not a step's).
+  mem_.reset_peaks();
   // The params every stage starts from.
   for (const auto& prm : g_.params) {
     std::vector<float> v(U(prm.numel));
@@ -288,6 +301,8 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
   overflow_ = false;
   if (static_cast<std::int64_t>(data.size()) != p_.info.gas)
     throw std::logic_error(fmt::format("{} micro-batches for gradient accumulation {}", data.size(), p_.info.gas));
+  // The report is the last step's: a first step also creates the optimizer states.
+  mem_.reset_peaks();
   const auto t0 = std::chrono::steady_clock::now();
   for (zero::EventId id = p_.step_begin; id < static_cast<zero::EventId>(p_.events.size()); ++id) {
     const Event& e = p_.events[U(id)];
@@ -310,7 +325,17 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
   return r;
 }
 
+void Interpreter::create_first_step_buffers() {
+  for (const auto& [b, stream] : first_step_) {
+    mem_.allocate(p_.buffers[U(b)], stream);
+    bind(b);
+  }
+  first_step_.clear();
+}
+
 void Interpreter::run_event(const Event& e) {
+  if (e.kind == EventKind::optimizer && !first_step_.empty()) create_first_step_buffers();
+  if (e.empty_cache) mem_.empty_cache();
   for (BufferId b : p_.allocs(e)) {
     mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
     bind(b);
@@ -730,6 +755,7 @@ std::vector<CheckpointBlob> Interpreter::checkpoint_blobs(CheckpointPart part) c
   for (zero::EventId id = 0; id < p_.step_begin; ++id)
     for (BufferId b : p_.allocs(p_.events[U(id)])) {
       const auto& buf = p_.buffers[U(b)];
+      if (buf.role == zero::BufferRole::init_copy) continue;  // the set-up's, freed before training
       const bool model = buf.category == zero::Category::params;
       const bool optim = buf.category == zero::Category::master_params || buf.category == zero::Category::optimizer_states;
       if ((part == CheckpointPart::model_states && model) || (part == CheckpointPart::optim_states && optim))

@@ -219,6 +219,7 @@ json train(const TrainOptions& opt, Comm& comm) {
   }
   if (opt.resume) {
     // Every rank checks its own files; a refusal (corrupt, other world size) is bad input.
+    interp.create_first_step_buffers();  // the optimizer states the checkpoint restores
     const auto model = interp.checkpoint_blobs(CheckpointPart::model_states);
     const auto optim = interp.checkpoint_blobs(CheckpointPart::optim_states);
     // Each rank checks its own files; all ranks then agree before going on, so a refusal

@@ -147,6 +147,44 @@ bool same_requests(const zero::Program& p, MicroRanges& m, std::size_t k, Scratc
   return cur.same_as_prev > 0;
 }
 
+// A steady-state step is never a process's first: its caching allocator has seen the set-up
+// and at least one step, whose requests shaped the segments it holds (reserved bytes never
+// shrink). The allocator model replays the prologue and one first step before the replay
+// proper (requests only: no bytes are counted), with the buffers DeepSpeed creates during
+// the first step (zero::Buffer::first_step) allocated right before that step's first
+// optimizer event; the replay proper continues from that allocator state.
+void warm_up(const zero::Program& p, CachingAllocatorModel& alloc, std::vector<CachingAllocatorModel::Handle>& handle,
+             bool& oom) {
+  auto allocate = [&](BufferId b, int stream) {
+    if (oom) return;
+    if (const auto h = alloc.allocate(p.buffers[static_cast<std::size_t>(b)].bytes, stream)) handle[static_cast<std::size_t>(b)] = *h;
+    else oom = true;
+  };
+  auto release = [&](BufferId b) {
+    auto& h = handle[static_cast<std::size_t>(b)];
+    if (h >= 0) alloc.free(h);
+    h = -1;
+  };
+  std::vector<std::pair<BufferId, int>> deferred;
+  const auto n = static_cast<EventId>(p.events.size());
+  for (EventId id = 0; id < n; ++id) {
+    const Event& e = p.events[static_cast<std::size_t>(id)];
+    if (id >= p.step_begin && e.kind == zero::EventKind::optimizer) {
+      for (const auto& [b, s] : deferred) allocate(b, s);
+      deferred.clear();
+    }
+    if (e.empty_cache) alloc.empty_cache();
+    for (BufferId b : p.allocs(e)) {
+      const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
+      if (buf.placement != Placement::device) continue;
+      if (buf.first_step) deferred.emplace_back(b, static_cast<int>(e.stream));
+      else allocate(b, static_cast<int>(e.stream));
+    }
+    for (BufferId b : p.frees(e)) release(b);
+  }
+  for (const auto& [b, s] : deferred) allocate(b, s);
+}
+
 // One replay with the allocator limited to `capacity` bytes.
 MemoryReport replay_with_capacity(const zero::Program& p, const DeviceSpec& dev, const MemoryOptions& opt,
                                   Bytes capacity, MicroRanges& micro, Scratch& scratch) {
@@ -158,6 +196,9 @@ MemoryReport replay_with_capacity(const zero::Program& p, const DeviceSpec& dev,
   CachingAllocatorModel alloc(aopt);
   std::vector<CachingAllocatorModel::Handle>& handle = scratch.handle;
   if (opt.allocator) handle.assign(p.buffers.size(), -1);
+  // The allocator has seen the prologue and a first step (warm_up).
+  const bool warmed = opt.allocator;
+  if (warmed) warm_up(p, alloc, handle, r.allocator_oom);
   if (opt.timeline) r.timeline.reserve(p.events.size());
 
   // Fixed-point skipping of repeated micro-steps (not with a timeline, which wants every event).
@@ -208,6 +249,13 @@ MemoryReport replay_with_capacity(const zero::Program& p, const DeviceSpec& dev,
       }
     }
     at_prev_start = false;
+    const bool allocator_here = opt.allocator && !(warmed && id < p.step_begin);
+    if (e.empty_cache && allocator_here) alloc.empty_cache();
+    // Peaks are the step's: the prologue's set-up temporaries do not count (the persistent
+    // bytes live at the step's start do).
+    const bool in_step = id >= p.step_begin;
+    if (id == p.step_begin)
+      for (std::size_t c = 0; c < r.category_peak.size(); ++c) r.category_peak[c] = dev_live[c];
     for (BufferId b : p.allocs(e)) {
       const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
       const auto c = static_cast<std::size_t>(buf.category);
@@ -218,23 +266,22 @@ MemoryReport replay_with_capacity(const zero::Program& p, const DeviceSpec& dev,
       }
       dev_live[c] += buf.bytes;
       dev_total += buf.bytes;
-      if (dev_live[c] > r.category_peak[c]) r.category_peak[c] = dev_live[c];
-      if (opt.allocator && !r.allocator_oom) {
+      if (in_step && dev_live[c] > r.category_peak[c]) r.category_peak[c] = dev_live[c];
+      if (allocator_here && !r.allocator_oom) {
         auto h = alloc.allocate(buf.bytes, static_cast<int>(e.stream));
         if (h) handle[static_cast<std::size_t>(b)] = *h;
         else r.allocator_oom = true;
       }
     }
-    if (dev_total > r.peak_allocated) {
+    if (in_step && dev_total > r.peak_allocated) {
       r.peak_allocated = dev_total;
       r.peak_event = e.id;
       r.at_peak = dev_live;
     }
-    if (host_total > r.peak_host) {
+    if (in_step && host_total > r.peak_host) {
       r.peak_host = host_total;
       r.host_at_peak = host_live;
     }
-    if (e.id == p.step_begin - 1) r.persistent = dev_total;
     for (BufferId b : p.frees(e)) {
       const Buffer& buf = p.buffers[static_cast<std::size_t>(b)];
       const auto c = static_cast<std::size_t>(buf.category);
@@ -250,6 +297,7 @@ MemoryReport replay_with_capacity(const zero::Program& p, const DeviceSpec& dev,
         handle[static_cast<std::size_t>(b)] = -1;
       }
     }
+    if (e.id == p.step_begin - 1) r.persistent = dev_total;  // what the set-up leaves
     if (opt.timeline) r.timeline.push_back(dev_total);
   }
   if (p.step_begin == 0) r.persistent = Bytes{0};

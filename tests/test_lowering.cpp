@@ -5,6 +5,8 @@
 #include <map>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "cli/simulate.hpp"
 #include "sim/memory.hpp"
 #include "sim/timing.hpp"
@@ -934,4 +936,228 @@ TEST_CASE("eager softmax backward holds grad × output for the length of the op"
   int freed = 0;
   for (auto b : l.p.frees(e)) freed += l.p.buffer_name(b) == "layer1.self_attn.softmax.grad_times_output";
   CHECK(freed == 1);
+}
+
+namespace {
+
+// The device bytes live after each prologue event's allocations, up to (not including) the
+// event named `until`: their maximum.
+std::int64_t setup_peak(const zero::Program& p, zero::EventId until) {
+  std::int64_t live = 0, peak = 0;
+  for (zero::EventId id = 0; id < until; ++id) {
+    const auto& e = p.events[static_cast<std::size_t>(id)];
+    for (auto b : p.allocs(e)) live += p.buffers[static_cast<std::size_t>(b)].bytes.v;
+    peak = std::max(peak, live);
+    for (auto b : p.frees(e)) live -= p.buffers[static_cast<std::size_t>(b)].bytes.v;
+  }
+  return peak;
+}
+
+// Every set-up copy is allocated and freed in the prologue.
+void check_init_copies_freed(const zero::Program& p) {
+  std::vector<int> state(p.buffers.size(), 0);
+  for (zero::EventId id = 0; id < static_cast<zero::EventId>(p.events.size()); ++id) {
+    const auto& e = p.events[static_cast<std::size_t>(id)];
+    for (auto b : p.allocs(e))
+      if (p.buffers[static_cast<std::size_t>(b)].role == zero::BufferRole::init_copy) {
+        CHECK(id < p.step_begin);
+        state[static_cast<std::size_t>(b)] = 1;
+      }
+    for (auto b : p.frees(e))
+      if (p.buffers[static_cast<std::size_t>(b)].role == zero::BufferRole::init_copy) {
+        CHECK(id < p.step_begin);
+        state[static_cast<std::size_t>(b)] = 2;
+      }
+  }
+  int copies = 0;
+  for (const auto& b : p.buffers)
+    if (b.role == zero::BufferRole::init_copy) {
+      ++copies;
+      CHECK(state[static_cast<std::size_t>(b.id)] == 2);
+    }
+  CHECK(copies > 0);
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO 1/2 set-up: the fp32 model, its cast, empty_cache, the flat copy and the master's clone") {
+  // transformers builds every param in fp32, the engine casts each to fp16 (new tensor, old
+  // freed); stage_1_and_2.py empties the cache, flattens the params (the module's tensors
+  // become views), clones the partition in fp16 and copies it to fp32 (the master), and
+  // initialize_optimizer_states makes and drops a zero fp32 gradient. Adam's states come with
+  // the first step. On one rank the partition is all of Ψ' = roundup(Ψ, 2).
+  const auto l = lower_with(config(2, 2, 1), zero::LowerOptions{}, models::Attention::sdpa);
+  const std::int64_t P = l.p.info.padded_params, psi_ = psi(l.g);
+  const auto n_params = static_cast<std::int64_t>(l.g.params.size());
+  std::vector<std::string> names;
+  int empties = 0;
+  for (zero::EventId id = 0; id < l.p.step_begin; ++id) {
+    const std::string name = l.p.event_name(id);
+    if (name == "init/cast_module_to_fp16") continue;
+    if (names.empty() || names.back() != name) names.push_back(name);
+    empties += l.p.events[static_cast<std::size_t>(id)].empty_cache;
+  }
+  REQUIRE(names.size() >= 8);
+  CHECK(std::vector<std::string>(names.begin(), names.begin() + 8) ==
+        std::vector<std::string>{"init/build_model", "init/empty_cache_before_flatten",
+                                 fmt::format("init/paramsfp16 (flat, padded to 2N: {} elements)", P),
+                                 "init/params_to_flat_views", "init/partition.clone", "init/master fp32 partition",
+                                 "init/partition.drop_clone", "init/initialize_optimizer_states.zero_grads"});
+  CHECK(empties == 1);
+  CHECK(l.p.events[static_cast<std::size_t>(event_named(l.p, "init/empty_cache_before_flatten"))].empty_cache);
+  int casts = 0;
+  for (const auto& e : l.p.events) casts += l.p.event_name(e.id) == "init/cast_module_to_fp16";
+  CHECK(casts == n_params);
+  check_init_copies_freed(l.p);
+  // The set-up's high point before Adam's states: flat fp16 + fp32 master + the zero fp32
+  // gradient, 2 + 4 + 4 bytes per element (the fp32 model, 4Ψ plus one fp16 param, is lower).
+  CHECK(setup_peak(l.p, event_named(l.p, "init/optimizer states (partition)")) == 10 * P);
+  CHECK(4 * psi_ + 2 * l.g.params.front().numel < 10 * P);
+  // What it leaves is the formulas' bytes.
+  const auto m = sim::replay_memory(l.p, sim::find_device("A100-80GB"));
+  CHECK(cat(m, Category::params).v == 2 * P);
+  CHECK(cat(m, Category::master_params).v == 4 * P);
+  CHECK(cat(m, Category::optimizer_states).v == 8 * P);
+}
+
+TEST_CASE("FP16_Optimizer set-up: per-param clones, the flat copy, the master's clone and initialize_optimizer_states") {
+  // fused_optimizer.py: [p.clone().detach() for p in group] flattened (2Ψ clones + 2Ψ flat
+  // beside the 2Ψ module), the clones and module tensors dropped, a 16-bit clone of the flat
+  // copy made fp32 (the master), then a zero fp32 gradient and a first optimizer step that
+  // creates Adam's states before the gradient is dropped: 2 + 4 + 4 + 8 = 18 bytes per param.
+  const auto l = lower_with(config(0, 2, 1), zero::LowerOptions{}, models::Attention::sdpa);
+  const std::int64_t P = psi(l.g);
+  check_init_copies_freed(l.p);
+  CHECK(setup_peak(l.p, l.p.step_begin) == 18 * P);
+  CHECK(setup_peak(l.p, event_named(l.p, "init/fp16_groups.drop_clones")) == 6 * P);
+  for (const auto& b : l.p.buffers)
+    if (b.role == zero::BufferRole::optimizer_state) CHECK(!b.first_step);  // made during the set-up
+  const auto m = sim::replay_memory(l.p, sim::find_device("A100-80GB"));
+  CHECK(m.persistent.v == 2 * P + 4 * P + 8 * P);
+  // The step's fp32 copies of the grads are one tensor per param (the allocator's requests),
+  // all live when the flat fp32 copy is made from them.
+  const auto flat = event_named(l.p, "step/flatten_grads_fp32");
+  std::int64_t per_param = 0, tensors = 0;
+  for (auto b : l.p.allocs(l.p.events[static_cast<std::size_t>(event_named(l.p, "step/grads_to_fp32"))])) {
+    const auto& buf = l.p.buffers[static_cast<std::size_t>(b)];
+    CHECK(buf.bytes.v == 4 * l.g.params[static_cast<std::size_t>(buf.ref)].numel);
+    per_param += buf.bytes.v;
+    ++tensors;
+  }
+  CHECK(tensors == static_cast<std::int64_t>(l.g.params.size()));
+  CHECK(per_param == 4 * P);
+  CHECK(l.p.frees(l.p.events[static_cast<std::size_t>(flat)]).size() == l.g.params.size());
+}
+
+TEST_CASE("Adam's states are created by the first step, except FP16_Optimizer's and offloaded ones") {
+  auto first_step = [](const zero::DsConfig& c) {
+    const auto l = lower_with(c, zero::LowerOptions{}, models::Attention::sdpa);
+    int n = 0, flagged = 0;
+    for (const auto& b : l.p.buffers)
+      if (b.category == Category::optimizer_states) {
+        ++n;
+        flagged += b.first_step;
+      }
+    REQUIRE(n == 1);
+    return flagged == 1;
+  };
+  CHECK(first_step(config(1, 2, 1)));
+  CHECK(first_step(config(2, 2, 1)));
+  CHECK(first_step(config(3, 2, 1)));
+  CHECK(first_step(config(0, 2, 1, false)));  // plain torch optimizer on fp32 params
+  CHECK(!first_step(config(0, 2, 1)));        // FP16_Optimizer.initialize_optimizer_states
+  auto off = config(2, 2, 1);
+  off.zero.offload_optimizer.device = zero::OffloadDevice::cpu;
+  CHECK(!first_step(off));  // host memory: not the device allocator's
+}
+
+TEST_CASE("one rank's bucket is one slice: no flatten copy; two ranks' buckets are") {
+  // average_tensor → allreduce_bucket flattens the slices of rank_and_offsets; a bucket on
+  // one rank is one slice and flatten_dense_tensors of one tensor is a view of it.
+  auto c = config(2, 2, 1);
+  c.zero.reduce_bucket_size = 20000;
+  CHECK(count_buffers(build("tiny-gpt2", c, 1, 16).p, zero::BufferRole::comm_staging) == 0);
+  CHECK(count_buffers(build("tiny-gpt2", c, 2, 16).p, zero::BufferRole::comm_staging) > 0);
+}
+
+namespace {
+
+// A hand-built program: events in order, each with its allocations and frees.
+struct Seq {
+  zero::Program p;
+  zero::BufferId buffer(std::int64_t mib, bool first_step = false) {
+    zero::Buffer b;
+    b.id = static_cast<zero::BufferId>(p.buffers.size());
+    b.category = Category::temporaries;
+    b.dtype = DType::u8;
+    b.elements = mib << 20;
+    b.bytes = Bytes{mib << 20};
+    b.first_step = first_step;
+    p.buffers.push_back(b);
+    return b.id;
+  }
+  void event(EventKind k, int micro, std::vector<zero::BufferId> allocs, std::vector<zero::BufferId> frees,
+             bool empty_cache = false) {
+    zero::Event e;
+    e.id = static_cast<zero::EventId>(p.events.size());
+    e.kind = k;
+    e.micro_step = static_cast<std::int16_t>(micro);
+    e.empty_cache = empty_cache;
+    e.alloc_begin = static_cast<std::uint32_t>(p.alloc_list.size());
+    for (auto b : allocs) p.alloc_list.push_back(b);
+    e.alloc_end = static_cast<std::uint32_t>(p.alloc_list.size());
+    e.free_begin = static_cast<std::uint32_t>(p.free_list.size());
+    for (auto b : frees) p.free_list.push_back(b);
+    e.free_end = static_cast<std::uint32_t>(p.free_list.size());
+    p.events.push_back(e);
+  }
+};
+
+constexpr std::int64_t MiB = 1 << 20;
+
+}  // namespace
+
+TEST_CASE("reserved: the allocator model has seen the set-up and a first step that creates the states") {
+  // Prologue: A (12 MiB, persistent), S (12 MiB, Adam's states); the step: T (24 MiB)
+  // allocated and freed, then the optimizer. Requests of 10 MiB and more get segments of
+  // their size rounded to 2 MiB.
+  for (const bool lazy : {false, true}) {
+    CAPTURE(lazy);
+    Seq s;
+    const auto a = s.buffer(12), st = s.buffer(12, lazy), t = s.buffer(24);
+    s.event(EventKind::marker, -1, {a}, {});
+    s.event(EventKind::marker, -1, {st}, {});
+    s.p.step_begin = 2;
+    s.event(EventKind::compute, 0, {t}, {});
+    s.event(EventKind::compute, 0, {}, {t});
+    s.event(EventKind::optimizer, -1, {}, {});
+    const auto m = sim::replay_memory(s.p, sim::find_device("A100-80GB"));
+    CHECK(m.peak_allocated.v == 48 * MiB);
+    CHECK(m.persistent.v == 24 * MiB);
+    // Created before the step, S has its own segment and the step's T reuses its own: 48 MiB.
+    // Created at the first optimizer step, S takes 12 MiB of T's free 24-MiB segment (the
+    // rest stays cached), so the next step's T needs a new segment: 12 + 24 + 24 MiB.
+    CHECK(m.reserved_peak.v == (lazy ? 60 : 48) * MiB);
+    CHECK(m.segments == 3);
+  }
+}
+
+TEST_CASE("reserved: empty_cache in the set-up releases the free segments before later requests") {
+  // X (24 MiB) made and dropped by the set-up, A (12 MiB) kept; the step makes T (24 MiB).
+  for (const bool empty : {false, true}) {
+    CAPTURE(empty);
+    Seq s;
+    const auto x = s.buffer(24), a = s.buffer(12), t = s.buffer(24);
+    s.event(EventKind::marker, -1, {x}, {x});
+    s.event(EventKind::marker, -1, {}, {}, empty);
+    s.event(EventKind::marker, -1, {a}, {});
+    s.p.step_begin = 3;
+    s.event(EventKind::compute, 0, {t}, {});
+    s.event(EventKind::compute, 0, {}, {t});
+    const auto m = sim::replay_memory(s.p, sim::find_device("A100-80GB"));
+    CHECK(m.peak_allocated.v == 36 * MiB);  // the set-up's X is not a step's
+    // Kept, X's segment serves A (split: 12 MiB stay cached, too few for T): 24 + 24 MiB.
+    // Released, A and T get segments of their own: 12 + 24 MiB (the 24 MiB of X came first).
+    CHECK(m.reserved_peak.v == (empty ? 36 : 48) * MiB);
+  }
 }

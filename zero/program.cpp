@@ -162,7 +162,7 @@ void Program::validate() const {
         throw std::logic_error(fmt::format("{}: buffer {} freed before allocation", event_name(e.id), buffer_name(b)));
       if (freed_at[static_cast<std::size_t>(b)] >= 0)
         throw std::logic_error(fmt::format("{}: buffer {} freed twice", event_name(e.id), buffer_name(b)));
-      if (allocated_at[static_cast<std::size_t>(b)] < step_begin)
+      if (allocated_at[static_cast<std::size_t>(b)] < step_begin && e.id >= step_begin)
         throw std::logic_error(fmt::format("{}: persistent buffer {} freed in the step", event_name(e.id), buffer_name(b)));
       freed_at[static_cast<std::size_t>(b)] = e.id;
     }

@@ -1,5 +1,7 @@
 #include "zero/lower/context.hpp"
 
+#include <fmt/format.h>
+
 namespace zp::zero::lowering {
 
 std::int32_t Names::op(models::OpId o) {
@@ -102,6 +104,52 @@ void Context::library_workspaces() {
                  ws[i].name, i);
 }
 
+std::vector<BufferId> Context::build_model() {
+  const DType built = cfg.module_dtype.value_or(DType::fp32);
+  std::vector<BufferId> params;
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, "build_model");
+  for (const auto& prm : g.params) {
+    // (numel,) the dtype transformers builds the model in
+    const BufferId id = b.buffer(Category::params, Placement::device, BufferRole::init_copy, built, prm.numel,
+                                 "model param " + prm.name, prm.id);
+    b.alloc(id);
+    params.push_back(id);
+  }
+  if (md == built) return params;
+  // _cast_module_mixed_precision: param.data = param.data.to(dtype), one param at a time (the
+  // copy made, then the old tensor dropped).
+  const std::int32_t label = b.label(fmt::format("cast_module_to_{}", dtype_name(md)));
+  for (auto& id : params) {
+    b.begin(EventKind::marker, Stream::compute, Phase::init, -1, label);
+    const Buffer& old = p.buffers[static_cast<std::size_t>(id)];
+    const BufferId cast = b.buffer(Category::params, Placement::device, BufferRole::init_copy, md, old.elements,
+                                   b.add_label(fmt::format("{} ({})", p.labels[static_cast<std::size_t>(old.name)], dtype_name(md))),
+                                   old.ref);
+    b.alloc(cast);
+    b.free(id);
+    id = cast;
+  }
+  return params;
+}
+
+BufferId Context::init_temp(Category c, DType t, std::int64_t elements, std::string name, bool keep) {
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, name);
+  const BufferId id = b.buffer(c, Placement::device, BufferRole::init_copy, t, elements, b.cur().label);
+  b.alloc(id);
+  if (!keep) b.free(id);
+  return id;
+}
+
+void Context::free_init(const std::vector<BufferId>& bufs, std::string name) {
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, std::move(name));
+  for (BufferId id : bufs) b.free(id);
+}
+
+void Context::empty_cache(std::string name) {
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, std::move(name));
+  b.cur().empty_cache = true;
+}
+
 BufferId Context::persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements,
                              std::string name, std::int32_t ref) {
   b.begin(EventKind::marker, Stream::compute, Phase::init, -1, name);
@@ -110,13 +158,15 @@ BufferId Context::persistent(Category c, Placement where, BufferRole role, DType
   return id;
 }
 
-void Context::optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t) {
+void Context::optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t,
+                               bool first_step) {
   const std::int64_t k_state = cfg.optimizer.state_bytes_per_param();
   if (k_state <= 0) return;
   // (elements × k_state / 4,) in t: Adam's m and v are k_state = 8 fp32 bytes per param
   states.states = persistent(Category::optimizer_states, offload_opt ? Placement::host : Placement::device,
                              offload_opt ? BufferRole::host_optimizer_state : BufferRole::optimizer_state, t,
                              elements * k_state / 4, name, ref);
+  p.buffers[static_cast<std::size_t>(states.states)].first_step = first_step && !offload_opt;
 }
 
 Event& Context::collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,

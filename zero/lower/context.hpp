@@ -125,13 +125,26 @@ class Context {
   // PyTorch's library workspaces (LowerOptions::cublas_workspace, cublaslt_workspace): one
   // prologue buffer each, on the compute stream.
   void library_workspaces();
+  // The set-up before the optimizer wrapper: transformers builds every param as a tensor of
+  // its own in the dtype it builds in (config.json torch_dtype, else fp32; DsConfig's
+  // module_dtype), and with fp16 or bf16 enabled the engine casts each to that dtype (a new
+  // tensor, the old one freed: _cast_module_mixed_precision). Returns the module's param
+  // tensors in registration order; the wrapper frees them once it has flattened them.
+  std::vector<BufferId> build_model();
+  // A prologue marker allocating (then freeing, unless `keep`) one set-up temporary.
+  BufferId init_temp(Category c, DType t, std::int64_t elements, std::string name, bool keep = true);
+  // A prologue marker freeing set-up temporaries.
+  void free_init(const std::vector<BufferId>& bufs, std::string name);
+  // A prologue marker calling torch.cuda.empty_cache().
+  void empty_cache(std::string name);
   // A prologue marker allocating one persistent buffer.
   BufferId persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements, std::string name,
                       std::int32_t ref = -1);
   // The optimizer states of `elements` master params (state_bytes_per_param each in fp32;
   // none for plain SGD), on the host under offload_optimizer; `t`: the states' dtype when
   // the optimizer steps the module's own params (torch.zeros_like(p)).
-  void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t = DType::fp32);
+  void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t = DType::fp32,
+                        bool first_step = false);
   // One collective event (nccl-tests style: kind, group, count, dtype) and why it was issued.
   Event& collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,
                     GroupId group, std::int64_t elements, DType t, std::int32_t bucket);

@@ -31,7 +31,8 @@ void Stage3Lowering::prologue() {
   // (Σ ceil(numel/N),) fp32 master partition and its states
   c_.states.master = c_.persistent(Category::master_params, optimizer_placement(c_), master_role(c_), DType::fp32, part,
                                    "master fp32 partition", 0);
-  c_.optimizer_states(part, "optimizer states (partition)", 0);
+  // Adam's states: created by its first step (stage3.py _optimizer_step).
+  c_.optimizer_states(part, "optimizer states (partition)", 0, DType::fp32, true);
   if (c_.offload_opt) {
     host_grad_partition(c_, part);
   } else {

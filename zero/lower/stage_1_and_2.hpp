@@ -39,6 +39,9 @@ class ZeroOptimizerLowering : public OptimizerLowering {
   // Elements of [lo, hi) of the flat buffer that land in rank r's partition.
   std::int64_t overlap_with_rank(std::int64_t lo, std::int64_t hi, int r) const;
   std::int64_t mine(int r) const;  // Σ over the bucket's slices of overlap_with_rank
+  // average_tensor's rank_and_offsets: the bucket's slices split at partition boundaries,
+  // consecutive pieces bound for the same rank merged; how many there are.
+  int merged_slices() const;
 
   Context& c_;
   AccumulatedGrads grads_;                    // stage 1: param.grad until the boundary
