@@ -658,9 +658,8 @@ void Interpreter::collective_event(const Event& e) {
 void Interpreter::optimizer_event(const Event& e) {
   const auto& oc = cfg_.optimizer;
   float* states = e.src2_buf >= 0 ? f32(e.src2_buf) : nullptr;
-  const std::int64_t total = e.src2_buf >= 0 ? p_.buffers[U(e.src2_buf)].elements : 0;
+  float* states2 = e.src3_buf >= 0 ? f32(e.src3_buf) : nullptr;
   const bool adam = oc.type != zero::OptimizerType::sgd;
-  const std::int64_t half = adam ? total / 2 : total;
   auto update = [&](float* p, float* g, std::int64_t at, std::int64_t n, float factor) {
     if (factor != 1.0f) dev_.scale(g, n, factor);
     if (adam) {
@@ -671,7 +670,7 @@ void Interpreter::optimizer_event(const Event& e) {
       a.eps = oc.eps;
       a.weight_decay = oc.weight_decay;
       a.decoupled = oc.type == zero::OptimizerType::adamw || oc.adam_w_mode;
-      dev_.adam_step(p, g, states + at, states + half + at, n, optimizer_step_.value_or(step_), a);
+      dev_.adam_step(p, g, states + at, states2 + at, n, optimizer_step_.value_or(step_), a);
     } else {
       cpu::SgdConfig sg;
       sg.lr = lr_.value_or(oc.lr);

@@ -777,7 +777,7 @@ TEST_CASE("the loss's backward holds logp, its gradient and the logits' gradient
     }
     for (auto b : l.p.frees(e)) frees.push_back(l.p.buffer_name(b));
     const std::string input = bf16 ? "grad:loss.upcast" : "grad:lm_head";
-    CHECK(allocs == std::vector<std::string>{input, "grad:loss.cross_entropy.log_softmax"});
+    CHECK(allocs == std::vector<std::string>{"grad:loss.cross_entropy.log_softmax", input});  // nll_loss's, then log_softmax's
     // The gradient of logp and logp itself go when the backward ends; the logits' stays.
     CHECK(std::count(frees.begin(), frees.end(), "grad:loss.cross_entropy.log_softmax") == 1);
     CHECK(std::count(frees.begin(), frees.end(), "loss.cross_entropy.log_softmax") == 1);
@@ -1049,17 +1049,33 @@ TEST_CASE("FP16_Optimizer set-up: per-param clones, the flat copy, the master's 
   CHECK(l.p.frees(l.p.events[static_cast<std::size_t>(flat)]).size() == l.g.params.size());
 }
 
-TEST_CASE("Adam's states are created by the first step, except FP16_Optimizer's and offloaded ones") {
+TEST_CASE("Adam's states are two tensors, created by the first step except FP16_Optimizer's and offloaded ones") {
+  // torch.optim / FusedAdam: state['exp_avg'] and state['exp_avg_sq'] = zeros_like(the fp32
+  // params it steps), two requests of the params' size, made by its first step(); one rank
+  // steps all of Ψ' (stages 1/2) or Ψ (stages 0, 3).
   auto first_step = [](const zero::DsConfig& c) {
     const auto l = lower_with(c, zero::LowerOptions{}, models::Attention::sdpa);
-    int n = 0, flagged = 0;
+    const std::int64_t elements = c.zero.stage == 1 || c.zero.stage == 2 ? l.p.info.padded_params : psi(l.g);
+    std::vector<std::string> names;
+    int flagged = 0;
     for (const auto& b : l.p.buffers)
       if (b.category == Category::optimizer_states) {
-        ++n;
+        names.push_back(l.p.buffer_name(b.id));
+        CHECK(b.elements == elements);
+        CHECK(b.bytes.v == elements * dtype_size(b.dtype));
         flagged += b.first_step;
       }
-    REQUIRE(n == 1);
-    return flagged == 1;
+    REQUIRE(names.size() == 2);
+    CHECK(names[0].ends_with(": exp_avg"));
+    CHECK(names[1].ends_with(": exp_avg_sq"));
+    // The optimizer event names both.
+    for (const auto& e : l.p.events)
+      if (e.kind == EventKind::optimizer) {
+        CHECK(l.p.buffer_name(e.src2_buf) == names[0]);
+        CHECK(l.p.buffer_name(e.src3_buf) == names[1]);
+      }
+    CHECK(flagged % 2 == 0);
+    return flagged == 2;
   };
   CHECK(first_step(config(1, 2, 1)));
   CHECK(first_step(config(2, 2, 1)));
@@ -1069,6 +1085,20 @@ TEST_CASE("Adam's states are created by the first step, except FP16_Optimizer's 
   auto off = config(2, 2, 1);
   off.zero.offload_optimizer.device = zero::OffloadDevice::cpu;
   CHECK(!first_step(off));  // host memory: not the device allocator's
+  // SGD with momentum keeps one tensor.
+  auto sgd = config(2, 2, 1);
+  sgd.optimizer.type = zero::OptimizerType::sgd;
+  sgd.optimizer.momentum = 0.9;
+  const auto l = lower_with(sgd, zero::LowerOptions{}, models::Attention::sdpa);
+  int states = 0;
+  for (const auto& b : l.p.buffers)
+    if (b.category == Category::optimizer_states) {
+      ++states;
+      CHECK(l.p.buffer_name(b.id).ends_with(": momentum_buffer"));
+    }
+  CHECK(states == 1);
+  for (const auto& e : l.p.events)
+    if (e.kind == EventKind::optimizer) CHECK(e.src3_buf == -1);
 }
 
 TEST_CASE("one rank's bucket is one slice: no flatten copy; two ranks' buckets are") {

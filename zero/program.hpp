@@ -192,12 +192,13 @@ struct Event {
   // gather_unflatten copy's `group` is the gather's, whose blocks it reads. `offset` is the
   // first element of the range an optimizer or sub-group copy covers; `root` is a
   // reduce's destination. An optimizer whose src is the flat fp32 gradient buffer of every
-  // param (BF16_Optimizer) reads this rank's partition of it, and clears it after.
+  // param (BF16_Optimizer) reads this rank's partition of it, and clears it after; its
+  // src2/src3 are the optimizer's state tensors (Adam's exp_avg, exp_avg_sq).
   CopyOp copy_op = CopyOp::none;
   // A marker that calls torch.cuda.empty_cache() when it starts (DeepSpeed does during its
   // set-up): the caching allocator releases every cached segment that is entirely free.
   bool empty_cache = false;
-  BufferId src_buf = -1, src2_buf = -1, dst_buf = -1;
+  BufferId src_buf = -1, src2_buf = -1, src3_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
   std::int64_t offset = 0;
   // CSR ranges into Program's lists

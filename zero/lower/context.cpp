@@ -162,11 +162,24 @@ void Context::optimizer_states(std::int64_t elements, const std::string& name, s
                                bool first_step) {
   const std::int64_t k_state = cfg.optimizer.state_bytes_per_param();
   if (k_state <= 0) return;
-  // (elements × k_state / 4,) in t: Adam's m and v are k_state = 8 fp32 bytes per param
-  states.states = persistent(Category::optimizer_states, offload_opt ? Placement::host : Placement::device,
-                             offload_opt ? BufferRole::host_optimizer_state : BufferRole::optimizer_state, t,
-                             elements * k_state / 4, name, ref);
-  p.buffers[static_cast<std::size_t>(states.states)].first_step = first_step && !offload_opt;
+  // k_state / 4 tensors of (elements,) in t: Adam's exp_avg and exp_avg_sq (k_state = 8)
+  static constexpr const char* kAdam[] = {"exp_avg", "exp_avg_sq"};
+  const char* one = "momentum_buffer";
+  switch (cfg.optimizer.type) {
+    case OptimizerType::adagrad: one = "sum"; break;
+    case OptimizerType::lion: one = "exp_avg"; break;
+    default: break;
+  }
+  const std::int64_t n = k_state / 4;
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, name);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const BufferId id = b.buffer(Category::optimizer_states, offload_opt ? Placement::host : Placement::device,
+                                 offload_opt ? BufferRole::host_optimizer_state : BufferRole::optimizer_state, t,
+                                 elements, b.add_label(fmt::format("{}: {}", name, n == 2 ? kAdam[i] : one)), ref);
+    b.alloc(id);
+    p.buffers[static_cast<std::size_t>(id)].first_step = first_step && !offload_opt;
+    (i == 0 ? states.states : states.states2) = id;
+  }
 }
 
 Event& Context::collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,

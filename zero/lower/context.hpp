@@ -45,7 +45,8 @@ inline std::int64_t ceil_div(std::int64_t x, std::int64_t m) { return (x + m - 1
 struct ModelStates {
   BufferId params = -1;      // 16-bit params: flat (stages 0-2) or the partitions (stage 3)
   BufferId master = -1;      // fp32 master weights (this rank's partition, or all of them)
-  BufferId states = -1;      // optimizer states of the master
+  BufferId states = -1;      // optimizer states of the master: the first (Adam's exp_avg)
+  BufferId states2 = -1;     // the second, if the optimizer keeps two (Adam's exp_avg_sq)
   BufferId grads32 = -1;     // BF16_Optimizer: the flat fp32 gradients of every param
   BufferId host_grads = -1;  // offload_optimizer: the host fp32 gradient partition
 };
@@ -142,7 +143,9 @@ class Context {
                       std::int32_t ref = -1);
   // The optimizer states of `elements` master params (state_bytes_per_param each in fp32;
   // none for plain SGD), on the host under offload_optimizer; `t`: the states' dtype when
-  // the optimizer steps the module's own params (torch.zeros_like(p)).
+  // the optimizer steps the module's own params (torch.zeros_like(p)). One buffer per state
+  // tensor the optimizer keeps (Adam: exp_avg and exp_avg_sq, each the size of the params it
+  // steps), as the caching allocator sees them requested.
   void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t = DType::fp32,
                         bool first_step = false);
   // One collective event (nccl-tests style: kind, group, count, dtype) and why it was issued.

@@ -192,6 +192,18 @@ void Walk::backward_op(MicroState& st, OpId o) {
   e.flops = op.bwd_flops;
   e.mem_bytes = op.bwd_bytes;
   opt_.op_issued(o);
+  // Gradients of outputs that live only inside this backward (cross_entropy: the
+  // log-probabilities'), freed with the output gradients below. They come first: autograd
+  // runs nll_loss's backward, which makes the gradient of logp, before log_softmax's, which
+  // makes the gradient of the logits (the caching allocator sees them in that order).
+  for (TensorId t : op.bwd_grads) {
+    auto& gb = st.grad_buf[static_cast<std::size_t>(t)];
+    if (gb >= 0) continue;
+    const auto& ten = c_.g.tensors[static_cast<std::size_t>(t)];
+    gb = b.buffer(Category::temporaries, Placement::device, BufferRole::activation_grad, ten.dtype,
+                  ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor_grad(t), t);
+    b.alloc(gb);
+  }
   // Gradients of the inputs, shaped as the inputs (accumulated when several consumers
   // contribute).
   for (TensorId t : op.inputs) {
@@ -203,16 +215,6 @@ void Walk::backward_op(MicroState& st, OpId o) {
                     ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor_grad(t), t);
       b.alloc(gb);
     }
-  }
-  // Gradients of outputs that live only inside this backward (cross_entropy: the
-  // log-probabilities'), freed with the output gradients below.
-  for (TensorId t : op.bwd_grads) {
-    auto& gb = st.grad_buf[static_cast<std::size_t>(t)];
-    if (gb >= 0) continue;
-    const auto& ten = c_.g.tensors[static_cast<std::size_t>(t)];
-    gb = b.buffer(Category::temporaries, Placement::device, BufferRole::activation_grad, ten.dtype,
-                  ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor_grad(t), t);
-    b.alloc(gb);
   }
   // The backward kernel's own temporaries, freed when it ends.
   for (TensorId t : op.bwd_scratch) {
