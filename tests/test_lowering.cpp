@@ -1191,3 +1191,32 @@ TEST_CASE("reserved: empty_cache in the set-up releases the free segments before
     CHECK(m.reserved_peak.v == (empty ? 36 : 48) * MiB);
   }
 }
+
+TEST_CASE("stage 3 fp16 overflow check: isinf and isnan masks of the gradient partition on the reduction stream") {
+  // stage3.py has_overflow: torch.isinf(grad_partitions_flat_buffer).any(), then torch.isnan:
+  // a bool per element of the partition (Σ ceil(numel/N)) and one for .any(), on
+  // reduce_and_partition_stream (the reduction stream under overlap_comm).
+  for (const bool overlap : {true, false}) {
+    CAPTURE(overlap);
+    auto c = config(3, 2, 1);
+    c.zero.overlap_comm = overlap;
+    zero::LowerOptions lo;
+    lo.world_size = 2;
+    const auto l = lower_with(c, lo, models::Attention::sdpa);
+    std::int64_t part = 0;
+    for (const auto& prm : l.g.params) part += (prm.numel + 1) / 2;
+    for (const char* test : {"isinf", "isnan"}) {
+      const auto& e = l.p.events[static_cast<std::size_t>(event_named(l.p, fmt::format("step/overflow_check.{}", test)))];
+      CHECK(e.stream == (overlap ? zero::Stream::reduction : zero::Stream::compute));
+      std::vector<std::int64_t> bytes;
+      for (auto b : l.p.allocs(e)) bytes.push_back(l.p.buffers[static_cast<std::size_t>(b)].bytes.v);
+      CHECK(bytes == std::vector<std::int64_t>{part, 1});
+      CHECK(l.p.frees(e).size() == 2);
+    }
+  }
+  // bf16 has no loss scale to check; stages 1/2 test with reductions (utils.has_inf_or_nan).
+  for (const auto& cfg : {bf16_config(3, 2, 1, false), config(2, 2, 1)}) {
+    const auto l = lower_with(cfg, zero::LowerOptions{}, models::Attention::sdpa);
+    for (const auto& e : l.p.events) CHECK(l.p.event_name(e.id).find("overflow_check.is") == std::string::npos);
+  }
+}
