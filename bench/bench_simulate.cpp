@@ -4,6 +4,7 @@
 //  - lowering + memory replay of one bert-large configuration: < 5 ms
 //  - gpt3-175b, stage 3, 1024 GPUs, full simulation: < 200 ms
 //  - the event engine: >= 5 M events/s
+//  - gpt3-175b, stage 3, 4096 GPUs: GAS 32767 in the time GAS 16 takes
 //  - `simulate` of Llama-2-7b on 64 GPUs, stages 0-3: < 0.5 s
 #include <benchmark/benchmark.h>
 
@@ -49,7 +50,7 @@ void BM_LowerAndReplay_BertLarge(benchmark::State& state) {
   int skipped = 0;
   for (auto _ : state) {
     auto r = cli::simulate_one(in, cfg, &g, false);
-    events = r.program.events.size();
+    events = static_cast<std::size_t>(r.program.num_events());
     skipped = r.memory.skipped_micro_steps;
     benchmark::DoNotOptimize(r.memory.peak_allocated);
   }
@@ -71,7 +72,7 @@ void BM_Lower_BertLarge(benchmark::State& state) {
   lo.rank = zero::heaviest_rank(g, cfg, in.world_size);
   for (auto _ : state) {
     auto p = zero::lower(g, cfg, batch, lo);
-    benchmark::DoNotOptimize(p.events.size());
+    benchmark::DoNotOptimize(p.num_events());
   }
 }
 BENCHMARK(BM_Lower_BertLarge)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
@@ -139,34 +140,67 @@ void BM_FullSim_GPT3_175B_Stage3_1024GPUs(benchmark::State& state) {
   std::size_t events = 0;
   for (auto _ : state) {
     auto res = cli::simulate_one(in, cfg, &g, true);
-    events = res.program.events.size();
+    events = static_cast<std::size_t>(res.program.num_events());
     benchmark::DoNotOptimize(res.time.report.phases.iteration);
   }
   state.counters["events"] = static_cast<double>(events);
 }
 BENCHMARK(BM_FullSim_GPT3_175B_Stage3_1024GPUs)->Unit(benchmark::kMillisecond);
 
-// The engine alone: events processed per second on one core.
+// The engine alone: events per second on one core, of the program as simulate lowers it
+// (arg 0: its repeated micro-steps stored once, counted as the events they stand for) and of
+// the same program lowered one by one (arg 1: every event run).
 void BM_Engine(benchmark::State& state) {
   auto req = bert_request();
   req.micro_batch = 8;
   const auto in = cli::load_inputs(req);
   const auto cfg = cli::config_for_stage(in, req, 3);
-  const auto res = cli::simulate_one(in, cfg);
-  const auto g = graph_for(in, cfg, res.batch);
+  const auto batch = zero::resolve_batch(cfg, in.world_size);
+  const auto g = graph_for(in, cfg, batch);
+  zero::LowerOptions lo;
+  lo.world_size = in.world_size;
+  lo.replicate_micro_steps = state.range(0) == 0;
+  const auto program = zero::lower(g, cfg, batch, lo);
   const sim::ComputeModel compute(in.profile, g);
-  const auto d = sim::event_durations(res.program, compute, *in.collectives);
+  const auto d = sim::event_durations(program, compute, *in.collectives);
   sim::EngineOptions eo;
   eo.interference = 0.15;
   std::int64_t processed = 0;
   for (auto _ : state) {
-    auto t = sim::run_events(res.program, d, eo);
+    auto t = sim::run_events(program, d, eo);
     processed += t.processed;
     benchmark::DoNotOptimize(t.phases.iteration);
   }
   state.counters["events_per_s"] = benchmark::Counter(static_cast<double>(processed), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_Engine)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Engine)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// Issue 13's target: gpt3-175b, stage 3, 512 nodes of 8 H100 (4096 ranks), seq 2048, bf16,
+// the whole simulation (lowering, memory replay, pricing, engine) at GAS 16, 1024 and 32767:
+// the repeated micro-steps are stored once, so each costs about what GAS 16 costs.
+void BM_FullSim_GPT3_175B_4096GPUs_GAS(benchmark::State& state) {
+  const auto cfg_path = std::filesystem::temp_directory_path() /
+                        ("zeroplan_bench_gas" + std::to_string(state.range(0)) + ".json");
+  std::ofstream(cfg_path) << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": )"
+                          << state.range(0) << R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3}})";
+  cli::SimRequest r;
+  r.model = "gpt3-175b";
+  r.cluster = "8xH100-80GB-NVSwitch";
+  r.nodes = 512;
+  r.ds_config = cfg_path.string();
+  r.stages = {3};
+  const auto in = cli::load_inputs(r);
+  const auto cfg = cli::config_for_stage(in, r, 3);
+  const auto g = graph_for(in, cfg, zero::resolve_batch(cfg, in.world_size));
+  std::int64_t events = 0;
+  for (auto _ : state) {
+    auto res = cli::simulate_one(in, cfg, &g, true);
+    events = res.program.num_events();
+    benchmark::DoNotOptimize(res.time.report.phases.iteration);
+  }
+  state.counters["events"] = static_cast<double>(events);
+}
+BENCHMARK(BM_FullSim_GPT3_175B_4096GPUs_GAS)->Arg(16)->Arg(1024)->Arg(32767)->Unit(benchmark::kMillisecond);
 
 // The --json document of one result, with the critical path event by event.
 void BM_ResultJson_BertLarge(benchmark::State& state) {

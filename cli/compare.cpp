@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "core/json_util.hpp"
 #include "zero/program.hpp"
 
@@ -251,6 +252,24 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
     if (P[k].raw() != cfg[k].raw())
       differ(P[k], cfg[k], ju::printable(P[k].raw().dump()), ju::printable(cfg[k].raw().dump()), "");
   }
+  // The ds_config each side was made from (canonical JSON, written by simulate --json as
+  // "ds_config" and by train --out as config.ds_config_json), apart from the keys that
+  // --stages and --micro-batch override and that are compared above.
+  if (P.has("ds_config") && cfg.has("ds_config_json")) {
+    const auto effective = [](const json& v) {
+      json c = v.is_object() ? ju::canonical(v) : json::object();
+      for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
+        c.erase(k);
+      if (c.contains("zero_optimization") && c["zero_optimization"].is_object()) c["zero_optimization"].erase("stage");
+      return c;
+    };
+    const json pc = effective(P["ds_config"].raw()), mc = effective(cfg["ds_config_json"].raw());
+    if (pc != mc)
+      throw InputError(pair, "",
+                       fmt::format("the runs were made from different ds_configs: {}; simulate with the measured run's "
+                                   "ds_config",
+                                   ju::describe_differences(pc, mc, "in the prediction", "in the measurement")));
+  }
   const std::string backend = cfg["backend"].string();
   const std::string gpu = P.has("gpu") ? P["gpu"].string() : std::string("the predicted device");
 
@@ -402,8 +421,8 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
 }
 
 Comparison compare(const CompareRequest& req) {
-  const json p = ju::parse_file(req.predicted);
-  const json m = ju::parse_file(req.measured);
+  const json p = ju::parse_file(req.predicted, io::kDocumentMaxBytes, "a prediction (simulate --json)");
+  const json m = ju::parse_file(req.measured, io::kDocumentMaxBytes, "a measurement (train --out)");
   return compare_documents(p, req.predicted, m, req.measured);
 }
 

@@ -340,9 +340,12 @@ Explanation explain(const ExplainRequest& req) {
     struct Group {
       int count = 0;
       Bytes bytes{};
-      Seconds time{};
-      Seconds on_compute{};
-      std::set<int> micro;
+      std::int64_t time_ns = 0, on_compute_ns = 0;
+      std::set<int> micro;      // micro-steps of its stored events
+      int copied_micro = 0;     // more: those of the repeated block's copies (Program::repeat)
+      Seconds time() const { return Seconds{static_cast<double>(time_ns) / 1e9}; }
+      Seconds on_compute() const { return Seconds{static_cast<double>(on_compute_ns) / 1e9}; }
+      std::size_t micro_steps() const { return micro.size() + static_cast<std::size_t>(copied_micro); }
     };
     auto groups = [](const StageResult& r) {
       std::map<std::tuple<int, int, int>, Group> m;  // (kind, trigger, stream)
@@ -350,12 +353,15 @@ Explanation explain(const ExplainRequest& req) {
       for (const auto& e : p.events) {
         if (e.kind != zero::EventKind::collective) continue;
         auto& g = m[{static_cast<int>(e.coll), static_cast<int>(e.trigger), static_cast<int>(e.stream)}];
-        const auto& et = r.time.report.events[static_cast<std::size_t>(e.id)];
-        ++g.count;
-        g.bytes += p.bytes_sent(e);
-        g.time += et.end - et.start;
-        if (e.stream == zero::Stream::compute) g.on_compute += et.end - et.start;
+        // The event and, in the repeated block, its copies: each sends what it sends.
+        const std::int64_t n = p.copies_of(e.id);
+        const std::int64_t ns = r.time.report.total_duration_ns(e.id);
+        g.count += static_cast<int>(n);
+        g.bytes += Bytes{p.bytes_sent(e).v * n};
+        g.time_ns += ns;
+        if (e.stream == zero::Stream::compute) g.on_compute_ns += ns;
         if (e.micro_step >= 0) g.micro.insert(e.micro_step);
+        if (e.micro_step >= 0 && n > 1) g.copied_micro = p.repeat.copies;
       }
       return m;
     };
@@ -371,21 +377,21 @@ Explanation explain(const ExplainRequest& req) {
       const Group b = gb.count(k) ? gb.at(k) : Group{};
       const int gas = static_cast<int>(B.r.batch.gas);
       auto when = [&](const Group& g) -> std::string {
-        if (g.micro.empty()) return "at the step";
-        if (static_cast<int>(g.micro.size()) == gas && gas > 1) return "every micro-step";
-        if (g.micro.size() == 1 && *g.micro.begin() == gas - 1) return "at the GAS boundary";
-        return fmt::format("in {} of {} micro-steps", g.micro.size(), gas);
+        if (g.micro_steps() == 0) return "at the step";
+        if (static_cast<int>(g.micro_steps()) == gas && gas > 1) return "every micro-step";
+        if (g.micro_steps() == 1 && *g.micro.begin() == gas - 1) return "at the GAS boundary";
+        return fmt::format("in {} of {} micro-steps", g.micro_steps(), gas);
       };
       auto where = [&](const Group& g) -> std::string {
         if (g.count == 0) return "";
         if (stream == static_cast<int>(zero::Stream::compute))
-          return fmt::format("on the compute stream, so all {:.1f} ms of it block compute", g.on_compute.ms());
+          return fmt::format("on the compute stream, so all {:.1f} ms of it block compute", g.on_compute().ms());
         return fmt::format("on the {} stream, overlapping compute", zero::stream_name(static_cast<zero::Stream>(stream)));
       };
       const std::string what = fmt::format("{} ({})", zero::coll_kind_name(static_cast<zero::CollKind>(kind)),
                                            zero::trigger_name(static_cast<zero::Trigger>(trig)));
       t += fmt::format("- {}: {} {} × {}, {:.1f} ms; {} {} × {}, {:.1f} ms.\n", what, ta, a.count,
-                       human_bytes(a.bytes), a.time.ms(), tb, b.count, human_bytes(b.bytes), b.time.ms());
+                       human_bytes(a.bytes), a.time().ms(), tb, b.count, human_bytes(b.bytes), b.time().ms());
       if (a.count > 0) t += fmt::format("    {}: {}, {}.\n", ta, when(a), where(a));
       if (b.count > 0) t += fmt::format("    {}: {}, {}.\n", tb, when(b), where(b));
       tj.push_back({{"collective", zero::coll_kind_name(static_cast<zero::CollKind>(kind))},
@@ -393,8 +399,8 @@ Explanation explain(const ExplainRequest& req) {
                     {"stream", zero::stream_name(static_cast<zero::Stream>(stream))},
                     {"a_count", a.count}, {"b_count", b.count},
                     {"a_bytes", a.bytes.v}, {"b_bytes", b.bytes.v},
-                    {"a_ms", a.time.ms()}, {"b_ms", b.time.ms()},
-                    {"a_blocking_ms", a.on_compute.ms()}, {"b_blocking_ms", b.on_compute.ms()}});
+                    {"a_ms", a.time().ms()}, {"b_ms", b.time().ms()},
+                    {"a_blocking_ms", a.on_compute().ms()}, {"b_blocking_ms", b.on_compute().ms()}});
     }
     const auto& ca = A.r.time.report.comm;
     const auto& cb = B.r.time.report.comm;

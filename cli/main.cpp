@@ -20,6 +20,7 @@
 #include "cli/report.hpp"
 #include "cli/simulate.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "exec/comm.hpp"
 #include "exec/trainer.hpp"
 #include "models/model_config.hpp"
@@ -283,14 +284,11 @@ int main(int argc, char** argv) {
       apply_numbers(sim_req, sim_micro, sim_seq);
       if (!sim_stages.empty()) sim_req.stages = parse_stages(sim_stages);
       const auto in = zp::cli::load_inputs(sim_req);
+      zp::cli::check_output(sim_req.trace, "--trace", sim_req, in);
       print_warnings(in.warnings);
       const auto rs = zp::cli::simulate(in, sim_req);
-      if (!sim_req.trace.empty()) {
-        std::ofstream out(sim_req.trace);
-        if (!out) throw zp::InputError(sim_req.trace, "", "cannot write the trace file");
-        out << zp::cli::simulate_trace(rs).dump() << "\n";
-        if (!out) throw zp::InputError(sim_req.trace, "", "cannot write the trace file");
-      }
+      if (!sim_req.trace.empty())
+        zp::io::write_atomic(sim_req.trace, zp::cli::simulate_trace(rs).dump() + "\n", "--trace");
       if (sim_req.json) std::cout << zp::cli::simulate_json(in, rs, sim_req.critical_path).dump(2) << "\n";
       else std::cout << zp::cli::simulate_table(in, rs, sim_req.critical_path);
     } else if (*ex) {

@@ -1,7 +1,12 @@
 #include "cli/plan.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +17,8 @@
 
 #include "cli/explain.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/json_util.hpp"
 #include "sim/device.hpp"
 
 namespace zp::cli {
@@ -186,6 +193,148 @@ std::string why(const planner::Problem& pb, const Evaluation& w, const Evaluatio
   return s;
 }
 
+// The winner's ds_config: BASE.json as it was, with only what the plan decided written
+// over it: the batch keys whose value changes, and each searched key that matters at the
+// winner's stage and differs from BASE's (in its canonical spelling, an alias spelling
+// removed). Everything else, "auto" values included, stays exactly as in BASE.json, except the
+// keys DeepSpeed 0.19 refuses, which are left out (their warning says so).
+// Without BASE.json: the winner's configuration as zero::to_json writes it.
+nlohmann::json winner_ds_config(const planner::Problem& pb, const planner::Space& space, const Evaluation& w,
+                                const zero::DsConfig& wcfg) {
+  using nlohmann::json;
+  const json full = zero::to_json(wcfg);
+  if (!pb.base.raw.is_object()) return full;
+  json out = pb.base.raw;
+  const auto same = [](const json& a, const json& b) { return zp::json::canonical(a) == zp::json::canonical(b); };
+  for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
+    if (full.contains(k) && !(out.contains(k) && same(out[k], full[k]))) out[k] = full[k];
+  if (!out.contains("zero_optimization") || !out["zero_optimization"].is_object())
+    out["zero_optimization"] = full.value("zero_optimization", json::object());
+  json& z = out["zero_optimization"];
+  const json& fz = full.value("zero_optimization", json::object());
+  const auto write = [&](const std::string& key, const json& v) {
+    const std::string alt = key.rfind("stage3_", 0) == 0 ? key.substr(7) : std::string();
+    if (z.contains(key) && same(z[key], v)) return;
+    if (!alt.empty() && z.contains(alt) && same(z[alt], v)) return;
+    if (!alt.empty()) z.erase(alt);
+    z[key] = v;
+  };
+  for (int d = 0; d < planner::kNumDims; ++d) {
+    const Dim dim = static_cast<Dim>(d);
+    if (space.values[static_cast<std::size_t>(d)].size() <= 1 || !planner::relevant(pb, w.knobs, dim)) continue;
+    const std::int64_t v = get(w.knobs, dim);
+    switch (dim) {
+      case Dim::micro_batch:
+        break;  // the batch keys above
+      case Dim::activation_checkpointing:
+        if (v && !out.contains("activation_checkpointing"))
+          out["activation_checkpointing"] = full.value("activation_checkpointing", json::object());
+        if (!v) out.erase("activation_checkpointing");
+        break;
+      case Dim::offload_optimizer: {
+        const bool on = z.contains("offload_optimizer") && z["offload_optimizer"].is_object() &&
+                        z["offload_optimizer"].value("device", "none") == "cpu";
+        if (v && !on) z["offload_optimizer"] = fz.value("offload_optimizer", json{{"device", "cpu"}});
+        if (!v && z.contains("offload_optimizer") && z["offload_optimizer"].is_object() &&
+            z["offload_optimizer"].value("device", "none") != "none")
+          z["offload_optimizer"]["device"] = "none";
+        break;
+      }
+      case Dim::overlap_comm:
+        if (v >= 0) write(planner::dim_name(dim), v != 0);
+        break;
+      case Dim::contiguous_gradients:
+      case Dim::reduce_scatter:
+      case Dim::use_multi_rank_bucket_allreduce:
+        write(planner::dim_name(dim), v != 0);
+        break;
+      default:
+        write(planner::dim_name(dim), v);
+    }
+  }
+  zero::erase_refused_by_deepspeed(out);  // and nothing DeepSpeed 0.19 refuses (BASE may have it)
+  return out;
+}
+
+std::string duration_text(double s) {
+  if (s < 60) return fmt::format("{:.0f} s", s);
+  if (s < 3600) return fmt::format("{:.0f} min {:02.0f} s", std::floor(s / 60), std::fmod(s, 60));
+  return fmt::format("{:.0f} h {:02.0f} min", std::floor(s / 3600), std::floor(std::fmod(s, 3600) / 60));
+}
+
+// `plan --exhaustive` on stderr: the grid size at once, an estimate of the whole run once
+// the first candidates are timed, then a progress bar (a line per 10% when stderr is not
+// a terminal).
+class ExhaustiveProgress {
+ public:
+  explicit ExhaustiveProgress(int threads) : threads_(threads), tty_(::isatty(STDERR_FILENO) != 0) {}
+
+  void operator()(std::int64_t done, std::int64_t total) {
+    using clock = std::chrono::steady_clock;
+    const auto now = clock::now();
+    if (done == 0) {
+      start_ = last_ = now;
+      std::fprintf(stderr, "exhaustive: %lld candidates to simulate (every point of the grid) on %d thread(s); "
+                           "estimate after the first ones\n",
+                   static_cast<long long>(total), threads_);
+      return;
+    }
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    if (!estimated_ && (elapsed >= 2.0 || done >= 8 * static_cast<std::int64_t>(threads_) || done == total)) {
+      estimated_ = true;
+      std::fprintf(stderr, "exhaustive: about %s in all (%.1f candidates/s so far); without --exhaustive the search "
+                           "prunes the grid\n",
+                   duration_text(elapsed / static_cast<double>(done) * static_cast<double>(total)).c_str(),
+                   static_cast<double>(done) / std::max(elapsed, 1e-9));
+    }
+    const double frac = static_cast<double>(done) / static_cast<double>(total);
+    const double left = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
+    if (tty_) {
+      if (done != total && std::chrono::duration<double>(now - last_).count() < 0.25) return;
+      last_ = now;
+      constexpr int kWidth = 30;
+      const int fill = static_cast<int>(frac * kWidth);
+      std::fprintf(stderr, "\r[%s%s] %5.1f%%  %lld/%lld  %s left  ", std::string(static_cast<std::size_t>(fill), '#').c_str(),
+                   std::string(static_cast<std::size_t>(kWidth - fill), '.').c_str(), 100.0 * frac,
+                   static_cast<long long>(done), static_cast<long long>(total), duration_text(left).c_str());
+      if (done == total) std::fprintf(stderr, "\n");
+    } else {
+      const int decile = static_cast<int>(frac * 10);
+      if (decile == last_decile_) return;
+      last_decile_ = decile;
+      std::fprintf(stderr, "exhaustive: %3d%%  %lld/%lld  %s left\n", decile * 10, static_cast<long long>(done),
+                   static_cast<long long>(total), duration_text(left).c_str());
+    }
+  }
+
+ private:
+  int threads_;
+  bool tty_;
+  bool estimated_ = false;
+  int last_decile_ = 0;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string_view(v) == value;
+}
+
+// Why a verification run failed, from its log: the line zeroplan printed, else the first
+// line that says something (mpirun frames its messages in rows of dashes).
+std::string failure_reason(const std::string& log, bool no_measurements) {
+  std::ifstream lf(log);
+  std::string line, first, ours;
+  while (std::getline(lf, line)) {
+    if (line.rfind("zeroplan:", 0) == 0 && ours.empty()) ours = line;
+    const bool says = std::any_of(line.begin(), line.end(), [](unsigned char c) { return std::isalpha(c) != 0; });
+    if (says && first.empty()) first = line;
+  }
+  if (!ours.empty()) return ours;
+  if (!first.empty()) return first;
+  return no_measurements ? "no measurements were written" : "no output";
+}
+
 int run_and_wait(const std::string& cmd) {
   const int rc = std::system(cmd.c_str());
   if (rc == -1) return -1;
@@ -241,6 +390,11 @@ planner::Problem plan_problem(const PlanRequest& req, Inputs* inputs_out) {
   pb.price_per_gpu_hour = req.price;
   if (req.global_batch) pb.global_batch = *req.global_batch;
   else if (in.cfg.train_batch_size) pb.global_batch = *in.cfg.train_batch_size;
+  else if (in.cfg.raw.is_object() && in.cfg.raw.value("train_batch_size", nlohmann::json()) == "auto")
+    throw InputError("--global-batch", "",
+                     fmt::format("{}'s train_batch_size is \"auto\" (a placeholder the Hugging Face Trainer fills in); "
+                                 "give the global batch with --global-batch G",
+                                 req.base.ds_config));
   else throw InputError("--global-batch", "", "give the global batch (train_batch_size), or a BASE.json that sets it");
   if (pb.global_batch < 1)
     throw InputError("--global-batch", "", fmt::format("must be an integer >= 1, got {}", pb.global_batch));
@@ -254,10 +408,18 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
   const std::string self_exe = ec ? std::string(argv0) : exe.string();
   Inputs in;
   const planner::Problem pb = plan_problem(req, &in);
+  // --out is checked before the search: never one of the inputs, and writable (a
+  // temporary is created in its folder and removed; the file itself is not touched).
+  if (!req.out.empty()) {
+    check_output(req.out, "--out", req.base, in);
+  }
   const std::vector<Dim> dims = parse_search(req.search);
   const planner::Space space = planner::default_space(pb, dims);
-  const planner::PlanResult res = req.exhaustive ? planner::exhaustive(pb, space, req.threads)
-                                                 : planner::plan(pb, space, req.threads);
+  ExhaustiveProgress progress(req.threads > 0 ? req.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const planner::PlanResult res =
+      req.exhaustive ? planner::exhaustive(pb, space, req.threads,
+                                           [&progress](std::int64_t done, std::int64_t total) { progress(done, total); })
+                     : planner::plan(pb, space, req.threads);
   PlanOutput out;
   out.problem = pb;
   out.result = res;
@@ -335,6 +497,17 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     j["best"] = nullptr;
     j["nothing_fits"] = true;
     j["suggestions"] = sj;
+    if (!req.out.empty()) {
+      // No winner, no ds_config: the file is not written, and an older one is not passed off as this plan's.
+      std::error_code exists_ec;
+      const std::string line =
+          fmt::format("--out {}: not written: nothing fits{}", req.out,
+                      fs::exists(req.out, exists_ec) ? "; the file there is from before and is not a result of this plan" : "");
+      t += fmt::format("\n{} (exit status {})\n", line, kExitNothingFits);
+      out.warnings.push_back(line);
+      j["ds_config_written"] = false;
+    }
+    out.exit_code = kExitNothingFits;
     out.json = std::move(j);
     return out;
   }
@@ -347,7 +520,7 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
   t += "the best candidate of each shape that fits; sizes in elements; mem_GiB: predicted device-used bytes (reserved "
        "+ context) of the heaviest rank; margin: to the memory limit\n";
   const zero::DsConfig wcfg = planner::config_of(pb, w.knobs);
-  const nlohmann::json ds = zero::to_json(wcfg);
+  const nlohmann::json ds = winner_ds_config(pb, space, w, wcfg);
   nlohmann::json best = evaluation_json(pb, w);
   best["ds_config"] = ds;
   j["best"] = best;
@@ -405,14 +578,8 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
   }
 
   if (!req.out.empty()) {
-    const std::string tmp = req.out + ".tmp";
-    {
-      std::ofstream f(tmp);
-      if (!f) throw InputError(req.out, "", "cannot write the ds_config file");
-      f << ds.dump(2) << "\n";
-      if (!f) throw InputError(req.out, "", "cannot write the ds_config file");
-    }
-    fs::rename(tmp, req.out);
+    io::write_atomic(req.out, ds.dump(2) + "\n", "--out");
+    j["ds_config_written"] = true;
     t += fmt::format("\nds_config written to {}\n", req.out);
   } else {
     t += fmt::format("\nds_config (--out FILE writes it):\n{}\n", ds.dump(2));
@@ -423,6 +590,13 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     const fs::path dir = fs::temp_directory_path() / fmt::format("zeroplan-verify-{}", ::getpid());
     fs::create_directories(dir);
     const std::string launcher = req.verify_launcher.empty() ? "mpirun --oversubscribe -np {N}" : req.verify_launcher;
+    // OpenMPI's mpirun refuses to start as root unless told twice; say so instead of
+    // running every candidate into the same wall.
+    const bool root_refused = req.verify_launcher.empty() && ::geteuid() == 0 &&
+                              !(env_is("OMPI_ALLOW_RUN_AS_ROOT", "1") && env_is("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"));
+    const std::string root_reason =
+        "not run: mpirun refuses to run as root unless OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+        "are set (or give --verify-launcher)";
     std::string launch = launcher;
     if (const auto pos = launch.find("{N}"); pos != std::string::npos) launch.replace(pos, 3, std::to_string(pb.world_size));
     t += fmt::format("\nverify: {} steps of the top {} on the executor ({} ranks, CPU + MPI; launcher: {})\n",
@@ -466,12 +640,15 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
           continue;
         }
       }
+      if (root_refused) {
+        t += fmt::format("  {:>4} {:>5} {:>5}  {}\n", n, get(e.knobs, Dim::stage), e.batch.micro_batch, root_reason);
+        vj.push_back({{"rank", n}, {"stage", get(e.knobs, Dim::stage)}, {"micro_batch", e.batch.micro_batch},
+                      {"skipped", root_reason}});
+        continue;
+      }
       const fs::path cfgp = dir / fmt::format("candidate{}.json", n);
       const fs::path meas = dir / fmt::format("candidate{}.measured.json", n);
-      {
-        std::ofstream f(cfgp);
-        f << zero::to_json(planner::config_of(pb, e.knobs)).dump(2) << "\n";
-      }
+      io::write_atomic(cfgp.string(), zero::to_json(planner::config_of(pb, e.knobs)).dump(2) + "\n", "--verify");
       std::string cmd = fmt::format("{} {} train --model {} --ds-config {} --steps {} --seq-len {} --out {}", launch,
                                     shell_quote(self_exe), shell_quote(req.base.model), shell_quote(cfgp.string()),
                                     req.verify_steps, pb.seq_len, shell_quote(meas.string()));
@@ -489,17 +666,14 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
                             {"predicted_samples_per_s", e.samples_per_s}, {"exit_status", rc}};
       std::ifstream mf(mfile);
       if (rc != 0 || !mf) {
-        std::ifstream lf(log);
-        std::string line, last;
-        while (std::getline(lf, line))
-          if (!line.empty()) last = line;
+        const std::string last = failure_reason(log.string(), rc == 0);
         t += fmt::format("  {:>4} {:>5} {:>5}  not run here (exit {}): {}\n", n, get(e.knobs, Dim::stage),
                          e.batch.micro_batch, rc, last);
         row["error"] = last;
         vj.push_back(row);
         continue;
       }
-      const nlohmann::json m = nlohmann::json::parse(mf);
+      const nlohmann::json m = zp::json::parse_file(mfile, io::kDocumentMaxBytes, "a measurement (train --out)");
       const std::int64_t peak = m["memory"]["peak_allocated"].get<std::int64_t>();
       const double sps = m["samples_per_s"].get<double>();
       t += fmt::format("  {:>4} {:>5} {:>5} {:>16} {:>16} {:>7} {:>14.1f} {:>14.1f}\n", n, get(e.knobs, Dim::stage),

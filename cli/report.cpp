@@ -107,8 +107,15 @@ report::Device device_of(const sim::DeviceSpec& d) { return {d.name, d.memory, B
 
 // The columns (and their programs) once every result is in place.
 void add_columns(Built& b, const std::vector<std::string>& titles) {
-  for (std::size_t i = 0; i < b.results.size(); ++i)
-    b.report.columns.push_back({titles[i], "", result_json(b.results[i]), &b.results[i].program, &b.results[i].time.report});
+  for (std::size_t i = 0; i < b.results.size(); ++i) {
+    auto& r = b.results[i];
+    nlohmann::json j = result_json(r);
+    // The views draw every event: the program with every micro-step stored (not one for
+    // its copies: Program::repeat), and every event's time.
+    r.time.report = sim::expand_times(r.program, r.time.report);
+    r.program = zero::expand(r.program);
+    b.report.columns.push_back({titles[i], "", std::move(j), &r.program, &r.time.report});
+  }
 }
 
 // From the inputs, as simulate (several stages) or explain (--vs-ds-config) takes them.

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/json_util.hpp"
 #include "sim/collective_model.hpp"
 #include "sim/compute_model.hpp"
 #include "sim/trace.hpp"
@@ -43,6 +45,16 @@ std::string human_bytes(Bytes b) {
   return fmt::format("{} B", b.v);
 }
 
+std::vector<std::pair<std::string, std::string>> input_files(const SimRequest& req, const Inputs& in) {
+  return {{"--ds-config", req.ds_config}, {"--model", in.model.source}, {"--cluster", req.cluster}};
+}
+
+void check_output(const std::string& path, const std::string& flag, const SimRequest& req, const Inputs& in) {
+  if (path.empty()) return;
+  io::refuse_same_file(path, flag, input_files(req, in));
+  io::AtomicWriter probe(path, flag);  // removed unwritten
+}
+
 Inputs load_inputs(const SimRequest& req) {
   if (req.gpus && *req.gpus < 1)
     throw InputError("--gpus", "", fmt::format("must be an integer >= 1, got {}", *req.gpus));
@@ -54,7 +66,7 @@ Inputs load_inputs(const SimRequest& req) {
     throw InputError("--micro-batch", "", fmt::format("must be an integer >= 1, got {}", *req.micro_batch));
   Inputs in;
   if (!req.cluster.empty()) {
-    in.cluster = sim::load_cluster(req.cluster, req.nodes, req.nic_gbps);
+    in.cluster = sim::load_cluster(req.cluster, req.nodes, req.nic_gbps, req.gpu);
     const int size = in.cluster.nodes * in.cluster.gpus_per_node;
     if (req.gpus && *req.gpus > size)
       throw InputError("--gpus", "", fmt::format("{} ranks do not fit cluster {} of {} GPUs", *req.gpus, in.cluster.name, size));
@@ -62,7 +74,7 @@ Inputs load_inputs(const SimRequest& req) {
     in.device = &sim::find_device(in.cluster.gpu);
   } else {
     if (!req.gpus) throw InputError("--gpus", "", "give --gpus N (with --gpu TYPE) or --cluster NAME|FILE");
-    in.device = &sim::find_device(req.gpu);
+    in.device = &sim::find_device(req.gpu.empty() ? std::string("A100-80GB") : req.gpu);
     in.cluster = sim::single_node(in.device->name, *req.gpus);
     in.world_size = *req.gpus;
   }
@@ -234,7 +246,7 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
   j["micro_batch"] = r.batch.micro_batch;
   j["gradient_accumulation_steps"] = r.batch.gas;
   j["train_batch_size"] = r.batch.train_batch_size;
-  j["events"] = r.program.events.size();
+  j["events"] = r.program.num_events();
   const auto& t = r.time;
   const auto& ph = t.report.phases;
   j["time"] = {{"forward_ms", ph.forward.ms()},
@@ -258,19 +270,27 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
   }
   j["comm"] = {{"bytes_per_rank", t.report.comm.total.v}, {"by_kind", kinds}};
   // The critical path: what the iteration's length is made of, by kind and event by event.
-  const auto path = sim::critical_path_events(r.program, t.report);
-  std::map<std::string, double> on_path;
-  for (const auto& e : path) on_path[zero::event_kind_name(e.kind)] += e.duration().ms();
-  nlohmann::json cp = {{"num_events", path.size()}};
-  for (const auto& [k, v] : on_path) cp[k + "_ms"] = v;
+  const auto path = sim::summarize_critical_path(r.program, t.report, kPathEventsShown);
+  nlohmann::json cp = {{"num_events", path.num_events}};
+  for (int k = 0; k < zero::kNumEventKinds; ++k)
+    if (path.has_kind[static_cast<std::size_t>(k)])
+      cp[std::string(zero::event_kind_name(static_cast<zero::EventKind>(k))) + "_ms"] = path.by_kind[static_cast<std::size_t>(k)].ms();
   nlohmann::json longest = nlohmann::json::array();
-  for (const auto& e : sim::longest_events(path, kPathEventsShown)) longest.push_back(path_event_json(r.program, e));
+  for (const auto& e : path.longest) longest.push_back(path_event_json(r.program, e));
   cp["longest"] = std::move(longest);
   if (full_critical_path) {  // tens of thousands of events for a large model: opt-in
+    // A stretch the path crosses the same way in many repeated micro-steps is listed once,
+    // then {"repeats": n, ...}: the events before it n more times, each later by period_ms.
     nlohmann::json events = nlohmann::json::array();
     auto& list = events.get_ref<nlohmann::json::array_t&>();
-    list.reserve(path.size());
-    for (const auto& e : path) list.push_back(path_event_json(r.program, e));
+    for (const auto& run : t.report.critical_path.runs) {
+      for (zero::EventId e : run.events) list.push_back(path_event_json(r.program, sim::path_event(r.program, t.report, e)));
+      if (run.times > 1 && !run.events.empty()) {
+        const auto e = run.events.front();
+        const Seconds period = t.report.at(e + run.step).start - t.report.at(e).start;
+        list.push_back({{"repeats", run.times - 1}, {"events_each", run.events.size()}, {"period_ms", period.ms()}});
+      }
+    }
     cp["events"] = std::move(events);
   }
   j["critical_path"] = std::move(cp);
@@ -298,6 +318,9 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   j["seq_len"] = in.seq_len;
   j["attention"] = models::attention_name(in.attention);
   j["warnings"] = in.warnings;
+  // The ds_config as read (canonical JSON; {} for DeepSpeed's defaults), so that compare can
+  // tell a prediction of another configuration.
+  j["ds_config"] = in.cfg.raw.is_object() ? zp::json::canonical(in.cfg.raw) : nlohmann::json::object();
   j["results"] = nlohmann::json::array();
   for (const auto& r : rs) j["results"].push_back(result_json(r, full_critical_path));
   return j;
@@ -340,14 +363,16 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
   out += fmt::format("\ncritical path: the chain of events that sets the iteration time, "
                      "its length by kind and its {} longest events\n", kPathEventsShown);
   for (const auto& r : rs) {
-    const auto path = sim::critical_path_events(r.program, r.time.report);
+    const auto path = sim::summarize_critical_path(r.program, r.time.report, kPathEventsShown);
     std::map<std::string, double> by_kind;
-    for (const auto& e : path) by_kind[zero::event_kind_name(e.kind)] += e.duration().ms();
+    for (int k = 0; k < zero::kNumEventKinds; ++k)
+      if (path.has_kind[static_cast<std::size_t>(k)])
+        by_kind[zero::event_kind_name(static_cast<zero::EventKind>(k))] = path.by_kind[static_cast<std::size_t>(k)].ms();
     std::string kinds;
     for (const auto& [k, v] : by_kind) kinds += fmt::format("{}{} {:.1f} ms", kinds.empty() ? "" : ", ", k, v);
-    out += fmt::format("stage {}: {} events; {}\n", r.stage, path.size(), kinds);
+    out += fmt::format("stage {}: {} events; {}\n", r.stage, path.num_events, kinds);
     out += fmt::format("  {:>10} {:>10}  {:<9} {:<10} {}\n", "dur_ms", "start_ms", "stream", "kind", "event");
-    for (const auto& e : sim::longest_events(path, kPathEventsShown))
+    for (const auto& e : path.longest)
       out += fmt::format("  {:>10.3f} {:>10.3f}  {:<9} {:<10} {}\n", e.duration().ms(), e.start.ms(),
                          zero::stream_name(e.stream), zero::event_kind_name(e.kind), r.program.event_name(e.id));
   }

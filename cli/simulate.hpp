@@ -3,6 +3,7 @@
 // inputs once, lower and replay one configuration per stage.
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -26,7 +27,7 @@ struct SimRequest {
   std::string model = "bert-large-uncased";
   std::string ds_config;                 // path; empty → DeepSpeed defaults
   std::optional<int> gpus;               // ranks; default: the cluster's size
-  std::string gpu = "A100-80GB";
+  std::string gpu;                       // --gpus N: default A100-80GB; --cluster: an NCCL XML's GPU type
   std::string cluster;                   // preset, JSON or NCCL topology XML; empty → --gpus × --gpu
   std::optional<int> nodes;
   std::optional<double> nic_gbps;
@@ -105,6 +106,11 @@ std::string attention_help();
 // --transformers's and --keep-output's help (one string for every subcommand).
 std::string transformers_help();
 std::string keep_output_help();
+// The files a request reads, as (flag, path) for zp::io::refuse_same_file.
+std::vector<std::pair<std::string, std::string>> input_files(const SimRequest& req, const Inputs& in);
+// An output named by `flag` (--trace, --out): refused when it is one of the inputs or cannot
+// be written (checked before any work, the file itself untouched). Empty path: nothing.
+void check_output(const std::string& path, const std::string& flag, const SimRequest& req, const Inputs& in);
 
 // Human-readable sizes: "1.23 GiB", "512.0 MiB".
 std::string human_bytes(Bytes b);

@@ -14,5 +14,7 @@ class InputError : public std::runtime_error {
 };
 
 constexpr int kExitBadInput = 2;
+// `plan`: the search ran, and no configuration fits the memory limit (no ds_config written).
+constexpr int kExitNothingFits = 3;
 
 }  // namespace zp

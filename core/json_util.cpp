@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace zp::json {
 
@@ -41,26 +42,55 @@ std::string closest(std::string_view key, const std::vector<std::string>& candid
   return best_d <= limit ? best : std::string{};
 }
 
-json parse_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw InputError(path, "", "is a directory, not a JSON file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_text(path, ss.str());
+json parse_file(const std::string& path, std::int64_t max_bytes, std::string_view what) {
+  return parse_text(path, io::read_capped(path, max_bytes, what));
+}
+
+namespace {
+
+std::pair<std::size_t, std::size_t> line_column(std::string_view text, std::size_t off) {
+  std::size_t line = 1, col = 1;
+  for (std::size_t i = 0; i < off && i < text.size(); ++i) {
+    if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
+  }
+  return {line, col};
+}
+
+}  // namespace
+
+void check_depth(const std::string& file, std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        const auto [line, col] = line_column(text, i);
+        throw InputError(file, "", fmt::format("nested more than {} levels deep (at line {} column {}); nothing "
+                                               "zeroplan reads nests like this",
+                                               max_depth, line, col));
+      }
+    } else if (c == ']' || c == '}') {
+      if (depth > 0) --depth;
+    }
+  }
 }
 
 json parse_text(const std::string& file, const std::string& text) {
+  check_depth(file, text);
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
     // Convert the byte offset into line:column for the user.
-    std::size_t off = std::min<std::size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
-    std::size_t line = 1, col = 1;
-    for (std::size_t i = 0; i < off; ++i) {
-      if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
-    }
+    const auto [line, col] = line_column(text, e.byte == 0 ? 0 : e.byte - 1);
     throw InputError(file, "", fmt::format("malformed JSON at line {} column {}", line, col));
   } catch (const json::exception& e) {
     // e.g. out_of_range for a number too large for a double (1e400).
@@ -68,6 +98,74 @@ json parse_text(const std::string& file, const std::string& text) {
     if (const auto p = what.find("] "); p != std::string::npos) what.erase(0, p + 2);
     throw InputError(file, "", fmt::format("malformed JSON: {}", printable(what)));
   }
+}
+
+json canonical(const json& v) {
+  if (v.is_object()) {
+    json out = json::object();
+    for (auto it = v.begin(); it != v.end(); ++it) out[it.key()] = canonical(it.value());
+    return out;
+  }
+  if (v.is_array()) {
+    json out = json::array();
+    for (const auto& x : v) out.push_back(canonical(x));
+    return out;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) <= 9007199254740992.0)
+      return json(static_cast<std::int64_t>(d));
+  }
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX))
+    return json(static_cast<std::int64_t>(v.get<std::uint64_t>()));
+  return v;
+}
+
+std::string digest(const json& v) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : canonical(v).dump()) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+namespace {
+
+void collect_differences(const json& a, const json& b, const std::string& path, std::vector<Difference>& out,
+                         std::size_t limit) {
+  if (out.size() >= limit) return;
+  const auto shown = [](const json& v) { return printable(v.dump()); };
+  const auto at = [&](const std::string& key) { return path.empty() ? printable(key) : path + "." + printable(key); };
+  if (a.is_object() && b.is_object()) {
+    for (auto it = a.begin(); it != a.end() && out.size() < limit; ++it) {
+      const auto o = b.find(it.key());
+      if (o == b.end()) out.push_back({at(it.key()), shown(it.value()), "absent"});
+      else collect_differences(it.value(), *o, at(it.key()), out, limit);
+    }
+    for (auto it = b.begin(); it != b.end() && out.size() < limit; ++it)
+      if (!a.contains(it.key())) out.push_back({at(it.key()), "absent", shown(it.value())});
+    return;
+  }
+  if (a != b) out.push_back({path.empty() ? "(the whole document)" : path, shown(a), shown(b)});
+}
+
+}  // namespace
+
+std::vector<Difference> differences(const json& a, const json& b, std::size_t limit) {
+  std::vector<Difference> out;
+  collect_differences(canonical(a), canonical(b), "", out, limit);
+  return out;
+}
+
+std::string describe_differences(const json& a, const json& b, std::string_view a_name, std::string_view b_name,
+                                 std::size_t limit) {
+  const auto all = differences(a, b, std::numeric_limits<std::size_t>::max());
+  std::string s;
+  for (std::size_t i = 0; i < all.size() && i < limit; ++i)
+    s += fmt::format("{}{}: {} {} vs {} {}", i ? "; " : "", all[i].path, all[i].a, a_name, all[i].b, b_name);
+  if (all.size() > limit) s += fmt::format("; and {} more", all.size() - limit);
+  return s;
 }
 
 std::string printable(std::string_view text) {

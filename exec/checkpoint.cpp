@@ -45,6 +45,8 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/json_util.hpp"
 
 namespace zp::exec {
 
@@ -61,6 +63,7 @@ constexpr std::int64_t kPrefixBytes = 12;            // magic + header length
 constexpr std::int64_t kFixedBytes = 24;             // magic + length + header CRC + footer
 constexpr std::size_t kChunk = std::size_t{4} << 20; // I/O and checksum granularity
 constexpr std::string_view kCrcPlaceholder = "00000000";
+constexpr std::int64_t kMaxHeaderBytes = std::int64_t{256} << 20;  // the meta's losses grow with the steps
 
 std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
 
@@ -129,89 +132,56 @@ void fsync_dir(const fs::path& dir) {
     throw InputError(dir.string(), "", fmt::format("cannot sync the directory: {}", errno_text(errno)));
 }
 
-// A file that appears under its final name only when commit() succeeds; until then it
-// is written under "<final>.tmp", which is removed on destruction.
-class AtomicFile {
- public:
-  explicit AtomicFile(fs::path final_path)
-      : final_(std::move(final_path)), tmp_(final_.string() + ".tmp") {
-    fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (!fd_.valid()) fail(tmp_, "cannot create the temporary file", errno);
-    created_ = true;
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (committed_ || !created_) return;
-    fd_.reset();
-    ::unlink(tmp_.c_str());
-  }
-
-  void write(const void* data, std::size_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_.get(), p, std::min(n, kChunk));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fail(tmp_, "cannot write", errno);
-      }
-      if (w == 0) fail(tmp_, "cannot write", EIO);
-      p += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-  void write(std::string_view s) { write(s.data(), s.size()); }
-
-  void write_at(const void* data, std::size_t n, std::int64_t offset) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::pwrite(fd_.get(), p, std::min(n, kChunk), static_cast<off_t>(offset));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fail(tmp_, "cannot write", errno);
-      }
-      if (w == 0) fail(tmp_, "cannot write", EIO);
-      p += w;
-      offset += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-
-  // fsync, close, rename over the final name, fsync the directory.
-  void commit() {
-    if (::fsync(fd_.get()) != 0) fail(tmp_, "cannot sync", errno);
-    if (const int e = fd_.close_checked(); e != 0) fail(tmp_, "cannot close", e);
-    if (::rename(tmp_.c_str(), final_.c_str()) != 0) fail(final_, "cannot rename the temporary file into place", errno);
-    committed_ = true;
-    fsync_dir(final_.parent_path());
-  }
-
- private:
-  [[noreturn]] static void fail(const fs::path& p, const char* what, int e) {
-    throw InputError(p.string(), "", fmt::format("{}: {}", what, errno_text(e)));
-  }
-  fs::path final_, tmp_;
-  Fd fd_;
-  bool created_ = false, committed_ = false;
-};
-
 json meta_to_json(const CheckpointMeta& m) {
   return json{{"model", m.model},        {"config_digest", m.config_digest},
+              {"model_digest", m.model_digest}, {"config", m.config},
+              {"model_config", m.model_config}, {"run_id", m.run_id},
               {"stage", m.stage},        {"world_size", m.world_size},
               {"rank", m.rank},          {"step", m.step},
               {"seed", m.seed},          {"extra", m.extra}};
 }
 
+// A header that parses as JSON but does not hold what a writer writes.
+struct CorruptHeader : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An integer field, exactly: a fraction, a string or a value outside [lo, hi] is corruption
+// (never converted, truncated or wrapped).
+std::int64_t int_field(const json& j, const char* key, std::int64_t lo, std::int64_t hi) {
+  const json& v = j.at(key);
+  std::optional<std::int64_t> x;
+  if (v.is_number_unsigned()) {
+    if (v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      x = static_cast<std::int64_t>(v.get<std::uint64_t>());
+  } else if (v.is_number_integer()) {
+    x = v.get<std::int64_t>();
+  }
+  if (!x || *x < lo || *x > hi)
+    throw CorruptHeader(fmt::format("{} must be an integer in [{}, {}], got {}", key, lo, hi,
+                                    zp::json::printable(v.dump())));
+  return *x;
+}
+
 CheckpointMeta meta_from_json(const json& j) {
+  constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
   CheckpointMeta m;
   m.model = j.at("model").get<std::string>();
   m.config_digest = j.at("config_digest").get<std::string>();
-  m.stage = j.at("stage").get<int>();
-  m.world_size = j.at("world_size").get<int>();
-  m.rank = j.at("rank").get<int>();
-  m.step = j.at("step").get<std::int64_t>();
-  m.seed = j.at("seed").get<std::uint64_t>();
+  m.stage = static_cast<int>(int_field(j, "stage", 0, 3));
+  m.world_size = static_cast<int>(int_field(j, "world_size", 1, kMaxInt));
+  m.rank = static_cast<int>(int_field(j, "rank", 0, kMaxInt));
+  m.step = int_field(j, "step", 0, std::numeric_limits<std::int64_t>::max());
+  const json& seed = j.at("seed");
+  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<std::int64_t>() >= 0))
+    throw CorruptHeader(fmt::format("seed must be an integer >= 0, got {}", zp::json::printable(seed.dump())));
+  m.seed = seed.get<std::uint64_t>();
   m.extra = j.at("extra");
+  // Recorded since run identities were introduced; older files lack them.
+  m.model_digest = j.value("model_digest", std::string());
+  m.config = j.value("config", json());
+  m.model_config = j.value("model_config", json());
+  m.run_id = j.value("run_id", std::string());
   return m;
 }
 
@@ -234,7 +204,7 @@ void validate_meta(const CheckpointMeta& m) {
 }
 
 // Writes one file under its temporary name; the caller commits it.
-std::unique_ptr<AtomicFile> write_part(const fs::path& path, const std::string& tag, CheckpointPart part,
+std::unique_ptr<io::AtomicWriter> write_part(const fs::path& path, const std::string& tag, CheckpointPart part,
                                        const std::string& save_id, const CheckpointMeta& meta,
                                        std::span<const CheckpointBlob> blobs) {
   json header{{"format", "zeroplan-checkpoint"}, {"version", kVersion}, {"kind", part_name(part)},
@@ -254,8 +224,10 @@ std::unique_ptr<AtomicFile> write_part(const fs::path& path, const std::string& 
     throw std::invalid_argument(fmt::format("checkpoint: header of {} bytes exceeds 4 GiB", text.size()));
   const auto hlen = static_cast<std::uint32_t>(text.size());
 
-  auto file = std::make_unique<AtomicFile>(path);
-  AtomicFile& f = *file;
+  auto file = std::make_unique<io::AtomicWriter>(path.string(), "checkpoint");
+  io::AtomicWriter& f = *file;
+  if (!f.replaces())
+    throw InputError(path.string(), "", "is not a regular file: a checkpoint file is replaced whole, not written through");
   f.write(kMagic);
   f.write(le32(hlen).data(), 4);
   f.write(text);
@@ -306,6 +278,7 @@ struct BlobEntry {
 struct PartFile {
   fs::path path;
   Fd fd;
+  std::string tag;  // the tag the file was saved under
   std::string save_id;
   CheckpointMeta meta;
   std::vector<BlobEntry> blobs;
@@ -363,6 +336,8 @@ PartFile open_part(const fs::path& path, CheckpointPart part) {
 
   const std::int64_t hlen = read_le32(prefix.data() + 8);
   if (kFixedBytes + hlen > size) bad(path, truncated(kFixedBytes + hlen, size, true));
+  if (hlen > kMaxHeaderBytes)
+    bad(path, fmt::format("corrupted (a header of {} bytes; headers are at most {} MiB)", hlen, kMaxHeaderBytes >> 20));
   std::string text(static_cast<std::size_t>(hlen), '\0');
   read_exact(f, text.data(), text.size(), kPrefixBytes);
   std::array<unsigned char, 4> crc_bytes{};
@@ -371,30 +346,37 @@ PartFile open_part(const fs::path& path, CheckpointPart part) {
     bad(path, "corrupted (CRC mismatch in the header)");
 
   json header;
+  zp::json::check_depth(path.string(), text);
   try {
     header = json::parse(text);
     if (header.at("format").get<std::string>() != "zeroplan-checkpoint") bad(path, "not a zeroplan checkpoint (header format)");
-    if (const int v = header.at("version").get<int>(); v != kVersion)
+    if (const auto v = int_field(header, "version", std::numeric_limits<std::int64_t>::min(),
+                                 std::numeric_limits<std::int64_t>::max());
+        v != kVersion)
       bad(path, fmt::format("wrong version: header version {}, this build reads {}", v, kVersion));
     if (const auto kind = header.at("kind").get<std::string>(); kind != part_name(part))
-      bad(path, fmt::format("holds {}, expected {}", kind, part_name(part)));
+      bad(path, fmt::format("holds {}, expected {}", zp::json::printable(kind), part_name(part)));
+    f.tag = header.at("tag").get<std::string>();
     f.save_id = header.at("save_id").get<std::string>();
     f.meta = meta_from_json(header.at("meta"));
     for (const auto& b : header.at("blobs")) {
       BlobEntry e;
       e.name = b.at("name").get<std::string>();
-      e.bytes = b.at("bytes").get<std::int64_t>();
+      e.bytes = int_field(b, "bytes", 0, std::numeric_limits<std::int64_t>::max());
       const auto crc = b.at("crc32").get<std::string>();
-      std::size_t used = 0;
-      const unsigned long v = crc.size() == 8 ? std::stoul(crc, &used, 16) : 0;
-      if (used != 8 || e.bytes < 0) bad(path, fmt::format("corrupted (bad entry for blob {} in the header)", e.name));
-      e.crc = static_cast<std::uint32_t>(v);
+      const bool hex = crc.size() == 8 && std::all_of(crc.begin(), crc.end(), [](char c) {
+                         return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+                       });
+      if (!hex)
+        bad(path, fmt::format("corrupted (bad entry for blob {} in the header: crc32 is not 8 hex digits)",
+                              zp::json::printable(e.name)));
+      e.crc = static_cast<std::uint32_t>(std::stoul(crc, nullptr, 16));
       f.blobs.push_back(std::move(e));
     }
   } catch (const json::exception& e) {
+    bad(path, fmt::format("corrupted header: {}", zp::json::printable(e.what())));
+  } catch (const CorruptHeader& e) {
     bad(path, fmt::format("corrupted header: {}", e.what()));
-  } catch (const std::logic_error&) {  // std::stoul on a non-hex CRC
-    bad(path, "corrupted header: a blob CRC is not hexadecimal");
   }
 
   f.data_start = kPrefixBytes + hlen + 4;
@@ -423,21 +405,40 @@ void check_meta(const PartFile& f, const CheckpointMeta& expect) {
     throw InputError(f.path.string(), "meta.rank", fmt::format("written by rank {}, read by rank {}", m.rank, expect.rank));
   if (m.model != expect.model)
     throw InputError(f.path.string(), "meta.model",
-                     fmt::format("the checkpoint is of model '{}', this run trains '{}'", m.model, expect.model));
+                     fmt::format("the checkpoint is of model '{}', this run trains '{}'", zp::json::printable(m.model),
+                                 expect.model));
   if (m.stage != expect.stage)
     throw InputError(f.path.string(), "meta.stage",
                      fmt::format("the checkpoint was written at ZeRO stage {}, this run uses stage {}", m.stage, expect.stage));
   if (m.config_digest != expect.config_digest) {
-    const auto show = [](const std::string& d) { return d.empty() ? std::string("defaults") : d; };
+    if (m.config.is_object() || expect.config.is_object()) {
+      const json was = m.config.is_object() ? m.config : json::object();
+      const json now = expect.config.is_object() ? expect.config : json::object();
+      throw InputError(f.path.string(), "meta.config_digest",
+                       fmt::format("the checkpoint was written with another ds_config{}: {}",
+                                   m.config.is_object() && expect.config.is_object() ? ""
+                                   : m.config.is_object()                            ? " (this run uses the defaults)"
+                                                                                     : " (the checkpoint used the defaults)",
+                                   zp::json::describe_differences(was, now, "in the checkpoint", "now")));
+    }
+    const auto show = [](const std::string& d) { return d.empty() ? std::string("defaults") : zp::json::printable(d); };
     throw InputError(f.path.string(), "meta.config_digest",
                      fmt::format("the checkpoint was written with ds_config {}, this run uses {}", show(m.config_digest),
                                  show(expect.config_digest)));
+  }
+  if (!m.model_digest.empty() && !expect.model_digest.empty() && m.model_digest != expect.model_digest) {
+    const std::string what = m.model_config.is_object() && expect.model_config.is_object()
+                                 ? zp::json::describe_differences(m.model_config, expect.model_config,
+                                                                  "in the checkpoint", "now")
+                                 : fmt::format("digest {} in the checkpoint, {} now", zp::json::printable(m.model_digest), expect.model_digest);
+    throw InputError(f.path.string(), "meta.model_digest",
+                     fmt::format("the model's config.json changed since the checkpoint was written: {}", what));
   }
 }
 
 std::string name_list(const auto& blobs) {
   std::string s;
-  for (const auto& b : blobs) s += (s.empty() ? "" : ", ") + b.name;
+  for (const auto& b : blobs) s += (s.empty() ? "" : ", ") + zp::json::printable(b.name);
   return s;
 }
 
@@ -449,9 +450,9 @@ void check_blobs(const PartFile& f, std::span<const CheckpointBlob> want) {
   for (std::size_t i = 0; i < want.size(); ++i) {
     const auto& have = f.blobs[i];
     if (have.name != want[i].name)
-      bad(f.path, fmt::format("blob {} is '{}', this run expects '{}'", i, have.name, want[i].name));
+      bad(f.path, fmt::format("blob {} is '{}', this run expects '{}'", i, zp::json::printable(have.name), want[i].name));
     if (have.bytes != want[i].bytes)
-      bad(f.path, fmt::format("blob {} size mismatch: the checkpoint has {} bytes, this run expects {}", have.name,
+      bad(f.path, fmt::format("blob {} size mismatch: the checkpoint has {} bytes, this run expects {}", want[i].name,
                               have.bytes, want[i].bytes));
     if (want[i].bytes > 0 && want[i].data == nullptr)
       throw std::invalid_argument(fmt::format("checkpoint: blob '{}' has {} bytes but no data to restore into",
@@ -500,14 +501,33 @@ std::string read_latest(const fs::path& dir) {
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) bad(latest, "empty: no checkpoint tag");
   text = text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
-  if (text.find('/') != std::string::npos || text == "." || text == "..")
-    bad(latest, fmt::format("'{}' is not a checkpoint tag", text));
+  // A tag names a folder next to `latest`: letters, digits, '.', '_' and '-' (DeepSpeed's
+  // "global_stepN" or a name the user chose), never a path.
+  const bool name_like = std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+  });
+  if (!name_like || text == "." || text == "..")
+    bad(latest, fmt::format("'{}' is not a checkpoint tag (letters, digits, '.', '_' and '-')", zp::json::printable(text)));
   return text;
 }
 
 }  // namespace
 
 std::string checkpoint_tag(std::int64_t step) { return fmt::format("global_step{}", step); }
+
+std::optional<std::int64_t> step_of_tag(std::string_view tag) {
+  constexpr std::string_view kPrefix = "global_step";
+  if (tag.size() <= kPrefix.size() || tag.substr(0, kPrefix.size()) != kPrefix || tag.size() > kPrefix.size() + 18)
+    return std::nullopt;
+  std::int64_t v = 0;
+  for (const char c : tag.substr(kPrefix.size())) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+std::string latest_tag(const std::string& dir) { return read_latest(dir); }
 
 std::string checkpoint_path(const std::string& dir, const std::string& tag, int rank, CheckpointPart part) {
   return (fs::path(dir) / tag / fmt::format("zero_pp_rank_{}_mp_rank_00_{}.zpck", rank, part_name(part))).string();
@@ -549,7 +569,9 @@ void write_latest(const std::string& dir, std::int64_t step) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir, "", fmt::format("cannot create the checkpoint directory: {}", ec.message()));
-  AtomicFile f(fs::path(dir) / "latest");
+  io::AtomicWriter f((fs::path(dir) / "latest").string(), "checkpoint");
+  if (!f.replaces())
+    throw InputError((fs::path(dir) / "latest").string(), "", "is not a regular file: it is replaced whole, not written through");
   f.write(checkpoint_tag(step));
   f.commit();
 }
@@ -570,7 +592,7 @@ CheckpointMeta load_checkpoint(const std::string& dir, const CheckpointMeta& exp
   const fs::path step_dir = fs::path(dir) / use_tag;
   std::error_code ec;
   if (!fs::is_directory(step_dir, ec))
-    bad(step_dir, fmt::format("missing: no checkpoint '{}' in {}", use_tag, dir));
+    bad(step_dir, fmt::format("missing: no checkpoint '{}' in {}", zp::json::printable(use_tag), dir));
 
   const auto open_checked = [&](CheckpointPart part) {
     const fs::path path = checkpoint_path(dir, use_tag, expect.rank, part);
@@ -588,6 +610,13 @@ CheckpointMeta load_checkpoint(const std::string& dir, const CheckpointMeta& exp
                                      rank0->meta.world_size, expect.world_size));
     }
     PartFile f = open_part(path, part);
+    // The file must hold the step its folder names (files copied from another step's
+    // folder would resume this rank elsewhere than its peers).
+    const auto folder_step = step_of_tag(use_tag);
+    if (f.tag != use_tag || (folder_step && f.meta.step != *folder_step))
+      bad(f.path, fmt::format("holds the state of step {} (saved as {}), but lies in {}: a file of another step was "
+                              "copied or moved here",
+                              f.meta.step, zp::json::printable(f.tag), use_tag));
     check_meta(f, expect);
     return f;
   };

@@ -18,6 +18,7 @@
 // with one InputError line naming the file and what is wrong. Resharding to another
 // world size is not supported: such a checkpoint is refused.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -36,7 +37,11 @@ struct CheckpointBlob {
 // The identity of the run that wrote a checkpoint, and where it stopped.
 struct CheckpointMeta {
   std::string model;           // model name
-  std::string config_digest;   // hex digest of the ds_config text ("" for the defaults)
+  std::string config_digest;   // hex digest of the canonical ds_config JSON ("" for the defaults)
+  std::string model_digest;    // hex digest of the canonical model config.json ("": not recorded)
+  nlohmann::json config;       // the canonical ds_config (null: defaults), to name the keys that differ
+  nlohmann::json model_config; // the canonical model config.json (null: not recorded)
+  std::string run_id;          // drawn when a run first starts, kept by every resume ("": not recorded)
   int stage = 0;
   int world_size = 1;
   int rank = 0;
@@ -71,13 +76,21 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
 // it): replaces <dir>/latest atomically with "global_step<step>".
 void write_latest(const std::string& dir, std::int64_t step);
 
+// The step a tag names: "global_step12" → 12; nullopt for anything else.
+std::optional<std::int64_t> step_of_tag(std::string_view tag);
+
+// The tag <dir>/latest names (InputError when it is missing or not a tag).
+std::string latest_tag(const std::string& dir);
+
 // Whether <dir>/latest exists.
 bool has_checkpoint(const std::string& dir);
 
 // Restores this rank's (expect.rank) state from the checkpoint named by <dir>/latest, or
 // by `tag` when it is not empty. Both files are checked completely (magic, version, sizes,
-// header CRC, meta against `expect`: model, config_digest, stage, world_size, rank; blob
-// names, order and sizes against the caller's) before any blob is touched; then the blobs
+// header CRC, that they hold the step their folder names, meta against `expect`: model,
+// config_digest and model_digest (naming the keys that differ when both sides recorded
+// the config), stage, world_size, rank; blob names, order and sizes against the caller's)
+// before any blob is touched; then the blobs
 // are read in place and their CRC-32 checked. Returns the saved meta (step, seed, extra).
 // Any problem → InputError naming the file. After an InputError raised by a blob's CRC
 // mismatch the caller's buffers hold partial data (the run is over anyway).

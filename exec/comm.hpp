@@ -47,6 +47,9 @@ class Comm {
   virtual void run(const CollectiveCall& c) = 0;
   // Outside the program (reporting): sum of one double over all ranks, not counted.
   virtual double sum_for_report(double v) = 0;
+  // Outside the program (agreement checks before training): every rank's `text`, in rank
+  // order, on every rank; not counted.
+  virtual std::vector<std::string> gather_for_report(const std::string& text) = 0;
   // Barrier outside the program (start of timing), not counted.
   virtual void barrier() = 0;
   // Ends the job on every rank with a message (a failed rank must not leave peers hanging).

@@ -63,6 +63,27 @@ class MpiComm final : public Comm {
     ZP_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
     return out;
   }
+  std::vector<std::string> gather_for_report(const std::string& text) override {
+    if (text.size() > static_cast<std::size_t>(kMaxMessage)) throw std::length_error("gather_for_report: text too long");
+    const int mine = static_cast<int>(text.size());
+    std::vector<int> lens(static_cast<std::size_t>(size_)), offsets(static_cast<std::size_t>(size_));
+    ZP_MPI(MPI_Allgather(&mine, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD));
+    std::int64_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (total > kMaxMessage) throw std::length_error("gather_for_report: texts too long");
+      offsets[static_cast<std::size_t>(r)] = static_cast<int>(total);
+      total += lens[static_cast<std::size_t>(r)];
+    }
+    if (total > kMaxMessage) throw std::length_error("gather_for_report: texts too long");
+    std::string all(static_cast<std::size_t>(total), '\0');
+    ZP_MPI(MPI_Allgatherv(text.data(), mine, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR,
+                          MPI_COMM_WORLD));
+    std::vector<std::string> out;
+    for (int r = 0; r < size_; ++r)
+      out.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
+                               static_cast<std::size_t>(lens[static_cast<std::size_t>(r)])));
+    return out;
+  }
   void barrier() override { ZP_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
   [[noreturn]] void abort(const std::string& why) override {
     fmt::print(stderr, "zeroplan: rank {}: {}\n", rank_, why);

@@ -1,6 +1,7 @@
 #include "exec/data.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -22,9 +23,19 @@ std::int64_t follow(std::int64_t t, std::int64_t V) { return (t * 7 + 3) % V; }
 DataSource::DataSource(const std::string& spec, const models::OpGraph& g, std::uint64_t seed)
     : g_(g), seed_(seed), vocab_(g.cfg.vocab) {
   if (spec == "synthetic") return;
+  // A token file is a regular file: its size says how many tokens it holds (a folder, a
+  // pipe or a device has no such size).
+  std::error_code ec;
+  const auto st = std::filesystem::status(spec, ec);
+  if (std::filesystem::is_directory(st))
+    throw InputError(spec, "--data", "is a directory; expected \"synthetic\" or a file of uint16 token ids");
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    throw InputError(spec, "--data", "is not a regular file (a device or pipe); expected \"synthetic\" or a file of "
+                                     "uint16 token ids");
   std::ifstream in(spec, std::ios::binary | std::ios::ate);
   if (!in) throw InputError(spec, "", "--data: cannot read the token file (expected \"synthetic\" or a file of uint16 token ids)");
   const auto bytes = static_cast<std::int64_t>(in.tellg());
+  if (bytes < 0) throw InputError(spec, "--data", "cannot tell the token file's size");
   if (bytes % 2 != 0) throw InputError(spec, "", fmt::format("--data: {} bytes is not a whole number of uint16 tokens", bytes));
   tokens_.resize(static_cast<std::size_t>(bytes / 2));
   in.seekg(0);

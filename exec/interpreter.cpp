@@ -55,11 +55,14 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
                          TrackingAllocator& mem, std::uint64_t seed, Device* device)
     : own_device_(device ? nullptr : std::make_unique<CpuDevice>()),
       dev_(device ? *device : *own_device_),
-      g_(g), p_(p), cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
-  stage_ = p.info.stage;
+      g_(g),
+      expanded_(p.repeat.copies > 0 ? std::optional<zero::Program>(zero::expand(p)) : std::nullopt),
+      p_(expanded_ ? *expanded_ : p),
+      cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
+  stage_ = p_.info.stage;
   bf16_opt_ = zero::runs_bf16_optimizer(cfg);
-  N_ = p.info.world_size;
-  rank_ = p.info.rank;
+  N_ = p_.info.world_size;
+  rank_ = p_.info.rank;
   layout_ = zero::flat_layout(g, N_);
   const auto np = g.params.size();
   // The buffer layouts the lowering sized (zero/lower.hpp), indexed here.
@@ -67,7 +70,7 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
   part_off_.pop_back();
   gip_off_ = zero::grads_in_partition_offsets(g, layout_, rank_);
   persist_off_.assign(np, -1);
-  fp16_ = p.info.model_dtype == DType::fp16;
+  fp16_ = p_.info.model_dtype == DType::fp16;
   if (fp16_) {
     const auto& f = cfg.fp16;
     loss_scale_ = f.loss_scale > 0.0 ? f.loss_scale : std::ldexp(1.0, static_cast<int>(f.initial_scale_power));
@@ -78,9 +81,9 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
   pgrad_buf_.assign(np, -1);
   full_buf_.assign(np, -1);
   hpz_buf_.assign(np, -1);
-  seconds_.assign(p.events.size(), 0.0);
-  starts_.assign(p.events.size(), 0.0);
-  sent_.assign(p.events.size(), 0);
+  seconds_.assign(p_.events.size(), 0.0);
+  starts_.assign(p_.events.size(), 0.0);
+  sent_.assign(p_.events.size(), 0);
 }
 
 // ------------------------------------------------------------------ bindings
@@ -357,6 +360,7 @@ void Interpreter::run_event(const Event& e) {
     case EventKind::collective: collective_event(e); break;
     case EventKind::optimizer: optimizer_event(e); break;
     case EventKind::marker: break;
+    case EventKind::host: break;  // the executor's own host thread does this work
   }
   flush();
   for (BufferId b : p_.frees(e)) {

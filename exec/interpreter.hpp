@@ -41,7 +41,10 @@ std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p,
 
 // Runs a step program on one device and one communicator: binds each event's buffers
 // (through the tracking allocator), stages 16-bit storage as fp32 views, and hands ops
-// and optimizer updates to the device and collectives to the communicator.
+// and optimizer updates to the device and collectives to the communicator. Every
+// micro-step runs: a program whose block repeats (Program::repeat) runs expanded
+// (zero::expand), its event and buffer ids the logical ones (`mem` holds
+// p.num_buffers() buffers; event_seconds() and the others have p.num_events() entries).
 class Interpreter : private Operands {
  public:
   // `device`: nullptr for the CPU device.
@@ -122,7 +125,8 @@ class Interpreter : private Operands {
   Device& dev_;
 
   const models::OpGraph& g_;
-  const zero::Program& p_;
+  std::optional<zero::Program> expanded_;  // the program with every micro-step stored, when it repeats one
+  const zero::Program& p_;                 // what runs: every micro-step, ids logical
   const zero::DsConfig& cfg_;
   Comm& comm_;
   TrackingAllocator& mem_;

@@ -4,14 +4,23 @@
 
 #include <sys/resource.h>
 
+#include <unistd.h>
+
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <tuple>
 
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/json_util.hpp"
 #include "exec/allocator.hpp"
 #include "exec/checkpoint.hpp"
 #include "exec/data.hpp"
@@ -50,14 +59,148 @@ std::int64_t rss_peak_bytes() {
   return static_cast<std::int64_t>(ru.ru_maxrss) * 1024;
 }
 
-}  // namespace
-
-json train(const TrainOptions& opt, Comm& comm) {
-  const int N = comm.size(), rank = comm.rank();
-  // ---- inputs (every rank reads the same; errors happen before any collective)
-  const kernels::cpu::Isa gemm_isa = kernels::cpu::gemm_isa();  // ZEROPLAN_CPU_ISA is checked here
-  const auto mcfg = models::load_model(opt.model);
+// Everything a rank reads and checks before training.
+struct Setup {
   zero::DsConfig cfg;
+  zero::Batch batch;
+  std::unique_ptr<models::OpGraph> graph;
+  zero::Program prog;
+  LrSchedule schedule;
+  std::unique_ptr<DataSource> data;
+  CheckpointMeta meta;
+  std::string out;                 // this rank's --out path ("" for none)
+  Bytes need{0};                   // predicted host bytes of this rank (device + host categories)
+  std::string micro_batch_key;     // where the micro-batch came from, for messages
+};
+
+std::string random_hex() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+std::string host_name() {
+  std::array<char, 256> buf{};
+  if (::gethostname(buf.data(), buf.size() - 1) != 0) return "?";
+  return buf.data();
+}
+
+// Bytes this process may still allocate: MemAvailable, bounded by the cgroup's limit when
+// one is set (containers); -1 when unknown.
+std::int64_t available_memory() {
+  std::int64_t avail = -1;
+  std::ifstream mi("/proc/meminfo");
+  std::string key;
+  std::int64_t kb = 0;
+  std::string unit;
+  while (mi >> key >> kb >> unit)
+    if (key == "MemAvailable:") avail = kb * 1024;
+  std::ifstream lim("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
+  std::string l;
+  std::int64_t c = 0;
+  if (lim >> l && l != "max" && cur >> c) {
+    try {
+      const std::int64_t room = std::stoll(l) - c;
+      avail = avail < 0 ? room : std::min(avail, room);
+    } catch (const std::exception&) {
+    }
+  }
+  return avail;
+}
+
+std::string gb(std::int64_t b) { return fmt::format("{:.1f} GB", static_cast<double>(b) / 1e9); }
+
+// After the gather of every rank's refusal ("refused": "" for none): when any rank refused,
+// every rank stops. The same refusal on every rank is reported once, by rank 0 (an
+// InputError); refusals of some ranks only are printed by each rank, one line each.
+void stop_if_refused(const std::vector<json>& all, int rank, const std::string& what) {
+  std::vector<int> who;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r]["refused"].get<std::string>().empty()) who.push_back(static_cast<int>(r));
+  if (who.empty()) return;
+  const std::string first = all[static_cast<std::size_t>(who.front())]["refused"].get<std::string>();
+  bool same = who.size() == all.size();
+  for (const auto& a : all) same = same && a["refused"].get<std::string>() == first;
+  if (same) throw InputError(first);
+  const std::string own = all[static_cast<std::size_t>(rank)]["refused"].get<std::string>();
+  if (!own.empty()) {
+    std::fprintf(stderr, "zeroplan: rank %d: %s\n", rank, own.c_str());
+  } else {
+    std::string ranks;
+    for (int r : who) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
+    std::fprintf(stderr, "zeroplan: rank %d: stopped: rank%s %s refused %s: %s\n", rank, who.size() > 1 ? "s" : "",
+                 ranks.c_str(), what.empty() ? "its input" : what.c_str(), first.c_str());
+  }
+  throw RankRefused("refused");
+}
+
+// Every host's ranks together must fit in the memory that host has available: a run that
+// cannot is refused before it allocates (the prediction is the program's own memory
+// replay). Every rank sees every host, so all of them refuse alike.
+void check_host_memory(const std::vector<json>& all, const Setup& s) {
+  std::map<std::string, std::tuple<std::int64_t, std::int64_t, int>> hosts;  // need, available, ranks
+  for (const auto& a : all) {
+    auto [it, fresh] = hosts.try_emplace(a["host"].get<std::string>(), 0, -1, 0);
+    auto& [need, avail, ranks] = it->second;
+    need += a["need"].get<std::int64_t>();
+    ++ranks;
+    const std::int64_t v = a["available"].get<std::int64_t>();
+    if (v >= 0) avail = avail < 0 ? v : std::min(avail, v);
+  }
+  for (const auto& [host, h] : hosts) {
+    const auto& [need, avail, ranks] = h;
+    if (avail < 0 || need <= avail) continue;
+    throw InputError(s.micro_batch_key, "",
+                     fmt::format("the predicted peak memory of {} per rank ({} for the {} rank{} on host {}) exceeds "
+                                 "the {} available there; lower the micro-batch, use --activation-checkpointing, or "
+                                 "run fewer ranks per host",
+                                 gb(need / ranks), gb(need), ranks, ranks == 1 ? "" : "s", host, gb(avail)));
+  }
+}
+
+// The checkpoint folder exists (or is created), is a folder and takes new files: found
+// before training, not at the first save.
+void check_checkpoint_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec, ec2;
+  fs::create_directories(dir, ec);
+  if (ec && !fs::is_directory(dir, ec2))
+    throw InputError(dir, "--checkpoint-dir", fmt::format("cannot create the checkpoint folder: {}", ec.message()));
+  if (!fs::is_directory(dir, ec2)) throw InputError(dir, "--checkpoint-dir", "is not a folder");
+  io::AtomicWriter probe((fs::path(dir) / "latest").string(), "--checkpoint-dir");  // removed unwritten
+}
+
+// Whether the ranks' checkpoint files (each already checked by its rank) belong to one
+// step of one run; "" when they do, else one line saying what differs and where.
+std::string checkpoint_disagreement(const std::vector<json>& states, const std::string& dir) {
+  const auto differs = [&](const char* key) {
+    for (const auto& st : states)
+      if (st[key] != states.front()[key]) return true;
+    return false;
+  };
+  const auto listing = [&](const char* key) {
+    std::string s;
+    for (std::size_t r = 0; r < states.size(); ++r)
+      s += fmt::format("{}rank {} {}", r ? ", " : "", r,
+                       states[r][key].is_string() ? zp::json::printable(states[r][key].get<std::string>())
+                                                  : zp::json::printable(states[r][key].dump()));
+    return s;
+  };
+  if (differs("tag") || differs("step"))
+    return fmt::format("{}: the ranks would resume different steps ({}); every rank must resume the same step",
+                       dir, listing("step"));
+  if (differs("run_id") || differs("seed"))
+    return fmt::format("{}/{}: the ranks' files come from different runs (run ids: {}; seeds: {}): files of two runs "
+                       "were mixed",
+                       dir, states.front()["tag"].get<std::string>(), listing("run_id"), listing("seed"));
+  return "";
+}
+
+// Reads and checks everything this rank needs, in place (the data source keeps a reference
+// to the graph). Any problem → InputError.
+void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
+  kernels::cpu::gemm_isa();  // ZEROPLAN_CPU_ISA is checked here
+  const auto mcfg = models::load_model(opt.model);
+  zero::DsConfig& cfg = s.cfg;
   if (opt.ds_config.empty()) {
     // No config: DeepSpeed's defaults, with one sample per rank per micro-step (as simulate).
     cfg = zero::default_ds_config();
@@ -65,17 +208,19 @@ json train(const TrainOptions& opt, Comm& comm) {
   } else {
     cfg = zero::load_ds_config(opt.ds_config);
   }
+  s.micro_batch_key = opt.ds_config.empty() ? std::string("--micro-batch") : opt.ds_config + ": train_micro_batch_size_per_gpu";
   if (opt.micro_batch) {
     if (*opt.micro_batch < 1) throw InputError("--micro-batch", "", fmt::format("must be >= 1, got {}", *opt.micro_batch));
     cfg.train_micro_batch_size_per_gpu = *opt.micro_batch;
     if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
+    s.micro_batch_key = fmt::format("--micro-batch {}", *opt.micro_batch);
   }
   if (const auto note = zero::apply_module_dtype(cfg, mcfg.torch_dtype, mcfg.source, mcfg.torch_dtype_key);
       !note.empty() && rank == 0)
     std::fprintf(stderr, "warning: %s\n", note.c_str());
-  const zero::Batch batch = zero::resolve_batch(cfg, N);
+  s.batch = zero::resolve_batch(cfg, N);
   models::GraphOptions go;
-  go.micro_batch = batch.micro_batch;
+  go.micro_batch = s.batch.micro_batch;
   go.seq_len = opt.seq_len;
   go.act_dtype = cfg.model_dtype();
   // --attention when given, else the config.json's attn_implementation, else the default.
@@ -84,7 +229,8 @@ json train(const TrainOptions& opt, Comm& comm) {
   if (!att.note.empty() && rank == 0) std::fprintf(stderr, "warning: %s\n", att.note.c_str());
   if (!opt.transformers.empty()) go.transformers = models::parse_transformers("--transformers", "", opt.transformers);
   go.gradient_checkpointing = opt.activation_checkpointing;
-  const auto g = models::build_graph(mcfg, go);
+  s.graph = std::make_unique<models::OpGraph>(models::build_graph(mcfg, go));
+  const models::OpGraph& g = *s.graph;
   zero::LowerOptions lo;
   lo.world_size = N;
   lo.rank = rank;
@@ -92,38 +238,88 @@ json train(const TrainOptions& opt, Comm& comm) {
   lo.keep_output = opt.keep_output;
   lo.cublas_workspace = opt.cublas_workspace;
   lo.cublaslt_workspace = opt.cublaslt_workspace;
-  const zero::Program prog = zero::lower(g, cfg, batch, lo);
-  prog.validate();
-  if (const auto why = unsupported_reason(g, prog, cfg); !why.empty())
+  s.prog = zero::expand(zero::lower(g, cfg, s.batch, lo));  // every micro-step: the executor runs each
+  s.prog.validate();
+  if (const auto why = unsupported_reason(g, s.prog, cfg); !why.empty())
     throw InputError(opt.ds_config.empty() ? opt.model : opt.ds_config, "", why);
   if (opt.steps < 1) throw InputError("--steps", "", fmt::format("must be >= 1, got {}", opt.steps));
-  const LrSchedule schedule = parse_lr_schedule(cfg);
-  DataSource data(opt.data, g, opt.seed);
+  s.schedule = parse_lr_schedule(cfg);
+  s.data = std::make_unique<DataSource>(opt.data, g, opt.seed);
   if (opt.resume && opt.checkpoint_dir.empty()) throw InputError("--resume", "", "needs --checkpoint-dir");
   if (opt.resume && !has_checkpoint(opt.checkpoint_dir))
     throw InputError(opt.checkpoint_dir, "latest", "--resume: no checkpoint to resume from");
   if (opt.save_every < 0) throw InputError("--save-every", "", fmt::format("must be >= 0, got {}", opt.save_every));
-  std::string cfg_text;
-  if (!opt.ds_config.empty()) {
-    std::ifstream cf(opt.ds_config);
-    cfg_text.assign(std::istreambuf_iterator<char>(cf), std::istreambuf_iterator<char>());
-  }
-  CheckpointMeta meta;
+
+  // The run's identity: the model and ds_config as parsed (canonical JSON, so spacing and
+  // key order do not matter), recorded in every checkpoint file.
+  CheckpointMeta& meta = s.meta;
   meta.model = g.cfg.name;
-  meta.config_digest = cfg_text.empty() ? std::string() : config_digest(cfg_text);
-  meta.stage = prog.info.stage;
+  if (!opt.ds_config.empty()) {
+    meta.config = zp::json::canonical(zp::json::parse_file(opt.ds_config));
+    meta.config_digest = zp::json::digest(meta.config);
+  }
+  meta.model_config = zp::json::canonical(zp::json::parse_file(mcfg.source));
+  meta.model_digest = zp::json::digest(meta.model_config);
+  meta.stage = s.prog.info.stage;
   meta.world_size = N;
   meta.rank = rank;
   meta.seed = opt.seed;
-  const std::string out = opt.out.empty() ? std::string() : rank_path(opt.out, rank, N);
-  if (!out.empty()) {
-    std::ofstream probe(out);
-    if (!probe) throw InputError(out, "", "--out: cannot write the measurements file");
+
+  // Outputs: never one of the inputs, writable now (a temporary is created and removed;
+  // the file itself is not touched before the run ends).
+  const std::vector<std::pair<std::string, std::string>> inputs = {
+      {"--ds-config", opt.ds_config}, {"--model", mcfg.source}, {"--data", opt.data == "synthetic" ? "" : opt.data}};
+  s.out = opt.out.empty() ? std::string() : rank_path(opt.out, rank, N);
+  const std::string trace = opt.trace.empty() ? std::string() : rank_path(opt.trace, rank, N);
+  for (const auto& [flag, path] : {std::pair{std::string("--out"), s.out}, std::pair{std::string("--trace"), trace}}) {
+    if (path.empty()) continue;
+    io::refuse_same_file(path, flag, inputs);
+    io::AtomicWriter probe(path, flag);
   }
-  if (!opt.trace.empty()) {
-    std::ofstream probe(rank_path(opt.trace, rank, N));
-    if (!probe) throw InputError(rank_path(opt.trace, rank, N), "", "--trace: cannot write the trace file");
+  if (!s.out.empty() && !trace.empty()) {
+    io::refuse_same_file(trace, "--trace", {{"--out", s.out}});
+    std::error_code ec;
+    if (std::filesystem::weakly_canonical(trace, ec) == std::filesystem::weakly_canonical(s.out, ec))
+      throw InputError(trace, "--trace", "is the same path as --out; give two files");
   }
+  if (!opt.checkpoint_dir.empty()) check_checkpoint_dir(opt.checkpoint_dir);
+
+  // What this rank will hold at its peak, from the program's own memory replay.
+  const auto pred = sim::replay_memory(s.prog, sim::DeviceSpec{}, sim::MemoryOptions{false, false});
+  s.need = Bytes{pred.peak_allocated.v + pred.peak_host.v};
+  if (opt.memory_limit.v > 0) s.need = Bytes{std::min(s.need.v, opt.memory_limit.v + pred.peak_host.v)};
+}
+
+}  // namespace
+
+json train(const TrainOptions& opt, Comm& comm) {
+  const int N = comm.size(), rank = comm.rank();
+  // ---- inputs: every rank reads and checks the same; a refusal on any rank is agreed on
+  // (one gather) before anything is allocated, so no rank is left waiting for another.
+  auto setup = std::make_unique<Setup>();
+  std::string refused;
+  try {
+    prepare(*setup, opt, N, rank);
+  } catch (const InputError& e) {
+    refused = e.what();
+  }
+  const json mine = {{"refused", refused}, {"host", host_name()}, {"run_id", random_hex()},
+                     {"need", refused.empty() ? setup->need.v : 0}, {"available", available_memory()}};
+  std::vector<json> all;
+  for (const auto& t : comm.gather_for_report(mine.dump())) all.push_back(json::parse(t));
+  stop_if_refused(all, rank, "");
+  check_host_memory(all, *setup);
+
+  Setup& S = *setup;
+  const models::OpGraph& g = *S.graph;
+  const zero::DsConfig& cfg = S.cfg;
+  const zero::Batch& batch = S.batch;
+  const zero::Program& prog = S.prog;
+  const LrSchedule& schedule = S.schedule;
+  const DataSource& data = *S.data;
+  CheckpointMeta& meta = S.meta;
+  meta.run_id = all.front()["run_id"].get<std::string>();  // rank 0's draw names the run
+  const std::string& out = S.out;
 
   // ---- run (from here a failure on one rank must end every rank)
   TrackingAllocator mem(prog.buffers.size(), opt.memory_limit);
@@ -143,6 +339,7 @@ json train(const TrainOptions& opt, Comm& comm) {
     if (!error.empty()) doc["error"] = error;  // a failed run still reports what it measured
     doc["config"] = {{"model", g.cfg.name},
                      {"ds_config", opt.ds_config},
+                     {"ds_config_json", meta.config.is_object() ? meta.config : json::object()},
                      {"stage", prog.info.stage},
                      {"world_size", N},
                      {"rank", rank},
@@ -154,7 +351,7 @@ json train(const TrainOptions& opt, Comm& comm) {
                      {"data", opt.data},
                      {"activation_checkpointing", opt.activation_checkpointing},
                      {"backend", "cpu+mpi"},
-                     {"cpu_gemm", kernels::cpu::isa_name(gemm_isa)}};
+                     {"cpu_gemm", kernels::cpu::isa_name(kernels::cpu::gemm_isa())}};
     doc["losses"] = losses;
     doc["grad_norms"] = norms;
     doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)
@@ -203,8 +400,11 @@ json train(const TrainOptions& opt, Comm& comm) {
   };
   auto write_partial = [&](const std::string& error) {
     if (out.empty()) return;
-    std::ofstream f(out);
-    f << measurements(error).dump(1) << "\n";
+    try {
+      io::write_atomic(out, measurements(error).dump(1) + "\n", "--out");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zeroplan: rank %d: %s\n", rank, e.what());
+    }
   };
 
   auto allocation_failed = [&](const AllocationFailed& e) {
@@ -218,23 +418,30 @@ json train(const TrainOptions& opt, Comm& comm) {
     allocation_failed(e);
   }
   if (opt.resume) {
-    // Every rank checks its own files; a refusal (corrupt, other world size) is bad input.
+    // Each rank checks its own files (structure, checksums, that they hold their folder's
+    // step, this run's model, config and world size); then every rank checks that all
+    // ranks resume the same step of the same run, before any collective of training.
     interp.create_first_step_buffers();  // the optimizer states the checkpoint restores
     const auto model = interp.checkpoint_blobs(CheckpointPart::model_states);
     const auto optim = interp.checkpoint_blobs(CheckpointPart::optim_states);
-    // Each rank checks its own files; all ranks then agree before going on, so a refusal
-    // on one rank ends every rank instead of leaving the others waiting.
     CheckpointMeta got;
-    std::string refused;
+    std::string ck_refused, tag;
     try {
-      got = load_checkpoint(opt.checkpoint_dir, meta, model, optim);
+      tag = latest_tag(opt.checkpoint_dir);
+      got = load_checkpoint(opt.checkpoint_dir, meta, model, optim, tag);
     } catch (const InputError& e) {
-      refused = e.what();
+      ck_refused = e.what();
     }
-    if (comm.sum_for_report(refused.empty() ? 0.0 : 1.0) > 0.0) {
-      if (!refused.empty()) std::fprintf(stderr, "zeroplan: rank %d: %s\n", rank, refused.c_str());
+    const json state = {{"refused", ck_refused}, {"tag", tag},        {"step", got.step},
+                        {"run_id", got.run_id},  {"seed", got.seed}};
+    std::vector<json> states;
+    for (const auto& t : comm.gather_for_report(state.dump())) states.push_back(json::parse(t));
+    stop_if_refused(states, rank, "the checkpoint");
+    if (const auto why = checkpoint_disagreement(states, opt.checkpoint_dir); !why.empty()) {
+      std::fprintf(stderr, "zeroplan: rank %d: %s\n", rank, why.c_str());
       throw RankRefused("checkpoint refused");
     }
+    if (!got.run_id.empty()) meta.run_id = got.run_id;  // a resumed run keeps its identity
     first = got.step + 1;
     if (got.extra.contains("losses")) losses = got.extra["losses"];
     if (got.extra.contains("grad_norms")) norms = got.extra["grad_norms"];
@@ -298,15 +505,18 @@ json train(const TrainOptions& opt, Comm& comm) {
       tr.events[i].start = Seconds{interp.event_starts()[i]};
       tr.events[i].end = Seconds{interp.event_starts()[i] + interp.event_seconds()[i]};
     }
-    const std::string path = rank_path(opt.trace, rank, N);
-    std::ofstream f(path);
-    f << sim::chrome_trace(prog, tr).dump() << "\n";
-    if (!f) comm.abort(fmt::format("cannot write {}", path));
+    try {
+      io::write_atomic(rank_path(opt.trace, rank, N), sim::chrome_trace(prog, tr).dump() + "\n", "--trace");
+    } catch (const std::exception& e) {
+      comm.abort(e.what());
+    }
   }
   if (!out.empty()) {
-    std::ofstream f(out);
-    f << doc.dump(1) << "\n";
-    if (!f) comm.abort(fmt::format("cannot write {}", out));
+    try {
+      io::write_atomic(out, doc.dump(1) + "\n", "--out");
+    } catch (const std::exception& e) {
+      comm.abort(e.what());
+    }
   }
   return doc;
 }

@@ -108,6 +108,9 @@ std::size_t write_back(const nlohmann::json& doc, std::uint8_t* data, std::size_
 
 }  // namespace
 
+// A target with inputs that are not JSON documents (the checkpoint loader) defines
+// ZEROPLAN_FUZZ_OWN_MUTATOR and uses JsonMutator inside its own entry points.
+#ifndef ZEROPLAN_FUZZ_OWN_MUTATOR
 extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t size, std::size_t max_size,
                                                unsigned int seed) {
   if (seed % 8 == 0) return LLVMFuzzerMutate(data, size, max_size);
@@ -145,3 +148,4 @@ extern "C" std::size_t LLVMFuzzerCustomCrossOver(const std::uint8_t* data1, std:
   std::memcpy(out, s.data(), s.size());
   return s.size();
 }
+#endif  // ZEROPLAN_FUZZ_OWN_MUTATOR

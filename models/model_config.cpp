@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "core/json_util.hpp"
 
 namespace zp::models {
@@ -402,11 +403,7 @@ ModelConfig load_model(const std::string& name_or_path) {
       }
     }
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  ModelConfig c = parse_model_config(path, ss.str());
+  ModelConfig c = parse_model_config(path, io::read_capped(path, io::kConfigMaxBytes, "a model config.json"));
   c.name = name;
   return c;
 }

@@ -554,15 +554,24 @@ void add_bounds(const Problem& pb, const GraphCache& graphs, std::vector<Evaluat
 
 }  // namespace
 
-PlanResult exhaustive(const Problem& pb, const Space& space, int threads) {
+PlanResult exhaustive(const Problem& pb, const Space& space, int threads, const Progress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   threads = resolve_threads(threads);
+  const auto points = enumerate(pb, space, base_knobs(pb));
+  const auto total = static_cast<std::int64_t>(points.size());
+  if (progress) progress(0, total);
   GraphCache graphs(pb);
   graphs.prepare(micro_batches(space));
-  const auto points = enumerate(pb, space, base_knobs(pb));
   PlanResult r;
   r.all.resize(points.size());
-  parallel_for(points.size(), threads, [&](std::size_t i) { r.all[i] = evaluate(pb, graphs, points[i]); });
+  std::mutex mu;
+  std::int64_t done = 0;
+  parallel_for(points.size(), threads, [&](std::size_t i) {
+    r.all[i] = evaluate(pb, graphs, points[i]);
+    if (!progress) return;
+    std::lock_guard<std::mutex> lock(mu);
+    progress(++done, total);
+  });
   r.ranked = rank_by_shape(pb, r.all);
   add_bounds(pb, graphs, r.ranked, threads);
   r.stats.grid = static_cast<std::int64_t>(points.size());

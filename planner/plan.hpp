@@ -16,6 +16,7 @@
 //     (heuristic; tests/test_planner.cpp measures the regret against the full grid).
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -188,7 +189,10 @@ struct PlanResult {
 // The search (see the top of this file). `threads` <= 0: the hardware's.
 PlanResult plan(const Problem& pb, const Space& space, int threads = 0);
 // Every point of the grid, simulated: the reference the search is measured against.
-PlanResult exhaustive(const Problem& pb, const Space& space, int threads = 0);
+// `progress` (optional) is called with (0, points) once the grid is enumerated, before any
+// work, then after each simulated point with (done, points), one call at a time.
+using Progress = std::function<void(std::int64_t done, std::int64_t total)>;
+PlanResult exhaustive(const Problem& pb, const Space& space, int threads = 0, const Progress& progress = {});
 
 // What would make a plan fit when nothing does, each change alone, smallest first.
 struct Suggestion {

@@ -34,6 +34,7 @@ inline constexpr const char* blue = "#0072B2";
 inline constexpr const char* vermillion = "#D55E00";
 inline constexpr const char* purple = "#CC79A7";
 inline constexpr const char* grey = "#999999";
+inline constexpr const char* dark_grey = "#555555";
 }  // namespace colour
 
 // A legend entry: a swatch (fill, optionally a pattern id drawn over it) and its text.

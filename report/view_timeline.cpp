@@ -15,9 +15,11 @@ namespace zp::report::detail {
 
 namespace {
 
-// What a slice is coloured by: compute, copy, optimizer, then one per collective kind.
+// What a slice is coloured by: compute, copy, optimizer, one per collective kind, then the
+// host thread's framework work (zero::EventKind::host).
 constexpr int kCompute = 0, kCopy = 1, kOptimizer = 2, kColl = 3;
-constexpr int kClasses = kColl + zero::kNumCollKinds;
+constexpr int kHost = kColl + zero::kNumCollKinds;
+constexpr int kClasses = kHost + 1;
 
 int class_of(const zero::Event& e) {
   switch (e.kind) {
@@ -26,6 +28,7 @@ int class_of(const zero::Event& e) {
     case zero::EventKind::optimizer: return kOptimizer;
     case zero::EventKind::collective: return kColl + static_cast<int>(e.coll);
     case zero::EventKind::marker: return -1;
+    case zero::EventKind::host: return kHost;
   }
   return -1;
 }
@@ -41,6 +44,7 @@ const char* class_colour(int k) {
       colour::purple,      // all_gather
       colour::blue,        // broadcast
       colour::black,       // all_to_all
+      colour::dark_grey,   // host (framework work)
   };
   return c[static_cast<std::size_t>(k)];
 }
@@ -49,6 +53,7 @@ std::string class_label(int k) {
   if (k == kCompute) return "compute";
   if (k == kCopy) return "copy";
   if (k == kOptimizer) return "optimizer";
+  if (k == kHost) return "host (framework)";
   return zero::coll_kind_name(static_cast<zero::CollKind>(k - kColl));
 }
 

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "core/json_util.hpp"
 
 namespace zp::sim {
@@ -35,6 +36,8 @@ constexpr int kMaxGpusPerNode = 1024;
 constexpr int kMaxNics = 64;
 constexpr double kMaxNicGbps = 100000;   // Gb/s
 constexpr double kMaxLinkGBps = 10000;   // GB/s
+constexpr int kMaxXmlDepth = 128;        // element nesting accepted in a topology XML
+using io::kConfigMaxBytes;
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -239,12 +242,61 @@ void require_object(const json::Reader& r, const Json& doc, const std::string& k
   if (auto it = doc.find(key); it != doc.end()) r.require_object(*it, key);
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string read_text(const std::string& path) { return io::read_capped(path, io::kConfigMaxBytes, "an NCCL topology XML"); }
+
+// Refuses XML whose elements nest deeper than kMaxXmlDepth before it is parsed (the parser
+// and the walk below recurse once per level). Comments, CDATA, declarations and quoted
+// attribute values are skipped; the rest of the syntax is left to the parser.
+void check_xml_depth(const std::string& file, std::string_view text) {
+  int depth = 0;
+  std::size_t line = 1;
+  const auto skip_to = [&](std::size_t from, std::string_view end) {
+    const std::size_t at = text.find(end, from);
+    const std::size_t stop = at == std::string_view::npos ? text.size() : at + end.size();
+    for (std::size_t k = from; k < stop; ++k) line += text[k] == '\n' ? 1 : 0;
+    return stop;
+  };
+  for (std::size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    if (c == '\n') ++line;
+    if (c != '<') {
+      ++i;
+      continue;
+    }
+    const std::string_view rest = text.substr(i);
+    if (rest.substr(0, 4) == "<!--") {
+      i = skip_to(i + 4, "-->");
+    } else if (rest.substr(0, 9) == "<![CDATA[") {
+      i = skip_to(i + 9, "]]>");
+    } else if (rest.substr(0, 2) == "<?") {
+      i = skip_to(i + 2, "?>");
+    } else if (rest.substr(0, 2) == "<!") {
+      i = skip_to(i + 2, ">");
+    } else if (rest.substr(0, 2) == "</") {
+      if (depth > 0) --depth;
+      i = skip_to(i + 2, ">");
+    } else {
+      // An opening tag: up to its '>' outside quoted attribute values.
+      std::size_t k = i + 1;
+      char quote = 0;
+      for (; k < text.size(); ++k) {
+        if (text[k] == '\n') ++line;
+        if (quote) {
+          if (text[k] == quote) quote = 0;
+        } else if (text[k] == '"' || text[k] == '\'') {
+          quote = text[k];
+        } else if (text[k] == '>') {
+          break;
+        }
+      }
+      const bool self_closing = k < text.size() && k > i + 1 && text[k - 1] == '/';
+      if (!self_closing && ++depth > kMaxXmlDepth)
+        throw InputError(file, "", fmt::format("elements nested more than {} levels deep (at line {}); an NCCL "
+                                               "topology nests fewer than 10",
+                                               kMaxXmlDepth, line));
+      i = k + 1;
+    }
+  }
 }
 
 void check_node_links(const std::string& file, ClusterSpec& c) {
@@ -471,6 +523,7 @@ ClusterSpec parse_nccl_topo_xml(const std::string& file, const std::string& xml_
 }
 
 ClusterSpec parse_nccl_topo_xml(const std::string& file, const std::string& xml_text, const std::string& gpu_override) {
+  check_xml_depth(file, xml_text);
   ptree doc;
   try {
     std::istringstream in(xml_text);
@@ -581,19 +634,26 @@ std::vector<std::string> cluster_preset_names() {
   return out;
 }
 
-ClusterSpec load_cluster(const std::string& name_or_path, std::optional<int> nodes, std::optional<double> nic_gbps) {
+ClusterSpec load_cluster(const std::string& name_or_path, std::optional<int> nodes, std::optional<double> nic_gbps,
+                         const std::string& gpu) {
   ClusterSpec c;
   std::string preset_path;
   for (const auto& p : cluster_preset_names())
     if (lower(p) == lower(name_or_path)) preset_path = (presets_dir() / (p + ".json")).string();
   std::error_code ec;
+  const bool xml = preset_path.empty() && lower(fs::path(name_or_path).extension().string()) == ".xml";
+  if (!gpu.empty() && !xml)
+    throw InputError("--gpu", "",
+                     fmt::format("cluster '{}' names its own GPU; --gpu sets the GPU of --gpus N or of an NCCL "
+                                 "topology XML (not applied to a preset or cluster JSON: set its \"gpu\" key instead)",
+                                 name_or_path));
   if (!preset_path.empty()) {
-    c = from_json(preset_path, json::parse_file(preset_path));
+    c = from_json(preset_path, json::parse_file(preset_path, kConfigMaxBytes, "a cluster description"));
   } else if (fs::is_regular_file(name_or_path, ec)) {
-    if (lower(fs::path(name_or_path).extension().string()) == ".xml")
-      c = parse_nccl_topo_xml(name_or_path, read_text(name_or_path));
+    if (xml)
+      c = parse_nccl_topo_xml(name_or_path, read_text(name_or_path), gpu);
     else
-      c = from_json(name_or_path, json::parse_file(name_or_path));
+      c = from_json(name_or_path, json::parse_file(name_or_path, kConfigMaxBytes, "a cluster description"));
   } else {
     const auto names = cluster_preset_names();
     std::string joined;

@@ -66,9 +66,11 @@ const char* intra_node_name(IntraNode k);
 
 // `name_or_path`: a preset (sim/clusters/NAME.json, case-insensitive) or a JSON file or
 // an NCCL topology XML (*.xml). `nodes` multiplies the node across an InfiniBand fabric
-// (`nic_gbps` overrides the NIC speed). Bad input → zp::InputError naming file and key.
+// (`nic_gbps` overrides the NIC speed). `gpu` (--gpu) names the GPU type of an NCCL
+// topology XML (its `sm` cannot tell H100 from H200); a preset or JSON cluster names its
+// own GPU, so `gpu` with one is refused. Bad input → zp::InputError naming file and key.
 ClusterSpec load_cluster(const std::string& name_or_path, std::optional<int> nodes = std::nullopt,
-                         std::optional<double> nic_gbps = std::nullopt);
+                         std::optional<double> nic_gbps = std::nullopt, const std::string& gpu = "");
 // `--gpus N --gpu TYPE`: one node of N GPUs of TYPE with the links that GPU usually has.
 ClusterSpec single_node(const std::string& gpu, int gpus);
 ClusterSpec parse_nccl_topo_xml(const std::string& file, const std::string& xml_text);

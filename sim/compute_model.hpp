@@ -17,6 +17,36 @@
 
 namespace zp::sim {
 
+// The host thread's work, which DeepSpeed training pays on top of the GPU's: PyTorch's eager
+// dispatch and kernel launches and the Hugging Face modules' Python per op, autograd per
+// backward node, DeepSpeed's gradient hooks, stage 3's fetch/release coordinator per module
+// visit, and the optimizer step's Python loops over parameter tensors with their device
+// synchronisations (FP16_Optimizer and the stage 1/2 optimizer check every gradient for
+// inf/NaN with an .item() each). The event engine runs them on the host in issue order
+// (docs/time_model.md). Defaults were fitted to DeepSpeed 0.19.8 / torch 2.11 / transformers
+// 5.17 runs on the H200 machine's host (tools/deepspeed_reference.py, tests/data/deepspeed/);
+// calibration refits them for another host.
+struct HostCosts {
+  Seconds forward_op{};             // per forward (or recomputed) op of the graph
+  Seconds backward_op{};            // per backward node
+  Seconds grad_hook{};              // stages 1/2: DeepSpeed's gradient hook, per parameter
+  Seconds stage3_module_forward{};  // stage 3: coordinator work per module visit in forward
+  Seconds stage3_module_backward{}; // stage 3: per module visit in backward
+  Seconds stage3_grad_hook{};       // stage 3: reduce_partition_and_remove_grads, per parameter
+  // The optimizer step, by the wrapper DeepSpeed chose: base + per_tensor × parameter tensors.
+  struct Step {
+    Seconds base{}, per_tensor{};
+    bool operator==(const Step&) const = default;
+  };
+  Step fp16_optimizer;              // stage 0 with fp16/bf16 (FP16_Optimizer)
+  Step bf16_optimizer;              // stage 1 bf16 with fp32 gradient accumulation (BF16_Optimizer)
+  Step zero_optimizer;              // stages 1/2 (DeepSpeedZeroOptimizer)
+  Step zero3_optimizer;             // stage 3 (DeepSpeedZeroOptimizer_Stage3)
+  Step plain;                       // fp32 without ZeRO: the optimizer itself (FusedAdam)
+  std::string source;
+  bool operator==(const HostCosts&) const = default;
+};
+
 struct DeviceProfile {
   std::string device;                    // device database name
   FlopsPerSecond peak_tensor_flops{};
@@ -36,8 +66,16 @@ struct DeviceProfile {
   BytesPerSecond host_memcpy_bandwidth{};// memcpy within host memory (read + write counted)
   double cpu_adam_params_per_second = 1e9;  // DeepSpeed CPUAdam throughput on the host
   double comm_compute_interference = 0.0;   // slowdown of compute while a collective overlaps
+  // fp32 GEMMs run in TF32 on the tensor cores (at half their 16-bit peak) instead of on the
+  // fp32 cores: what a stack that allows TF32 matmuls does.
+  bool fp32_gemm_tf32 = false;
+  HostCosts host;                           // the training host's framework work
   std::string source;
 };
+// The host costs measured on the H200 machine (the default of every profile without its own).
+HostCosts default_host_costs();
+// The time a host event (zero::EventKind::host) keeps the host thread busy.
+Seconds host_cost(const HostCosts& c, const zero::Event& e);
 
 // Defaults for a device from sim/profiles.json (or derived from the device database).
 DeviceProfile default_profile(const DeviceSpec& dev);

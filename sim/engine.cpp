@@ -3,400 +3,514 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "sim/schedule.hpp"
 
 namespace zp::sim {
 
 using zero::Event;
 using zero::EventId;
 using zero::EventKind;
-using zero::Phase;
 using zero::Stream;
+using namespace engine_detail;
+
+// ------------------------------------------------------------------ accessors
+std::int64_t ExactTimes::time_of(EventId id, bool want_start) const {
+  const auto& r = repeat;
+  const std::int64_t c = r.first + r.events;
+  const std::int64_t span = static_cast<std::int64_t>(r.copies) * r.events;
+  const auto& stored = want_start ? start : end;
+  if (r.copies == 0 || id < c) return stored.at(static_cast<std::size_t>(id));
+  if (id >= c + span) return stored.at(static_cast<std::size_t>(id - span));
+  const int k = static_cast<int>(1 + (id - c) / r.events);
+  const auto x = static_cast<std::size_t>((id - c) % r.events);
+  if (periodic(k)) {
+    const std::int64_t base = reference == 0 ? stored.at(static_cast<std::size_t>(r.first) + x)
+                                             : (want_start ? copy_start : copy_end).at(reference).at(x);
+    return base + static_cast<std::int64_t>(k - reference) * period;
+  }
+  return (want_start ? copy_start : copy_end).at(k).at(x);
+}
+
+EventTime TimeReport::at(EventId id) const {
+  if (ns.start.empty()) return events.at(static_cast<std::size_t>(id));
+  return {to_seconds(ns.start_of(id)), to_seconds(ns.end_of(id))};
+}
+
+std::int64_t TimeReport::total_duration_ns(EventId stored) const {
+  const auto& r = ns.repeat;
+  if (ns.start.empty()) return to_ns(events.at(static_cast<std::size_t>(stored)).duration());
+  std::int64_t sum = ns.end.at(static_cast<std::size_t>(stored)) - ns.start.at(static_cast<std::size_t>(stored));
+  if (r.copies == 0 || stored < r.first || stored >= r.first + r.events) return sum;
+  const auto x = static_cast<std::size_t>(stored - r.first);
+  for (const auto& [k, st] : ns.copy_start)
+    if (!ns.periodic(k)) sum += ns.copy_end.at(k)[x] - st[x];
+  if (ns.last > ns.reference) {
+    const std::int64_t ref = ns.reference == 0 ? ns.end[static_cast<std::size_t>(stored)] - ns.start[static_cast<std::size_t>(stored)]
+                                                : ns.copy_end.at(ns.reference)[x] - ns.copy_start.at(ns.reference)[x];
+    sum += ref * (ns.last - ns.reference);
+  }
+  return sum;
+}
+
+std::int64_t CriticalPath::size() const {
+  std::int64_t n = 0;
+  for (const Run& r : runs) n += static_cast<std::int64_t>(r.events.size()) * r.times;
+  return n;
+}
+
+EventId CriticalPath::back() const {
+  for (auto it = runs.rbegin(); it != runs.rend(); ++it)
+    if (!it->events.empty()) return static_cast<EventId>(it->events.back() + (it->times - 1) * it->step);
+  throw std::out_of_range("critical path is empty");
+}
+
+std::vector<EventId> CriticalPath::events() const {
+  std::vector<EventId> out;
+  out.reserve(static_cast<std::size_t>(size()));
+  for_each([&](EventId e) { out.push_back(e); });
+  return out;
+}
 
 namespace {
 
-constexpr int kS = zero::kNumStreams;
-static_assert(kS <= 4, "EngineScratch::info keeps the stream in two bits");
-
-// EngineScratch::info: what the engine needs of an event, so that the run and the
-// summaries do not go back to the (much larger) program events.
-constexpr std::uint8_t kStreamMask = 0x03;
-constexpr std::uint8_t kCollective = 0x04;   // kind collective
-constexpr std::uint8_t kCompute = 0x08;      // kind compute
-constexpr std::uint8_t kForward = 0x10;      // phase forward
-
-// Per-event working arrays, reused from one run to the next on this thread.
-struct EngineScratch {
-  std::vector<std::uint8_t> info;        // stream | kind and phase bits
-  std::vector<std::int16_t> micro;       // micro-step
-  std::vector<std::int32_t> dep_begin;   // CSR of each event's step dependencies, in program order
-  std::vector<EventId> deps;
-  std::vector<std::int32_t> waiting;     // unfinished dependencies
-  std::vector<std::int32_t> dependent_begin;  // CSR of dependents
-  std::vector<EventId> dependents;
-  std::vector<EventId> order;            // step events grouped by stream, each in program order
-  std::vector<EventId> stream_prev;      // the previous event on the same stream, or -1
-  std::vector<EventId> pred;             // what bound each event's start
-  std::vector<EventId> collectives;      // collective step events, in program order
+// ------------------------------------------------------------------ summaries
+// A run's times, as the engine left them.
+struct Run {
+  const Layout& l;
+  const Schedule& s;
+  Nanos start(std::int64_t L) const { return s.start_of(l, L); }
+  Nanos end(std::int64_t L) const { return s.end_of(l, L); }
+  // Every logical step event in program order, the copies of the periodic stretch once
+  // (copy reference + 1 stands for them): f(L, count), count the copies it stands for.
+  template <class F>
+  void each(F&& f) const {
+    for (std::int64_t e = l.first; e < l.c; ++e) f(e, 1);
+    for (int k = 1; k <= l.K; ++k) {
+      if (s.periodic(k)) {
+        if (k != s.reference + 1) continue;
+        for (std::int64_t x = 0; x < l.d; ++x) f(l.logical(k, x), s.last - s.reference);
+        continue;
+      }
+      for (std::int64_t x = 0; x < l.d; ++x) f(l.logical(k, x), 1);
+    }
+    const std::int64_t moved = static_cast<std::int64_t>(l.K) * l.d;
+    for (std::int64_t e = l.c; e < l.S; ++e) f(e + moved, 1);
+  }
+  // What bound L's start: the latest-ending of its stream predecessor and dependencies
+  // (the predecessor among equals, then the first dependency).
+  std::int64_t bound_by(std::int64_t L) const {
+    std::int64_t bind = l.stream_prev(L);
+    Nanos bind_end = bind >= 0 ? end(bind) : -1;
+    l.deps(L, [&](std::int64_t d) {
+      const Nanos t = end(d);
+      if (t > bind_end) {
+        bind = d;
+        bind_end = t;
+      }
+    });
+    return bind;
+  }
 };
-EngineScratch& engine_scratch() {
-  thread_local EngineScratch s;
-  return s;
+
+// Phase times, micro-step by micro-step: a micro-step's backward runs from the end of its
+// forward to its last event, but no further than the start of the next forward, so work of
+// one micro-step that overlaps the next forward is not counted twice.
+struct MicroAgg {
+  bool has_fwd = false;
+  Nanos fwd_begin = 0, fwd_end = 0, end = 0, bwd_compute = 0;
+  MicroAgg moved(Nanos t) const { return {has_fwd, fwd_begin + t, fwd_end + t, end + t, bwd_compute}; }
+};
+
+class PhaseAccumulator {
+ public:
+  void push(const MicroAgg& a) {
+    const Nanos begin = a.has_fwd ? a.fwd_begin : fwd_begin_;
+    running_fwd_end_ = a.has_fwd ? std::max(running_fwd_end_, a.fwd_end) : running_fwd_end_;
+    fwd_begin_ = begin;
+    const Micro m{begin, running_fwd_end_, a.end, a.bwd_compute};
+    if (pending_) close(*pending_, m.fwd_begin);
+    pending_ = m;
+  }
+  // `count` micro-steps, the t-th `a` moved by t periods.
+  void push_periodic(const MicroAgg& a, std::int64_t count, Nanos period) {
+    std::int64_t t = 0;
+    for (; t < count; ++t) {
+      push(a.moved(period * t));
+      // Once the running forward end is this micro-step's own, closing it and each later
+      // one but the last adds the same amounts: add them at once.
+      if (t + 2 < count && a.has_fwd && running_fwd_end_ == a.fwd_end + period * t) {
+        const Sums before = sums_;
+        push(a.moved(period * (t + 1)));
+        const std::int64_t more = count - 2 - (t + 1);  // closes of t + 1 .. count - 3, each like t's
+        sums_.forward += (sums_.forward - before.forward) * more;
+        sums_.backward += (sums_.backward - before.backward) * more;
+        sums_.backward_allreduce += (sums_.backward_allreduce - before.backward_allreduce) * more;
+        t = count - 2;
+        const MicroAgg last = a.moved(period * t);
+        // The state after micro-step count - 2: its own forward end, pending itself.
+        running_fwd_end_ = last.fwd_end;
+        fwd_begin_ = last.fwd_begin;
+        end_micro_ = std::max(end_micro_, a.end + period * (count - 3));
+        pending_ = Micro{last.fwd_begin, last.fwd_end, last.end, last.bwd_compute};
+      }
+    }
+  }
+  void finish() {
+    if (pending_) close(*pending_, std::nullopt);
+    pending_.reset();
+  }
+  Nanos forward() const { return sums_.forward; }
+  Nanos backward() const { return sums_.backward; }
+  Nanos backward_allreduce() const { return sums_.backward_allreduce; }
+  Nanos end_micro() const { return end_micro_; }
+
+ private:
+  struct Micro {
+    Nanos fwd_begin, fwd_end, end, bwd_compute;
+  };
+  struct Sums {
+    Nanos forward = 0, backward = 0, backward_allreduce = 0;
+  };
+  void close(const Micro& m, std::optional<Nanos> next_begin) {
+    sums_.forward += m.fwd_end - m.fwd_begin;
+    const Nanos end = next_begin ? std::min(m.end, *next_begin) : m.end;
+    const Nanos bwd = std::max<Nanos>(0, end - m.fwd_end);
+    sums_.backward += bwd;
+    sums_.backward_allreduce += std::max<Nanos>(0, bwd - m.bwd_compute);
+    end_micro_ = std::max(end_micro_, m.end);
+  }
+  std::optional<Micro> pending_;
+  Nanos fwd_begin_ = 0, running_fwd_end_ = 0, end_micro_ = 0;
+  Sums sums_;
+};
+
+constexpr auto kComputeStream = static_cast<std::size_t>(Stream::compute);
+
+// The aggregate of micro-step events [from, to) (logical, consecutive).
+MicroAgg micro_agg(const Run& run, std::int64_t from, std::int64_t to) {
+  MicroAgg a;
+  for (std::int64_t L = from; L < to; ++L) {
+    const std::uint8_t f = run.l.flags(L);
+    const Nanos s = run.start(L), e = run.end(L);
+    a.end = std::max(a.end, e);
+    if (f & kForward) {
+      if (!a.has_fwd) a.fwd_begin = s;
+      a.has_fwd = true;
+      a.fwd_end = std::max(a.fwd_end, e);
+    } else if ((f & kStreamMask) == kComputeStream && (f & kCompute)) {
+      a.bwd_compute += e - s;
+    }
+  }
+  return a;
+}
+
+PhaseTimes phases(const Run& run, const zero::Program& p, Nanos begin_all, Nanos end_all) {
+  const Layout& l = run.l;
+  PhaseAccumulator acc;
+  // Stored micro-steps: maximal runs of one micro-step (step events, -1, are not in any).
+  auto stored_micros = [&](std::int64_t from, std::int64_t to, std::int64_t moved) {
+    std::int64_t e = from;
+    while (e < to) {
+      const int ms = p.events[static_cast<std::size_t>(e)].micro_step;
+      std::int64_t z = e;
+      while (z < to && p.events[static_cast<std::size_t>(z)].micro_step == ms) ++z;
+      if (ms >= 0) acc.push(micro_agg(run, e + moved, z + moved));
+      e = z;
+    }
+  };
+  stored_micros(l.first, l.c, 0);
+  for (int k = 1; k <= l.K; ++k) {
+    if (run.s.periodic(k)) {
+      const MicroAgg a = micro_agg(run, l.logical(k, 0), l.logical(k, l.d));
+      acc.push_periodic(a, run.s.last - k + 1, run.s.period);
+      k = run.s.last;
+      continue;
+    }
+    acc.push(micro_agg(run, l.logical(k, 0), l.logical(k, l.d)));
+  }
+  stored_micros(l.c, l.S, static_cast<std::int64_t>(l.K) * l.d);
+  acc.finish();
+  PhaseTimes ph;
+  ph.forward = to_seconds(acc.forward());
+  ph.backward = to_seconds(acc.backward());
+  ph.backward_allreduce = to_seconds(acc.backward_allreduce());
+  ph.iteration = to_seconds(end_all - begin_all);
+  ph.step = to_seconds(std::max<Nanos>(0, end_all - std::max(acc.end_micro(), begin_all)));
+  return ph;
+}
+
+// Exposed communication of the compute stream's gap before L (its predecessor on the
+// stream ended at prev_end): the part of the gap while the collective that bound it ran,
+// found back through what bound L's start (events off the compute stream that are not
+// collectives pass it on). Adds to `exposed`; returns the lowest instance whose binding it
+// read (kNoInstance: none was an instance's).
+int gap_exposed(const Run& run, std::int64_t L, Nanos prev_end, std::array<Nanos, zero::kNumCollKinds>& exposed) {
+  const Layout& l = run.l;
+  const Nanos start = run.start(L);
+  if (start - prev_end <= 0) return std::numeric_limits<int>::max();
+  int lowest = l.instance(L);
+  std::int64_t c = run.bound_by(L);
+  while (c >= 0 && !(l.flags(c) & kCollective) && static_cast<std::size_t>(l.stream(c)) != kComputeStream) {
+    lowest = std::min(lowest, l.instance(c));
+    c = run.bound_by(c);
+  }
+  if (c >= 0 && (l.flags(c) & kCollective)) {
+    const Nanos lo = std::max(prev_end, run.start(c));
+    const Nanos hi = std::min(start, run.end(c));
+    if (hi > lo) exposed[static_cast<std::size_t>(l.p.events[static_cast<std::size_t>(l.stored(c))].coll)] += hi - lo;
+  }
+  return lowest;
+}
+
+std::array<Nanos, zero::kNumCollKinds> exposed_gaps(const Run& run) {
+  const Layout& l = run.l;
+  const auto& s = run.s;
+  std::array<Nanos, zero::kNumCollKinds> exposed{};
+  const std::int64_t n = l.count[kComputeStream];
+  const auto np = static_cast<std::int64_t>(l.pre[kComputeStream].size());
+  const auto nb = static_cast<std::int64_t>(l.blk[kComputeStream].size());
+  std::int64_t q = 1;
+  while (q < n) {
+    // In the periodic stretch: once a copy's gaps were bound by copies that are periodic
+    // themselves and have periodic predecessors, every later copy's are the same.
+    const std::int64_t rel = q - np;
+    if (nb > 0 && rel >= 0 && rel % nb == 0 && rel / nb < l.K) {
+      const int k = static_cast<int>(rel / nb) + 1;
+      if (s.periodic(k) && k >= s.reference + 2 && k < s.last) {
+        std::array<Nanos, zero::kNumCollKinds> one{};
+        int lowest = std::numeric_limits<int>::max();
+        for (std::int64_t i = 0; i < nb; ++i) {
+          const std::int64_t L = l.at(static_cast<int>(kComputeStream), q + i);
+          lowest = std::min(lowest, gap_exposed(run, L, run.end(l.at(static_cast<int>(kComputeStream), q + i - 1)), one));
+        }
+        if (lowest >= s.reference + 2) {
+          const std::int64_t copies = s.last - k + 1;
+          for (std::size_t c = 0; c < exposed.size(); ++c) exposed[c] += one[c] * copies;
+          q += nb * copies;
+        } else {
+          for (std::size_t c = 0; c < exposed.size(); ++c) exposed[c] += one[c];
+          q += nb;
+        }
+        continue;
+      }
+    }
+    const std::int64_t L = l.at(static_cast<int>(kComputeStream), q);
+    gap_exposed(run, L, run.end(l.at(static_cast<int>(kComputeStream), q - 1)), exposed);
+    ++q;
+  }
+  return exposed;
+}
+
+// The critical path: back from `last`, each time through whichever of the stream
+// predecessor and the dependencies finished last (the highest id among equals). Where the
+// path enters copies of the periodic stretch the same way L copies apart, the stretch
+// between repeats: it is kept once with its count.
+CriticalPath critical_path(const Run& run, std::int64_t last) {
+  const Layout& l = run.l;
+  const auto& s = run.s;
+  // The walk, last event first; a repeated stretch sits between walk[at - 1] and walk[at].
+  struct Repeat {
+    std::size_t at;
+    std::vector<std::int64_t> segment;  // walk order, its first repeat
+    std::int64_t times, step;
+  };
+  std::vector<std::int64_t> walk;
+  std::vector<Repeat> repeats;
+  struct Entry {
+    int copy;
+    std::int64_t index;
+    std::size_t at;  // position in `walk` of the entering event
+  };
+  std::vector<Entry> entries;
+  constexpr int kMaxCycle = 4;
+  const bool repeating = l.K > 0 && s.period > 0 && s.last > s.reference;
+  std::int64_t e = last;
+  while (e >= 0) {
+    walk.push_back(e);
+    std::int64_t next = l.stream_prev(e);
+    Nanos next_end = next >= 0 ? run.end(next) : -1;
+    l.deps(e, [&](std::int64_t d) {
+      const Nanos t = run.end(d);
+      if (t > next_end || (t == next_end && d > next)) {
+        next = d;
+        next_end = t;
+      }
+    });
+    const int from = repeating ? l.instance(e) : kNoInstance;
+    e = next;
+    if (!repeating || e < 0) continue;
+    const int k = l.instance(e);
+    if (k == kNoInstance || k < 1 || k == from) continue;  // not entering a new copy
+    const std::int64_t x = l.index(e);
+    entries.push_back({k, x, walk.size()});
+    for (int L = 1; L <= kMaxCycle && static_cast<int>(entries.size()) > L; ++L) {
+      const Entry& before = entries[entries.size() - 1 - static_cast<std::size_t>(L)];
+      if (before.copy != k + L || before.index != x) continue;
+      if (!s.periodic(k + L) || k < s.reference + 2) break;
+      // The walk from entering copy k + L to entering copy k repeats `times` more times
+      // (each repeat's copies all at least reference + 2: periodic, and so is what bound them).
+      const std::int64_t times = (k - s.reference - 1) / L;
+      if (times < 1) break;
+      const std::int64_t step = static_cast<std::int64_t>(L) * l.d;
+      std::vector<std::int64_t> segment(walk.begin() + static_cast<std::ptrdiff_t>(before.at), walk.end());
+      for (auto& v : segment) v -= step;
+      repeats.push_back({walk.size(), std::move(segment), times, step});
+      e -= times * step;
+      entries.clear();
+      break;
+    }
+  }
+  // Forward order: runs of single events, and each repeated stretch as one run.
+  CriticalPath path;
+  CriticalPath::Run singles;
+  auto close_singles = [&]() {
+    if (singles.events.empty()) return;
+    path.runs.push_back(std::move(singles));
+    singles = {};
+  };
+  std::size_t i = walk.size();
+  for (auto r = repeats.rbegin(); r != repeats.rend(); ++r) {
+    for (; i > r->at; --i) singles.events.push_back(static_cast<EventId>(walk[i - 1]));
+    close_singles();
+    CriticalPath::Run run_of;
+    run_of.times = r->times;
+    run_of.step = static_cast<EventId>(r->step);
+    for (auto v = r->segment.rbegin(); v != r->segment.rend(); ++v)
+      run_of.events.push_back(static_cast<EventId>(*v - (r->times - 1) * r->step));
+    path.runs.push_back(std::move(run_of));
+  }
+  for (; i > 0; --i) singles.events.push_back(static_cast<EventId>(walk[i - 1]));
+  close_singles();
+  return path;
 }
 
 }  // namespace
 
 TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration, const EngineOptions& opt) {
-  const auto n = static_cast<EventId>(p.events.size());
   if (duration.size() != p.events.size())
-    throw std::invalid_argument(fmt::format("run_events: {} durations for {} events", duration.size(), n));
-  const EventId first = p.step_begin;
-  const auto un = static_cast<std::size_t>(n);
+    throw std::invalid_argument(fmt::format("run_events: {} durations for {} events", duration.size(), p.events.size()));
+  const Layout l(p);
+  std::vector<Nanos> dur(p.events.size(), 0);
+  for (auto e = static_cast<std::size_t>(l.first); e < dur.size(); ++e) dur[e] = to_ns(duration[e]);
+  Schedule s = simulate(l, dur, opt.interference);
+  const Run run{l, s};
+
   TimeReport r;
-  r.events.assign(un, EventTime{});
-  EventTime* const times = r.events.data();
-  const Seconds* const dur = duration.data();
-
-  // One pass over the program: per-event summaries, step dependencies (prologue events
-  // are done at t = 0), unfinished-dependency counts, stream sizes.
-  EngineScratch& sc = engine_scratch();
-  sc.info.resize(un);
-  sc.micro.resize(un);
-  sc.dep_begin.resize(un + 1);
-  sc.deps.clear();
-  sc.waiting.resize(un);
-  sc.stream_prev.resize(un);
-  sc.pred.resize(un);  // set for every step event when it starts (never read for the prologue)
-  sc.collectives.clear();
-  std::uint8_t* const info = sc.info.data();
-  std::int16_t* const micro_of = sc.micro.data();
-  std::int32_t* const waiting = sc.waiting.data();
-  EventId* const stream_prev = sc.stream_prev.data();
-  EventId* const pred = sc.pred.data();
-  std::array<std::int32_t, kS + 1> stream_begin{};
-  std::array<EventId, kS> last_seen;
-  last_seen.fill(-1);
-  bool backward = true;  // every dependency points to an earlier event
-  for (EventId e = 0; e < first; ++e) sc.dep_begin[static_cast<std::size_t>(e)] = 0;
-  for (EventId e = first; e < n; ++e) {
-    const Event& ev = p.events[static_cast<std::size_t>(e)];
-    // Events are large and read once here: ask for the ones ahead early.
-    if (e + 8 < n) {
-      __builtin_prefetch(&p.events[static_cast<std::size_t>(e) + 8].kind);
-      __builtin_prefetch(&p.events[static_cast<std::size_t>(e) + 8].dep_begin);
-    }
-    const auto s = static_cast<std::uint8_t>(ev.stream);
-    info[e] = static_cast<std::uint8_t>(s | (ev.kind == EventKind::collective ? kCollective : 0) |
-                                        (ev.kind == EventKind::compute ? kCompute : 0) |
-                                        (ev.phase == Phase::forward ? kForward : 0));
-    micro_of[e] = ev.micro_step;
-    ++stream_begin[static_cast<std::size_t>(s) + 1];
-    stream_prev[e] = last_seen[s];
-    last_seen[s] = e;
-    if (ev.kind == EventKind::collective) sc.collectives.push_back(e);
-    sc.dep_begin[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(sc.deps.size());
-    for (EventId d : p.deps(ev))
-      if (d >= first) {
-        sc.deps.push_back(d);
-        backward = backward && d < e;
-      }
-    waiting[e] = static_cast<std::int32_t>(sc.deps.size()) - sc.dep_begin[static_cast<std::size_t>(e)];
+  r.processed = s.processed;
+  r.events.assign(p.events.size(), EventTime{});
+  r.ns.repeat = p.repeat;
+  for (auto e = static_cast<std::size_t>(l.first); e < p.events.size(); ++e)
+    r.events[e] = {to_seconds(s.start[e]), to_seconds(s.end[e])};
+  for (const auto& [k, rec] : s.copies) {
+    r.ns.copy_start[k] = rec.start;
+    r.ns.copy_end[k] = rec.end;
   }
-  sc.dep_begin[un] = static_cast<std::int32_t>(sc.deps.size());
-  const std::int32_t* const dep_begin = sc.dep_begin.data();
-  const EventId* const deps = sc.deps.data();
-  for (std::size_t s = 1; s <= kS; ++s) stream_begin[s] += stream_begin[s - 1];
-  // The streams that have events, in order (the loops below visit only these).
-  std::array<std::size_t, kS> active{};
-  std::size_t num_active = 0;
-  for (std::size_t s = 0; s < kS; ++s)
-    if (stream_begin[s + 1] > stream_begin[s]) active[num_active++] = s;
-  sc.order.resize(static_cast<std::size_t>(stream_begin[kS]));
-  EventId* const order = sc.order.data();
+  r.ns.reference = s.reference;
+  r.ns.last = s.last;
+  r.ns.period = s.period;
 
-  double now = 0;
-  std::int64_t processed = 0;
-  constexpr auto compute_stream = static_cast<std::size_t>(Stream::compute);
-
-  const bool sequential = num_active == 1 && backward;
-  if (sequential) {
-    // One stream: each event starts when the one before it ends (its dependencies, all
-    // earlier on the same stream, ended no later), alone and so at full rate. The same
-    // arithmetic as the general loop below, without its bookkeeping.
-    const std::size_t s = active[0];
-    EventId prev = -1;
-    double busy = r.busy[s].v;  // accumulated here, in the same order
-    for (EventId e = first; e < n; ++e) {
-      order[e - first] = e;
-      pred[e] = prev;
-      times[e].start = Seconds{now};
-      const double d = std::max(0.0, dur[e].v);
-      if (d != 0) {
-        const double dt = d / 1.0;
-        now += dt;
-        busy += dt;
-      }
-      times[e].end = Seconds{now};
-      prev = e;
+  // Busy time per stream, communication per kind, the first start, the last end and the
+  // last event to finish (the highest id among equals).
+  std::array<Nanos, kS> busy{};
+  std::array<Nanos, zero::kNumCollKinds> comm_time{}, exposed{};
+  Nanos begin_all = std::numeric_limits<Nanos>::max(), end_all = 0, last_end = 0;
+  std::int64_t last = -1;
+  run.each([&](std::int64_t L, std::int64_t count) {
+    const Nanos st = run.start(L), en = run.end(L);
+    const std::uint8_t f = l.flags(L);
+    busy[f & kStreamMask] += (en - st) * count;
+    if (f & kCollective) {
+      const Event& ev = p.events[static_cast<std::size_t>(l.stored(L))];
+      const auto k = static_cast<std::size_t>(ev.coll);
+      comm_time[k] += (en - st) * count;
+      if (ev.stream == Stream::compute) exposed[k] += (en - st) * count;
     }
-    r.busy[s] = Seconds{busy};
-    processed = n - first;
-  } else {
-    // Dependents (CSR), built from the step dependencies.
-    sc.dependent_begin.assign(un + 1, 0);
-    std::int32_t* const dependent_begin = sc.dependent_begin.data();
-    for (std::size_t k = 0; k < sc.deps.size(); ++k) ++dependent_begin[deps[k] + 1];
-    for (std::size_t i = 1; i <= un; ++i) dependent_begin[i] += dependent_begin[i - 1];
-    sc.dependents.resize(sc.deps.size());
-    EventId* const dependents = sc.dependents.data();
-    {
-      // dependent_begin[d] advances while filling and is shifted back after.
-      std::array<std::int32_t, kS> fill{};
-      for (std::size_t s = 0; s < kS; ++s) fill[s] = stream_begin[s];
-      for (EventId e = first; e < n; ++e) {
-        order[fill[info[e] & kStreamMask]++] = e;
-        for (auto k = dep_begin[e]; k < dep_begin[e + 1]; ++k) dependents[dependent_begin[deps[k]]++] = e;
-      }
-      for (std::size_t i = un; i > 0; --i) dependent_begin[i] = dependent_begin[i - 1];
-      dependent_begin[0] = 0;
+    begin_all = std::min(begin_all, st);
+    // The latest of a periodic stretch is its last copy's: moved by whole periods.
+    const std::int64_t Llast = count > 1 ? L + (count - 1) * l.d : L;
+    const Nanos elast = count > 1 ? en + (count - 1) * s.period : en;
+    end_all = std::max(end_all, elast);
+    if (last < 0 || elast > last_end || (elast == last_end && Llast > last)) {
+      last = Llast;
+      last_end = elast;
     }
-
-    std::array<std::int32_t, kS> head{};
-    for (std::size_t s = 0; s < kS; ++s) head[s] = stream_begin[s];
-    std::array<EventId, kS> run_e;
-    run_e.fill(-1);
-    std::array<double, kS> remaining{};
-    std::array<EventId, kS> last_on_stream;
-    last_on_stream.fill(-1);
-    int running = 0, comm_running = 0;
-
-    const double slow = 1.0 / (1.0 + std::max(0.0, opt.interference));
-    // Set when a completion makes an event ready whose stream start_ready has passed.
-    bool rescan = false;
-    std::size_t scanning = kS;
-
-    auto complete = [&](std::size_t s) {
-      const EventId e = run_e[s];
-      times[e].end = Seconds{now};
-      run_e[s] = -1;
-      last_on_stream[s] = e;
-      ++processed;
-      for (auto k = dependent_begin[e]; k < dependent_begin[e + 1]; ++k)
-        if (--waiting[dependents[k]] == 0 && (info[dependents[k]] & kStreamMask) < scanning) rescan = true;
-    };
-
-    // Start every event that can start now; zero-length events complete on the spot. The
-    // result does not depend on the order in which streams are visited: each start time is
-    // `now`, and what bound an event (its stream predecessor, its dependencies) has ended.
-    auto start_ready = [&]() {
-      do {
-        rescan = false;
-        for (std::size_t a = 0; a < num_active; ++a) {
-          const std::size_t s = active[a];
-          scanning = s;
-          auto& h = head[s];
-          while (run_e[s] < 0 && h < stream_begin[s + 1] && waiting[order[h]] == 0) {
-            const EventId e = order[h++];
-            // The binding constraint: the latest-finishing of the stream predecessor and deps.
-            EventId bind = last_on_stream[s];
-            double bind_end = bind >= 0 ? times[bind].end.v : -1;
-            for (auto k = dep_begin[e]; k < dep_begin[e + 1]; ++k)
-              if (times[deps[k]].end.v > bind_end) {
-                bind = deps[k];
-                bind_end = times[bind].end.v;
-              }
-            pred[e] = bind;
-            times[e].start = Seconds{now};
-            run_e[s] = e;
-            remaining[s] = std::max(0.0, dur[e].v);
-            if (remaining[s] == 0) {
-              complete(s);
-            } else {
-              ++running;
-              if (info[e] & kCollective) ++comm_running;
-            }
-          }
-        }
-        scanning = kS;
-      } while (rescan);
-    };
-
-    for (;;) {
-      start_ready();
-      if (running == 0) break;
-      std::size_t best = kS;
-      double best_dt = std::numeric_limits<double>::infinity();
-      if (running == 1) {
-        // Alone, an event runs at full rate (interference needs compute and communication).
-        for (std::size_t a = 0; a < num_active; ++a)
-          if (run_e[active[a]] >= 0) best = active[a];
-        best_dt = remaining[best] / 1.0;
-        now += best_dt;
-        r.busy[best] += Seconds{best_dt};
-        remaining[best] = 0.0;
-      } else {
-        const bool comm = comm_running > 0;
-        std::array<double, kS> rate{};
-        for (std::size_t a = 0; a < num_active; ++a) {
-          const std::size_t s = active[a];
-          const EventId e = run_e[s];
-          if (e < 0) continue;
-          const bool computing = !(info[e] & kCollective);
-          rate[s] = computing && comm && s == compute_stream ? slow : 1.0;
-          const double dt = remaining[s] / rate[s];
-          if (best == kS || dt < best_dt || (dt == best_dt && e < run_e[best])) {
-            best_dt = dt;
-            best = s;
-          }
-        }
-        now += best_dt;
-        for (std::size_t a = 0; a < num_active; ++a) {
-          const std::size_t s = active[a];
-          if (run_e[s] < 0) continue;
-          r.busy[s] += Seconds{best_dt};
-          remaining[s] = s == best ? 0.0 : std::max(0.0, remaining[s] - best_dt * rate[s]);
-        }
-      }
-      --running;
-      if (info[run_e[best]] & kCollective) --comm_running;
-      complete(best);
-    }
-  }
-  r.processed = processed;
-  if (processed != n - first)
-    throw std::logic_error(fmt::format("run_events: {} of {} events could not run (a dependency cycle?)",
-                                       n - first - processed, n - first));
-
-  // Phase times, micro-step by micro-step. A micro-step's backward runs from the end of its
-  // forward to its last event, but no further than the start of the next forward: work of
-  // one micro-step that overlaps the next forward is not counted twice. The same pass
-  // finds the last event to finish (the latest of equals).
-  double begin_all = std::numeric_limits<double>::infinity(), end_all = 0, end_micro = 0;
-  int micro = -1;
-  double fwd_begin = 0, fwd_end = 0, ms_end = 0, bwd_compute = 0;
-  bool have_fwd = false;
-  struct MicroTimes { double fwd_begin, fwd_end, end, bwd_compute; };
-  std::vector<MicroTimes> micros;
-  auto close_micro = [&]() {
-    if (micro < 0) return;
-    micros.push_back({fwd_begin, fwd_end, ms_end, bwd_compute});
+  });
+  if (begin_all == std::numeric_limits<Nanos>::max()) begin_all = 0;
+  for (std::size_t k = 0; k < static_cast<std::size_t>(kS); ++k) r.busy[k] = to_seconds(busy[k]);
+  // Bytes sent: a step repeats a few collectives (group, kind, size), priced once each.
+  struct Sent {
+    const Event* e;
+    Bytes bytes;
   };
-  EventId last = -1;
-  double last_end = 0;
-  for (EventId e = first; e < n; ++e) {
-    const EventTime& t = times[e];
-    if (last < 0 || t.end.v >= last_end) {
-      last = e;
-      last_end = t.end.v;
-    }
-    begin_all = std::min(begin_all, t.start.v);
-    end_all = std::max(end_all, t.end.v);
-    const int ms = micro_of[e];
-    if (ms < 0) continue;
-    if (ms != micro) {
-      close_micro();
-      micro = ms;
-      have_fwd = false;
-      ms_end = 0;
-      bwd_compute = 0;
-    }
-    ms_end = std::max(ms_end, t.end.v);
-    const std::uint8_t f = info[e];
-    if (f & kForward) {
-      if (!have_fwd) fwd_begin = t.start.v;
-      have_fwd = true;
-      fwd_end = std::max(fwd_end, t.end.v);
-    } else if ((f & kStreamMask) == compute_stream && (f & kCompute)) {
-      bwd_compute += t.end.v - t.start.v;
-    }
-  }
-  close_micro();
-  for (std::size_t k = 0; k < micros.size(); ++k) {
-    const auto& m = micros[k];
-    r.phases.forward += Seconds{m.fwd_end - m.fwd_begin};
-    const double end = k + 1 < micros.size() ? std::min(m.end, micros[k + 1].fwd_begin) : m.end;
-    const double bwd = std::max(0.0, end - m.fwd_end);
-    r.phases.backward += Seconds{bwd};
-    r.phases.backward_allreduce += Seconds{std::max(0.0, bwd - m.bwd_compute)};
-    end_micro = std::max(end_micro, m.end);
-  }
-  if (begin_all == std::numeric_limits<double>::infinity()) begin_all = 0;
-  r.phases.iteration = Seconds{end_all - begin_all};
-  r.phases.step = Seconds{std::max(0.0, end_all - std::max(end_micro, begin_all))};
-
-  // Communication: bytes and time by kind; exposed time = idle gaps of the compute stream
-  // whose binding constraint traces back to a collective.
-  for (EventId e : sc.collectives) {
+  std::vector<Sent> sent;
+  auto bytes_sent = [&](const Event& ev) {
+    for (const Sent& x : sent)
+      if (x.e->group == ev.group && x.e->coll == ev.coll && x.e->elements == ev.elements && x.e->dtype == ev.dtype &&
+          x.e->root == ev.root)
+        return x.bytes;
+    sent.push_back({&ev, p.bytes_sent(ev)});
+    return sent.back().bytes;
+  };
+  for (EventId e = static_cast<EventId>(l.first); e < static_cast<EventId>(p.events.size()); ++e) {
     const Event& ev = p.events[static_cast<std::size_t>(e)];
+    if (ev.kind != EventKind::collective) continue;
     const auto k = static_cast<std::size_t>(ev.coll);
-    const Bytes b = p.bytes_sent(ev);
+    const Bytes b{bytes_sent(ev).v * p.copies_of(e)};
     r.comm.bytes[k] += b;
     r.comm.total += b;
-    r.comm.count[k] += 1;
-    const EventTime& t = times[e];
-    r.comm.time[k] += t.end - t.start;
-    if (ev.stream == Stream::compute) r.comm.exposed[k] += t.end - t.start;
+    r.comm.count[k] += static_cast<int>(p.copies_of(e));
   }
-  // (On one stream each event starts when the one before it ends: no gaps.)
-  EventId prev = -1;
-  for (std::int32_t i = stream_begin[compute_stream]; !sequential && i < stream_begin[compute_stream + 1]; ++i) {
-    const EventId e = order[i];
-    if (prev >= 0) {
-      const double gap = times[e].start.v - times[prev].end.v;
-      if (gap > 0) {
-        EventId c = pred[e];
-        while (c >= 0 && !(info[c] & kCollective) && (info[c] & kStreamMask) != compute_stream) c = pred[c];
-        if (c >= 0 && (info[c] & kCollective)) {
-          // Only the part of the gap while that collective ran: its queueing behind other
-          // communication belongs to those.
-          const EventTime& ct = times[c];
-          const double lo = std::max(times[prev].end.v, ct.start.v);
-          const double hi = std::min(times[e].start.v, ct.end.v);
-          if (hi > lo) r.comm.exposed[static_cast<std::size_t>(p.events[static_cast<std::size_t>(c)].coll)] += Seconds{hi - lo};
-        }
-      }
-    }
-    prev = e;
+  // Exposed time = collectives on the compute stream, and the idle gaps of the compute
+  // stream whose binding constraint traces back to a collective (none on one stream).
+  if (!(l.backward && std::count_if(l.count.begin(), l.count.end(), [](std::int64_t c) { return c > 0; }) == 1)) {
+    const auto gaps = exposed_gaps(run);
+    for (std::size_t k = 0; k < exposed.size(); ++k) exposed[k] += gaps[k];
   }
-
-  // Critical path: back from the last event to finish, each time through whichever of
-  // the stream predecessor and the dependencies finished last (the highest event id
-  // among equals).
-  if (sequential && last == n - 1) {
-    // On one stream that is every event: the stream predecessor ended last, and the
-    // dependencies, all earlier, no later.
-    r.critical_path.resize(static_cast<std::size_t>(n - first));
-    for (EventId e = first; e < n; ++e) r.critical_path[static_cast<std::size_t>(e - first)] = e;
-    return r;
+  for (std::size_t k = 0; k < exposed.size(); ++k) {
+    r.comm.time[k] = to_seconds(comm_time[k]);
+    r.comm.exposed[k] = to_seconds(exposed[k]);
   }
-  for (EventId e = last; e >= 0;) {
-    r.critical_path.push_back(e);
-    EventId next = stream_prev[e];
-    double next_end = next >= 0 ? times[next].end.v : -1;
-    for (auto k = dep_begin[e]; k < dep_begin[e + 1]; ++k) {
-      const EventId d = deps[k];
-      const double end = times[d].end.v;
-      if (end > next_end || (end == next_end && d > next)) {
-        next = d;
-        next_end = end;
-      }
-    }
-    e = next;
-  }
-  std::reverse(r.critical_path.begin(), r.critical_path.end());
+  r.phases = phases(run, p, begin_all, end_all);
+  if (last >= 0) r.critical_path = critical_path(run, last);
+  // Every time in nanoseconds (the prologue's 0).
+  for (auto e = std::size_t{0}; e < static_cast<std::size_t>(l.first); ++e) s.start[e] = s.end[e] = 0;
+  r.ns.start = std::move(s.start);
+  r.ns.end = std::move(s.end);
   return r;
+}
+
+TimeReport expand_times(const zero::Program& p, const TimeReport& t) {
+  TimeReport r = t;
+  if (p.repeat.copies == 0) return r;
+  const auto n = static_cast<std::size_t>(p.num_events());
+  r.events.assign(n, EventTime{});
+  r.ns = ExactTimes{};
+  r.ns.start.resize(n);
+  r.ns.end.resize(n);
+  for (std::size_t e = 0; e < n; ++e) {
+    r.ns.start[e] = t.ns.start_of(static_cast<EventId>(e));
+    r.ns.end[e] = t.ns.end_of(static_cast<EventId>(e));
+    r.events[e] = {to_seconds(r.ns.start[e]), to_seconds(r.ns.end[e])};
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------ path reports
+PathEvent path_event(const zero::Program& p, const TimeReport& t, EventId id) {
+  const Event& ev = p.events.at(static_cast<std::size_t>(p.stored_event(id).id));
+  const EventTime et = t.at(id);
+  return PathEvent{id, ev.stream, ev.kind, et.start, et.end};
 }
 
 std::vector<PathEvent> critical_path_events(const zero::Program& p, const TimeReport& t) {
   std::vector<PathEvent> out;
-  out.reserve(t.critical_path.size());
-  for (const EventId e : t.critical_path) {
-    const Event& ev = p.events.at(static_cast<std::size_t>(e));
-    const EventTime& et = t.events.at(static_cast<std::size_t>(e));
-    out.push_back(PathEvent{e, ev.stream, ev.kind, et.start, et.end});
-  }
+  out.reserve(static_cast<std::size_t>(t.critical_path.size()));
+  t.critical_path.for_each([&](EventId e) { out.push_back(path_event(p, t, e)); });
   return out;
 }
 
@@ -407,6 +521,28 @@ std::vector<PathEvent> longest_events(std::vector<PathEvent> path, std::size_t k
   std::stable_sort(path.begin(), path.end(), [&](const PathEvent& a, const PathEvent& b) { return ns(a) > ns(b); });
   if (path.size() > k) path.resize(k);
   return path;
+}
+
+PathSummary summarize_critical_path(const zero::Program& p, const TimeReport& t, std::size_t k) {
+  PathSummary out;
+  out.num_events = t.critical_path.size();
+  std::array<std::int64_t, zero::kNumEventKinds> kind_ns{};
+  // Candidates for the longest: a repeated run's later repeats have the same lengths and
+  // come later on the path, so its first k repeats hold every one that can be among them.
+  std::vector<PathEvent> candidates;
+  for (const auto& run : t.critical_path.runs) {
+    for (EventId e : run.events) {
+      const PathEvent pe = path_event(p, t, e);
+      out.has_kind[static_cast<std::size_t>(pe.kind)] = true;
+      kind_ns[static_cast<std::size_t>(pe.kind)] += (t.ns.start.empty() ? to_ns(pe.duration()) : t.ns.end_of(e) - t.ns.start_of(e)) * run.times;
+    }
+    const std::int64_t reps = std::min<std::int64_t>(run.times, static_cast<std::int64_t>(k));
+    for (std::int64_t r = 0; r < reps; ++r)
+      for (EventId e : run.events) candidates.push_back(path_event(p, t, static_cast<EventId>(e + r * run.step)));
+  }
+  for (std::size_t i = 0; i < kind_ns.size(); ++i) out.by_kind[i] = to_seconds(kind_ns[i]);
+  out.longest = longest_events(std::move(candidates), k);
+  return out;
 }
 
 }  // namespace zp::sim

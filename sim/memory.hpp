@@ -2,7 +2,10 @@
 // Memory replay of a step program: walks events in program (issue) order, allocating
 // each event's buffers when it starts and freeing them when it ends, per category and
 // placement, and feeds device requests through the caching-allocator model to predict
-// reserved bytes.
+// reserved bytes. The copies of a repeated block (Program::repeat) are replayed from the
+// block until one starts from the state the one before started from (the same allocator
+// blocks at the same addresses, the same bytes live, the buffers handed on from the copy
+// before on the same blocks): every later copy then repeats it exactly, and is skipped.
 #include <array>
 #include <vector>
 
@@ -16,7 +19,7 @@ using CategoryBytes = std::array<Bytes, zero::kNumCategories>;
 
 struct MemoryReport {
   Bytes peak_allocated{};            // device bytes live at the peak (exact sum of buffer sizes)
-  zero::EventId peak_event = -1;     // the event at whose start the peak occurs
+  zero::EventId peak_event = -1;     // the event (logical id) at whose start the peak occurs
   CategoryBytes at_peak{};           // breakdown of peak_allocated
   CategoryBytes category_peak{};     // each category's own maximum over the step
   Bytes persistent{};                // device bytes allocated by the prologue
@@ -29,8 +32,8 @@ struct MemoryReport {
   Bytes device_used{};               // reserved_peak + context
   bool fits = false;
   bool allocator_oom = false;        // the allocator model could not satisfy a request
-  int skipped_micro_steps = 0;       // repeated micro-steps the replay proved identical and skipped
-  // live device bytes after each event (for traces and explain); filled on request
+  int skipped_micro_steps = 0;       // copies of the repeated block the replay proved identical and skipped
+  // live device bytes after each event, by logical id (no copy skipped); filled on request
   std::vector<Bytes> timeline;
 };
 
@@ -41,7 +44,9 @@ struct MemoryOptions {
 
 MemoryReport replay_memory(const zero::Program& p, const DeviceSpec& dev, const MemoryOptions& opt = {});
 
-// Which buffers are live at the start of event `at` (after its allocations).
+// Which buffers are live at the start of event `at` (logical id; after its allocations).
+// A copy of the repeated block, and the events after them, hold what the stored events
+// they stand for hold (role, size, category): the buffers are given as stored ids.
 std::vector<zero::BufferId> live_at(const zero::Program& p, zero::EventId at);
 
 }  // namespace zp::sim

@@ -14,6 +14,8 @@ using zero::EventId;
 
 MemorySeries memory_series(const zero::Program& p, std::size_t max_samples) {
   if (max_samples < 1) throw std::invalid_argument("memory_series: max_samples must be >= 1");
+  if (p.repeat.copies > 0)
+    throw std::invalid_argument("memory_series: needs every micro-step stored (zero::expand), not one for its copies");
   MemorySeries s;
   CategoryBytes live{};
   Bytes total{};
@@ -63,6 +65,9 @@ MemorySeries memory_series(const zero::Program& p, std::size_t max_samples) {
 }
 
 std::vector<ExposedInterval> exposed_intervals(const zero::Program& p, const TimeReport& t) {
+  if (p.repeat.copies > 0)
+    throw std::invalid_argument(
+        "exposed_intervals: needs every micro-step stored (zero::expand, sim::expand_times), not one for its copies");
   const auto n = static_cast<EventId>(p.events.size());
   if (t.events.size() != p.events.size())
     throw std::invalid_argument(fmt::format("exposed_intervals: {} event times for {} events", t.events.size(), n));

@@ -1,7 +1,9 @@
 #pragma once
 // Series for plots of one prediction (zeroplan report): device bytes per category over
 // the step's events, and the intervals in which the compute stream waits for
-// communication. Opt-in: simulate, explain and the planner never compute them.
+// communication. Opt-in: simulate, explain and the planner never compute them. They take
+// the program with every micro-step stored (zero::expand, sim::expand_times): they draw
+// every event.
 #include <cstddef>
 #include <span>
 #include <vector>

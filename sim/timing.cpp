@@ -22,15 +22,8 @@ std::vector<Seconds> event_durations(const zero::Program& p, const ComputeModel&
   std::vector<CollCost> coll_cost;  // few distinct ones: searched from the last found
   std::size_t last = 0;
   const auto n = p.events.size();
-  // Micro-steps the lowering copied cost what the one they copy costs (Program::repeat).
-  const auto& rp = p.repeat;
-  const std::size_t copies_begin = rp.copies > 0 ? static_cast<std::size_t>(rp.first + rp.events) : n;
-  const std::size_t copies_end = rp.copies > 0 ? copies_begin + static_cast<std::size_t>(rp.copies * rp.events) : n;
+  // (The copies of a repeated block cost what the block costs: Program::repeat.)
   for (std::size_t i = static_cast<std::size_t>(std::max<zero::EventId>(p.step_begin, 0)); i < n; ++i) {
-    if (i == copies_begin) {
-      for (; i < copies_end; ++i) d[i] = d[i - static_cast<std::size_t>(rp.events)];
-      if (i >= n) break;
-    }
     const zero::Event& e = p.events[i];  // the prologue describes state, not work
     if (i + 8 < n) __builtin_prefetch(&p.events[i + 8].kind);
     auto& out = d[i];

@@ -12,8 +12,9 @@
 
 namespace zp::sim {
 
-// Duration of every event at full rate: compute, copy and optimizer events from the
-// compute model, collectives from the collective model, markers 0.
+// Duration of every stored event at full rate: compute, copy and optimizer events from the
+// compute model, collectives from the collective model, markers 0 (the copies of a
+// repeated block cost what the block costs).
 std::vector<Seconds> event_durations(const zero::Program& p, const ComputeModel& compute,
                                      const CollectiveModel& collectives);
 

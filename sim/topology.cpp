@@ -102,8 +102,11 @@ Topology::Topology(const ClusterSpec& c) : c_(c) {
   TopoVertexId network = boost::graph_traits<TopoGraph>::null_vertex();
   if (c.nics_per_node > 0) network = vertex(VertexKind::network, -1, 0);
 
-  gpu_v_.reserve(static_cast<std::size_t>(c.world_size()));
-  for (int node = 0; node < c.nodes; ++node) {
+  // Every node of a cluster is built alike, so the graph holds one of them (node 0) and the
+  // fabric: the work and memory scale with the levels of the topology, not with the nodes.
+  gpu_v_.reserve(static_cast<std::size_t>(c.gpus_per_node));
+  {
+    const int node = 0;
     const TopoVertexId cpu = vertex(VertexKind::cpu, node, 0);
     std::vector<TopoVertexId> gpus;
     for (int i = 0; i < c.gpus_per_node; ++i) {
@@ -151,26 +154,28 @@ Topology::Topology(const ClusterSpec& c) : c_(c) {
       connect(nic, network, LinkClass::net, 1, nic_raw(c.nic_gbps), nic_usable(c.nic_gbps), Seconds{1.35 * kMicro});
     }
   }
+  nic_bw_ = node_nic_bw();
 }
 
 TopoVertexId Topology::gpu_vertex(int rank) const {
-  if (rank < 0 || rank >= static_cast<int>(gpu_v_.size()))
-    throw std::invalid_argument(fmt::format("rank {} outside [0, {})", rank, gpu_v_.size()));
-  return gpu_v_[static_cast<std::size_t>(rank)];
+  if (rank < 0 || rank >= c_.world_size())
+    throw std::invalid_argument(fmt::format("rank {} outside [0, {})", rank, c_.world_size()));
+  return gpu_v_[static_cast<std::size_t>(rank % c_.gpus_per_node)];
 }
 
 std::size_t Topology::count(VertexKind k) const {
-  std::size_t n = 0;
+  std::size_t per_node = 0, shared = 0;
   for (auto v : boost::make_iterator_range(boost::vertices(g_)))
-    if (g_[v].kind == k) ++n;
-  return n;
+    if (g_[v].kind == k) ++(g_[v].node < 0 ? shared : per_node);
+  return per_node * static_cast<std::size_t>(c_.nodes) + shared;
 }
 
 // Dijkstra inside one node with link-class weights (NVLink and shared memory 1, PCIe 3);
 // a path may pass through a GPU only along NVLinks (NCCL's NVB), never through a NIC.
-std::vector<TopoEdgeId> Topology::route_local(int node, int a, int b) const {
-  const TopoVertexId src = gpu_vertex(node * c_.gpus_per_node + a);
-  const TopoVertexId dst = gpu_vertex(node * c_.gpus_per_node + b);
+std::vector<TopoEdgeId> Topology::route_local(int a, int b) const {
+  constexpr int node = 0;  // the node the graph holds; every node routes alike
+  const TopoVertexId src = gpu_vertex(a);
+  const TopoVertexId dst = gpu_vertex(b);
   const std::size_t nv = boost::num_vertices(g_);
   // State: vertex x (arrived over NVLink?).
   const auto idx = [](TopoVertexId v, bool nvl) { return v * 2 + (nvl ? 1 : 0); };
@@ -222,7 +227,7 @@ std::vector<TopoEdgeId> Topology::route(int rank_a, int rank_b) const {
   (void)gpu_vertex(rank_b);
   if (na != nb) throw std::invalid_argument("route() is for GPUs of one node");
   if (rank_a == rank_b) return {};
-  return route_local(na, rank_a % c_.gpus_per_node, rank_b % c_.gpus_per_node);
+  return route_local(rank_a % c_.gpus_per_node, rank_b % c_.gpus_per_node);
 }
 
 // Rings over a node's members, packed greedily: the ring order with the widest bottleneck
@@ -250,7 +255,7 @@ Topology::LocalRings Topology::local_rings(const std::vector<int>& local) const 
     for (std::size_t i = 0; i < k; ++i)
       for (std::size_t j = 0; j < k; ++j)
         if (i != j)
-          for (auto e : route_local(0, local[i], local[j])) path[i][j].push_back(g_[e].id);
+          for (auto e : route_local(local[i], local[j])) path[i][j].push_back(g_[e].id);
 
     // All-to-all: every ordered pair at once over the original capacities.
     {
@@ -330,10 +335,10 @@ Topology::LocalRings Topology::local_rings(const std::vector<int>& local) const 
   return out;
 }
 
-BytesPerSecond Topology::node_nic_bw(int node) const {
+BytesPerSecond Topology::node_nic_bw() const {
   double bw = 0;
   for (auto v : boost::make_iterator_range(boost::vertices(g_))) {
-    if (g_[v].kind != VertexKind::nic || g_[v].node != node) continue;
+    if (g_[v].kind != VertexKind::nic) continue;
     for (auto e : boost::make_iterator_range(boost::out_edges(v, g_)))
       if (g_[e].cls == LinkClass::net) bw += g_[e].usable.v;
   }
@@ -382,7 +387,7 @@ GroupPlan Topology::plan(const std::vector<int>& ranks) const {
     double inter = kUnbounded;
     const double gpu_pcie = pcie_usable(c_.pcie_gen, c_.pcie_width).v;
     for (const auto& [node, local] : by_node)
-      inter = std::min(inter, std::min(node_nic_bw(node).v, static_cast<double>(local.size()) * gpu_pcie));
+      inter = std::min(inter, std::min(nic_bw_.v, static_cast<double>(local.size()) * gpu_pcie));
     p.inter_bw = BytesPerSecond{inter};
     p.inter_hops = p.nodes;
     p.intra_hops = p.ranks - p.nodes;

@@ -77,13 +77,20 @@ struct GroupPlan {
   std::vector<int> ring;                 // global ranks in the order of the first ring
 };
 
+// Every node of a cluster is built alike, so the graph holds one node (node 0: its GPUs,
+// switches, CPU and NICs) and the fabric they share; the other nodes are that node again.
+// Building and planning therefore cost the levels of the topology and the size of a rank
+// group, not the number of nodes or their pairs (65,536 nodes: tens of milliseconds).
 class Topology {
  public:
   explicit Topology(const ClusterSpec& cluster);
 
+  // One node and the fabric (see above).
   const TopoGraph& graph() const { return g_; }
   const ClusterSpec& cluster() const { return c_; }
+  // The vertex of a global rank's GPU: its local GPU in the graph's node.
   TopoVertexId gpu_vertex(int rank) const;
+  // Vertices of kind `k` in the whole cluster (the graph's node times the nodes, plus the fabric).
   std::size_t count(VertexKind k) const;
 
   // Route of a transfer between two GPUs of one node: NVLink first (also through another
@@ -103,12 +110,13 @@ class Topology {
     std::vector<int> order;  // local indices, first ring
   };
   LocalRings local_rings(const std::vector<int>& local) const;
-  std::vector<TopoEdgeId> route_local(int node, int a, int b) const;
-  BytesPerSecond node_nic_bw(int node) const;
+  std::vector<TopoEdgeId> route_local(int a, int b) const;
+  BytesPerSecond node_nic_bw() const;
 
   ClusterSpec c_;
   TopoGraph g_;
-  std::vector<TopoVertexId> gpu_v_;     // per global rank
+  std::vector<TopoVertexId> gpu_v_;     // per local GPU of the graph's node
+  BytesPerSecond nic_bw_{};             // what a node pushes through its NICs
   int edges_ = 0;
   mutable std::mutex mu_;
   mutable std::map<std::vector<int>, LocalRings> ring_cache_;  // key: sorted local member set

@@ -1,11 +1,19 @@
 #include "sim/trace.hpp"
 
+#include <algorithm>
 #include <array>
 #include <string>
+
+#include <fmt/format.h>
 
 namespace zp::sim {
 
 using nlohmann::json;
+
+namespace {
+// Copies of a repeated block shown event by event; the others are one slice per stream.
+constexpr int kTraceCopies = 16;
+}  // namespace
 
 void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t) {
   auto& ev = doc["traceEvents"];
@@ -21,8 +29,9 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t)
     for (int c = 0; c < zero::kNumCategories; ++c) args[zero::category_name(static_cast<zero::Category>(c))] = live[static_cast<std::size_t>(c)];
     ev.push_back({{"name", "allocated bytes"}, {"ph", "C"}, {"pid", pid}, {"tid", 0}, {"ts", ts_us}, {"args", args}});
   };
-  for (const auto& e : p.events) {
-    const EventTime& et = t.events[static_cast<std::size_t>(e.id)];
+  // One event: stored `e`, standing at logical id `id`.
+  auto one = [&](const zero::Event& e, zero::EventId id) {
+    const EventTime et = t.at(id);
     const double ts = et.start.v * 1e6, dur = (et.end - et.start).v * 1e6;
     bool changed = false;
     for (auto b : p.allocs(e)) {
@@ -33,7 +42,7 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t)
     }
     if (changed) counter(ts);
     if (e.id >= p.step_begin && e.kind != zero::EventKind::marker) {
-      json args = {{"id", e.id}, {"kind", zero::event_kind_name(e.kind)}, {"phase", zero::phase_name(e.phase)}};
+      json args = {{"id", id}, {"kind", zero::event_kind_name(e.kind)}, {"phase", zero::phase_name(e.phase)}};
       if (e.kind == zero::EventKind::collective) {
         args["collective"] = zero::coll_kind_name(e.coll);
         args["elements"] = e.elements;
@@ -44,7 +53,7 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t)
         args["flops"] = e.flops.v;
         args["bytes"] = e.mem_bytes.v;
       }
-      ev.push_back({{"name", p.event_name(e.id)}, {"cat", zero::event_kind_name(e.kind)}, {"ph", "X"}, {"pid", pid},
+      ev.push_back({{"name", p.event_name(id)}, {"cat", zero::event_kind_name(e.kind)}, {"ph", "X"}, {"pid", pid},
                     {"tid", static_cast<int>(e.stream)}, {"ts", ts}, {"dur", dur}, {"args", args}});
     }
     changed = false;
@@ -55,7 +64,45 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t)
       changed = true;
     }
     if (changed) counter(et.end.v * 1e6);
+  };
+  const auto& rp = p.repeat;
+  const int K = rp.copies;
+  const auto c = static_cast<std::size_t>(K > 0 ? rp.first + rp.events : static_cast<zero::EventId>(p.events.size()));
+  for (std::size_t e = 0; e < c; ++e) one(p.events[e], static_cast<zero::EventId>(e));
+  const int shown = std::min(K, kTraceCopies);
+  for (int k = 1; k <= shown; ++k)
+    for (zero::EventId x = 0; x < rp.events; ++x) one(p.events[static_cast<std::size_t>(rp.first + x)], p.logical_event(rp.first + x, k));
+  if (K > shown) {
+    // The other copies, one slice per stream from the first of them to the last (their
+    // allocations and frees net to nothing, like the block's).
+    const int n = K - shown;
+    doc["otherData"]["repeated_micro_steps"] = {
+        {"shown_event_by_event", shown}, {"shown_as_one_slice_per_stream", n},
+        {"note", "micro-steps that repeat the one before them: after the first few, one slice per stream stands for "
+                 "the rest"}};
+    const int ms0 = p.events[static_cast<std::size_t>(rp.first)].micro_step;
+    for (int s = 0; s < zero::kNumStreams; ++s) {
+      zero::EventId lo = -1, hi = -1;
+      std::int64_t per_copy = 0;
+      for (zero::EventId x = 0; x < rp.events; ++x) {
+        const auto& e = p.events[static_cast<std::size_t>(rp.first + x)];
+        if (static_cast<int>(e.stream) != s || e.kind == zero::EventKind::marker) continue;
+        if (lo < 0) lo = rp.first + x;
+        hi = rp.first + x;
+        ++per_copy;
+      }
+      if (lo < 0) continue;
+      const EventTime a = t.at(p.logical_event(lo, shown + 1)), z = t.at(p.logical_event(hi, K));
+      json args = {{"micro_steps", n}, {"events", per_copy * n}, {"first", p.event_name(p.logical_event(lo, shown + 1))},
+                   {"last", p.event_name(p.logical_event(hi, K))}};
+      if (t.ns.period > 0) args["period_ms"] = static_cast<double>(t.ns.period) / 1e6;
+      ev.push_back({{"name", fmt::format("ms{}..ms{}: {} repeated micro-steps", ms0 + shown + 1, ms0 + K, n)},
+                    {"cat", "repeated"}, {"ph", "X"}, {"pid", pid}, {"tid", s}, {"ts", a.start.v * 1e6},
+                    {"dur", (z.end - a.start).v * 1e6}, {"args", args}});
+    }
   }
+  const auto moved = static_cast<zero::EventId>(static_cast<std::int64_t>(K) * rp.events);
+  for (std::size_t e = c; e < p.events.size(); ++e) one(p.events[e], static_cast<zero::EventId>(e) + moved);
 }
 
 json chrome_trace(const zero::Program& p, const TimeReport& t) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <functional>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -16,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include <boost/crc.hpp>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include "core/json_util.hpp"
 #include "test_util.hpp"
 
 using zp::exec::CheckpointBlob;
@@ -113,11 +116,11 @@ std::size_t data_start(const std::vector<char>& f) {
   return 16 + h;
 }
 
-// Regular files whose name ends in ".tmp" anywhere under `dir`.
+// Temporaries of the atomic writer (".NAME.tmp-XXXXXX") anywhere under `dir`.
 int temp_files(const fs::path& dir) {
   int n = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() == ".tmp") ++n;
+    if (e.is_regular_file() && e.path().filename().string().find(".tmp-") != std::string::npos) ++n;
   return n;
 }
 
@@ -343,11 +346,11 @@ TEST_CASE("checkpoint: an interrupted save leaves the previous checkpoint and no
     CHECK(got == old);
   };
 
-  SUBCASE("the temporary file cannot be created") {
-    fs::create_directories(d.path / "global_step20" / "zero_pp_rank_0_mp_rank_00_optim_states.zpck.tmp");
+  SUBCASE("the second file cannot be written (a folder stands at its path)") {
+    fs::create_directories(d.path / "global_step20" / "zero_pp_rank_0_mp_rank_00_optim_states.zpck");
     const std::string e = input_error([&] { save(d, meta_of(20), fresh); });
-    CHECK(contains(e, "cannot create the temporary file"));
-    CHECK(contains(e, "optim_states.zpck.tmp"));
+    CHECK(contains(e, "is a directory"));
+    CHECK(contains(e, "optim_states.zpck"));
     // The model file was written to its temporary name only, and removed.
     CHECK_FALSE(fs::exists(ex::checkpoint_path(d.str(), "global_step20", 0, CheckpointPart::model_states)));
   }
@@ -373,7 +376,7 @@ TEST_CASE("checkpoint: an interrupted save leaves the previous checkpoint and no
     ::setrlimit(RLIMIT_FSIZE, &before);
     std::signal(SIGXFSZ, old_handler);
     CHECK(contains(e, "cannot write"));
-    CHECK(contains(e, "optim_states.zpck.tmp"));
+    CHECK(contains(e, "optim_states.zpck"));
   }
   CHECK(temp_files(d.path) == 0);
   previous_loads();
@@ -403,4 +406,147 @@ TEST_CASE("checkpoint: config digest") {
   CHECK(ex::config_digest("").size() == 16);
   CHECK(ex::config_digest("{}") != ex::config_digest("{ }"));
   CHECK(ex::config_digest("abc") == ex::config_digest("abc"));
+}
+
+TEST_CASE("checkpoint: a file copied from another step's folder is refused") {
+  TempDir d;
+  State s5(21), s9(22);
+  save(d, meta_of(5), s5);
+  save(d, meta_of(9), s9);
+  ex::write_latest(d.str(), 9);
+  // Rank 0's step-5 files copied over its step-9 files.
+  for (const auto part : {CheckpointPart::model_states, CheckpointPart::optim_states})
+    fs::copy_file(ex::checkpoint_path(d.str(), "global_step5", 0, part), ex::checkpoint_path(d.str(), "global_step9", 0, part),
+                  fs::copy_options::overwrite_existing);
+  State got = s9.zeroed();
+  const std::string e = input_error([&] { load(d, meta_of(0), got); });
+  CHECK(contains(e, "zero_pp_rank_0_mp_rank_00_model_states.zpck: holds the state of step 5 (saved as global_step5), "
+                    "but lies in global_step9"));
+  CHECK(got == s9.zeroed());  // nothing restored
+  CHECK(ex::step_of_tag("global_step12") == 12);
+  CHECK_FALSE(ex::step_of_tag("global_step"));
+  CHECK_FALSE(ex::step_of_tag("global_step1x"));
+  CHECK_FALSE(ex::step_of_tag("step12"));
+  CHECK(ex::latest_tag(d.str()) == "global_step9");
+}
+
+TEST_CASE("checkpoint: another ds_config or model config is refused naming the keys that differ") {
+  TempDir d;
+  State s(31);
+  CheckpointMeta m = meta_of(4);
+  m.config = nlohmann::json::parse(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 5000},
+                                      "optimizer": {"type": "AdamW", "params": {"lr": 0.002}}})");
+  m.config_digest = zp::json::digest(m.config);
+  m.model_config = nlohmann::json::parse(R"({"model_type": "gpt2", "n_head": 4, "activation_function": "gelu_new"})");
+  m.model_digest = zp::json::digest(m.model_config);
+  m.run_id = "0123456789abcdef";
+  save(d, m, s);
+  ex::write_latest(d.str(), 4);
+  State got = s.zeroed();
+
+  // The same configs written another way (spacing, key order, 5e3 for 5000) load.
+  CheckpointMeta same = m;
+  same.config = nlohmann::json::parse(R"({"optimizer": {"params": {"lr": 0.002}, "type": "AdamW"},
+                                         "zero_optimization": {"reduce_bucket_size": 5e3, "stage": 2}})");
+  same.config_digest = zp::json::digest(same.config);
+  const CheckpointMeta back = load(d, same, got);
+  CHECK(got == s);
+  CHECK(back.run_id == "0123456789abcdef");
+  CHECK(back.model_config == m.model_config);
+
+  CheckpointMeta other = m;
+  other.config["optimizer"]["params"]["lr"] = 0.003;
+  other.config_digest = zp::json::digest(other.config);
+  std::string e = input_error([&] { load(d, other, got); });
+  CHECK(contains(e, "meta.config_digest: the checkpoint was written with another ds_config: optimizer.params.lr: "
+                    "0.002 in the checkpoint vs 0.003 now"));
+
+  other = m;
+  other.model_config["n_head"] = 2;
+  other.model_config["activation_function"] = "relu";
+  other.model_digest = zp::json::digest(other.model_config);
+  e = input_error([&] { load(d, other, got); });
+  CHECK(contains(e, "meta.model_digest: the model's config.json changed since the checkpoint was written: "
+                    "activation_function: \"gelu_new\" in the checkpoint vs \"relu\" now; n_head: 4 in the "
+                    "checkpoint vs 2 now"));
+}
+
+namespace {
+
+// Replaces a file's JSON header with `edit(header)`, keeping it well formed: the header
+// length and CRC are rewritten as a writer would (blob CRCs are left as they were).
+void rewrite_header(const fs::path& file, const std::function<void(nlohmann::json&)>& edit) {
+  const auto bytes = read_all(file);
+  std::uint32_t h = 0;
+  for (int i = 3; i >= 0; --i) h = (h << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(8 + i)]);
+  nlohmann::json header = nlohmann::json::parse(std::string(bytes.begin() + 12, bytes.begin() + 12 + h));
+  edit(header);
+  const std::string text = header.dump();
+  boost::crc_32_type crc;
+  crc.process_bytes(text.data(), text.size());
+  const auto le = [](std::uint32_t v) {
+    return std::string{static_cast<char>(v & 0xff), static_cast<char>((v >> 8) & 0xff), static_cast<char>((v >> 16) & 0xff),
+                       static_cast<char>((v >> 24) & 0xff)};
+  };
+  std::string out(bytes.begin(), bytes.begin() + 8);
+  out += le(static_cast<std::uint32_t>(text.size())) + text + le(static_cast<std::uint32_t>(crc.checksum()));
+  out.append(bytes.begin() + 16 + h, bytes.end());
+  write_all(file, std::vector<char>(out.begin(), out.end()));
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: a header with valid checksums but impossible values is refused, never converted") {
+  TempDir d;
+  State s(41);
+  save(d, meta_of(6), s);
+  ex::write_latest(d.str(), 6);
+  const auto file = ex::checkpoint_path(d.str(), "global_step6", 0, CheckpointPart::model_states);
+  const auto original = read_all(file);
+  struct Bad {
+    std::function<void(nlohmann::json&)> edit;
+    std::string expect;
+  };
+  const std::vector<Bad> bad = {
+      // Found by fuzz_checkpoint: a float outside int's range was converted (undefined behaviour).
+      {[](nlohmann::json& h) { h["meta"]["stage"] = 1e300; }, "corrupted header: stage must be an integer in [0, 3], got 1e+300"},
+      {[](nlohmann::json& h) { h["meta"]["world_size"] = 4294967297LL; }, "world_size must be an integer in [1, 2147483647]"},
+      {[](nlohmann::json& h) { h["meta"]["step"] = -6; }, "step must be an integer in [0, "},
+      {[](nlohmann::json& h) { h["meta"]["seed"] = 1.5; }, "seed must be an integer >= 0, got 1.5"},
+      {[](nlohmann::json& h) { h["blobs"][0]["bytes"] = 1000.0; }, "bytes must be an integer"},
+      {[](nlohmann::json& h) { h["blobs"][0]["crc32"] = "-0000001"; }, "crc32 is not 8 hex digits"},
+      {[](nlohmann::json& h) { h["version"] = 1.0e10; }, "version must be an integer"},
+      {[](nlohmann::json& h) { h["meta"]["model"] = "two\nlines"; }, "model 'two\\x0alines'"},
+  };
+  for (const auto& b : bad) {
+    CAPTURE(b.expect);
+    write_all(file, original);
+    rewrite_header(file, b.edit);
+    State got = s.zeroed();
+    const std::string e = input_error([&] { load(d, meta_of(0), got); });
+    CHECK(contains(e, b.expect));
+    CHECK(e.find('\n') == std::string::npos);
+  }
+  write_all(file, original);
+  State got = s.zeroed();
+  CHECK(load(d, meta_of(0), got).step == 6);
+}
+
+TEST_CASE("checkpoint: `latest` naming something other than a folder beside it is refused on one line") {
+  TempDir d;
+  State s(51);
+  save(d, meta_of(2), s);
+  // Found by fuzz_checkpoint: a `latest` of binary text with a newline reached the messages raw.
+  for (const std::string& text : {std::string("ZPCKPT01\n\x01\x02[[4]]"), std::string("../global_step2"),
+                                  std::string("global step2"), std::string("..")}) {
+    CAPTURE(text);
+    std::ofstream(d.path / "latest", std::ios::binary | std::ios::trunc) << text;
+    State got = s.zeroed();
+    const std::string e = input_error([&] { load(d, meta_of(0), got); });
+    CHECK(contains(e, "is not a checkpoint tag (letters, digits, '.', '_' and '-')"));
+    CHECK(e.find('\n') == std::string::npos);
+  }
+  std::ofstream(d.path / "latest", std::ios::trunc) << "  global_step2\n";
+  State got = s.zeroed();
+  CHECK(load(d, meta_of(0), got).step == 2);
 }

@@ -125,6 +125,18 @@ TEST_CASE("explain --ds-config A --vs-ds-config B") {
   CHECK(r.out.find("2 buffers (overlap_comm true") != std::string::npos);
 }
 
+TEST_CASE("a step of more events than 32-bit ids number is refused with one line") {
+  // 1200 layers × 32767 micro-steps: about two billion events, more buffers.
+  nlohmann::json deep = nlohmann::json::parse(std::ifstream(std::string(ZEROPLAN_SHARED_DIR) + "/models/catalog/tiny-gpt2.json"));
+  deep["n_layer"] = 1200;
+  deep["n_embd"] = 8;
+  deep["n_head"] = 1;
+  const std::string model = tmp_file("deep-gpt2.json", deep.dump());
+  const std::string cfg = tmp_file("gas32767.json", R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 32767})");
+  bad("simulate --model " + model + " --ds-config " + cfg + " --gpus 1 --gpu A100-80GB --seq-len 8",
+      "gradient_accumulation_steps: 32767 micro-steps of deep-gpt2 make a step of");
+}
+
 TEST_CASE("bad input: one line, exit status 2") {
   const std::string ok = " --gpus 4 --gpu V100-16GB --micro-batch 64 --seq-len 128";
   bad("simulate --model bert-large-uncased --ds-config " + tmp_file("malformed.json", "{\"zero_optimization\": {") + ok,

@@ -475,3 +475,61 @@ TEST_CASE("--gpus beyond one server: nodes of 8 with the default NICs") {
   CHECK(odd.nodes == 2);
   CHECK(zp::sim::single_node("cpu", 16).nodes == 1);
 }
+
+TEST_CASE("topology XML nested 100,000 levels deep, or of unbounded size, is refused with one line") {
+  std::string deep = R"(<system version="1">)";
+  for (int i = 0; i < 100000; ++i) deep += "<cpu>";
+  for (int i = 0; i < 100000; ++i) deep += "</cpu>";
+  deep += "</system>";
+  std::string e = input_error([&] { parse_nccl_topo_xml("deep.xml", deep); });
+  CHECK(e == "deep.xml: elements nested more than 128 levels deep (at line 1); an NCCL topology nests fewer than 10");
+  // Comments, CDATA, self-closing elements and '>' inside attribute values do not nest.
+  std::string flat = R"(<?xml version="1.0"?><system version="1"><!-- <a><b><c> -->)";
+  for (int i = 0; i < 200; ++i) flat += R"(<cpu numaid="0" affinity="a>b"/><![CDATA[<x><y>]]>)";
+  flat += R"(<cpu><pci busid="0000:01:00.0" class="0x030200" link_speed="16.0 GT/s PCIe" link_width="16">)"
+          R"(<gpu dev="0" sm="80" rank="0"/></pci></cpu></system>)";
+  CHECK(parse_nccl_topo_xml("flat.xml", flat).gpus_per_node == 1);
+  // A cluster JSON naming /dev/zero as its XML: the read stops at the cap.
+  TempFile f(R"({"nccl_topo_xml": "/dev/zero"})", ".json");
+  e = input_error([&] { load_cluster(f.path); });
+  CHECK(e == "/dev/zero: more than 8 MiB: too large for an NCCL topology XML");
+}
+
+TEST_CASE("--gpu with --cluster: applied to an NCCL topology XML, refused for a preset or cluster JSON") {
+  const std::string xml = data_file("nccl_topo_8gpu_nvswitch.xml");
+  CHECK(load_cluster(xml).gpu != "H200-141GB");
+  CHECK(load_cluster(xml, std::nullopt, std::nullopt, "H200-141GB").gpu == "H200-141GB");
+  const std::string e = input_error([&] { load_cluster("8xA100-80GB-NVSwitch", std::nullopt, std::nullopt, "H200-141GB"); });
+  CHECK(contains(e, "--gpu: cluster '8xA100-80GB-NVSwitch' names its own GPU"));
+  TempFile f(kMinimal, ".json");
+  CHECK(contains(input_error([&] { load_cluster(f.path, std::nullopt, std::nullopt, "H200-141GB"); }), "names its own GPU"));
+}
+
+TEST_CASE("topology of 65,536 nodes: the graph holds one node, and plans equal those of two nodes") {
+  const Topology one(load_cluster("8xH200-141GB-NVSwitch"));
+  const Topology two(load_cluster("8xH200-141GB-NVSwitch", 2));
+  const Topology many(load_cluster("8xH200-141GB-NVSwitch", 65536));
+  // Building is linear in the levels of a node, not in the nodes.
+  CHECK(boost::num_vertices(many.graph()) == boost::num_vertices(two.graph()));
+  CHECK(boost::num_edges(many.graph()) == boost::num_edges(two.graph()));
+  CHECK(boost::num_vertices(many.graph()) == boost::num_vertices(one.graph()) + 1);  // + the fabric
+  CHECK(many.count(VertexKind::gpu) == 524288);
+  CHECK(many.count(VertexKind::nic) == 524288);
+  CHECK(many.count(VertexKind::network) == 1);
+  const GroupPlan p2 = two.plan(iota(16));
+  const GroupPlan p = many.plan(iota(524288));
+  CHECK(p.nodes == 65536);
+  CHECK(p.ranks_per_node == 8);
+  CHECK(p.ring.size() == 524288);
+  CHECK(p.ring[8] == 8);
+  CHECK(p.inter_bw.v == p2.inter_bw.v);
+  CHECK(p.intra_bw.v == p2.intra_bw.v);
+  CHECK(p.ring_bw.v == p2.ring_bw.v);
+  CHECK(p.inter_hops == 65536);
+  CHECK(p.intra_hops == 524288 - 65536);
+  // Ranks of the last node route like node 0's; ranks beyond the cluster are refused.
+  CHECK(many.route(524280, 524287).size() == two.route(0, 7).size());
+  CHECK(many.gpu_vertex(524287) == many.gpu_vertex(7));
+  CHECK_THROWS_AS(many.gpu_vertex(524288), std::invalid_argument);
+  CHECK_THROWS_AS(many.plan({0, 524288}), std::invalid_argument);
+}

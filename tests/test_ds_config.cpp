@@ -61,7 +61,8 @@ void check_same_fields(const DsConfig& a, const DsConfig& b) {
   CHECK(a.zero == b.zero);
   CHECK(a.activation_checkpointing_present == b.activation_checkpointing_present);
   CHECK(a.activation_checkpointing == b.activation_checkpointing);
-  CHECK(a.sparse_attention == b.sparse_attention);
+  // sparse_attention is read but never written: DeepSpeed 0.19 refuses it.
+  CHECK_FALSE(b.sparse_attention.present);
 }
 
 void check_round_trip(const std::string& text) {
@@ -173,7 +174,10 @@ TEST_CASE("the BERT-large example parses") {
   CHECK(c.sparse_attention.block == 16);
   CHECK(c.sparse_attention.different_layout_per_head);
   CHECK(c.sparse_attention.num_different_global_patterns == 4);
-  CHECK(c.warnings.empty());
+  // Only the two keys DeepSpeed 0.19 refuses are warned about (the last test case says how).
+  REQUIRE(c.warnings.size() == 2);
+  CHECK(has(c.warnings[0], "sparse_attention: DeepSpeed 0.19 refuses this key"));
+  CHECK(has(c.warnings[1], "zero_optimization.grad_hooks: DeepSpeed 0.19 refuses this key"));
 
   const Batch b = resolve_batch(c, 4);
   CHECK(b.train_batch_size == 4096);
@@ -512,7 +516,7 @@ TEST_CASE("ignored sections are accepted as they are; unmodelled ones are warned
       "wandb": {"enabled": false}, "csv_monitor": {}, "comet": {}, "flops_profiler": {"enabled": true},
       "comms_logger": {"enabled": true}, "memory_breakdown": false, "zero_allow_untested_optimizer": true,
       "zero_force_ds_cpu_optimizer": false, "dataloader_drop_last": true, "autotuning": {"enabled": false},
-      "checkpoint": {"tag_validation": "Warn"}, "data_efficiency": {}, "curriculum_learning": {},
+      "checkpoint": {"tag_validation": "Warn"}, "data_efficiency": {},
       "disable_allgather": false, "seq_parallel_communication_data_type": "fp32", "timers": {},
       "dump_state": false})");
   CHECK(i.warnings.empty());
@@ -539,12 +543,15 @@ TEST_CASE("ignored sections are accepted as they are; unmodelled ones are warned
   CHECK(warned("cfg.json: moe:"));
   CHECK(warned("cfg.json: torch_autocast:"));
   CHECK(warned("cfg.json: elasticity:"));
-  CHECK(w.warnings.size() == 9);
+  // compression_training and elasticity are also refused by DeepSpeed 0.19: one more line each.
+  CHECK(w.warnings.size() == 11);
 
-  // Disabled sections change nothing, so no warning.
-  CHECK(parse(R"({"amp": {"enabled": false}, "sequence_parallel_size": 1})").warnings.empty());
+  // Disabled sections change nothing, so no warning but DeepSpeed 0.19's refusal of the key.
+  const DsConfig off = parse(R"({"amp": {"enabled": false}, "sequence_parallel_size": 1})");
+  REQUIRE(off.warnings.size() == 1);
+  CHECK(has(off.warnings[0], "cfg.json: amp: DeepSpeed 0.19 refuses this key"));
   const DsConfig amp = parse(R"({"amp": {"enabled": true, "opt_level": "O1"}})");
-  REQUIRE(amp.warnings.size() == 1);
+  REQUIRE(amp.warnings.size() == 2);
   CHECK(has(amp.warnings[0], "cfg.json: amp: accepted but not modelled: "));
 }
 
@@ -640,4 +647,36 @@ TEST_CASE("to_json round trip") {
   CHECK(q.precision == Precision::bf16);
   CHECK(q.activation_checkpointing.partition_activations);
   CHECK(resolve_batch(q, 4).train_batch_size == 64);
+}
+
+TEST_CASE("keys DeepSpeed 0.19 refuses: read, warned about with DeepSpeed's reason, never written") {
+  const DsConfig ex = load_ds_config(kExample);  // the published bert-large config: grad_hooks, sparse_attention
+  auto warned = [&](const DsConfig& c, const std::string& what) {
+    for (const auto& w : c.warnings)
+      if (has(w, what)) return true;
+    return false;
+  };
+  CHECK(warned(ex, "zero_optimization.grad_hooks: DeepSpeed 0.19 refuses this key"));
+  CHECK(warned(ex, "sparse_attention: DeepSpeed 0.19 refuses this key: DeepSpeed Sparse Attention has been removed"));
+  CHECK(ex.sparse_attention.present);  // still read: its prediction says what it means
+  const json out = to_json(ex);
+  CHECK_FALSE(out.contains("sparse_attention"));
+  CHECK_FALSE(out.at("zero_optimization").contains("grad_hooks"));
+  // Every key of DeepSpeed's removed-features lists, and the legacy spellings.
+  const DsConfig old = parse(R"({"nebula": {}, "eigenvalue": {}, "graph_harvesting": false, "curriculum_learning": {},
+      "sparse_gradients": false, "bf16": {"enabled": true, "check_overflow": false},
+      "zero_optimization": {"stage": 3, "mics_shard_size": -1, "zeropp_loco_param": {}}})");
+  for (const char* k : {"nebula", "eigenvalue", "graph_harvesting", "curriculum_learning", "sparse_gradients",
+                        "bf16.check_overflow", "zero_optimization.mics_shard_size", "zero_optimization.zeropp_loco_param"})
+    CHECK_MESSAGE(warned(old, std::string(k) + ": DeepSpeed 0.19 refuses this key"), k);
+  const json o = to_json(old);
+  for (const char* k : {"nebula", "eigenvalue", "graph_harvesting", "curriculum_learning", "sparse_gradients"})
+    CHECK_MESSAGE(!o.contains(k), k);
+  CHECK_FALSE(o.at("bf16").contains("check_overflow"));
+  CHECK_FALSE(o.at("zero_optimization").contains("mics_shard_size"));
+  CHECK_FALSE(o.at("zero_optimization").contains("zeropp_loco_param"));
+  // DeepSpeed 0.19's own ZeRO fields are accepted (they change neither memory nor communication).
+  const DsConfig cur = parse(R"({"zero_optimization": {"stage": 2, "compute_grad_norm": true, "parameter_alignment": 1}})");
+  CHECK(cur.zero.stage == 2);
+  CHECK_FALSE(warned(cur, "refuses"));
 }

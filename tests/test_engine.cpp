@@ -93,10 +93,7 @@ TEST_CASE("one stream runs in program order; a dependency on another stream wait
   CHECK(r.phases.backward_allreduce.v == doctest::Approx(3.0));
   CHECK(r.comm.exposed[static_cast<std::size_t>(zero::CollKind::all_reduce)].v == doctest::Approx(3.0));
   // Critical path: a → c → d.
-  REQUIRE(r.critical_path.size() == 3);
-  CHECK(r.critical_path[0] == a);
-  CHECK(r.critical_path[1] == c);
-  CHECK(r.critical_path[2] == d);
+  CHECK(r.critical_path.events() == std::vector<zero::EventId>{a, c, d});
   CHECK(r.processed == 4);
 }
 
@@ -159,7 +156,7 @@ TEST_CASE("critical path: the chain back from the last event through whichever p
   const auto r = sim::run_events(t.p, t.d);
   REQUIRE(r.events[e].end.v == 6.5);
   // e waited for c (ended 6) rather than d (4); b for g (2) rather than a (1).
-  CHECK(r.critical_path == std::vector<zero::EventId>{g, b, c, e});
+  CHECK(r.critical_path.events() == std::vector<zero::EventId>{g, b, c, e});
   (void)a;
   (void)d;
 
@@ -197,7 +194,7 @@ TEST_CASE("critical path: equal end times go to the higher event id; the chain i
     const auto y = t.add(EventKind::collective, Stream::reduction, Phase::forward, 0, 1.0);
     const auto z = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0, {y});
     const auto r = sim::run_events(t.p, t.d);
-    CHECK(r.critical_path == std::vector<zero::EventId>{y, z});
+    CHECK(r.critical_path.events() == std::vector<zero::EventId>{y, z});
     (void)x;
   }
   {
@@ -206,14 +203,14 @@ TEST_CASE("critical path: equal end times go to the higher event id; the chain i
     const auto x = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0);
     const auto z = t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 1.0, {y});
     const auto r = sim::run_events(t.p, t.d);
-    CHECK(r.critical_path == std::vector<zero::EventId>{x, z});
+    CHECK(r.critical_path.events() == std::vector<zero::EventId>{x, z});
   }
   {
     Tiny t;  // two streams ending together: the path ends at the higher id
     t.add(EventKind::compute, Stream::compute, Phase::forward, 0, 2.0);
     const auto q = t.add(EventKind::collective, Stream::reduction, Phase::forward, 0, 2.0);
     const auto r = sim::run_events(t.p, t.d);
-    CHECK(r.critical_path == std::vector<zero::EventId>{q});
+    CHECK(r.critical_path.events() == std::vector<zero::EventId>{q});
   }
   Tiny t;
   for (int i = 0; i < 60; ++i) {
@@ -230,8 +227,9 @@ TEST_CASE("critical path: equal end times go to the higher event id; the chain i
   REQUIRE_FALSE(r1.critical_path.empty());
   // A chain: each event starts when the one before it on the path ends, which is its
   // stream predecessor or one of its dependencies.
-  for (std::size_t i = 1; i < r1.critical_path.size(); ++i) {
-    const auto prev = r1.critical_path[i - 1], cur = r1.critical_path[i];
+  const auto path1 = r1.critical_path.events();
+  for (std::size_t i = 1; i < path1.size(); ++i) {
+    const auto prev = path1[i - 1], cur = path1[i];
     CHECK(prev < cur);
     CHECK(r1.events[cur].start.v == r1.events[prev].end.v);
     const auto& ev = t.p.events[cur];
@@ -244,7 +242,7 @@ TEST_CASE("critical path: equal end times go to the higher event id; the chain i
     }
     CHECK(linked);
   }
-  CHECK(r1.events[r1.critical_path.back()].end.v == doctest::Approx(r1.phases.iteration.v));
+  CHECK(r1.events[static_cast<std::size_t>(r1.critical_path.back())].end.v == doctest::Approx(r1.phases.iteration.v));
 }
 
 TEST_CASE("a dependency on a later event: waits for it on another stream, never ends on the same") {
@@ -255,7 +253,7 @@ TEST_CASE("a dependency on a later event: waits for it on another stream, never 
     if (two_streams) {
       const auto r = sim::run_events(t.p, t.d);
       CHECK(r.events[0].start.v == 1.0);
-      CHECK(r.critical_path == std::vector<zero::EventId>{1, 0});
+      CHECK(r.critical_path.events() == std::vector<zero::EventId>{1, 0});
     } else {
       CHECK_THROWS_AS(sim::run_events(t.p, t.d), std::logic_error);
     }
@@ -430,7 +428,7 @@ TEST_CASE("on real programs, one stream or several, the critical path is the one
       const auto r = simulate_config("gpt2", ds, 4, "A100-80GB", 128);
       CAPTURE(stage);
       CAPTURE(overlap);
-      CHECK(r.time.report.critical_path == reference_path(r.program, r.time.report));
+      CHECK(r.time.report.critical_path.events() == reference_path(r.program, r.time.report));
     }
   }
 }
@@ -441,7 +439,135 @@ TEST_CASE("fp32 models run GEMMs without tensor cores: far slower than bf16, MFU
   bf16["bf16"] = {{"enabled", true}};
   const auto a = simulate_config("gpt2", fp32, 1, "A100-80GB", 512);
   const auto b = simulate_config("gpt2", bf16, 1, "A100-80GB", 512);
-  CHECK(a.time.report.phases.iteration.v > 4 * b.time.report.phases.iteration.v);
+  // The device's work (the host's dispatch is the same for both and bounds bf16's step).
+  const auto compute = static_cast<std::size_t>(zp::zero::Stream::compute);
+  CHECK(a.time.report.busy[compute].v > 4 * b.time.report.busy[compute].v);
   CHECK(a.time.tflops < 19.5);  // A100 fp32 peak
   CHECK(a.time.mfu <= 1.0);
+}
+
+#include "cli/explain.hpp"
+#include "sim/predict.hpp"
+
+namespace {
+// `r` (simulate's result: a repeated micro-step stored once) as it would be with the program
+// lowered one by one: the same inputs, every event stored.
+cli::StageResult one_by_one(const cli::StageResult& r, const std::string& model, int gpus, const std::string& gpu,
+                            std::int64_t seq, const zero::DsConfig& cfg) {
+  cli::SimRequest req;
+  req.model = model;
+  req.gpus = gpus;
+  req.gpu = gpu;
+  req.seq_len = seq;
+  const auto in = cli::load_inputs(req);
+  models::GraphOptions go;
+  go.micro_batch = r.batch.micro_batch;
+  go.seq_len = seq;
+  go.act_dtype = cfg.model_dtype();
+  const auto g = models::build_graph(models::load_model(model), go);
+  zero::LowerOptions lo;
+  lo.world_size = gpus;
+  lo.rank = r.rank;
+  lo.replicate_micro_steps = false;
+  cli::StageResult f = r;
+  f.program = zero::lower(g, cfg, r.batch, lo);
+  f.memory = sim::replay_memory(f.program, *in.device);
+  const sim::ComputeModel cm(in.profile, g);
+  sim::EngineOptions eo;
+  eo.interference = in.profile.comm_compute_interference;
+  f.time = sim::simulate_time(f.program, g, cm, *in.collectives, eo);
+  return f;
+}
+}  // namespace
+
+TEST_CASE("GAS 200, repeated micro-steps stored once: the same --json as every micro-step, a bounded trace") {
+  for (int stage : {1, 2, 3}) {
+    nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 200},
+                         {"bf16", {{"enabled", true}}},
+                         {"zero_optimization", {{"stage", stage}, {"overlap_comm", true}, {"reduce_bucket_size", 20000}}}};
+    const auto r = simulate_config("tiny-gpt2", ds, 4, "A100-80GB", 32);
+    CAPTURE(stage);
+    REQUIRE(r.program.repeat.copies > 190);
+    const auto f = one_by_one(r, "tiny-gpt2", 4, "A100-80GB", 32, zero::parse_ds_config("t.json", ds));
+    REQUIRE(f.program.repeat.copies == 0);
+    // The whole report, field for field: memory, time, communication, the critical path.
+    CHECK(cli::result_json(r) == cli::result_json(f));
+    CHECK(cli::result_json(r)["events"] == f.program.events.size());
+    // --critical-path: a stretch crossed the same way in many micro-steps is listed once
+    // with its count; expanded, the listing is the path event by event.
+    const auto full_list = cli::result_json(f, true)["critical_path"]["events"];
+    const auto list = cli::result_json(r, true)["critical_path"]["events"];
+    CHECK(list.size() < full_list.size() / 10);
+    std::size_t at = 0;
+    std::int64_t listed = 0;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (list[i].contains("repeats")) {
+        listed += list[i]["repeats"].get<std::int64_t>() * list[i]["events_each"].get<std::int64_t>();
+        at += static_cast<std::size_t>(list[i]["repeats"].get<std::int64_t>() * list[i]["events_each"].get<std::int64_t>());
+        continue;
+      }
+      ++listed;
+      CHECK(list[i] == full_list[at]);
+      ++at;
+    }
+    CHECK(listed == static_cast<std::int64_t>(full_list.size()));
+    // The trace: 16 copies event by event (each slice as in the full trace), the rest one
+    // slice per stream; its size does not grow with GAS.
+    const auto trace = sim::chrome_trace(r.program, r.time.report);
+    const auto full_trace = sim::chrome_trace(f.program, f.time.report);
+    CHECK(trace["otherData"]["repeated_micro_steps"]["shown_event_by_event"] == 16);
+    CHECK(trace["otherData"]["repeated_micro_steps"]["shown_as_one_slice_per_stream"] == r.program.repeat.copies - 16);
+    std::set<std::string> full_slices;
+    for (const auto& e : full_trace["traceEvents"])
+      if (e["ph"] == "X") full_slices.insert(e.dump());
+    int repeated = 0, shown = 0;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      if (e["cat"] == "repeated") {
+        ++repeated;
+        CHECK(e["args"]["micro_steps"] == r.program.repeat.copies - 16);
+        continue;
+      }
+      ++shown;
+      CHECK(full_slices.count(e.dump()) == 1);
+    }
+    CHECK(repeated >= (stage == 1 ? 1 : 2));  // compute, and (stages 2, 3) the stream the reductions overlap on
+    CHECK(shown < static_cast<int>(full_slices.size()) / 5);  // about 20 of 200 micro-steps
+  }
+}
+
+TEST_CASE("explain at GAS 1000: the collectives of every micro-step, counted as GAS 8 counts them") {
+  auto counts = [](std::int64_t gas) {
+    const auto path = std::filesystem::temp_directory_path() / ("zeroplan-explain-gas" + std::to_string(gas) + ".json");
+    std::ofstream(path) << nlohmann::json{{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", gas},
+                                          {"bf16", {{"enabled", true}}},
+                                          {"zero_optimization", {{"reduce_bucket_size", 20000}}}}.dump();
+    cli::ExplainRequest req;
+    req.base.model = "tiny-gpt2";
+    req.base.gpus = 4;
+    req.base.gpu = "A100-80GB";
+    req.base.seq_len = 32;
+    req.base.ds_config = path.string();
+    req.stage_a = 1;
+    req.stage_b = 2;
+    req.suggest = false;
+    const auto e = cli::explain(req);
+    CHECK(e.text.find("every micro-step") != std::string::npos);
+    std::map<std::string, std::pair<std::int64_t, std::int64_t>> m;  // collective/trigger -> (stage 1, stage 2) count
+    for (const auto& c : e.json_time["collectives"])
+      m[c["collective"].get<std::string>() + "/" + c["trigger"].get<std::string>()] = {c["a_count"], c["b_count"]};
+    return m;
+  };
+  const auto g8 = counts(8), g1000 = counts(1000);
+  REQUIRE(g8.size() == g1000.size());
+  for (const auto& [k, v] : g8) {
+    CAPTURE(k);
+    const auto w = g1000.at(k);
+    if (k.rfind("all_reduce/bucket_full", 0) == 0 || k.rfind("all_reduce/end_of_backward", 0) == 0) {
+      // stage 2 reduces in every micro-step: 125 times as many at GAS 1000
+      CHECK(w.second == v.second * 125);
+    } else {
+      CHECK(w == v);  // once per step
+    }
+  }
 }

@@ -346,7 +346,7 @@ TEST_CASE("activation checkpointing keeps layer inputs and recomputes") {
   const auto ck = build("tiny-gpt2", c, 2, 64, true);
   CHECK(cat(ck.m, Category::activations) < cat(plain.m, Category::activations));
   int recompute = 0;
-  for (const auto& e : ck.p.events) recompute += e.phase == zero::Phase::recompute;
+  for (const auto& e : ck.p.events) recompute += e.kind == zero::EventKind::compute && e.phase == zero::Phase::recompute;
   int layer_ops = 0;
   for (const auto& op : ck.g.ops) layer_ops += op.layer >= 0;
   CHECK(recompute == layer_ops);
@@ -392,34 +392,56 @@ TEST_CASE("the example: bert-large on 4 x V100-16GB, micro-batch 64, seq-len 128
   CHECK(rs[0].memory.category_peak[act] == rs[1].memory.category_peak[act]);
 }
 
-TEST_CASE("skipping repeated micro-steps in the replay changes no result") {
-  // The replay skips a micro-step that starts from the allocator state of the previous
-  // one and issues the same requests; a full replay (timeline on: no skipping) must agree.
+namespace {
+// The memory reports of two programs of one configuration agree (the skip count aside).
+void check_same_memory(const sim::MemoryReport& a, const sim::MemoryReport& b) {
+  CHECK(a.peak_allocated == b.peak_allocated);
+  CHECK(a.peak_event == b.peak_event);
+  CHECK(a.at_peak == b.at_peak);
+  CHECK(a.category_peak == b.category_peak);
+  CHECK(a.persistent == b.persistent);
+  CHECK(a.reserved_peak == b.reserved_peak);
+  CHECK(a.allocator_allocated_peak == b.allocator_allocated_peak);
+  CHECK(a.segments == b.segments);
+  CHECK(a.peak_host == b.peak_host);
+  CHECK(a.host_at_peak == b.host_at_peak);
+  CHECK(a.fits == b.fits);
+  CHECK(a.allocator_oom == b.allocator_oom);
+}
+}  // namespace
+
+TEST_CASE("the replay skips copies once one starts where the one before did, and changes no result") {
+  // The replay of a program whose block repeats skips the copies once one starts from the
+  // state the one before started from; a replay that skips nothing (timeline on) and the
+  // replay of the program lowered one by one must agree with it.
   for (int stage = 0; stage <= 3; ++stage) {
     for (bool overlap : {false, true}) {
-      auto c = config(stage, 2, 6);
+      auto c = config(stage, 2, 9);
       c.zero.overlap_comm = overlap;
       c.zero.reduce_bucket_size = 7000;
       const auto b = build("tiny-llama", c, 4, 32);
+      REQUIRE(b.p.repeat.copies >= 4);
+      zero::LowerOptions lo;
+      lo.world_size = 4;
+      lo.rank = zero::heaviest_rank(b.g, c, 4);
+      lo.replicate_micro_steps = false;
+      const auto one_by_one = zero::lower(b.g, c, zero::resolve_batch(c, 4), lo);
       sim::MemoryOptions full;
       full.timeline = true;
       for (const char* gpu : {"A100-80GB", "cpu"}) {
         const auto& dev = sim::find_device(gpu);
         const auto fast = sim::replay_memory(b.p, dev);
         const auto slow = sim::replay_memory(b.p, dev, full);
+        const auto ref = sim::replay_memory(one_by_one, dev, full);
         CAPTURE(stage);
         CAPTURE(overlap);
-        CHECK(fast.peak_allocated == slow.peak_allocated);
-        CHECK(fast.peak_event == slow.peak_event);
-        CHECK(fast.at_peak == slow.at_peak);
-        CHECK(fast.category_peak == slow.category_peak);
-        CHECK(fast.reserved_peak == slow.reserved_peak);
-        CHECK(fast.allocator_allocated_peak == slow.allocator_allocated_peak);
-        CHECK(fast.segments == slow.segments);
-        CHECK(fast.peak_host == slow.peak_host);
-        CHECK(slow.timeline.size() == b.p.events.size());
+        CAPTURE(gpu);
+        check_same_memory(fast, slow);
+        check_same_memory(fast, ref);
+        CHECK(slow.timeline.size() == static_cast<std::size_t>(b.p.num_events()));
+        CHECK(slow.timeline == ref.timeline);
         CHECK(slow.skipped_micro_steps == 0);
-        if (stage == 1 || stage == 2) CHECK(fast.skipped_micro_steps >= 2);
+        CHECK(fast.skipped_micro_steps >= b.p.repeat.copies - 1);
       }
     }
   }
@@ -568,10 +590,10 @@ TEST_CASE("stage 2 with accumulation: the accumulated partition and a new grads_
 }
 
 namespace {
-// One configuration lowered with repeated micro-steps copied (`fast`) and one by one
-// (`full`, its `repeat` set to fast's so the two compare whole), and how many were copied.
+// One configuration lowered with repeated micro-steps stored once (`compact`) and one by
+// one (`full`), and how many copies the repeat stands for.
 struct BothWays {
-  zero::Program fast, full;
+  zero::Program compact, full;
   int copied = -1;
 };
 BothWays lower_both_ways(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch,
@@ -579,21 +601,139 @@ BothWays lower_both_ways(const models::OpGraph& g, const zero::DsConfig& cfg, co
   BothWays b;
   lo.replicate_micro_steps = true;
   lo.copied_micro_steps = &b.copied;
-  b.fast = zero::lower(g, cfg, batch, lo);
+  b.compact = zero::lower(g, cfg, batch, lo);
   lo.replicate_micro_steps = false;
   lo.copied_micro_steps = nullptr;
   b.full = zero::lower(g, cfg, batch, lo);
   CHECK(b.full.repeat.copies == 0);
-  CHECK(b.fast.repeat.copies == std::max(b.copied, 0));
-  b.full.repeat = b.fast.repeat;
+  CHECK(b.compact.repeat.copies == std::max(b.copied, 0));
   return b;
+}
+
+// The two programs are the same step: the compact one expanded equals the one lowered one by
+// one, list for list and field for field, and every name and count agrees.
+void check_same_program(const zero::Program& compact, const zero::Program& full) {
+  CHECK_NOTHROW(compact.validate());
+  const zero::Program expanded = zero::expand(compact);
+  CHECK(expanded.events == full.events);
+  CHECK(expanded.buffers == full.buffers);
+  CHECK(expanded.labels == full.labels);
+  CHECK(expanded.alloc_list == full.alloc_list);
+  CHECK(expanded.free_list == full.free_list);
+  CHECK(expanded.dep_list == full.dep_list);
+  CHECK(expanded.slice_list == full.slice_list);
+  CHECK(expanded == full);
+  CHECK(compact.num_events() == static_cast<std::int64_t>(full.events.size()));
+  CHECK(compact.num_buffers() == static_cast<std::int64_t>(full.buffers.size()));
+  for (zero::EventId e = 0; e < static_cast<zero::EventId>(full.events.size()); e += 7) {
+    CHECK(compact.event_name(e) == full.event_name(e));
+    const auto at = compact.stored_event(e);
+    CHECK(compact.logical_event(at.id, at.copy) == e);
+  }
+}
+
+// The two programs' times agree: phases, communication, busy time, the critical path, and
+// every event's start and end.
+void check_same_time(const sim::TimeReport& a, const sim::TimeReport& b, std::int64_t events) {
+  CHECK(a.phases == b.phases);
+  CHECK(a.comm == b.comm);
+  CHECK(a.busy == b.busy);
+  CHECK(a.processed == b.processed);
+  CHECK(a.critical_path.size() == b.critical_path.size());
+  CHECK(a.critical_path.events() == b.critical_path.events());
+  std::int64_t differ = 0;
+  for (zero::EventId e = 0; e < events; ++e) differ += a.at(e) == b.at(e) ? 0 : 1;
+  CHECK(differ == 0);
+}
+
+sim::TimeReport run(const zero::Program& p, const models::OpGraph& g, const cli::Inputs& in, double interference) {
+  const sim::ComputeModel cm(in.profile, g);
+  sim::EngineOptions eo;
+  eo.interference = interference;
+  return sim::run_events(p, sim::event_durations(p, cm, *in.collectives), eo);
+}
+
+// A configuration drawn over every knob the lowering reads.
+struct Drawn {
+  std::string model;
+  nlohmann::json ds;
+  int N = 1;
+  int rank = 0;
+  bool ckpt = false;
+  double interference = 0;
+};
+template <class Pick>
+Drawn draw(Pick&& pick, std::int64_t gas) {
+  const char* models_[] = {"tiny-gpt2", "tiny-bert", "tiny-llama"};
+  const std::int64_t buckets[] = {500, 3000, 7000, 500000000};
+  Drawn d;
+  d.model = models_[pick(3)];
+  const int stage = static_cast<int>(pick(4));
+  const int dtype = static_cast<int>(pick(3));  // fp16, bf16, fp32
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", gas},
+                      {"zero_optimization", {{"stage", stage}}}};
+  if (dtype == 0) j["fp16"] = {{"enabled", true}};
+  if (dtype == 1) j["bf16"] = {{"enabled", true}};
+  if (dtype == 1 && stage >= 1 && pick(2)) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  auto& z = j["zero_optimization"];
+  z["overlap_comm"] = pick(2) == 1;
+  z["contiguous_gradients"] = pick(4) != 0;
+  z["reduce_scatter"] = pick(4) != 0;
+  z["use_multi_rank_bucket_allreduce"] = pick(4) != 0;
+  z["reduce_bucket_size"] = buckets[pick(4)];
+  if (stage >= 1 && pick(4) == 0) z["offload_optimizer"] = {{"device", "cpu"}};
+  d.N = 1 << pick(3);
+  if (stage == 3) {
+    z["stage3_prefetch_bucket_size"] = buckets[pick(4)];
+    z["stage3_param_persistence_threshold"] = pick(2) ? 100 : 0;
+    z["stage3_max_live_parameters"] = pick(2) ? 20000 : 1000000000;
+    z["stage3_max_reuse_distance"] = pick(2) ? 0 : 1000000000;
+    if (pick(4) == 0) z["offload_param"] = {{"device", "cpu"}};
+    if (d.N == 4 && pick(2)) z["zero_hpz_partition_size"] = 2;
+  }
+  d.ds = j;
+  d.ckpt = pick(2) == 1;
+  d.rank = static_cast<int>(pick(static_cast<std::uint64_t>(d.N)));
+  d.interference = pick(2) ? 0.0 : 0.3;
+  return d;
+}
+
+struct Lowered {
+  models::OpGraph g;
+  BothWays both;
+};
+Lowered lower_drawn(const Drawn& d) {
+  const auto cfg = zero::parse_ds_config("test.json", d.ds);
+  const auto batch = zero::resolve_batch(cfg, d.N);
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = 16;
+  go.act_dtype = cfg.model_dtype();
+  go.gradient_checkpointing = d.ckpt;
+  Lowered l;
+  l.g = models::build_graph(models::load_model(d.model), go);
+  zero::LowerOptions lo;
+  lo.world_size = d.N;
+  lo.rank = d.rank;
+  lo.activation_checkpointing = d.ckpt;
+  l.both = lower_both_ways(l.g, cfg, batch, lo);
+  return l;
+}
+
+cli::Inputs inputs_for(int gpus) {
+  cli::SimRequest req;
+  req.model = "tiny-gpt2";
+  req.gpus = gpus;
+  req.gpu = "A100-80GB";
+  return cli::load_inputs(req);
 }
 }  // namespace
 
-TEST_CASE("copying repeated micro-steps gives the program lowering every one gives") {
+TEST_CASE("a repeated micro-step stored once gives the program and the results of lowering every one") {
   // A seeded sample of configurations over every knob the lowering reads: the program
-  // with micro-steps 3 .. GAS-2 copied must equal, list for list and field for field, the
-  // program with every micro-step lowered.
+  // whose micro-steps 3 .. GAS-2 stand for one stored micro-step (Program::repeat),
+  // expanded, must equal list for list and field for field the program with every
+  // micro-step lowered; its memory replay and its run in time must give the same reports.
   std::uint64_t state = 0x9e3779b97f4a7c15ULL;
   auto pick = [&](std::uint64_t n) {
     state ^= state << 13;
@@ -601,86 +741,37 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     state ^= state << 17;
     return state % n;
   };
-  const char* models_[] = {"tiny-gpt2", "tiny-bert", "tiny-llama"};
-  const std::int64_t buckets[] = {500, 3000, 7000, 500000000};
-  int copied_any = 0, cases = 0;
+  std::map<int, cli::Inputs> inputs;
+  int copied_any = 0, periodic = 0, cases = 0;
   for (int i = 0; i < 400; ++i) {
-    const std::string model = models_[pick(3)];
-    const int stage = static_cast<int>(pick(4));
     const std::int64_t gas = std::int64_t{5} + static_cast<std::int64_t>(pick(8));
-    const int dtype = static_cast<int>(pick(3));  // fp16, bf16, fp32
-    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", gas},
-                        {"zero_optimization", {{"stage", stage}}}};
-    if (dtype == 0) j["fp16"] = {{"enabled", true}};
-    if (dtype == 1) j["bf16"] = {{"enabled", true}};
-    if (dtype == 1 && stage >= 1 && pick(2)) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
-    auto& z = j["zero_optimization"];
-    z["overlap_comm"] = pick(2) == 1;
-    z["contiguous_gradients"] = pick(4) != 0;
-    z["reduce_scatter"] = pick(4) != 0;
-    z["use_multi_rank_bucket_allreduce"] = pick(4) != 0;
-    z["reduce_bucket_size"] = buckets[pick(4)];
-    if (stage >= 1 && pick(4) == 0) z["offload_optimizer"] = {{"device", "cpu"}};
-    const int N = 1 << pick(3);
-    if (stage == 3) {
-      z["stage3_prefetch_bucket_size"] = buckets[pick(4)];
-      z["stage3_param_persistence_threshold"] = pick(2) ? 100 : 0;
-      z["stage3_max_live_parameters"] = pick(2) ? 20000 : 1000000000;
-      z["stage3_max_reuse_distance"] = pick(2) ? 0 : 1000000000;
-      if (pick(4) == 0) z["offload_param"] = {{"device", "cpu"}};
-      if (N == 4 && pick(2)) z["zero_hpz_partition_size"] = 2;
-    }
-    const auto cfg = zero::parse_ds_config("test.json", j);
-    const bool ckpt = pick(2) == 1;
-    const auto batch = zero::resolve_batch(cfg, N);
-    models::GraphOptions go;
-    go.micro_batch = batch.micro_batch;
-    go.seq_len = 16;
-    go.act_dtype = cfg.model_dtype();
-    go.gradient_checkpointing = ckpt;
-    const auto g = models::build_graph(models::load_model(model), go);
-    zero::LowerOptions lo;
-    lo.world_size = N;
-    lo.rank = static_cast<int>(pick(static_cast<std::uint64_t>(N)));
-    lo.activation_checkpointing = ckpt;
-    const auto [fast, full, copied] = lower_both_ways(g, cfg, batch, lo);
-    CAPTURE(j.dump());
-    CAPTURE(model);
-    CAPTURE(N);
-    CAPTURE(ckpt);
-    CHECK(fast.events == full.events);
-    CHECK(fast.buffers == full.buffers);
-    CHECK(fast.labels == full.labels);
-    CHECK(fast.alloc_list == full.alloc_list);
-    CHECK(fast.free_list == full.free_list);
-    CHECK(fast.dep_list == full.dep_list);
-    CHECK(fast.slice_list == full.slice_list);
-    CHECK(fast == full);
-    // The replay that knows the copies skips their signatures: the same report.
-    auto plain = fast;
-    plain.repeat = {};
-    for (const char* gpu : {"A100-80GB", "cpu"}) {
-      const auto a = sim::replay_memory(fast, sim::find_device(gpu));
-      const auto b = sim::replay_memory(plain, sim::find_device(gpu));
-      CHECK(a.peak_allocated == b.peak_allocated);
-      CHECK(a.peak_event == b.peak_event);
-      CHECK(a.at_peak == b.at_peak);
-      CHECK(a.category_peak == b.category_peak);
-      CHECK(a.reserved_peak == b.reserved_peak);
-      CHECK(a.segments == b.segments);
-      CHECK(a.peak_host == b.peak_host);
-      CHECK(a.fits == b.fits);
-      CHECK(a.skipped_micro_steps == b.skipped_micro_steps);
-    }
+    const Drawn d = draw(pick, gas);
+    const Lowered l = lower_drawn(d);
+    const auto& [compact, full, copied] = l.both;
+    CAPTURE(d.ds.dump());
+    CAPTURE(d.model);
+    CAPTURE(d.N);
+    CAPTURE(d.ckpt);
+    check_same_program(compact, full);
+    for (const char* gpu : {"A100-80GB", "cpu"})
+      check_same_memory(sim::replay_memory(compact, sim::find_device(gpu)), sim::replay_memory(full, sim::find_device(gpu)));
+    if (!inputs.count(d.N)) inputs.emplace(d.N, inputs_for(d.N));
+    const auto tc = run(compact, l.g, inputs.at(d.N), d.interference);
+    const auto tf = run(full, l.g, inputs.at(d.N), d.interference);
+    check_same_time(tc, tf, full.num_events());
     ++cases;
     if (copied > 0) ++copied_any;
+    if (tc.ns.last > tc.ns.reference) ++periodic;
   }
-  MESSAGE(copied_any << " of " << cases << " sampled programs copied repeated micro-steps");
-  CHECK(copied_any > cases / 2);  // the common case is copied, not only checked
+  MESSAGE(copied_any << " of " << cases << " sampled programs store a repeated micro-step once; " << periodic
+                     << " ran some copies as a periodic stretch");
+  CHECK(copied_any > cases / 2);  // the common case is stored once, not only checked
+  CHECK(periodic > cases / 2);
 
-  // The README example at every stage: 12 of its 16 micro-steps are copied; 11 at stage 2,
-  // whose micro-step 0 keeps its grads_in_partition as the accumulated partition (the
-  // later ones add theirs to it), so micro-step 1 finds a shorter micro-step before it.
+  // The README example at every stage: 12 of its 16 micro-steps are copies of the stored
+  // one; 11 at stage 2, whose micro-step 0 keeps its grads_in_partition as the accumulated
+  // partition (the later ones add theirs to it), so micro-step 1 finds a shorter micro-step
+  // before it.
   for (int stage = 0; stage <= 3; ++stage) {
     auto cfg = config(stage, 64, 16);
     cfg.zero.reduce_bucket_size = 500000000;
@@ -693,40 +784,118 @@ TEST_CASE("copying repeated micro-steps gives the program lowering every one giv
     zero::LowerOptions lo;
     lo.world_size = 4;
     lo.rank = zero::heaviest_rank(g, cfg, 4);
-    const auto [fast, full, copied] = lower_both_ways(g, cfg, batch, lo);
+    const auto [compact, full, copied] = lower_both_ways(g, cfg, batch, lo);
     CAPTURE(stage);
     CHECK(copied == (stage == 2 ? 11 : 12));
-    CHECK(fast == full);
-    // Prices and times: copied micro-steps take their durations from the one they copy.
+    check_same_program(compact, full);
     cli::SimRequest req;
     req.model = "bert-large-uncased";
     req.gpus = 4;
     req.gpu = "V100-16GB";
     const auto in = cli::load_inputs(req);
-    const sim::ComputeModel cm(in.profile, g);
-    auto plain = fast;
-    plain.repeat = {};
-    const auto d_fast = sim::event_durations(fast, cm, *in.collectives);
-    const auto d_plain = sim::event_durations(plain, cm, *in.collectives);
-    CHECK(d_fast == d_plain);
-    const auto m_fast = sim::replay_memory(fast, sim::find_device("V100-16GB"));
-    const auto m_plain = sim::replay_memory(plain, sim::find_device("V100-16GB"));
-    CHECK(m_fast.reserved_peak == m_plain.reserved_peak);
-    CHECK(m_fast.peak_event == m_plain.peak_event);
-    CHECK(m_fast.skipped_micro_steps == m_plain.skipped_micro_steps);
+    check_same_time(run(compact, g, in, in.profile.comm_compute_interference),
+                    run(full, g, in, in.profile.comm_compute_interference), full.num_events());
+    check_same_memory(sim::replay_memory(compact, sim::find_device("V100-16GB")),
+                      sim::replay_memory(full, sim::find_device("V100-16GB")));
   }
+}
+
+TEST_CASE("large GAS: what is stored does not grow, the results equal lowering every micro-step") {
+  // GAS 64 and 1000 over sampled configurations, compared with the program lowered one by
+  // one; the stored program, the copies the engine keeps times of and the critical path's
+  // runs stay the size they are at GAS 64.
+  std::uint64_t state = 0x2545f4914f6cdd1dULL;
+  auto pick = [&](std::uint64_t n) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state % n;
+  };
+  std::map<int, cli::Inputs> inputs;
+  for (int i = 0; i < 8; ++i) {
+    const std::uint64_t saved = state;
+    std::size_t stored64 = 0, kept64 = 0, runs64 = 0;
+    for (const std::int64_t gas : {64, 1000}) {
+      state = saved;  // the same draw at both GAS
+      const Drawn d = draw(pick, gas);
+      const Lowered l = lower_drawn(d);
+      const auto& [compact, full, copied] = l.both;
+      CAPTURE(d.ds.dump());
+      CAPTURE(d.model);
+      CAPTURE(d.N);
+      CAPTURE(d.ckpt);
+      REQUIRE(copied > 0);
+      check_same_program(compact, full);
+      for (const char* gpu : {"A100-80GB", "cpu"})
+        check_same_memory(sim::replay_memory(compact, sim::find_device(gpu)),
+                          sim::replay_memory(full, sim::find_device(gpu)));
+      if (!inputs.count(d.N)) inputs.emplace(d.N, inputs_for(d.N));
+      const auto tc = run(compact, l.g, inputs.at(d.N), d.interference);
+      const auto tf = run(full, l.g, inputs.at(d.N), d.interference);
+      check_same_time(tc, tf, full.num_events());
+      CHECK(tc.ns.last > tc.ns.reference);  // the copies ran as a periodic stretch
+      if (gas == 64) {
+        stored64 = compact.events.size();
+        kept64 = tc.ns.copy_start.size();
+        runs64 = tc.critical_path.runs.size();
+      } else {
+        CHECK(compact.events.size() == stored64);
+        CHECK(tc.ns.copy_start.size() == kept64);
+        CHECK(tc.critical_path.runs.size() == runs64);
+      }
+    }
+  }
+}
+
+TEST_CASE("GAS 32767 stored once: the results of the 4.9-million-event program lowered one by one") {
+  // The largest GAS accepted, on the smallest model, overlapped streams and interference:
+  // the program lowered one by one (every event stored, about 1.8 GB while it runs) gives
+  // the compact program's reports exactly.
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1}, {"gradient_accumulation_steps", 32767},
+                      {"fp16", {{"enabled", true}}},
+                      {"zero_optimization", {{"stage", 3}, {"overlap_comm", true}, {"reduce_bucket_size", 20000},
+                                             {"stage3_prefetch_bucket_size", 20000}}}};
+  const auto cfg = zero::parse_ds_config("test.json", j);
+  const auto batch = zero::resolve_batch(cfg, 2);
+  models::GraphOptions go;
+  go.micro_batch = 1;
+  go.seq_len = 16;
+  go.act_dtype = cfg.model_dtype();
+  const auto g = models::build_graph(models::load_model("tiny-gpt2"), go);
+  zero::LowerOptions lo;
+  lo.world_size = 2;
+  const auto compact = zero::lower(g, cfg, batch, lo);
+  REQUIRE(compact.repeat.copies >= 32767 - 5);
+  const auto in = inputs_for(2);
+  const auto tc = run(compact, g, in, 0.2);
+  const auto mc = sim::replay_memory(compact, sim::find_device("A100-80GB"));
+  CHECK(tc.ns.last > tc.ns.reference);
+  CHECK(compact.events.size() < 1000);
+  lo.replicate_micro_steps = false;
+  sim::TimeReport tf;
+  sim::MemoryReport mf;
+  std::int64_t n = 0;
+  {
+    const auto full = zero::lower(g, cfg, batch, lo);
+    n = static_cast<std::int64_t>(full.events.size());
+    tf = run(full, g, in, 0.2);
+    mf = sim::replay_memory(full, sim::find_device("A100-80GB"));
+  }
+  CHECK(n == compact.num_events());
+  check_same_time(tc, tf, n);
+  check_same_memory(mc, mf);
 }
 
 namespace {
 
 // tiny-gpt2 (V = 256, C = 64, 2 layers) lowered with the given options on one rank.
-struct Lowered {
+struct LoweredWith {
   models::OpGraph g;
   zero::Program p;
 };
-Lowered lower_with(const zero::DsConfig& cfg, const zero::LowerOptions& lo, models::Attention att,
+LoweredWith lower_with(const zero::DsConfig& cfg, const zero::LowerOptions& lo, models::Attention att,
                    const std::string& model = "tiny-gpt2") {
-  Lowered l;
+  LoweredWith l;
   const auto batch = zero::resolve_batch(cfg, lo.world_size);
   models::GraphOptions go;
   go.micro_batch = batch.micro_batch;

@@ -176,11 +176,11 @@ TEST_CASE("nothing fits: the answer says so and names the smallest change that f
   for (const auto& s : sugg)
     if (s.change.find("seq-len") == 0 || s.change.find("activation") == 0) CHECK_FALSE(s.fits);
 
-  // The command says so too, with exit status 0 and "best": null.
+  // The command says so too, with exit status 3 (kExitNothingFits) and "best": null.
   const auto r = test::run_shell(std::string(ZEROPLAN_BIN) +
                                  " plan --model gpt3-175b --cluster 8xA100-80GB-NVSwitch --global-batch 64 --seq-len 2048"
                                  " --json --ds-config " + bf16_config(), false);
-  CHECK(r.status == 0);
+  CHECK(r.status == 3);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["best"].is_null());
   CHECK(j["nothing_fits"] == true);
@@ -296,7 +296,9 @@ TEST_CASE("the winner's ds_config is the base with the searched keys replaced, a
   const auto doc = nlohmann::json::parse(std::ifstream(out));
   CHECK(doc == j["best"]["ds_config"]);
   CHECK(doc["scheduler"]["type"] == "WarmupLR");  // the base's other sections stay
-  CHECK(doc["sparse_attention"]["block"] == 16);
+  // Keys DeepSpeed 0.19 refuses are left out, so DeepSpeed accepts what the plan writes.
+  CHECK_FALSE(doc.contains("sparse_attention"));
+  CHECK_FALSE(doc["zero_optimization"].contains("grad_hooks"));
   CHECK(cfg.zero.stage == j["best"]["stage"].get<int>());
   const auto b = zero::resolve_batch(cfg, 4);
   CHECK(b.train_batch_size == 4096);

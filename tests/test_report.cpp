@@ -193,6 +193,27 @@ TEST_CASE("exposed_intervals: summed by kind, the simulator's exposed communicat
   CHECK(with_gaps > 0);  // some waits are on collectives of other streams, not only blocking ones
 }
 
+TEST_CASE("series at GAS 8: repeated micro-steps expanded, every event drawn, the simulator's numbers") {
+  const std::string gas8 = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 5000, "overlap_comm": true}})";
+  const auto r = simulate_config(gas8, 2);
+  REQUIRE(r.program.repeat.copies > 0);  // simulate stores the repeated micro-steps once
+  CHECK_THROWS_AS(zp::sim::memory_series(r.program, 100), std::invalid_argument);
+  CHECK_THROWS_AS(zp::sim::exposed_intervals(r.program, r.time.report), std::invalid_argument);
+  const auto p = zp::zero::expand(r.program);
+  const auto t = zp::sim::expand_times(r.program, r.time.report);
+  REQUIRE(t.events.size() == p.events.size());
+  const auto s = zp::sim::memory_series(p, 100);
+  CHECK(s.step_events == r.program.num_events() - r.program.step_begin);
+  const auto& pk = s.samples[s.peak_sample];
+  CHECK(pk.total == r.memory.peak_allocated);
+  CHECK(pk.at == r.memory.peak_event);
+  std::array<double, zp::zero::kNumCollKinds> sum{};
+  for (const auto& x : zp::sim::exposed_intervals(p, t)) sum[static_cast<std::size_t>(x.kind)] += (x.end - x.start).v;
+  for (int k = 0; k < zp::zero::kNumCollKinds; ++k)
+    CHECK(sum[static_cast<std::size_t>(k)] == doctest::Approx(t.comm.exposed[static_cast<std::size_t>(k)].v).epsilon(1e-12));
+}
+
 TEST_CASE("report from the inputs: every view, the numbers of simulate --json, offline") {
   const std::string ds = file("ds.json", kConfig);
   const std::string out = path("page.html");

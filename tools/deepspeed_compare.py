@@ -127,7 +127,7 @@ def main():
             keep.append({k: run[k] for k in ("name", "model", "arch", "attention", "dtype", "stage", "micro_batch", "seq_len",
                                               "gas", "keep_output", "ds_config", "params", "param_tensors", "param_modules",
                                               "optimizer_class", "inner_optimizer_class", "memory", "phases_s",
-                                              "iteration_s", "skipped_steps") if k in run})
+                                              "iteration_s", "phases_all_s", "skipped_steps") if k in run})
             keep[-1]["memory"] = {k: v for k, v in run["memory"].items() if k != "at_peak"}
             keep[-1]["gpu_s"] = {ph: v["gpu_busy_s"] for ph, v in run.get("profile", {}).get("phases", {}).items()}
         with open(args.write_reference, "w") as f:

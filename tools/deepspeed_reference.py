@@ -613,16 +613,27 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated run names (or name prefixes)")
     ap.add_argument("--exact", action="store_true", help="--only names are exact (no prefixes); no isolation")
     ap.add_argument("--validate-config", nargs="*", default=None, help="check ds_configs with DeepSpeedConfig")
+    ap.add_argument("--world-size", type=int, default=1, help="data-parallel size the configs are checked for")
     args = ap.parse_args()
 
     if args.validate_config is not None:
         from deepspeed.runtime.config import DeepSpeedConfig
 
+        class DataParallelOf:  # the model-parallel unit DeepSpeedConfig asks for the data-parallel size
+            def __init__(self, n):
+                self.n = n
+
+            def get_data_parallel_world_size(self):
+                return self.n
+
+            def get_model_parallel_world_size(self):
+                return 1
+
         init_process()
         bad = 0
         for p in args.validate_config:
             try:
-                DeepSpeedConfig(p)
+                DeepSpeedConfig(p, mpu=DataParallelOf(args.world_size))
                 log(f"accepted {p}")
             except Exception as e:  # noqa: BLE001
                 bad += 1

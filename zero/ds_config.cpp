@@ -103,8 +103,8 @@ Keys zero_keys() {
          "zero_quantized_gradients", "zeropp_loco_param", "mics_shard_size",
          "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
          "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-         "save_muon_momentum_buffer_in_memory", "leaf_module",
-         "grad_hooks"};  // legacy (DeepSpeed < 0.6), still in published examples
+         "save_muon_momentum_buffer_in_memory", "leaf_module", "compute_grad_norm", "parameter_alignment",
+         "grad_hooks"};  // legacy: DeepSpeed 0.19 refuses it (kRefusedByDeepSpeed), old examples carry it
   for (const auto& a : kZeroAliases) {
     k.emplace_back(a.canonical);
     k.emplace_back(a.alt);
@@ -230,6 +230,70 @@ std::string display_file(const DsConfig& cfg) {
 
 void warn_not_modelled(DsConfig& cfg, const std::string& key, std::string_view what) {
   cfg.warnings.push_back(fmt::format("{}: {}: accepted but not modelled: {}", display_file(cfg), key, what));
+}
+
+// Keys DeepSpeed 0.19 refuses that older releases accepted (runtime/config.py's
+// _REMOVED_TOP_LEVEL_CONFIG_KEYS and _REMOVED_ZERO_CONFIG_KEYS, raised as DeepSpeedConfigError;
+// and keys that are not fields of its validated section models, whose unknown keys are errors).
+// zeroplan still reads them, so that an old config keeps its meaning, but says so, and never
+// writes them (to_json), so every ds_config it writes is one DeepSpeed 0.19 accepts.
+struct RefusedKey {
+  const char* section;   // "" for top-level keys
+  const char* key;
+  const char* reason;    // DeepSpeed's reason
+  const char* accepted;  // which releases accepted it, as a clause
+};
+constexpr const char* kRemovedIn019 =
+    "DeepSpeed 0.18 and older accepted it (it went with the removals of deepspeedai/DeepSpeed#8489)";
+constexpr RefusedKey kRefusedByDeepSpeed[] = {
+    {"", "sparse_attention", "DeepSpeed Sparse Attention has been removed", kRemovedIn019},
+    {"", "nebula", "Nebula checkpointing has been removed", kRemovedIn019},
+    {"", "compression_training", "the DeepSpeed compression library has been removed", kRemovedIn019},
+    {"", "amp", "NVIDIA Apex AMP integration has been removed (use fp16, bf16 or torch_autocast)", kRemovedIn019},
+    {"", "quantize_training", "Mixture-of-Quantization (quantize_training) has been removed", kRemovedIn019},
+    {"", "sparse_gradients", "sparse compression of dense embedding gradients has been removed", kRemovedIn019},
+    {"", "eigenvalue", "eigenvalue-based Mixture-of-Quantization has been removed", kRemovedIn019},
+    {"", "elasticity", "elastic training has been removed (set the batch keys directly)", kRemovedIn019},
+    {"", "graph_harvesting", "graph harvesting has been removed", kRemovedIn019},
+    {"", "curriculum_learning",
+     "top-level curriculum_learning has been removed (use data_efficiency.data_sampling.curriculum_learning)",
+     kRemovedIn019},
+    {"", "progressive_layer_drop", "Progressive Layer Dropping has been removed", kRemovedIn019},
+    {"zero_optimization", "mics_shard_size", "MiCS ZeRO-3 sharding has been removed", kRemovedIn019},
+    {"zero_optimization", "mics_hierarchical_params_gather", "MiCS ZeRO-3 sharding has been removed", kRemovedIn019},
+    {"zero_optimization", "zeropp_loco_param", "LoCo-Zero++ has been removed", kRemovedIn019},
+    {"zero_optimization", "grad_hooks",
+     "not a field of its ZeRO config, which refuses unknown keys (extra keys are forbidden)",
+     "releases from before DeepSpeed validated its ZeRO config (0.6, 2022) ignored it"},
+    {"bf16", "check_overflow", "not a field of its bf16 config",
+     "its spelling is check_grad_overflow"},
+};
+
+void warn_refused_by_deepspeed(const json& doc, DsConfig& cfg) {
+  for (const auto& k : kRefusedByDeepSpeed) {
+    const json* sec = &doc;
+    if (*k.section != '\0') {
+      auto it = doc.find(k.section);
+      if (it == doc.end() || !it->is_object()) continue;
+      sec = &*it;
+    }
+    if (!sec->contains(k.key)) continue;
+    const std::string path = *k.section != '\0' ? fmt::format("{}.{}", k.section, k.key) : std::string(k.key);
+    cfg.warnings.push_back(fmt::format(
+        "{}: {}: DeepSpeed 0.19 refuses this key: {}; {}. Remove it to run DeepSpeed 0.19 "
+        "(the ds_configs zeroplan writes leave it out)",
+        display_file(cfg), path, k.reason, k.accepted));
+  }
+}
+
+void erase_refused_keys(json& out) {
+  for (const auto& k : kRefusedByDeepSpeed) {
+    if (*k.section == '\0') {
+      out.erase(k.key);
+    } else if (auto it = out.find(k.section); it != out.end() && it->is_object()) {
+      it->erase(k.key);
+    }
+  }
 }
 
 bool has(const json& obj, std::string_view key) {
@@ -854,6 +918,7 @@ DsConfig parse_ds_config(const std::string& file, const nlohmann::json& doc) {
   read_activation_checkpointing(top, r, cfg);
   read_sparse_attention(top, r, cfg);
   read_unmodelled(top, r, cfg);
+  warn_refused_by_deepspeed(doc, cfg);
   return cfg;
 }
 
@@ -918,6 +983,17 @@ Batch resolve_batch(const DsConfig& cfg, std::int64_t world_size) {
   } else if (mb) {
     b = {checked_mul(*mb, world_size, file, "train_micro_batch_size_per_gpu"), *mb, 1};
   } else {
+    // Hugging Face's "auto" placeholders read as absent: say so, and what to pass instead.
+    const auto was_auto = [&](std::string_view key) {
+      for (const auto& w : cfg.warnings)
+        if (w.find(fmt::format(": {}: \"auto\"", key)) != std::string::npos) return true;
+      return false;
+    };
+    if (was_auto("train_batch_size") || was_auto("train_micro_batch_size_per_gpu"))
+      throw InputError(file, "train_batch_size",
+                       "the batch sizes are \"auto\" (placeholders the Hugging Face Trainer fills in from its own "
+                       "arguments), so no batch size is set; pass --micro-batch B (or, for plan, --global-batch G), or "
+                       "write the numbers into the file");
     throw InputError(file, "train_batch_size", "train_batch_size or train_micro_batch_size_per_gpu must be set");
   }
   // A step program numbers its micro-steps in 16 bits.
@@ -956,6 +1032,8 @@ json offload_json(const json& old, const OffloadConfig& o, bool is_param) {
 }
 
 }  // namespace
+
+void erase_refused_by_deepspeed(nlohmann::json& doc) { erase_refused_keys(doc); }
 
 nlohmann::json to_json(const DsConfig& cfg) {
   json out = cfg.raw.is_object() ? cfg.raw : json::object();
@@ -1095,30 +1173,8 @@ nlohmann::json to_json(const DsConfig& cfg) {
     out.erase("optimizer");
   }
 
-  // Sparse attention: the keys of its mode.
-  if (cfg.sparse_attention.present) {
-    const SparseAttentionConfig& sa = cfg.sparse_attention;
-    json s = json::object();
-    for (const auto& k : sparse_keys(sa.mode)) {
-      if (k == "mode") s[k] = sa.mode;
-      else if (k == "block") s[k] = sa.block;
-      else if (k == "different_layout_per_head") s[k] = sa.different_layout_per_head;
-      else if (k == "num_local_blocks") s[k] = sa.num_local_blocks;
-      else if (k == "num_global_blocks") s[k] = sa.num_global_blocks;
-      else if (k == "attention") s[k] = sa.attention;
-      else if (k == "horizontal_global_attention") s[k] = sa.horizontal_global_attention;
-      else if (k == "num_different_global_patterns") s[k] = sa.num_different_global_patterns;
-      else if (k == "num_random_blocks") s[k] = sa.num_random_blocks;
-      else if (k == "local_window_blocks") s[k] = sa.local_window_blocks;
-      else if (k == "global_block_indices") s[k] = sa.global_block_indices;
-      else if (k == "global_block_end_indices") {
-        if (!sa.global_block_end_indices.empty()) s[k] = sa.global_block_end_indices;
-      } else if (k == "num_sliding_window_blocks") s[k] = sa.num_sliding_window_blocks;
-    }
-    out["sparse_attention"] = s;
-  } else {
-    out.erase("sparse_attention");
-  }
+  // Keys DeepSpeed 0.19 refuses (sparse_attention among them) are never written.
+  erase_refused_keys(out);
   return out;
 }
 

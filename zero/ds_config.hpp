@@ -184,5 +184,8 @@ Batch resolve_batch(const DsConfig& cfg, std::int64_t world_size);
 
 // Serialise back to ds_config JSON (raw with the modelled keys replaced by cfg's values).
 nlohmann::json to_json(const DsConfig& cfg);
+// Removes from a ds_config document the keys DeepSpeed 0.19 refuses (its removed features
+// and legacy spellings; parse_ds_config warns about each), so that DeepSpeed accepts it.
+void erase_refused_by_deepspeed(nlohmann::json& doc);
 
 }  // namespace zp::zero

@@ -4,12 +4,16 @@
 // behaviour is modelled.
 #include "zero/lower.hpp"
 
+#include <algorithm>
 #include <array>
+#include <limits>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
+#include "core/error.hpp"
 #include "zero/lower/context.hpp"
 #include "zero/lower/optimizer.hpp"
-#include "zero/lower/replicate.hpp"
 #include "zero/lower/walk.hpp"
 
 namespace zp::zero {
@@ -17,18 +21,30 @@ namespace zp::zero {
 namespace {
 
 using lowering::Context;
-using lowering::Marks;
 
-// Size the program once: about three events and two buffers per op and micro-step.
+// Size the program once: about three events and two buffers per op and stored micro-step
+// (at most six are stored when repeating ones are represented once).
 void reserve(const Context& c) {
   const auto per_micro = c.g.ops.size() * (c.ckpt ? 4 : 3) + c.g.params.size() * 2;
-  const auto n = per_micro * static_cast<std::size_t>(c.gas()) + 64;
+  const auto micro = static_cast<std::size_t>(c.opt.replicate_micro_steps ? std::min(c.gas(), 6) : c.gas());
+  const auto n = per_micro * micro + 64;
   c.p.events.reserve(n);
   c.p.buffers.reserve(n);
   c.p.alloc_list.reserve(n);
   c.p.free_list.reserve(n);
-  c.p.dep_list.reserve(2 * per_micro * static_cast<std::size_t>(c.gas()) + 64);
+  c.p.dep_list.reserve(2 * per_micro * micro + 64);
   c.p.slice_list.reserve(n);
+}
+
+// The step's events and buffers must be numbered by 32-bit ids once every micro-step is
+// counted (Program::num_events).
+void check_size(const Context& c, const Program& p) {
+  constexpr std::int64_t kMax = std::numeric_limits<EventId>::max();
+  if (p.num_events() <= kMax && p.num_buffers() <= kMax) return;
+  throw InputError(c.cfg.file, "gradient_accumulation_steps",
+                   fmt::format("{} micro-steps of {} make a step of {} events and {} buffers; at most {} of each "
+                               "are supported: use fewer micro-steps (a larger micro-batch)",
+                               c.gas(), c.g.cfg.name, p.num_events(), p.num_buffers(), kMax));
 }
 
 void run(Context& c, lowering::OptimizerLowering& optimizer, lowering::Walk& walk) {
@@ -43,38 +59,39 @@ void run(Context& c, lowering::OptimizerLowering& optimizer, lowering::Walk& wal
   const int G = c.gas();
   // Micro-steps are lowered one by one until one repeats the one before it: micro-step 2
   // micro-step 1, else 3 micro-step 2 (micro-step 0 may differ from the rest, and with it
-  // where micro-step 1 finds what micro-step 0 left). The micro-steps after it, to G-2,
-  // are then copies of it.
-  std::array<Marks, 5> at{};
+  // where micro-step 1 finds what micro-step 0 left). That one then stands for the
+  // micro-steps after it, to G-2 (Program::repeat); the last micro-step and the step are
+  // lowered right after it.
+  std::array<ListMarks, 5> at{};
   int m = 0, compared = -1;
   for (; m < G; ++m) {
     if (m < static_cast<int>(at.size())) {
       c.b.close();  // finishes the event before; the micro-step opens its own first
-      at[static_cast<std::size_t>(m)] = lowering::marks(p);
+      at[static_cast<std::size_t>(m)] = list_marks(p);
     }
     if ((m == 3 || m == 4) && c.opt.replicate_micro_steps && G > m + 1 &&
-        lowering::periodic(p, at[static_cast<std::size_t>(m - 2)], at[static_cast<std::size_t>(m - 1)],
-                           at[static_cast<std::size_t>(m)])) {
+        repeats_previous(p, at[static_cast<std::size_t>(m - 2)], at[static_cast<std::size_t>(m - 1)],
+                         at[static_cast<std::size_t>(m)])) {
       compared = m - 2;
       break;
     }
     walk.micro_step(m);
   }
   if (compared >= 0) {
-    // Lower the last micro-step and the step right after the repeating one, then make
-    // room for the copies.
-    const Marks& a = at[static_cast<std::size_t>(compared)];
-    const Marks& b = at[static_cast<std::size_t>(compared + 1)];
-    const Marks& cm = at[static_cast<std::size_t>(compared + 2)];
+    const ListMarks& a = at[static_cast<std::size_t>(compared)];
+    const ListMarks& b = at[static_cast<std::size_t>(compared + 1)];
     const int copies = G - 1 - m;
+    p.repeat = {static_cast<EventId>(b.events), static_cast<EventId>(b.events - a.events),
+                static_cast<BufferId>(b.buffers), static_cast<BufferId>(b.buffers - a.buffers), copies};
     walk.micro_step(G - 1);
+    c.host_step(optimizer.host_step(), optimizer.host_step_tensors());
     optimizer.step();
     c.b.close();
-    lowering::replicate(p, a, b, cm, copies);
-    p.repeat = {static_cast<EventId>(b.events), static_cast<EventId>(cm.events - b.events), copies};
+    check_size(c, p);
     if (c.opt.copied_micro_steps) *c.opt.copied_micro_steps = copies;
     return;
   }
+  c.host_step(optimizer.host_step(), optimizer.host_step_tensors());
   optimizer.step();
   c.b.close();
 }

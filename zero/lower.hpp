@@ -18,6 +18,10 @@ struct LowerOptions {
   int gpus_per_node = 8;             // for hpZ groups
   bool activation_checkpointing = false;  // per-layer (HF gradient_checkpointing_enable); must be the
                                           // graph's models::GraphOptions::gradient_checkpointing
+  // The host thread's work (EventKind::host): PyTorch's dispatch and the Python of the model
+  // and of DeepSpeed, which the device waits for when the host falls behind. Off: the
+  // program describes the device's work alone (an ideal host).
+  bool host_work = true;
   // The caller keeps the model's output object (models::OpGraph::outputs: logits, the KV
   // cache) until the end of the micro-step; by default it drops it after the forward, as
   // HF Trainer does.
@@ -29,11 +33,11 @@ struct LowerOptions {
   Bytes cublas_workspace{0};
   Bytes cublaslt_workspace{0};
   // The middle micro-steps repeat: when micro-step 2 is micro-step 1 moved by one
-  // micro-step's worth of ids (else 3 micro-step 2), the ones after it to GAS-2 are copied
-  // instead of lowered (the program is identical either way; tests compare the two).
-  // Off: lower every one.
+  // micro-step's worth of ids (else 3 micro-step 2), it stands for the ones after it to
+  // GAS-2 (Program::repeat: stored once, whatever GAS is; zero::expand lists every one).
+  // Off: lower and store every micro-step one by one (the reference tests compare with).
   bool replicate_micro_steps = true;
-  int* copied_micro_steps = nullptr;   // out, when set: how many micro-steps were copied
+  int* copied_micro_steps = nullptr;   // out, when set: how many micro-steps the repeat stands for
 };
 
 Program lower(const models::OpGraph& g, const DsConfig& cfg, const Batch& batch, const LowerOptions& opt);

@@ -49,6 +49,7 @@ const char* event_kind_name(EventKind k) {
     case EventKind::copy: return "copy";
     case EventKind::optimizer: return "optimizer";
     case EventKind::marker: return "marker";
+    case EventKind::host: return "host";
   }
   return "?";
 }
@@ -82,14 +83,18 @@ const char* trigger_name(Trigger t) {
 }
 
 std::string Program::event_name(EventId id) const {
-  const Event& e = events.at(static_cast<std::size_t>(id));
+  const StoredRef at = stored_event(id);
+  if (at.id < 0 || static_cast<std::size_t>(at.id) >= events.size())
+    throw std::out_of_range(fmt::format("event {} is not in the program", id));
+  const Event& e = events[static_cast<std::size_t>(at.id)];
   const std::string& label = e.label >= 0 ? labels[static_cast<std::size_t>(e.label)] : std::string("?");
-  if (e.micro_step >= 0) return fmt::format("ms{}/{}/{}", e.micro_step, phase_name(e.phase), label);
+  if (e.micro_step >= 0) return fmt::format("ms{}/{}/{}", e.micro_step + at.copy, phase_name(e.phase), label);
   return fmt::format("{}/{}", phase_name(e.phase), label);
 }
 
 std::string Program::buffer_name(BufferId id) const {
-  const Buffer& b = buffers.at(static_cast<std::size_t>(id));
+  const StoredRef at = stored_buffer(id);
+  const Buffer& b = buffers.at(static_cast<std::size_t>(at.id));
   return b.name >= 0 ? labels[static_cast<std::size_t>(b.name)] : fmt::format("buffer{}", id);
 }
 
@@ -145,34 +150,40 @@ const char* copy_op_name(CopyOp c) {
 }
 
 void Program::validate() const {
+  // Names by stored id (event_name and buffer_name take logical ids).
+  auto ename = [&](EventId id) { return event_name(logical_event(id)); };
+  auto bname = [&](BufferId id) { return buffer_name(logical_buffer(id)); };
   std::vector<EventId> allocated_at(buffers.size(), -1), freed_at(buffers.size(), -1);
   for (const Event& e : events) {
     if (e.id != static_cast<EventId>(&e - events.data()))
       throw std::logic_error(fmt::format("event {} has id {}", &e - events.data(), e.id));
     for (EventId d : deps(e))
       if (d < 0 || d >= e.id)
-        throw std::logic_error(fmt::format("{}: dependency {} does not point backwards", event_name(e.id), d));
+        throw std::logic_error(fmt::format("{}: dependency {} does not point backwards", ename(e.id), d));
     for (BufferId b : allocs(e)) {
       if (allocated_at[static_cast<std::size_t>(b)] >= 0)
-        throw std::logic_error(fmt::format("{}: buffer {} allocated twice", event_name(e.id), buffer_name(b)));
+        throw std::logic_error(fmt::format("{}: buffer {} allocated twice", ename(e.id), bname(b)));
       allocated_at[static_cast<std::size_t>(b)] = e.id;
     }
     for (BufferId b : frees(e)) {
       if (allocated_at[static_cast<std::size_t>(b)] < 0)
-        throw std::logic_error(fmt::format("{}: buffer {} freed before allocation", event_name(e.id), buffer_name(b)));
+        throw std::logic_error(fmt::format("{}: buffer {} freed before allocation", ename(e.id), bname(b)));
       if (freed_at[static_cast<std::size_t>(b)] >= 0)
-        throw std::logic_error(fmt::format("{}: buffer {} freed twice", event_name(e.id), buffer_name(b)));
+        throw std::logic_error(fmt::format("{}: buffer {} freed twice", ename(e.id), bname(b)));
       if (allocated_at[static_cast<std::size_t>(b)] < step_begin && e.id >= step_begin)
-        throw std::logic_error(fmt::format("{}: persistent buffer {} freed in the step", event_name(e.id), buffer_name(b)));
+        throw std::logic_error(fmt::format("{}: persistent buffer {} freed in the step", ename(e.id), bname(b)));
       freed_at[static_cast<std::size_t>(b)] = e.id;
     }
   }
   for (std::size_t b = 0; b < buffers.size(); ++b) {
     if (allocated_at[b] < 0)
-      throw std::logic_error(fmt::format("buffer {} is never allocated", buffer_name(static_cast<BufferId>(b))));
+      throw std::logic_error(fmt::format("buffer {} is never allocated", bname(static_cast<BufferId>(b))));
     if (allocated_at[b] >= step_begin && freed_at[b] < 0)
-      throw std::logic_error(fmt::format("buffer {} allocated in the step is never freed", buffer_name(static_cast<BufferId>(b))));
+      throw std::logic_error(fmt::format("buffer {} allocated in the step is never freed", bname(static_cast<BufferId>(b))));
   }
+  if (!repeat_is_valid(*this))
+    throw std::logic_error(fmt::format("repeat (block at event {}, {} events, {} copies) is not the micro-step before it "
+                                       "moved by one", repeat.first, repeat.events, repeat.copies));
 }
 
 }  // namespace zp::zero

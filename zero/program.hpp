@@ -1,8 +1,9 @@
 #pragma once
 // The step program: for one rank, the ordered events of one optimizer step (all
-// micro-steps), each on a named stream with explicit dependencies. Both interpreters
-// consume it unchanged: sim/ gives each event a cost and replays its allocations;
-// exec/ runs each event with real kernels and collectives.
+// micro-steps; those that repeat the one before them are stored once: Repeat), each on a
+// named stream with explicit dependencies. Both interpreters consume it unchanged: sim/
+// gives each event a cost and replays its allocations; exec/ runs each event with real
+// kernels and collectives.
 //
 // Conventions
 //  - Program order is issue order: the order one host thread issues the work, which
@@ -15,6 +16,7 @@
 //    ZeRO-3 module trace is complete). The prologue events allocate them once.
 //  - Collective `elements` is the full logical buffer: all-reduce/reduce/broadcast the
 //    reduced buffer, all-gather the gathered output, reduce-scatter the input.
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -50,8 +52,36 @@ enum class EventKind : std::uint8_t {
   copy,         // memory copy: flatten, cast, copy into a bucket, offload transfers
   optimizer,    // the optimizer update of a partition (device or host)
   marker,       // allocation/free point without work (e.g. zero_grad)
+  host,         // framework work on the host thread (HostWork); the device events it issues wait for it
 };
+constexpr int kNumEventKinds = 5;
 const char* event_kind_name(EventKind k);
+
+// What a host event (EventKind::host, on Stream::host) stands for: the host thread's share of
+// training, which the GPU's work waits for when the host falls behind. PyTorch's eager
+// dispatch and kernel launches and the model's Python for `ops` graph ops (forward or
+// recomputation, or backward nodes, by the event's phase), DeepSpeed's Python in
+// `grad_hooks` gradient hooks (stages 1/2 and BF16_Optimizer; stage 3's in
+// `stage3_grad_hooks`) and in stage 3's fetch/release hooks of `module_visits` module visits, and the optimizer step's loop over `tensors` parameter tensors with its .item()
+// synchronisations (`step`: the wrapper that runs it). sim/ prices it with the profile's
+// HostCosts; the executor does this work itself and treats the event as a marker.
+enum class HostStep : std::uint8_t {
+  none,
+  fp16_optimizer,   // stage 0 with 16-bit params (runtime/fp16/fused_optimizer.py)
+  bf16_optimizer,   // stage 1 + bf16 + fp32 gradient accumulation (runtime/bf16_optimizer.py)
+  zero_optimizer,   // stages 1/2 (runtime/zero/stage_1_and_2.py)
+  zero3_optimizer,  // stage 3 (runtime/zero/stage3.py)
+  plain,            // fp32 without ZeRO: the torch optimizer alone
+};
+struct HostWork {
+  std::int32_t ops = 0;
+  std::int32_t grad_hooks = 0;
+  std::int32_t stage3_grad_hooks = 0;
+  std::int32_t module_visits = 0;
+  HostStep step = HostStep::none;
+  std::int32_t tensors = 0;        // parameter tensors the step loops over
+  bool operator==(const HostWork&) const = default;
+};
 
 enum class CollKind : std::uint8_t { all_reduce, reduce, reduce_scatter, all_gather, broadcast, all_to_all };
 constexpr int kNumCollKinds = 6;
@@ -206,6 +236,8 @@ struct Event {
   std::uint32_t free_begin = 0, free_end = 0;
   std::uint32_t dep_begin = 0, dep_end = 0;
   std::uint32_t slice_begin = 0, slice_end = 0;
+  // host (EventKind::host)
+  HostWork host;
   bool operator==(const Event&) const = default;
 };
 
@@ -229,16 +261,37 @@ struct ProgramInfo {
   bool operator==(const ProgramInfo&) const = default;
 };
 
-// Micro-steps the lowering copied rather than lowered (LowerOptions::replicate_micro_steps):
-// for k = 1 .. copies, the events [first + k·events, first + (k+1)·events) are the events
-// [first, first + events) with their ids, buffers and references moved by k micro-steps
-// (references to what came before the micro-step before `first` stay). Their costs and
-// their requests to the allocator are the same; consumers may use that, or ignore it.
+// Micro-steps represented once (LowerOptions::replicate_micro_steps). The stored events
+// [first, first + events) — the block — are one micro-step that stands for itself and
+// `copies` more: copy k (1 .. copies) is the block moved by k micro-steps, its events at ids
+// moved by k × events, its buffers at ids moved by k × buffers, its micro-step + k, its
+// references into itself or into the micro-step stored just before it (events
+// [first - events, first), buffers [first_buffer - buffers, first_buffer)) moved by k
+// micro-steps, its references to anything before those fixed. The events and buffers stored
+// after the block (the last micro-step and the step) stand at ids moved by copies ×
+// events (× buffers); their references into the block or the micro-step before it stand
+// for the last copy and the one before it. Every buffer the block allocates is freed by the
+// end of the micro-step after it; the block frees nothing allocated before the micro-step
+// stored before it.
+//
+// Stored ids are positions in Program::events and Program::buffers (an event's `id`, its
+// lists and its operands use them); logical ids number the step as expanded (`expand`),
+// and reports, names and traces use logical ids. Without copies the two are the same.
 struct Repeat {
-  EventId first = -1;
-  EventId events = 0;
+  EventId first = -1;          // the block's first stored event
+  EventId events = 0;          // events per micro-step
+  BufferId first_buffer = -1;  // the block's first stored buffer
+  BufferId buffers = 0;        // buffers per micro-step
   int copies = 0;
   bool operator==(const Repeat&) const = default;
+};
+
+// A logical event or buffer as stored: the stored id and which copy of it it is (0: the
+// stored one itself).
+struct StoredRef {
+  std::int32_t id = -1;
+  int copy = 0;
+  bool operator==(const StoredRef&) const = default;
 };
 
 struct Program {
@@ -266,17 +319,53 @@ struct Program {
   std::span<const BucketSlice> slices(const Event& e) const {
     return {slice_list.data() + e.slice_begin, e.slice_end - e.slice_begin};
   }
-  // Stable, readable event id shared by predicted and measured traces:
+  // The step as expanded: its number of events and buffers (logical ids run below these).
+  std::int64_t num_events() const {
+    return static_cast<std::int64_t>(events.size()) + static_cast<std::int64_t>(repeat.copies) * repeat.events;
+  }
+  std::int64_t num_buffers() const {
+    return static_cast<std::int64_t>(buffers.size()) + static_cast<std::int64_t>(repeat.copies) * repeat.buffers;
+  }
+  // Whether stored event `id` is in the block, and how many logical events it stands for:
+  // 1 + copies in the block, 1 elsewhere.
+  bool in_block(EventId id) const { return repeat.copies > 0 && id >= repeat.first && id < repeat.first + repeat.events; }
+  std::int64_t copies_of(EventId id) const { return in_block(id) ? 1 + repeat.copies : 1; }
+  // Logical ↔ stored (see Repeat).
+  StoredRef stored_event(EventId logical) const;
+  EventId logical_event(EventId stored, int copy = 0) const;
+  StoredRef stored_buffer(BufferId logical) const;
+  BufferId logical_buffer(BufferId stored, int copy = 0) const;
+  // Stable, readable event id shared by predicted and measured traces, by logical id:
   // "ms3/bwd/layer5.mlp.fc", "step/allgather.0", "init/params16".
   std::string event_name(EventId id) const;
-  std::string buffer_name(BufferId id) const;
+  std::string buffer_name(BufferId id) const;  // by logical id
   // Bytes one rank sends for collective event e (ring algorithm volumes).
   Bytes bytes_sent(const Event& e) const;
   // Checks the invariants (deps backwards, every buffer allocated once and freed at most
   // once after its allocation, persistent buffers never freed in the step; the prologue may
-  // free the set-up's temporaries). Throws
-  // std::logic_error describing the first violation.
+  // free the set-up's temporaries) of the stored events, and that the block repeats the
+  // micro-step stored before it as Repeat says (so the expanded step keeps them too).
+  // Throws std::logic_error describing the first violation.
   void validate() const;
 };
+
+// Positions in a program's lists where something begins (a micro-step, the tail).
+struct ListMarks {
+  std::size_t events = 0, buffers = 0, allocs = 0, frees = 0, deps = 0, slices = 0;
+};
+// The ends of the lists now (where the next event, buffer, ... goes).
+ListMarks list_marks(const Program& p);
+// Whether the stored events [b, c) are the events [a, b) moved by one micro-step: the same
+// events, buffers, lists and labels, every reference relative (into itself or the one
+// before: it moves with the micro-step) or fixed (before both), and every buffer [a, b)
+// allocates freed by c.
+bool repeats_previous(const Program& p, const ListMarks& a, const ListMarks& b, const ListMarks& c);
+// Whether Program::repeat is empty, or describes a block (in range) that repeats the
+// micro-step stored before it; validate() checks it.
+bool repeat_is_valid(const Program& p);
+// The step with every micro-step stored: the copies of the block in place, the events after
+// them moved, every reference moved (Program::repeat cleared). For the executor, which runs
+// every micro-step, and for tests; ids of the result are the logical ids.
+Program expand(const Program& p);
 
 }  // namespace zp::zero

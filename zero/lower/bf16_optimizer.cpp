@@ -25,6 +25,7 @@ void Bf16OptimizerLowering::grad_produced(MicroState& st, models::ParamId p, mod
 
 void Bf16OptimizerLowering::grad_hook(MicroState& st, models::ParamId p) {
   Builder& b = c_.b;
+  c_.host_hook(Phase::backward);
   auto& pg = st.param_grad[static_cast<std::size_t>(p)];
   Event& e = b.begin(EventKind::copy, Stream::compute, Phase::backward, c_.at.micro,
                      b.cached(LabelKind::accumulate_fp32, p, [&] { return fmt::format("accumulate_fp32.{}", c_.pname(p)); }));

@@ -15,6 +15,8 @@ class Bf16OptimizerLowering : public OptimizerLowering {
   void prologue() override;
   void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
   void grad_hook(MicroState& st, models::ParamId p) override;
+  HostStep host_step() const override { return HostStep::bf16_optimizer; }
+  std::int32_t host_step_tensors() const override { return static_cast<std::int32_t>(c_.g.params.size()); }
   void end_of_backward() override;
   void step() override;
 

@@ -34,7 +34,7 @@ class Builder {
   }
   // A name issued as it comes (every micro-step's "batch", the step's "optimizer") is
   // interned: issued again it gets the index it got first, so a program's labels do not
-  // depend on how many micro-steps were lowered one by one (see replicate.hpp).
+  // depend on how many micro-steps were lowered one by one (Program::repeat).
   std::int32_t label(std::string s) {
     auto [it, fresh] = interned_.try_emplace(s, static_cast<std::int32_t>(p_.labels.size()));
     if (fresh) p_.labels.push_back(std::move(s));
@@ -85,6 +85,8 @@ class Builder {
 
   Event& begin(EventKind k, Stream s, Phase ph, int micro, std::int32_t lbl) {
     close();
+    const EventId waits = next_waits_for_;
+    next_waits_for_ = -1;
     Event& e = p_.events.emplace_back();
     e.id = static_cast<EventId>(p_.events.size() - 1);
     e.kind = k;
@@ -97,8 +99,11 @@ class Builder {
     e.dep_begin = e.dep_end = static_cast<std::uint32_t>(p_.dep_list.size());
     e.slice_begin = e.slice_end = static_cast<std::uint32_t>(p_.slice_list.size());
     open_ = true;
+    dep(waits);
     return e;
   }
+  // The next event begun depends on `d` (the host event that issues it, for instance).
+  void next_waits_for(EventId d) { next_waits_for_ = d; }
   Event& begin(EventKind k, Stream s, Phase ph, int micro, std::string lbl) {
     return begin(k, s, ph, micro, label(std::move(lbl)));
   }
@@ -125,6 +130,7 @@ class Builder {
  private:
   Program& p_;
   bool open_ = false;
+  EventId next_waits_for_ = -1;
   std::unordered_map<std::uint64_t, std::int32_t> cache_;
   std::unordered_map<std::string, std::int32_t> interned_;
   std::array<std::vector<std::int32_t>, kNumLabelKinds> flat_;  // one per LabelKind

@@ -195,4 +195,51 @@ Event& Context::collective(Stream s, Phase ph, int micro, std::int32_t label, Co
   return c;
 }
 
+HostWork& Context::host_event(Phase ph, bool full) {
+  // Recomputation is dispatched like the forward it repeats, and priced the same way.
+  if (at.host < 0 || at.host_micro != at.micro || at.host_phase != ph || full) {
+    const std::int32_t lbl = b.label(ph == Phase::backward ? "host.backward" : "host.dispatch");
+    Event& h = b.begin(EventKind::host, Stream::host, ph, at.micro, lbl);
+    at.host = h.id;
+    at.host_micro = at.micro;
+    at.host_phase = ph;
+    at.host_ops = 0;
+  }
+  return p.events[static_cast<std::size_t>(at.host)].host;
+}
+
+void Context::dispatch(Phase ph) {
+  if (!opt.host_work) return;
+  HostWork& h = host_event(ph, at.host_ops >= kHostGroupOps);
+  ++h.ops;
+  ++at.host_ops;
+  b.next_waits_for(at.host);
+}
+
+void Context::host_hook(Phase ph) {
+  if (!opt.host_work) return;
+  HostWork& h = host_event(ph, false);
+  ++(stage == 3 ? h.stage3_grad_hooks : h.grad_hooks);
+}
+
+void Context::host_module_visit(Phase ph) {
+  if (!opt.host_work) return;
+  ++host_event(ph, false).module_visits;
+}
+
+void Context::host_step(HostStep kind, std::int32_t tensors) {
+  if (!opt.host_work) return;
+  Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step"));
+  h.host.step = kind;
+  h.host.tensors = tensors;
+  // Its first .item() waits for the gradients: everything the backward and the reductions issued.
+  b.dep(at.last_compute);
+  b.dep(at.last_reduce);
+  at.host = h.id;
+  at.host_micro = -1;
+  at.host_phase = Phase::step;
+  at.host_ops = 0;
+  b.next_waits_for(h.id);
+}
+
 }  // namespace zp::zero::lowering

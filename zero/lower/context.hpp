@@ -19,12 +19,13 @@
 //   optimizer_step   the pieces every step shares: norm/overflow all-reduces, the update,
 //                    the 16-bit copy back, the post-step all-gather
 //   offload          offload_optimizer / offload_param: host buffers, host step, host copies
-//   replicate        micro-steps that repeat, copied instead of lowered
+//   (zero/lower.cpp drives them; micro-steps that repeat are stored once: zero/repeat.cpp)
 //
-// Host-side work (ARCHITECTURE.md §4): DeepSpeed's Python — gradient hooks, bucket copies,
-// collective launches, the step's per-tensor loops and .item() syncs, stage 3's
-// per-submodule hooks — is not modelled yet. Each place it belongs is marked "host work:"
-// where the event that models it would be issued on Stream::host.
+// Host-side work (ARCHITECTURE.md §4): the host thread's dispatch of the model's ops and
+// DeepSpeed's Python — gradient hooks, stage 3's per-submodule hooks, the step's per-tensor
+// loops and .item() syncs — are host events on Stream::host (zero/program.hpp HostWork);
+// the device events they issue wait for them (Context::dispatch and the host_* calls).
+// Places where host work is not yet separated out are marked "host work:".
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -61,6 +62,10 @@ struct IssueCursor {
   EventId last_copy = -1;         // the latest copy into a reduce bucket
   EventId last_reduce = -1;       // the latest event of a bucket reduction (the step waits for it)
   int bucket_seq = 0;             // reduce buckets flushed in this micro-step
+  EventId host = -1;              // the host event issuing the current ops (-1: none yet)
+  int host_micro = -2;            // its micro-step and phase, and the ops it issued so far
+  Phase host_phase = Phase::init;
+  int host_ops = 0;
 };
 
 // Labels formatted once per op, tensor or param.
@@ -114,6 +119,13 @@ class Context {
   IssueCursor at;
 
   int gas() const { return static_cast<int>(batch.gas); }
+
+ private:
+  // The current host event of phase `ph` and this micro-step, opened when there is none or
+  // when `full` (it issued kHostGroupOps ops already).
+  HostWork& host_event(Phase ph, bool full);
+
+ public:
   std::int64_t b16() const { return dtype_size(md); }
   Stream red_stream() const { return overlap ? Stream::reduction : Stream::compute; }
   DType accum_dtype() const { return cfg.grad_accum(); }
@@ -148,6 +160,22 @@ class Context {
   // steps), as the caching allocator sees them requested.
   void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t = DType::fp32,
                         bool first_step = false);
+  // Host work (LowerOptions::host_work; nothing when it is off). The host event that issues
+  // the ops of the walk takes up to kHostGroupOps consecutive ops of one phase and micro-step,
+  // so that a device op can start at most kHostGroupOps - 1 ops' host time before the host
+  // would have issued it on its own, for a fraction of the events.
+  static constexpr int kHostGroupOps = 4;
+  // Before the device event of one graph op of phase `ph`: count it on the current host
+  // event (opening one when needed); the next event begun waits for it.
+  void dispatch(Phase ph);
+  // DeepSpeed's Python in one gradient hook / one stage-3 module visit (fetch and release
+  // hooks), on the current host event of phase `ph`.
+  void host_hook(Phase ph);         // stage 3's hooks count apart (HostWork::stage3_grad_hooks)
+  void host_module_visit(Phase ph);
+  // The optimizer step's host loop over `tensors` parameter tensors, which waits for
+  // everything issued so far (its first .item()); the next event begun waits for it.
+  void host_step(HostStep kind, std::int32_t tensors);
+
   // One collective event (nccl-tests style: kind, group, count, dtype) and why it was issued.
   Event& collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,
                     GroupId group, std::int64_t elements, DType t, std::int32_t bucket);

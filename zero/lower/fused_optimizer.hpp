@@ -16,6 +16,10 @@ class FusedOptimizerLowering : public OptimizerLowering {
   void prologue() override;
   void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
   void grad_hook(MicroState&, models::ParamId) override {}
+  // fused_optimizer.py step: has_overflow_serial's per-gradient inf/NaN check (an .item()
+  // each), the per-param fp32 copies; with fp32 params the torch optimizer alone.
+  HostStep host_step() const override { return c_.md == DType::fp32 ? HostStep::plain : HostStep::fp16_optimizer; }
+  std::int32_t host_step_tensors() const override { return static_cast<std::int32_t>(c_.g.params.size()); }
   void end_of_backward() override;
   void step() override;
 

@@ -32,6 +32,9 @@ class OptimizerLowering {
   virtual void end_of_backward() = 0;
   // The optimizer step after the last micro-step.
   virtual void step() = 0;
+  // The host loop of that step (HostWork::step) and the parameter tensors it visits.
+  virtual HostStep host_step() const = 0;
+  virtual std::int32_t host_step_tensors() const = 0;
 };
 
 // FP16_Optimizer (stage 0), BF16_Optimizer, DeepSpeedZeroOptimizer (stages 1/2) or

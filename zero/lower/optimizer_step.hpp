@@ -2,8 +2,8 @@
 // The pieces every optimizer step shares: the scalar all-reduces of the overflow check and
 // the gradient norm, the update of a range of master params, the copy of the updated master
 // back into the 16-bit params, and the post-step all-gather of the 16-bit partitions.
-// host work: the step's Python (per-tensor loops over param groups, the .item() syncs of
-// the overflow check and the norm) belongs with these events.
+// The step's Python (per-tensor loops over param groups, the .item() syncs of the overflow
+// check and the norm) is the host event before them (Context::host_step).
 #include <string>
 
 #include "zero/lower/context.hpp"

@@ -114,8 +114,8 @@ bool ParamCoordinator::available(ParamId p) const {
 
 // A flat buffer of (group × ceil(numel/group)) elements per param (rank-major blocks), the
 // collective, a per-param copy out into (numel,) full buffers, the flat buffer freed.
-// host work: the fetch hook's Python (pre-forward / pre-backward of the submodule) and the
-// all-gather launch.
+// (The fetch hook's Python is on the visit's host event: before_op; the launch's is not
+// separated out.)
 template <class What>
 EventId ParamCoordinator::gather(const std::vector<ParamId>& params, Trigger why, Phase ph, std::int64_t key,
                                  What&& what) {
@@ -191,6 +191,9 @@ void ParamCoordinator::before_op(OpId o, Phase ph) {
   const std::int32_t vi = ph == Phase::backward ? visit_of_last_op_[static_cast<std::size_t>(o)]
                                                 : visit_of_first_op_[static_cast<std::size_t>(o)];
   if (vi < 0) return;
+  // The submodule's fetch and release hooks (parameter_offload.py pre/post forward and
+  // backward hooks, fetch_sub_module, release_sub_module) run whether or not it gathers.
+  c_.host_module_visit(ph);
   // Advance the trace to this visit.
   while (trace_pos_ < trace_.size() && !(trace_[trace_pos_].visit == vi && trace_[trace_pos_].phase == ph)) ++trace_pos_;
   if (trace_pos_ >= trace_.size()) return;
@@ -254,7 +257,7 @@ std::vector<ParamId> ParamCoordinator::to_release(std::size_t t) const {
   return rel;
 }
 
-// host work: the release hook's Python (post-forward / post-backward of the submodule).
+// (The release hook's Python is priced with the visit's fetch: HostCosts::stage3_module_*.)
 void ParamCoordinator::after_op(OpId o, Phase ph) {
   const std::int32_t vi = ph == Phase::backward ? visit_of_first_op_[static_cast<std::size_t>(o)]
                                                 : visit_of_last_op_[static_cast<std::size_t>(o)];

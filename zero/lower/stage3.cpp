@@ -52,10 +52,10 @@ void Stage3Lowering::grad_produced(MicroState& st, ParamId p, models::OpId) { ow
 
 // stage3.py: the gradient is copied into the persistent reduce bucket; a bucket that
 // cannot take the next gradient is reduce-scattered first.
-// host work: the hook's Python and the bucket copy's launch.
 void Stage3Lowering::grad_hook(MicroState& st, ParamId p) {
   Builder& b = c_.b;
   c_.at.last_grad_event = b.cur_id();  // the backward op that produced the gradient
+  c_.host_hook(Phase::backward);       // reduce_partition_and_remove_grads' Python
   const std::int64_t n = c_.numel(p);
   if (elements_ + n > c_.rbs && elements_ > 0) flush(Trigger::bucket_full);
   const BufferId grad = st.param_grad[static_cast<std::size_t>(p)];

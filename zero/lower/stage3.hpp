@@ -25,6 +25,8 @@ class Stage3Lowering : public OptimizerLowering {
   void after_op(models::OpId o, Phase ph) override { coord_.after_op(o, ph); }
   void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
   void grad_hook(MicroState& st, models::ParamId p) override;
+  HostStep host_step() const override { return HostStep::zero3_optimizer; }
+  std::int32_t host_step_tensors() const override { return static_cast<std::int32_t>(c_.g.params.size()); }
   void end_of_backward() override;
   void step() override;
 

@@ -60,6 +60,7 @@ void ZeroOptimizerLowering::grad_produced(MicroState& st, ParamId p, models::OpI
 void ZeroOptimizerLowering::grad_hook(MicroState& st, ParamId p) {
   c_.at.last_grad_event = c_.b.cur_id();  // the backward op that produced the gradient
   if (!hooks_installed()) return;
+  c_.host_hook(Phase::backward);
   setup_buckets();
   const bool reduce_now = c_.stage == 2 || (c_.overlap && c_.at.boundary);
   if (reduce_now) ipg_add(&st, p, false);
@@ -103,7 +104,7 @@ BufferId ZeroOptimizerLowering::take_grad(MicroState* st, ParamId p) {
 }
 
 // stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads.
-// host work: the hook's Python and the bucket copy's launch.
+// (The hook's Python is on the host event: grad_hook.)
 void ZeroOptimizerLowering::ipg_add(MicroState* st, ParamId p, bool at_boundary_pass) {
   const std::int64_t n = c_.numel(p);
   if (ipg_elements_ + n > c_.rbs) flush_ipg(Trigger::bucket_full);

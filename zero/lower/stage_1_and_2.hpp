@@ -20,6 +20,12 @@ class ZeroOptimizerLowering : public OptimizerLowering {
   void prologue() override;
   void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
   void grad_hook(MicroState& st, models::ParamId p) override;
+  HostStep host_step() const override { return HostStep::zero_optimizer; }
+  // stage_1_and_2.py step: has_overflow_partitioned_grads_serial checks each gradient with an
+  // .item() in 16-bit training; fp32 training skips the check.
+  std::int32_t host_step_tensors() const override {
+    return c_.md == DType::fp32 ? 0 : static_cast<std::int32_t>(c_.g.params.size());
+  }
   void end_of_backward() override;
   void step() override;
 

@@ -116,6 +116,7 @@ void Walk::forward_op(MicroState& st, OpId o, Phase ph, bool recomputing) {
   const auto& op = c_.g.ops[static_cast<std::size_t>(o)];
   Builder& b = c_.b;
   opt_.before_op(o, ph);
+  c_.dispatch(ph);
   Event& e = b.begin(EventKind::compute, Stream::compute, ph, c_.at.micro, c_.names.op(o));
   c_.at.last_compute = e.id;
   e.op = o;
@@ -185,6 +186,7 @@ void Walk::backward_op(MicroState& st, OpId o) {
   const auto& f = c_.f;
   Builder& b = c_.b;
   opt_.before_op(o, Phase::backward);
+  c_.dispatch(Phase::backward);
   Event& e = b.begin(EventKind::compute, Stream::compute, Phase::backward, c_.at.micro, c_.names.op(o));
   c_.at.last_compute = e.id;
   e.op = o;
@@ -242,8 +244,8 @@ void Walk::backward_op(MicroState& st, OpId o) {
     if (t == c_.g.loss) release_tensor(st, t);
   }
   opt_.after_op(o, Phase::backward);
-  // Gradient hooks of params whose last contribution was this op.
-  // host work: autograd's hook dispatch and DeepSpeed's Python in each hook.
+  // Gradient hooks of params whose last contribution was this op (the wrappers that install
+  // hooks put their Python on the host: Context::host_hook).
   for (ParamId p : f.ready_at_op[static_cast<std::size_t>(o)]) opt_.grad_hook(st, p);
 }
 

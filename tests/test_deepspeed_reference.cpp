@@ -1,0 +1,170 @@
+// The simulator against DeepSpeed itself: every run recorded by tools/deepspeed_reference.py on
+// an H200 (DeepSpeed 0.19.8, torch 2.11, transformers 5.17; tests/data/deepspeed/) is predicted
+// with the H200 preset and its errors bounded. The table is printed (doctest -s) as
+// docs/deepspeed_fidelity.md shows it.
+//
+// The bounds are what the model reaches today, so that it cannot get worse unnoticed; the
+// targets (allocated 3%, reserved 5%, each phase 10%) are in docs/deepspeed_fidelity.md with
+// the runs that miss them and why. The measured phase times themselves vary by about ±15% from
+// one step to the next on that host (phases_all_s in the file), which bounds what a time
+// model can be held to per run; the mean over the runs is held tighter.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/simulate.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kRoot = ZEROPLAN_SHARED_DIR;
+
+json reference() {
+  std::ifstream in(kRoot + "/tests/data/deepspeed/h200_deepspeed_0.19.8.json");
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+// The model as zeroplan takes it: a catalogue name, or a config.json beside the data.
+std::string model_of(const std::string& file) {
+  if (fs::exists(kRoot + "/models/catalog/" + file)) return fs::path(file).stem().string();
+  return kRoot + "/tests/data/deepspeed/" + file;
+}
+
+struct Row {
+  std::string name;
+  double alloc = 0, reserved = 0, fwd = 0, bwd = 0, step = 0, iter = 0;  // relative errors
+};
+
+double rel(double predicted, double measured) { return (predicted - measured) / measured; }
+
+}  // namespace
+
+TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") {
+  const json ref = reference();
+  REQUIRE(ref.at("runs").size() >= 30);
+  const fs::path dir = fs::temp_directory_path() / fmt::format("zp_dsref_{}", static_cast<long>(::getpid()));
+  fs::create_directories(dir);
+  std::vector<Row> rows;
+  std::string table = fmt::format("{:<28} {:>19} {:>19} {:>15} {:>15} {:>15} {:>15}\n", "run", "allocated MiB",
+                                  "reserved MiB", "forward ms", "backward ms", "step ms", "iteration ms");
+  for (const auto& run : ref.at("runs")) {
+    if (run.value("keep_output", false)) continue;  // predicted with --keep-output (zero/lower.hpp) elsewhere
+    const std::string name = run.at("name");
+    CAPTURE(name);
+    const fs::path cfg = dir / (name + ".json");
+    std::ofstream(cfg) << run.at("ds_config").dump();
+    zp::cli::SimRequest req;
+    req.model = model_of(run.at("model"));
+    req.ds_config = cfg.string();
+    req.cluster = "1xH200-141GB";
+    req.seq_len = run.at("seq_len").get<std::int64_t>();
+    req.attention = run.at("attention");
+    const auto in = zp::cli::load_inputs(req);
+    const auto results = zp::cli::simulate(in, req);
+    REQUIRE(results.size() == 1);
+    const auto& r = results[0];
+    const auto& m = run.at("memory");
+    const auto& ph = run.at("phases_s");
+    Row row;
+    row.name = name;
+    row.alloc = rel(static_cast<double>(r.memory.peak_allocated.v), m.at("peak_allocated").get<double>());
+    row.reserved = rel(static_cast<double>(r.memory.reserved_peak.v), m.at("peak_reserved").get<double>());
+    const auto& t = r.time.report.phases;
+    row.fwd = rel(t.forward.v, ph.at("forward").get<double>());
+    row.bwd = rel(t.backward.v, ph.at("backward").get<double>());
+    row.step = rel(t.step.v, ph.at("step").get<double>());
+    row.iter = rel(t.iteration.v, run.at("iteration_s").get<double>());
+    auto cell = [](double meas, double pred, double e) { return fmt::format("{:>7.0f}/{:<6.0f}{:+5.1f}%", meas, pred, e * 100); };
+    auto tcell = [](double meas, double pred, double e) { return fmt::format("{:>5.1f}/{:<5.1f}{:+5.0f}%", meas, pred, e * 100); };
+    table += fmt::format("{:<28} {} {} {} {} {} {}\n", name,
+                         cell(m.at("peak_allocated").get<double>() / 1048576.0, static_cast<double>(r.memory.peak_allocated.v) / 1048576.0, row.alloc),
+                         cell(m.at("peak_reserved").get<double>() / 1048576.0, static_cast<double>(r.memory.reserved_peak.v) / 1048576.0, row.reserved),
+                         tcell(ph.at("forward").get<double>() * 1e3, t.forward.v * 1e3, row.fwd),
+                         tcell(ph.at("backward").get<double>() * 1e3, t.backward.v * 1e3, row.bwd),
+                         tcell(ph.at("step").get<double>() * 1e3, t.step.v * 1e3, row.step),
+                         tcell(run.at("iteration_s").get<double>() * 1e3, t.iteration.v * 1e3, row.iter));
+    rows.push_back(row);
+  }
+  fs::remove_all(dir);
+  MESSAGE("measured/predicted and error, per run\n" << table);
+
+  // Bounds per run and on the mean over runs (see the header comment).
+  double mean_f = 0, mean_b = 0, mean_s = 0, mean_i = 0;
+  for (const Row& r : rows) {
+    CAPTURE(r.name);
+    CHECK(std::fabs(r.alloc) <= 0.55);     // llama fp32 at stage 2: +50% (docs/deepspeed_fidelity.md)
+    CHECK(std::fabs(r.reserved) <= 0.40);
+    CHECK(std::fabs(r.fwd) <= 0.60);
+    CHECK(std::fabs(r.bwd) <= 0.60);
+    CHECK(std::fabs(r.step) <= 0.80);
+    CHECK(std::fabs(r.iter) <= 0.60);
+    mean_f += std::fabs(r.fwd);
+    mean_b += std::fabs(r.bwd);
+    mean_s += std::fabs(r.step);
+    mean_i += std::fabs(r.iter);
+  }
+  const double n = static_cast<double>(rows.size());
+  MESSAGE(fmt::format("mean |error|: forward {:.1f}%, backward {:.1f}%, step {:.1f}%, iteration {:.1f}%",
+                      100 * mean_f / n, 100 * mean_b / n, 100 * mean_s / n, 100 * mean_i / n));
+  CHECK(mean_f / n <= 0.20);
+  CHECK(mean_b / n <= 0.20);
+  CHECK(mean_s / n <= 0.25);
+  CHECK(mean_i / n <= 0.20);
+}
+
+TEST_CASE("DeepSpeed 0.19.8 on an H200: the planner ranks each model's stages as DeepSpeed measured them") {
+  // Iteration time per stage of each model at bf16 with sdpa and the matrix's defaults.
+  const json ref = reference();
+  int pairs = 0;
+  for (const std::string model : {"gpt2", "bertl", "llama", "gpt2m", "bertb"}) {
+    CAPTURE(model);
+    std::vector<std::pair<double, int>> measured, predicted;  // (iteration s, stage), same order
+    for (const auto& run : ref.at("runs")) {
+      const std::string name = run.at("name");
+      bool base = false;
+      for (int s = 0; s < 4; ++s)
+        base = base || name == fmt::format("{}-bf16-sdpa-s{}", model, s);
+      if (!base) continue;
+      const fs::path cfg = fs::temp_directory_path() / fmt::format("zp_dsrank_{}_{}.json", static_cast<long>(::getpid()), name);
+      std::ofstream(cfg) << run.at("ds_config").dump();
+      zp::cli::SimRequest req;
+      req.model = model_of(run.at("model"));
+      req.ds_config = cfg.string();
+      req.cluster = "1xH200-141GB";
+      req.seq_len = run.at("seq_len").get<std::int64_t>();
+      req.attention = run.at("attention");
+      const auto r = zp::cli::simulate(zp::cli::load_inputs(req), req);
+      fs::remove(cfg);
+      const int stage = run.at("stage");
+      measured.emplace_back(run.at("iteration_s").get<double>(), stage);
+      predicted.emplace_back(r.at(0).time.report.phases.iteration.v, stage);
+    }
+    if (measured.size() < 2) continue;
+    // Every pair of stages DeepSpeed ran more than 35% apart is ordered the same way by the
+    // prediction. Closer pairs are within the host's noise: stages 1 and 2 swap places
+    // between models in the measurements themselves (gpt2, llama, bert-base ran stage 1
+    // faster; bert-large and gpt2-medium stage 2).
+    for (std::size_t i = 0; i < measured.size(); ++i)
+      for (std::size_t j = 0; j < measured.size(); ++j) {
+        if (measured[j].first <= 1.35 * measured[i].first) continue;
+        ++pairs;
+        CAPTURE(measured[i].second);
+        CAPTURE(measured[j].second);
+        CHECK(predicted[i].first < predicted[j].first);
+      }
+  }
+  CHECK(pairs >= 5);
+}
