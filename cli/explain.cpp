@@ -48,6 +48,9 @@ const char* role_title(BufferRole r) {
     case BufferRole::host_staging16: return "host 16-bit staging";
     case BufferRole::host_optimizer_state: return "host optimizer states";
     case BufferRole::checkpoint_host: return "host activation checkpoints";
+    case BufferRole::library_workspace: return "cuBLAS / cuBLASLt workspaces";
+    case BufferRole::op_scratch: return "backward kernels' temporaries";
+    case BufferRole::init_copy: return "set-up copies (freed before training)";
   }
   return "?";
 }
@@ -122,7 +125,13 @@ std::string role_formula(BufferRole role, const Side& s) {
       return fmt::format("tensors autograd saves in forward (micro-batch {}, seq-len {}{}), freed by backward",
                          i.micro_batch, i.seq_len, i.activation_checkpointing ? ", per-layer checkpointing" : "");
     case BufferRole::activation_grad:
-      return "gradients of activations between backward ops";
+      return "gradients of activations between backward ops (and the loss's log-probabilities' gradient "
+             "inside its backward)";
+    case BufferRole::op_scratch:
+      return "a temporary one op's backward kernel allocates and frees (softmax's grad × output)";
+    case BufferRole::library_workspace:
+      return "one cuBLAS workspace per thread that runs GEMMs (the forward's and autograd's) and one cuBLASLt "
+             "workspace, allocated through the caching allocator at the first GEMM and kept (sim/devices.json)";
     case BufferRole::step_temp:
       return "flattened 16-bit gradients of the partition/sub-group before the fp32 cast, transient";
     default:

@@ -88,6 +88,8 @@ void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::st
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
   c->add_flag("--json", r.json, "machine-readable output");
   c->add_option("--attention", r.attention, zp::cli::attention_help());
+  c->add_option("--transformers", r.transformers, zp::cli::transformers_help());
+  c->add_flag("--keep-output", r.keep_output, zp::cli::keep_output_help());
   c->add_option("--rank", r.rank, "rank to simulate (default: the one with the most rank-dependent bytes)");
 }
 
@@ -168,6 +170,12 @@ int main(int argc, char** argv) {
   train->add_option("--micro-batch", tr_micro, "override train_micro_batch_size_per_gpu (GAS follows)");
   train->add_flag("--activation-checkpointing", tr.activation_checkpointing, "per-layer activation checkpointing");
   train->add_option("--attention", tr.attention, zp::cli::attention_help());
+  train->add_option("--transformers", tr.transformers, zp::cli::transformers_help());
+  train->add_flag("--keep-output", tr.keep_output, zp::cli::keep_output_help());
+  std::string tr_workspaces_of;
+  train->add_option("--workspaces-of", tr_workspaces_of,
+                    "allocate the cuBLAS/cuBLASLt workspaces PyTorch keeps on this GPU (zeroplan devices), so the "
+                    "measured bytes equal simulate's prediction for it (default: none, as on a CPU)");
   train->add_option("--memory-limit", tr_limit, "device bytes that may be live at once (K/M/G suffixes)");
   train->add_option("--out", tr.out, "measurements JSON (FILE.rankR.json per rank when N > 1)");
   train->add_flag("--quiet", tr.quiet, "no per-step lines");
@@ -197,6 +205,8 @@ int main(int argc, char** argv) {
   pl->add_option("--global-batch", plan_global, "train_batch_size (default: BASE.json's)");
   pl->add_option("--seq-len", plan_seq, "sequence length (default: the model's max positions)");
   pl->add_option("--attention", plan_req.base.attention, zp::cli::attention_help());
+  pl->add_option("--transformers", plan_req.base.transformers, zp::cli::transformers_help());
+  pl->add_flag("--keep-output", plan_req.base.keep_output, zp::cli::keep_output_help());
   pl->add_flag("--activation-checkpointing", plan_req.base.activation_checkpointing,
                "the model checkpoints activations (the base value when checkpointing is not searched)");
   pl->add_option("--objective", plan_req.objective, "throughput (default), memory, or cost");
@@ -246,6 +256,11 @@ int main(int argc, char** argv) {
       if (!tr_seq.empty()) tr.seq_len = parse_positive("--seq-len", tr_seq);
       if (!tr_micro.empty()) tr.micro_batch = parse_positive("--micro-batch", tr_micro);
       if (!tr_limit.empty()) tr.memory_limit = zp::cli::parse_size("--memory-limit", tr_limit);
+      if (!tr_workspaces_of.empty()) {
+        const auto& dev = zp::sim::find_device(tr_workspaces_of);
+        tr.cublas_workspace = dev.cublas_workspace;
+        tr.cublaslt_workspace = dev.cublaslt_workspace;
+      }
       if (const auto m = zp::models::load_model(tr.model); !m.rope_type.empty())
         throw zp::InputError(m.source, "rope_scaling",
                              fmt::format("rope_type \"{}\" rescales the rotary frequencies, which the CPU executor does "

@@ -383,6 +383,8 @@ planner::Problem plan_problem(const PlanRequest& req, Inputs* inputs_out) {
   pb.world_size = in.world_size;
   pb.seq_len = in.seq_len;
   pb.attention = in.attention;
+  pb.transformers = in.transformers;
+  pb.keep_output = in.keep_output;
   pb.objective = obj;
   pb.headroom = req.headroom;
   pb.price_per_gpu_hour = req.price;
@@ -621,6 +623,8 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
         go.seq_len = pb.seq_len;
         go.act_dtype = pb.base.model_dtype();
         go.attention = pb.attention;
+        go.transformers = pb.transformers;
+        go.gradient_checkpointing = get(e.knobs, Dim::activation_checkpointing) != 0;
         const auto g = models::build_graph(pb.model, go);
         const double step_flops = (g.fwd_flops().v * (get(e.knobs, Dim::activation_checkpointing) ? 2.0 : 1.0) +
                                    g.bwd_flops().v) * static_cast<double>(e.batch.gas);
@@ -648,7 +652,9 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
       std::string cmd = fmt::format("{} {} train --model {} --ds-config {} --steps {} --seq-len {} --out {}", launch,
                                     shell_quote(self_exe), shell_quote(req.base.model), shell_quote(cfgp.string()),
                                     req.verify_steps, pb.seq_len, shell_quote(meas.string()));
-      cmd += fmt::format(" --attention {}", models::attention_name(pb.attention));
+      cmd += fmt::format(" --attention {} --transformers {} --workspaces-of {}", models::attention_name(pb.attention),
+                         models::transformers_name(pb.transformers), shell_quote(pb.device->name));
+      if (pb.keep_output) cmd += " --keep-output";
       if (get(e.knobs, Dim::activation_checkpointing)) cmd += " --activation-checkpointing";
       const fs::path log = dir / fmt::format("candidate{}.log", n);
       cmd += fmt::format(" > {} 2>&1", shell_quote(log.string()));

@@ -376,6 +376,8 @@ CLI::App* add_report_command(CLI::App& app, ReportRequest& req) {
   c->add_option("--seq-len", r.seq_len, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
   c->add_option("--attention", r.attention, attention_help());
+  c->add_option("--transformers", r.transformers, transformers_help());
+  c->add_flag("--keep-output", r.keep_output, keep_output_help());
   c->add_option("--rank", r.rank, "rank to simulate (default: the one with the most rank-dependent bytes)");
   c->add_option("--stages", req.stages, "stages to simulate, e.g. 0,1,2,3 (the default)");
   c->add_option("--stage", req.stage_a, "stage A of views 2 and 3 (default: the config's)");

@@ -25,6 +25,17 @@ std::string attention_help() {
                      models::attention_name(models::kDefaultAttention));
 }
 
+std::string transformers_help() {
+  return fmt::format("which transformers release's modelling code to follow where releases differ: 5 or 4.46 "
+                     "(default: {}; docs/deepspeed_fidelity.md says what differs)",
+                     models::transformers_name(models::kDefaultTransformers));
+}
+
+std::string keep_output_help() {
+  return "the training loop keeps the model's output (logits, KV cache) until the micro-step ends, as `out = "
+         "model(**batch); loss = out.loss; backward(loss)` does (default: it drops it after the forward, as HF Trainer)";
+}
+
 std::string human_bytes(Bytes b) {
   const double v = static_cast<double>(b.v);
   const double a = std::fabs(v);
@@ -81,6 +92,8 @@ Inputs load_inputs(const SimRequest& req) {
   in.rank = req.rank;
   // --attention's value is checked before the model is read, so a bad value is named first.
   if (!req.attention.empty()) (void)models::parse_attention("--attention", "", req.attention);
+  if (!req.transformers.empty()) in.transformers = models::parse_transformers("--transformers", "", req.transformers);
+  in.keep_output = req.keep_output;
   in.model = models::load_model(req.model);
   const models::AttentionChoice attention = models::choose_attention(in.model, req.attention);
   in.attention = attention.attention;
@@ -91,6 +104,9 @@ Inputs load_inputs(const SimRequest& req) {
   } else {
     in.cfg = zero::load_ds_config(req.ds_config);
   }
+  if (const auto note = zero::apply_module_dtype(in.cfg, in.model.torch_dtype, in.model.source, in.model.torch_dtype_key);
+      !note.empty())
+    in.warnings.push_back(note);
   in.seq_len = req.seq_len.value_or(in.model.max_positions);
   if (in.seq_len < 1 || in.seq_len > in.model.max_positions)
     throw InputError("--seq-len", "", fmt::format("must be in [1, {}] (max_position_embeddings of {}), got {}",
@@ -138,6 +154,8 @@ models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, 
   go.seq_len = in.seq_len;
   go.act_dtype = cfg.model_dtype();
   go.attention = in.attention;
+  go.transformers = in.transformers;
+  go.gradient_checkpointing = in.activation_checkpointing;
   return go;
 }
 
@@ -145,7 +163,8 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   const zero::Batch batch = zero::resolve_batch(cfg, in.world_size);
   models::OpGraph local;
   if (!graph || graph->opt.micro_batch != batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype() ||
-      graph->opt.attention != in.attention) {
+      graph->opt.attention != in.attention || graph->opt.transformers != in.transformers ||
+      graph->opt.gradient_checkpointing != in.activation_checkpointing) {
     local = models::build_graph(in.model, graph_options(in, cfg, batch));
     graph = &local;
   }
@@ -168,6 +187,7 @@ sim::Target target(const Inputs& in) {
   t.world_size = in.world_size;
   t.rank = in.rank;
   t.activation_checkpointing = in.activation_checkpointing;
+  t.keep_output = in.keep_output;
   return t;
 }
 

@@ -39,6 +39,8 @@ struct SimRequest {
   bool activation_checkpointing = false;
   std::optional<int> rank;               // default: the rank with the most rank-dependent bytes
   std::string attention;                 // eager | sdpa | flash_attention_2; empty: the config.json's, else sdpa
+  std::string transformers;              // 5 | 4.46; empty: models::kDefaultTransformers
+  bool keep_output = false;              // the caller keeps the model output until the micro-step ends
   bool json = false;
   bool critical_path = false;            // --critical-path: the path event by event
   bool check_batch = true;               // false: the caller sets the batch (plan)
@@ -57,6 +59,8 @@ struct Inputs {
   bool activation_checkpointing = false;
   std::optional<int> rank;
   models::Attention attention = models::kDefaultAttention;
+  models::Transformers transformers = models::kDefaultTransformers;
+  bool keep_output = false;
   std::vector<std::string> warnings;
 };
 
@@ -99,6 +103,9 @@ nlohmann::json simulate_trace(const std::vector<StageResult>& rs);
 
 // --attention's help, with the default read from the code (models::kDefaultAttention).
 std::string attention_help();
+// --transformers's and --keep-output's help (one string for every subcommand).
+std::string transformers_help();
+std::string keep_output_help();
 // The files a request reads, as (flag, path) for zp::io::refuse_same_file.
 std::vector<std::pair<std::string, std::string>> input_files(const SimRequest& req, const Inputs& in);
 // An output named by `flag` (--trace, --out): refused when it is one of the inputs or cannot

@@ -53,6 +53,8 @@ class TrackingAllocator {
   void after_allocations(zero::EventId e);
   // Starts a new measured step (peaks restart; live buffers stay).
   void reset_peaks();
+  // torch.cuda.empty_cache(): the caching-allocator model releases its free segments.
+  void empty_cache() { cache_.empty_cache(); }
   const AllocatorReport& report() const { return rep_; }
 
  private:

@@ -35,33 +35,6 @@ std::int64_t prod(const std::vector<std::int64_t>& s) {
 }
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 
-// The q, k, v operands of an sdpa op: 4-D (B, H, T, D) tensors (Llama, after RoPE and
-// repeat_kv), three (B, T, C) projections (BERT, whose fourth input is the additive
-// (B, 1, 1, T) mask), or one (B, T, 3C) projection read as column blocks (GPT-2's c_attn).
-// Causal unless a mask is given.
-struct SdpaOperands {
-  std::int64_t B = 0, H = 0, T = 0, D = 0;
-  bool causal = true;
-  int source[3] = {0, 0, 0};         // input index of q, k, v
-  std::int64_t col[3] = {0, 0, 0};   // their column offset in a (B, T, W) input
-  std::int64_t width = 0;            // W; 0: the inputs are 4-D
-};
-SdpaOperands sdpa_operands(const models::OpGraph& g, const models::Op& op) {
-  SdpaOperands s;
-  const auto& o = g.tensors[U(op.outputs[0])].shape;  // (B, H, T, D)
-  s.B = o[0], s.H = o[1], s.T = o[2], s.D = o[3];
-  s.causal = op.inputs.size() != 4;
-  const auto& in0 = g.tensors[U(op.inputs[0])].shape;
-  // q, k, v are inputs 0, 1, 2, or column blocks of the one packed input.
-  if (op.inputs.size() != 1)
-    for (int i = 0; i < 3; ++i) s.source[i] = i;
-  if (in0.size() == 4) return s;
-  s.width = in0[2];
-  const std::int64_t C = s.H * s.D;
-  if (op.inputs.size() == 1)
-    for (int i = 0; i < 3; ++i) s.col[i] = i * C;
-  return s;
-}
 }  // namespace
 
 namespace {
@@ -166,7 +139,7 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
     }
     case Fn::dropout:
       cpu::dropout_forward(act(y), reinterpret_cast<std::uint8_t*>(act(op.outputs[1])), in(0), n, alpha,
-                           dropout_seed(), static_cast<std::uint64_t>(op.id) << 32);
+                           dropout_seed(), static_cast<std::uint64_t>(op.rng_stream) << 32);
       break;
     case Fn::layernorm: {
       const std::int64_t C = shape(y).back();
@@ -244,38 +217,29 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
       act(op.outputs[1])[0] = cpu::nll_loss_forward(act(op.outputs[0]), ids(op.inputs[1]), rows, V);
       break;
     }
-    case Fn::sdpa: {
-      const SdpaOperands s = sdpa_operands(graph, op);
-      const float* qkv[3];
-      for (int i = 0; i < 3; ++i) {
-        const TensorId t = op.inputs[U(s.source[i])];
-        if (s.width == 0) {
-          qkv[i] = act(t);
-        } else {
-          float* h = scratch(U(i), s.B * s.H * s.T * s.D);
-          cpu::split_heads_forward(h, act(t), s.B, s.T, s.H, s.D, s.width, s.col[i]);
-          qkv[i] = h;
-        }
-      }
-      const float* mask = op.inputs.size() == 4 ? act(op.inputs[3]) : nullptr;
-      cpu::sdpa_forward(act(y), act(op.outputs[1]), qkv[0], qkv[1], qkv[2], mask, s.B, s.H, s.T, s.D, s.causal,
-                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D))), alpha, dropout_seed(),
-                        static_cast<std::uint64_t>(op.id) << 32);
-      break;
-    }
+    case Fn::sdpa:
     case Fn::flash_attention: {
-      // transformers' flash_attention_2 (models::flash_layout): strided heads, k and v with K heads.
-      const models::FlashLayout f = models::flash_layout(graph, op);
+      // transformers' sdpa and flash_attention_2 (models::heads_layout): strided heads, k and
+      // v with K heads, the output written in (B, T, H, D) order.
+      const models::HeadsLayout f = models::heads_layout(graph, op);
       auto base = [&](const models::HeadsOperand& h) { return act(h.tensor) + h.offset; };
       auto st = [](const models::HeadsOperand& h) { return cpu::HeadStrides{h.sb, h.sh, h.st}; };
-      // rng_state as flash-attn keeps it: the dropout stream's seed and offset.
+      // rng_state as the kernels keep it: the dropout stream's seed and offset.
       auto* rng = reinterpret_cast<std::int64_t*>(act(f.rng));
       rng[0] = static_cast<std::int64_t>(dropout_seed());
-      rng[1] = static_cast<std::int64_t>(static_cast<std::uint64_t>(op.id) << 32);
+      rng[1] = static_cast<std::int64_t>(static_cast<std::uint64_t>(op.rng_stream) << 32);
       cpu::attention_forward(base(f.o), st(f.o), act(f.lse), base(f.q), st(f.q), base(f.k), st(f.k), base(f.v),
                              st(f.v), nullptr, f.B, f.H, f.K, f.T, f.D, f.causal,
                              static_cast<float>(1.0 / std::sqrt(static_cast<double>(f.D))), alpha,
                              static_cast<std::uint64_t>(rng[0]), static_cast<std::uint64_t>(rng[1]));
+      break;
+    }
+    case Fn::heads_copy: {
+      // (B, X, T, D) from a 4-D tensor (a copy) or from columns [col, col + X·D) of a (B, T, W) one
+      const auto& ys = shape(y);
+      const auto& xs = shape(op.inputs[0]);
+      if (xs.size() == 4) std::copy(in(0), in(0) + n, act(y));
+      else cpu::split_heads_forward(act(y), in(0), ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0]);
       break;
     }
     case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
@@ -403,8 +367,11 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       break;
     }
     case Fn::softmax: {
+      // Through the program's temporary (op.bwd_scratch), as the CUDA kernel does.
       const std::int64_t c = shape(y).back();
-      if (dx(0)) cpu::softmax_backward(dx(0), act(y), dy, n / c, c, true);
+      if (op.bwd_scratch.empty())
+        throw std::logic_error(fmt::format("op {}: no temporary for its backward", op.name));
+      if (dx(0)) cpu::softmax_backward(dx(0), act(y), dy, act(op.bwd_scratch[0]), n / c, c, true);
       break;
     }
     case Fn::dropout:
@@ -472,47 +439,22 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       break;
     }
     case Fn::cross_entropy: {
+      // As autograd runs it: nll_loss's backward writes the gradient of logp (the buffer the
+      // program gives it, op.bwd_grads), log_softmax's reads it and writes the logits'.
       const std::int64_t V = shape(op.outputs[0]).back();
       const std::int64_t rows = numel(op.inputs[0]) / V;
-      if (dx(0))
-        cpu::log_softmax_nll_backward(dx(0), act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], true);
+      float* glogp = grad(op.outputs[0]);
+      if (!glogp) throw std::logic_error(fmt::format("op {}: no buffer for the gradient of its log-probabilities", op.name));
+      cpu::nll_loss_backward(glogp, ids(op.inputs[1]), rows, V, dy[0]);
+      if (dx(0)) cpu::log_softmax_backward(dx(0), act(op.outputs[0]), glogp, rows, V, true);
       break;
     }
     case Fn::rope_tables:
     case Fn::extended_mask:
     case Fn::causal_mask: break;  // no gradient
-    case Fn::sdpa: {
-      const SdpaOperands s = sdpa_operands(graph, op);
-      const std::int64_t n4 = s.B * s.H * s.T * s.D;
-      const float* qkv[3];
-      float* grads[3];
-      for (int i = 0; i < 3; ++i) {
-        const TensorId t = op.inputs[U(s.source[i])];
-        if (s.width == 0) {
-          qkv[i] = act(t);
-          grads[i] = scratch(U(3 + i), n4);  // dx(i) may be absent; scatter below
-        } else {
-          float* h = scratch(U(i), n4);
-          cpu::split_heads_forward(h, act(t), s.B, s.T, s.H, s.D, s.width, s.col[i]);
-          qkv[i] = h;
-          grads[i] = scratch(U(3 + i), n4);
-        }
-      }
-      const float* mask = op.inputs.size() == 4 ? act(op.inputs[3]) : nullptr;
-      cpu::sdpa_backward(grads[0], grads[1], grads[2], dy, qkv[0], qkv[1], qkv[2], act(op.outputs[1]), mask, s.B, s.H,
-                         s.T, s.D, s.causal, static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D))), alpha,
-                         ops.dropout_seed(), static_cast<std::uint64_t>(op.id) << 32);
-      for (int i = 0; i < 3; ++i) {
-        const auto src = U(s.source[i]);
-        float* g = dx(src);
-        if (!g) continue;
-        if (s.width == 0) cpu::copy_accumulate(g, grads[i], n4, true);
-        else cpu::split_heads_backward(g, grads[i], s.B, s.T, s.H, s.D, s.width, s.col[i], true);
-      }
-      break;
-    }
+    case Fn::sdpa:
     case Fn::flash_attention: {
-      const models::FlashLayout f = models::flash_layout(graph, op);
+      const models::HeadsLayout f = models::heads_layout(graph, op);
       auto base = [&](const models::HeadsOperand& h) { return act(h.tensor) + h.offset; };
       auto st = [](const models::HeadsOperand& h) { return cpu::HeadStrides{h.sb, h.sh, h.st}; };
       // The gradients land in the inputs' gradients at the operands' own strides (GPT-2: the
@@ -530,9 +472,18 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
                               static_cast<std::uint64_t>(rng[0]), static_cast<std::uint64_t>(rng[1]));
       break;
     }
+    case Fn::heads_copy: {
+      if (!dx(0)) break;
+      const auto& ys = shape(y);
+      const auto& xs = shape(op.inputs[0]);
+      if (xs.size() == 4) cpu::copy_accumulate(dx(0), dy, n, true);
+      else cpu::split_heads_backward(dx(0), dy, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], true);
+      break;
+    }
     case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
   }
 }
+
 void CpuDevice::adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t step,
                           const kernels::cpu::AdamConfig& c) {
   cpu::adam_step(p, g, m, v, n, step, c);

@@ -90,7 +90,8 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
 void Interpreter::bind(BufferId b) {
   const auto& buf = p_.buffers[U(b)];
   switch (buf.role) {
-    case BufferRole::activation: tensor_buf_[U(buf.ref)] = b; break;
+    case BufferRole::activation:
+    case BufferRole::op_scratch: tensor_buf_[U(buf.ref)] = b; break;
     case BufferRole::activation_grad: tgrad_buf_[U(buf.ref)] = b; break;
     case BufferRole::param_grad:
       if (pgrad_buf_[U(buf.ref)] < 0) pgrad_buf_[U(buf.ref)] = b;  // the first live one is param.grad
@@ -112,7 +113,8 @@ void Interpreter::unbind(BufferId b) {
     if (buf.ref >= 0 && v[U(buf.ref)] == b) v[U(buf.ref)] = -1;
   };
   switch (buf.role) {
-    case BufferRole::activation: drop(tensor_buf_); break;
+    case BufferRole::activation:
+    case BufferRole::op_scratch: drop(tensor_buf_); break;
     case BufferRole::activation_grad: drop(tgrad_buf_); break;
     case BufferRole::param_grad: drop(pgrad_buf_); break;
     case BufferRole::param_full16: drop(full_buf_); break;
@@ -180,6 +182,10 @@ float* Interpreter::param(ParamId p) const {
   if (stage_ < 3) return f32(params_buf_) + layout_.offset[U(p)];
   if (persist_off_[U(p)] >= 0) return f32(persist_buf_) + persist_off_[U(p)];
   const BufferId b = full_buf_[U(p)];
+  // One rank gathers nothing: the param is its (whole) partition, where the program keeps
+  // it on the device.
+  if (b < 0 && N_ == 1 && params_buf_ >= 0 && p_.buffers[U(params_buf_)].placement == zero::Placement::device)
+    return f32(params_buf_) + part_off_[U(p)];
   if (b < 0) throw std::logic_error(fmt::format("param {} used but not gathered", g_.params[U(p)].name));
   return f32(b);
 }
@@ -218,15 +224,28 @@ float Interpreter::loss_grad() const {
 }
 
 void Interpreter::prologue() {
+  // The set-up: persistent buffers, and the temporaries transformers and DeepSpeed make and
+  // drop on the way (the caching allocator keeps their segments).
   for (zero::EventId id = 0; id < p_.step_begin; ++id) {
     const Event& e = p_.events[U(id)];
+    if (e.empty_cache) mem_.empty_cache();
     for (BufferId b : p_.allocs(e)) {
+      if (p_.buffers[U(b)].first_step && p_.buffers[U(b)].placement == zero::Placement::device) {
+        first_step_.emplace_back(b, static_cast<int>(e.stream));
+        continue;
+      }
       mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
       bind(b);
     }
     mem_.after_allocations(e.id);
     for (const auto& s : p_.slices(e)) persist_off_[U(s.param)] = s.bucket_offset;
+    for (BufferId b : p_.frees(e)) {
+      unbind(b);
+      mem_.release(p_.buffers[U(b)]);
+    }
   }
+  // Peaks are those of the steps (the set-up's temporaries are not a step's).
+  mem_.reset_peaks();
   // The params every stage starts from.
   for (const auto& prm : g_.params) {
     std::vector<float> v(U(prm.numel));
@@ -285,6 +304,8 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
   overflow_ = false;
   if (static_cast<std::int64_t>(data.size()) != p_.info.gas)
     throw std::logic_error(fmt::format("{} micro-batches for gradient accumulation {}", data.size(), p_.info.gas));
+  // The report is the last step's: a first step also creates the optimizer states.
+  mem_.reset_peaks();
   const auto t0 = std::chrono::steady_clock::now();
   for (zero::EventId id = p_.step_begin; id < static_cast<zero::EventId>(p_.events.size()); ++id) {
     const Event& e = p_.events[U(id)];
@@ -307,7 +328,17 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
   return r;
 }
 
+void Interpreter::create_first_step_buffers() {
+  for (const auto& [b, stream] : first_step_) {
+    mem_.allocate(p_.buffers[U(b)], stream);
+    bind(b);
+  }
+  first_step_.clear();
+}
+
 void Interpreter::run_event(const Event& e) {
+  if (e.kind == EventKind::optimizer && !first_step_.empty()) create_first_step_buffers();
+  if (e.empty_cache) mem_.empty_cache();
   for (BufferId b : p_.allocs(e)) {
     mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
     bind(b);
@@ -631,9 +662,8 @@ void Interpreter::collective_event(const Event& e) {
 void Interpreter::optimizer_event(const Event& e) {
   const auto& oc = cfg_.optimizer;
   float* states = e.src2_buf >= 0 ? f32(e.src2_buf) : nullptr;
-  const std::int64_t total = e.src2_buf >= 0 ? p_.buffers[U(e.src2_buf)].elements : 0;
+  float* states2 = e.src3_buf >= 0 ? f32(e.src3_buf) : nullptr;
   const bool adam = oc.type != zero::OptimizerType::sgd;
-  const std::int64_t half = adam ? total / 2 : total;
   auto update = [&](float* p, float* g, std::int64_t at, std::int64_t n, float factor) {
     if (factor != 1.0f) dev_.scale(g, n, factor);
     if (adam) {
@@ -644,7 +674,7 @@ void Interpreter::optimizer_event(const Event& e) {
       a.eps = oc.eps;
       a.weight_decay = oc.weight_decay;
       a.decoupled = oc.type == zero::OptimizerType::adamw || oc.adam_w_mode;
-      dev_.adam_step(p, g, states + at, states + half + at, n, optimizer_step_.value_or(step_), a);
+      dev_.adam_step(p, g, states + at, states2 + at, n, optimizer_step_.value_or(step_), a);
     } else {
       cpu::SgdConfig sg;
       sg.lr = lr_.value_or(oc.lr);
@@ -728,6 +758,7 @@ std::vector<CheckpointBlob> Interpreter::checkpoint_blobs(CheckpointPart part) c
   for (zero::EventId id = 0; id < p_.step_begin; ++id)
     for (BufferId b : p_.allocs(p_.events[U(id)])) {
       const auto& buf = p_.buffers[U(b)];
+      if (buf.role == zero::BufferRole::init_copy) continue;  // the set-up's, freed before training
       const bool model = buf.category == zero::Category::params;
       const bool optim = buf.category == zero::Category::master_params || buf.category == zero::Category::optimizer_states;
       if ((part == CheckpointPart::model_states && model) || (part == CheckpointPart::optim_states && optim))

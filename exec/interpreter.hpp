@@ -55,6 +55,10 @@ class Interpreter : private Operands {
   void prologue();
   // One optimizer step (all micro-steps); `step` counts from 1.
   StepResult step(std::int64_t step, const std::vector<MicroBatch>& data);
+  // Allocates the buffers DeepSpeed creates during the first step (zero::Buffer::first_step;
+  // zero-filled), which the first step() does right before its first optimizer event; a
+  // caller that needs them earlier (loading a checkpoint) calls it first.
+  void create_first_step_buffers();
   // The next update's learning rate (the scheduler's) and the optimizer's own step count
   // (1 + the updates applied before it: an fp16 overflow skips the optimizer, so its
   // count, and Adam's bias correction with it, does not advance). Default: the config's lr
@@ -137,6 +141,7 @@ class Interpreter : private Operands {
   // live bindings
   std::vector<zero::BufferId> tensor_buf_, tgrad_buf_, pgrad_buf_, full_buf_;
   std::vector<zero::BufferId> hpz_buf_;  // stage 3 hpZ: param → its secondary partition
+  std::vector<std::pair<zero::BufferId, int>> first_step_;  // not yet allocated (buffer, stream)
   std::vector<std::vector<float>> scratch_;
   std::int64_t step_ = 0;
   std::optional<double> lr_;                  // set_update

@@ -215,6 +215,9 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
     if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
     s.micro_batch_key = fmt::format("--micro-batch {}", *opt.micro_batch);
   }
+  if (const auto note = zero::apply_module_dtype(cfg, mcfg.torch_dtype, mcfg.source, mcfg.torch_dtype_key);
+      !note.empty() && rank == 0)
+    std::fprintf(stderr, "warning: %s\n", note.c_str());
   s.batch = zero::resolve_batch(cfg, N);
   models::GraphOptions go;
   go.micro_batch = s.batch.micro_batch;
@@ -224,12 +227,17 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
   const models::AttentionChoice att = models::choose_attention(mcfg, opt.attention);
   go.attention = att.attention;
   if (!att.note.empty() && rank == 0) std::fprintf(stderr, "warning: %s\n", att.note.c_str());
+  if (!opt.transformers.empty()) go.transformers = models::parse_transformers("--transformers", "", opt.transformers);
+  go.gradient_checkpointing = opt.activation_checkpointing;
   s.graph = std::make_unique<models::OpGraph>(models::build_graph(mcfg, go));
   const models::OpGraph& g = *s.graph;
   zero::LowerOptions lo;
   lo.world_size = N;
   lo.rank = rank;
   lo.activation_checkpointing = opt.activation_checkpointing;
+  lo.keep_output = opt.keep_output;
+  lo.cublas_workspace = opt.cublas_workspace;
+  lo.cublaslt_workspace = opt.cublaslt_workspace;
   s.prog = zero::expand(zero::lower(g, cfg, s.batch, lo));  // every micro-step: the executor runs each
   s.prog.validate();
   if (const auto why = unsupported_reason(g, s.prog, cfg); !why.empty())
@@ -413,6 +421,7 @@ json train(const TrainOptions& opt, Comm& comm) {
     // Each rank checks its own files (structure, checksums, that they hold their folder's
     // step, this run's model, config and world size); then every rank checks that all
     // ranks resume the same step of the same run, before any collective of training.
+    interp.create_first_step_buffers();  // the optimizer states the checkpoint restores
     const auto model = interp.checkpoint_blobs(CheckpointPart::model_states);
     const auto optim = interp.checkpoint_blobs(CheckpointPart::optim_states);
     CheckpointMeta got;

@@ -25,6 +25,12 @@ struct TrainOptions {
   std::optional<std::int64_t> micro_batch;  // overrides train_micro_batch_size_per_gpu
   bool activation_checkpointing = false;
   std::string attention;              // eager | sdpa | flash_attention_2; empty: the config.json's, else sdpa
+  std::string transformers;           // 5 | 4.46; empty: models::kDefaultTransformers
+  bool keep_output = false;           // zero::LowerOptions::keep_output
+  // The library workspaces a GPU's PyTorch keeps (zero::LowerOptions), allocated here too so
+  // the bytes equal a prediction for that GPU (`train --workspaces-of GPU`); 0: none.
+  Bytes cublas_workspace{0};
+  Bytes cublaslt_workspace{0};
   Bytes memory_limit{0};              // device bytes live at once (0: none)
   std::string out;                    // measurements JSON (rank suffix when N > 1)
   std::string trace;                  // Chrome trace of the last step (rank suffix when N > 1)

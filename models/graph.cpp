@@ -2,9 +2,13 @@
 // saves for the Hugging Face implementation of each family. Attention comes in three
 // variants, each built by its own branch in gpt2_block, bert_layer and llama_layer:
 //   eager              Builder::bmm + softmax + dropout + bmm: probabilities saved (s² terms)
-//   sdpa               Builder::sdpa: q, k, v, output and logsumexp saved
+//   sdpa               Builder::sdpa: q, k, v, output, logsumexp and rng_state saved; the
+//                      output is already (B, T, H·D): no merge_heads copy after it
 //   flash_attention_2  Builder::flash_attention: q, k, v (k and v not repeated), output,
 //                      logsumexp and rng_state saved; no merge_heads copy after it
+// Decoder models with a KV cache (GraphOptions::transformers v5, use_cache, no gradient
+// checkpointing) copy k and v into the cache (Builder::heads_copy) and attention reads the
+// copies (models/transformers.hpp).
 //
 // Notation in shape comments: B micro-batch, T sequence, C hidden, A heads, K kv heads,
 // D head_dim, F MLP width, V vocabulary.
@@ -90,6 +94,7 @@ const char* fn_name(Fn f) {
     case Fn::cross_entropy: return "cross_entropy";
     case Fn::sdpa: return "sdpa";
     case Fn::flash_attention: return "flash_attention";
+    case Fn::heads_copy: return "heads_copy";
   }
   return "?";
 }
@@ -157,6 +162,10 @@ class Builder {
 
   DType act() const { return act_; }
   Attention attention() const { return g_.opt.attention; }
+  bool kv_cache() const { return g_.kv_cache; }
+  Transformers transformers() const { return g_.opt.transformers; }
+  // A tensor the model's output object references (OpGraph::outputs).
+  void output(TensorId t) { g_.outputs.push_back(t); }
   const Tensor& T(TensorId t) const { return g_.tensors.at(static_cast<std::size_t>(t)); }
 
   // ---- parameters and modules, in registration order ----
@@ -238,6 +247,7 @@ class Builder {
 
   OpId emit(Op op, bool default_costs = true) {
     op.id = static_cast<OpId>(g_.ops.size());
+    if (op.fn == Fn::dropout || op.fn == Fn::sdpa || op.fn == Fn::flash_attention) op.rng_stream = rng_streams_++;
     op.name = prefix_ + op.name;
     op.layer = layer_;
     for (TensorId t : op.outputs) g_.tensors[static_cast<std::size_t>(t)].producer = op.id;
@@ -457,15 +467,21 @@ class Builder {
     return x;
   }
 
-  // F.scaled_dot_product_attention with a flash / memory-efficient kernel: one op that
-  // saves q, k, v, its output (B, A, T, D) and the logsumexp (B, A, T) in fp32; dropout
-  // is regenerated from the RNG state in backward, so no mask is kept. `saved_qkv` names
-  // the tensors owning q, k and v. FLOPs are the two GEMMs (4·b·a·s²·d), halved when
-  // causal (the kernel skips masked blocks); backward recomputes the scores (2.5×).
+  // F.scaled_dot_product_attention as transformers calls it, with PyTorch's flash kernel (what
+  // it dispatches to on sm80+ for 16-bit q, k, v without a mask): one op that saves q, k, v
+  // (the tensors in `saved_qkv` own their storage), its output, the logsumexp (B, A, T) in
+  // fp32 and the philox seed and offset (rng_state); dropout is regenerated from them in
+  // backward, so no mask is kept. The kernel writes its output in (B, T, A, D) order and
+  // returns the (B, A, T, D) transposed view, so transformers' transpose(1, 2).contiguous()
+  // copies nothing and the output is the merged (B, T, A·D) tensor o_proj saves. With
+  // enable_gqa, k and v keep their `kv` heads. FLOPs are the two GEMMs (4·b·a·s²·d), halved
+  // when causal (the kernel skips masked blocks); backward recomputes the scores (2.5×).
   TensorId sdpa(const std::string& name, std::vector<TensorId> in, std::vector<TensorId> saved_qkv,
-                std::int64_t b, std::int64_t a, std::int64_t s, std::int64_t d, bool causal, double dropout) {
-    const TensorId out = tensor(name, {b, a, s, d}, act_);
+                std::int64_t b, std::int64_t a, std::int64_t kv, std::int64_t s, std::int64_t d, bool causal,
+                double dropout) {
+    const TensorId out = tensor(name, {b, s, a * d}, act_);                       // (B, T, A·D)
     const TensorId lse = tensor(name + ".logsumexp", {b, a, s, 1}, DType::fp32);  // (B, A, T, 1)
+    const TensorId rng = tensor(name + ".rng_state", {2}, DType::i64);
     Op op;
     op.name = name;
     op.kind = OpKind::bmm;
@@ -473,20 +489,42 @@ class Builder {
     op.alpha = dropout;  // dropout_p on the probabilities (training)
     op.causal = causal;
     op.inputs = std::move(in);
-    op.outputs = {out, lse};
+    op.outputs = {out, lse, rng};
     op.saved = std::move(saved_qkv);
-    op.saved.push_back(out);
-    op.saved.push_back(lse);
+    op.saved.insert(op.saved.end(), {out, lse, rng});
     op.gemms = {Gemm{s, s, d, b * a}, Gemm{s, d, s, b * a}};
     const double f = 4.0 * static_cast<double>(b * a) * static_cast<double>(s) * static_cast<double>(s) *
                      static_cast<double>(d) * (causal ? 0.5 : 1.0);
     op.fwd_flops = Flops{f};
     op.bwd_flops = Flops{2.5 * f};
-    const std::int64_t qkvo = 4 * b * a * s * d;
-    op.fwd_bytes = Bytes{qkvo * dsz_ + b * a * s * 4};
-    op.bwd_bytes = Bytes{2 * qkvo * dsz_ + b * a * s * 4};
+    const std::int64_t qo = 2 * b * a * s * d, kv_el = 2 * b * kv * s * d;
+    op.fwd_bytes = Bytes{(qo + kv_el) * dsz_ + b * a * s * 4};
+    op.bwd_bytes = Bytes{2 * (qo + kv_el) * dsz_ + b * a * s * 4};
     emit(std::move(op), false);
     return out;
+  }
+
+  // A contiguous (B, heads, T, D) copy of a head view of x: columns [col, col + heads·D) of a
+  // (B, T, W) tensor, or a whole (B, heads, T, D) tensor. The DynamicCache's update
+  // (torch.cat onto an empty tensor) makes one of k and one of v; torch.matmul makes one of
+  // an operand whose heads it cannot fold into its batch (GPT-2's strided q). Saves nothing.
+  TensorId heads_copy(const std::string& name, TensorId x, std::int64_t heads, std::int64_t col = 0) {
+    const Shape& xs = T(x).shape;
+    const std::int64_t d = g_.cfg.head_dim;
+    const Shape ys = xs.size() == 4 ? xs : Shape{xs[0], heads, xs[1], d};
+    const TensorId y = tensor(name, ys, T(x).dtype);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::copy;
+    op.fn = Fn::heads_copy;
+    op.col[0] = col;
+    op.inputs = {x};
+    op.outputs = {y};
+    const std::int64_t yb = T(y).bytes.v;
+    op.fwd_bytes = Bytes{2 * yb};
+    op.bwd_bytes = Bytes{3 * yb};  // reads dY, accumulates into the input's gradient
+    emit(std::move(op), false);
+    return y;
   }
 
   // flash_attn_func(q, k, v, dropout_p, softmax_scale, causal) as transformers' flash_attention_2
@@ -537,6 +575,27 @@ class Builder {
     return out;
   }
 
+  // softmax over the last dimension, saving its output (in `out` dtype: fp32 for Llama's
+  // softmax(dtype=float32)). ATen's softmax(x, dim, dtype): a 16-bit x asked for fp32 runs
+  // the fused half_to_float kernel for fp16 only; bf16 is first upcast (x.toType(float), a
+  // copy whose backward casts the fp32 gradient back). Its CUDA backward (softmax_backward)
+  // computes tmp = grad * output, a temporary of the gradient's size and dtype, before
+  // grad_input = tmp - output * Σ tmp.
+  TensorId softmax(const std::string& name, TensorId x, DType out) {
+    const Shape shape = T(x).shape;
+    TensorId in = x;
+    if (out != T(x).dtype && T(x).dtype == DType::bf16) {
+      in = simple(name + "_upcast", OpKind::cast, {x}, shape, out, {});
+      tag(Fn::cast);
+    }
+    const TensorId y = simple(name, OpKind::softmax, {in}, shape, out, {}, true);
+    tag(Fn::softmax);
+    const TensorId tmp = tensor(name + ".grad_times_output", shape, out);
+    g_.ops.back().bwd_scratch = {tmp};
+    g_.ops.back().bwd_bytes += Bytes{2 * T(tmp).bytes.v};
+    return y;
+  }
+
   // (B, H, T, D) -> (B, T, H·D): transpose(1, 2).contiguous(), a copy that saves nothing.
   TensorId merge_heads(const std::string& name, TensorId ctx, std::int64_t width) {
     const Shape& cs = T(ctx).shape;
@@ -558,7 +617,10 @@ class Builder {
     op.inputs = {logits, labels};
     op.outputs = {logp, loss};
     op.saved = {logp, labels};
+    op.bwd_grads = {logp};  // nll_loss's backward: the gradient of logp, full size, in its dtype
     emit(std::move(op));
+    // ... which log_softmax's backward reads while it writes the logits' gradient.
+    g_.ops.back().bwd_bytes += Bytes{2 * T(logp).bytes.v};
     return loss;
   }
 
@@ -607,6 +669,7 @@ class Builder {
   DType act_;
   std::int64_t dsz_;
   std::int32_t layer_ = kNone;
+  std::int32_t rng_streams_ = 0;
   std::string prefix_;
   std::unordered_map<std::string, ModuleId> module_by_name_;
   std::unordered_map<std::string, ParamId> param_by_name_;
@@ -651,37 +714,58 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   bd.begin_layer(l, x);
   const TensorId y = bd.layernorm("ln_1", bd.mod(p + "ln_1"), x);
   const TensorId qkv = bd.linear("attn.c_attn", bd.mod(p + "attn.c_attn"), y, d.h, 3 * d.h, std::nullopt, Fn::conv1d);  // (B, T, 3C)
+  // q, k, v are the column blocks [0, C), [C, 2C), [2C, 3C) of qkv, split into heads. With a
+  // KV cache, its update copies k and v into contiguous (B, A, T, D) tensors.
+  TensorId kc = kNone, vc = kNone;
+  if (bd.kv_cache()) {
+    kc = bd.heads_copy("attn.cache_k", qkv, d.a, d.h);      // (B, A, T, D)
+    vc = bd.heads_copy("attn.cache_v", qkv, d.a, 2 * d.h);  // (B, A, T, D)
+    bd.output(kc);
+    bd.output(vc);
+  }
   // Attention, one variant per case, each ending in the merged (B, T, C) tensor.
   TensorId merged = kNone;
   switch (bd.attention()) {
     case Attention::eager: {
-      // q, k, v are views of qkv: both matmuls keep the one (B, T, 3C) tensor alive.
-      // q, k, v are the column blocks [0, C), [C, 2C), [2C, 3C) of qkv, split into heads.
-      TensorId sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a},
-                           Fn::attn_scores, 0, d.h);
+      TensorId sc = kNone;
+      if (kc == kNone) {
+        // q, k, v are strided views of qkv; each matmul copies the operands it cannot fold
+        // into its batch, and saves those: q, k and v, as many bytes as qkv, which is what
+        // the matmuls are said to keep alive here.
+        sc = bd.bmm("attn.qk", {qkv}, {qkv}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a}, Fn::attn_scores, 0,
+                    d.h);
+      } else {
+        // The matmul copies the strided q (and saves the copy); k is the cache's copy.
+        const TensorId q = bd.heads_copy("attn.q_contiguous", qkv, d.a, 0);  // (B, A, T, D)
+        sc = bd.bmm("attn.qk", {q, kc}, {q, kc}, {d.b, d.a, d.s, d.s}, Gemm{d.s, d.s, d.d, d.b * d.a},
+                    Fn::attn_scores);
+      }
       sc = bd.simple("attn.scale", OpKind::scale, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
       bd.tag(Fn::scale, 1.0 / std::sqrt(static_cast<double>(d.d)));
       // torch.where(bias[..., :T, :T], w, min): the condition is a persistent buffer.
       sc = bd.simple("attn.causal_mask", OpKind::add, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {});
       bd.tag(Fn::causal_where);
-      const TensorId probs = bd.simple("attn.softmax", OpKind::softmax, {sc}, {d.b, d.a, d.s, d.s}, bd.act(), {}, true);
-      bd.tag(Fn::softmax);
+      const TensorId probs = bd.softmax("attn.softmax", sc, bd.act());
       const TensorId pd = bd.dropout("attn.attn_dropout", probs, c.attention_dropout);
-      const TensorId ctx = bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d},
-                                  Gemm{d.s, d.d, d.s, d.b * d.a}, Fn::attn_context, 0, 2 * d.h);
+      const TensorId ctx =
+          vc == kNone ? bd.bmm("attn.pv", {pd, qkv}, {pd, qkv}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
+                               Fn::attn_context, 0, 2 * d.h)
+                      : bd.bmm("attn.pv", {pd, vc}, {pd, vc}, {d.b, d.a, d.s, d.d}, Gemm{d.s, d.d, d.s, d.b * d.a},
+                               Fn::attn_context);
+      // attn_output.transpose(1, 2).reshape(...).contiguous(): a copy.
       merged = bd.merge_heads("attn.merge_heads", ctx, d.h);
       break;
     }
-    case Attention::sdpa: {
-      // q, k, v are views of qkv: the kernel's saved q, k, v keep the (B, T, 3C) tensor alive.
-      const TensorId ctx = bd.sdpa("attn.sdpa", {qkv}, {qkv}, d.b, d.a, d.s, d.d, true, c.attention_dropout);
-      merged = bd.merge_heads("attn.merge_heads", ctx, d.h);
+    case Attention::sdpa:
+    case Attention::flash_attention_2: {
+      // q is a strided view of qkv (the kernels take it as it is: last stride 1), so qkv stays
+      // alive; k and v are qkv's too, or the cache's copies. The output is the merged tensor.
+      const std::vector<TensorId> in = kc == kNone ? std::vector<TensorId>{qkv} : std::vector<TensorId>{qkv, kc, vc};
+      merged = bd.attention() == Attention::sdpa
+                   ? bd.sdpa("attn.sdpa", in, in, d.b, d.a, d.a, d.s, d.d, true, c.attention_dropout)
+                   : bd.flash_attention("attn.flash_attn", in, in, d.b, d.a, d.a, d.s, d.d, true, c.attention_dropout);
       break;
     }
-    case Attention::flash_attention_2:
-      // q, k, v are (B, T, A, D) views of qkv's column blocks; its output is the merged tensor.
-      merged = bd.flash_attention("attn.flash_attn", {qkv}, {qkv}, d.b, d.a, d.a, d.s, d.d, true, c.attention_dropout);
-      break;
   }
   TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h, std::nullopt, Fn::conv1d);
   o = bd.dropout("attn.resid_dropout", o, c.hidden_dropout);
@@ -713,6 +797,7 @@ void gpt2_graph(Builder& bd, OpGraph& g) {
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) x = gpt2_block(bd, c, d, l, x);
   x = bd.layernorm("transformer.ln_f", bd.mod("transformer.ln_f"), x);
   const TensorId logits = bd.linear("lm_head", bd.mod("lm_head"), x, d.h, d.v);  // (B, T, V)
+  bd.output(logits);
   g.loss = bd.causal_lm_loss(logits, labels, d.v);
 }
 
@@ -772,22 +857,21 @@ TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
       // + extended attention mask (B, 1, 1, T): a broadcast add saves nothing.
       sc = bd.simple("attention.self.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
       bd.tag(Fn::add_mask);
-      const TensorId probs = bd.simple("attention.self.softmax", OpKind::softmax, {sc}, bash, bd.act(), {}, true);
-      bd.tag(Fn::softmax);
+      const TensorId probs = bd.softmax("attention.self.softmax", sc, bd.act());
       const TensorId pd = bd.dropout("attention.self.dropout", probs, c.attention_dropout);
       const TensorId ctx = bd.bmm("attention.self.context", {pd, v}, {pd, v}, {d.b, d.a, d.s, d.d},
                                   Gemm{d.s, d.d, d.s, d.b * d.a}, Fn::attn_context);
       merged = bd.merge_heads("attention.self.merge_heads", ctx, d.h);
       break;
     }
-    case Attention::sdpa: {
-      // The padding mask (B, 1, 1, T) is an input of the kernel, and its backward reads it
-      // again (the efficient kernel saves attn_bias): one small tensor all layers keep alive.
-      const TensorId ctx = bd.sdpa("attention.self.sdpa", {q, k, v, mask}, {q, k, v, mask}, d.b, d.a, d.s, d.d, false,
-                                   c.attention_dropout);
-      merged = bd.merge_heads("attention.self.merge_heads", ctx, d.h);
+    case Attention::sdpa:
+      // Without padding transformers passes no mask (5.x masking_utils.sdpa_mask, 4.46
+      // _prepare_4d_attention_mask_for_sdpa: None for an all-ones attention_mask): dense,
+      // non-causal; q, k, v are (B, T, A, D) views of the projections, the output the merged
+      // tensor.
+      merged = bd.sdpa("attention.self.sdpa", {q, k, v}, {q, k, v}, d.b, d.a, d.a, d.s, d.d, false,
+                       c.attention_dropout);
       break;
-    }
     case Attention::flash_attention_2:
       // Without padding transformers passes no mask (masking_utils.flash_attention_mask
       // returns None for an all-ones attention_mask): dense, non-causal flash_attn_func.
@@ -821,10 +905,10 @@ void bert_graph(Builder& bd, OpGraph& g) {
   const TensorId amask = bd.input("attention_mask", {d.b, d.s}, DType::i64);
   const TensorId labels = bd.input("labels", {d.b, d.s}, DType::i64);
   const TensorId nsp_labels = pretraining ? bd.input("next_sentence_label", {d.b}, DType::i64) : kNone;
-  // (1 - mask) * finfo.min in the activation dtype: (B, 1, 1, T), for eager and sdpa;
-  // flash_attention_2 takes no mask when nothing is padded.
+  // (1 - mask) * finfo.min in the activation dtype: (B, 1, 1, T), for eager; sdpa and
+  // flash_attention_2 take no mask when nothing is padded.
   TensorId ext = kNone;
-  if (bd.attention() != Attention::flash_attention_2) {
+  if (bd.attention() == Attention::eager) {
     ext = bd.simple("bert.extended_attention_mask", OpKind::copy, {amask}, {d.b, 1, 1, d.s}, bd.act(), {});
     bd.tag(Fn::extended_mask);
   }
@@ -854,8 +938,12 @@ void bert_graph(Builder& bd, OpGraph& g) {
   tr = bd.activation("cls.predictions.transform.act", c.act, tr);
   tr = bd.layernorm("cls.predictions.transform.LayerNorm", bd.mod("cls.predictions.transform.LayerNorm"), tr);
   const TensorId scores = bd.linear("cls.predictions.decoder", bd.mod("cls.predictions.decoder"), tr, d.h, d.v);
+  bd.output(scores);
   TensorId nsp = kNone;
-  if (pretraining) nsp = bd.linear("cls.seq_relationship", bd.mod("cls.seq_relationship"), pooled, d.h, 2);
+  if (pretraining) {
+    nsp = bd.linear("cls.seq_relationship", bd.mod("cls.seq_relationship"), pooled, d.h, 2);
+    bd.output(nsp);
+  }
   // CrossEntropyLoss on prediction_scores.view(-1, V) in the activation dtype.
   const TensorId mlm_loss = bd.cross_entropy("loss.mlm", scores, labels, d.v);
   if (!pretraining) {
@@ -921,12 +1009,21 @@ TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int3
   const TensorId kr = bd.simple("self_attn.rope_k", OpKind::rope, {k, rope.cos, rope.sin}, {d.b, d.kv, d.s, d.d},
                                 bd.act(), {rope.cos, rope.sin});
   bd.tag(Fn::rope);
+  // With a KV cache, its update copies k (after RoPE) and v into contiguous (B, K, T, D)
+  // tensors, and attention reads those; the cache (in the model's output) holds them.
+  TensorId kt = kr, vt = v;
+  if (bd.kv_cache()) {
+    kt = bd.heads_copy("self_attn.cache_k", kr, d.kv);  // (B, K, T, D)
+    vt = bd.heads_copy("self_attn.cache_v", v, d.kv);   // (B, K, T, D)
+    bd.output(kt);
+    bd.output(vt);
+  }
   // repeat_kv: expand + reshape materialises (B, A, T, D) when K < A; saves nothing.
   auto repeat_kv = [&]() -> std::pair<TensorId, TensorId> {
-    if (d.kv == d.a) return {kr, v};
-    const TensorId kk = bd.simple("self_attn.repeat_k", OpKind::copy, {kr}, {d.b, d.a, d.s, d.d}, bd.act(), {});
+    if (d.kv == d.a) return {kt, vt};
+    const TensorId kk = bd.simple("self_attn.repeat_k", OpKind::copy, {kt}, {d.b, d.a, d.s, d.d}, bd.act(), {});
     bd.tag(Fn::repeat_kv);
-    const TensorId vv = bd.simple("self_attn.repeat_v", OpKind::copy, {v}, {d.b, d.a, d.s, d.d}, bd.act(), {});
+    const TensorId vv = bd.simple("self_attn.repeat_v", OpKind::copy, {vt}, {d.b, d.a, d.s, d.d}, bd.act(), {});
     bd.tag(Fn::repeat_kv);
     return {kk, vv};
   };
@@ -941,8 +1038,7 @@ TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int3
       sc = bd.simple("self_attn.mask", OpKind::add, {sc, mask}, bash, bd.act(), {});
       bd.tag(Fn::add_mask);
       // softmax(dtype=float32) saves its fp32 output; .to(act) is saved by the PV matmul.
-      const TensorId p32 = bd.simple("self_attn.softmax", OpKind::softmax, {sc}, bash, DType::fp32, {}, true);
-      bd.tag(Fn::softmax);
+      const TensorId p32 = bd.softmax("self_attn.softmax", sc, DType::fp32);
       TensorId probs = p32;
       if (bd.act() != DType::fp32) {
         probs = bd.simple("self_attn.softmax_cast", OpKind::cast, {p32}, bash, bd.act(), {});
@@ -955,16 +1051,19 @@ TensorId llama_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int3
       break;
     }
     case Attention::sdpa: {
-      // is_causal=True without a materialised mask; repeat_kv'd k and v are what it saves.
-      const auto [kk, vv] = repeat_kv();
-      const TensorId ctx =
-          bd.sdpa("self_attn.sdpa", {qr, kk, vv}, {qr, kk, vv}, d.b, d.a, d.s, d.d, true, c.attention_dropout);
-      merged = bd.merge_heads("self_attn.merge_heads", ctx, qd);
+      // is_causal=True without a materialised mask. transformers 5 (and 4.57) pass
+      // enable_gqa=True when there is no mask: k and v keep their K heads; 4.46 repeats them
+      // (repeat_kv) first. What the kernel reads is what it saves.
+      const bool gqa = bd.transformers() == Transformers::v5;
+      const auto [kk, vv] = gqa ? std::pair<TensorId, TensorId>{kt, vt} : repeat_kv();
+      merged = bd.sdpa("self_attn.sdpa", {qr, kk, vv}, {qr, kk, vv}, d.b, d.a, gqa ? d.kv : d.a, d.s, d.d, true,
+                       c.attention_dropout);
       break;
     }
     case Attention::flash_attention_2:
-      // q and k after RoPE, v the projection's view; k and v keep their K heads.
-      merged = bd.flash_attention("self_attn.flash_attn", {qr, kr, v}, {qr, kr, v}, d.b, d.a, d.kv, d.s, d.d, true,
+      // q and k after RoPE, v the projection's view (or the cache's copies); k and v keep
+      // their K heads.
+      merged = bd.flash_attention("self_attn.flash_attn", {qr, kt, vt}, {qr, kt, vt}, d.b, d.a, d.kv, d.s, d.d, true,
                                   c.attention_dropout);
       break;
   }
@@ -1015,6 +1114,7 @@ void llama_graph(Builder& bd, OpGraph& g) {
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) x = llama_layer(bd, c, d, l, x, mask, rope);
   x = bd.rmsnorm("model.norm", bd.mod("model.norm"), x);
   const TensorId logits = bd.linear("lm_head", bd.mod("lm_head"), x, d.h, d.v);  // (B, T, V)
+  bd.output(logits);
   g.loss = bd.causal_lm_loss(logits, labels, d.v);
 }
 
@@ -1088,6 +1188,10 @@ OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt) {
                      "flash_attention_2 runs in fp16 or bf16 only (flash-attn refuses fp32 q, k, v) and this "
                      "configuration trains in fp32: enable fp16 or bf16 in the ds_config, or use sdpa");
   if (g.opt.seq_len == 0) g.opt.seq_len = cfg.max_positions;
+  // transformers builds a DynamicCache for decoders with use_cache, and turns it off under
+  // gradient checkpointing; only v5's cache copies what it is given (models/transformers.hpp).
+  g.kv_cache = opt.transformers == Transformers::v5 && cfg.use_cache && !opt.gradient_checkpointing &&
+               cfg.family != Family::bert;
   if (cfg.layers > 10000)
     throw InputError(cfg.source, cfg.family == Family::gpt2 ? "n_layer" : "num_hidden_layers",
                      fmt::format("{} layers: more than 10000 are not simulated", cfg.layers));
@@ -1106,11 +1210,12 @@ OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt) {
   return g;
 }
 
-FlashLayout flash_layout(const OpGraph& g, const Op& op) {
-  if (op.fn != Fn::flash_attention || op.outputs.size() != 3 || (op.inputs.size() != 1 && op.inputs.size() != 3))
-    throw std::logic_error(fmt::format("op {} is not a flash_attention op", op.name));
+HeadsLayout heads_layout(const OpGraph& g, const Op& op) {
+  if ((op.fn != Fn::flash_attention && op.fn != Fn::sdpa) || op.outputs.size() != 3 ||
+      (op.inputs.size() != 1 && op.inputs.size() != 3))
+    throw std::logic_error(fmt::format("op {} is not a fused attention op", op.name));
   auto shape = [&](TensorId t) -> const Shape& { return g.tensors.at(static_cast<std::size_t>(t)).shape; };
-  FlashLayout f;
+  HeadsLayout f;
   const Shape& lse = shape(op.outputs[1]);  // (B, H, T, 1)
   f.B = lse[0];
   f.H = lse[1];
@@ -1135,11 +1240,11 @@ FlashLayout flash_layout(const OpGraph& g, const Op& op) {
       const TensorId t = op.inputs[static_cast<std::size_t>(i)];
       const Shape& x = shape(t);
       std::int64_t heads = 0;
-      if (x.size() == 4) {  // (B, X, T, D): a RoPE output
+      if (x.size() == 4) {  // (B, X, T, D): a RoPE output or a cache copy
         heads = x[1];
         *dst[i] = {t, 0, heads * f.T * f.D, f.T * f.D, f.D};
-      } else {  // (B, T, X·D): a projection
-        heads = x[2] / f.D;
+      } else {  // (B, T, X·D): a projection; q may be the first H·D columns of a wider one (GPT-2's c_attn)
+        heads = i == 0 ? f.H : x[2] / f.D;
         *dst[i] = {t, 0, f.T * x[2], f.D, x[2]};
       }
       if (i == 1) kv_heads = heads;

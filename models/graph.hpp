@@ -18,6 +18,7 @@
 #include "core/dtype.hpp"
 #include "core/units.hpp"
 #include "models/model_config.hpp"
+#include "models/transformers.hpp"
 
 namespace zp::models {
 
@@ -86,9 +87,13 @@ enum class Fn : std::uint8_t {
   extended_mask,       // (B,T) int mask -> (B,1,1,T): (1 - m) * lowest
   causal_mask,         // (1,1,T,T): 0 on and below the diagonal, lowest above
   cross_entropy,       // outputs log-probabilities and the mean loss (ignore_index -100)
-  sdpa,                // fused attention (F.scaled_dot_product_attention; alpha: dropout_p)
+  sdpa,                // F.scaled_dot_product_attention with a flash kernel (alpha: dropout_p);
+                       // operands and layout: heads_layout()
   flash_attention,     // flash_attn_func as transformers' flash_attention_2 calls it (alpha: dropout_p);
-                       // operands and layout: flash_layout()
+                       // operands and layout: heads_layout()
+  heads_copy,          // y(B,X,T,D) contiguous = the head view of x: columns [col[0], col[0] + X·D) of a
+                       // (B,T,W) tensor, or a 4-D tensor (the KV cache's torch.cat, matmul's copy of a
+                       // strided operand)
 };
 const char* fn_name(Fn f);
 
@@ -117,6 +122,14 @@ struct Op {
   std::vector<TensorId> outputs;     // freshly allocated outputs
   std::vector<ParamId> params;       // parameters read (their grads are produced by backward)
   std::vector<TensorId> saved;       // tensors autograd saves for this op's backward
+  // Outputs whose gradient exists only inside this op's backward: allocated when it starts,
+  // freed when it ends (cross_entropy: nll_loss's backward writes the gradient of the
+  // log-probabilities, which log_softmax's backward reads while writing the logits').
+  std::vector<TensorId> bwd_grads;
+  // Temporaries the op's backward kernel allocates, live for that backward only (softmax:
+  // PyTorch's CUDA softmax_backward materialises grad * output before its row reduction).
+  // Tensors of the graph that no op produces, reads or saves.
+  std::vector<TensorId> bwd_scratch;
   Flops fwd_flops{};                 // forward FLOPs (2mnk for a GEMM)
   Flops bwd_flops{};                 // backward FLOPs (grad input + grad weight)
   Bytes fwd_bytes{};                 // bytes read + written by the forward kernel(s)
@@ -126,15 +139,23 @@ struct Op {
   double alpha = 0.0;                // the constant of scale/add_scalar/pow/dropout/eps
   std::int64_t col[2] = {0, 0};      // attention operands read from a (B,T,W) tensor: column offset
   bool causal = false;               // fused attention (sdpa, flash_attention): causal masking
+  // The op's random stream (dropout, and the fused attentions' dropout): its ordinal among
+  // such ops in forward order, so ops that draw nothing (copies) do not move it; -1: none.
+  std::int32_t rng_stream = -1;
 };
 
 // How attention is computed (models/attention.hpp: eager, sdpa, flash_attention_2; the
-// default is kDefaultAttention, sdpa, as transformers picks it).
+// default is kDefaultAttention, sdpa, as transformers picks it), and which transformers
+// release's modelling code is followed where releases differ (models/transformers.hpp).
 struct GraphOptions {
   std::int64_t micro_batch = 1;      // b
   std::int64_t seq_len = 0;          // s (0: the model's max_positions)
   DType act_dtype = DType::fp16;     // dtype of activations and 16-bit params
   Attention attention = kDefaultAttention;
+  Transformers transformers = kDefaultTransformers;
+  // HF gradient checkpointing (per-layer activation checkpointing): transformers then turns
+  // use_cache off, so no KV cache is built. Must match the lowering's activation_checkpointing.
+  bool gradient_checkpointing = false;
 };
 
 
@@ -153,6 +174,11 @@ struct OpGraph {
   std::vector<Op> ops;               // forward order
   std::vector<TensorId> inputs;      // tensors alive before forward (ids, labels, masks)
   TensorId loss = kNone;
+  // What the model's output object references besides the loss (logits; the KV cache's k and
+  // v): alive until the caller drops the output, at the end of the forward (HF Trainer) or,
+  // when it keeps the output, at the end of the micro-step (zero::LowerOptions::keep_output).
+  std::vector<TensorId> outputs;
+  bool kv_cache = false;             // the decoder layers copy k and v into a DynamicCache
   std::vector<LayerSpan> layers;
 
   std::int64_t param_count() const;       // everything trained (with heads)
@@ -169,21 +195,24 @@ struct OpGraph {
 
 OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt);
 
-// Where a flash_attention op reads q, k, v and writes its output: element (b, h, t, d) of
-// an operand at offset + b·sb + h·sh + t·st + d of the tensor named by `tensor`.
+// Where a fused attention op (sdpa, flash_attention) reads q, k, v and writes its output:
+// element (b, h, t, d) of an operand at offset + b·sb + h·sh + t·st + d of the tensor named
+// by `tensor`. Inputs are either one packed (B, T, 3·H·D) projection (GPT-2's c_attn: q, k,
+// v are its column blocks) or q, k, v each a (B, T, X·D) projection (q: the first H·D
+// columns) or a contiguous (B, X, T, D) tensor.
 struct HeadsOperand {
   TensorId tensor = kNone;
   std::int64_t offset = 0, sb = 0, sh = 0, st = 0;
 };
-struct FlashLayout {
+struct HeadsLayout {
   std::int64_t B = 0, H = 0, K = 0, T = 0, D = 0;  // K: kv heads (H % K == 0)
   bool causal = false;
-  HeadsOperand q, k, v;   // inputs (views of the projections, or RoPE outputs)
+  HeadsOperand q, k, v;   // inputs
   HeadsOperand o;         // outputs[0], (B, T, H·D)
   TensorId lse = kNone;   // outputs[1], (B, H, T, 1) fp32
-  TensorId rng = kNone;   // outputs[2], (2) int64: flash-attn's rng_state (seed, offset)
+  TensorId rng = kNone;   // outputs[2], (2) int64: the dropout stream's (seed, offset)
 };
-FlashLayout flash_layout(const OpGraph& g, const Op& op);
+HeadsLayout heads_layout(const OpGraph& g, const Op& op);
 
 // Ops as vertices, one edge per (producer → consumer) use of a tensor.
 using BoostGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS,

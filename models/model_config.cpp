@@ -238,6 +238,35 @@ void parse_attn_implementation(const Reader& r, const json& o, ModelConfig& c) {
   }
 }
 
+// torch_dtype, or dtype as transformers 5 writes it: "float32", "float16", "bfloat16" (with
+// or without "torch."); "auto" and null say nothing.
+void parse_torch_dtype(const Reader& r, const json& o, ModelConfig& c) {
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    auto it = o.find(key);
+    if (it == o.end() || it->is_null()) continue;
+    if (!it->is_string())
+      throw InputError(r.file, key, fmt::format("must be a string (float32, float16, bfloat16), got {}",
+                                                zp::json::printable(it->dump())));
+    std::string v = it->get<std::string>();
+    if (v.rfind("torch.", 0) == 0) v = v.substr(6);
+    std::optional<DType> t;
+    if (v == "float32" || v == "float") t = DType::fp32;
+    else if (v == "float16" || v == "half") t = DType::fp16;
+    else if (v == "bfloat16") t = DType::bf16;
+    else if (v != "auto")
+      throw InputError(r.file, key, fmt::format("must be one of float32, float16, bfloat16, auto, got '{}'",
+                                                zp::json::printable(it->get<std::string>())));
+    if (!t) continue;
+    if (c.torch_dtype && *c.torch_dtype != *t)
+      throw InputError(r.file, key, fmt::format("'{}' contradicts {} '{}'", it->get<std::string>(), c.torch_dtype_key,
+                                                dtype_name(*c.torch_dtype)));
+    if (!c.torch_dtype) {
+      c.torch_dtype = t;
+      c.torch_dtype_key = key;
+    }
+  }
+}
+
 fs::path hub_ids_file() { return fs::path(ZEROPLAN_DATA_DIR) / "models" / "hub_ids.json"; }
 
 }  // namespace
@@ -264,6 +293,8 @@ ModelConfig parse_model_config(const std::string& file, const std::string& json_
     parse_rope_scaling(r, root, c);
   }
   parse_attn_implementation(r, root, c);
+  c.use_cache = r.get_bool(root, "use_cache", true);
+  parse_torch_dtype(r, root, c);
   return c;
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.hpp"
 #include "models/attention.hpp"
 
 namespace zp::models {
@@ -62,6 +63,15 @@ struct ModelConfig {
   // config.json names one; `attn_key` is the key that did.
   std::optional<Attention> attn_implementation;
   std::string attn_key;
+  // use_cache (GPT-2 and Llama-family configs default to true): whether the decoder builds
+  // a KV cache in its forward, which transformers 5 does in training too (models/transformers.hpp).
+  bool use_cache = true;
+  // torch_dtype (dtype in transformers 5's config.json): what transformers builds the model in
+  // (from_config, and from_pretrained's default "auto" in 5.x). DeepSpeed casts the module
+  // only when fp16 or bf16 is enabled; without either it trains in this dtype
+  // (zero::DsConfig::module_dtype).
+  std::optional<DType> torch_dtype;
+  std::string torch_dtype_key;        // the key that set it
 };
 
 // Which attention a run uses: the command line's --attention when given (and a note when it

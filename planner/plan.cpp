@@ -210,6 +210,7 @@ Space default_space(const Problem& pb, const std::vector<Dim>& searched) {
   go.seq_len = pb.seq_len;
   go.act_dtype = pb.base.model_dtype();
   go.attention = pb.attention;
+  go.transformers = pb.transformers;
   const std::int64_t psi = models::build_graph(pb.model, go).param_count();
 
   Space s;
@@ -293,24 +294,30 @@ double Evaluation::margin() const {
 }
 
 void GraphCache::prepare(const std::vector<std::int64_t>& micro_batches) {
-  for (std::int64_t mb : micro_batches) (void)get(mb);
+  for (std::int64_t mb : micro_batches) {
+    (void)get(mb, false);
+    (void)get(mb, true);
+  }
 }
 
-const models::OpGraph* GraphCache::find(std::int64_t micro_batch) const {
-  for (const auto& [mb, g] : graphs_)
-    if (mb == micro_batch) return g.get();
+const models::OpGraph* GraphCache::find(std::int64_t micro_batch, bool activation_checkpointing) const {
+  for (const auto& e : graphs_)
+    if (e.micro_batch == micro_batch && e.ckpt == activation_checkpointing) return e.graph.get();
   return nullptr;
 }
 
-const models::OpGraph& GraphCache::get(std::int64_t micro_batch) {
-  if (const auto* g = find(micro_batch)) return *g;
+const models::OpGraph& GraphCache::get(std::int64_t micro_batch, bool activation_checkpointing) {
+  if (const auto* g = find(micro_batch, activation_checkpointing)) return *g;
   models::GraphOptions go;
   go.micro_batch = micro_batch;
   go.seq_len = pb_.seq_len;
   go.act_dtype = pb_.base.model_dtype();
   go.attention = pb_.attention;
-  graphs_.emplace_back(micro_batch, std::make_unique<models::OpGraph>(models::build_graph(pb_.model, go)));
-  return *graphs_.back().second;
+  go.transformers = pb_.transformers;
+  go.gradient_checkpointing = activation_checkpointing;
+  graphs_.push_back({micro_batch, activation_checkpointing,
+                     std::make_unique<const models::OpGraph>(models::build_graph(pb_.model, go))});
+  return *graphs_.back().graph;
 }
 
 namespace {
@@ -326,6 +333,7 @@ sim::Target target_of(const Problem& pb, bool activation_checkpointing) {
   t.collectives = pb.collectives.get();
   t.world_size = pb.world_size;
   t.activation_checkpointing = activation_checkpointing;
+  t.keep_output = pb.keep_output;
   return t;
 }
 
@@ -349,14 +357,15 @@ Point run_point(const Problem& pb, const models::OpGraph& g, const zero::DsConfi
 
 double compute_bound_ms(const Problem& pb, const GraphCache& graphs, const Knobs& k) {
   const std::int64_t mb = get(k, Dim::micro_batch);
-  const models::OpGraph* g = graphs.find(mb);
-  if (!g) throw std::logic_error("planner: graph for micro-batch not prepared");
   const bool ckpt = get(k, Dim::activation_checkpointing) != 0;
+  const models::OpGraph* g = graphs.find(mb, ckpt);
+  if (!g) throw std::logic_error("planner: graph for micro-batch not prepared");
   const zero::DsConfig cfg = with_gas(pb, config_of(pb, k), 1);
   zero::LowerOptions lo;
   lo.world_size = pb.world_size;
   lo.rank = zero::heaviest_rank(*g, cfg, pb.world_size);
   lo.activation_checkpointing = ckpt;
+  lo.keep_output = pb.keep_output;
   const zero::Program p = zero::lower(*g, cfg, zero::Batch{cfg.train_batch_size.value(), mb, 1}, lo);
   const sim::ComputeModel cm(pb.profile, *g);
   // The compute stream runs its events one at a time at best at full rate: its own ops
@@ -379,11 +388,11 @@ double compute_bound_ms(const Problem& pb, const GraphCache& graphs, const Knobs
 
 Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k) {
   const std::int64_t mb = get(k, Dim::micro_batch);
-  const models::OpGraph* g = graphs.find(mb);
+  const bool ckpt = get(k, Dim::activation_checkpointing) != 0;
+  const models::OpGraph* g = graphs.find(mb, ckpt);
   if (!g) throw std::logic_error("planner: graph for micro-batch not prepared");
   const zero::DsConfig cfg = config_of(pb, k);
   const std::int64_t gas = pb.global_batch / (mb * pb.world_size);
-  const bool ckpt = get(k, Dim::activation_checkpointing) != 0;
   Evaluation ev;
   ev.knobs = k;
   ev.batch = {pb.global_batch, mb, gas};

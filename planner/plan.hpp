@@ -75,6 +75,8 @@ struct Problem {
   std::int64_t seq_len = 0;
   std::int64_t global_batch = 0;     // train_batch_size
   models::Attention attention = models::kDefaultAttention;
+  models::Transformers transformers = models::kDefaultTransformers;
+  bool keep_output = false;          // zero::LowerOptions::keep_output
   Objective objective = Objective::throughput;
   double headroom = 0.9;             // fraction of device (and host) memory a plan may use
   double price_per_gpu_hour = 1.0;   // cost objective (currency per GPU-hour)
@@ -129,17 +131,24 @@ struct Evaluation {
 // linearly (micro-steps after the first are identical in a step program).
 constexpr std::int64_t kDirectGas = 3;
 
-// Graphs per micro-batch, built once and shared by the threads.
+// Graphs per micro-batch and activation checkpointing (transformers turns the KV cache off
+// under gradient checkpointing), built once and shared by the threads.
 class GraphCache {
  public:
   explicit GraphCache(const Problem& pb) : pb_(pb) {}
-  const models::OpGraph& get(std::int64_t micro_batch);  // not thread-safe: call prepare first
-  void prepare(const std::vector<std::int64_t>& micro_batches);
-  const models::OpGraph* find(std::int64_t micro_batch) const;
+  // not thread-safe: call prepare first
+  const models::OpGraph& get(std::int64_t micro_batch, bool activation_checkpointing = false);
+  void prepare(const std::vector<std::int64_t>& micro_batches);  // both checkpointing settings
+  const models::OpGraph* find(std::int64_t micro_batch, bool activation_checkpointing) const;
 
  private:
+  struct Entry {
+    std::int64_t micro_batch = 0;
+    bool ckpt = false;
+    std::unique_ptr<const models::OpGraph> graph;
+  };
   const Problem& pb_;
-  std::vector<std::pair<std::int64_t, std::unique_ptr<models::OpGraph>>> graphs_;
+  std::vector<Entry> graphs_;
 };
 
 // Simulates one point (thread-safe once the cache holds its micro-batch).

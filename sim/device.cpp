@@ -23,11 +23,12 @@ std::string lower(std::string_view s) {
 
 const std::vector<std::string> kEntryKeys = {
     "name",           "aliases",         "arch",    "memory_bytes", "peak_tensor_tflops",
-    "peak_fp32_tflops", "hbm_gbps",      "nvlink_gbps", "context_overhead_bytes", "bf16",
-    "source"};
+    "peak_fp32_tflops", "hbm_gbps",      "nvlink_gbps", "context_overhead_bytes", "cublas_workspace_bytes",
+    "cublaslt_workspace_bytes", "bf16",  "source"};
 const std::vector<std::string> kRequiredKeys = {
     "name",     "arch",        "memory_bytes",           "peak_tensor_tflops", "peak_fp32_tflops",
-    "hbm_gbps", "nvlink_gbps", "context_overhead_bytes", "bf16",               "source"};
+    "hbm_gbps", "nvlink_gbps", "context_overhead_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
+    "bf16",     "source"};
 
 constexpr double kTera = 1e12;
 constexpr double kGiga = 1e9;
@@ -54,6 +55,8 @@ Entry read_entry(const json::Reader& r, const json::json& e) {
   d.hbm_bandwidth = BytesPerSecond{r.get_double(e, "hbm_gbps", 0, 1e-6, kMaxGbps) * kGiga};
   d.nvlink_bandwidth = BytesPerSecond{r.get_double(e, "nvlink_gbps", 0, 0, kMaxGbps) * kGiga};
   d.context_overhead = Bytes{r.get_int(e, "context_overhead_bytes", 0, 0, d.memory.v)};
+  d.cublas_workspace = Bytes{r.get_int(e, "cublas_workspace_bytes", 0, 0, d.memory.v)};
+  d.cublaslt_workspace = Bytes{r.get_int(e, "cublaslt_workspace_bytes", 0, 0, d.memory.v)};
   d.bf16 = r.get_bool(e, "bf16", true);
   if (r.get_string(e, "source", "").empty())
     throw InputError(r.file, r.key_path("source"), "must say where the figures come from");

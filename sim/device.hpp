@@ -17,7 +17,9 @@ struct DeviceSpec {
   FlopsPerSecond peak_fp32_flops{};  // non-tensor fp32 peak
   BytesPerSecond hbm_bandwidth{};
   BytesPerSecond nvlink_bandwidth{}; // per direction, whole device (0 for none)
-  Bytes context_overhead{};          // CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers
+  Bytes context_overhead{};          // CUDA context, library handles, NCCL buffers: outside the allocator
+  Bytes cublas_workspace{};          // PyTorch's cuBLAS workspace per (handle, stream), through the allocator
+  Bytes cublaslt_workspace{};        // and cuBLASLt's
   bool bf16 = true;                  // V100 has no bf16 tensor cores
 };
 

@@ -38,7 +38,32 @@ class Replay {
     if (opt.timeline) r_.timeline.reserve(static_cast<std::size_t>(std::min<std::int64_t>(p.num_events(), 1 << 24)));
   }
 
+  // A steady-state step is never a process's first: its caching allocator has seen the
+  // set-up and at least one step, whose requests shaped the segments it holds (reserved
+  // bytes never shrink). The allocator model first replays the prologue and one first step
+  // (requests only: no bytes are counted), with the buffers DeepSpeed creates during the
+  // first step (zero::Buffer::first_step) requested right before that step's first
+  // optimizer event; the replay proper counts the bytes of the prologue and the step and
+  // continues the allocator from there.
   MemoryReport run() {
+    if (opt_.allocator) {
+      warm_ = true;
+      pass();
+      for (const auto& d : deferred_) allocate(d.buffer, d.stream, d.slot);
+      deferred_.clear();
+      warm_ = false;
+      warmed_ = true;
+      prev_.set = spare_.set = false;
+      r_.skipped_micro_steps = 0;
+    }
+    pass();
+    return finish();
+  }
+
+ private:
+  static constexpr int kNone = -1000;
+
+  void pass() {
     const auto S = static_cast<EventId>(p_.events.size());
     const EventId c = K_ > 0 ? b_ + d_ : S;
     for (EventId e = 0; e < c; ++e) {
@@ -51,11 +76,43 @@ class Replay {
     copies();
     const EventId moved = static_cast<EventId>(static_cast<std::int64_t>(K_) * d_);
     for (EventId e = c; e < S; ++e) event(e, e + moved, K_ > 0 ? K_ : kNone);
-    return finish();
   }
 
- private:
-  static constexpr int kNone = -1000;
+  void allocate(BufferId b, int stream, std::size_t slot_index) {
+    if (r_.allocator_oom) return;
+    auto h = alloc_.allocate(p_.buffers[static_cast<std::size_t>(b)].bytes, stream);
+    if (h) {
+      auto& slot_h = handle_[slot_index];
+      if (slot_h >= 0) throw std::logic_error("memory replay: a copy's buffer outlives the copy after it");
+      slot_h = *h;
+    } else {
+      r_.allocator_oom = true;
+    }
+  }
+
+  // The warm-up's event: the allocator's requests only.
+  void warm_event(EventId stored, int at) {
+    const Event& e = p_.events[static_cast<std::size_t>(stored)];
+    const bool in_step = stored >= p_.step_begin;
+    if (in_step && e.kind == zero::EventKind::optimizer && !deferred_.empty()) {
+      for (const auto& d : deferred_) allocate(d.buffer, d.stream, d.slot);
+      deferred_.clear();
+    }
+    if (e.empty_cache) alloc_.empty_cache();
+    for (BufferId b : p_.allocs(e)) {
+      const Buffer& buf = p_.buffers[static_cast<std::size_t>(b)];
+      if (buf.placement == Placement::host) continue;
+      if (buf.first_step && !in_step) deferred_.push_back({b, static_cast<int>(e.stream), slot(b, at)});
+      else allocate(b, static_cast<int>(e.stream), slot(b, at));
+    }
+    for (BufferId b : p_.frees(e)) {
+      auto& h = handle_[slot(b, at)];
+      if (h >= 0) {
+        alloc_.free(h);
+        h = -1;
+      }
+    }
+  }
 
   // The slot (handle index) of stored buffer `r` referred to by an event of instance `at`
   // (the tail refers as copy K does): a reference into the block stands for the instance's
@@ -71,7 +128,18 @@ class Replay {
   }
 
   void event(EventId stored, EventId logical, int at) {
+    if (warm_) {
+      warm_event(stored, at);
+      return;
+    }
     const Event& e = p_.events[static_cast<std::size_t>(stored)];
+    // After the warm-up the allocator already holds what the prologue left.
+    const bool allocator_here = opt_.allocator && !(warmed_ && stored < p_.step_begin);
+    if (e.empty_cache && allocator_here) alloc_.empty_cache();
+    // Peaks are the step's: the prologue's set-up temporaries do not count (the persistent
+    // bytes live at the step's start do).
+    const bool in_step = stored >= p_.step_begin;
+    if (stored == p_.step_begin) r_.category_peak = dev_live_;
     for (BufferId b : p_.allocs(e)) {
       const Buffer& buf = p_.buffers[static_cast<std::size_t>(b)];
       const auto c = static_cast<std::size_t>(buf.category);
@@ -82,28 +150,18 @@ class Replay {
       }
       dev_live_[c] += buf.bytes;
       dev_total_ += buf.bytes;
-      if (dev_live_[c] > r_.category_peak[c]) r_.category_peak[c] = dev_live_[c];
-      if (opt_.allocator && !r_.allocator_oom) {
-        auto h = alloc_.allocate(buf.bytes, static_cast<int>(e.stream));
-        if (h) {
-          auto& slot_h = handle_[slot(b, at)];
-          if (slot_h >= 0) throw std::logic_error("memory replay: a copy's buffer outlives the copy after it");
-          slot_h = *h;
-        } else {
-          r_.allocator_oom = true;
-        }
-      }
+      if (in_step && dev_live_[c] > r_.category_peak[c]) r_.category_peak[c] = dev_live_[c];
+      if (allocator_here) allocate(b, static_cast<int>(e.stream), slot(b, at));
     }
-    if (dev_total_ > r_.peak_allocated) {
+    if (in_step && dev_total_ > r_.peak_allocated) {
       r_.peak_allocated = dev_total_;
       r_.peak_event = logical;
       r_.at_peak = dev_live_;
     }
-    if (host_total_ > r_.peak_host) {
+    if (in_step && host_total_ > r_.peak_host) {
       r_.peak_host = host_total_;
       r_.host_at_peak = host_live_;
     }
-    if (stored == p_.step_begin - 1) r_.persistent = dev_total_;
     for (BufferId b : p_.frees(e)) {
       const Buffer& buf = p_.buffers[static_cast<std::size_t>(b)];
       const auto c = static_cast<std::size_t>(buf.category);
@@ -114,7 +172,7 @@ class Replay {
       }
       dev_live_[c] -= buf.bytes;
       dev_total_ -= buf.bytes;
-      if (opt_.allocator) {
+      if (allocator_here) {
         auto& h = handle_[slot(b, at)];
         if (h >= 0) {
           alloc_.free(h);
@@ -122,6 +180,7 @@ class Replay {
         }
       }
     }
+    if (stored == p_.step_begin - 1) r_.persistent = dev_total_;  // what the set-up leaves
     if (opt_.timeline) r_.timeline.push_back(dev_total_);
   }
 
@@ -207,6 +266,13 @@ class Replay {
   Bytes dev_total_{}, host_total_{};
   State prev_, spare_;
   MemoryReport r_;
+  bool warm_ = false, warmed_ = false;  // in the warm-up; after it
+  struct Deferred {
+    BufferId buffer;
+    int stream;
+    std::size_t slot;
+  };
+  std::vector<Deferred> deferred_;  // first-step buffers of the warm-up, not yet requested
 };
 
 }  // namespace

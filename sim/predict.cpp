@@ -2,14 +2,22 @@
 
 namespace zp::sim {
 
-Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,
-                   bool with_time) {
-  Prediction r;
-  r.batch = batch;
+zero::LowerOptions lower_options(const models::OpGraph& g, const zero::DsConfig& cfg, const Target& t) {
   zero::LowerOptions lo;
   lo.world_size = t.world_size;
   lo.rank = t.rank ? *t.rank : zero::heaviest_rank(g, cfg, t.world_size);
   lo.activation_checkpointing = t.activation_checkpointing;
+  lo.keep_output = t.keep_output;
+  lo.cublas_workspace = t.device->cublas_workspace;
+  lo.cublaslt_workspace = t.device->cublaslt_workspace;
+  return lo;
+}
+
+Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,
+                   bool with_time) {
+  Prediction r;
+  r.batch = batch;
+  const zero::LowerOptions lo = lower_options(g, cfg, t);
   r.rank = lo.rank;
   r.program = zero::lower(g, cfg, batch, lo);
   r.memory = replay_memory(r.program, *t.device);

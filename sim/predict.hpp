@@ -24,6 +24,7 @@ struct Target {
   int world_size = 1;
   std::optional<int> rank;           // default: zero::heaviest_rank
   bool activation_checkpointing = false;
+  bool keep_output = false;          // zero::LowerOptions::keep_output
 };
 
 struct Prediction {
@@ -33,6 +34,10 @@ struct Prediction {
   MemoryReport memory;
   TimeSummary time;                  // empty when `with_time` is false
 };
+
+// The lowering's options for a target: its world size and rank (the heaviest when unset),
+// checkpointing, the kept model output, the device's library workspaces.
+zero::LowerOptions lower_options(const models::OpGraph& g, const zero::DsConfig& cfg, const Target& t);
 
 // `g` must be built for `batch.micro_batch` and the config's model dtype.
 Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,

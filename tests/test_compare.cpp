@@ -56,7 +56,8 @@ std::string path(const std::string& name) { return (dir() / name).string(); }
 const std::string kConfig = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
   "zero_optimization": {"stage": 2, "reduce_bucket_size": 5000}})";
 
-// simulate --json of the stage-2 config into `name`.
+// simulate --json of the stage-2 config into `name`. The H200's cuBLAS workspaces are part of its
+// program: the measured runs allocate them too (train --workspaces-of H200).
 std::string predict(const std::string& name, const std::string& flags) {
   const std::string ds = file("ds.json", kConfig);
   const Run r = sh(bin() + "simulate --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --gpu H200 " + flags +
@@ -115,7 +116,7 @@ void check_exact(const std::string& predicted, const std::string& measured) {
 
 TEST_CASE("compare: one rank, stage 2 with several buckets: memory and bytes are exact") {
   const std::string ds = file("ds.json", kConfig);
-  const Run tr = sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 2 --quiet --out " +
+  const Run tr = sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 2 --workspaces-of H200 --quiet --out " +
                     path("m1.json"));
   CAPTURE(tr.out);
   REQUIRE(tr.status == 0);
@@ -125,7 +126,7 @@ TEST_CASE("compare: one rank, stage 2 with several buckets: memory and bytes are
 TEST_CASE("compare: rank 1 of 2 under mpirun against simulate --rank 1 is exact") {
   const std::string ds = file("ds.json", kConfig);
   const Run tr = sh(kMpirun + bin() + "train --model tiny-gpt2 --ds-config " + ds +
-                    " --seq-len 16 --steps 2 --quiet --out " + path("m2.json"));
+                    " --seq-len 16 --steps 2 --workspaces-of H200 --quiet --out " + path("m2.json"));
   CAPTURE(tr.out);
   REQUIRE(tr.status == 0);
   const std::string p = predict("p2.json", "--gpus 2 --rank 1");
@@ -142,7 +143,7 @@ TEST_CASE("compare: rank 1 of 2 under mpirun against simulate --rank 1 is exact"
 
 TEST_CASE("compare: differences are shown, not hidden") {
   const std::string ds = file("ds.json", kConfig);
-  REQUIRE(sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 2 --quiet --out " +
+  REQUIRE(sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 2 --workspaces-of H200 --quiet --out " +
              path("m3.json")).status == 0);
   auto m = nlohmann::json::parse(std::ifstream(path("m3.json")));
   m["memory"]["at_peak"]["grads"] = m["memory"]["at_peak"]["grads"].get<std::int64_t>() + 1024;
@@ -165,7 +166,7 @@ TEST_CASE("compare: differences are shown, not hidden") {
 
 TEST_CASE("compare: bad input and different runs exit 2 with one line") {
   const std::string ds = file("ds.json", kConfig);
-  REQUIRE(sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 1 --quiet --out " +
+  REQUIRE(sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 1 --workspaces-of H200 --quiet --out " +
              path("m4.json")).status == 0);
   const std::string m = path("m4.json");
   const std::string p = predict("p4.json", "--gpus 1");

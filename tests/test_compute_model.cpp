@@ -36,12 +36,13 @@ using zp::zero::Placement;
 namespace {
 
 OpGraph graph_of(const std::string& model, std::int64_t micro_batch, std::int64_t seq, zp::DType dt,
-                 zp::models::Attention attn = zp::models::Attention::eager) {
+                 zp::models::Attention attn = zp::models::Attention::eager, bool ckpt = false) {
   GraphOptions opt;
   opt.micro_batch = micro_batch;
   opt.seq_len = seq;
   opt.act_dtype = dt;
   opt.attention = attn;
+  opt.gradient_checkpointing = ckpt;
   return zp::models::build_graph(zp::models::load_model(model), opt);
 }
 
@@ -526,7 +527,7 @@ TEST_CASE("every event of lowered programs gets a finite, non-negative cost") {
     if (c.offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
     const auto cfg = zp::zero::parse_ds_config("test.json", j);
     const auto batch = zp::zero::resolve_batch(cfg, 4);
-    const OpGraph g = graph_of("gpt2", batch.micro_batch, 256, cfg.model_dtype());
+    const OpGraph g = graph_of("gpt2", batch.micro_batch, 256, cfg.model_dtype(), zp::models::Attention::eager, c.ckpt);
     zp::zero::LowerOptions lo;
     lo.world_size = 4;
     lo.activation_checkpointing = c.ckpt;

@@ -60,7 +60,8 @@ std::string error_of(const std::string& text) {
 
 const char* kGood = R"({"devices": [{"name": "X1", "arch": "hopper", "memory_bytes": 1000,
   "peak_tensor_tflops": 1, "peak_fp32_tflops": 1, "hbm_gbps": 1, "nvlink_gbps": 0,
-  "context_overhead_bytes": 10, "bf16": true, "source": "test"}]})";
+  "context_overhead_bytes": 10, "cublas_workspace_bytes": 4, "cublaslt_workspace_bytes": 2, "bf16": true,
+  "source": "test"}]})";
 
 }  // namespace
 
@@ -77,6 +78,21 @@ TEST_CASE("H200 figures are the ones measured on the device") {
   const DeviceSpec& d = find_device("H200-141GB");
   CHECK(d.memory.v == 150'109'880'320);         // torch.cuda.mem_get_info total
   CHECK(d.context_overhead.v == 1'303'183'360);  // CUDA context + cuBLAS + one-rank NCCL
+}
+
+TEST_CASE("cuBLAS workspaces: PyTorch's defaults per architecture, measured on the H200") {
+  // CublasHandlePool.cpp: :4096:8 on sm90, :4096:2:16:8 elsewhere; cuBLASLt 1024 KiB.
+  CHECK(find_device("H200-141GB").cublas_workspace.v == 4096 * 8 * 1024);  // 33,554,432 B measured
+  CHECK(find_device("H100-80GB").cublas_workspace.v == 4096 * 8 * 1024);
+  CHECK(find_device("A100-80GB").cublas_workspace.v == 4096 * 1024 * 2 + 16 * 1024 * 8);
+  CHECK(find_device("V100-16GB").cublas_workspace.v == 8'519'680);
+  CHECK(find_device("H200-141GB").cublaslt_workspace.v == 1'048'576);  // measured
+  CHECK(find_device("A100-40GB").cublaslt_workspace.v == 1'048'576);
+  CHECK(find_device("cpu").cublas_workspace.v == 0);
+  CHECK(find_device("cpu").cublaslt_workspace.v == 0);
+  const auto good = zp::sim::load_devices(write_temp(kGood));
+  CHECK(good.front().cublas_workspace.v == 4);
+  CHECK(good.front().cublaslt_workspace.v == 2);
 }
 
 TEST_CASE("cpu entry: 16 GiB, no context overhead") {
@@ -137,6 +153,12 @@ TEST_CASE("device files are read strictly") {
   bad = kGood;
   bad.replace(bad.find("\"memory_bytes\": 1000"), 20, "\"memory_bytes\": -1");
   CHECK(error_of(bad).find("devices[0].memory_bytes") != std::string::npos);
+  bad = kGood;
+  bad.replace(bad.find("\"cublas_workspace_bytes\": 4"), 27, "\"cublas_workspace_bytes\": -4");
+  CHECK(error_of(bad).find("devices[0].cublas_workspace_bytes") != std::string::npos);
+  bad = kGood;
+  bad.replace(bad.find("\"cublaslt_workspace_bytes\": 2, "), 31, "");
+  CHECK(error_of(bad).find("devices[0].cublaslt_workspace_bytes: missing required key") != std::string::npos);
   bad = kGood;
   bad.replace(bad.find("\"hopper\""), 8, "\"kepler\"");
   CHECK(error_of(bad).find("devices[0].arch: must be one of") != std::string::npos);

@@ -465,9 +465,9 @@ cli::StageResult one_by_one(const cli::StageResult& r, const std::string& model,
   go.seq_len = seq;
   go.act_dtype = cfg.model_dtype();
   const auto g = models::build_graph(models::load_model(model), go);
-  zero::LowerOptions lo;
-  lo.world_size = gpus;
-  lo.rank = r.rank;
+  sim::Target t = cli::target(in);
+  t.rank = r.rank;
+  zero::LowerOptions lo = sim::lower_options(g, cfg, t);
   lo.replicate_micro_steps = false;
   cli::StageResult f = r;
   f.program = zero::lower(g, cfg, r.batch, lo);

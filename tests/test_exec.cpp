@@ -71,6 +71,9 @@ struct Case {
   std::string attention = "eager";  // train --attention (the closed forms these tests check are eager's)
   bool fp32_accum = false;          // data_types.grad_accum_dtype fp32
   bool offload_param = false;       // offload_param to the CPU (stage 3)
+  std::string transformers = "5";   // train --transformers
+  bool keep_output = false;         // train --keep-output
+  std::string workspaces_of = "";   // train --workspaces-of GPU (empty: none)
 };
 
 std::string config_text(const Case& c) {
@@ -89,9 +92,11 @@ std::string config_text(const Case& c) {
 }
 
 std::string name_of(const Case& c) {
-  return fmt::format("{}-s{}-n{}-g{}-o{}-c{}-b{}-k{}-{}-h{}-r{}-p{}-f{}-{}{}", c.model, c.stage, c.np, c.gas, c.overlap,
+  return fmt::format("{}-s{}-n{}-g{}-o{}-c{}-b{}-k{}-{}-h{}-r{}-p{}-f{}-{}{}", fs::path(c.model).stem().string(), c.stage, c.np, c.gas, c.overlap,
                      c.ckpt, c.bucket, c.contiguous, c.dtype, c.hpz, c.reuse, c.prefetch, c.offload, c.attention,
-                     std::string(c.fp32_accum ? "-acc32" : "") + (c.offload_param ? "-offp" : ""));
+                     std::string(c.fp32_accum ? "-acc32" : "") + (c.offload_param ? "-offp" : "") + "-t" +
+                         c.transformers + (c.keep_output ? "-keep" : "") +
+                         (c.workspaces_of.empty() ? "" : "-ws" + c.workspaces_of));
 }
 
 // Runs the case and returns each rank's measurements.
@@ -100,9 +105,11 @@ std::vector<json> train(const Case& c) {
   const std::string cfg = write(name + ".json", config_text(c));
   const std::string out = (dir() / (name + ".out.json")).string();
   const Run r = sh(mpirun(c.np) + fmt::format("{} train --model {} --ds-config {} --steps {} --seq-len {} --quiet {} --out {} "
-                                              "--attention {}",
+                                              "--attention {} --transformers {}{}{}",
                                               ZEROPLAN_BIN, c.model, cfg, c.steps, c.seq,
-                                              c.ckpt ? "--activation-checkpointing" : "", out, c.attention));
+                                              c.ckpt ? "--activation-checkpointing" : "", out, c.attention,
+                                              c.transformers, c.keep_output ? " --keep-output" : "",
+                                              c.workspaces_of.empty() ? "" : " --workspaces-of " + c.workspaces_of));
   INFO(name, "\n", r.out);
   REQUIRE(r.status == 0);
   std::vector<json> ranks;
@@ -117,19 +124,28 @@ std::vector<json> train(const Case& c) {
 
 // The prediction for rank k: the same lowering the trainer runs, replayed by the simulator.
 void check_against_prediction(const Case& c, const std::vector<json>& measured) {
-  const auto cfg = zp::zero::load_ds_config((dir() / (name_of(c) + ".json")).string());
+  auto cfg = zp::zero::load_ds_config((dir() / (name_of(c) + ".json")).string());
+  const auto mc = zp::models::load_model(c.model);
+  (void)zp::zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key);
   const auto batch = zp::zero::resolve_batch(cfg, c.np);
   zp::models::GraphOptions go;
   go.micro_batch = batch.micro_batch;
   go.seq_len = c.seq;
   go.act_dtype = cfg.model_dtype();
   go.attention = zp::models::parse_attention("--attention", "", c.attention);
-  const auto g = zp::models::build_graph(zp::models::load_model(c.model), go);
+  go.gradient_checkpointing = c.ckpt;  // transformers turns the KV cache off
+  go.transformers = zp::models::parse_transformers("--transformers", "", c.transformers);
+  const auto g = zp::models::build_graph(mc, go);
   for (int k = 0; k < c.np; ++k) {
     zp::zero::LowerOptions lo;
     lo.world_size = c.np;
     lo.rank = k;
     lo.activation_checkpointing = c.ckpt;
+    lo.keep_output = c.keep_output;
+    if (!c.workspaces_of.empty()) {
+      lo.cublas_workspace = zp::sim::find_device(c.workspaces_of).cublas_workspace;
+      lo.cublaslt_workspace = zp::sim::find_device(c.workspaces_of).cublaslt_workspace;
+    }
     // The program as simulate predicts it (repeated micro-steps stored once) and as the
     // trainer runs it (every micro-step).
     const auto compact = zp::zero::lower(g, cfg, batch, lo);
@@ -733,10 +749,11 @@ TEST_CASE("--attention sdpa: the fused kernel trains every stage to the same los
 
 TEST_CASE("--attention flash_attention_2: flash-attn's layout and grouped k, v, exact bytes, sdpa's losses") {
   // flash-attn runs in 16 bits only: bf16 (stages agree within 2e-4 there, as the other bf16
-  // cases). GPT-2 and BERT have dropout, whose streams are keyed by op id, and the flash graph
-  // has one op less per layer (no merge_heads), so their masks differ from sdpa's; tiny-llama
-  // has none and trains to sdpa's losses, up to its grouped k, v gradients, which flash-attn
-  // sums in fp32 where sdpa rounds repeat_kv's copies to bf16 first.
+  // cases). sdpa runs the same strided kernel on the same operands and draws its dropout from
+  // the same stream (streams are keyed by the ordinal of the op that draws, Op::rng_stream),
+  // so it trains to flash-attn's losses; tiny-llama has no dropout and trains to eager's too,
+  // up to its grouped k, v gradients, which the fused kernels sum in fp32 where eager rounds
+  // repeat_kv's copies to bf16 first.
   for (const std::string model : {"tiny-gpt2", "tiny-bert", "tiny-llama"}) {
     CAPTURE(model);
     std::vector<double> ref;
@@ -750,12 +767,12 @@ TEST_CASE("--attention flash_attention_2: flash-attn's layout and grouped k, v, 
       if (stage == 0) ref = losses(m[0]);
       else check_same_losses(ref, losses(m[0]), 2e-4);
     }
-    if (model != "tiny-llama") continue;
     for (const std::string other : {"eager", "sdpa"}) {
+      if (other == "eager" && model != "tiny-llama") continue;
       Case o{model, 0, 2, 2};
       o.dtype = "bf16";
       o.attention = other;
-      check_same_losses(losses(train(o)[0]), ref, 2e-4);
+      check_same_losses(losses(train(o)[0]), ref, other == "sdpa" ? 0.0 : 2e-4);
     }
   }
 }
@@ -767,4 +784,57 @@ TEST_CASE("sdpa computes eager's attention: tiny-llama (no dropout) trains to th
   Case s = e;
   s.attention = "sdpa";
   check_same_losses(losses(train(e)[0]), losses(train(s)[0]), 1e-6);
+}
+
+TEST_CASE("--keep-output, --workspaces-of and --transformers 4.46: measured bytes equal the prediction, same losses") {
+  // The caller keeps the model output (logits, the KV cache) to the end of the micro-step.
+  for (int stage : {0, 3}) {
+    Case c{"tiny-gpt2", stage, 2, 2};
+    c.attention = "sdpa";
+    const auto drop = train(c);
+    check_against_prediction(c, drop);
+    c.keep_output = true;
+    const auto keep = train(c);
+    check_against_prediction(c, keep);
+    check_same_losses(losses(drop[0]), losses(keep[0]), 0.0);
+    CHECK(keep[0]["memory"]["peak_allocated"].get<std::int64_t>() >= drop[0]["memory"]["peak_allocated"].get<std::int64_t>());
+  }
+  // The H200's library workspaces: two cuBLAS workspaces of 32 MiB and a 1 MiB cuBLASLt one,
+  // allocated once before the step, so every peak moves by exactly their sum.
+  {
+    Case c{"tiny-llama", 1, 1, 1};
+    const auto none = train(c);
+    c.workspaces_of = "H200-141GB";
+    const auto ws = train(c);
+    check_against_prediction(c, ws);
+    CHECK(ws[0]["memory"]["peak_allocated"].get<std::int64_t>() - none[0]["memory"]["peak_allocated"].get<std::int64_t>() ==
+          2 * 33'554'432 + 1'048'576);
+    check_same_losses(losses(none[0]), losses(ws[0]), 0.0);
+  }
+  // transformers 4.46: no KV cache copies, sdpa on repeat_kv'd k and v; the same maths.
+  for (const std::string model : {"tiny-gpt2", "tiny-llama"}) {
+    CAPTURE(model);
+    Case c{model, 2, 2, 2};
+    c.attention = "sdpa";
+    const auto v5 = train(c);
+    c.transformers = "4.46";
+    const auto v4 = train(c);
+    check_against_prediction(c, v4);
+    check_same_losses(losses(v5[0]), losses(v4[0]), 1e-6);
+  }
+}
+
+TEST_CASE("a bf16 torch_dtype without fp16/bf16 in the ds_config: the model trains in bf16, exact bytes") {
+  // DeepSpeed casts nothing then; transformers built the model in bf16. Stage 0 runs AdamW on
+  // the bf16 params themselves, stage 2 keeps fp32 master partitions.
+  std::ifstream in(std::string(ZEROPLAN_SHARED_DIR) + "/models/catalog/tiny-llama.json");
+  json m = json::parse(in);
+  m["torch_dtype"] = "bfloat16";
+  const std::string model = write("tiny-llama-bf16.json", m.dump());
+  for (int stage : {0, 2}) {
+    Case c{model, stage, 1, 2};
+    const auto r = train(c);
+    check_against_prediction(c, r);
+    for (double l : losses(r[0])) CHECK(std::isfinite(l));
+  }
 }

@@ -321,6 +321,12 @@ TEST_CASE("softmax: rows sum to 1, masked entries are exactly 0, gradient") {
           kc::softmax_forward(tmp.data(), xs.data(), rows, n);
           return dot(tmp, w);
         }) < kFdTol);
+  // Through a temporary, as PyTorch's CUDA kernel: tmp = dy * y, then dx = tmp - y * Σ tmp.
+  Vec scratch(x.size()), dxt(x.size());
+  const auto gt = check_accumulate(
+      {&dxt}, [&](bool acc) { kc::softmax_backward(dxt.data(), y.data(), w.data(), scratch.data(), rows, n, acc); });
+  for (std::size_t i = 0; i < scratch.size(); ++i) CHECK(scratch[i] == w[i] * y[i]);
+  for (std::size_t i = 0; i < dxt.size(); ++i) CHECK(gt[0][i] == doctest::Approx(g[0][i]).epsilon(1e-5));
 }
 
 TEST_CASE("masks: causal and padding builders, causal_where") {
@@ -829,6 +835,31 @@ TEST_CASE("cross entropy: uniform logits give log(V); ignore_index; gradient; lo
   const auto g3 = check_accumulate(
       {&dl3}, [&](bool acc) { kc::log_softmax_nll_backward(dl3.data(), logp.data(), t.data(), N, V, dloss, acc); });
   for (std::size_t i = 0; i < dl3.size(); ++i) CHECK(g3[0][i] == doctest::Approx(g[0][i]).epsilon(1e-5));
+  // The two steps autograd runs, through the gradient of logp: nll_loss's backward writes
+  // -dloss/count at each kept row's target (here count = 4), log_softmax's reads it. The
+  // result is the fused backward's, bit for bit (the row sums are exactly -dloss/count).
+  Vec glogp(logits.size(), 1.0f), dl4(logits.size());
+  kc::nll_loss_backward(glogp.data(), t.data(), N, V, dloss);
+  for (std::int64_t i = 0; i < N; ++i)
+    for (std::int64_t j = 0; j < V; ++j)
+      CHECK(glogp[sz(i * V + j)] == (t[sz(i)] != kc::kIgnoreIndex && j == t[sz(i)] ? -dloss / 4.0f : 0.0f));
+  const auto g4 = check_accumulate(
+      {&dl4}, [&](bool acc) { kc::log_softmax_backward(dl4.data(), logp.data(), glogp.data(), N, V, acc); });
+  Vec fused(logits.size());
+  kc::log_softmax_nll_backward(fused.data(), logp.data(), t.data(), N, V, dloss, false);
+  for (std::size_t i = 0; i < dl4.size(); ++i) CHECK(g4[0][i] == fused[i]);
+  // log_softmax's backward for any incoming gradient g: g - exp(logp) · Σ_j g_j per row.
+  const Vec gin = rand_vec(N * V, 152, -1.0f, 1.0f);
+  Vec dl5(logits.size());
+  kc::log_softmax_backward(dl5.data(), logp.data(), gin.data(), N, V, false);
+  for (std::int64_t i = 0; i < N; ++i) {
+    double rs = 0.0;
+    for (std::int64_t j = 0; j < V; ++j) rs += gin[sz(i * V + j)];
+    for (std::int64_t j = 0; j < V; ++j) {
+      const double want5 = gin[sz(i * V + j)] - std::exp(static_cast<double>(logp[sz(i * V + j)])) * rs;
+      CHECK(dl5[sz(i * V + j)] == doctest::Approx(want5).epsilon(1e-5));
+    }
+  }
 
   // Huge logits stay finite; all targets ignored: loss 0, gradient 0.
   Vec big(sz(N * V));

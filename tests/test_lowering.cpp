@@ -5,6 +5,8 @@
 #include <map>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "cli/simulate.hpp"
 #include "sim/memory.hpp"
 #include "sim/timing.hpp"
@@ -41,6 +43,7 @@ Built build(const std::string& model, const zero::DsConfig& cfg, int N, std::int
   go.micro_batch = batch.micro_batch;
   go.seq_len = seq;
   go.act_dtype = cfg.model_dtype();
+  go.gradient_checkpointing = ckpt;
   b.g = models::build_graph(mc, go);
   zero::LowerOptions lo;
   lo.world_size = N;
@@ -706,6 +709,7 @@ Lowered lower_drawn(const Drawn& d) {
   go.micro_batch = batch.micro_batch;
   go.seq_len = 16;
   go.act_dtype = cfg.model_dtype();
+  go.gradient_checkpointing = d.ckpt;
   Lowered l;
   l.g = models::build_graph(models::load_model(d.model), go);
   zero::LowerOptions lo;
@@ -881,4 +885,508 @@ TEST_CASE("GAS 32767 stored once: the results of the 4.9-million-event program l
   CHECK(n == compact.num_events());
   check_same_time(tc, tf, n);
   check_same_memory(mc, mf);
+}
+
+namespace {
+
+// tiny-gpt2 (V = 256, C = 64, 2 layers) lowered with the given options on one rank.
+struct LoweredWith {
+  models::OpGraph g;
+  zero::Program p;
+};
+LoweredWith lower_with(const zero::DsConfig& cfg, const zero::LowerOptions& lo, models::Attention att,
+                   const std::string& model = "tiny-gpt2") {
+  LoweredWith l;
+  const auto batch = zero::resolve_batch(cfg, lo.world_size);
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = 16;
+  go.act_dtype = cfg.model_dtype();
+  go.attention = att;
+  go.gradient_checkpointing = lo.activation_checkpointing;
+  l.g = models::build_graph(models::load_model(model), go);
+  l.p = zero::lower(l.g, cfg, batch, lo);
+  l.p.validate();
+  return l;
+}
+
+zero::EventId event_named(const zero::Program& p, const std::string& name) {
+  for (const auto& e : p.events)
+    if (p.event_name(e.id) == name) return e.id;
+  FAIL("no event ", name);
+  return -1;
+}
+
+// Device bytes live at the start of event `id` (after its allocations).
+std::int64_t live_bytes(const zero::Program& p, zero::EventId id) {
+  std::int64_t n = 0;
+  for (auto b : sim::live_at(p, id))
+    if (p.buffers[static_cast<std::size_t>(b)].placement == zero::Placement::device)
+      n += p.buffers[static_cast<std::size_t>(b)].bytes.v;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("the loss's backward holds logp, its gradient and the logits' gradient at once") {
+  // F.cross_entropy = log_softmax + nll_loss: nll_loss's backward writes the gradient of logp,
+  // (B·T, V) in its dtype, and log_softmax's then writes the logits' gradient while logp (saved)
+  // and that gradient are live. GPT-2 upcasts the logits (logits.float()): all three are fp32.
+  const std::int64_t B = 2, T = 16, V = 256;
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", B}, {"zero_optimization", {{"stage", 0}}}};
+    if (bf16) j["bf16"] = {{"enabled", true}};
+    const auto l = lower_with(zero::parse_ds_config("t.json", j), zero::LowerOptions{}, models::Attention::sdpa);
+    const auto id = event_named(l.p, "ms0/bwd/loss.cross_entropy");
+    const auto& e = l.p.events[static_cast<std::size_t>(id)];
+    std::vector<std::string> allocs, frees;
+    for (auto b : l.p.allocs(e)) {
+      allocs.push_back(l.p.buffer_name(b));
+      CHECK(l.p.buffers[static_cast<std::size_t>(b)].bytes.v == B * T * V * 4);
+    }
+    for (auto b : l.p.frees(e)) frees.push_back(l.p.buffer_name(b));
+    const std::string input = bf16 ? "grad:loss.upcast" : "grad:lm_head";
+    CHECK(allocs == std::vector<std::string>{"grad:loss.cross_entropy.log_softmax", input});  // nll_loss's, then log_softmax's
+    // The gradient of logp and logp itself go when the backward ends; the logits' stays.
+    CHECK(std::count(frees.begin(), frees.end(), "grad:loss.cross_entropy.log_softmax") == 1);
+    CHECK(std::count(frees.begin(), frees.end(), "loss.cross_entropy.log_softmax") == 1);
+    CHECK(std::count(frees.begin(), frees.end(), input) == 0);
+    // Three logits-sized fp32 tensors at once; the bf16 logits went when the output was
+    // dropped after the forward.
+    int big = 0;
+    for (auto b : sim::live_at(l.p, id)) {
+      const std::string name = l.p.buffer_name(b);
+      CHECK(name != "lm_head");
+      if (name == "loss.cross_entropy.log_softmax" || name == "grad:loss.cross_entropy.log_softmax" || name == input) {
+        CHECK(l.p.buffers[static_cast<std::size_t>(b)].bytes.v == B * T * V * 4);
+        ++big;
+      }
+    }
+    CHECK(big == 3);
+  }
+}
+
+TEST_CASE("keeping the model output keeps the 16-bit logits to the end of the micro-step") {
+  const std::int64_t B = 2, T = 16, V = 256;
+  const auto cfg = zero::parse_ds_config(
+      "t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", B}, {"bf16", {{"enabled", true}}},
+                               {"zero_optimization", {{"stage", 1}}}});
+  zero::LowerOptions drop, keep;
+  keep.keep_output = true;
+  const auto d = lower_with(cfg, drop, models::Attention::sdpa);
+  const auto k = lower_with(cfg, keep, models::Attention::sdpa);
+  // HF Trainer drops the output after the forward: one marker frees the logits (the KV cache
+  // copies are saved by attention and stay with it).
+  const auto dropped = event_named(d.p, "ms0/fwd/drop_output");
+  std::vector<std::string> freed;
+  for (auto b : d.p.frees(d.p.events[static_cast<std::size_t>(dropped)])) freed.push_back(d.p.buffer_name(b));
+  CHECK(freed == std::vector<std::string>{"lm_head"});
+  for (const auto& e : k.p.events) CHECK(k.p.event_name(e.id) != "ms0/fwd/drop_output");
+  // At the loss's backward the kept output holds B·T·V bf16 logits more, and the programs
+  // differ by nothing else there.
+  const auto dk = live_bytes(k.p, event_named(k.p, "ms0/bwd/loss.cross_entropy"));
+  const auto dd = live_bytes(d.p, event_named(d.p, "ms0/bwd/loss.cross_entropy"));
+  CHECK(dk - dd == B * T * V * 2);
+  // Kept, the cache copies outlive attention's backward too: the sdpa backward of layer 0
+  // frees no cache copy, and the micro-step's last event frees them with the logits.
+  const auto& sd = k.p.events[static_cast<std::size_t>(event_named(k.p, "ms0/bwd/layer0.attn.sdpa"))];
+  for (auto b : k.p.frees(sd)) CHECK(k.p.buffer_name(b).find("cache") == std::string::npos);
+  const auto& sd_drop = d.p.events[static_cast<std::size_t>(event_named(d.p, "ms0/bwd/layer0.attn.sdpa"))];
+  int cache_freed = 0;
+  for (auto b : d.p.frees(sd_drop)) cache_freed += d.p.buffer_name(b).find("cache") != std::string::npos;
+  CHECK(cache_freed == 2);
+  CHECK(sim::replay_memory(k.p, sim::find_device("A100-80GB")).peak_allocated.v >=
+        sim::replay_memory(d.p, sim::find_device("A100-80GB")).peak_allocated.v);
+}
+
+TEST_CASE("PyTorch's cuBLAS and cuBLASLt workspaces are persistent buffers of the program") {
+  const auto cfg = config(2, 2, 1);
+  zero::LowerOptions none, a100;
+  const auto& dev = sim::find_device("A100-80GB");
+  a100.cublas_workspace = dev.cublas_workspace;
+  a100.cublaslt_workspace = dev.cublaslt_workspace;
+  const auto n = lower_with(cfg, none, models::Attention::sdpa);
+  const auto w = lower_with(cfg, a100, models::Attention::sdpa);
+  const auto mn = sim::replay_memory(n.p, dev), mw = sim::replay_memory(w.p, dev);
+  // Two cuBLAS workspaces (the forward thread's and autograd's) of :4096:2:16:8 and one
+  // cuBLASLt workspace of 1024 KiB: 2 × 8,519,680 + 1,048,576 B, before the step and kept.
+  const std::int64_t ws = 2 * 8'519'680 + 1'048'576;
+  CHECK(mw.persistent.v - mn.persistent.v == ws);
+  CHECK(mw.peak_allocated.v - mn.peak_allocated.v == ws);
+  CHECK(cat(mw, Category::temporaries).v - cat(mn, Category::temporaries).v == ws);
+  int found = 0;
+  for (zero::EventId id = 0; id < w.p.step_begin; ++id)
+    for (auto b : w.p.allocs(w.p.events[static_cast<std::size_t>(id)])) {
+      const auto& buf = w.p.buffers[static_cast<std::size_t>(b)];
+      if (buf.role != zero::BufferRole::library_workspace) continue;
+      ++found;
+      CHECK(w.p.events[static_cast<std::size_t>(id)].stream == zero::Stream::compute);
+      CHECK(buf.bytes.v == (buf.ref == 2 ? 1'048'576 : 8'519'680));
+    }
+  CHECK(found == 3);
+}
+
+TEST_CASE("stage 3 on one rank gathers nothing: params are their partitions") {
+  // partition_parameters.py: a partition world of one takes _no_gather_coalesced (param.data
+  // points at ds_tensor): no all-gather, no gathered copy, no flat buffer, no persistent copy.
+  auto c = config(3, 2, 1);
+  c.zero.reduce_bucket_size = 50000;
+  zero::LowerOptions lo;
+  const auto l = lower_with(c, lo, models::Attention::sdpa);
+  const std::int64_t P = psi(l.g);
+  for (const auto& e : l.p.events) CHECK(!(e.kind == EventKind::collective && e.coll == CollKind::all_gather));
+  for (const auto& b : l.p.buffers) {
+    CHECK(b.role != zero::BufferRole::param_full16);
+    CHECK(b.role != zero::BufferRole::gather_flat);
+  }
+  const auto m = sim::replay_memory(l.p, sim::find_device("A100-80GB"));
+  // fp16 partition (Ψ), fp32 master, Adam, fp16 grad partition, the fp16 reduce bucket.
+  CHECK(m.persistent.v == 2 * P + 4 * P + 8 * P + 2 * P + 2 * 50000);
+  CHECK(cat(m, Category::params).v == 2 * P);
+  CHECK(m.category_peak[static_cast<std::size_t>(Category::params)].v == 2 * P);
+  // Two ranks still gather.
+  lo.world_size = 2;
+  bool gathers = false;
+  for (const auto& e : lower_with(c, lo, models::Attention::sdpa).p.events)
+    gathers = gathers || (e.kind == EventKind::collective && e.coll == CollKind::all_gather);
+  CHECK(gathers);
+}
+
+TEST_CASE("without fp16 or bf16 the model trains in its config.json's torch_dtype") {
+  // DeepSpeed casts the module only when fp16 or bf16 is enabled; transformers builds it in
+  // torch_dtype. Stage 0 then runs the plain optimizer on the 16-bit params (states
+  // zeros_like(p): 2 × 2 B), stages 1/2 keep fp32 master partitions and Adam in fp32.
+  auto cfg0 = zero::parse_ds_config("t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", 2},
+                                                              {"zero_optimization", {{"stage", 0}}}});
+  const std::string note = zero::apply_module_dtype(cfg0, DType::bf16, "llama.json", "torch_dtype");
+  CHECK(note.find("llama.json: torch_dtype bf16: with neither fp16 nor bf16 enabled in t.json") == 0);
+  CHECK(cfg0.model_dtype() == DType::bf16);
+  CHECK(cfg0.precision_dtype() == DType::fp32);
+  CHECK(cfg0.communication_data_type() == DType::fp32);  // engine.py: fp32 without fp16/bf16
+  CHECK(cfg0.grad_accum() == DType::fp32);
+  const auto l0 = lower_with(cfg0, zero::LowerOptions{}, models::Attention::sdpa, "tiny-llama");
+  const std::int64_t P = psi(l0.g);
+  const auto m0 = sim::replay_memory(l0.p, sim::find_device("A100-80GB"));
+  CHECK(m0.persistent.v == 2 * P + 2 * 2 * P);
+  CHECK(m0.category_peak[static_cast<std::size_t>(Category::master_params)].v == 0);
+  auto cfg2 = zero::parse_ds_config("t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", 2},
+                                                              {"zero_optimization", {{"stage", 2}}}});
+  (void)zero::apply_module_dtype(cfg2, DType::bf16, "llama.json", "torch_dtype");
+  CHECK(!zero::runs_bf16_optimizer(cfg2));
+  const auto l2 = lower_with(cfg2, zero::LowerOptions{}, models::Attention::sdpa, "tiny-llama");
+  const std::int64_t padded = l2.p.info.padded_params;  // Ψ padded to 2N = 2
+  CHECK(sim::replay_memory(l2.p, sim::find_device("A100-80GB")).persistent.v == 2 * padded + 4 * padded + 8 * padded);
+  // A 16-bit precision section wins; an fp32 torch_dtype changes nothing.
+  auto bf = config(1, 2, 1, false);
+  bf.precision = zero::Precision::bf16;
+  CHECK(zero::apply_module_dtype(bf, DType::fp16, "m.json", "torch_dtype").empty());
+  CHECK(bf.model_dtype() == DType::bf16);
+  auto f32 = config(1, 2, 1, false);
+  CHECK(zero::apply_module_dtype(f32, DType::fp32, "m.json", "torch_dtype").empty());
+  CHECK(f32.model_dtype() == DType::fp32);
+}
+
+TEST_CASE("eager softmax backward holds grad × output for the length of the op") {
+  // Llama (bf16, softmax(dtype=float32)): at the softmax's backward, the fp32 gradient of its
+  // output, the fp32 gradient of its (upcast) input and the kernel's fp32 temporary are live.
+  const std::int64_t B = 2, A = 4, T = 16;
+  const auto cfg = zero::parse_ds_config(
+      "t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", B}, {"bf16", {{"enabled", true}}},
+                               {"zero_optimization", {{"stage", 0}}}});
+  const auto l = lower_with(cfg, zero::LowerOptions{}, models::Attention::eager, "tiny-llama");
+  const auto id = event_named(l.p, "ms0/bwd/layer1.self_attn.softmax");
+  const auto& e = l.p.events[static_cast<std::size_t>(id)];
+  std::vector<std::string> allocs;
+  for (auto b : l.p.allocs(e)) {
+    allocs.push_back(l.p.buffer_name(b));
+    CHECK(l.p.buffers[static_cast<std::size_t>(b)].bytes.v == B * A * T * T * 4);
+  }
+  CHECK(allocs == std::vector<std::string>{"grad:layer1.self_attn.softmax_upcast", "layer1.self_attn.softmax.grad_times_output"});
+  int freed = 0;
+  for (auto b : l.p.frees(e)) freed += l.p.buffer_name(b) == "layer1.self_attn.softmax.grad_times_output";
+  CHECK(freed == 1);
+}
+
+namespace {
+
+// The device bytes live after each prologue event's allocations, up to (not including) the
+// event named `until`: their maximum.
+std::int64_t setup_peak(const zero::Program& p, zero::EventId until) {
+  std::int64_t live = 0, peak = 0;
+  for (zero::EventId id = 0; id < until; ++id) {
+    const auto& e = p.events[static_cast<std::size_t>(id)];
+    for (auto b : p.allocs(e)) live += p.buffers[static_cast<std::size_t>(b)].bytes.v;
+    peak = std::max(peak, live);
+    for (auto b : p.frees(e)) live -= p.buffers[static_cast<std::size_t>(b)].bytes.v;
+  }
+  return peak;
+}
+
+// Every set-up copy is allocated and freed in the prologue.
+void check_init_copies_freed(const zero::Program& p) {
+  std::vector<int> state(p.buffers.size(), 0);
+  for (zero::EventId id = 0; id < static_cast<zero::EventId>(p.events.size()); ++id) {
+    const auto& e = p.events[static_cast<std::size_t>(id)];
+    for (auto b : p.allocs(e))
+      if (p.buffers[static_cast<std::size_t>(b)].role == zero::BufferRole::init_copy) {
+        CHECK(id < p.step_begin);
+        state[static_cast<std::size_t>(b)] = 1;
+      }
+    for (auto b : p.frees(e))
+      if (p.buffers[static_cast<std::size_t>(b)].role == zero::BufferRole::init_copy) {
+        CHECK(id < p.step_begin);
+        state[static_cast<std::size_t>(b)] = 2;
+      }
+  }
+  int copies = 0;
+  for (const auto& b : p.buffers)
+    if (b.role == zero::BufferRole::init_copy) {
+      ++copies;
+      CHECK(state[static_cast<std::size_t>(b.id)] == 2);
+    }
+  CHECK(copies > 0);
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO 1/2 set-up: the fp32 model, its cast, empty_cache, the flat copy and the master's clone") {
+  // transformers builds every param in fp32, the engine casts each to fp16 (new tensor, old
+  // freed); stage_1_and_2.py empties the cache, flattens the params (the module's tensors
+  // become views), clones the partition in fp16 and copies it to fp32 (the master), and
+  // initialize_optimizer_states makes and drops a zero fp32 gradient. Adam's states come with
+  // the first step. On one rank the partition is all of Ψ' = roundup(Ψ, 2).
+  const auto l = lower_with(config(2, 2, 1), zero::LowerOptions{}, models::Attention::sdpa);
+  const std::int64_t P = l.p.info.padded_params, psi_ = psi(l.g);
+  const auto n_params = static_cast<std::int64_t>(l.g.params.size());
+  std::vector<std::string> names;
+  int empties = 0;
+  for (zero::EventId id = 0; id < l.p.step_begin; ++id) {
+    const std::string name = l.p.event_name(id);
+    if (name == "init/cast_module_to_fp16") continue;
+    if (names.empty() || names.back() != name) names.push_back(name);
+    empties += l.p.events[static_cast<std::size_t>(id)].empty_cache;
+  }
+  REQUIRE(names.size() >= 8);
+  CHECK(std::vector<std::string>(names.begin(), names.begin() + 8) ==
+        std::vector<std::string>{"init/build_model", "init/empty_cache_before_flatten",
+                                 fmt::format("init/paramsfp16 (flat, padded to 2N: {} elements)", P),
+                                 "init/params_to_flat_views", "init/partition.clone", "init/master fp32 partition",
+                                 "init/partition.drop_clone", "init/initialize_optimizer_states.zero_grads"});
+  CHECK(empties == 1);
+  CHECK(l.p.events[static_cast<std::size_t>(event_named(l.p, "init/empty_cache_before_flatten"))].empty_cache);
+  int casts = 0;
+  for (const auto& e : l.p.events) casts += l.p.event_name(e.id) == "init/cast_module_to_fp16";
+  CHECK(casts == n_params);
+  check_init_copies_freed(l.p);
+  // The set-up's high point before Adam's states: flat fp16 + fp32 master + the zero fp32
+  // gradient, 2 + 4 + 4 bytes per element (the fp32 model, 4Ψ plus one fp16 param, is lower).
+  CHECK(setup_peak(l.p, event_named(l.p, "init/optimizer states (partition)")) == 10 * P);
+  CHECK(4 * psi_ + 2 * l.g.params.front().numel < 10 * P);
+  // What it leaves is the formulas' bytes.
+  const auto m = sim::replay_memory(l.p, sim::find_device("A100-80GB"));
+  CHECK(cat(m, Category::params).v == 2 * P);
+  CHECK(cat(m, Category::master_params).v == 4 * P);
+  CHECK(cat(m, Category::optimizer_states).v == 8 * P);
+}
+
+TEST_CASE("FP16_Optimizer set-up: per-param clones, the flat copy, the master's clone and initialize_optimizer_states") {
+  // fused_optimizer.py: [p.clone().detach() for p in group] flattened (2Ψ clones + 2Ψ flat
+  // beside the 2Ψ module), the clones and module tensors dropped, a 16-bit clone of the flat
+  // copy made fp32 (the master), then a zero fp32 gradient and a first optimizer step that
+  // creates Adam's states before the gradient is dropped: 2 + 4 + 4 + 8 = 18 bytes per param.
+  const auto l = lower_with(config(0, 2, 1), zero::LowerOptions{}, models::Attention::sdpa);
+  const std::int64_t P = psi(l.g);
+  check_init_copies_freed(l.p);
+  CHECK(setup_peak(l.p, l.p.step_begin) == 18 * P);
+  CHECK(setup_peak(l.p, event_named(l.p, "init/fp16_groups.drop_clones")) == 6 * P);
+  for (const auto& b : l.p.buffers)
+    if (b.role == zero::BufferRole::optimizer_state) CHECK(!b.first_step);  // made during the set-up
+  const auto m = sim::replay_memory(l.p, sim::find_device("A100-80GB"));
+  CHECK(m.persistent.v == 2 * P + 4 * P + 8 * P);
+  // The step's fp32 copies of the grads are one tensor per param (the allocator's requests),
+  // all live when the flat fp32 copy is made from them.
+  const auto flat = event_named(l.p, "step/flatten_grads_fp32");
+  std::int64_t per_param = 0, tensors = 0;
+  for (auto b : l.p.allocs(l.p.events[static_cast<std::size_t>(event_named(l.p, "step/grads_to_fp32"))])) {
+    const auto& buf = l.p.buffers[static_cast<std::size_t>(b)];
+    CHECK(buf.bytes.v == 4 * l.g.params[static_cast<std::size_t>(buf.ref)].numel);
+    per_param += buf.bytes.v;
+    ++tensors;
+  }
+  CHECK(tensors == static_cast<std::int64_t>(l.g.params.size()));
+  CHECK(per_param == 4 * P);
+  CHECK(l.p.frees(l.p.events[static_cast<std::size_t>(flat)]).size() == l.g.params.size());
+}
+
+TEST_CASE("Adam's states are two tensors, created by the first step except FP16_Optimizer's and offloaded ones") {
+  // torch.optim / FusedAdam: state['exp_avg'] and state['exp_avg_sq'] = zeros_like(the fp32
+  // params it steps), two requests of the params' size, made by its first step(); one rank
+  // steps all of Ψ' (stages 1/2) or Ψ (stages 0, 3).
+  auto first_step = [](const zero::DsConfig& c) {
+    const auto l = lower_with(c, zero::LowerOptions{}, models::Attention::sdpa);
+    const std::int64_t elements = c.zero.stage == 1 || c.zero.stage == 2 ? l.p.info.padded_params : psi(l.g);
+    std::vector<std::string> names;
+    int flagged = 0;
+    for (const auto& b : l.p.buffers)
+      if (b.category == Category::optimizer_states) {
+        names.push_back(l.p.buffer_name(b.id));
+        CHECK(b.elements == elements);
+        CHECK(b.bytes.v == elements * dtype_size(b.dtype));
+        flagged += b.first_step;
+      }
+    REQUIRE(names.size() == 2);
+    CHECK(names[0].ends_with(": exp_avg"));
+    CHECK(names[1].ends_with(": exp_avg_sq"));
+    // The optimizer event names both.
+    for (const auto& e : l.p.events)
+      if (e.kind == EventKind::optimizer) {
+        CHECK(l.p.buffer_name(e.src2_buf) == names[0]);
+        CHECK(l.p.buffer_name(e.src3_buf) == names[1]);
+      }
+    CHECK(flagged % 2 == 0);
+    return flagged == 2;
+  };
+  CHECK(first_step(config(1, 2, 1)));
+  CHECK(first_step(config(2, 2, 1)));
+  CHECK(first_step(config(3, 2, 1)));
+  CHECK(first_step(config(0, 2, 1, false)));  // plain torch optimizer on fp32 params
+  CHECK(!first_step(config(0, 2, 1)));        // FP16_Optimizer.initialize_optimizer_states
+  auto off = config(2, 2, 1);
+  off.zero.offload_optimizer.device = zero::OffloadDevice::cpu;
+  CHECK(!first_step(off));  // host memory: not the device allocator's
+  // SGD with momentum keeps one tensor.
+  auto sgd = config(2, 2, 1);
+  sgd.optimizer.type = zero::OptimizerType::sgd;
+  sgd.optimizer.momentum = 0.9;
+  const auto l = lower_with(sgd, zero::LowerOptions{}, models::Attention::sdpa);
+  int states = 0;
+  for (const auto& b : l.p.buffers)
+    if (b.category == Category::optimizer_states) {
+      ++states;
+      CHECK(l.p.buffer_name(b.id).ends_with(": momentum_buffer"));
+    }
+  CHECK(states == 1);
+  for (const auto& e : l.p.events)
+    if (e.kind == EventKind::optimizer) CHECK(e.src3_buf == -1);
+}
+
+TEST_CASE("one rank's bucket is one slice: no flatten copy; two ranks' buckets are") {
+  // average_tensor → allreduce_bucket flattens the slices of rank_and_offsets; a bucket on
+  // one rank is one slice and flatten_dense_tensors of one tensor is a view of it.
+  auto c = config(2, 2, 1);
+  c.zero.reduce_bucket_size = 20000;
+  CHECK(count_buffers(build("tiny-gpt2", c, 1, 16).p, zero::BufferRole::comm_staging) == 0);
+  CHECK(count_buffers(build("tiny-gpt2", c, 2, 16).p, zero::BufferRole::comm_staging) > 0);
+}
+
+namespace {
+
+// A hand-built program: events in order, each with its allocations and frees.
+struct Seq {
+  zero::Program p;
+  zero::BufferId buffer(std::int64_t mib, bool first_step = false) {
+    zero::Buffer b;
+    b.id = static_cast<zero::BufferId>(p.buffers.size());
+    b.category = Category::temporaries;
+    b.dtype = DType::u8;
+    b.elements = mib << 20;
+    b.bytes = Bytes{mib << 20};
+    b.first_step = first_step;
+    p.buffers.push_back(b);
+    return b.id;
+  }
+  void event(EventKind k, int micro, std::vector<zero::BufferId> allocs, std::vector<zero::BufferId> frees,
+             bool empty_cache = false) {
+    zero::Event e;
+    e.id = static_cast<zero::EventId>(p.events.size());
+    e.kind = k;
+    e.micro_step = static_cast<std::int16_t>(micro);
+    e.empty_cache = empty_cache;
+    e.alloc_begin = static_cast<std::uint32_t>(p.alloc_list.size());
+    for (auto b : allocs) p.alloc_list.push_back(b);
+    e.alloc_end = static_cast<std::uint32_t>(p.alloc_list.size());
+    e.free_begin = static_cast<std::uint32_t>(p.free_list.size());
+    for (auto b : frees) p.free_list.push_back(b);
+    e.free_end = static_cast<std::uint32_t>(p.free_list.size());
+    p.events.push_back(e);
+  }
+};
+
+constexpr std::int64_t MiB = 1 << 20;
+
+}  // namespace
+
+TEST_CASE("reserved: the allocator model has seen the set-up and a first step that creates the states") {
+  // Prologue: A (12 MiB, persistent), S (12 MiB, Adam's states); the step: T (24 MiB)
+  // allocated and freed, then the optimizer. Requests of 10 MiB and more get segments of
+  // their size rounded to 2 MiB.
+  for (const bool lazy : {false, true}) {
+    CAPTURE(lazy);
+    Seq s;
+    const auto a = s.buffer(12), st = s.buffer(12, lazy), t = s.buffer(24);
+    s.event(EventKind::marker, -1, {a}, {});
+    s.event(EventKind::marker, -1, {st}, {});
+    s.p.step_begin = 2;
+    s.event(EventKind::compute, 0, {t}, {});
+    s.event(EventKind::compute, 0, {}, {t});
+    s.event(EventKind::optimizer, -1, {}, {});
+    const auto m = sim::replay_memory(s.p, sim::find_device("A100-80GB"));
+    CHECK(m.peak_allocated.v == 48 * MiB);
+    CHECK(m.persistent.v == 24 * MiB);
+    // Created before the step, S has its own segment and the step's T reuses its own: 48 MiB.
+    // Created at the first optimizer step, S takes 12 MiB of T's free 24-MiB segment (the
+    // rest stays cached), so the next step's T needs a new segment: 12 + 24 + 24 MiB.
+    CHECK(m.reserved_peak.v == (lazy ? 60 : 48) * MiB);
+    CHECK(m.segments == 3);
+  }
+}
+
+TEST_CASE("reserved: empty_cache in the set-up releases the free segments before later requests") {
+  // X (24 MiB) made and dropped by the set-up, A (12 MiB) kept; the step makes T (24 MiB).
+  for (const bool empty : {false, true}) {
+    CAPTURE(empty);
+    Seq s;
+    const auto x = s.buffer(24), a = s.buffer(12), t = s.buffer(24);
+    s.event(EventKind::marker, -1, {x}, {x});
+    s.event(EventKind::marker, -1, {}, {}, empty);
+    s.event(EventKind::marker, -1, {a}, {});
+    s.p.step_begin = 3;
+    s.event(EventKind::compute, 0, {t}, {});
+    s.event(EventKind::compute, 0, {}, {t});
+    const auto m = sim::replay_memory(s.p, sim::find_device("A100-80GB"));
+    CHECK(m.peak_allocated.v == 36 * MiB);  // the set-up's X is not a step's
+    // Kept, X's segment serves A (split: 12 MiB stay cached, too few for T): 24 + 24 MiB.
+    // Released, A and T get segments of their own: 12 + 24 MiB (the 24 MiB of X came first).
+    CHECK(m.reserved_peak.v == (empty ? 36 : 48) * MiB);
+  }
+}
+
+TEST_CASE("stage 3 fp16 overflow check: isinf and isnan masks of the gradient partition on the reduction stream") {
+  // stage3.py has_overflow: torch.isinf(grad_partitions_flat_buffer).any(), then torch.isnan:
+  // a bool per element of the partition (Σ ceil(numel/N)) and one for .any(), on
+  // reduce_and_partition_stream (the reduction stream under overlap_comm).
+  for (const bool overlap : {true, false}) {
+    CAPTURE(overlap);
+    auto c = config(3, 2, 1);
+    c.zero.overlap_comm = overlap;
+    zero::LowerOptions lo;
+    lo.world_size = 2;
+    const auto l = lower_with(c, lo, models::Attention::sdpa);
+    std::int64_t part = 0;
+    for (const auto& prm : l.g.params) part += (prm.numel + 1) / 2;
+    for (const char* test : {"isinf", "isnan"}) {
+      const auto& e = l.p.events[static_cast<std::size_t>(event_named(l.p, fmt::format("step/overflow_check.{}", test)))];
+      CHECK(e.stream == (overlap ? zero::Stream::reduction : zero::Stream::compute));
+      std::vector<std::int64_t> bytes;
+      for (auto b : l.p.allocs(e)) bytes.push_back(l.p.buffers[static_cast<std::size_t>(b)].bytes.v);
+      CHECK(bytes == std::vector<std::int64_t>{part, 1});
+      CHECK(l.p.frees(e).size() == 2);
+    }
+  }
+  // bf16 has no loss scale to check; stages 1/2 test with reductions (utils.has_inf_or_nan).
+  for (const auto& cfg : {bf16_config(3, 2, 1, false), config(2, 2, 1)}) {
+    const auto l = lower_with(cfg, zero::LowerOptions{}, models::Attention::sdpa);
+    for (const auto& e : l.p.events) CHECK(l.p.event_name(e.id).find("overflow_check.is") == std::string::npos);
+  }
 }

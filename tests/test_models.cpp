@@ -580,36 +580,96 @@ TEST_CASE("dropout with p == 0 adds no op and no mask") {
   CHECK(g.saved_bytes_of_layer_large(0).v == (32 + 24) * s * b * h + 2 * a * s * s * b);
 }
 
-TEST_CASE("sdpa attention saves q, k, v, the output and the logsumexp: no s^2 term") {
-  auto sdpa_graph = [](const std::string& name, std::int64_t b, std::int64_t s) {
+namespace {
+
+Bytes saved_of(const OpGraph& g, const std::string& name) {
+  for (const auto& op : g.ops)
+    if (op.name == name) {
+      Bytes b{};
+      for (TensorId t : op.saved) b += g.tensors[static_cast<std::size_t>(t)].bytes;
+      return b;
+    }
+  FAIL("no op ", name);
+  return Bytes{};
+}
+
+const Op& op_named(const OpGraph& g, const std::string& name) {
+  for (const auto& op : g.ops)
+    if (op.name == name) return op;
+  throw std::runtime_error("no op " + name);
+}
+
+}  // namespace
+
+TEST_CASE("sdpa attention saves q, k, v, its output (the merged tensor), logsumexp and rng_state: no s^2 term") {
+  auto sdpa_graph = [](const std::string& name, std::int64_t b, std::int64_t s,
+                       Transformers t = kDefaultTransformers) {
     GraphOptions o;
     o.micro_batch = b;
     o.seq_len = s;
     o.act_dtype = DType::fp16;
     o.attention = Attention::sdpa;
+    o.transformers = t;
     return build_graph(load_model(name), o);
   };
-  // BERT: 34sbh of the eager layer, less the s^2 tensors, plus the kernel's saved output
-  // (2sbh): 36sbh; the logsumexp is a per-row statistic, 4 bytes × a·s·b.
-  {
+  const std::int64_t rng = 16;  // the philox seed and offset: 2 int64 per layer (shape (2), counted as large)
+  // BERT: 34sbh of the eager layer, less the s^2 tensors; the kernel writes its output in
+  // (B, T, H, D) order, so transpose(1, 2).contiguous() copies nothing and the output dense
+  // saves the kernel's output. No mask (nothing is padded). The logsumexp is a per-row
+  // statistic, 4 bytes × a·s·b. The same in transformers 4.46 and 5.
+  for (const Transformers t : {Transformers::v5, Transformers::v4_46}) {
     const std::int64_t b = 8, s = 128, h = 1024, a = 16;
-    const auto g = sdpa_graph("bert-large-uncased", b, s);
+    const auto g = sdpa_graph("bert-large-uncased", b, s, t);
+    CHECK(!g.kv_cache);
     for (std::int32_t l = 0; l < 24; ++l) {
-      CHECK(g.saved_bytes_of_layer_large(l).v == 36 * s * b * h);
-      CHECK(g.saved_bytes_of_layer(l).v == 36 * s * b * h + 2 * 2 * 4 * s * b + 4 * a * s * b);
+      CHECK(g.saved_bytes_of_layer_large(l).v == 34 * s * b * h + rng);
+      CHECK(g.saved_bytes_of_layer(l).v == 34 * s * b * h + rng + 2 * 2 * 4 * s * b + 4 * a * s * b);
     }
+    for (const auto& op : g.ops) {
+      CHECK(op.fn != Fn::extended_mask);
+      CHECK(op.fn != Fn::merge_heads);
+    }
+    const Op& sd = op_named(g, "layer0.attention.self.sdpa");
+    CHECK(!sd.causal);
+    CHECK(sd.inputs.size() == 3);
+    CHECK(op_named(g, "layer0.attention.output.dense").inputs[0] == sd.outputs[0]);
   }
-  // GPT-2 with gelu_new: 58sbh + 2sbh.
+  // GPT-2 with gelu_new: eager's 58sbh has qkv (6sbh, which the strided q view keeps alive)
+  // and the merged tensor (2sbh, now the kernel's output). transformers 5 adds the KV cache's
+  // contiguous copies of k and v (2sbh each), which the kernel reads and saves: 62sbh; 4.46
+  // does not: 58sbh.
   {
     const std::int64_t b = 2, s = 1024, h = 768;
     const auto g = sdpa_graph("gpt2", b, s);
-    CHECK(g.saved_bytes_of_layer_large(3).v == 60 * s * b * h);
+    CHECK(g.kv_cache);
+    CHECK(g.saved_bytes_of_layer_large(3).v == 62 * s * b * h + rng);
+    const Op& sd = op_named(g, "layer3.attn.sdpa");
+    REQUIRE(sd.inputs.size() == 3);
+    CHECK(g.tensors[static_cast<std::size_t>(sd.inputs[1])].name == "layer3.attn.cache_k");
+    CHECK(g.tensors[static_cast<std::size_t>(sd.inputs[2])].name == "layer3.attn.cache_v");
+    CHECK(sdpa_graph("gpt2", b, s, Transformers::v4_46).saved_bytes_of_layer_large(3).v == 58 * s * b * h + rng);
   }
-  // Llama: 24sbh + 8sbI + 2sbh.
+  // Llama-2 (K = A): eager's 24sbh + 8sbI, whose rotated q, k, v (6sbh) and merged tensor
+  // (2sbh) sdpa saves as they are (5: k and v are the cache's copies).
   {
     const std::int64_t b = 1, s = 4096, h = 4096, i = 11008;
-    const auto g = sdpa_graph("Llama-2-7b", b, s);
-    CHECK(g.saved_bytes_of_layer_large(0).v == 26 * s * b * h + 8 * s * b * i);
+    for (const Transformers t : {Transformers::v5, Transformers::v4_46})
+      CHECK(sdpa_graph("Llama-2-7b", b, s, t).saved_bytes_of_layer_large(0).v == 24 * s * b * h + 8 * s * b * i + rng);
+  }
+  // Llama-3 (K = 8 of A = 32): transformers 5 calls sdpa with enable_gqa (no mask): k and v
+  // keep their 8 heads, 2sbh·K/A each: 20sbh + 4sbh·K/A + 8sbI = 21sbh + 8sbI. 4.46 repeats
+  // them to 32 heads first (repeat_kv): 24sbh + 8sbI.
+  {
+    const std::int64_t b = 1, s = 4096, h = 4096, i = 14336;
+    const auto g = sdpa_graph("Meta-Llama-3-8B", b, s);
+    CHECK(g.saved_bytes_of_layer_large(0).v == 21 * s * b * h + 8 * s * b * i + rng);
+    for (const auto& op : g.ops) CHECK(op.fn != Fn::repeat_kv);
+    const HeadsLayout f = heads_layout(g, op_named(g, "layer0.self_attn.sdpa"));
+    CHECK(f.H == 32);
+    CHECK(f.K == 8);
+    const auto old = sdpa_graph("Meta-Llama-3-8B", b, s, Transformers::v4_46);
+    CHECK(old.saved_bytes_of_layer_large(0).v == 24 * s * b * h + 8 * s * b * i + rng);
+    CHECK(heads_layout(old, op_named(old, "layer0.self_attn.sdpa")).K == 32);
   }
   // Causal kernels skip masked blocks: half the attention FLOPs of the bidirectional case.
   const auto causal = sdpa_graph("gpt2", 1, 512);
@@ -670,34 +730,22 @@ TEST_CASE("attention names: transformers' spellings, config.json's attn_implemen
   CHECK(contains(input_error([&] { choose_attention(none, "fa2"); }), "--attention: must be one of"));
 }
 
-namespace {
-
-Bytes saved_of(const OpGraph& g, const std::string& name) {
-  for (const auto& op : g.ops)
-    if (op.name == name) {
-      Bytes b{};
-      for (TensorId t : op.saved) b += g.tensors[static_cast<std::size_t>(t)].bytes;
-      return b;
-    }
-  FAIL("no op ", name);
-  return Bytes{};
-}
-
-const Op& op_named(const OpGraph& g, const std::string& name) {
-  for (const auto& op : g.ops)
-    if (op.name == name) return op;
-  throw std::runtime_error("no op " + name);
-}
-
-}  // namespace
 
 TEST_CASE("flash_attention_2 saves q, k, v as given (no repeat_kv), its output, logsumexp and rng_state") {
-  auto flash = [](const std::string& n, std::int64_t b, std::int64_t s) { return graph_with(n, b, s, DType::bf16, Attention::flash_attention_2); };
+  auto flash = [](const std::string& n, std::int64_t b, std::int64_t s, Transformers t = kDefaultTransformers) {
+    GraphOptions o;
+    o.micro_batch = b;
+    o.seq_len = s;
+    o.act_dtype = DType::bf16;
+    o.attention = Attention::flash_attention_2;
+    o.transformers = t;
+    return build_graph(load_model(n), o);
+  };
   auto sdpa = [](const std::string& n, std::int64_t b, std::int64_t s) { return graph_with(n, b, s, DType::bf16, Attention::sdpa); };
   const std::int64_t rng = 16;  // rng_state: 2 int64 per layer, counted with the large tensors (shape (2))
-  // BERT: sdpa's 36sbh less its (B, H, T, D) output, which flash-attn writes straight into the
-  // merged (B, T, H·D) layout (the output dense saves that one tensor): 34sbh; the
-  // logsumexp (4 bytes × a·s·b) and LayerNorm statistics are the small rest.
+  // BERT: what sdpa saves (34sbh): flash-attn also writes straight into the merged
+  // (B, T, H·D) layout (the output dense saves that one tensor); the logsumexp (4 bytes ×
+  // a·s·b) and LayerNorm statistics are the small rest.
   {
     const std::int64_t b = 8, s = 128, h = 1024, a = 16;
     const auto g = flash("bert-large-uncased", b, s);
@@ -717,55 +765,224 @@ TEST_CASE("flash_attention_2 saves q, k, v as given (no repeat_kv), its output, 
     CHECK(fa.fwd_flops.v == doctest::Approx(4.0 * b * s * s * h));
     CHECK(fa.bwd_flops.v == doctest::Approx(2.5 * 4.0 * b * s * s * h));
   }
-  // GPT-2 (gelu_new): sdpa's 60sbh less the separate output: 58sbh.
+  // GPT-2 (gelu_new): what sdpa saves, 62sbh with transformers 5's KV cache copies, 58sbh
+  // with 4.46's views.
   {
     const std::int64_t b = 2, s = 1024, h = 768;
     const auto g = flash("gpt2", b, s);
-    CHECK(g.saved_bytes_of_layer_large(3).v == 58 * s * b * h + rng);
-    CHECK(sdpa("gpt2", b, s).saved_bytes_of_layer_large(3).v - g.saved_bytes_of_layer_large(3).v == 2 * s * b * h - rng);
+    CHECK(g.saved_bytes_of_layer_large(3).v == 62 * s * b * h + rng);
+    CHECK(sdpa("gpt2", b, s).saved_bytes_of_layer_large(3).v == g.saved_bytes_of_layer_large(3).v);
+    CHECK(flash("gpt2", b, s, Transformers::v4_46).saved_bytes_of_layer_large(3).v == 58 * s * b * h + rng);
     // Causal: the lower triangle with its diagonal, s(s+1)/2 pairs: 4·b·a·d·s(s+1)/2.
     const Op& fa = op_named(g, "layer0.attn.flash_attn");
     CHECK(fa.causal);
     CHECK(fa.fwd_flops.v == doctest::Approx(2.0 * b * h * s * (s + 1)));
     CHECK(fa.bwd_flops.v == doctest::Approx(2.5 * 2.0 * b * h * s * (s + 1)));
   }
-  // Llama-2 (K = A): sdpa's 26sbh + 8sbI less the separate output: 24sbh + 8sbI.
+  // Llama-2 (K = A): 24sbh + 8sbI, as sdpa.
   {
     const std::int64_t b = 1, s = 4096, h = 4096, i = 11008;
     CHECK(flash("Llama-2-7b", b, s).saved_bytes_of_layer_large(0).v == 24 * s * b * h + 8 * s * b * i + rng);
   }
-  // Llama-3 (GQA, K = 8 of A = 32): flash-attn reads k and v with their 8 heads, so it saves
-  // (B, T, K·D) k and v (2sbh·K/A each) where sdpa saves repeat_kv's (B, A, T, D) copies
-  // (2sbh each): 24sbh - 4sbh + 4sbh·K/A + 8sbI = 21sbh + 8sbI.
-  {
+  // Llama-3 (GQA, K = 8 of A = 32): flash-attn reads k and v with their 8 heads (2sbh·K/A
+  // each): 24sbh - 4sbh + 4sbh·K/A + 8sbI = 21sbh + 8sbI. With transformers 5 they are the
+  // KV cache's (B, K, T, D) copies, with 4.46 the rotated k and the projection's view.
+  for (const Transformers t : {Transformers::v5, Transformers::v4_46}) {
     const std::int64_t b = 1, s = 4096, h = 4096, i = 14336;
-    const auto g = flash("Meta-Llama-3-8B", b, s);
+    const auto g = flash("Meta-Llama-3-8B", b, s, t);
     CHECK(g.saved_bytes_of_layer_large(0).v == 21 * s * b * h + 8 * s * b * i + rng);
-    CHECK(sdpa("Meta-Llama-3-8B", b, s).saved_bytes_of_layer_large(0).v == 26 * s * b * h + 8 * s * b * i);
     for (const auto& op : g.ops) CHECK(op.fn != Fn::repeat_kv);
     const Op& fa = op_named(g, "layer0.self_attn.flash_attn");
-    const FlashLayout f = flash_layout(g, fa);
+    const HeadsLayout f = heads_layout(g, fa);
     CHECK(f.H == 32);
     CHECK(f.K == 8);
     CHECK(f.D == 128);
     CHECK(f.causal);
-    CHECK(g.tensors[static_cast<std::size_t>(f.k.tensor)].name == "layer0.self_attn.rope_k");
-    CHECK(g.tensors[static_cast<std::size_t>(f.v.tensor)].name == "layer0.self_attn.v_proj");
+    const bool v5 = t == Transformers::v5;
+    CHECK(g.tensors[static_cast<std::size_t>(f.k.tensor)].name ==
+          (v5 ? "layer0.self_attn.cache_k" : "layer0.self_attn.rope_k"));
+    CHECK(g.tensors[static_cast<std::size_t>(f.v.tensor)].name ==
+          (v5 ? "layer0.self_attn.cache_v" : "layer0.self_attn.v_proj"));
+    // The cache copy is (B, K, T, D); the projection's view (B, T, K·D).
+    CHECK(f.v.st == (v5 ? 128 : 8 * 128));
     CHECK(g.tensors[static_cast<std::size_t>(f.rng)].dtype == DType::i64);
     CHECK(saved_of(g, "layer0.self_attn.flash_attn").v ==
           (2 * s * h + 2 * 2 * s * 8 * 128 + 2 * s * h) + 4 * 32 * s + rng);
   }
-  // GPT-2's q, k, v are column blocks of c_attn's (B, T, 3C) output.
+  // GPT-2's q, k, v are column blocks of c_attn's (B, T, 3C) output (4.46), or q is and k, v
+  // are the cache's copies (5).
   {
-    const auto g = flash("tiny-gpt2", 2, 16);
-    const FlashLayout f = flash_layout(g, op_named(g, "layer0.attn.flash_attn"));
+    const auto g = flash("tiny-gpt2", 2, 16, Transformers::v4_46);
+    const HeadsLayout f = heads_layout(g, op_named(g, "layer0.attn.flash_attn"));
     CHECK(f.q.tensor == f.k.tensor);
     CHECK(f.k.offset == 64);
     CHECK(f.v.offset == 128);
     CHECK(f.q.st == 192);
     CHECK(f.o.st == 64);
+    const auto c = flash("tiny-gpt2", 2, 16);
+    const HeadsLayout fc = heads_layout(c, op_named(c, "layer0.attn.flash_attn"));
+    CHECK(fc.q.st == 192);
+    CHECK(fc.q.sh == 16);  // head_dim
+    CHECK(fc.k.tensor != fc.q.tensor);
+    CHECK(fc.k.offset == 0);
+    CHECK(fc.k.sh == 16 * 16);  // (B, H, T, D): T·D
+    CHECK(fc.k.st == 16);
   }
   // flash-attn has no fp32 kernel: an fp32 configuration is refused, naming the flag.
   CHECK(contains(input_error([] { graph_with("tiny-llama", 1, 16, DType::fp32, Attention::flash_attention_2); }),
                  "--attention: flash_attention_2 runs in fp16 or bf16 only"));
+}
+
+TEST_CASE("transformers releases: the modelled behaviour is named, 5 by default") {
+  CHECK(kDefaultTransformers == Transformers::v5);
+  CHECK(GraphOptions{}.transformers == Transformers::v5);
+  CHECK(std::string(transformers_name(Transformers::v5)) == "5");
+  CHECK(std::string(transformers_name(Transformers::v4_46)) == "4.46");
+  CHECK(parse_transformers("--transformers", "", "5") == Transformers::v5);
+  CHECK(parse_transformers("--transformers", "", "5.17.0") == Transformers::v5);
+  CHECK(parse_transformers("--transformers", "", "4.46") == Transformers::v4_46);
+  CHECK(parse_transformers("--transformers", "", "4.46.3") == Transformers::v4_46);
+  for (const char* bad : {"4", "4.47", "50", "5x", "", "v5"})
+    CHECK(contains(input_error([&] { parse_transformers("--transformers", "", bad); }),
+                   "--transformers: must be 5 (transformers 5.x, the default) or 4.46"));
+}
+
+TEST_CASE("transformers 5 decoders copy k and v into the KV cache unless it is off") {
+  auto build = [](const ModelConfig& c, Attention att, Transformers t, bool ckpt) {
+    GraphOptions o;
+    o.micro_batch = 2;
+    o.seq_len = 16;
+    o.act_dtype = DType::bf16;
+    o.attention = att;
+    o.transformers = t;
+    o.gradient_checkpointing = ckpt;
+    return build_graph(c, o);
+  };
+  auto count = [](const OpGraph& g, Fn f) {
+    return std::count_if(g.ops.begin(), g.ops.end(), [&](const Op& op) { return op.fn == f; });
+  };
+  const ModelConfig gpt2 = load_model("tiny-gpt2"), llama = load_model("tiny-llama"), bert = load_model("tiny-bert");
+  CHECK(gpt2.use_cache);  // config.json's use_cache (true in the catalogue, as on the hub)
+  for (const Attention att : {Attention::eager, Attention::sdpa, Attention::flash_attention_2}) {
+    CAPTURE(attention_name(att));
+    const OpGraph g = build(gpt2, att, Transformers::v5, false);
+    CHECK(g.kv_cache);
+    // One copy of k and one of v per layer (eager adds the matmul's copy of the strided q).
+    CHECK(count(g, Fn::heads_copy) == (att == Attention::eager ? 3 : 2) * gpt2.layers);
+    const Op& ck = op_named(g, "layer1.attn.cache_k");
+    const Tensor& k = g.tensors[static_cast<std::size_t>(ck.outputs[0])];
+    CHECK(k.shape == std::vector<std::int64_t>{2, gpt2.heads, 16, gpt2.head_dim});
+    CHECK(ck.col[0] == gpt2.hidden);  // k: columns [C, 2C) of c_attn's output
+    CHECK(op_named(g, "layer1.attn.cache_v").col[0] == 2 * gpt2.hidden);
+    CHECK(ck.saved.empty());
+    // Gradient checkpointing turns use_cache off; 4.46's cache copies nothing; nor does a
+    // config with use_cache false.
+    CHECK(count(build(gpt2, att, Transformers::v5, true), Fn::heads_copy) == 0);
+    CHECK(count(build(gpt2, att, Transformers::v4_46, false), Fn::heads_copy) == 0);
+    ModelConfig off = gpt2;
+    off.use_cache = false;
+    CHECK(!build(off, att, Transformers::v5, false).kv_cache);
+    // The Llama family: (B, K, T, D) copies of the rotated k and of v.
+    const OpGraph l = build(llama, att, Transformers::v5, false);
+    CHECK(count(l, Fn::heads_copy) == 2 * llama.layers);
+    const Tensor& lk = l.tensors[static_cast<std::size_t>(op_named(l, "layer0.self_attn.cache_k").outputs[0])];
+    CHECK(lk.shape == std::vector<std::int64_t>{2, llama.kv_heads, 16, llama.head_dim});
+    // BERT has no decoder cache.
+    CHECK(!build(bert, att, Transformers::v5, false).kv_cache);
+  }
+  const ModelConfig parsed = parse_model_config(
+      "c.json", R"({"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                    "n_positions": 64, "use_cache": false})");
+  CHECK(!parsed.use_cache);
+  CHECK(contains(input_error([] {
+                   parse_model_config("c.json", R"({"model_type": "gpt2", "vocab_size": 256, "n_embd": 64,
+                                                    "n_layer": 2, "n_head": 4, "n_positions": 64, "use_cache": 1})");
+                 }),
+                 "c.json: use_cache"));
+}
+
+TEST_CASE("the model output references the logits and the KV cache") {
+  GraphOptions o;
+  o.micro_batch = 2;
+  o.seq_len = 16;
+  o.act_dtype = DType::bf16;
+  auto names = [](const OpGraph& g) {
+    std::vector<std::string> out;
+    for (TensorId t : g.outputs) out.push_back(g.tensors[static_cast<std::size_t>(t)].name);
+    return out;
+  };
+  const OpGraph gpt2 = build_graph(load_model("tiny-gpt2"), o);
+  const auto gn = names(gpt2);
+  CHECK(std::count(gn.begin(), gn.end(), "lm_head") == 1);
+  CHECK(std::count(gn.begin(), gn.end(), "layer0.attn.cache_k") == 1);
+  CHECK(gn.size() == 1 + 2 * static_cast<std::size_t>(gpt2.cfg.layers));
+  // The logits are the lm_head's 16-bit output, which the loss upcasts (a copy that saves nothing).
+  CHECK(gpt2.tensors[static_cast<std::size_t>(gpt2.outputs.back())].dtype == DType::bf16);
+  o.gradient_checkpointing = true;
+  CHECK(names(build_graph(load_model("tiny-gpt2"), o)) == std::vector<std::string>{"lm_head"});
+  // BertForPreTraining: prediction_logits and seq_relationship_logits.
+  CHECK(names(build_graph(load_model("tiny-bert"), o)) ==
+        std::vector<std::string>{"cls.predictions.decoder", "cls.seq_relationship"});
+}
+
+TEST_CASE("cross_entropy's backward holds the gradient of the log-probabilities") {
+  GraphOptions o;
+  o.micro_batch = 2;
+  o.seq_len = 16;
+  o.act_dtype = DType::bf16;
+  const OpGraph g = build_graph(load_model("tiny-gpt2"), o);
+  const Op& ce = op_named(g, "loss.cross_entropy");
+  REQUIRE(ce.bwd_grads.size() == 1);
+  CHECK(ce.bwd_grads[0] == ce.outputs[0]);  // logp, (B·T, V) in the upcast's fp32
+  const Tensor& logp = g.tensors[static_cast<std::size_t>(ce.outputs[0])];
+  CHECK(logp.dtype == DType::fp32);
+  CHECK(logp.bytes.v == 2 * 16 * g.cfg.vocab * 4);
+  // Every other op's gradients are its inputs'.
+  for (const auto& op : g.ops)
+    if (op.fn != Fn::cross_entropy) CHECK(op.bwd_grads.empty());
+}
+
+TEST_CASE("torch_dtype: the dtype transformers builds the model in, read from config.json") {
+  const std::string base = R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64)";
+  CHECK(!parse_model_config("c.json", base + "}").torch_dtype);
+  const ModelConfig t = parse_model_config("c.json", base + R"(, "torch_dtype": "bfloat16"})");
+  REQUIRE(t.torch_dtype);
+  CHECK(*t.torch_dtype == DType::bf16);
+  CHECK(t.torch_dtype_key == "torch_dtype");
+  // transformers 5 writes "dtype"; "torch." prefixes and "auto" are accepted.
+  CHECK(*parse_model_config("c.json", base + R"(, "dtype": "float16"})").torch_dtype == DType::fp16);
+  CHECK(*parse_model_config("c.json", base + R"(, "torch_dtype": "torch.float32"})").torch_dtype == DType::fp32);
+  CHECK(!parse_model_config("c.json", base + R"(, "torch_dtype": "auto"})").torch_dtype);
+  CHECK(contains(input_error([&] { parse_model_config("c.json", base + R"(, "torch_dtype": "int8"})"); }),
+                 "c.json: torch_dtype: must be one of float32, float16, bfloat16, auto, got 'int8'"));
+  CHECK(contains(input_error([&] {
+                   parse_model_config("c.json", base + R"(, "torch_dtype": "bfloat16", "dtype": "float32"})");
+                 }),
+                 "c.json: dtype: 'float32' contradicts torch_dtype 'bf16'"));
+  CHECK(contains(input_error([&] { parse_model_config("c.json", base + R"(, "dtype": 16})"); }), "c.json: dtype: must be a string"));
+}
+
+TEST_CASE("eager softmax: the backward's grad × output temporary, and bf16's upcast before softmax(dtype=float32)") {
+  for (const DType dt : {DType::bf16, DType::fp16}) {
+    CAPTURE(dtype_name(dt));
+    const OpGraph g = graph_with("tiny-llama", 2, 16, dt, Attention::eager);
+    const Op& sm = op_named(g, "layer0.self_attn.softmax");
+    REQUIRE(sm.bwd_scratch.size() == 1);
+    const Tensor& tmp = g.tensors[static_cast<std::size_t>(sm.bwd_scratch[0])];
+    CHECK(tmp.dtype == DType::fp32);  // the gradient's dtype: the fp32 output's
+    CHECK(tmp.shape == std::vector<std::int64_t>{2, 4, 16, 16});
+    CHECK(tmp.producer == kNone);
+    // bf16 is upcast by a copy (its backward casts the fp32 gradient down); fp16 takes the
+    // fused half_to_float kernel, whose input is the fp16 scores themselves.
+    const Tensor& in = g.tensors[static_cast<std::size_t>(sm.inputs[0])];
+    CHECK(in.dtype == (dt == DType::bf16 ? DType::fp32 : DType::fp16));
+    CHECK(in.name == (dt == DType::bf16 ? "layer0.self_attn.softmax_upcast" : "layer0.self_attn.mask"));
+  }
+  // GPT-2 and BERT take softmax in the activation dtype: the temporary is too.
+  const OpGraph b = graph_with("tiny-bert", 2, 16, DType::bf16, Attention::eager);
+  const Op& bs = op_named(b, "layer1.attention.self.softmax");
+  REQUIRE(bs.bwd_scratch.size() == 1);
+  CHECK(b.tensors[static_cast<std::size_t>(bs.bwd_scratch[0])].dtype == DType::bf16);
+  CHECK(b.tensors[static_cast<std::size_t>(bs.bwd_scratch[0])].bytes.v == 2 * 4 * 16 * 16 * 2);
 }

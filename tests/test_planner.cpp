@@ -268,7 +268,7 @@ TEST_CASE("GAS above the direct limit: two short programs extrapolate the long o
       t.collectives = pb.collectives.get();
       t.world_size = pb.world_size;
       t.activation_checkpointing = other != 0;
-      const auto direct = sim::predict(*graphs.find(2), cfg, zero::resolve_batch(cfg, pb.world_size), t);
+      const auto direct = sim::predict(*graphs.find(2, other != 0), cfg, zero::resolve_batch(cfg, pb.world_size), t);
       CHECK(ev.device_used == direct.memory.device_used);
       CHECK(ev.peak_allocated == direct.memory.peak_allocated);
       CHECK(ev.iteration_ms == doctest::Approx(direct.time.report.phases.iteration.ms()).epsilon(1e-6));

@@ -846,7 +846,7 @@ std::int64_t OptimizerConfig::state_bytes_per_param() const {
   return 8;
 }
 
-DType DsConfig::model_dtype() const {
+DType DsConfig::precision_dtype() const {
   switch (precision) {
     case Precision::fp16: return DType::fp16;
     case Precision::bf16: return DType::bf16;
@@ -855,8 +855,27 @@ DType DsConfig::model_dtype() const {
   return DType::fp32;
 }
 
+DType DsConfig::model_dtype() const {
+  if (precision == Precision::fp32 && module_dtype) return *module_dtype;
+  return precision_dtype();
+}
+
+std::string apply_module_dtype(DsConfig& cfg, std::optional<DType> torch_dtype, const std::string& model_file,
+                               const std::string& key) {
+  if (cfg.precision != Precision::fp32 || !torch_dtype) return {};
+  cfg.module_dtype = *torch_dtype;
+  if (*torch_dtype == DType::fp32) return {};
+  return fmt::format("{}: {} {}: with neither fp16 nor bf16 enabled in {}, DeepSpeed does not cast the model, so it "
+                     "trains in {} as transformers builds it ({} params and activations; stage 0 runs the plain "
+                     "optimizer on them, stages 1-3 keep fp32 master partitions and accumulate gradients in fp32)",
+                     model_file, key, dtype_name(*torch_dtype), cfg.file.empty() ? "the ds_config" : cfg.file,
+                     dtype_name(*torch_dtype), dtype_name(*torch_dtype));
+}
+
+DType DsConfig::grad_accum() const { return grad_accum_dtype.value_or(precision_dtype()); }
+
 DType DsConfig::communication_data_type() const {
-  return communication_data_type_override.value_or(model_dtype());
+  return communication_data_type_override.value_or(precision_dtype());
 }
 
 DsConfig parse_ds_config(const std::string& file, const nlohmann::json& doc) {

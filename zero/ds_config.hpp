@@ -134,7 +134,7 @@ struct DsConfig {
   bool bf16_immediate_grad_update = false;
   // bf16 with "data_types": {"grad_accum_dtype": "fp32"} keeps fp32 gradient accumulation.
   std::optional<DType> grad_accum_dtype;
-  DType communication_data_type() const;  // default: the model dtype
+  DType communication_data_type() const;  // default: the precision's (engine.py communication_data_type)
   std::optional<DType> communication_data_type_override;
   double gradient_clipping = 0.0;
   bool prescale_gradients = false;
@@ -147,8 +147,22 @@ struct DsConfig {
   // Warnings for accepted-but-not-modelled sections (never silent); the CLI prints them.
   std::vector<std::string> warnings;
 
-  DType model_dtype() const;         // fp16 / bf16 / fp32
+  // The dtype of the module DeepSpeed is handed, when neither fp16 nor bf16 is enabled: it
+  // casts nothing then (engine.py _configure_distributed_model), so the model trains in the
+  // dtype transformers built it in (models::ModelConfig::torch_dtype). Set by the caller
+  // from the model config; not a DeepSpeed key.
+  std::optional<DType> module_dtype;
+
+  DType model_dtype() const;         // the params' and activations' dtype: the precision's, else module_dtype, else fp32
+  DType precision_dtype() const;     // what the fp16/bf16 sections say (fp32 without either): engine.py's model_dtype
+  DType grad_accum() const;          // data_types.grad_accum_dtype, else precision_dtype() (engine.py get_data_types)
 };
+
+// Sets cfg.module_dtype to the model config's torch_dtype when the ds_config enables neither
+// fp16 nor bf16 (DeepSpeed then leaves the module in the dtype transformers built it in).
+// Returns a note saying so when that is not fp32 (the caller prints it), else "".
+std::string apply_module_dtype(DsConfig& cfg, std::optional<DType> torch_dtype, const std::string& model_file,
+                               const std::string& key);
 
 // The batch triple resolved for world size N (data-parallel degree).
 struct Batch {

@@ -51,6 +51,7 @@ void run(Context& c, lowering::OptimizerLowering& optimizer, lowering::Walk& wal
   reserve(c);
   c.describe_program();
   c.add_groups();
+  c.library_workspaces();
   optimizer.prologue();
   Program& p = c.p;
   p.step_begin = static_cast<EventId>(p.events.size());
@@ -100,6 +101,10 @@ void run(Context& c, lowering::OptimizerLowering& optimizer, lowering::Walk& wal
 Program lower(const models::OpGraph& g, const DsConfig& cfg, const Batch& batch, const LowerOptions& opt) {
   if (opt.world_size < 1) throw std::invalid_argument("world size must be >= 1");
   if (opt.rank < 0 || opt.rank >= opt.world_size) throw std::invalid_argument("rank out of range");
+  // transformers turns the KV cache off under gradient checkpointing: the graph says whether
+  // it was built for that (models::GraphOptions::gradient_checkpointing).
+  if (g.opt.gradient_checkpointing != opt.activation_checkpointing)
+    throw std::invalid_argument("activation checkpointing differs between the graph's options and the lowering's");
   Program p;
   Context c(g, cfg, batch, opt, p);
   const auto optimizer = lowering::make_optimizer(c);

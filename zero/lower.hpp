@@ -16,11 +16,22 @@ struct LowerOptions {
   int world_size = 1;                // N (data-parallel degree)
   int rank = 0;
   int gpus_per_node = 8;             // for hpZ groups
-  bool activation_checkpointing = false;  // per-layer (HF gradient_checkpointing_enable)
+  bool activation_checkpointing = false;  // per-layer (HF gradient_checkpointing_enable); must be the
+                                          // graph's models::GraphOptions::gradient_checkpointing
   // The host thread's work (EventKind::host): PyTorch's dispatch and the Python of the model
   // and of DeepSpeed, which the device waits for when the host falls behind. Off: the
   // program describes the device's work alone (an ideal host).
   bool host_work = true;
+  // The caller keeps the model's output object (models::OpGraph::outputs: logits, the KV
+  // cache) until the end of the micro-step; by default it drops it after the forward, as
+  // HF Trainer does.
+  bool keep_output = false;
+  // Library workspaces PyTorch allocates through its caching allocator once and keeps
+  // (sim/devices.json): cuBLAS's, one per (handle, stream) — the forward thread's and the
+  // autograd engine's — and cuBLASLt's (the forward's GEMMs with a bias epilogue). 0: none
+  // (the CPU). The prologue allocates them; the executor allocates them too.
+  Bytes cublas_workspace{0};
+  Bytes cublaslt_workspace{0};
   // The middle micro-steps repeat: when micro-step 2 is micro-step 1 moved by one
   // micro-step's worth of ids (else 3 micro-step 2), it stands for the ones after it to
   // GAS-2 (Program::repeat: stored once, whatever GAS is; zero::expand lists every one).

@@ -170,7 +170,7 @@ void Program::validate() const {
         throw std::logic_error(fmt::format("{}: buffer {} freed before allocation", ename(e.id), bname(b)));
       if (freed_at[static_cast<std::size_t>(b)] >= 0)
         throw std::logic_error(fmt::format("{}: buffer {} freed twice", ename(e.id), bname(b)));
-      if (allocated_at[static_cast<std::size_t>(b)] < step_begin)
+      if (allocated_at[static_cast<std::size_t>(b)] < step_begin && e.id >= step_begin)
         throw std::logic_error(fmt::format("{}: persistent buffer {} freed in the step", ename(e.id), bname(b)));
       freed_at[static_cast<std::size_t>(b)] = e.id;
     }

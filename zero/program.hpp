@@ -148,6 +148,11 @@ enum class BufferRole : std::uint8_t {
   offload_staging,    // device staging for host transfers
   host_master, host_grads32, host_staging16, host_optimizer_state,
   checkpoint_host,    // layer input kept on host (cpu_checkpointing)
+  init_copy,          // a tensor of the set-up that is freed before training: the model's params as
+                      // transformers built them, their casts, DeepSpeed's flatten and master clones
+                      // (ref = param, or -1)
+  op_scratch,         // a backward kernel's temporary (ref = models::TensorId, one of the op's bwd_scratch)
+  library_workspace,  // cuBLAS / cuBLASLt workspace (ref = 0 forward thread, 1 autograd thread, 2 cuBLASLt)
 };
 
 using BufferId = std::int32_t;
@@ -164,6 +169,12 @@ struct Buffer {
   Bytes bytes{};
   std::int32_t ref = -1;       // param / tensor / module / bucket index, by role
   std::int32_t name = -1;      // index into Program::labels
+  // Persistent, but DeepSpeed creates it during the first step, right before that step's
+  // first optimizer event (torch.optim's states, created lazily by its first step()). A
+  // steady-state step has it from the start; an interpreter that runs from the prologue
+  // allocates it there, so its caching allocator sees the requests in the order a training
+  // process's did.
+  bool first_step = false;
   bool operator==(const Buffer&) const = default;
 };
 
@@ -211,9 +222,13 @@ struct Event {
   // gather_unflatten copy's `group` is the gather's, whose blocks it reads. `offset` is the
   // first element of the range an optimizer or sub-group copy covers; `root` is a
   // reduce's destination. An optimizer whose src is the flat fp32 gradient buffer of every
-  // param (BF16_Optimizer) reads this rank's partition of it, and clears it after.
+  // param (BF16_Optimizer) reads this rank's partition of it, and clears it after; its
+  // src2/src3 are the optimizer's state tensors (Adam's exp_avg, exp_avg_sq).
   CopyOp copy_op = CopyOp::none;
-  BufferId src_buf = -1, src2_buf = -1, dst_buf = -1;
+  // A marker that calls torch.cuda.empty_cache() when it starts (DeepSpeed does during its
+  // set-up): the caching allocator releases every cached segment that is entirely free.
+  bool empty_cache = false;
+  BufferId src_buf = -1, src2_buf = -1, src3_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
   std::int64_t offset = 0;
   // CSR ranges into Program's lists
@@ -327,10 +342,10 @@ struct Program {
   // Bytes one rank sends for collective event e (ring algorithm volumes).
   Bytes bytes_sent(const Event& e) const;
   // Checks the invariants (deps backwards, every buffer allocated once and freed at most
-  // once after its allocation, persistent buffers never freed in the step) of the stored
-  // events, and that the block repeats the micro-step stored before it as Repeat says
-  // (so the expanded step keeps them too). Throws std::logic_error describing the first
-  // violation.
+  // once after its allocation, persistent buffers never freed in the step; the prologue may
+  // free the set-up's temporaries) of the stored events, and that the block repeats the
+  // micro-step stored before it as Repeat says (so the expanded step keeps them too).
+  // Throws std::logic_error describing the first violation.
   void validate() const;
 };
 

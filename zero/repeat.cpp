@@ -44,6 +44,7 @@ void shift_event(Event& e, std::size_t k, const ListMarks& d, const ListMarks& a
   };
   buf(e.src_buf);
   buf(e.src2_buf);
+  buf(e.src3_buf);
   buf(e.dst_buf);
 }
 
@@ -115,12 +116,14 @@ bool repeats_previous(const Program& p, const ListMarks& a, const ListMarks& b, 
     const Event& e2 = p.events[b.events + i];
     if (!same_ref(e1.src_buf, e2.src_buf, a.buffers, d.buffers) ||
         !same_ref(e1.src2_buf, e2.src2_buf, a.buffers, d.buffers) ||
+        !same_ref(e1.src3_buf, e2.src3_buf, a.buffers, d.buffers) ||
         !same_ref(e1.dst_buf, e2.dst_buf, a.buffers, d.buffers))
       return false;
     Event t = e1;
     shift_event(t, 1, d, a, true);
     t.src_buf = e2.src_buf;
     t.src2_buf = e2.src2_buf;
+    t.src3_buf = e2.src3_buf;
     t.dst_buf = e2.dst_buf;
     if (!(t == e2)) return false;
   }

@@ -45,6 +45,22 @@ void softmax_backward(float* dx, const float* y, const float* dy, std::int64_t r
   }
 }
 
+void softmax_backward(float* dx, const float* y, const float* dy, float* tmp, std::int64_t rows, std::int64_t n,
+                      bool accumulate) {
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* yr = y + i * n;
+    const float* dyr = dy + i * n;
+    float* t = tmp + i * n;
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      t[j] = dyr[j] * yr[j];
+      sum += static_cast<double>(t[j]);
+    }
+    const auto s = static_cast<float>(sum);
+    for (std::int64_t j = 0; j < n; ++j) store(dx + i * n + j, t[j] - yr[j] * s, accumulate);
+  }
+}
+
 void causal_mask(float* m, std::int64_t T, float masked) {
   for (std::int64_t i = 0; i < T; ++i)
     for (std::int64_t j = 0; j < T; ++j) m[i * T + j] = j > i ? masked : 0.0f;

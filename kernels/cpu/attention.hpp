@@ -23,6 +23,14 @@ void softmax_backward(float* dx,        // (rows, n)
                       const float* dy,  // (rows, n)
                       std::int64_t rows, std::int64_t n, bool accumulate);
 
+// The same as PyTorch's CUDA softmax_backward computes it, through a temporary of dy's size:
+// tmp = dy * y, then dx = tmp - y * sum(tmp).
+void softmax_backward(float* dx,        // (rows, n)
+                      const float* y,   // (rows, n)
+                      const float* dy,  // (rows, n)
+                      float* tmp,       // (rows, n)
+                      std::int64_t rows, std::int64_t n, bool accumulate);
+
 // m[i, j] = 0 for j <= i, `masked` for j > i; add it as (1, 1, T, T) over (B, H, T, T).
 void causal_mask(float* m,  // (T, T)
                  std::int64_t T, float masked = kMaskValue);

@@ -172,4 +172,29 @@ void log_softmax_nll_backward(float* dlogits, const float* logp, const std::int6
   }
 }
 
+void nll_loss_backward(float* dlogp, const std::int64_t* targets, std::int64_t N, std::int64_t V, float dloss,
+                       std::int64_t ignore_index) {
+  const std::int64_t count = count_targets(targets, N, ignore_index);
+  const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.0f;
+  std::fill(dlogp, dlogp + N * V, 0.0f);
+  for (std::int64_t i = 0; i < N; ++i)
+    if (targets[i] != ignore_index && targets[i] >= 0 && targets[i] < V) dlogp[i * V + targets[i]] = -scale;
+}
+
+void log_softmax_backward(float* dlogits, const float* logp, const float* dlogp, std::int64_t N, std::int64_t V,
+                          bool accumulate) {
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* lp = logp + i * V;
+    const float* g = dlogp + i * V;
+    float* d = dlogits + i * V;
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < V; ++j) sum += static_cast<double>(g[j]);
+    const auto s = static_cast<float>(sum);
+    if (accumulate)
+      for (std::int64_t j = 0; j < V; ++j) d[j] += g[j] - exp_nonpositive(lp[j]) * s;
+    else
+      for (std::int64_t j = 0; j < V; ++j) d[j] = g[j] - exp_nonpositive(lp[j]) * s;
+  }
+}
+
 }  // namespace zp::kernels::cpu

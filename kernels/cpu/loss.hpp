@@ -40,4 +40,15 @@ void log_softmax_nll_backward(float* dlogits,               // (N, V)
                               std::int64_t N, std::int64_t V, float dloss, bool accumulate,
                               std::int64_t ignore_index = kIgnoreIndex);
 
+// The same two steps as autograd runs them, through the gradient of logp:
+// nll_loss's backward writes dlogp = -dloss / count at each row's target, 0 elsewhere (and on
+// ignored rows); log_softmax's writes dlogits = dlogp - exp(logp) · Σ_j dlogp (per row).
+void nll_loss_backward(float* dlogp,                 // (N, V)
+                       const std::int64_t* targets,  // (N)
+                       std::int64_t N, std::int64_t V, float dloss, std::int64_t ignore_index = kIgnoreIndex);
+void log_softmax_backward(float* dlogits,      // (N, V)
+                          const float* logp,   // (N, V)
+                          const float* dlogp,  // (N, V)
+                          std::int64_t N, std::int64_t V, bool accumulate);
+
 }  // namespace zp::kernels::cpu

@@ -6,13 +6,14 @@
 // and the logsumexp, and the dropout mask from (seed, offset): element (b, h, i, j) is kept
 // when uniform(seed, offset + ((b·H + h)·T + i)·T + j) < 1 - p, as kernels/cpu/dropout does.
 //
-// Two callers, one computation:
-//  - sdpa_*: torch.nn.functional.scaled_dot_product_attention, q, k, v and o (B, H, T, D)
-//    contiguous (transformers' sdpa path has already repeated k and v to H heads);
+// Two entry points, one computation:
+//  - sdpa_*: q, k, v and o (B, H, T, D) contiguous, k and v with H heads, an optional mask;
 //  - attention_*: any layout (each operand through its own strides) and grouped k, v with
-//    K heads (H % K == 0, query head h reads kv head h / (H / K)), as flash-attn's
-//    flash_attn_func takes them from transformers' flash_attention_2 path: (B, T, H, D)
-//    views of the projections, no repeat_kv.
+//    K heads (H % K == 0, query head h reads kv head h / (H / K)), as PyTorch's flash sdpa
+//    (enable_gqa) and flash-attn's flash_attn_func take them from transformers' sdpa and
+//    flash_attention_2 paths: (B, T, H, D) views of the projections or the KV cache's
+//    (B, K, T, D) copies, the output written in (B, T, H, D) order. The executor runs both
+//    paths through it (models::heads_layout).
 #include <cstdint>
 
 namespace zp::kernels::cpu {

@@ -1,5 +1,7 @@
 #include "zero/lower/context.hpp"
 
+#include <fmt/format.h>
+
 #include <optional>
 
 namespace zp::zero::lowering {
@@ -86,6 +88,70 @@ void Context::add_groups() {
   }
 }
 
+// CublasHandlePool.cpp: a cuBLAS workspace per (handle, stream), and handles are per
+// thread: the one that runs the forward and the autograd engine's device thread (backward)
+// each set one on the compute stream at their first GEMM; cuBLASLt's (per handle and
+// stream too) is asked for only by the forward's GEMMs with a bias epilogue (addmm).
+void Context::library_workspaces() {
+  const struct {
+    Bytes bytes;
+    const char* name;
+  } ws[3] = {{opt.cublas_workspace, "cuBLAS workspace (forward thread)"},
+             {opt.cublas_workspace, "cuBLAS workspace (autograd thread)"},
+             {opt.cublaslt_workspace, "cuBLASLt workspace (forward thread)"}};
+  for (int i = 0; i < 3; ++i)
+    if (ws[i].bytes.v > 0)
+      // (bytes,) u8
+      persistent(Category::temporaries, Placement::device, BufferRole::library_workspace, DType::u8, ws[i].bytes.v,
+                 ws[i].name, i);
+}
+
+std::vector<BufferId> Context::build_model() {
+  const DType built = cfg.module_dtype.value_or(DType::fp32);
+  std::vector<BufferId> params;
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, "build_model");
+  for (const auto& prm : g.params) {
+    // (numel,) the dtype transformers builds the model in
+    const BufferId id = b.buffer(Category::params, Placement::device, BufferRole::init_copy, built, prm.numel,
+                                 "model param " + prm.name, prm.id);
+    b.alloc(id);
+    params.push_back(id);
+  }
+  if (md == built) return params;
+  // _cast_module_mixed_precision: param.data = param.data.to(dtype), one param at a time (the
+  // copy made, then the old tensor dropped).
+  const std::int32_t label = b.label(fmt::format("cast_module_to_{}", dtype_name(md)));
+  for (auto& id : params) {
+    b.begin(EventKind::marker, Stream::compute, Phase::init, -1, label);
+    const Buffer& old = p.buffers[static_cast<std::size_t>(id)];
+    const BufferId cast = b.buffer(Category::params, Placement::device, BufferRole::init_copy, md, old.elements,
+                                   b.add_label(fmt::format("{} ({})", p.labels[static_cast<std::size_t>(old.name)], dtype_name(md))),
+                                   old.ref);
+    b.alloc(cast);
+    b.free(id);
+    id = cast;
+  }
+  return params;
+}
+
+BufferId Context::init_temp(Category c, DType t, std::int64_t elements, std::string name, bool keep) {
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, name);
+  const BufferId id = b.buffer(c, Placement::device, BufferRole::init_copy, t, elements, b.cur().label);
+  b.alloc(id);
+  if (!keep) b.free(id);
+  return id;
+}
+
+void Context::free_init(const std::vector<BufferId>& bufs, std::string name) {
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, std::move(name));
+  for (BufferId id : bufs) b.free(id);
+}
+
+void Context::empty_cache(std::string name) {
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, std::move(name));
+  b.cur().empty_cache = true;
+}
+
 BufferId Context::persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements,
                              std::string name, std::int32_t ref) {
   b.begin(EventKind::marker, Stream::compute, Phase::init, -1, name);
@@ -94,13 +160,28 @@ BufferId Context::persistent(Category c, Placement where, BufferRole role, DType
   return id;
 }
 
-void Context::optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref) {
+void Context::optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t,
+                               bool first_step) {
   const std::int64_t k_state = cfg.optimizer.state_bytes_per_param();
   if (k_state <= 0) return;
-  // (elements × k_state / 4,) fp32: Adam's m and v are k_state = 8 bytes per param
-  states.states = persistent(Category::optimizer_states, offload_opt ? Placement::host : Placement::device,
-                             offload_opt ? BufferRole::host_optimizer_state : BufferRole::optimizer_state, DType::fp32,
-                             elements * k_state / 4, name, ref);
+  // k_state / 4 tensors of (elements,) in t: Adam's exp_avg and exp_avg_sq (k_state = 8)
+  static constexpr const char* kAdam[] = {"exp_avg", "exp_avg_sq"};
+  const char* one = "momentum_buffer";
+  switch (cfg.optimizer.type) {
+    case OptimizerType::adagrad: one = "sum"; break;
+    case OptimizerType::lion: one = "exp_avg"; break;
+    default: break;
+  }
+  const std::int64_t n = k_state / 4;
+  b.begin(EventKind::marker, Stream::compute, Phase::init, -1, name);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const BufferId id = b.buffer(Category::optimizer_states, offload_opt ? Placement::host : Placement::device,
+                                 offload_opt ? BufferRole::host_optimizer_state : BufferRole::optimizer_state, t,
+                                 elements, b.add_label(fmt::format("{}: {}", name, n == 2 ? kAdam[i] : one)), ref);
+    b.alloc(id);
+    p.buffers[static_cast<std::size_t>(id)].first_step = first_step && !offload_opt;
+    (i == 0 ? states.states : states.states2) = id;
+  }
 }
 
 Event& Context::collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,

@@ -46,7 +46,8 @@ inline std::int64_t ceil_div(std::int64_t x, std::int64_t m) { return (x + m - 1
 struct ModelStates {
   BufferId params = -1;      // 16-bit params: flat (stages 0-2) or the partitions (stage 3)
   BufferId master = -1;      // fp32 master weights (this rank's partition, or all of them)
-  BufferId states = -1;      // optimizer states of the master
+  BufferId states = -1;      // optimizer states of the master: the first (Adam's exp_avg)
+  BufferId states2 = -1;     // the second, if the optimizer keeps two (Adam's exp_avg_sq)
   BufferId grads32 = -1;     // BF16_Optimizer: the flat fp32 gradients of every param
   BufferId host_grads = -1;  // offload_optimizer: the host fp32 gradient partition
 };
@@ -133,19 +134,38 @@ class Context {
  public:
   std::int64_t b16() const { return dtype_size(md); }
   Stream red_stream() const { return overlap ? Stream::reduction : Stream::compute; }
-  DType accum_dtype() const { return cfg.grad_accum_dtype.value_or(md); }
+  DType accum_dtype() const { return cfg.grad_accum(); }
   std::int64_t numel(models::ParamId prm) const { return g.params[static_cast<std::size_t>(prm)].numel; }
   const std::string& pname(models::ParamId prm) const { return g.params[static_cast<std::size_t>(prm)].name; }
 
   // The program's info and rank groups ("dp", and "hpz" under hpZ).
   void describe_program();
   void add_groups();
+  // PyTorch's library workspaces (LowerOptions::cublas_workspace, cublaslt_workspace): one
+  // prologue buffer each, on the compute stream.
+  void library_workspaces();
+  // The set-up before the optimizer wrapper: transformers builds every param as a tensor of
+  // its own in the dtype it builds in (config.json torch_dtype, else fp32; DsConfig's
+  // module_dtype), and with fp16 or bf16 enabled the engine casts each to that dtype (a new
+  // tensor, the old one freed: _cast_module_mixed_precision). Returns the module's param
+  // tensors in registration order; the wrapper frees them once it has flattened them.
+  std::vector<BufferId> build_model();
+  // A prologue marker allocating (then freeing, unless `keep`) one set-up temporary.
+  BufferId init_temp(Category c, DType t, std::int64_t elements, std::string name, bool keep = true);
+  // A prologue marker freeing set-up temporaries.
+  void free_init(const std::vector<BufferId>& bufs, std::string name);
+  // A prologue marker calling torch.cuda.empty_cache().
+  void empty_cache(std::string name);
   // A prologue marker allocating one persistent buffer.
   BufferId persistent(Category c, Placement where, BufferRole role, DType t, std::int64_t elements, std::string name,
                       std::int32_t ref = -1);
-  // The optimizer states of `elements` master params (state_bytes_per_param each; none
-  // for plain SGD), on the host under offload_optimizer.
-  void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref);
+  // The optimizer states of `elements` master params (state_bytes_per_param each in fp32;
+  // none for plain SGD), on the host under offload_optimizer; `t`: the states' dtype when
+  // the optimizer steps the module's own params (torch.zeros_like(p)). One buffer per state
+  // tensor the optimizer keeps (Adam: exp_avg and exp_avg_sq, each the size of the params it
+  // steps), as the caching allocator sees them requested.
+  void optimizer_states(std::int64_t elements, const std::string& name, std::int32_t ref, DType t = DType::fp32,
+                        bool first_step = false);
   // Host work (LowerOptions::host_work; nothing when it is off). The host event that issues
   // the ops of the walk takes up to kHostGroupOps consecutive ops of one phase and micro-step,
   // so that a device op can start at most kHostGroupOps - 1 ops' host time before the host

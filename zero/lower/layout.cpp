@@ -56,7 +56,7 @@ std::int64_t stage3_partition_elements(const OpGraph& g, int world_size) {
 }
 
 bool runs_bf16_optimizer(const DsConfig& cfg, const ZeroConfig& z) {
-  return z.stage == 1 && cfg.model_dtype() == DType::bf16 && cfg.grad_accum_dtype == DType::fp32 &&
+  return z.stage == 1 && cfg.precision == Precision::bf16 && cfg.grad_accum_dtype == DType::fp32 &&
          z.offload_optimizer.device == OffloadDevice::none;
 }
 
@@ -72,8 +72,13 @@ Bytes device_bytes_lower_bound(const DsConfig& cfg, const ZeroConfig& z, std::in
   std::int64_t bytes = (z.stage == 3 ? ceil_div(params, n) : params) * dtype_size(cfg.model_dtype());
   const bool offload = z.offload_optimizer.device != OffloadDevice::none && z.stage >= 1;
   if (!offload) {
-    const std::int64_t master = cfg.model_dtype() == DType::fp32 ? 0 : 4;
-    bytes += (z.stage == 0 ? params : params / n) * (master + cfg.optimizer.state_bytes_per_param());
+    // Without fp16/bf16, stage 0 runs the plain optimizer on the module's params: no master,
+    // states in the params' dtype.
+    const bool plain = z.stage == 0 && cfg.precision == Precision::fp32;
+    const std::int64_t master = cfg.model_dtype() == DType::fp32 || plain ? 0 : 4;
+    const std::int64_t states =
+        plain ? cfg.optimizer.state_bytes_per_param() / 4 * dtype_size(cfg.model_dtype()) : cfg.optimizer.state_bytes_per_param();
+    bytes += (z.stage == 0 ? params : params / n) * (master + states);
   }
   const GradientBuckets b = gradient_buckets(cfg, z);
   return Bytes{bytes + b.count * b.each.v};

@@ -21,6 +21,7 @@ void optimizer_event(Context& c, std::int64_t elements, Placement where, const s
   e.dst_buf = dst;
   e.src_buf = grads;
   e.src2_buf = c.states.states;
+  e.src3_buf = c.states.states2;
   e.offset = offset;
   e.elements = elements;
   const std::int64_t k = c.cfg.optimizer.state_bytes_per_param();

@@ -13,8 +13,10 @@ using models::OpId;
 using models::ParamId;
 
 ParamCoordinator::ParamCoordinator(Context& c) : c_(c) {
+  gathers_ = c.N > 1 || c.offload_param;
   persistent_.assign(c.g.params.size(), 0);
   for (const auto& prm : c.g.params) {
+    if (!gathers_) break;
     if (prm.numel <= c.cfg.zero.stage3_param_persistence_threshold &&
         persistent_total_ + prm.numel <= c.cfg.zero.stage3_model_persistence_threshold) {
       persistent_[static_cast<std::size_t>(prm.id)] = 1;
@@ -107,7 +109,7 @@ void ParamCoordinator::begin_pass() {
 }
 
 bool ParamCoordinator::available(ParamId p) const {
-  return persistent_[static_cast<std::size_t>(p)] || full_[static_cast<std::size_t>(p)] >= 0;
+  return !gathers_ || persistent_[static_cast<std::size_t>(p)] || full_[static_cast<std::size_t>(p)] >= 0;
 }
 
 // A flat buffer of (group × ceil(numel/group)) elements per param (rank-major blocks), the

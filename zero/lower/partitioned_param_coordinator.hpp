@@ -19,8 +19,14 @@ class ParamCoordinator {
  public:
   explicit ParamCoordinator(Context& c);
 
+  // Whether params are gathered at all: a partition world of one gathers nothing
+  // (partition_parameters.py all_gather_coalesced → _no_gather_coalesced: param.data is
+  // pointed at its partition, ds_tensor), unless the partitions live on the host
+  // (offload_param: then each is copied in, as a gather).
+  bool gathers() const { return gathers_; }
   // Persistent params (numel <= stage3_param_persistence_threshold, while the total stays
-  // within stage3_model_persistence_threshold) are kept whole on every rank.
+  // within stage3_model_persistence_threshold) are kept whole on every rank; with nothing
+  // gathered there are none beside the partitions.
   bool persistent(models::ParamId p) const { return persistent_[static_cast<std::size_t>(p)] != 0; }
   std::int64_t persistent_elements() const { return persistent_total_; }
 
@@ -66,6 +72,7 @@ class ParamCoordinator {
   std::vector<models::ParamId> to_release(std::size_t t) const;
 
   Context& c_;
+  bool gathers_ = true;
   std::vector<char> persistent_;            // per param
   std::int64_t persistent_total_ = 0;
   std::vector<Visit> visits_;               // in forward order

@@ -31,7 +31,8 @@ void Stage3Lowering::prologue() {
   // (Σ ceil(numel/N),) fp32 master partition and its states
   c_.states.master = c_.persistent(Category::master_params, optimizer_placement(c_), master_role(c_), DType::fp32, part,
                                    "master fp32 partition", 0);
-  c_.optimizer_states(part, "optimizer states (partition)", 0);
+  // Adam's states: created by its first step (stage3.py _optimizer_step).
+  c_.optimizer_states(part, "optimizer states (partition)", 0, DType::fp32, true);
   if (c_.offload_opt) {
     host_grad_partition(c_, part);
   } else {
@@ -197,6 +198,7 @@ void Stage3Lowering::device_step_subgroup(std::int64_t gi, std::int64_t offset, 
 }
 
 void Stage3Lowering::step() {
+  overflow_scan();
   gradient_checks(c_);
   // hpZ secondary copies live from forward to the step.
   coord_.release_secondary_partitions();
@@ -209,6 +211,31 @@ void Stage3Lowering::step() {
     offset += n;
   }
   persistent_allgather();
+}
+
+// stage3.py has_overflow (fp16 only): on reduce_and_partition_stream (the reduction stream
+// under overlap_comm), torch.isinf and then torch.isnan of the flat gradient partition, each
+// a bool tensor of its elements reduced by .any() to one element; the step waits for it.
+// (Stages 0-2 test with reductions that allocate nothing of that size.)
+void Stage3Lowering::overflow_scan() {
+  if (c_.md != DType::fp16 || c_.offload_opt) return;
+  Builder& b = c_.b;
+  const std::int64_t part = stage3_partition_elements(c_.g, c_.N);
+  for (const char* test : {"isinf", "isnan"}) {
+    Event& e = b.begin(EventKind::copy, c_.red_stream(), Phase::step, -1, fmt::format("overflow_check.{}", test));
+    e.mem_bytes = Bytes{part * (c_.b16() + 1)};
+    b.dep(c_.at.last_reduce);
+    // (Σ ceil(numel/N),) bool, then (1,) bool
+    const BufferId mask = b.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, DType::b1, part,
+                                   fmt::format("torch.{} of the gradient partition", test));
+    const BufferId any = b.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, DType::b1, 1,
+                                  fmt::format("torch.{}(...).any()", test));
+    b.alloc(mask);
+    b.alloc(any);
+    b.free(mask);
+    b.free(any);
+    c_.at.last_reduce = e.id;
+  }
 }
 
 // stage3.py _post_step: the persistent params' full copies are refreshed from the updated

@@ -36,6 +36,7 @@ class Stage3Lowering : public OptimizerLowering {
   std::vector<std::int64_t> sub_groups() const;
   void device_step_subgroup(std::int64_t gi, std::int64_t offset, std::int64_t n);
   void persistent_allgather();
+  void overflow_scan();
 
   Context& c_;
   ParamCoordinator coord_;

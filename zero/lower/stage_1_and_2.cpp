@@ -13,13 +13,35 @@ using models::ParamId;
 
 void ZeroOptimizerLowering::prologue() {
   const std::int64_t P = c_.layout.partition;  // Ψ'/N
+  // stage_1_and_2.py __init__ on the model transformers built (and the engine cast):
+  // empty_cache(), then flatten_dense_tensors_aligned packs the params into the flat buffer
+  // and _update_model_bit16_weights points them into it (the module's tensors go).
+  std::vector<BufferId> module;
+  if (!c_.offload_opt) {
+    module = c_.build_model();
+    c_.empty_cache("empty_cache_before_flatten");
+  }
   // (Ψ',) model dtype, Ψ' = roundup(Ψ, 2N)
   c_.states.params = c_.persistent(Category::params, Placement::device, BufferRole::flat_params16, c_.md, c_.layout.padded,
                                    fmt::format("params{} (flat, padded to 2N: {} elements)", dtype_name(c_.md), c_.layout.padded));
+  std::vector<BufferId> clone;
+  if (!c_.offload_opt) {
+    c_.free_init(module, "params_to_flat_views");
+    // partition.detach().clone().to(fp32): a 16-bit clone of this rank's partition, then its
+    // fp32 copy (the master); for an fp32 model the clone is the master.
+    if (c_.md != DType::fp32) clone = {c_.init_temp(Category::master_params, c_.md, P, "partition.clone")};
+  }
   // (P,) fp32 master partition and its states
   c_.states.master = c_.persistent(Category::master_params, optimizer_placement(c_), master_role(c_), DType::fp32, P,
                                    "master fp32 partition", 0);
-  c_.optimizer_states(P, "optimizer states (partition)", 0);
+  if (!c_.offload_opt) {
+    c_.free_init(clone, "partition.drop_clone");
+    // initialize_optimizer_states: a zero fp32 gradient for the partition, dropped again
+    // (Adam creates its states at the first step).
+    c_.init_temp(Category::grads, DType::fp32, P, "initialize_optimizer_states.zero_grads", false);
+  }
+  // Adam's states: created by its first step (stage_1_and_2.py _optimizer_step).
+  c_.optimizer_states(P, "optimizer states (partition)", 0, DType::fp32, true);
   if (c_.offload_opt) host_buffers_stage12(c_, P);
 }
 
@@ -121,6 +143,20 @@ std::int64_t ZeroOptimizerLowering::overlap_with_rank(std::int64_t lo, std::int6
   return std::max<std::int64_t>(0, z - a);
 }
 
+int ZeroOptimizerLowering::merged_slices() const {
+  const std::int64_t P = c_.layout.partition;
+  int n = 0;
+  std::int64_t prev = -1;
+  for (const auto& s : ipg_params_) {
+    const std::int64_t lo = c_.layout.offset[static_cast<std::size_t>(s.param)] + s.param_offset;
+    for (std::int64_t r = lo / P; r <= (lo + s.count - 1) / P; ++r) {
+      if (r != prev) ++n;
+      prev = r;
+    }
+  }
+  return n;
+}
+
 std::int64_t ZeroOptimizerLowering::mine(int r) const {
   std::int64_t part = 0;
   for (const auto& s : ipg_params_) {
@@ -142,11 +178,14 @@ void ZeroOptimizerLowering::flush_ipg(Trigger why) {
   const Phase ph = boundary_pass_ ? Phase::reduction : Phase::backward;
   const int bucket_no = c_.at.bucket_seq++;
   // average_tensor: with use_multi_rank_bucket_allreduce the slices are flattened
-  // (allreduce_bucket copies them) and all-reduced; with it false each destination's
+  // (allreduce_bucket copies them: torch.cat) and all-reduced — unless the bucket is one
+  // slice (it lies in one rank's partition: always on one rank), which
+  // flatten_dense_tensors returns as a view of the bucket; with it false each destination's
   // slice is reduced in place; with reduce_scatter false the bucket is all-reduced in
   // place. Loose gradients (no contiguous bucket) are always flattened. A cast copy is
   // added when communication_data_type differs from the model dtype.
-  const bool flatten = !z.contiguous_gradients || (z.reduce_scatter && z.use_multi_rank_bucket_allreduce);
+  const bool flatten = !z.contiguous_gradients ||
+                       (z.reduce_scatter && z.use_multi_rank_bucket_allreduce && merged_slices() > 1);
   Event& fl = b.begin(EventKind::copy, rs, ph, c_.at.micro,
                       b.cached(LabelKind::flatten, bucket_no, [&] { return fmt::format("flatten.bucket{}", bucket_no); }));
   fl.mem_bytes = Bytes{flatten ? 2 * elements * c_.b16() : 0};

@@ -24,7 +24,8 @@ class ZeroOptimizerLowering : public OptimizerLowering {
   // stage_1_and_2.py step: has_overflow_partitioned_grads_serial checks each gradient with an
   // .item() in 16-bit training; fp32 training skips the check.
   std::int32_t host_step_tensors() const override {
-    return c_.md == DType::fp32 ? 0 : static_cast<std::int32_t>(c_.g.params.size());
+    // Without fp16 or bf16 (whatever dtype the module trains in) the step loops over no tensors.
+    return c_.cfg.precision == Precision::fp32 ? 0 : static_cast<std::int32_t>(c_.g.params.size());
   }
   void end_of_backward() override;
   void step() override;
@@ -45,6 +46,9 @@ class ZeroOptimizerLowering : public OptimizerLowering {
   // Elements of [lo, hi) of the flat buffer that land in rank r's partition.
   std::int64_t overlap_with_rank(std::int64_t lo, std::int64_t hi, int r) const;
   std::int64_t mine(int r) const;  // Σ over the bucket's slices of overlap_with_rank
+  // average_tensor's rank_and_offsets: the bucket's slices split at partition boundaries,
+  // consecutive pieces bound for the same rank merged; how many there are.
+  int merged_slices() const;
 
   Context& c_;
   AccumulatedGrads grads_;                    // stage 1: param.grad until the boundary

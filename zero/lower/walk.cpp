@@ -11,6 +11,8 @@ using models::TensorId;
 Walk::Walk(Context& c, OptimizerLowering& optimizer) : c_(c), opt_(optimizer) {
   const auto& g = c.g;
   ckpt_input_.assign(g.tensors.size(), 0);
+  held_.assign(g.tensors.size(), 0);
+  for (TensorId t : g.outputs) held_[static_cast<std::size_t>(t)] = 1;
   // torch.utils.checkpoint keeps every tensor argument of the checkpointed layer: the
   // hidden states, and whatever else the layer reads from outside it (BERT's extended
   // attention mask, Llama's rotary cos/sin).
@@ -33,6 +35,7 @@ void Walk::micro_step(int m) {
   load_batch(st);
   opt_.begin_micro_step();
   forward(st);
+  if (!c_.opt.keep_output) drop_output(st);
   backward(st);
   opt_.end_of_backward();
   // Inputs go when the micro-step's references drop.
@@ -55,6 +58,16 @@ void Walk::load_batch(MicroState& st) {
                    ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor(t), t);
     b.alloc(buf);
     b.cur().mem_bytes += ten.bytes;
+  }
+}
+
+void Walk::drop_output(MicroState& st) {
+  bool any = false;
+  for (TensorId t : c_.g.outputs) {
+    if (st.tensor_buf[static_cast<std::size_t>(t)] < 0 || kept_for_backward(t, false)) continue;
+    if (!any) c_.b.begin(EventKind::marker, Stream::compute, Phase::forward, c_.at.micro, "drop_output");
+    any = true;
+    release_tensor(st, t);
   }
 }
 
@@ -87,6 +100,7 @@ bool Walk::dead_after(TensorId t, OpId o, bool recomputing) const {
   const auto& f = c_.f;
   if (f.last_fwd_use[static_cast<std::size_t>(t)] > o) return false;
   if (t == c_.g.loss) return false;
+  if (held_by_output(t) && !recomputing) return false;  // until the caller drops the output
   if (is_ckpt_input(t) && !recomputing) return false;
   if (recomputing) {
     // During recomputation only the layer's own tensors are rebuilt; the layer input
@@ -180,6 +194,18 @@ void Walk::backward_op(MicroState& st, OpId o) {
   e.flops = op.bwd_flops;
   e.mem_bytes = op.bwd_bytes;
   opt_.op_issued(o);
+  // Gradients of outputs that live only inside this backward (cross_entropy: the
+  // log-probabilities'), freed with the output gradients below. They come first: autograd
+  // runs nll_loss's backward, which makes the gradient of logp, before log_softmax's, which
+  // makes the gradient of the logits (the caching allocator sees them in that order).
+  for (TensorId t : op.bwd_grads) {
+    auto& gb = st.grad_buf[static_cast<std::size_t>(t)];
+    if (gb >= 0) continue;
+    const auto& ten = c_.g.tensors[static_cast<std::size_t>(t)];
+    gb = b.buffer(Category::temporaries, Placement::device, BufferRole::activation_grad, ten.dtype,
+                  ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor_grad(t), t);
+    b.alloc(gb);
+  }
   // Gradients of the inputs, shaped as the inputs (accumulated when several consumers
   // contribute).
   for (TensorId t : op.inputs) {
@@ -192,12 +218,23 @@ void Walk::backward_op(MicroState& st, OpId o) {
       b.alloc(gb);
     }
   }
+  // The backward kernel's own temporaries, freed when it ends.
+  for (TensorId t : op.bwd_scratch) {
+    const auto& ten = c_.g.tensors[static_cast<std::size_t>(t)];
+    const BufferId id = b.buffer(Category::temporaries, Placement::device, BufferRole::op_scratch, ten.dtype,
+                                 ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor(t), t);
+    b.alloc(id);
+    b.free(id);
+  }
   // Parameter gradients.
   for (ParamId p : op.params) opt_.grad_produced(st, p, o);
-  // What this backward consumed: saved tensors whose earliest saver is this op, and the
-  // gradient of outputs produced here.
+  // What this backward consumed: saved tensors whose earliest saver is this op (unless the
+  // output the caller keeps references them), and the gradient of outputs produced here.
+  const bool kept_output = c_.opt.keep_output;
   for (TensorId t : op.saved)
-    if (f.min_saver[static_cast<std::size_t>(t)] == o && (!is_ckpt_input(t) || !in_ckpt_layer(o))) release_tensor(st, t);
+    if (f.min_saver[static_cast<std::size_t>(t)] == o && (!is_ckpt_input(t) || !in_ckpt_layer(o)) &&
+        !(kept_output && held_by_output(t)))
+      release_tensor(st, t);
   for (TensorId t : op.outputs) {
     auto& gb = st.grad_buf[static_cast<std::size_t>(t)];
     if (gb >= 0) {

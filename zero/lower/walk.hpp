@@ -35,11 +35,16 @@ class Walk {
   bool in_ckpt_layer(models::OpId o) const;
   bool is_ckpt_input(models::TensorId t) const;
   bool kept_for_backward(models::TensorId t, bool recomputing) const;
+  // The caller drops the model's output after the forward (unless LowerOptions::keep_output):
+  // what it referenced and no op saved goes.
+  void drop_output(MicroState& st);
+  bool held_by_output(models::TensorId t) const { return t >= 0 && held_[static_cast<std::size_t>(t)] != 0; }
   models::OpId layer_last_op(std::int32_t l) const;
 
   Context& c_;
   OptimizerLowering& opt_;
   std::vector<char> ckpt_input_;    // per tensor: a checkpointed layer's argument
+  std::vector<char> held_;          // per tensor: the model's output references it (OpGraph::outputs)
   std::int32_t recompute_layer_ = -1;
 };
 
