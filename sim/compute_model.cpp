@@ -230,6 +230,50 @@ HostCosts default_host_costs() {
   return c;
 }
 
+DeviceProfile profile_from_json(const std::string& file, const std::string& key_path, const nlohmann::json& obj) {
+  return read_profile(json::Reader{file, key_path}, obj, {});
+}
+
+nlohmann::json profile_to_json(const DeviceProfile& p) {
+  auto us = [](Seconds s) { return s.v / kMicro; };
+  const HostCosts& h = p.host;
+  nlohmann::json steps = nlohmann::json::object();
+  auto step = [&](const char* key, const HostCosts::Step& s) {
+    steps[key] = {{"base_us", us(s.base)}, {"per_tensor_us", us(s.per_tensor)}};
+  };
+  step("fp16_optimizer", h.fp16_optimizer);
+  step("bf16_optimizer", h.bf16_optimizer);
+  step("zero_optimizer", h.zero_optimizer);
+  step("zero3_optimizer", h.zero3_optimizer);
+  step("plain", h.plain);
+  return {{"device", p.device},
+          {"peak_tensor_tflops", p.peak_tensor_flops.v / kTera},
+          {"peak_fp32_tflops", p.peak_fp32_flops.v / kTera},
+          {"hbm_gbps", p.hbm_bandwidth.v / kGiga},
+          {"gemm_max_efficiency", p.gemm_max_efficiency},
+          {"gemm_half_dim", p.gemm_half_dim},
+          {"gemm_unaligned_factor", p.gemm_unaligned_factor},
+          {"elementwise_efficiency", p.elementwise_efficiency},
+          {"kernel_launch_us", us(p.kernel_launch)},
+          {"kernels_per_op", p.kernels_per_op},
+          {"d2d_copy_gbps", p.d2d_copy_bandwidth.v / kGiga},
+          {"pcie_h2d_gbps", p.pcie_h2d.v / kGiga},
+          {"host_memcpy_gbps", p.host_memcpy_bandwidth.v / kGiga},
+          {"cpu_adam_params_per_second", p.cpu_adam_params_per_second},
+          {"comm_compute_interference", p.comm_compute_interference},
+          {"host",
+           {{"forward_op_us", us(h.forward_op)},
+            {"backward_op_us", us(h.backward_op)},
+            {"grad_hook_us", us(h.grad_hook)},
+            {"stage3_module_forward_us", us(h.stage3_module_forward)},
+            {"stage3_module_backward_us", us(h.stage3_module_backward)},
+            {"stage3_grad_hook_us", us(h.stage3_grad_hook)},
+            {"collective_launch_us", us(h.collective_launch)},
+            {"step", steps},
+            {"source", h.source}}},
+          {"source", p.source}};
+}
+
 DeviceProfile load_profile(const std::string& path) {
   const json::json doc = json::parse_file(path);
   if (!doc.is_object()) throw InputError(path, "", "must be a JSON object holding one device profile");

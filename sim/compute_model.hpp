@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/units.hpp"
 #include "models/graph.hpp"
 #include "sim/device.hpp"
@@ -76,6 +78,11 @@ HostCosts default_host_costs();
 // Defaults for a device from sim/profiles.json (or derived from the device database).
 DeviceProfile default_profile(const DeviceSpec& dev);
 DeviceProfile load_profile(const std::string& path);
+// One profile object in the format of sim/profiles.json's entries, read as strictly (a
+// misspelled or missing key is an InputError naming `file` and the key under `key_path`),
+// and a profile written back in that format (what calibration writes into cluster profiles).
+DeviceProfile profile_from_json(const std::string& file, const std::string& key_path, const nlohmann::json& obj);
+nlohmann::json profile_to_json(const DeviceProfile& p);
 // Every entry of a profile database in the format of sim/profiles.json (strict).
 std::vector<DeviceProfile> load_profiles(const std::string& path);
 // GEMM efficiency of the profile: max_eff · s(m) · s(n) · s(k), in (0, gemm_max_efficiency],
