@@ -12,6 +12,18 @@ namespace zp::calibration {
 
 namespace {
 
+std::string class_key(const Observation& o) {
+  auto it = o.tags.find("source");
+  std::string k = it == o.tags.end() ? std::string() : it->second;
+  switch (o.kind) {
+    case ObsKind::collective: return k + " collective";
+    case ObsKind::kernel: return k + " " + kernel_class_name(o.kernel.cls);
+    case ObsKind::phase: return k + " phase " + quantity_name(o.phase.quantity);
+  }
+  return k;
+}
+
+
 // Internal coordinates: log(value) for scale-like parameters, value / typical for the others.
 struct Coords {
   std::vector<const ParamDef*> defs;
@@ -39,8 +51,17 @@ class Problem {
         idx_.push_back(i);
         const double s = obs[i].spread;
         w_.push_back(1.0 / std::sqrt(s * s + opt.model_floor * opt.model_floor));
+        // Observations of one source and kind share a noise level (a class).
+        const std::string key = class_key(obs[i]);
+        auto it = std::find(class_names_.begin(), class_names_.end(), key);
+        if (it == class_names_.end()) {
+          class_names_.push_back(key);
+          it = class_names_.end() - 1;
+        }
+        class_of_.push_back(static_cast<int>(it - class_names_.begin()));
       }
     threads_ = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    class_scale_.assign(class_names_.size(), 1.0);
   }
   // The loss: least squares (0) or Cauchy of this scale.
   void set_robust(double c) const { c_ = c; }
@@ -69,7 +90,7 @@ class Problem {
     for (std::size_t k = 0; k < idx_.size(); ++k) {
       double& x = r[static_cast<Eigen::Index>(k)];
       if (c_ > 0) x = (x < 0 ? -1.0 : 1.0) * c_ * std::sqrt(std::log1p(x * x / (c_ * c_)));
-      x *= w_[k];
+      x *= w_[k] * class_scale_[static_cast<std::size_t>(class_of_[k])];
     }
     return r;
   }
@@ -126,6 +147,28 @@ class Problem {
   std::vector<char> want_;
   std::vector<std::size_t> idx_;
   std::vector<double> w_;
+  std::vector<std::string> class_names_;
+  std::vector<int> class_of_;
+  mutable std::vector<double> class_scale_;
+
+ public:
+  // Rescales each class of three or more observations so its weighted residuals have a root
+  // mean square of 1 at `r` (residuals under the current weights): a class the model fits
+  // worse counts less, and the covariance reflects each class's own scatter.
+  void reweight(const Eigen::VectorXd& r) const {
+    std::vector<double> ss(class_scale_.size(), 0.0);
+    std::vector<int> n(class_scale_.size(), 0);
+    for (std::size_t k = 0; k < idx_.size(); ++k) {
+      const auto c = static_cast<std::size_t>(class_of_[k]);
+      ss[c] += r[static_cast<Eigen::Index>(k)] * r[static_cast<Eigen::Index>(k)];
+      ++n[c];
+    }
+    for (std::size_t c = 0; c < ss.size(); ++c)
+      if (n[c] >= 3 && ss[c] > 0) class_scale_[c] /= std::max(std::sqrt(ss[c] / n[c]), 1.0);
+  }
+  void reset_weights() const { std::fill(class_scale_.begin(), class_scale_.end(), 1.0); }
+
+ private:
   int threads_ = 1;
   mutable double c_ = 0;
   mutable std::atomic<int> evaluations_{0};
@@ -324,6 +367,7 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
   bool retried = false;
   for (int round = 0; round < static_cast<int>(opt.candidates.size()) + 2; ++round) {
     c = Coords{accepted};
+    pb.reset_weights();
     Eigen::VectorXd u(static_cast<Eigen::Index>(c.size()));
     for (std::size_t j = 0; j < c.size(); ++j) u[static_cast<Eigen::Index>(j)] = c.to_u(j, accepted[j]->get(current));
     if (c.size() == 0) {
@@ -357,6 +401,14 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
       ls.converged = part.converged;
     }
     if (ls.r.size() == 0) ls.r = pb.residuals(c, ls.u);
+    // Classes of observations the model fits worse than their stated noise count less; then
+    // once more from there under those weights.
+    pb.reweight(ls.r);
+    {
+      const LmResult again_ls = levenberg_marquardt(pb, c, ls.u, opt.max_iterations);
+      res.iterations += again_ls.iterations;
+      ls = again_ls;
+    }
     lm = ls;
     if (opt.robust_scale > 0) {
       pb.set_robust(opt.robust_scale);
