@@ -1,5 +1,6 @@
 #pragma once
-// Counter-based random numbers (Philox4x32-10, Salmon et al. 2011): a value depends only on
+// Counter-based random numbers (Philox4x32-10, Salmon et al. 2011; the generator itself is
+// kernels/common/philox.hpp, which the CUDA kernels share): a value depends only on
 // (seed, offset), never on call order, so any element can be regenerated independently.
 // Element `offset` of a stream is word (offset % 4) of the Philox block whose counter is
 // (offset / 4, 0); the normal stream uses counter (offset, 1) so it never overlaps the

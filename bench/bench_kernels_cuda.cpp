@@ -1,0 +1,370 @@
+// Throughput of the main CUDA kernels against the device's ceilings: a device-to-device copy
+// (bytes read + written) and a bf16 8192³ GEMM, both measured here in the same run, beside
+// the H200 figures measured through PyTorch on this workplace's machines (copy ~4.3 TB/s,
+// bf16 GEMM ~790 TFLOP/s). Shapes are GPT-2 124M / 350M at micro-batch 16, sequence 1024,
+// bert-large at micro-batch 64, sequence 128, and Llama-like heads of 128. Every input is
+// random (never zeros), every buffer larger than the L2 where the kernel is memory-bound.
+// Each figure is the median of 20 timed calls (CUDA events) after 3 warm-up calls.
+//
+//   zeroplan_bench_cuda [--quick]     (--quick: 5 timed calls, smaller shapes)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/bmm.cuh"
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/loss.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/optimizer.cuh"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/rng.cuh"
+#include "kernels/cuda/sdpa.cuh"
+
+namespace kg = zp::kernels::cuda;
+using zp::DType;
+
+namespace {
+
+constexpr double kRefCopyGBs = 4300.0;      // H200, PyTorch device-to-device copy, read + write
+constexpr double kRefGemmTflops = 790.0;    // H200, PyTorch bf16 8192³ on random data
+
+struct Options {
+  int reps = 20;
+  bool quick = false;
+};
+
+class Buffer {
+ public:
+  explicit Buffer(std::size_t bytes) : bytes_(bytes) { ZP_CUDA_CHECK(cudaMalloc(&p_, bytes)); }
+  ~Buffer() { cudaFree(p_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Uniform in [lo, hi) in dt, from the shared generator.
+void fill(const Buffer& b, std::int64_t n, DType dt, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  kg::uniform_fill(b.get(), n, seed, 0, dt, nullptr);
+  kg::scale_inplace(b.get(), n, hi - lo, dt, nullptr);
+  kg::add_scalar_forward(b.get(), b.get(), n, lo, dt, nullptr);
+}
+
+// Median milliseconds of opt.reps calls, each between two events, after 3 warm-up calls.
+double time_ms(const Options& opt, const std::function<void()>& f) {
+  for (int i = 0; i < 3; ++i) f();
+  ZP_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  ZP_CUDA_CHECK(cudaEventCreate(&a));
+  ZP_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < opt.reps; ++i) {
+    ZP_CUDA_CHECK(cudaEventRecord(a, nullptr));
+    f();
+    ZP_CUDA_CHECK(cudaEventRecord(b, nullptr));
+    ZP_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0.0f;
+    ZP_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Prints one result line; returns the rate (TFLOP/s or GB/s).
+double report(const std::string& name, const std::string& shape, double ms, double amount, bool flops,
+              double ceiling) {
+  const double rate = flops ? amount / (ms * 1e-3) / 1e12 : amount / (ms * 1e-3) / 1e9;
+  std::printf("%-40s %-22s %9.3f ms %9.1f %s %5.1f%% of %.0f\n", name.c_str(), shape.c_str(), ms, rate,
+              flops ? "TFLOP/s" : "GB/s   ", 100.0 * rate / ceiling, ceiling);
+  std::fflush(stdout);
+  return rate;
+}
+
+std::string dims(std::initializer_list<std::int64_t> d) {
+  std::string s;
+  for (std::int64_t v : d) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(v);
+  }
+  return s;
+}
+
+double bytes_of(DType dt) { return static_cast<double>(zp::dtype_size(dt)); }
+std::size_t size_of(DType dt) { return static_cast<std::size_t>(zp::dtype_size(dt)); }
+double f(std::int64_t v) { return static_cast<double>(v); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      opt.quick = true;
+      opt.reps = 5;
+    } else {
+      std::fprintf(stderr, "zeroplan_bench_cuda: unknown argument %s (allowed: --quick)\n", argv[i]);
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no GPU\n");
+    return 0;
+  }
+  try {
+    cudaDeviceProp prop{};
+    ZP_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    std::printf("GPU %s, cc %d.%d, %d SMs, %.1f GiB, L2 %.0f MB; driver %d, runtime %d\n", prop.name, prop.major,
+                prop.minor, prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1 << 30),
+                static_cast<double>(prop.l2CacheSize) / 1e6, driver, runtime);
+    kg::Context ctx;
+    const std::int64_t scale = opt.quick ? 4 : 1;
+
+    // ---------------------------------------------------------------- ceilings measured here
+    double copy_gbs = 0.0, gemm_tflops = 0.0;
+    {
+      const std::size_t bytes = std::size_t{2} << 30;
+      Buffer a(bytes), b(bytes);
+      fill(a, static_cast<std::int64_t>(bytes / 4), DType::fp32, 1);
+      const double ms = time_ms(opt, [&] {
+        ZP_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, nullptr));
+      });
+      copy_gbs = report("ceiling: cudaMemcpy D2D", "2 GiB", ms, 2.0 * static_cast<double>(bytes), false, kRefCopyGBs);
+    }
+    for (DType dt : {DType::bf16, DType::fp16, DType::fp32}) {
+      const std::int64_t n = dt == DType::fp32 ? 4096 : 8192 / (opt.quick ? 2 : 1);
+      Buffer a(static_cast<std::size_t>(n * n) * 4), b(static_cast<std::size_t>(n * n) * 4),
+          c(static_cast<std::size_t>(n * n) * 4);
+      fill(a, n * n, dt, 2);
+      fill(b, n * n, dt, 3);
+      const double ms =
+          time_ms(opt, [&] { kg::gemm(ctx, c.get(), a.get(), b.get(), n, n, n, false, false, false, dt, nullptr); });
+      const double rate =
+          report(std::string("gemm ") + std::string(zp::dtype_name(dt)) + (dt == DType::fp32 ? " (no TF32)" : ""),
+                 dims({n, n, n}), ms, 2.0 * f(n) * f(n) * f(n), true, kRefGemmTflops);
+      if (dt == DType::bf16) gemm_tflops = rate;
+    }
+    const double copy_ceiling = copy_gbs > 0 ? copy_gbs : kRefCopyGBs;
+    const double gemm_ceiling = gemm_tflops > 0 ? gemm_tflops : kRefGemmTflops;
+    std::printf("ceilings for the fractions below: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured above)\n\n",
+                copy_ceiling, gemm_ceiling);
+
+    // ---------------------------------------------------------------- GEMMs of the models
+    {
+      struct Lin {
+        const char* name;
+        std::int64_t M, N, K;
+      };
+      const std::int64_t M = 16 * 1024 / scale;
+      const Lin lins[] = {{"gpt2 c_attn fwd", M, 2304, 768},      {"gpt2 c_fc fwd", M, 3072, 768},
+                          {"gpt2 c_proj(mlp) fwd", M, 768, 3072}, {"gpt2-medium c_fc fwd", M, 4096, 1024},
+                          {"gpt2 lm_head fwd", M, 50257, 768},    {"bert-large ffn fwd", 64 * 128 / scale, 4096, 1024}};
+      for (const Lin& l : lins) {
+        Buffer x(static_cast<std::size_t>(l.M * l.K) * 2), w(static_cast<std::size_t>(l.N * l.K) * 2),
+            y(static_cast<std::size_t>(l.M * l.N) * 2), bias(static_cast<std::size_t>(l.N) * 2);
+        fill(x, l.M * l.K, DType::bf16, 4);
+        fill(w, l.N * l.K, DType::bf16, 5);
+        fill(bias, l.N, DType::bf16, 6);
+        const double ms = time_ms(opt, [&] {
+          kg::linear_forward(ctx, y.get(), x.get(), w.get(), bias.get(), l.M, l.N, l.K, DType::bf16, nullptr);
+        });
+        report(std::string("linear bf16 ") + l.name, dims({l.M, l.N, l.K}), ms,
+               2.0 * f(l.M) * f(l.N) * f(l.K), true, gemm_ceiling);
+        Buffer dy(static_cast<std::size_t>(l.M * l.N) * 2), dx(static_cast<std::size_t>(l.M * l.K) * 2),
+            dw(static_cast<std::size_t>(l.N * l.K) * 2), db(static_cast<std::size_t>(l.N) * 2);
+        fill(dy, l.M * l.N, DType::bf16, 7);
+        const double bms = time_ms(opt, [&] {
+          kg::linear_backward(ctx, dx.get(), dw.get(), db.get(), dy.get(), x.get(), w.get(), l.M, l.N, l.K, true,
+                              DType::bf16, nullptr);
+        });
+        report(std::string("linear bf16 bwd ") + l.name, dims({l.M, l.N, l.K}), bms,
+               4.0 * f(l.M) * f(l.N) * f(l.K), true, gemm_ceiling);
+      }
+    }
+
+    // ---------------------------------------------------------------- memory-bound kernels
+    for (DType dt : {DType::bf16, DType::fp32}) {
+      const std::string tn = std::string(zp::dtype_name(dt));
+      {  // LayerNorm, 65536 rows of 1024
+        const std::int64_t R = 65536 / scale, C = 1024;
+        Buffer x(static_cast<std::size_t>(R * C) * 4), y(static_cast<std::size_t>(R * C) * 4),
+            w(static_cast<std::size_t>(C) * 4), b(static_cast<std::size_t>(C) * 4), mean(static_cast<std::size_t>(R) * 4),
+            rstd(static_cast<std::size_t>(R) * 4), dy(static_cast<std::size_t>(R * C) * 4),
+            dx(static_cast<std::size_t>(R * C) * 4), dw(static_cast<std::size_t>(C) * 4), db(static_cast<std::size_t>(C) * 4);
+        fill(x, R * C, dt, 8);
+        fill(w, C, dt, 9);
+        fill(b, C, dt, 10);
+        fill(dy, R * C, dt, 11);
+        const double rc = static_cast<double>(R * C) * bytes_of(dt);
+        double ms = time_ms(opt, [&] {
+          kg::layernorm_forward(y.get(), mean.as<float>(), rstd.as<float>(), x.get(), w.get(), b.get(), R, C, 1e-5f, dt,
+                                nullptr);
+        });
+        report("layernorm fwd " + tn, dims({R, C}), ms, 2.0 * rc, false, copy_ceiling);
+        ms = time_ms(opt, [&] {
+          kg::layernorm_backward(ctx, dx.get(), dw.get(), db.get(), dy.get(), x.get(), mean.as<float>(),
+                                 rstd.as<float>(), w.get(), R, C, false, dt, nullptr);
+        });
+        // The fewest bytes: dy and x read once, dx written once (this version reads both twice).
+        report("layernorm bwd " + tn, dims({R, C}), ms, 3.0 * rc, false, copy_ceiling);
+        ms = time_ms(opt, [&] { kg::rmsnorm_forward(y.get(), rstd.as<float>(), x.get(), w.get(), R, C, 1e-6f, dt, nullptr); });
+        report("rmsnorm fwd " + tn, dims({R, C}), ms, 2.0 * rc, false, copy_ceiling);
+        ms = time_ms(opt, [&] { kg::gelu_tanh_forward(y.get(), x.get(), R * C, dt, nullptr); });
+        report("gelu_tanh fwd " + tn, dims({R, C}), ms, 2.0 * rc, false, copy_ceiling);
+        ms = time_ms(opt, [&] { kg::gelu_tanh_backward(dx.get(), x.get(), dy.get(), R * C, false, dt, nullptr); });
+        report("gelu_tanh bwd " + tn, dims({R, C}), ms, 3.0 * rc, false, copy_ceiling);
+        ms = time_ms(opt, [&] { kg::add_forward(y.get(), x.get(), dy.get(), R * C, dt, nullptr); });
+        report("add fwd " + tn, dims({R, C}), ms, 3.0 * rc, false, copy_ceiling);
+      }
+      {  // eager softmax over GPT-2 attention scores (B·H·T rows of T)
+        const std::int64_t R = 16 * 12 * 1024 / scale, n = 1024;
+        Buffer x(static_cast<std::size_t>(R * n) * size_of(dt)), y(static_cast<std::size_t>(R * n) * size_of(dt));
+        fill(x, R * n, dt, 12, -4.0f, 4.0f);
+        const double ms = time_ms(opt, [&] { kg::softmax_forward(y.get(), x.get(), R, n, dt, nullptr); });
+        report("softmax fwd " + tn, dims({R, n}), ms, 2.0 * static_cast<double>(R * n) * bytes_of(dt), false,
+               copy_ceiling);
+      }
+      {  // cross entropy over the GPT-2 vocabulary
+        const std::int64_t N = 16 * 1024 / scale, V = 50257;
+        Buffer logits(static_cast<std::size_t>(N * V) * size_of(dt)), lse(static_cast<std::size_t>(N) * 4), loss(4);
+        fill(logits, N * V, dt, 13, -4.0f, 4.0f);
+        std::vector<std::int64_t> tg(static_cast<std::size_t>(N));
+        for (std::size_t i = 0; i < tg.size(); ++i) tg[i] = static_cast<std::int64_t>((i * 7919) % 50257);
+        Buffer dtg(tg.size() * 8);
+        ZP_CUDA_CHECK(cudaMemcpy(dtg.get(), tg.data(), tg.size() * 8, cudaMemcpyHostToDevice));
+        const double nv = static_cast<double>(N * V) * bytes_of(dt);
+        double ms = time_ms(opt, [&] {
+          kg::cross_entropy_forward(ctx, loss.as<float>(), lse.as<float>(), logits.get(), dtg.as<std::int64_t>(), N, V,
+                                    kg::kIgnoreIndex, dt, nullptr);
+        });
+        report("cross_entropy fwd " + tn, dims({N, V}), ms, nv, false, copy_ceiling);
+        ms = time_ms(opt, [&] {
+          kg::cross_entropy_backward(ctx, logits.get(), logits.get(), lse.as<float>(), dtg.as<std::int64_t>(), N, V,
+                                     1e-3f, false, kg::kIgnoreIndex, dt, nullptr);
+        });
+        report("cross_entropy bwd in place " + tn, dims({N, V}), ms, 2.0 * nv, false, copy_ceiling);
+      }
+    }
+    {  // embedding gradient (GPT-2 wte), bf16
+      const std::int64_t N = 16 * 1024 / scale, V = 50257, C = 768;
+      Buffer dy(static_cast<std::size_t>(N * C) * 2), dw(static_cast<std::size_t>(V * C) * 2), ids(static_cast<std::size_t>(N) * 8);
+      fill(dy, N * C, DType::bf16, 14);
+      std::vector<std::int64_t> h(static_cast<std::size_t>(N));
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::int64_t>((i * 104729) % 50257);
+      ZP_CUDA_CHECK(cudaMemcpy(ids.get(), h.data(), h.size() * 8, cudaMemcpyHostToDevice));
+      const double ms = time_ms(opt, [&] {
+        kg::embedding_backward(ctx, dw.get(), ids.as<std::int64_t>(), dy.get(), N, V, C, -1, false, DType::bf16,
+                               nullptr);
+      });
+      report("embedding bwd bf16 (zero + scatter)", dims({N, V, C}), ms,
+             static_cast<double>(V * C + N * C) * 2.0, false, copy_ceiling);
+    }
+    {  // optimizer over a 350M-parameter flat partition (fp32 master, bf16 copy) and its norm
+      const std::int64_t n = 350'000'000 / scale;
+      Buffer p(static_cast<std::size_t>(n) * 4), g(static_cast<std::size_t>(n) * 4), m(static_cast<std::size_t>(n) * 4),
+          v(static_cast<std::size_t>(n) * 4), p16(static_cast<std::size_t>(n) * 2), norm(8);
+      fill(p, n, DType::fp32, 15);
+      fill(g, n, DType::fp32, 16, -1e-3f, 1e-3f);
+      fill(m, n, DType::fp32, 17, -1e-4f, 1e-4f);
+      fill(v, n, DType::fp32, 18, 0.0f, 1e-6f);
+      kg::AdamTensor t;
+      t.p = p.as<float>();
+      t.g = g.as<const float>();
+      t.m = m.as<float>();
+      t.v = v.as<float>();
+      t.p16 = p16.get();
+      t.n = n;
+      kg::AdamConfig cfg;
+      cfg.weight_decay = 0.01;
+      cfg.decoupled = true;
+      std::int64_t step = 0;
+      double ms = time_ms(opt, [&] { kg::adam_step_multi(&t, 1, ++step, cfg, kg::StepOptions{}, nullptr); });
+      report("adamw multi-tensor + bf16 copy", dims({n}), ms, static_cast<double>(n) * (16.0 + 12.0 + 2.0), false,
+             copy_ceiling);
+      ms = time_ms(opt, [&] { kg::sum_squares(ctx, norm.as<double>(), g.get(), n, false, DType::fp32, nullptr); });
+      report("sum_squares fp32", dims({n}), ms, static_cast<double>(n) * 4.0, false, copy_ceiling);
+      ms = time_ms(opt, [&] { kg::convert(p16.get(), DType::bf16, p.get(), DType::fp32, n, nullptr); });
+      report("convert fp32->bf16", dims({n}), ms, static_cast<double>(n) * 6.0, false, copy_ceiling);
+    }
+
+    // ---------------------------------------------------------------- fused attention
+    {
+      struct Attn {
+        const char* name;
+        std::int64_t B, H, T, D;
+        bool causal, mask;
+        float p;
+      };
+      const Attn attns[] = {{"gpt2 causal", 16 / scale, 12, 1024, 64, true, false, 0.0f},
+                            {"gpt2 causal dropout 0.1", 16 / scale, 12, 1024, 64, true, false, 0.1f},
+                            {"gpt2-medium causal", 16 / scale, 16, 1024, 64, true, false, 0.0f},
+                            {"bert-large mask dropout 0.1", 64 / scale, 16, 128, 64, false, true, 0.1f},
+                            {"llama causal D=128", 4 / (opt.quick ? 2 : 1), 32, 2048, 128, true, false, 0.0f}};
+      for (DType dt : {DType::bf16, DType::fp16}) {
+        for (const Attn& a : attns) {
+          const std::int64_t n = a.B * a.H * a.T * a.D, rows_n = a.B * a.H * a.T;
+          const std::size_t eb = static_cast<std::size_t>(zp::dtype_size(dt));
+          Buffer q(static_cast<std::size_t>(n) * eb), k(static_cast<std::size_t>(n) * eb), v(static_cast<std::size_t>(n) * eb),
+              o(static_cast<std::size_t>(n) * eb), dout(static_cast<std::size_t>(n) * eb), dq(static_cast<std::size_t>(n) * eb),
+              dk(static_cast<std::size_t>(n) * eb), dv(static_cast<std::size_t>(n) * eb),
+              lse(static_cast<std::size_t>(rows_n) * 4), mask(static_cast<std::size_t>(a.B * a.T) * eb);
+          fill(q, n, dt, 20);
+          fill(k, n, dt, 21);
+          fill(v, n, dt, 22);
+          fill(dout, n, dt, 23);
+          fill(mask, a.B * a.T, dt, 24, -1.0f, 0.0f);
+          const float sc = 1.0f / std::sqrt(static_cast<float>(a.D));
+          const void* mp = a.mask ? mask.get() : nullptr;
+          const double pairs = a.causal ? f(a.T) * f(a.T + 1) / 2.0 : f(a.T) * f(a.T);
+          const double fwd_flops = 4.0 * static_cast<double>(a.B * a.H) * pairs * static_cast<double>(a.D);
+          const std::string shape = dims({a.B, a.H, a.T, a.D});
+          double ms = time_ms(opt, [&] {
+            kg::sdpa_forward(o.get(), lse.as<float>(), q.get(), k.get(), v.get(), mp, a.B, a.H, a.T, a.D, a.causal, sc,
+                             a.p, 7, 0, dt, nullptr);
+          });
+          report(std::string("sdpa fwd ") + std::string(zp::dtype_name(dt)) + " " + a.name, shape, ms, fwd_flops, true,
+                 gemm_ceiling);
+          ms = time_ms(opt, [&] {
+            kg::sdpa_backward(ctx, dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(), v.get(), o.get(),
+                              lse.as<float>(), mp, a.B, a.H, a.T, a.D, a.causal, sc, a.p, 7, 0, dt, nullptr);
+          });
+          // 5 products of the forward's size (S and dP recomputed twice: counted once, as FA2 reports).
+          report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name, shape, ms,
+                 2.5 * fwd_flops, true, gemm_ceiling);
+        }
+      }
+    }
+    ZP_CUDA_CHECK(cudaDeviceSynchronize());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zeroplan_bench_cuda: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

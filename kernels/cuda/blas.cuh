@@ -1,0 +1,59 @@
+#pragma once
+// Internal: the cuBLASLt state of a Context and the one row-major matmul every GEMM
+// launcher (bmm, linear) goes through.
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/context.cuh"
+
+namespace zp::kernels::cuda {
+
+// A cuBLASLt call that did not return CUBLAS_STATUS_SUCCESS throws CudaError.
+void check_cublas(cublasStatus_t status, const char* what, const char* file, int line);
+#define ZP_CUBLAS_CHECK(call) ::zp::kernels::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+
+// C[i] (= or +=) op(A[i]) · op(B[i]) (+ bias on every row) for i < batch, row-major, as
+// kernels/cpu's gemm: op(A) is (m, k), stored (m, k) or (k, m) when trans_a; op(B) is
+// (k, n), stored (k, n) or (n, k) when trans_b; C is (m, n). fp32 accumulation; fp32
+// operands run without TF32 unless the Context allows it.
+struct Matmul {
+  void* c = nullptr;             // (batch, m, n), batch items stride_c apart
+  const void* a = nullptr;       // (batch, m, k) or (batch, k, m)
+  const void* b = nullptr;       // (batch, k, n) or (batch, n, k)
+  const void* bias = nullptr;    // (n), or nullptr; only with batch == 1 and !accumulate
+  std::int64_t batch = 1, m = 0, n = 0, k = 0;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements
+  bool trans_a = false, trans_b = false, accumulate = false;
+  DType dt = DType::fp32;
+};
+void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream);
+
+// A cached plan: descriptors and the heuristic's algorithm for one shape.
+struct MatmulPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  std::size_t workspace = 0;
+};
+
+// (dtype, batch, m, n, k, strides a/b/c, trans a/b, bias, alignments a/b/c, TF32 allowed)
+using MatmulKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                             std::int64_t, bool, bool, bool, int, int, int, int>;
+
+struct Context::Impl {
+  int device = 0;
+  int sm_count = 0;
+  bool allow_tf32 = false;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  void* scratch = nullptr;
+  std::size_t scratch_bytes = 0;
+  std::map<MatmulKey, MatmulPlan> plans;
+  ~Impl();
+};
+
+}  // namespace zp::kernels::cuda

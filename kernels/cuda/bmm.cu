@@ -1,0 +1,273 @@
+#include <string>
+
+#include "kernels/cuda/blas.cuh"
+#include "kernels/cuda/bmm.cuh"
+#include "kernels/cuda/detail.cuh"
+
+namespace zp::kernels::cuda {
+
+namespace {
+
+using detail::ceil_div;
+
+// The split-K reductions allowed: none, or fp32 partial sums (see make_plan).
+constexpr std::uint32_t kReductionSchemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::fp16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+// The largest power of two (at most 256) dividing the address of every batch item.
+int alignment(const void* p, std::int64_t stride_bytes, std::int64_t batch) {
+  std::uintptr_t v = reinterpret_cast<std::uintptr_t>(p) | std::uintptr_t{256};
+  if (batch > 1) v |= static_cast<std::uintptr_t>(stride_bytes);
+  return static_cast<int>(v & (~v + 1));
+}
+
+template <class T>
+void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  ZP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
+}
+template <class T>
+void set_attr(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, const T& value) {
+  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, attr, &value, sizeof(value)));
+}
+template <class T>
+void set_attr(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
+  ZP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
+}
+
+// y[i, j] += bias[j] (an empty product: C = bias).
+template <class T>
+__global__ void add_bias_kernel(T* __restrict__ c, const T* __restrict__ bias, std::int64_t rows, std::int64_t n) {
+  const std::int64_t total = rows * n;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    c[i] = detail::from_float<T>(detail::to_float(c[i]) + detail::to_float(bias[i % n]));
+}
+
+void add_bias(const Matmul& mm, cudaStream_t stream) {
+  detail::dispatch(mm.dt, "linear bias", [&](auto tag) {
+    using T = decltype(tag);
+    add_bias_kernel<T><<<detail::grid_for(mm.m * mm.n, 256), 256, 0, stream>>>(
+        static_cast<T*>(mm.c), static_cast<const T*>(mm.bias), mm.m, mm.n);
+    ZP_CUDA_CHECK_LAUNCH("add_bias_kernel");
+  });
+}
+
+void destroy_plan(MatmulPlan& plan) {
+  if (plan.a != nullptr) cublasLtMatrixLayoutDestroy(plan.a);
+  if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);
+  if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
+  if (plan.op != nullptr) cublasLtMatmulDescDestroy(plan.op);
+  plan = MatmulPlan{};
+}
+
+void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, bool epilogue_bias, int align_a, int align_b,
+               int align_c) {
+  const cudaDataType_t type = cuda_type(mm.dt);
+  const cublasComputeType_t compute =
+      mm.dt == DType::fp32 && s.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  ZP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, compute, CUDA_R_32F));
+  // Row-major C (m,n) is column-major C^T (n,m) = op(B)^T op(A)^T: cuBLASLt's A is our B.
+  set_attr(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, mm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_attr(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, mm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  if (epilogue_bias) {
+    set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type);
+  }
+  // Column-major views of the row-major operands (rows, cols, leading dimension).
+  const std::uint64_t la_rows = static_cast<std::uint64_t>(mm.trans_b ? mm.k : mm.n);
+  const std::uint64_t la_cols = static_cast<std::uint64_t>(mm.trans_b ? mm.n : mm.k);
+  const std::uint64_t lb_rows = static_cast<std::uint64_t>(mm.trans_a ? mm.m : mm.k);
+  const std::uint64_t lb_cols = static_cast<std::uint64_t>(mm.trans_a ? mm.k : mm.m);
+  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, type, la_rows, la_cols, static_cast<std::int64_t>(la_rows)));
+  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, type, lb_rows, lb_cols, static_cast<std::int64_t>(lb_rows)));
+  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, type, static_cast<std::uint64_t>(mm.n),
+                                             static_cast<std::uint64_t>(mm.m), mm.n));
+  if (mm.batch > 1) {
+    const auto count = static_cast<std::int32_t>(mm.batch);
+    set_attr(plan.a, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, count);
+    set_attr(plan.b, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, count);
+    set_attr(plan.c, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, count);
+    set_attr(plan.a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, mm.stride_b);
+    set_attr(plan.b, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, mm.stride_a);
+    set_attr(plan.c, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, mm.stride_c);
+  }
+  cublasLtMatmulPreference_t pref = nullptr;
+  ZP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  try {
+    set_attr(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(s.workspace_bytes));
+    set_attr(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<std::uint32_t>(align_b));
+    set_attr(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<std::uint32_t>(align_a));
+    set_attr(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<std::uint32_t>(align_c));
+    set_attr(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<std::uint32_t>(align_c));
+    // Split-K partial sums stay in fp32. By default cuBLASLt may add the parts of a split
+    // product in the output type (in place, or through the workspace): one 16-bit rounding
+    // per part at the part's magnitude, so an output whose parts cancel keeps an error of
+    // their ulp, not its own. With a large workspace its heuristic picks such algorithms for
+    // small aligned shapes: on the H200, 16-bit outputs of a 64x128x96 product were up to 16
+    // bf16 ulps off and their relative L2 error was 1.5 times that of one rounding, while
+    // the ragged shapes (other algorithms) were right. (PyTorch allows it unless
+    // torch.backends.cuda.matmul.allow_{bf16,fp16}_reduced_precision_reduction is False.)
+    // Allowed here: no split, or fp32 parts reduced in the workspace; the output is then
+    // rounded once, as the CPU twin's fp32 product rounded to the storage dtype.
+    set_attr(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, kReductionSchemes);
+    ZP_CUBLAS_CHECK(
+        cublasLtMatmulAlgoGetHeuristic(s.lt, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found));
+  } catch (...) {
+    cublasLtMatmulPreferenceDestroy(pref);
+    throw;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0)
+    throw CudaError("cuBLASLt has no algorithm for a " + std::string(dtype_name(mm.dt)) + " GEMM of batch " +
+                    std::to_string(mm.batch) + ", m " + std::to_string(mm.m) + ", n " + std::to_string(mm.n) +
+                    ", k " + std::to_string(mm.k));
+  plan.algo = result.algo;
+  plan.workspace = result.workspaceSize;
+  // The mask is a preference: an algorithm that still reduces in the output type is refused.
+  std::int32_t splits = 1;
+  std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  std::size_t written = 0;
+  ZP_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                       sizeof(splits), &written));
+  ZP_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                       sizeof(scheme), &written));
+  if (splits > 1 && (scheme & ~kReductionSchemes) != 0)
+    throw CudaError("cuBLASLt chose a split-K reduction in " + std::string(dtype_name(mm.dt)) + " (scheme " +
+                    std::to_string(scheme) + ", " + std::to_string(splits) + " parts) for a GEMM of batch " +
+                    std::to_string(mm.batch) + ", m " + std::to_string(mm.m) + ", n " + std::to_string(mm.n) +
+                    ", k " + std::to_string(mm.k));
+}
+
+// Descriptors and algorithm for one shape; nothing is left allocated when it throws.
+MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, bool epilogue_bias, int align_a, int align_b, int align_c) {
+  MatmulPlan plan;
+  try {
+    fill_plan(plan, s, mm, epilogue_bias, align_a, align_b, align_c);
+  } catch (...) {
+    destroy_plan(plan);
+    throw;
+  }
+  return plan;
+}
+
+}  // namespace
+
+void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
+  require_float(mm.dt, "matmul");
+  if (mm.m < 0 || mm.n < 0 || mm.k < 0 || mm.batch < 0) throw std::invalid_argument("matmul: negative dimension");
+  if (mm.bias != nullptr && (mm.batch != 1 || mm.accumulate))
+    throw std::invalid_argument("matmul: a bias needs batch 1 and accumulate == false");
+  if (mm.m == 0 || mm.n == 0 || mm.batch == 0) return;
+  const std::int64_t elem = dtype_size(mm.dt);
+  if (mm.k == 0) {  // an empty sum: C = 0 (+ bias), or C unchanged when accumulating
+    if (!mm.accumulate) {
+      for (std::int64_t i = 0; i < mm.batch; ++i)
+        ZP_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(mm.c) + i * mm.stride_c * elem, 0,
+                                      static_cast<std::size_t>(mm.m * mm.n * elem), stream));
+      if (mm.bias != nullptr) add_bias(mm, stream);
+    }
+    return;
+  }
+  Context::Impl& s = ctx.impl();
+  // The bias always goes through the epilogue (one rounding, as PyTorch's addmm): a bias
+  // that is not 16-byte aligned is copied to the Context's scratch first.
+  const void* bias = mm.bias;
+  if (bias != nullptr && !detail::aligned16(bias)) {
+    void* aligned = ctx.scratch(static_cast<std::size_t>(mm.n * elem), "linear bias");
+    ZP_CUDA_CHECK(cudaMemcpyAsync(aligned, bias, static_cast<std::size_t>(mm.n * elem), cudaMemcpyDeviceToDevice,
+                                  stream));
+    bias = aligned;
+  }
+  const bool epilogue_bias = bias != nullptr;
+  const int align_a = alignment(mm.a, mm.stride_a * elem, mm.batch);
+  const int align_b = alignment(mm.b, mm.stride_b * elem, mm.batch);
+  const int align_c = alignment(mm.c, mm.stride_c * elem, mm.batch);
+  const MatmulKey key{static_cast<int>(mm.dt), mm.batch, mm.m, mm.n, mm.k, mm.stride_a, mm.stride_b, mm.stride_c,
+                      mm.trans_a, mm.trans_b, epilogue_bias, align_a, align_b, align_c, s.allow_tf32 ? 1 : 0};
+  auto it = s.plans.find(key);
+  if (it == s.plans.end()) {
+    MatmulPlan plan = make_plan(s, mm, epilogue_bias, align_a, align_b, align_c);
+    it = s.plans.emplace(key, plan).first;
+  }
+  const MatmulPlan& plan = it->second;
+  if (epilogue_bias) set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  const float alpha = 1.0f, beta = mm.accumulate ? 1.0f : 0.0f;
+  ZP_CUBLAS_CHECK(cublasLtMatmul(s.lt, plan.op, &alpha, mm.b, plan.a, mm.a, plan.b, &beta, mm.c, plan.c, mm.c, plan.c,
+                                 &plan.algo, s.workspace, s.workspace_bytes, stream));
+}
+
+void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k,
+          bool trans_a, bool trans_b, bool accumulate, DType dt, cudaStream_t stream) {
+  Matmul mm;
+  mm.c = c;
+  mm.a = a;
+  mm.b = b;
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.trans_a = trans_a;
+  mm.trans_b = trans_b;
+  mm.accumulate = accumulate;
+  mm.dt = dt;
+  matmul(ctx, mm, stream);
+}
+
+namespace {
+
+// One strided-batched product C[i] = op(A[i]) · op(B[i]) with the given batch strides.
+void batched(Context& ctx, void* c, std::int64_t sc, const void* a, std::int64_t sa, const void* b, std::int64_t sb,
+             std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b,
+             bool accumulate, DType dt, cudaStream_t stream) {
+  Matmul mm;
+  mm.c = c;
+  mm.a = a;
+  mm.b = b;
+  mm.batch = batch;
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.stride_a = sa;
+  mm.stride_b = sb;
+  mm.stride_c = sc;
+  mm.trans_a = trans_a;
+  mm.trans_b = trans_b;
+  mm.accumulate = accumulate;
+  mm.dt = dt;
+  matmul(ctx, mm, stream);
+}
+
+}  // namespace
+
+void bmm_forward(Context& ctx, void* c, const void* a, const void* b, std::int64_t batch, std::int64_t m,
+                 std::int64_t n, std::int64_t k, bool trans_a, bool trans_b, DType dt, cudaStream_t stream) {
+  batched(ctx, c, m * n, a, m * k, b, k * n, batch, m, n, k, trans_a, trans_b, false, dt, stream);
+}
+
+void bmm_backward(Context& ctx, void* da, void* db, const void* dc, const void* a, const void* b, std::int64_t batch,
+                  std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b, bool accumulate,
+                  DType dt, cudaStream_t stream) {
+  // d op(A) = dC · op(B)^T (m,k); d op(B) = op(A)^T · dC (k,n); then the stored layouts.
+  if (da != nullptr) {
+    if (!trans_a)
+      batched(ctx, da, m * k, dc, m * n, b, k * n, batch, m, k, n, false, !trans_b, accumulate, dt, stream);
+    else
+      batched(ctx, da, m * k, b, k * n, dc, m * n, batch, k, m, n, trans_b, true, accumulate, dt, stream);
+  }
+  if (db != nullptr) {
+    if (!trans_b)
+      batched(ctx, db, k * n, a, m * k, dc, m * n, batch, k, n, m, !trans_a, false, accumulate, dt, stream);
+    else
+      batched(ctx, db, k * n, dc, m * n, a, m * k, batch, n, k, m, true, trans_a, accumulate, dt, stream);
+  }
+}
+
+}  // namespace zp::kernels::cuda

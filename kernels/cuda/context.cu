@@ -1,0 +1,66 @@
+#include <cstdio>
+#include <string>
+
+#include "kernels/cuda/blas.cuh"
+#include "kernels/cuda/context.cuh"
+
+namespace zp::kernels::cuda {
+
+void throw_cuda_error(const std::string& what, const char* file, int line) {
+  throw CudaError(what + " at " + file + ":" + std::to_string(line));
+}
+
+void require_float(DType dt, const char* what) {
+  if (dt != DType::fp32 && dt != DType::bf16 && dt != DType::fp16)
+    throw std::invalid_argument(std::string(what) + ": storage dtype " + std::string(dtype_name(dt)) +
+                                " is not one of fp32, bf16, fp16");
+}
+
+void check_cublas(cublasStatus_t status, const char* what, const char* file, int line) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw_cuda_error(std::string(what) + ": " + cublasLtGetStatusName(status) + " (" +
+                         cublasLtGetStatusString(status) + ")",
+                     file, line);
+}
+
+Context::Impl::~Impl() {
+  // Destructors do not throw: failures while freeing are ignored.
+  for (auto& [key, plan] : plans) {
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.c);
+    cublasLtMatmulDescDestroy(plan.op);
+  }
+  if (lt != nullptr) cublasLtDestroy(lt);
+  if (workspace != nullptr) cudaFree(workspace);
+  if (scratch != nullptr) cudaFree(scratch);
+}
+
+Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  ZP_CUDA_CHECK(cudaGetDevice(&s.device));
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&s.sm_count, cudaDevAttrMultiProcessorCount, s.device));
+  s.allow_tf32 = options.allow_tf32;
+  ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
+  if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
+  s.workspace_bytes = options.blas_workspace_bytes;
+  if (options.scratch_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.scratch, options.scratch_bytes));
+  s.scratch_bytes = options.scratch_bytes;
+}
+
+Context::~Context() = default;
+
+int Context::device() const { return impl_->device; }
+int Context::sm_count() const { return impl_->sm_count; }
+std::size_t Context::device_bytes() const { return impl_->workspace_bytes + impl_->scratch_bytes; }
+std::size_t Context::scratch_bytes() const { return impl_->scratch_bytes; }
+bool Context::allow_tf32() const { return impl_->allow_tf32; }
+
+void* Context::scratch(std::size_t bytes, const char* what) {
+  if (bytes > impl_->scratch_bytes)
+    throw CudaError(std::string(what) + ": needs " + std::to_string(bytes) + " bytes of scratch, the Context has " +
+                    std::to_string(impl_->scratch_bytes) + " (ContextOptions::scratch_bytes)");
+  return impl_->scratch;
+}
+
+}  // namespace zp::kernels::cuda

@@ -1,0 +1,48 @@
+#pragma once
+// The per-stream resources some launchers need, owned by one object (no globals): the
+// cuBLASLt handle, its workspace and its algorithm choices per GEMM shape, and a scratch
+// area for the second pass of deterministic reductions (partial sums), the embedding
+// gradient's sort and the attention backward's row terms. Everything is allocated by the
+// constructor (cudaMalloc, outside the program's allocator: report device_bytes() as
+// device overhead) and freed by the destructor.
+//
+// A Context serves one stream at a time: launchers that take one reuse its workspace and
+// scratch, so two streams running such kernels concurrently need a Context each.
+#include <cstddef>
+#include <memory>
+
+#include "kernels/cuda/common.cuh"
+
+namespace zp::kernels::cuda {
+
+struct ContextOptions {
+  std::size_t blas_workspace_bytes = std::size_t{32} << 20;  // cuBLASLt's recommendation for Hopper
+  std::size_t scratch_bytes = std::size_t{64} << 20;
+  bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (off: exact fp32 products)
+};
+
+class Context {
+ public:
+  explicit Context(const ContextOptions& options = ContextOptions());
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int device() const;                 // the CUDA device current at construction
+  int sm_count() const;               // its multiprocessors
+  std::size_t device_bytes() const;   // workspace + scratch held on the device
+  std::size_t scratch_bytes() const;
+  bool allow_tf32() const;
+
+  // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
+  // than scratch_bytes()). Valid until the next launcher that takes this Context runs.
+  void* scratch(std::size_t bytes, const char* what);
+
+  struct Impl;  // cuBLASLt state (kernels/cuda/blas.cuh)
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zp::kernels::cuda

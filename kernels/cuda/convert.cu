@@ -1,0 +1,54 @@
+#include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/detail.cuh"
+
+namespace zp::kernels::cuda {
+
+namespace {
+
+constexpr int kConvertBlock = 256;
+constexpr int kConvertWidth = 8;  // elements per thread on the aligned path: 16 or 32 bytes
+
+template <class Y, class X, bool Vec>
+__global__ void convert_kernel(Y* __restrict__ y, const X* __restrict__ x, std::int64_t n) {
+  constexpr int W = Vec ? kConvertWidth : 1;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * W;
+  for (std::int64_t j = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * W; j < n; j += stride) {
+    if (j + W <= n) {
+      float v[W];
+      detail::load_f<X, W>(x + j, v);
+      detail::store_f<Y, W>(y + j, v);
+    } else {
+      for (std::int64_t i = j; i < n; ++i) y[i] = detail::from_float<Y>(detail::to_float(x[i]));
+    }
+  }
+}
+
+}  // namespace
+
+void convert(void* y, DType y_dt, const void* x, DType x_dt, std::int64_t n, cudaStream_t stream) {
+  require_float(y_dt, "convert");
+  require_float(x_dt, "convert");
+  if (n <= 0) return;
+  if (y_dt == x_dt) {
+    if (y != x)
+      ZP_CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<std::size_t>(n * dtype_size(x_dt)), cudaMemcpyDeviceToDevice,
+                                    stream));
+    return;
+  }
+  const bool vec = detail::aligned16(y) && detail::aligned16(x);
+  detail::dispatch(y_dt, "convert", [&](auto ytag) {
+    using Y = decltype(ytag);
+    detail::dispatch(x_dt, "convert", [&](auto xtag) {
+      using X = decltype(xtag);
+      if (vec)
+        convert_kernel<Y, X, true><<<detail::grid_for(detail::ceil_div(n, kConvertWidth), kConvertBlock),
+                                     kConvertBlock, 0, stream>>>(static_cast<Y*>(y), static_cast<const X*>(x), n);
+      else
+        convert_kernel<Y, X, false><<<detail::grid_for(n, kConvertBlock), kConvertBlock, 0, stream>>>(
+            static_cast<Y*>(y), static_cast<const X*>(x), n);
+      ZP_CUDA_CHECK_LAUNCH("convert_kernel");
+    });
+  });
+}
+
+}  // namespace zp::kernels::cuda

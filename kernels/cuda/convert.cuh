@@ -1,0 +1,18 @@
+#pragma once
+// Casts between the storage dtypes (kernels/cpu/convert.hpp's twins): round to nearest
+// even, fp16 overflow to ±inf, fp16 subnormals kept; bit-exact with the CPU conversions
+// except NaN payloads (a NaN stays a NaN, as __float2bfloat16_rn and PyTorch's GPU casts
+// leave it).
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+namespace zp::kernels::cuda {
+
+// y = x converted from x_dt to y_dt (fp32, bf16, fp16; a plain copy when they are equal).
+void convert(void* y,        // (n) in y_dt
+             DType y_dt,
+             const void* x,  // (n) in x_dt
+             DType x_dt, std::int64_t n, cudaStream_t stream);
+
+}  // namespace zp::kernels::cuda

@@ -1,0 +1,67 @@
+#include "kernels/cuda/blas.cuh"
+#include "kernels/cuda/bmm.cuh"
+#include "kernels/cuda/columns.cuh"
+#include "kernels/cuda/linear.cuh"
+
+namespace zp::kernels::cuda {
+
+namespace {
+
+template <class T>
+struct RowValue {
+  const T* dy;
+  std::int64_t N;
+  __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[1]) const { v[0] = detail::to_float(dy[r * N + c]); }
+};
+
+void forward(Context& ctx, void* y, const void* x, const void* w, const void* b, std::int64_t M, std::int64_t N,
+             std::int64_t K, bool trans_w, DType dt, cudaStream_t stream) {
+  Matmul mm;
+  mm.c = y;
+  mm.a = x;
+  mm.b = w;
+  mm.bias = b;
+  mm.m = M;
+  mm.n = N;
+  mm.k = K;
+  mm.trans_b = trans_w;
+  mm.dt = dt;
+  matmul(ctx, mm, stream);
+}
+
+}  // namespace
+
+void bias_backward(Context& ctx, void* db, const void* dy, std::int64_t M, std::int64_t N, bool accumulate, DType dt,
+                   cudaStream_t stream) {
+  detail::dispatch(dt, "bias_backward", [&](auto tag) {
+    using T = decltype(tag);
+    detail::column_reduce<T, 1>(ctx, detail::ColumnOutputs<T, 1>{{static_cast<T*>(db)}}, M, N, accumulate,
+                                RowValue<T>{static_cast<const T*>(dy), N}, stream, "bias_backward");
+  });
+}
+
+void linear_forward(Context& ctx, void* y, const void* x, const void* w, const void* b, std::int64_t M,
+                    std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream) {
+  forward(ctx, y, x, w, b, M, N, K, true, dt, stream);
+}
+
+void linear_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const void* w,
+                     std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream) {
+  if (dx != nullptr) gemm(ctx, dx, dy, w, M, K, N, false, false, accumulate, dt, stream);
+  if (dw != nullptr) gemm(ctx, dw, dy, x, N, K, M, true, false, accumulate, dt, stream);
+  if (db != nullptr) bias_backward(ctx, db, dy, M, N, accumulate, dt, stream);
+}
+
+void conv1d_forward(Context& ctx, void* y, const void* x, const void* w, const void* b, std::int64_t M,
+                    std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream) {
+  forward(ctx, y, x, w, b, M, N, K, false, dt, stream);
+}
+
+void conv1d_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const void* w,
+                     std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream) {
+  if (dx != nullptr) gemm(ctx, dx, dy, w, M, K, N, false, true, accumulate, dt, stream);
+  if (dw != nullptr) gemm(ctx, dw, x, dy, K, N, M, true, false, accumulate, dt, stream);
+  if (db != nullptr) bias_backward(ctx, db, dy, M, N, accumulate, dt, stream);
+}
+
+}  // namespace zp::kernels::cuda

@@ -1,0 +1,56 @@
+#pragma once
+// Fully connected layers (kernels/cpu/linear.hpp's twins): nn.Linear (weight (out, in))
+// and GPT-2's Conv1D (weight (in, out)), through cuBLASLt with fp32 accumulation; the
+// forward's bias is the GEMM's epilogue (one rounding, as PyTorch's addmm; a bias that is not
+// 16-byte aligned is copied to the Context's scratch first). Every gradient
+// output may be nullptr (not needed); `accumulate` adds into all of them (beta = 1).
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/context.cuh"
+
+namespace zp::kernels::cuda {
+
+// nn.Linear: y = x · W^T + b.
+void linear_forward(Context& ctx,
+                    void* y,        // (M, N)
+                    const void* x,  // (M, K)
+                    const void* w,  // (N, K)
+                    const void* b,  // (N), or nullptr (no bias)
+                    std::int64_t M, std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream);
+
+// dx = dy · W, dW = dy^T · x, db = column sums of dy.
+void linear_backward(Context& ctx,
+                     void* dx,        // (M, K), or nullptr
+                     void* dw,        // (N, K), or nullptr
+                     void* db,        // (N), or nullptr
+                     const void* dy,  // (M, N)
+                     const void* x,   // (M, K)
+                     const void* w,   // (N, K)
+                     std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream);
+
+// transformers' Conv1D (GPT-2): y = x · W + b.
+void conv1d_forward(Context& ctx,
+                    void* y,        // (M, N)
+                    const void* x,  // (M, K)
+                    const void* w,  // (K, N)
+                    const void* b,  // (N), or nullptr
+                    std::int64_t M, std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream);
+
+// dx = dy · W^T, dW = x^T · dy, db = column sums of dy.
+void conv1d_backward(Context& ctx,
+                     void* dx,        // (M, K), or nullptr
+                     void* dw,        // (K, N), or nullptr
+                     void* db,        // (N), or nullptr
+                     const void* dy,  // (M, N)
+                     const void* x,   // (M, K)
+                     const void* w,   // (K, N)
+                     std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream);
+
+// db = sum over rows of dy (fp32, deterministic: no atomics).
+void bias_backward(Context& ctx,
+                   void* db,        // (N)
+                   const void* dy,  // (M, N)
+                   std::int64_t M, std::int64_t N, bool accumulate, DType dt, cudaStream_t stream);
+
+}  // namespace zp::kernels::cuda

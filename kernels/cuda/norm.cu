@@ -1,0 +1,446 @@
+#include <initializer_list>
+
+#include "kernels/cuda/columns.cuh"
+#include "kernels/cuda/detail.cuh"
+#include "kernels/cuda/norm.cuh"
+
+namespace zp::kernels::cuda {
+
+namespace {
+
+using detail::block_sum;
+using detail::from_float;
+using detail::kWidth;
+using detail::load_f;
+using detail::to_float;
+
+constexpr int kElemBlock = 256;
+
+// The 16-byte path of a row kernel: rows of whole packs, every (non-null) pointer aligned.
+template <class T>
+bool rows_vec(std::int64_t C, std::initializer_list<const void*> ptrs) {
+  if (C % detail::kPack<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && !detail::aligned16(p)) return false;
+  return true;
+}
+
+// One block per row (grid-stride over rows), row_threads(C / W) threads.
+template <class T>
+dim3 row_block(std::int64_t C, bool vec) {
+  return dim3(static_cast<unsigned>(detail::row_threads(vec ? C / detail::kPack<T> : C)));
+}
+
+#define ZP_ROW_LOOP(j, W, C) for (std::int64_t j = static_cast<std::int64_t>(threadIdx.x) * (W); j < (C); j += static_cast<std::int64_t>(blockDim.x) * (W))
+
+// ------------------------------------------------------------------ LayerNorm
+template <class T, bool Vec>
+__global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
+                                         const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                         std::int64_t rows, std::int64_t C, float eps) {
+  __shared__ float sm[33];
+  constexpr int W = kWidth<T, Vec>;
+  const float fc = static_cast<float>(C);
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * C;
+    T* yr = y + row * C;
+    float s = 0.0f;
+    ZP_ROW_LOOP(j, W, C) {
+      float v[W];
+      load_f<T, W>(xr + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) s += v[k];
+    }
+    const float mu = block_sum(s, sm) / fc;
+    float q = 0.0f;
+    ZP_ROW_LOOP(j, W, C) {
+      float v[W];
+      load_f<T, W>(xr + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float d = v[k] - mu;
+        q += d * d;
+      }
+    }
+    const float var = block_sum(q, sm) / fc;
+    const float rs = 1.0f / sqrtf(var + eps);
+    if (threadIdx.x == 0) {
+      mean[row] = mu;
+      rstd[row] = rs;
+    }
+    ZP_ROW_LOOP(j, W, C) {
+      float v[W], wv[W], bv[W], o[W];
+      load_f<T, W>(xr + j, v);
+      if (w != nullptr) load_f<T, W>(w + j, wv);
+      if (b != nullptr) load_f<T, W>(b + j, bv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        o[k] = (v[k] - mu) * rs;
+        if (w != nullptr) o[k] *= wv[k];
+        if (b != nullptr) o[k] += bv[k];
+      }
+      detail::store_f<T, W>(yr + j, o);
+    }
+  }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
+template <class T, bool Vec>
+__global__ void layernorm_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                                    const float* __restrict__ mean, const float* __restrict__ rstd,
+                                    const T* __restrict__ w, std::int64_t rows, std::int64_t C, bool accumulate) {
+  __shared__ float sm[33];
+  constexpr int W = kWidth<T, Vec>;
+  const float fc = static_cast<float>(C);
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* dyr = dy + row * C;
+    const T* xr = x + row * C;
+    const float mu = mean[row], rs = rstd[row];
+    float sg = 0.0f, sgx = 0.0f;
+    ZP_ROW_LOOP(j, W, C) {
+      float d[W], v[W], wv[W];
+      load_f<T, W>(dyr + j, d);
+      load_f<T, W>(xr + j, v);
+      if (w != nullptr) load_f<T, W>(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float g = w != nullptr ? d[k] * wv[k] : d[k];
+        sg += g;
+        sgx += g * ((v[k] - mu) * rs);
+      }
+    }
+    const float mean_g = block_sum(sg, sm) / fc;
+    const float mean_gx = block_sum(sgx, sm) / fc;
+    ZP_ROW_LOOP(j, W, C) {
+      float d[W], v[W], wv[W], o[W];
+      load_f<T, W>(dyr + j, d);
+      load_f<T, W>(xr + j, v);
+      if (w != nullptr) load_f<T, W>(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float g = w != nullptr ? d[k] * wv[k] : d[k];
+        const float xhat = (v[k] - mu) * rs;
+        o[k] = rs * (g - mean_g - xhat * mean_gx);
+      }
+      detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
+    }
+  }
+}
+
+template <class T>
+struct LayerNormParamGrads {
+  const T* dy;
+  const T* x;
+  const float* mean;
+  const float* rstd;
+  std::int64_t C;
+  __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[2]) const {
+    const float d = to_float(dy[r * C + c]);
+    v[0] = d * ((to_float(x[r * C + c]) - mean[r]) * rstd[r]);
+    v[1] = d;
+  }
+};
+
+// ------------------------------------------------------------------ RMSNorm pieces
+template <class T, bool Vec>
+__global__ void rms_rsqrt_forward_kernel(T* __restrict__ r, const T* __restrict__ sq, std::int64_t rows,
+                                         std::int64_t C, float eps) {
+  __shared__ float sm[33];
+  constexpr int W = kWidth<T, Vec>;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    float s = 0.0f;
+    ZP_ROW_LOOP(j, W, C) {
+      float v[W];
+      load_f<T, W>(sq + row * C + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) s += v[k];
+    }
+    const float ms = block_sum(s, sm) / static_cast<float>(C);
+    if (threadIdx.x == 0) r[row] = from_float<T>(1.0f / sqrtf(ms + eps));
+  }
+}
+
+template <class T>
+__global__ void rms_rsqrt_backward_kernel(T* __restrict__ dsq, const T* __restrict__ dr, const T* __restrict__ r,
+                                          std::int64_t rows, std::int64_t C, bool accumulate) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * C;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = e / C;
+    const float ri = to_float(r[i]);
+    const float g = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(to_float(dr[i]), -0.5f), ri), ri), ri) * inv_c;
+    detail::store1(dsq + e, g, accumulate);
+  }
+}
+
+// y = x * r[row] (r may be the per-row scale of either dtype's storage).
+template <class T>
+__global__ void rowscale_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ r,
+                                std::int64_t rows, std::int64_t C, bool accumulate) {
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * C;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    detail::store1(y + e, to_float(x[e]) * to_float(r[e / C]), accumulate);
+}
+
+// dr[i] = sum_j dy[i, j] * x[i, j], one block per row.
+template <class T, bool Vec>
+__global__ void row_dot_kernel(T* __restrict__ dr, const T* __restrict__ dy, const T* __restrict__ x,
+                               std::int64_t rows, std::int64_t C, bool accumulate) {
+  __shared__ float sm[33];
+  constexpr int W = kWidth<T, Vec>;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    float s = 0.0f;
+    ZP_ROW_LOOP(j, W, C) {
+      float d[W], v[W];
+      load_f<T, W>(dy + row * C + j, d);
+      load_f<T, W>(x + row * C + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) s += d[k] * v[k];
+    }
+    s = block_sum(s, sm);
+    if (threadIdx.x == 0) detail::store1(dr + row, s, accumulate);
+  }
+}
+
+// y = x * w[col].
+template <class T>
+__global__ void colscale_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
+                                std::int64_t rows, std::int64_t C, bool accumulate) {
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * C;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    detail::store1(y + e, to_float(x[e]) * to_float(w[e % C]), accumulate);
+}
+
+template <class T>
+struct ProductColumns {  // dy * x
+  const T* dy;
+  const T* x;
+  std::int64_t C;
+  __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[1]) const {
+    v[0] = to_float(dy[r * C + c]) * to_float(x[r * C + c]);
+  }
+};
+
+// ------------------------------------------------------------------ fused RMSNorm
+template <class T, bool Vec>
+__global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rstd, const T* __restrict__ x,
+                                       const T* __restrict__ w, std::int64_t rows, std::int64_t C, float eps) {
+  __shared__ float sm[33];
+  constexpr int W = kWidth<T, Vec>;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * C;
+    float s = 0.0f;
+    ZP_ROW_LOOP(j, W, C) {
+      float v[W];
+      load_f<T, W>(xr + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) s += v[k] * v[k];
+    }
+    const float r = 1.0f / sqrtf(block_sum(s, sm) / static_cast<float>(C) + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    ZP_ROW_LOOP(j, W, C) {
+      float v[W], wv[W], o[W];
+      load_f<T, W>(xr + j, v);
+      load_f<T, W>(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) o[k] = wv[k] * to_float(from_float<T>(v[k] * r));
+      detail::store_f<T, W>(y + row * C + j, o);
+    }
+  }
+}
+
+template <class T, bool Vec>
+__global__ void rmsnorm_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                                  const float* __restrict__ rstd, const T* __restrict__ w, std::int64_t rows,
+                                  std::int64_t C, bool accumulate) {
+  __shared__ float sm[33];
+  constexpr int W = kWidth<T, Vec>;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* dyr = dy + row * C;
+    const T* xr = x + row * C;
+    const float r = rstd[row];
+    float s = 0.0f;
+    ZP_ROW_LOOP(j, W, C) {
+      float d[W], v[W], wv[W];
+      load_f<T, W>(dyr + j, d);
+      load_f<T, W>(xr + j, v);
+      load_f<T, W>(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) s += d[k] * wv[k] * v[k];
+    }
+    const float c3 = r * r * r * (block_sum(s, sm) / static_cast<float>(C));
+    ZP_ROW_LOOP(j, W, C) {
+      float d[W], v[W], wv[W], o[W];
+      load_f<T, W>(dyr + j, d);
+      load_f<T, W>(xr + j, v);
+      load_f<T, W>(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) o[k] = r * (d[k] * wv[k]) - v[k] * c3;
+      detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
+    }
+  }
+}
+
+template <class T>
+struct RmsNormWeightGrad {  // dy * round(x * r)
+  const T* dy;
+  const T* x;
+  const float* rstd;
+  std::int64_t C;
+  __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[1]) const {
+    v[0] = to_float(dy[r * C + c]) * to_float(from_float<T>(to_float(x[r * C + c]) * rstd[r]));
+  }
+};
+
+// kernel<T, true> on the 16-byte path, kernel<T, false> otherwise; one block per row.
+#define ZP_LAUNCH_ROWS(kernel, vec, rows, C, ...)                                                   \
+  do {                                                                                              \
+    const dim3 block_ = row_block<T>((C), (vec));                                                   \
+    if (vec)                                                                                        \
+      kernel<T, true><<<detail::grid_for((rows), 1), block_, 0, stream>>>(__VA_ARGS__);             \
+    else                                                                                            \
+      kernel<T, false><<<detail::grid_for((rows), 1), block_, 0, stream>>>(__VA_ARGS__);            \
+    ZP_CUDA_CHECK_LAUNCH(#kernel);                                                                  \
+  } while (0)
+
+}  // namespace
+
+void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const void* w, const void* b,
+                       std::int64_t rows, std::int64_t C, float eps, DType dt, cudaStream_t stream) {
+  if (rows <= 0 || C <= 0) return;
+  detail::dispatch(dt, "layernorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = rows_vec<T>(C, {y, x, w, b});
+    ZP_LAUNCH_ROWS(layernorm_forward_kernel, vec, rows, C, static_cast<T*>(y), mean, rstd, static_cast<const T*>(x),
+                   static_cast<const T*>(w), static_cast<const T*>(b), rows, C, eps);
+  });
+}
+
+void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const float* mean,
+                        const float* rstd, const void* w, std::int64_t rows, std::int64_t C, bool accumulate, DType dt,
+                        cudaStream_t stream) {
+  if (C <= 0) return;
+  detail::dispatch(dt, "layernorm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (dx != nullptr && rows > 0) {
+      const bool vec = rows_vec<T>(C, {dx, dy, x, w});
+      ZP_LAUNCH_ROWS(layernorm_dx_kernel, vec, rows, C, static_cast<T*>(dx), static_cast<const T*>(dy),
+                     static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate);
+    }
+    if (dw != nullptr || db != nullptr)
+      detail::column_reduce<T, 2>(
+          ctx, detail::ColumnOutputs<T, 2>{{static_cast<T*>(dw), static_cast<T*>(db)}}, rows, C, accumulate,
+          LayerNormParamGrads<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, C}, stream,
+          "layernorm_backward");
+  });
+}
+
+void rms_rsqrt_forward(void* r, const void* sq, std::int64_t rows, std::int64_t C, float eps, DType dt,
+                       cudaStream_t stream) {
+  if (rows <= 0 || C <= 0) return;
+  detail::dispatch(dt, "rms_rsqrt_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = rows_vec<T>(C, {sq});
+    ZP_LAUNCH_ROWS(rms_rsqrt_forward_kernel, vec, rows, C, static_cast<T*>(r), static_cast<const T*>(sq), rows, C,
+                   eps);
+  });
+}
+
+void rms_rsqrt_backward(void* dsq, const void* dr, const void* r, std::int64_t rows, std::int64_t C, bool accumulate,
+                        DType dt, cudaStream_t stream) {
+  if (rows * C <= 0) return;
+  detail::dispatch(dt, "rms_rsqrt_backward", [&](auto tag) {
+    using T = decltype(tag);
+    rms_rsqrt_backward_kernel<T><<<detail::grid_for(rows * C, kElemBlock), kElemBlock, 0, stream>>>(
+        static_cast<T*>(dsq), static_cast<const T*>(dr), static_cast<const T*>(r), rows, C, accumulate);
+    ZP_CUDA_CHECK_LAUNCH("rms_rsqrt_backward_kernel");
+  });
+}
+
+void mul_rowscale_forward(void* y, const void* x, const void* r, std::int64_t rows, std::int64_t C, DType dt,
+                          cudaStream_t stream) {
+  if (rows * C <= 0) return;
+  detail::dispatch(dt, "mul_rowscale_forward", [&](auto tag) {
+    using T = decltype(tag);
+    rowscale_kernel<T><<<detail::grid_for(rows * C, kElemBlock), kElemBlock, 0, stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(x), static_cast<const T*>(r), rows, C, false);
+    ZP_CUDA_CHECK_LAUNCH("rowscale_kernel");
+  });
+}
+
+void mul_rowscale_backward(void* dx, void* dr, const void* dy, const void* x, const void* r, std::int64_t rows,
+                           std::int64_t C, bool accumulate, DType dt, cudaStream_t stream) {
+  if (rows <= 0 || C <= 0) return;
+  detail::dispatch(dt, "mul_rowscale_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (dx != nullptr) {
+      rowscale_kernel<T><<<detail::grid_for(rows * C, kElemBlock), kElemBlock, 0, stream>>>(
+          static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(r), rows, C, accumulate);
+      ZP_CUDA_CHECK_LAUNCH("rowscale_kernel");
+    }
+    if (dr != nullptr) {
+      const bool vec = rows_vec<T>(C, {dy, x});
+      ZP_LAUNCH_ROWS(row_dot_kernel, vec, rows, C, static_cast<T*>(dr), static_cast<const T*>(dy),
+                     static_cast<const T*>(x), rows, C, accumulate);
+    }
+  });
+}
+
+void mul_weight_forward(void* y, const void* x, const void* w, std::int64_t rows, std::int64_t C, DType dt,
+                        cudaStream_t stream) {
+  if (rows * C <= 0) return;
+  detail::dispatch(dt, "mul_weight_forward", [&](auto tag) {
+    using T = decltype(tag);
+    colscale_kernel<T><<<detail::grid_for(rows * C, kElemBlock), kElemBlock, 0, stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(x), static_cast<const T*>(w), rows, C, false);
+    ZP_CUDA_CHECK_LAUNCH("colscale_kernel");
+  });
+}
+
+void mul_weight_backward(Context& ctx, void* dx, void* dw, const void* dy, const void* x, const void* w,
+                         std::int64_t rows, std::int64_t C, bool accumulate, DType dt, cudaStream_t stream) {
+  if (C <= 0) return;
+  detail::dispatch(dt, "mul_weight_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (dx != nullptr && rows > 0) {
+      colscale_kernel<T><<<detail::grid_for(rows * C, kElemBlock), kElemBlock, 0, stream>>>(
+          static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(w), rows, C, accumulate);
+      ZP_CUDA_CHECK_LAUNCH("colscale_kernel");
+    }
+    if (dw != nullptr)
+      detail::column_reduce<T, 1>(ctx, detail::ColumnOutputs<T, 1>{{static_cast<T*>(dw)}}, rows, C, accumulate,
+                                  ProductColumns<T>{static_cast<const T*>(dy), static_cast<const T*>(x), C}, stream,
+                                  "mul_weight_backward");
+  });
+}
+
+void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, std::int64_t rows, std::int64_t C, float eps,
+                     DType dt, cudaStream_t stream) {
+  if (rows <= 0 || C <= 0) return;
+  detail::dispatch(dt, "rmsnorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = rows_vec<T>(C, {y, x, w});
+    ZP_LAUNCH_ROWS(rmsnorm_forward_kernel, vec, rows, C, static_cast<T*>(y), rstd, static_cast<const T*>(x),
+                   static_cast<const T*>(w), rows, C, eps);
+  });
+}
+
+void rmsnorm_backward(Context& ctx, void* dx, void* dw, const void* dy, const void* x, const float* rstd,
+                      const void* w, std::int64_t rows, std::int64_t C, bool accumulate, DType dt,
+                      cudaStream_t stream) {
+  if (C <= 0) return;
+  detail::dispatch(dt, "rmsnorm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (dx != nullptr && rows > 0) {
+      const bool vec = rows_vec<T>(C, {dx, dy, x, w});
+      ZP_LAUNCH_ROWS(rmsnorm_dx_kernel, vec, rows, C, static_cast<T*>(dx), static_cast<const T*>(dy),
+                     static_cast<const T*>(x), rstd, static_cast<const T*>(w), rows, C, accumulate);
+    }
+    if (dw != nullptr)
+      detail::column_reduce<T, 1>(ctx, detail::ColumnOutputs<T, 1>{{static_cast<T*>(dw)}}, rows, C, accumulate,
+                                  RmsNormWeightGrad<T>{static_cast<const T*>(dy), static_cast<const T*>(x), rstd, C},
+                                  stream, "rmsnorm_backward");
+  });
+}
+
+}  // namespace zp::kernels::cuda

@@ -1,0 +1,95 @@
+#pragma once
+// Normalisation over the last dimension C of `rows` rows (kernels/cpu/norm.hpp's twins,
+// plus a fused RMSNorm). LayerNorm is one fused op (as torch.native_layer_norm, statistics
+// in fp32); RMSNorm is HF Llama's decomposition
+//   sq = pow2(x); r = rms_rsqrt(sq); y = mul_rowscale(x, r); out = mul_weight(y, w)
+// (pow2 in elementwise.cuh), or rmsnorm_forward fused. Every gradient output may be
+// nullptr (not needed); `accumulate` adds into all of them. Column sums (weight and bias
+// gradients) are deterministic (no atomics; columns.cuh).
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/context.cuh"
+
+namespace zp::kernels::cuda {
+
+// y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), var biased. mean and rstd are
+// fp32 whatever dt; w and b may be nullptr (elementwise_affine=False).
+void layernorm_forward(void* y,        // (rows, C)
+                       float* mean,    // (rows)
+                       float* rstd,    // (rows)
+                       const void* x,  // (rows, C)
+                       const void* w,  // (C), or nullptr
+                       const void* b,  // (C), or nullptr
+                       std::int64_t rows, std::int64_t C, float eps, DType dt, cudaStream_t stream);
+
+void layernorm_backward(Context& ctx,
+                        void* dx,           // (rows, C), or nullptr
+                        void* dw,           // (C), or nullptr
+                        void* db,           // (C), or nullptr
+                        const void* dy,     // (rows, C)
+                        const void* x,      // (rows, C)
+                        const float* mean,  // (rows)
+                        const float* rstd,  // (rows)
+                        const void* w,      // (C), or nullptr (weight of 1)
+                        std::int64_t rows, std::int64_t C, bool accumulate, DType dt, cudaStream_t stream);
+
+// r = 1 / sqrt(mean(sq over C) + eps).
+void rms_rsqrt_forward(void* r,         // (rows)
+                       const void* sq,  // (rows, C)
+                       std::int64_t rows, std::int64_t C, float eps, DType dt, cudaStream_t stream);
+
+// dsq[i, j] = dr[i] * (-0.5) * r[i]^3 / C, from the saved output r.
+void rms_rsqrt_backward(void* dsq,       // (rows, C)
+                        const void* dr,  // (rows)
+                        const void* r,   // (rows)
+                        std::int64_t rows, std::int64_t C, bool accumulate, DType dt, cudaStream_t stream);
+
+// y = x * r, r broadcast over each row.
+void mul_rowscale_forward(void* y,        // (rows, C)
+                          const void* x,  // (rows, C)
+                          const void* r,  // (rows)
+                          std::int64_t rows, std::int64_t C, DType dt, cudaStream_t stream);
+
+// dx = dy * r; dr[i] = sum_j dy[i, j] * x[i, j].
+void mul_rowscale_backward(void* dx,        // (rows, C), or nullptr
+                           void* dr,        // (rows), or nullptr
+                           const void* dy,  // (rows, C)
+                           const void* x,   // (rows, C)
+                           const void* r,   // (rows)
+                           std::int64_t rows, std::int64_t C, bool accumulate, DType dt, cudaStream_t stream);
+
+// y = x * w, w broadcast over the rows.
+void mul_weight_forward(void* y,        // (rows, C)
+                        const void* x,  // (rows, C)
+                        const void* w,  // (C)
+                        std::int64_t rows, std::int64_t C, DType dt, cudaStream_t stream);
+
+// dx = dy * w; dw[j] = sum_i dy[i, j] * x[i, j].
+void mul_weight_backward(Context& ctx,
+                         void* dx,        // (rows, C), or nullptr
+                         void* dw,        // (C), or nullptr
+                         const void* dy,  // (rows, C)
+                         const void* x,   // (rows, C)
+                         const void* w,   // (C)
+                         std::int64_t rows, std::int64_t C, bool accumulate, DType dt, cudaStream_t stream);
+
+// HF LlamaRMSNorm in one pass: r = 1/sqrt(mean(x^2) + eps) in fp32 (saved as rstd),
+// y = w * round_dt(x * r) (the cast back to the input dtype before the weight, as HF).
+void rmsnorm_forward(void* y,        // (rows, C)
+                     float* rstd,    // (rows)
+                     const void* x,  // (rows, C)
+                     const void* w,  // (C)
+                     std::int64_t rows, std::int64_t C, float eps, DType dt, cudaStream_t stream);
+
+// With h = x * r and dh = dy * w: dx = r * dh - x * r^3 * mean(dh * x); dw = sum_rows dy * round_dt(h).
+void rmsnorm_backward(Context& ctx,
+                      void* dx,           // (rows, C), or nullptr
+                      void* dw,           // (C), or nullptr
+                      const void* dy,     // (rows, C)
+                      const void* x,      // (rows, C)
+                      const float* rstd,  // (rows)
+                      const void* w,      // (C)
+                      std::int64_t rows, std::int64_t C, bool accumulate, DType dt, cudaStream_t stream);
+
+}  // namespace zp::kernels::cuda

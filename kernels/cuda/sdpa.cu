@@ -1,0 +1,776 @@
+#include <type_traits>
+
+#include "kernels/common/philox.hpp"
+#include "kernels/cuda/detail.cuh"
+#include "kernels/cuda/sdpa.cuh"
+
+namespace zp::kernels::cuda {
+
+namespace {
+
+using detail::from_float;
+using detail::to_float;
+
+constexpr int kTile = 64;  // rows of Q, K, V, dO per shared-memory tile
+constexpr int kWarps = 4;  // each warp owns 16 rows of the block's tile
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunk = 16;  // backward: columns per inner step
+
+// Shared-memory rows padded so that a warp's fragment loads hit 32 different banks.
+template <class T>
+constexpr int kPad = sizeof(T) == 2 ? 8 : 4;
+template <class T, int D>
+constexpr int kLd = D + kPad<T>;  // Q, K, V, dO tiles
+template <class T>
+constexpr int kPLd = kTile + kPad<T>;  // forward: each warp's 16 × 64 probabilities
+template <class T>
+constexpr int kCLd = kChunk + kPad<T>;  // backward: each warp's 16 × 16 P and dS
+
+// ------------------------------------------------------------------ warp tile products
+// A warp's 16 × 8 fp32 tile C (lane = 4·g + t holds C[g][2t], C[g][2t+1], C[g+8][2t],
+// C[g+8][2t+1], the mma.sync accumulator layout) += A (16 × 16) · B (16 × 8).
+__device__ __forceinline__ std::uint32_t ld32(const void* p) { return *static_cast<const std::uint32_t*>(p); }
+
+// 16-bit operands on the tensor cores: m16n8k16, A and B as packed fragment registers.
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                         std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, detail::bf16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+#else
+  (void)c, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+  __trap();  // 16-bit tensor-core products need sm_80 or newer
+#endif
+}
+
+// fp32 operands on the CUDA cores (exact fp32 products, no TF32), in the same C layout: A
+// row-major in shared memory (a[i·lda + k]); B "NK" (b[n·ldb + k]: rows of K, V, Q or dO
+// when the product is against their transpose) or "KN" (b[k·ldb + n]).
+template <bool NK>
+__device__ __forceinline__ void fma_tile(float (&c)[4], const float* a, int lda, const float* b, int ldb) {
+  const int lane = static_cast<int>(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {
+    const float a0 = a[g * lda + kk], a1 = a[(g + 8) * lda + kk];
+    const float b0 = NK ? b[(2 * t) * ldb + kk] : b[kk * ldb + 2 * t];
+    const float b1 = NK ? b[(2 * t + 1) * ldb + kk] : b[kk * ldb + 2 * t + 1];
+    c[0] = fmaf(a0, b0, c[0]);
+    c[1] = fmaf(a0, b1, c[1]);
+    c[2] = fmaf(a1, b0, c[2]);
+    c[3] = fmaf(a1, b1, c[3]);
+  }
+}
+
+// ------------------------------------------------------------------ 16-bit fragments
+// The 16-bit path keeps its operands in registers as mma.sync fragments: Q (or the block's
+// K and V in the dK/dV kernel) loaded once per block, P and dS converted from the
+// accumulator layout of one product to the A-operand layout of the next without going
+// through shared memory (the C fragments of two adjacent n-tiles are exactly the A
+// fragment of a 16-wide k-step), and B operands stored [k][n] read with ldmatrix.trans.
+__device__ __forceinline__ int lane_g() { return static_cast<int>((threadIdx.x & 31) >> 2); }
+__device__ __forceinline__ int lane_t() { return static_cast<int>(threadIdx.x & 3); }
+
+// A fragment of the 16 × 16 block at s (row-major, ld elements per row).
+template <class T>
+__device__ __forceinline__ void frag_a(std::uint32_t (&a)[4], const T* s, int ld) {
+  const int g = lane_g(), t = lane_t();
+  a[0] = ld32(s + g * ld + 2 * t);
+  a[1] = ld32(s + (g + 8) * ld + 2 * t);
+  a[2] = ld32(s + g * ld + 2 * t + 8);
+  a[3] = ld32(s + (g + 8) * ld + 2 * t + 8);
+}
+
+// B fragment of a 16 (k) × 8 (n) block stored [n][k] at s (the rows of K, V, Q or dO).
+template <class T>
+__device__ __forceinline__ void frag_b_nk(std::uint32_t (&b)[2], const T* s, int ld) {
+  const int g = lane_g(), t = lane_t();
+  b[0] = ld32(s + g * ld + 2 * t);
+  b[1] = ld32(s + g * ld + 2 * t + 8);
+}
+
+// B fragments of two adjacent 16 (k) × 8 (n) blocks stored [k][n] at s: the first in r[0],
+// r[1], the next 8 columns in r[2], r[3] (four 8 × 8 matrices, transposed on the way).
+template <class T>
+__device__ __forceinline__ void frag_b_kn2(std::uint32_t (&r)[4], const T* s, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31), mi = lane >> 3;
+  const T* row = s + ((mi & 1) * 8 + (lane & 7)) * ld + (mi >> 1) * 8;
+  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// Two fp32 values rounded to T and packed (lo in the low half), as an mma operand register.
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  std::uint32_t r;
+  if constexpr (std::is_same_v<T, detail::bf16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  }
+  return r;
+}
+
+// The accumulators of n-tiles c0 (columns 0-7) and c1 (8-15) as the A fragment of a 16 × 16
+// block: a[0] = row g cols 2t, 2t+1; a[1] = row g+8; a[2], a[3] the same 8 columns on.
+template <class T>
+__device__ __forceinline__ void c_to_a(std::uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  mma16816<T>(c, a[0], a[1], a[2], a[3], b0, b1);
+}
+
+// ------------------------------------------------------------------ helpers
+// s[r][0, D) = g[(row0 + r)·D + ...] for r < kTile, zeros past the sequence's end.
+template <class T, int D>
+__device__ __forceinline__ void load_tile(T* s, const T* g, std::int64_t row0, std::int64_t T_, bool vec) {
+  constexpr int LD = kLd<T, D>;
+  if (vec) {
+    constexpr int E = static_cast<int>(16 / sizeof(T));
+    constexpr int kPerRow = D / E;
+    for (int c = static_cast<int>(threadIdx.x); c < kTile * kPerRow; c += static_cast<int>(blockDim.x)) {
+      const int r = c / kPerRow, cc = (c % kPerRow) * E;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (row0 + r < T_) val = *reinterpret_cast<const uint4*>(g + (row0 + r) * D + cc);
+      *reinterpret_cast<uint4*>(s + r * LD + cc) = val;
+    }
+  } else {
+    for (int c = static_cast<int>(threadIdx.x); c < kTile * D; c += static_cast<int>(blockDim.x)) {
+      const int r = c / D, cc = c % D;
+      s[r * LD + cc] = row0 + r < T_ ? g[(row0 + r) * D + cc] : from_float<T>(0.0f);
+    }
+  }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Dropout factors (1/(1-p) kept, 0 dropped) of stream positions pos and pos + 1.
+__device__ __forceinline__ void keep_pair(std::uint64_t seed, std::uint64_t pos, float thresh, float drop_scale,
+                                          float& k0, float& k1) {
+  const philox::Block blk = philox::block_at(seed, pos >> 2, 0u);
+  const auto w = static_cast<std::uint32_t>(pos & 3u);
+  const std::uint32_t u0 = philox::word(blk, w);
+  const std::uint32_t u1 = w < 3u ? philox::word(blk, w + 1u) : philox::block_at(seed, (pos >> 2) + 1u, 0u).w[0];
+  k0 = philox::to_unit(u0) < thresh ? drop_scale : 0.0f;
+  k1 = philox::to_unit(u1) < thresh ? drop_scale : 0.0f;
+}
+__device__ __forceinline__ float keep_one(std::uint64_t seed, std::uint64_t pos, float thresh, float drop_scale) {
+  return philox::uniform(seed, pos) < thresh ? drop_scale : 0.0f;
+}
+
+struct Args {
+  std::int64_t H, T;
+  bool causal, vec;
+  float scale, p, thresh, drop_scale;
+  std::uint64_t seed, offset;
+};
+
+template <class T>
+constexpr bool kTensor = !std::is_same_v<T, float>;  // 16-bit: tensor cores, operands in registers
+
+// Shared memory of each kernel (bytes): floats first, then the tiles.
+template <class T, int D>
+constexpr std::size_t kForwardSmem =
+    kTile * sizeof(float) + (3 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kPLd<T>)) * sizeof(T);
+template <class T, int D>
+constexpr std::size_t kDqSmem =
+    kTile * sizeof(float) + (4 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kCLd<T>)) * sizeof(T);
+template <class T, int D>
+constexpr std::size_t kDkDvSmem =
+    2 * kTile * sizeof(float) + (4 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 2 * 16 * kCLd<T>)) * sizeof(T);
+
+// ------------------------------------------------------------------ forward
+// Block (query tile x, head y); warp w owns rows q0 + 16w .. q0 + 16w + 15. Online softmax
+// over 64-key tiles: running max m and sum l per row, O rescaled when the max moves.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ o, float* __restrict__ lse,
+                                                               const T* __restrict__ q, const T* __restrict__ k,
+                                                               const T* __restrict__ v, const T* __restrict__ mask,
+                                                               Args args) {
+  constexpr int LD = kLd<T, D>, PLD = kPLd<T>, NT = D / 8, KS = D / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* mask_s = reinterpret_cast<float*>(smem);
+  T* qs = reinterpret_cast<T*>(smem + kTile * sizeof(float));
+  T* ks = qs + kTile * LD;
+  T* vs = ks + kTile * LD;
+  [[maybe_unused]] T* pw = vs + kTile * LD + (threadIdx.x >> 5) * 16 * PLD;  // fp32 path: this warp's P
+  const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
+  const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
+  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
+  const std::int64_t head = bh * T_ * D;
+  load_tile<T, D>(qs, q + head, q0, T_, args.vec);
+  __syncthreads();
+  [[maybe_unused]] std::uint32_t qf[kTensor<T> ? KS : 1][4];
+  if constexpr (kTensor<T>) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) frag_a(qf[kk], qs + (warp * 16) * LD + kk * 16, LD);
+  }
+  const std::int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  const std::int64_t key_end = args.causal ? (q0 + kTile < T_ ? q0 + kTile : T_) : T_;
+  const std::int64_t tiles = (key_end + kTile - 1) / kTile;
+  for (std::int64_t kb = 0; kb < tiles; ++kb) {
+    const std::int64_t k0 = kb * kTile;
+    __syncthreads();  // every warp is done with the previous K, V tiles
+    load_tile<T, D>(ks, k + head, k0, T_, args.vec);
+    load_tile<T, D>(vs, v + head, k0, T_, args.vec);
+    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
+      mask_s[c] = mask != nullptr && k0 + c < T_ ? to_float(mask[b * T_ + k0 + c]) : 0.0f;
+    __syncthreads();
+
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if constexpr (kTensor<T>) {
+          std::uint32_t bf[2];
+          frag_b_nk(bf, ks + (nt * 8) * LD + kk * 16, LD);
+          mma<T>(s[nt], qf[kk], bf[0], bf[1]);
+        } else {
+          fma_tile<true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (nt * 8) * LD + kk * 16, LD);
+        }
+      }
+
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + 2 * t + (e & 1);
+        const std::int64_t j = k0 + col, i = rows[e >> 1];
+        float x = s[nt][e] * args.scale + mask_s[col];
+        if (j >= T_ || (args.causal && j > i)) x = -INFINITY;
+        s[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float alpha[2], mu[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], quad_max(mx[r]));
+      mu[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet stays at 0
+      alpha[r] = expf(m[r] - mu[r]);
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = expf(s[nt][e] - mu[e >> 1]);
+        rs[e >> 1] += pe;
+        s[nt][e] = pe;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] *= alpha[e >> 1];
+
+    // Dropout on P (the normaliser l above is taken before it, as the CPU's P).
+    if (args.p > 0.0f) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float k0f, k1f;
+          const std::uint64_t pos =
+              args.offset + static_cast<std::uint64_t>((bh * T_ + rows[half]) * T_ + k0 + nt * 8 + 2 * t);
+          keep_pair(args.seed, pos, args.thresh, args.drop_scale, k0f, k1f);
+          s[nt][2 * half] *= k0f;
+          s[nt][2 * half + 1] *= k1f;
+        }
+    }
+    if constexpr (kTensor<T>) {
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        std::uint32_t pa[4];
+        c_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+          std::uint32_t bf[4];
+          frag_b_kn2(bf, vs + (kk * 16) * LD + nt * 8, LD);
+          mma<T>(acc[nt], pa, bf[0], bf[1]);
+          mma<T>(acc[nt + 1], pa, bf[2], bf[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          pw[(g + 8 * half) * PLD + nt * 8 + 2 * t] = s[nt][2 * half];
+          pw[(g + 8 * half) * PLD + nt * 8 + 2 * t + 1] = s[nt][2 * half + 1];
+        }
+      __syncwarp();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) fma_tile<false>(acc[nt], pw + kk * 16, PLD, vs + (kk * 16) * LD + nt * 8, LD);
+      __syncwarp();
+    }
+  }
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t i = rows[half];
+    if (i >= T_) continue;
+    const float inv = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      T* dst = o + head + i * D + nt * 8 + 2 * t;
+      dst[0] = from_float<T>(acc[nt][2 * half] * inv);
+      dst[1] = from_float<T>(acc[nt][2 * half + 1] * inv);
+    }
+    if (t == 0) lse[bh * T_ + i] = m[half] + logf(l[half]);
+  }
+}
+
+// ------------------------------------------------------------------ backward
+// dvec[row] = sum_d dO[row, d] · O[row, d] (= sum_j P_ij dP_ij), one warp per row.
+template <class T, int D>
+__global__ void row_terms_kernel(float* __restrict__ dvec, const T* __restrict__ dout, const T* __restrict__ o,
+                                 std::int64_t rows) {
+  const std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  if (row >= rows) return;  // whole warps
+  float s = 0.0f;
+  for (int d = lane; d < D; d += 32) s += to_float(dout[row * D + d]) * to_float(o[row * D + d]);
+  s = detail::warp_sum(s);
+  if (lane == 0) dvec[row] = s;
+}
+
+// dQ: block (query tile x, head y), warp w owns 16 query rows; over 64-key tiles in
+// 16-key steps: S and dP recomputed, dS = P ∘ (dP ∘ keep - dvec) · scale, dQ += dS K.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout,
+                                                          const T* __restrict__ q, const T* __restrict__ k,
+                                                          const T* __restrict__ v, const float* __restrict__ lse,
+                                                          const float* __restrict__ dvec, const T* __restrict__ mask,
+                                                          Args args) {
+  constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* mask_s = reinterpret_cast<float*>(smem);
+  T* qs = reinterpret_cast<T*>(smem + kTile * sizeof(float));
+  T* dos = qs + kTile * LD;
+  T* ks = dos + kTile * LD;
+  T* vs = ks + kTile * LD;
+  [[maybe_unused]] T* dsw = vs + kTile * LD + (threadIdx.x >> 5) * 16 * CLD;  // fp32 path: this warp's dS
+  const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
+  const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
+  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
+  const std::int64_t head = bh * T_ * D;
+  load_tile<T, D>(qs, q + head, q0, T_, args.vec);
+  load_tile<T, D>(dos, dout + head, q0, T_, args.vec);
+  __syncthreads();
+  [[maybe_unused]] std::uint32_t qf[kTensor<T> ? KS : 1][4], dof[kTensor<T> ? KS : 1][4];
+  if constexpr (kTensor<T>) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      frag_a(qf[kk], qs + (warp * 16) * LD + kk * 16, LD);
+      frag_a(dof[kk], dos + (warp * 16) * LD + kk * 16, LD);
+    }
+  }
+  const std::int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float L[2], Dv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    L[r] = rows[r] < T_ ? lse[bh * T_ + rows[r]] : 0.0f;
+    Dv[r] = rows[r] < T_ ? dvec[bh * T_ + rows[r]] : 0.0f;
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  const std::int64_t key_end = args.causal ? (q0 + kTile < T_ ? q0 + kTile : T_) : T_;
+  const std::int64_t tiles = (key_end + kTile - 1) / kTile;
+  for (std::int64_t kb = 0; kb < tiles; ++kb) {
+    const std::int64_t k0 = kb * kTile;
+    __syncthreads();
+    load_tile<T, D>(ks, k + head, k0, T_, args.vec);
+    load_tile<T, D>(vs, v + head, k0, T_, args.vec);
+    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
+      mask_s[c] = mask != nullptr && k0 + c < T_ ? to_float(mask[b * T_ + k0 + c]) : 0.0f;
+    __syncthreads();
+    for (int kc = 0; kc < kTile; kc += kChunk) {
+      if (args.causal && k0 + kc > q0 + warp * 16 + 15) continue;  // the whole step is above the diagonal
+      float s[2][4], dp[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          if constexpr (kTensor<T>) {
+            std::uint32_t bf[2];
+            frag_b_nk(bf, ks + (kc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(s[nt], qf[kk], bf[0], bf[1]);
+            frag_b_nk(bf, vs + (kc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(dp[nt], dof[kk], bf[0], bf[1]);
+          } else {
+            fma_tile<true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (kc + nt * 8) * LD + kk * 16, LD);
+            fma_tile<true>(dp[nt], dos + (warp * 16) * LD + kk * 16, LD, vs + (kc + nt * 8) * LD + kk * 16, LD);
+          }
+        }
+      // dS in place of S.
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int col = kc + nt * 8 + 2 * t;
+          const std::int64_t i = rows[half], j = k0 + col;
+          float kf[2] = {1.0f, 1.0f};
+          if (args.p > 0.0f)
+            keep_pair(args.seed, args.offset + static_cast<std::uint64_t>((bh * T_ + i) * T_ + j), args.thresh,
+                      args.drop_scale, kf[0], kf[1]);
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const std::int64_t jj = j + e2;
+            const bool valid = jj < T_ && !(args.causal && jj > i);
+            const float x = s[nt][2 * half + e2] * args.scale + mask_s[col + e2];
+            const float P = valid ? expf(x - L[half]) : 0.0f;
+            s[nt][2 * half + e2] = P * (dp[nt][2 * half + e2] * kf[e2] - Dv[half]) * args.scale;
+          }
+        }
+      if constexpr (kTensor<T>) {
+        std::uint32_t da[4];
+        c_to_a<T>(da, s[0], s[1]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+          std::uint32_t bf[4];
+          frag_b_kn2(bf, ks + kc * LD + nt * 8, LD);
+          mma<T>(acc[nt], da, bf[0], bf[1]);
+          mma<T>(acc[nt + 1], da, bf[2], bf[3]);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dsw[(g + 8 * (e >> 1)) * CLD + nt * 8 + 2 * t + (e & 1)] = s[nt][e];
+        __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) fma_tile<false>(acc[nt], dsw, CLD, ks + kc * LD + nt * 8, LD);
+        __syncwarp();
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t i = rows[half];
+    if (i >= T_) continue;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        T* dst = dq + head + i * D + nt * 8 + 2 * t + e2;
+        *dst = from_float<T>(to_float(*dst) + acc[nt][2 * half + e2]);
+      }
+  }
+}
+
+// dK, dV: block (key tile x, head y), warp w owns 16 key rows; over 64-query tiles in
+// 16-query steps: Sᵀ and dPᵀ recomputed with the keys as rows, dV += (P ∘ keep)ᵀ dO,
+// dK += dSᵀ Q.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv,
+                                                            const T* __restrict__ dout, const T* __restrict__ q,
+                                                            const T* __restrict__ k, const T* __restrict__ v,
+                                                            const float* __restrict__ lse,
+                                                            const float* __restrict__ dvec,
+                                                            const T* __restrict__ mask, Args args) {
+  constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16;
+  // The block's own K and V as A fragments in registers, where registers allow.
+  constexpr bool kCache = kTensor<T> && D <= 64;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* ls = reinterpret_cast<float*>(smem);
+  float* dvs = ls + kTile;
+  T* ks = reinterpret_cast<T*>(smem + 2 * kTile * sizeof(float));
+  T* vs = ks + kTile * LD;
+  T* qs = vs + kTile * LD;
+  T* dos = qs + kTile * LD;
+  [[maybe_unused]] T* ptw = dos + kTile * LD + (threadIdx.x >> 5) * 2 * 16 * CLD;  // fp32 path: Pᵀ, dSᵀ
+  [[maybe_unused]] T* dstw = ptw + 16 * CLD;
+  const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
+  const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
+  const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
+  const std::int64_t head = bh * T_ * D;
+  load_tile<T, D>(ks, k + head, k0, T_, args.vec);
+  load_tile<T, D>(vs, v + head, k0, T_, args.vec);
+  __syncthreads();
+  [[maybe_unused]] std::uint32_t kf[kCache ? KS : 1][4], vf[kCache ? KS : 1][4];
+  if constexpr (kCache) {
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      frag_a(kf[kk], ks + (warp * 16) * LD + kk * 16, LD);
+      frag_a(vf[kk], vs + (warp * 16) * LD + kk * 16, LD);
+    }
+  }
+  const std::int64_t keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  float mk[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) mk[r] = mask != nullptr && keys[r] < T_ ? to_float(mask[b * T_ + keys[r]]) : 0.0f;
+  float dk_acc[NT][4], dv_acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[nt][e] = dv_acc[nt][e] = 0.0f;
+  const std::int64_t first = args.causal ? k0 / kTile : 0;
+  const std::int64_t tiles = (T_ + kTile - 1) / kTile;
+  for (std::int64_t qb = first; qb < tiles; ++qb) {
+    const std::int64_t q0 = qb * kTile;
+    __syncthreads();
+    load_tile<T, D>(qs, q + head, q0, T_, args.vec);
+    load_tile<T, D>(dos, dout + head, q0, T_, args.vec);
+    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x)) {
+      ls[c] = q0 + c < T_ ? lse[bh * T_ + q0 + c] : 0.0f;
+      dvs[c] = q0 + c < T_ ? dvec[bh * T_ + q0 + c] : 0.0f;
+    }
+    __syncthreads();
+    for (int qc = 0; qc < kTile; qc += kChunk) {
+      if (args.causal && k0 + warp * 16 > q0 + qc + 15) continue;  // every key after every query of the step
+      float st[2][4], dpt[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        if constexpr (kTensor<T>) {
+          std::uint32_t ka[4], va[4];
+          if constexpr (kCache) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              ka[r] = kf[kk][r];
+              va[r] = vf[kk][r];
+            }
+          } else {
+            frag_a(ka, ks + (warp * 16) * LD + kk * 16, LD);
+            frag_a(va, vs + (warp * 16) * LD + kk * 16, LD);
+          }
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            std::uint32_t bf[2];
+            frag_b_nk(bf, qs + (qc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(st[nt], ka, bf[0], bf[1]);
+            frag_b_nk(bf, dos + (qc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(dpt[nt], va, bf[0], bf[1]);
+          }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            fma_tile<true>(st[nt], ks + (warp * 16) * LD + kk * 16, LD, qs + (qc + nt * 8) * LD + kk * 16, LD);
+            fma_tile<true>(dpt[nt], vs + (warp * 16) * LD + kk * 16, LD, dos + (qc + nt * 8) * LD + kk * 16, LD);
+          }
+        }
+      }
+      // Pᵀ ∘ keep in place of Sᵀ, dSᵀ in place of dPᵀ.
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e >> 1, cl = qc + nt * 8 + 2 * t + (e & 1);
+          const std::int64_t j = keys[half], i = q0 + cl;
+          const bool valid = i < T_ && j < T_ && !(args.causal && j > i);
+          const float x = st[nt][e] * args.scale + mk[half];
+          const float P = valid ? expf(x - ls[cl]) : 0.0f;
+          float kf1 = 1.0f;
+          if (args.p > 0.0f && valid)
+            kf1 = keep_one(args.seed, args.offset + static_cast<std::uint64_t>((bh * T_ + i) * T_ + j), args.thresh,
+                           args.drop_scale);
+          st[nt][e] = P * kf1;
+          dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]) * args.scale;
+        }
+      if constexpr (kTensor<T>) {
+        std::uint32_t pa[4], da[4];
+        c_to_a<T>(pa, st[0], st[1]);
+        c_to_a<T>(da, dpt[0], dpt[1]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+          std::uint32_t bf[4];
+          frag_b_kn2(bf, dos + qc * LD + nt * 8, LD);
+          mma<T>(dv_acc[nt], pa, bf[0], bf[1]);
+          mma<T>(dv_acc[nt + 1], pa, bf[2], bf[3]);
+          frag_b_kn2(bf, qs + qc * LD + nt * 8, LD);
+          mma<T>(dk_acc[nt], da, bf[0], bf[1]);
+          mma<T>(dk_acc[nt + 1], da, bf[2], bf[3]);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int at = (g + 8 * (e >> 1)) * CLD + nt * 8 + 2 * t + (e & 1);
+            ptw[at] = st[nt][e];
+            dstw[at] = dpt[nt][e];
+          }
+        __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          fma_tile<false>(dv_acc[nt], ptw, CLD, dos + qc * LD + nt * 8, LD);
+          fma_tile<false>(dk_acc[nt], dstw, CLD, qs + qc * LD + nt * 8, LD);
+        }
+        __syncwarp();
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t j = keys[half];
+    if (j >= T_) continue;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const std::int64_t at = head + j * D + nt * 8 + 2 * t + e2;
+        dk[at] = from_float<T>(to_float(dk[at]) + dk_acc[nt][2 * half + e2]);
+        dv[at] = from_float<T>(to_float(dv[at]) + dv_acc[nt][2 * half + e2]);
+      }
+  }
+}
+
+// ------------------------------------------------------------------ launch
+template <class F>
+void dispatch_head_dim(std::int64_t D, F&& f) {
+  switch (D) {
+    case 16: f(std::integral_constant<int, 16>{}); return;
+    case 32: f(std::integral_constant<int, 32>{}); return;
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    case 128: f(std::integral_constant<int, 128>{}); return;
+    default: break;
+  }
+  throw std::invalid_argument("sdpa: head dimension " + std::to_string(D) + " is not one of 16, 32, 64, 128");
+}
+
+template <class K>
+void allow_smem(K kernel, std::size_t bytes) {
+  ZP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+Args make_args(std::int64_t H, std::int64_t T, bool causal, float scale, float p, std::uint64_t seed,
+               std::uint64_t offset, bool vec) {
+  Args a{};
+  a.H = H;
+  a.T = T;
+  a.causal = causal;
+  a.vec = vec;
+  a.scale = scale;
+  a.p = p;
+  a.thresh = 1.0f - p;
+  a.drop_scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
+  a.seed = seed;
+  a.offset = offset;
+  return a;
+}
+
+void check_shape(std::int64_t B, std::int64_t H, std::int64_t T, const char* what) {
+  if (B * H > 65535)
+    throw std::invalid_argument(std::string(what) + ": more than 65535 (batch, head) pairs in one call");
+  if (T > (std::int64_t{1} << 24)) throw std::invalid_argument(std::string(what) + ": sequence longer than 2^24");
+}
+
+bool all_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (!detail::aligned16(p)) return false;
+  return true;
+}
+
+}  // namespace
+
+bool sdpa_supports(std::int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128; }
+
+void sdpa_forward(void* o, float* lse, const void* q, const void* k, const void* v, const void* mask, std::int64_t B,
+                  std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
+                  std::uint64_t seed, std::uint64_t offset, DType dt, cudaStream_t stream) {
+  require_float(dt, "sdpa_forward");
+  check_shape(B, H, T, "sdpa_forward");
+  if (B * H * T <= 0) return;
+  const Args args = make_args(H, T, causal, scale, p, seed, offset, all_aligned({o, q, k, v}));
+  detail::dispatch(dt, "sdpa_forward", [&](auto tag) {
+    using E = decltype(tag);
+    dispatch_head_dim(D, [&](auto dim) {
+      constexpr int Dc = decltype(dim)::value;
+      const std::size_t bytes = kForwardSmem<E, Dc>;
+      allow_smem(sdpa_forward_kernel<E, Dc>, bytes);
+      const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
+      sdpa_forward_kernel<E, Dc><<<grid, kThreads, bytes, stream>>>(
+          static_cast<E*>(o), lse, static_cast<const E*>(q), static_cast<const E*>(k), static_cast<const E*>(v),
+          static_cast<const E*>(mask), args);
+      ZP_CUDA_CHECK_LAUNCH("sdpa_forward_kernel");
+    });
+  });
+}
+
+void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                   const void* v, const void* o, const float* lse, const void* mask, std::int64_t B, std::int64_t H,
+                   std::int64_t T, std::int64_t D, bool causal, float scale, float p, std::uint64_t seed,
+                   std::uint64_t offset, DType dt, cudaStream_t stream) {
+  require_float(dt, "sdpa_backward");
+  check_shape(B, H, T, "sdpa_backward");
+  if (B * H * T <= 0) return;
+  if (!sdpa_supports(D)) dispatch_head_dim(D, [](auto) {});  // throws naming D
+  const std::int64_t rows = B * H * T;
+  auto* dvec = static_cast<float*>(ctx.scratch(sizeof(float) * static_cast<std::size_t>(rows), "sdpa_backward"));
+  const Args args = make_args(H, T, causal, scale, p, seed, offset, all_aligned({dq, dk, dv, dout, q, k, v}));
+  const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
+  detail::dispatch(dt, "sdpa_backward", [&](auto tag) {
+    using E = decltype(tag);
+    dispatch_head_dim(D, [&](auto dim) {
+      constexpr int Dc = decltype(dim)::value;
+      constexpr int kRowBlock = 256;  // 8 rows (warps) per block
+      row_terms_kernel<E, Dc><<<static_cast<unsigned>(detail::ceil_div(rows * 32, kRowBlock)), kRowBlock, 0, stream>>>(
+          dvec, static_cast<const E*>(dout), static_cast<const E*>(o), rows);
+      ZP_CUDA_CHECK_LAUNCH("row_terms_kernel");
+
+      const std::size_t dq_bytes = kDqSmem<E, Dc>;
+      allow_smem(sdpa_dq_kernel<E, Dc>, dq_bytes);
+      sdpa_dq_kernel<E, Dc><<<grid, kThreads, dq_bytes, stream>>>(
+          static_cast<E*>(dq), static_cast<const E*>(dout), static_cast<const E*>(q), static_cast<const E*>(k),
+          static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
+      ZP_CUDA_CHECK_LAUNCH("sdpa_dq_kernel");
+
+      const std::size_t kv_bytes = kDkDvSmem<E, Dc>;
+      allow_smem(sdpa_dkdv_kernel<E, Dc>, kv_bytes);
+      sdpa_dkdv_kernel<E, Dc><<<grid, kThreads, kv_bytes, stream>>>(
+          static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
+          static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
+      ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
+    });
+  });
+}
+
+}  // namespace zp::kernels::cuda

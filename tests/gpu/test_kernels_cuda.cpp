@@ -1,0 +1,1275 @@
+// The CUDA kernels against their kernels/cpu twins, on seeded random inputs (never zeros)
+// in fp32, bf16 and fp16: the CPU twin runs on exactly the values the GPU holds (the inputs
+// rounded to the storage dtype), outputs are poisoned before each run (NaN in every dtype,
+// so an unwritten element fails), and each output is checked element by element (atol +
+// |ref|·rtol) and by its relative L2 error against METHOD.md's band. Bit-exact where the
+// operations are the same (casts, copies, dropout masks, the shared generator, fp32
+// optimizer steps, fp32 embedding gradients); reductions are run twice for the same bits.
+// Sizes include ragged ones (tails of the 16-byte paths) and misaligned pointers (the
+// scalar paths).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/bmm.hpp"
+#include "kernels/cpu/convert.hpp"
+#include "kernels/cpu/dropout.hpp"
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/layout.hpp"
+#include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/loss.hpp"
+#include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/optimizer.hpp"
+#include "kernels/cpu/reduce.hpp"
+#include "kernels/cpu/rng.hpp"
+#include "kernels/cpu/sdpa.hpp"
+#include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/bmm.cuh"
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/dropout.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/layout.cuh"
+#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/loss.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/optimizer.cuh"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/rng.cuh"
+#include "kernels/cuda/sdpa.cuh"
+
+namespace kg = zp::kernels::cuda;
+using zp::DType;
+using namespace zp::gpu_test;
+
+namespace {
+
+constexpr DType kDtypes[] = {DType::fp32, DType::bf16, DType::fp16};
+constexpr cudaStream_t kStream = nullptr;
+
+// Rounds a CPU reference that the GPU stores in dt (for exact comparisons).
+Vec stored(const Vec& v, DType dt) { return rounded(v, dt); }
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------
+// casts
+// ------------------------------------------------------------------------------------
+TEST_CASE("convert: every pair of fp32, bf16, fp16 equals the CPU conversions bit for bit") {
+  const std::int64_t n = 4099;
+  Vec x = rand_vec(n, 11, DType::fp32, -3.0f, 3.0f);
+  // Special values: overflow for fp16, subnormals of both 16-bit formats, ties, inf, NaN.
+  const float specials[] = {70000.0f, -65520.0f, 65519.0f, 1e-6f, -3e-8f, 1e-40f, 1.00390625f, 1.01171875f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 0.0f, -0.0f, 3.3895314e38f};
+  for (std::size_t i = 0; i < std::size(specials); ++i) x[i * 7] = specials[i];
+  for (DType from : kDtypes)
+    for (DType to : kDtypes)
+      for (std::size_t offset : {std::size_t{0}, std::size_t{4}}) {
+        CAPTURE(dtype_str(from));
+        CAPTURE(dtype_str(to));
+        CAPTURE(offset);
+        const Vec in = rounded(x, from);
+        auto d_in = device(in, from, offset);
+        auto d_out = output(sz(n), to, offset);
+        kg::convert(d_out->get(), to, d_in->get(), from, n, kStream);
+        const Vec got = download(*d_out, sz(n), to);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < sz(n); ++i) {
+          const float ref = round_value(in[i], to);
+          const bool same = std::isnan(ref) ? std::isnan(got[i])
+                                            : std::memcmp(&got[i], &ref, sizeof(float)) == 0;
+          if (!same && bad++ < 8) std::printf("  convert: element %zu: got %.9g, expected %.9g\n", i, got[i], ref);
+        }
+        CHECK(bad == 0);
+      }
+}
+
+// ------------------------------------------------------------------------------------
+// elementwise
+// ------------------------------------------------------------------------------------
+TEST_CASE("elementwise: add, mul, scale, add_scalar, pow2, pow3, copy_accumulate, forward and backward") {
+  for (DType dt : kDtypes)
+    for (std::int64_t n : {std::int64_t{4096}, std::int64_t{1001}})
+      for (std::size_t offset : {std::size_t{0}, std::size_t{4}}) {
+        CAPTURE(dtype_str(dt));
+        CAPTURE(n);
+        CAPTURE(offset);
+        const Tol t = tol(dt, 1.0, 1e-7);
+        const Vec a = rand_vec(n, 1, dt), b = rand_vec(n, 2, dt), dy = rand_vec(n, 3, dt), init = rand_vec(n, 4, dt);
+        auto da = device(a, dt, offset), db = device(b, dt, offset), ddy = device(dy, dt, offset);
+        Vec ref(sz(n));
+        auto run_fwd = [&](const std::string& what, auto gpu, auto cpu) {
+          auto y = output(sz(n), dt, offset);
+          gpu(y->get());
+          cpu(ref.data());
+          expect_close(what, download(*y, sz(n), dt), ref, t);
+        };
+        run_fwd("add_forward", [&](void* y) { kg::add_forward(y, da->get(), db->get(), n, dt, kStream); },
+                [&](float* r) { kc::add_forward(r, a.data(), b.data(), n); });
+        run_fwd("mul_forward", [&](void* y) { kg::mul_forward(y, da->get(), db->get(), n, dt, kStream); },
+                [&](float* r) { kc::mul_forward(r, a.data(), b.data(), n); });
+        run_fwd("scale_forward", [&](void* y) { kg::scale_forward(y, da->get(), n, 0.37f, dt, kStream); },
+                [&](float* r) { kc::scale_forward(r, a.data(), n, 0.37f); });
+        run_fwd("add_scalar_forward", [&](void* y) { kg::add_scalar_forward(y, da->get(), n, 1.25f, dt, kStream); },
+                [&](float* r) { kc::add_scalar_forward(r, a.data(), n, 1.25f); });
+        run_fwd("pow2_forward", [&](void* y) { kg::pow2_forward(y, da->get(), n, dt, kStream); },
+                [&](float* r) { kc::pow2_forward(r, a.data(), n); });
+        run_fwd("pow3_forward", [&](void* y) { kg::pow3_forward(y, da->get(), n, dt, kStream); },
+                [&](float* r) { kc::pow3_forward(r, a.data(), n); });
+
+        // Backward passes, written (poisoned output) and accumulated (into init).
+        for (bool acc : {false, true}) {
+          CAPTURE(acc);
+          auto run_bwd = [&](const std::string& what, auto gpu, auto cpu) {
+            auto dx = acc ? device(init, dt, offset) : output(sz(n), dt, offset);
+            Vec r = acc ? init : Vec(sz(n), 0.0f);
+            gpu(dx->get());
+            cpu(r.data());
+            expect_close(what, download(*dx, sz(n), dt), r, t);
+          };
+          run_bwd("copy_accumulate", [&](void* d) { kg::copy_accumulate(d, ddy->get(), n, acc, dt, kStream); },
+                  [&](float* r) { kc::copy_accumulate(r, dy.data(), n, acc); });
+          run_bwd("add_backward (a)", [&](void* d) { kg::add_backward(d, nullptr, ddy->get(), n, acc, dt, kStream); },
+                  [&](float* r) { kc::add_backward(r, nullptr, dy.data(), n, acc); });
+          run_bwd("mul_backward (a)",
+                  [&](void* d) { kg::mul_backward(d, nullptr, ddy->get(), da->get(), db->get(), n, acc, dt, kStream); },
+                  [&](float* r) { kc::mul_backward(r, nullptr, dy.data(), a.data(), b.data(), n, acc); });
+          run_bwd("mul_backward (b)",
+                  [&](void* d) { kg::mul_backward(nullptr, d, ddy->get(), da->get(), db->get(), n, acc, dt, kStream); },
+                  [&](float* r) { kc::mul_backward(nullptr, r, dy.data(), a.data(), b.data(), n, acc); });
+          run_bwd("scale_backward", [&](void* d) { kg::scale_backward(d, ddy->get(), n, -1.5f, acc, dt, kStream); },
+                  [&](float* r) { kc::scale_backward(r, dy.data(), n, -1.5f, acc); });
+          run_bwd("add_scalar_backward", [&](void* d) { kg::add_scalar_backward(d, ddy->get(), n, acc, dt, kStream); },
+                  [&](float* r) { kc::add_scalar_backward(r, dy.data(), n, acc); });
+          run_bwd("pow2_backward",
+                  [&](void* d) { kg::pow2_backward(d, da->get(), ddy->get(), n, acc, dt, kStream); },
+                  [&](float* r) { kc::pow2_backward(r, a.data(), dy.data(), n, acc); });
+          run_bwd("pow3_backward",
+                  [&](void* d) { kg::pow3_backward(d, da->get(), ddy->get(), n, acc, dt, kStream); },
+                  [&](float* r) { kc::pow3_backward(r, a.data(), dy.data(), n, acc); });
+        }
+      }
+}
+
+TEST_CASE("elementwise: broadcast add over position embeddings and attention masks, and its reducing backward") {
+  struct Shape {
+    kg::Dims4 dims, b_dims;
+  };
+  const Shape shapes[] = {{{1, 4, 33, 24}, {1, 1, 33, 24}},   // (1, T, C) over (B, T, C)
+                          {{3, 2, 17, 17}, {3, 1, 1, 17}},    // (B, 1, 1, T) over (B, H, T, T)
+                          {{2, 3, 16, 16}, {1, 1, 16, 16}}};  // (1, 1, T, T) over (B, H, T, T)
+  for (DType dt : kDtypes)
+    for (const Shape& s : shapes) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(s.dims[1]);
+      const std::int64_t n = s.dims[0] * s.dims[1] * s.dims[2] * s.dims[3];
+      const std::int64_t nb = s.b_dims[0] * s.b_dims[1] * s.b_dims[2] * s.b_dims[3];
+      const std::int64_t fan_in = n / nb;
+      const Vec a = rand_vec(n, 5, dt), b = rand_vec(nb, 6, dt), dy = rand_vec(n, 7, dt), init = rand_vec(nb, 8, dt);
+      const Vec init_a = rand_vec(n, 9, dt);
+      auto da = device(a, dt), db = device(b, dt), ddy = device(dy, dt);
+      auto y = output(sz(n), dt);
+      kg::add_broadcast_forward(y->get(), da->get(), db->get(), s.dims, s.b_dims, dt, kStream);
+      Vec ref(sz(n));
+      kc::add_broadcast_forward(ref.data(), a.data(), b.data(), s.dims, s.b_dims);
+      expect_close("add_broadcast_forward", download(*y, sz(n), dt), ref, tol(dt, 1.0, 1e-7));
+      for (bool acc : {false, true}) {
+        // Both gradients accumulate into initial values (never into the poison).
+        auto gb = acc ? device(init, dt) : output(sz(nb), dt);
+        auto ga = acc ? device(init_a, dt) : output(sz(n), dt);
+        kg::add_broadcast_backward(ga->get(), gb->get(), ddy->get(), s.dims, s.b_dims, acc, dt, kStream);
+        Vec rb = acc ? init : Vec(sz(nb)), ra = acc ? init_a : Vec(sz(n));
+        kc::add_broadcast_backward(ra.data(), rb.data(), dy.data(), s.dims, s.b_dims, acc);
+        expect_close("add_broadcast_backward (a)", download(*ga, sz(n), dt), ra, tol(dt, 1.0, 1e-7));
+        // fp32 sums of fan_in terms in y's order against the CPU's double sums.
+        expect_close("add_broadcast_backward (b)", download(*gb, sz(nb), dt), rb,
+                     tol(dt, 2.0, 1e-6 * static_cast<double>(fan_in)));
+      }
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// activations
+// ------------------------------------------------------------------------------------
+TEST_CASE("activations: gelu, gelu_tanh, silu, relu, tanh and the fused silu·gate, forward and backward") {
+  using Fwd = void (*)(void*, const void*, std::int64_t, DType, cudaStream_t);
+  using Bwd = void (*)(void*, const void*, const void*, std::int64_t, bool, DType, cudaStream_t);
+  using CFwd = void (*)(float*, const float*, std::int64_t);
+  using CBwd = void (*)(float*, const float*, const float*, std::int64_t, bool);
+  struct Act {
+    const char* name;
+    Fwd fwd;
+    Bwd bwd;
+    CFwd cfwd;
+    CBwd cbwd;
+    bool from_output;  // backward takes y (relu, tanh)
+  };
+  const Act acts[] = {{"gelu", kg::gelu_forward, kg::gelu_backward, kc::gelu_forward, kc::gelu_backward, false},
+                      {"gelu_tanh", kg::gelu_tanh_forward, kg::gelu_tanh_backward, kc::gelu_tanh_forward,
+                       kc::gelu_tanh_backward, false},
+                      {"silu", kg::silu_forward, kg::silu_backward, kc::silu_forward, kc::silu_backward, false},
+                      {"relu", kg::relu_forward, kg::relu_backward, kc::relu_forward, kc::relu_backward, true},
+                      {"tanh", kg::tanh_forward, kg::tanh_backward, kc::tanh_forward, kc::tanh_backward, true}};
+  const std::int64_t n = 3077;
+  for (DType dt : kDtypes)
+    for (const Act& act : acts) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(act.name);
+      const Vec x = rand_vec(n, 21, dt, -4.0f, 4.0f), dy = rand_vec(n, 22, dt), init = rand_vec(n, 23, dt);
+      auto dx_in = device(x, dt), ddy = device(dy, dt);
+      auto y = output(sz(n), dt);
+      act.fwd(y->get(), dx_in->get(), n, dt, kStream);
+      Vec ry(sz(n));
+      act.cfwd(ry.data(), x.data(), n);
+      const Vec gy = download(*y, sz(n), dt);
+      expect_close(std::string(act.name) + "_forward", gy, ry, tol_math(dt, 1e-6));
+      // The saved output the backward reads is the GPU's (stored) one, as in training.
+      const Vec saved = act.from_output ? gy : x;
+      auto dsaved = device(saved, dt);
+      for (bool acc : {false, true}) {
+        auto dx = acc ? device(init, dt) : output(sz(n), dt);
+        act.bwd(dx->get(), dsaved->get(), ddy->get(), n, acc, dt, kStream);
+        Vec r = acc ? init : Vec(sz(n));
+        act.cbwd(r.data(), saved.data(), dy.data(), n, acc);
+        expect_close(std::string(act.name) + "_backward", download(*dx, sz(n), dt), r, tol_math(dt, 1e-6));
+      }
+    }
+  // silu(gate) * up, one rounding, against the CPU's silu then mul in fp32.
+  for (DType dt : kDtypes) {
+    CAPTURE(dtype_str(dt));
+    const Vec gate = rand_vec(n, 31, dt, -4.0f, 4.0f), up = rand_vec(n, 32, dt), dy = rand_vec(n, 33, dt);
+    auto dg = device(gate, dt), du = device(up, dt), ddy = device(dy, dt);
+    auto y = output(sz(n), dt);
+    kg::silu_mul_forward(y->get(), dg->get(), du->get(), n, dt, kStream);
+    Vec s(sz(n)), ry(sz(n));
+    kc::silu_forward(s.data(), gate.data(), n);
+    kc::mul_forward(ry.data(), s.data(), up.data(), n);
+    expect_close("silu_mul_forward", download(*y, sz(n), dt), ry, tol_math(dt, 1e-6));
+    auto dgate = output(sz(n), dt), dup = output(sz(n), dt);
+    kg::silu_mul_backward(dgate->get(), dup->get(), ddy->get(), dg->get(), du->get(), n, false, dt, kStream);
+    Vec ds(sz(n)), rg(sz(n)), ru(sz(n));
+    kc::mul_backward(ds.data(), ru.data(), dy.data(), s.data(), up.data(), n, false);
+    kc::silu_backward(rg.data(), gate.data(), ds.data(), n, false);
+    expect_close("silu_mul_backward (gate)", download(*dgate, sz(n), dt), rg, tol_math(dt, 1e-6));
+    expect_close("silu_mul_backward (up)", download(*dup, sz(n), dt), ru, tol_math(dt, 1e-6));
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// layout
+// ------------------------------------------------------------------------------------
+TEST_CASE("layout: split/merge heads (fused qkv columns), repeat_kv, select_token, forward and backward") {
+  for (DType dt : kDtypes)
+    for (std::int64_t D : {std::int64_t{16}, std::int64_t{12}}) {  // 12: not a whole 16-byte pack
+      CAPTURE(dtype_str(dt));
+      CAPTURE(D);
+      const std::int64_t B = 2, T = 9, H = 3, W = 3 * H * D;
+      const Tol exact{0.0, 0.0, 0.0};
+      const Tol acc_tol = tol(dt, 1.0, 0.0);
+      const Vec x = rand_vec(B * T * W, 41, dt), dy = rand_vec(B * H * T * D, 42, dt), init = rand_vec(B * T * W, 43, dt);
+      auto dxin = device(x, dt), ddy = device(dy, dt);
+      for (std::int64_t offset : {std::int64_t{0}, H * D, 2 * H * D}) {
+        auto y = output(sz(B * H * T * D), dt);
+        kg::split_heads_forward(y->get(), dxin->get(), B, T, H, D, W, offset, dt, kStream);
+        Vec r(sz(B * H * T * D));
+        kc::split_heads_forward(r.data(), x.data(), B, T, H, D, W, offset);
+        expect_close("split_heads_forward", download(*y, r.size(), dt), r, exact);
+        for (bool acc : {false, true}) {
+          auto dx = acc ? device(init, dt) : output(sz(B * T * W), dt);
+          kg::split_heads_backward(dx->get(), ddy->get(), B, T, H, D, W, offset, acc, dt, kStream);
+          Vec rd = acc ? init : Vec(sz(B * T * W));
+          kc::split_heads_backward(rd.data(), dy.data(), B, T, H, D, W, offset, acc);
+          expect_close("split_heads_backward", download(*dx, rd.size(), dt), acc ? stored(rd, dt) : rd, acc_tol);
+        }
+      }
+      {
+        auto y = output(sz(B * T * H * D), dt);
+        kg::merge_heads_forward(y->get(), ddy->get(), B, T, H, D, dt, kStream);
+        Vec r(sz(B * T * H * D));
+        kc::merge_heads_forward(r.data(), dy.data(), B, T, H, D);
+        expect_close("merge_heads_forward", download(*y, r.size(), dt), r, exact);
+        const Vec g = rand_vec(B * T * H * D, 44, dt), ginit = rand_vec(B * H * T * D, 45, dt);
+        auto dg = device(g, dt);
+        for (bool acc : {false, true}) {
+          auto dx = acc ? device(ginit, dt) : output(sz(B * H * T * D), dt);
+          kg::merge_heads_backward(dx->get(), dg->get(), B, T, H, D, acc, dt, kStream);
+          Vec rd = acc ? ginit : Vec(sz(B * H * T * D));
+          kc::merge_heads_backward(rd.data(), g.data(), B, T, H, D, acc);
+          expect_close("merge_heads_backward", download(*dx, rd.size(), dt), stored(rd, dt), exact);
+        }
+      }
+      {
+        const std::int64_t KV = 2, rep = 3;
+        const Vec kv = rand_vec(B * KV * T * D, 46, dt), g = rand_vec(B * KV * rep * T * D, 47, dt);
+        const Vec kinit = rand_vec(B * KV * T * D, 48, dt);
+        auto dkv = device(kv, dt), dg = device(g, dt);
+        auto y = output(sz(B * KV * rep * T * D), dt);
+        kg::repeat_kv_forward(y->get(), dkv->get(), B, KV, rep, T, D, dt, kStream);
+        Vec r(sz(B * KV * rep * T * D));
+        kc::repeat_kv_forward(r.data(), kv.data(), B, KV, rep, T, D);
+        expect_close("repeat_kv_forward", download(*y, r.size(), dt), r, exact);
+        for (bool acc : {false, true}) {
+          auto dx = acc ? device(kinit, dt) : output(sz(B * KV * T * D), dt);
+          kg::repeat_kv_backward(dx->get(), dg->get(), B, KV, rep, T, D, acc, dt, kStream);
+          Vec rd = acc ? kinit : Vec(sz(B * KV * T * D));
+          kc::repeat_kv_backward(rd.data(), g.data(), B, KV, rep, T, D, acc);
+          expect_close("repeat_kv_backward", download(*dx, rd.size(), dt), stored(rd, dt), exact);
+        }
+      }
+      {
+        const std::int64_t C = 4 * D, tok = 2;
+        const Vec h = rand_vec(B * T * C, 49, dt), g = rand_vec(B * C, 50, dt), hinit = rand_vec(B * T * C, 51, dt);
+        auto dh = device(h, dt), dg = device(g, dt);
+        auto y = output(sz(B * C), dt);
+        kg::select_token_forward(y->get(), dh->get(), B, T, C, tok, dt, kStream);
+        Vec r(sz(B * C));
+        kc::select_token_forward(r.data(), h.data(), B, T, C, tok);
+        expect_close("select_token_forward", download(*y, r.size(), dt), r, exact);
+        for (bool acc : {false, true}) {
+          auto dx = acc ? device(hinit, dt) : output(sz(B * T * C), dt);
+          kg::select_token_backward(dx->get(), dg->get(), B, T, C, tok, acc, dt, kStream);
+          Vec rd = acc ? hinit : Vec(sz(B * T * C));
+          kc::select_token_backward(rd.data(), g.data(), B, T, C, tok, acc);
+          expect_close("select_token_backward", download(*dx, rd.size(), dt), stored(rd, dt), exact);
+        }
+      }
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// dropout and the shared generator
+// ------------------------------------------------------------------------------------
+TEST_CASE("dropout: the same mask as the CPU for every (seed, offset), kept values scaled exactly") {
+  const std::int64_t n = 10007;
+  for (DType dt : kDtypes)
+    for (float p : {0.0f, 0.1f, 0.5f, 1.0f})
+      for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{3}, (std::uint64_t{17} << 32) + 5}) {
+        CAPTURE(dtype_str(dt));
+        CAPTURE(p);
+        CAPTURE(offset);
+        const std::uint64_t seed = 0x9E3779B97F4A7C15ull ^ 1234u;
+        const Vec x = rand_vec(n, 61, dt), dy = rand_vec(n, 62, dt);
+        auto dxin = device(x, dt), ddy = device(dy, dt);
+        auto y = output(sz(n), dt);
+        Dev mask(sz(n));
+        mask.poison();
+        kg::dropout_forward(y->get(), mask.as<std::uint8_t>(), dxin->get(), n, p, seed, offset, dt, kStream);
+        Vec ry(sz(n));
+        std::vector<std::uint8_t> rmask(sz(n));
+        kc::dropout_forward(ry.data(), rmask.data(), x.data(), n, p, seed, offset);
+        CHECK(download_raw<std::uint8_t>(mask, sz(n)) == rmask);
+        expect_close("dropout_forward", download(*y, sz(n), dt), stored(ry, dt), Tol{});
+        auto dx = output(sz(n), dt);
+        kg::dropout_backward(dx->get(), mask.as<std::uint8_t>(), ddy->get(), n, p, false, dt, kStream);
+        Vec rdx(sz(n));
+        kc::dropout_backward(rdx.data(), rmask.data(), dy.data(), n, p, false);
+        expect_close("dropout_backward", download(*dx, sz(n), dt), stored(rdx, dt), Tol{});
+        if (p == 0.1f) {
+          const auto kept = std::count(rmask.begin(), rmask.end(), std::uint8_t{1});
+          CHECK(std::abs(static_cast<double>(kept) / static_cast<double>(n) - 0.9) < 0.02);
+        }
+      }
+}
+
+TEST_CASE("rng: uniform_fill equals the CPU bit for bit, normal_fill to the last fp32 bit or so") {
+  const std::int64_t n = 5003;
+  for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{7}, std::uint64_t{5} << 36}) {
+    CAPTURE(offset);
+    auto u = output(sz(n), DType::fp32);
+    kg::uniform_fill(u->get(), n, 77, offset, DType::fp32, kStream);
+    Vec ru(sz(n));
+    kc::uniform_fill(ru.data(), n, 77, offset);
+    expect_close("uniform_fill", download(*u, sz(n), DType::fp32), ru, Tol{});
+    auto z = output(sz(n), DType::fp32);
+    kg::normal_fill(z->get(), n, 78, offset, 0.0f, 0.02f, DType::fp32, kStream);
+    Vec rz(sz(n));
+    kc::normal_fill(rz.data(), n, 78, offset, 0.0f, 0.02f);
+    expect_close("normal_fill", download(*z, sz(n), DType::fp32), rz, Tol{1e-12, 4e-7, 0.0});
+    auto zb = output(sz(n), DType::bf16);
+    kg::normal_fill(zb->get(), n, 78, offset, 0.0f, 0.02f, DType::bf16, kStream);
+    expect_close("normal_fill (bf16)", download(*zb, sz(n), DType::bf16), rz, tol(DType::bf16, 0.5, 1e-12));
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// eager attention pieces
+// ------------------------------------------------------------------------------------
+TEST_CASE("softmax: rows of 1024 (16-byte path) and 1001 (scalar), a row that is -inf everywhere, masked entries") {
+  for (DType dt : kDtypes)
+    for (std::int64_t n : {std::int64_t{1024}, std::int64_t{1001}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(n);
+      const std::int64_t rows = 13;
+      Vec x = rand_vec(rows * n, 71, dt, -8.0f, 8.0f);
+      for (std::int64_t j = 0; j < n; ++j) x[sz(3 * n + j)] = -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = n / 2; j < n; ++j) x[sz(5 * n + j)] = kg::mask_value(dt);
+      auto dxin = device(x, dt);
+      auto y = output(sz(rows * n), dt);
+      kg::softmax_forward(y->get(), dxin->get(), rows, n, dt, kStream);
+      Vec ry(sz(rows * n));
+      kc::softmax_forward(ry.data(), x.data(), rows, n);
+      const Vec gy = download(*y, ry.size(), dt);
+      expect_close("softmax_forward", gy, ry, tol_math(dt, 1e-9));
+      const Vec dy = rand_vec(rows * n, 72, dt), init = rand_vec(rows * n, 73, dt);
+      auto dys = device(gy, dt), ddy = device(dy, dt);
+      for (bool acc : {false, true}) {
+        auto dx = acc ? device(init, dt) : output(sz(rows * n), dt);
+        kg::softmax_backward(dx->get(), dys->get(), ddy->get(), rows, n, acc, dt, kStream);
+        Vec r = acc ? init : Vec(sz(rows * n));
+        kc::softmax_backward(r.data(), gy.data(), dy.data(), rows, n, acc);
+        expect_close("softmax_backward", download(*dx, r.size(), dt), r, tol_math(dt, 1e-6));
+      }
+    }
+}
+
+TEST_CASE("masks: causal mask, GPT-2's causal where, BERT's padding mask, with the dtype's lowest value") {
+  for (DType dt : kDtypes) {
+    CAPTURE(dtype_str(dt));
+    const float masked = kg::mask_value(dt);
+    CHECK(round_value(masked, dt) == masked);  // representable, finite
+    CHECK(std::isfinite(masked));
+    const std::int64_t T = 37, BH = 3, B = 4;
+    auto m = output(sz(T * T), dt);
+    kg::causal_mask(m->get(), T, masked, dt, kStream);
+    Vec rm(sz(T * T));
+    kc::causal_mask(rm.data(), T, masked);
+    expect_close("causal_mask", download(*m, rm.size(), dt), rm, Tol{});
+    const Vec x = rand_vec(BH * T * T, 81, dt), init = rand_vec(BH * T * T, 82, dt);
+    auto dxin = device(x, dt);
+    auto y = output(sz(BH * T * T), dt);
+    kg::causal_where_forward(y->get(), dxin->get(), BH, T, masked, dt, kStream);
+    Vec ry(sz(BH * T * T));
+    kc::causal_where_forward(ry.data(), x.data(), BH, T, masked);
+    expect_close("causal_where_forward", download(*y, ry.size(), dt), ry, Tol{});
+    for (bool acc : {false, true}) {
+      auto dx = acc ? device(init, dt) : output(sz(BH * T * T), dt);
+      kg::causal_where_backward(dx->get(), dxin->get(), BH, T, acc, dt, kStream);
+      Vec r = acc ? init : Vec(sz(BH * T * T));
+      kc::causal_where_backward(r.data(), x.data(), BH, T, acc);
+      expect_close("causal_where_backward", download(*dx, r.size(), dt), stored(r, dt), Tol{});
+    }
+    std::vector<std::int64_t> am(sz(B * T));
+    for (std::size_t i = 0; i < am.size(); ++i) am[i] = kc::uniform(83, i) < 0.7f ? 1 : 0;
+    auto dam = device_raw(am);
+    auto pm = output(sz(B * T), dt);
+    kg::padding_mask(pm->get(), dam->as<std::int64_t>(), B, T, masked, dt, kStream);
+    Vec rp(sz(B * T));
+    kc::padding_mask(rp.data(), am.data(), B, T, masked);
+    expect_close("padding_mask", download(*pm, rp.size(), dt), rp, Tol{});
+  }
+}
+
+TEST_CASE("rotary: Llama's tables and the rotation forward and backward") {
+  for (DType dt : kDtypes)
+    for (std::int64_t D : {std::int64_t{16}, std::int64_t{64}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(D);
+      const std::int64_t B = 2, H = 3, T = 50;
+      auto c = output(sz(T * D), dt), s = output(sz(T * D), dt);
+      kg::rope_tables(c->get(), s->get(), T, D, 10000.0f, dt, kStream);
+      Vec rc(sz(T * D)), rs(sz(T * D));
+      kc::rope_tables(rc.data(), rs.data(), T, D, 10000.0f);
+      // cos(t·inv_freq) at t up to 49: an ulp of powf moves the angle by ~3e-6.
+      expect_close("rope_tables (cos)", download(*c, rc.size(), dt), rc, tol_math(dt, 1e-5));
+      expect_close("rope_tables (sin)", download(*s, rs.size(), dt), rs, tol_math(dt, 1e-5));
+      const Vec cs = rounded(rc, dt), sn = rounded(rs, dt);
+      const Vec x = rand_vec(B * H * T * D, 91, dt), init = rand_vec(B * H * T * D, 92, dt);
+      auto dc = device(cs, dt), dsn = device(sn, dt), dxin = device(x, dt);
+      auto y = output(x.size(), dt);
+      kg::rope_forward(y->get(), dxin->get(), dc->get(), dsn->get(), B, H, T, D, dt, kStream);
+      Vec ry(x.size());
+      kc::rope_forward(ry.data(), x.data(), cs.data(), sn.data(), B, H, T, D);
+      expect_close("rope_forward", download(*y, ry.size(), dt), ry, tol(dt, 1.0, 1e-6));
+      for (bool acc : {false, true}) {
+        auto dx = acc ? device(init, dt) : output(x.size(), dt);
+        kg::rope_backward(dx->get(), dxin->get(), dc->get(), dsn->get(), B, H, T, D, acc, dt, kStream);
+        Vec r = acc ? init : Vec(x.size());
+        kc::rope_backward(r.data(), x.data(), cs.data(), sn.data(), B, H, T, D, acc);
+        expect_close("rope_backward", download(*dx, r.size(), dt), r, tol(dt, 1.0, 1e-6));
+      }
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// GEMMs (cuBLASLt)
+// ------------------------------------------------------------------------------------
+TEST_CASE("gemm and bmm: every transposition, accumulate, ragged and aligned shapes, batched strides") {
+  kg::Context ctx;
+  struct Shape {
+    std::int64_t m, n, k;
+  };
+  for (DType dt : kDtypes)
+    for (const Shape& sh : {Shape{37, 45, 70}, Shape{64, 128, 96}})
+      for (int tr = 0; tr < 4; ++tr) {
+        const bool ta = (tr & 1) != 0, tb = (tr & 2) != 0;
+        CAPTURE(dtype_str(dt));
+        CAPTURE(sh.m);
+        CAPTURE(ta);
+        CAPTURE(tb);
+        const std::int64_t m = sh.m, n = sh.n, k = sh.k, batch = 3;
+        const Vec a = rand_vec(batch * m * k, 101, dt), b = rand_vec(batch * k * n, 102, dt);
+        const Vec cinit = rand_vec(batch * m * n, 103, dt);
+        const Vec abs_a = abs_of(a), abs_b = abs_of(b);
+        auto da = device(a, dt), db = device(b, dt);
+        for (bool acc : {false, true}) {
+          auto c = acc ? device(cinit, dt) : output(sz(m * n), dt);
+          kg::gemm(ctx, c->get(), da->get(), db->get(), m, n, k, ta, tb, acc, dt, kStream);
+          Vec r = acc ? Vec(cinit.begin(), cinit.begin() + m * n) : Vec(sz(m * n));
+          kc::gemm(r.data(), a.data(), b.data(), m, n, k, ta, tb, acc);
+          Vec sr = acc ? abs_of(Vec(cinit.begin(), cinit.begin() + m * n)) : Vec(sz(m * n));
+          kc::gemm(sr.data(), abs_a.data(), abs_b.data(), m, n, k, ta, tb, acc);
+          expect_dot("gemm", download(*c, sz(m * n), dt), r, sr, k + 1, dt);
+        }
+        auto c = output(sz(batch * m * n), dt);
+        kg::bmm_forward(ctx, c->get(), da->get(), db->get(), batch, m, n, k, ta, tb, dt, kStream);
+        Vec rc(sz(batch * m * n)), src(sz(batch * m * n));
+        kc::bmm_forward(rc.data(), a.data(), b.data(), batch, m, n, k, ta, tb);
+        kc::bmm_forward(src.data(), abs_a.data(), abs_b.data(), batch, m, n, k, ta, tb);
+        expect_dot("bmm_forward", download(*c, rc.size(), dt), rc, src, k, dt);
+        const Vec dc = rand_vec(batch * m * n, 104, dt);
+        const Vec ainit = rand_vec(batch * m * k, 105, dt), binit = rand_vec(batch * k * n, 106, dt);
+        auto ddc = device(dc, dt);
+        for (bool acc : {false, true}) {
+          auto ga = acc ? device(ainit, dt) : output(a.size(), dt);
+          auto gb = acc ? device(binit, dt) : output(b.size(), dt);
+          kg::bmm_backward(ctx, ga->get(), gb->get(), ddc->get(), da->get(), db->get(), batch, m, n, k, ta, tb, acc,
+                           dt, kStream);
+          Vec ra = acc ? ainit : Vec(a.size()), rb = acc ? binit : Vec(b.size());
+          kc::bmm_backward(ra.data(), rb.data(), dc.data(), a.data(), b.data(), batch, m, n, k, ta, tb, acc);
+          Vec sa = acc ? abs_of(ainit) : Vec(a.size()), sb = acc ? abs_of(binit) : Vec(b.size());
+          kc::bmm_backward(sa.data(), sb.data(), abs_of(dc).data(), abs_a.data(), abs_b.data(), batch, m, n, k, ta, tb,
+                           acc);
+          expect_dot("bmm_backward (a)", download(*ga, ra.size(), dt), ra, sa, n + 1, dt);
+          expect_dot("bmm_backward (b)", download(*gb, rb.size(), dt), rb, sb, m + 1, dt);
+        }
+      }
+}
+
+TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied aligned first); backward; bias_backward") {
+  kg::Context ctx;
+  for (DType dt : kDtypes)
+    for (std::size_t bias_offset : {std::size_t{0}, std::size_t{4}})
+      for (bool conv : {false, true}) {
+        CAPTURE(dtype_str(dt));
+        CAPTURE(bias_offset);
+        CAPTURE(conv);
+        const std::int64_t M = 96, N = 72, K = 40;
+        const Vec x = rand_vec(M * K, 111, dt), w = rand_vec(N * K, 112, dt), b = rand_vec(N, 113, dt);
+        auto dxin = device(x, dt), dw = device(w, dt), dbias = device(b, dt, bias_offset);
+        auto y = output(sz(M * N), dt);
+        Vec ry(sz(M * N));
+        if (conv) {
+          kg::conv1d_forward(ctx, y->get(), dxin->get(), dw->get(), dbias->get(), M, N, K, dt, kStream);
+          kc::conv1d_forward(ry.data(), x.data(), w.data(), b.data(), M, N, K);
+        } else {
+          kg::linear_forward(ctx, y->get(), dxin->get(), dw->get(), dbias->get(), M, N, K, dt, kStream);
+          kc::linear_forward(ry.data(), x.data(), w.data(), b.data(), M, N, K);
+        }
+        Vec sy(sz(M * N));
+        if (conv)
+          kc::conv1d_forward(sy.data(), abs_of(x).data(), abs_of(w).data(), abs_of(b).data(), M, N, K);
+        else
+          kc::linear_forward(sy.data(), abs_of(x).data(), abs_of(w).data(), abs_of(b).data(), M, N, K);
+        expect_dot("linear/conv1d forward", download(*y, ry.size(), dt), ry, sy, K + 1, dt);
+        const Vec dy = rand_vec(M * N, 114, dt);
+        const Vec xinit = rand_vec(M * K, 115, dt), winit = rand_vec(N * K, 116, dt), binit = rand_vec(N, 117, dt);
+        auto ddy = device(dy, dt);
+        for (bool acc : {false, true}) {
+          auto gx = acc ? device(xinit, dt) : output(x.size(), dt);
+          auto gw = acc ? device(winit, dt) : output(w.size(), dt);
+          auto gb = acc ? device(binit, dt) : output(b.size(), dt);
+          Vec rx = acc ? xinit : Vec(x.size()), rw = acc ? winit : Vec(w.size()), rb = acc ? binit : Vec(b.size());
+          if (conv) {
+            kg::conv1d_backward(ctx, gx->get(), gw->get(), gb->get(), ddy->get(), dxin->get(), dw->get(), M, N, K, acc,
+                                dt, kStream);
+            kc::conv1d_backward(rx.data(), rw.data(), rb.data(), dy.data(), x.data(), w.data(), M, N, K, acc);
+          } else {
+            kg::linear_backward(ctx, gx->get(), gw->get(), gb->get(), ddy->get(), dxin->get(), dw->get(), M, N, K, acc,
+                                dt, kStream);
+            kc::linear_backward(rx.data(), rw.data(), rb.data(), dy.data(), x.data(), w.data(), M, N, K, acc);
+          }
+          Vec sx = acc ? abs_of(xinit) : Vec(x.size()), sw = acc ? abs_of(winit) : Vec(w.size()),
+              sb = acc ? abs_of(binit) : Vec(b.size());
+          if (conv)
+            kc::conv1d_backward(sx.data(), sw.data(), sb.data(), abs_of(dy).data(), abs_of(x).data(),
+                                abs_of(w).data(), M, N, K, acc);
+          else
+            kc::linear_backward(sx.data(), sw.data(), sb.data(), abs_of(dy).data(), abs_of(x).data(),
+                                abs_of(w).data(), M, N, K, acc);
+          expect_dot("backward dx", download(*gx, rx.size(), dt), rx, sx, N + 1, dt);
+          expect_dot("backward dw", download(*gw, rw.size(), dt), rw, sw, M + 1, dt);
+          expect_dot("backward db", download(*gb, rb.size(), dt), rb, sb, M + 1, dt);
+        }
+      }
+  // bias_backward over many rows (several row chunks), deterministic.
+  for (DType dt : kDtypes) {
+    CAPTURE(dtype_str(dt));
+    const std::int64_t M = 5000, N = 77;
+    const Vec dy = rand_vec(M * N, 118, dt);
+    auto ddy = device(dy, dt);
+    auto db1 = output(sz(N), dt), db2 = output(sz(N), dt);
+    kg::bias_backward(ctx, db1->get(), ddy->get(), M, N, false, dt, kStream);
+    kg::bias_backward(ctx, db2->get(), ddy->get(), M, N, false, dt, kStream);
+    Vec r(sz(N));
+    kc::bias_backward(r.data(), dy.data(), M, N, false);
+    expect_close("bias_backward", download(*db1, r.size(), dt), r, Tol{1e-7 * static_cast<double>(M), eps(dt), band(dt)});
+    expect_equal_bits("bias_backward", bits(*db1), bits(*db2));
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// normalisation
+// ------------------------------------------------------------------------------------
+TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (deterministic), with and without affine") {
+  kg::Context ctx;
+  for (DType dt : kDtypes)
+    for (std::int64_t C : {std::int64_t{768}, std::int64_t{100}})
+      for (bool affine : {true, false}) {
+        CAPTURE(dtype_str(dt));
+        CAPTURE(C);
+        CAPTURE(affine);
+        const std::int64_t rows = 45;
+        const float eps_ln = 1e-5f;
+        const Vec x = rand_vec(rows * C, 121, dt, -2.0f, 3.0f), w = rand_vec(C, 122, dt, 0.5f, 1.5f),
+                  b = rand_vec(C, 123, dt);
+        auto dxin = device(x, dt), dw = device(w, dt), db = device(b, dt);
+        const void* wp = affine ? dw->get() : nullptr;
+        const void* bp = affine ? db->get() : nullptr;
+        auto y = output(sz(rows * C), dt);
+        Dev mean(sz(rows) * 4), rstd(sz(rows) * 4);
+        mean.poison();
+        rstd.poison();
+        kg::layernorm_forward(y->get(), mean.as<float>(), rstd.as<float>(), dxin->get(), wp, bp, rows, C, eps_ln, dt,
+                              kStream);
+        Vec ry(sz(rows * C)), rmean(sz(rows)), rrstd(sz(rows));
+        kc::layernorm_forward(ry.data(), rmean.data(), rrstd.data(), x.data(), affine ? w.data() : nullptr,
+                              affine ? b.data() : nullptr, rows, C, eps_ln);
+        expect_close("layernorm mean", download(mean, sz(rows), DType::fp32), rmean, Tol{1e-6, 1e-5, 1e-5});
+        expect_close("layernorm rstd", download(rstd, sz(rows), DType::fp32), rrstd, Tol{0.0, 1e-5, 1e-5});
+        expect_close("layernorm_forward", download(*y, ry.size(), dt), ry, tol_math(dt, 1e-5));
+
+        const Vec dy = rand_vec(rows * C, 124, dt), xinit = rand_vec(rows * C, 125, dt), winit = rand_vec(C, 126, dt),
+                  binit = rand_vec(C, 127, dt);
+        auto ddy = device(dy, dt);
+        auto dmean = device(rmean, DType::fp32), drstd = device(rrstd, DType::fp32);
+        for (bool acc : {false, true}) {
+          auto gx = acc ? device(xinit, dt) : output(x.size(), dt);
+          auto gw = acc ? device(winit, dt) : output(sz(C), dt);
+          auto gb = acc ? device(binit, dt) : output(sz(C), dt);
+          kg::layernorm_backward(ctx, gx->get(), gw->get(), gb->get(), ddy->get(), dxin->get(), dmean->as<float>(),
+                                 drstd->as<float>(), wp, rows, C, acc, dt, kStream);
+          Vec rx = acc ? xinit : Vec(x.size()), rw = acc ? winit : Vec(sz(C)), rb = acc ? binit : Vec(sz(C));
+          kc::layernorm_backward(rx.data(), rw.data(), rb.data(), dy.data(), x.data(), rmean.data(), rrstd.data(),
+                                 affine ? w.data() : nullptr, rows, C, acc);
+          expect_close("layernorm_backward dx", download(*gx, rx.size(), dt), rx, tol_math(dt, 1e-5));
+          expect_close("layernorm_backward dw", download(*gw, rw.size(), dt), rw, tol_math(dt, 1e-5));
+          expect_close("layernorm_backward db", download(*gb, rb.size(), dt), rb, tol_math(dt, 1e-5));
+          if (!acc) {
+            auto gw2 = output(sz(C), dt);
+            kg::layernorm_backward(ctx, nullptr, gw2->get(), nullptr, ddy->get(), dxin->get(), dmean->as<float>(),
+                                   drstd->as<float>(), wp, rows, C, false, dt, kStream);
+            expect_equal_bits("layernorm_backward dw", bits(*gw), bits(*gw2));
+          }
+        }
+      }
+}
+
+TEST_CASE("RMSNorm: HF's decomposition (rms_rsqrt, mul_rowscale, mul_weight) and the fused kernel, both ways") {
+  kg::Context ctx;
+  for (DType dt : kDtypes)
+    for (std::int64_t C : {std::int64_t{256}, std::int64_t{90}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(C);
+      const std::int64_t rows = 40;
+      const float eps_rms = 1e-6f;
+      const Vec x = rand_vec(rows * C, 131, dt, -2.0f, 2.0f), w = rand_vec(C, 132, dt, 0.5f, 1.5f);
+      const Vec dy = rand_vec(rows * C, 133, dt);
+      auto dxin = device(x, dt), dw = device(w, dt), ddy = device(dy, dt);
+      // The pieces, each against its CPU twin.
+      Vec sq(x.size());
+      kc::pow2_forward(sq.data(), x.data(), rows * C);
+      sq = rounded(sq, dt);
+      auto dsq = device(sq, dt);
+      auto r = output(sz(rows), dt);
+      kg::rms_rsqrt_forward(r->get(), dsq->get(), rows, C, eps_rms, dt, kStream);
+      Vec rr(sz(rows));
+      kc::rms_rsqrt_forward(rr.data(), sq.data(), rows, C, eps_rms);
+      expect_close("rms_rsqrt_forward", download(*r, rr.size(), dt), rr, tol_math(dt, 0.0));
+      const Vec rs = rounded(rr, dt), dr = rand_vec(rows, 134, dt);
+      auto drs = device(rs, dt), ddr = device(dr, dt);
+      auto gsq = output(sq.size(), dt);
+      kg::rms_rsqrt_backward(gsq->get(), ddr->get(), drs->get(), rows, C, false, dt, kStream);
+      Vec rgsq(sq.size());
+      kc::rms_rsqrt_backward(rgsq.data(), dr.data(), rs.data(), rows, C, false);
+      expect_close("rms_rsqrt_backward", download(*gsq, rgsq.size(), dt), rgsq, tol(dt, 1.0, 0.0));
+      auto h = output(x.size(), dt);
+      kg::mul_rowscale_forward(h->get(), dxin->get(), drs->get(), rows, C, dt, kStream);
+      Vec rh(x.size());
+      kc::mul_rowscale_forward(rh.data(), x.data(), rs.data(), rows, C);
+      expect_close("mul_rowscale_forward", download(*h, rh.size(), dt), rh, tol(dt, 1.0, 0.0));
+      auto gx = output(x.size(), dt), gr = output(sz(rows), dt);
+      kg::mul_rowscale_backward(gx->get(), gr->get(), ddy->get(), dxin->get(), drs->get(), rows, C, false, dt, kStream);
+      Vec rgx(x.size()), rgr(sz(rows));
+      kc::mul_rowscale_backward(rgx.data(), rgr.data(), dy.data(), x.data(), rs.data(), rows, C, false);
+      expect_close("mul_rowscale_backward dx", download(*gx, rgx.size(), dt), rgx, tol(dt, 1.0, 0.0));
+      expect_close("mul_rowscale_backward dr", download(*gr, rgr.size(), dt), rgr, tol(dt, 2.0, 1e-6 * static_cast<double>(C)));
+      auto yw = output(x.size(), dt);
+      kg::mul_weight_forward(yw->get(), dxin->get(), dw->get(), rows, C, dt, kStream);
+      Vec ryw(x.size());
+      kc::mul_weight_forward(ryw.data(), x.data(), w.data(), rows, C);
+      expect_close("mul_weight_forward", download(*yw, ryw.size(), dt), ryw, tol(dt, 1.0, 0.0));
+      auto gxw = output(x.size(), dt), gw = output(sz(C), dt);
+      kg::mul_weight_backward(ctx, gxw->get(), gw->get(), ddy->get(), dxin->get(), dw->get(), rows, C, false, dt,
+                              kStream);
+      Vec rgxw(x.size()), rgw(sz(C));
+      kc::mul_weight_backward(rgxw.data(), rgw.data(), dy.data(), x.data(), w.data(), rows, C, false);
+      expect_close("mul_weight_backward dx", download(*gxw, rgxw.size(), dt), rgxw, tol(dt, 1.0, 0.0));
+      expect_close("mul_weight_backward dw", download(*gw, rgw.size(), dt), rgw, tol(dt, 2.0, 1e-6 * static_cast<double>(rows)));
+
+      // Fused, against the CPU chain in fp32 with HF's cast to the input dtype before the weight.
+      Vec r32(sz(rows)), h32(x.size()), y32(x.size()), sq32(x.size());
+      kc::pow2_forward(sq32.data(), x.data(), rows * C);
+      kc::rms_rsqrt_forward(r32.data(), sq32.data(), rows, C, eps_rms);
+      kc::mul_rowscale_forward(h32.data(), x.data(), r32.data(), rows, C);
+      const Vec hd = rounded(h32, dt);
+      kc::mul_weight_forward(y32.data(), hd.data(), w.data(), rows, C);
+      auto y = output(x.size(), dt);
+      Dev rstd(sz(rows) * 4);
+      rstd.poison();
+      kg::rmsnorm_forward(y->get(), rstd.as<float>(), dxin->get(), dw->get(), rows, C, eps_rms, dt, kStream);
+      expect_close("rmsnorm_forward rstd", download(rstd, sz(rows), DType::fp32), r32, Tol{0.0, 1e-5, 1e-5});
+      // h = x·r rounded to dt may round the other way than the CPU's when r differs in its
+      // last fp32 bit: one more ulp of dt allowed.
+      expect_close("rmsnorm_forward", download(*y, y32.size(), dt), y32,
+                   Tol{1e-6, 2 * eps(dt) + 16 * 0x1p-23, band(dt)});
+      // Backward: dh = dy w, dw = sum dy·round(h); dx through mul_rowscale, rms_rsqrt, pow2.
+      Vec dh(x.size()), rdw(sz(C)), dx1(x.size()), drr(sz(rows)), dsq32(x.size()), rdx(x.size());
+      kc::mul_weight_backward(dh.data(), rdw.data(), dy.data(), hd.data(), w.data(), rows, C, false);
+      kc::mul_rowscale_backward(dx1.data(), drr.data(), dh.data(), x.data(), r32.data(), rows, C, false);
+      kc::rms_rsqrt_backward(dsq32.data(), drr.data(), r32.data(), rows, C, false);
+      rdx = dx1;
+      kc::pow2_backward(rdx.data(), x.data(), dsq32.data(), rows * C, true);
+      auto drstd = device(r32, DType::fp32);
+      auto fx = output(x.size(), dt), fw = output(sz(C), dt);
+      kg::rmsnorm_backward(ctx, fx->get(), fw->get(), ddy->get(), dxin->get(), drstd->as<float>(), dw->get(), rows, C,
+                           false, dt, kStream);
+      expect_close("rmsnorm_backward dx", download(*fx, rdx.size(), dt), rdx, tol_math(dt, 1e-5));
+      expect_close("rmsnorm_backward dw", download(*fw, rdw.size(), dt), rdw, tol_math(dt, 1e-5));
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// cross entropy
+// ------------------------------------------------------------------------------------
+TEST_CASE("cross entropy: fused forward (mean loss, lse) and backward, ignored rows, in place, deterministic") {
+  kg::Context ctx;
+  for (DType dt : kDtypes)
+    for (std::int64_t V : {std::int64_t{1024}, std::int64_t{50257}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(V);
+      const std::int64_t N = 19;
+      const Vec x = rand_vec(N * V, 141, dt, -6.0f, 6.0f);
+      std::vector<std::int64_t> tg(sz(N));
+      for (std::int64_t i = 0; i < N; ++i)
+        tg[sz(i)] = i % 5 == 2 ? kc::kIgnoreIndex : static_cast<std::int64_t>(kc::random_u32(142, sz(i)) % V);
+      auto dxin = device(x, dt);
+      auto dtg = device_raw(tg);
+      Dev loss(4), loss2(4), lse(sz(N) * 4);
+      loss.poison();
+      lse.poison();
+      kg::cross_entropy_forward(ctx, loss.as<float>(), lse.as<float>(), dxin->get(), dtg->as<std::int64_t>(), N, V,
+                                kg::kIgnoreIndex, dt, kStream);
+      kg::cross_entropy_forward(ctx, loss2.as<float>(), nullptr, dxin->get(), dtg->as<std::int64_t>(), N, V,
+                                kg::kIgnoreIndex, dt, kStream);
+      Vec rlse(sz(N));
+      const float rloss = kc::cross_entropy_forward(rlse.data(), x.data(), tg.data(), N, V);
+      expect_close("cross_entropy_forward loss", download(loss, 1, DType::fp32), Vec{rloss}, Tol{0.0, 2e-6, 0.0});
+      expect_close("cross_entropy_forward lse", download(lse, sz(N), DType::fp32), rlse, Tol{0.0, 2e-6, 0.0});
+      expect_equal_bits("cross_entropy_forward loss", bits(loss), bits(loss2));
+      const Vec init = rand_vec(N * V, 143, dt);
+      for (bool with_lse : {true, false})
+        for (bool acc : {false, true}) {
+          CAPTURE(with_lse);
+          CAPTURE(acc);
+          auto g = acc ? device(init, dt) : output(x.size(), dt);
+          kg::cross_entropy_backward(ctx, g->get(), dxin->get(), with_lse ? lse.as<float>() : nullptr,
+                                     dtg->as<std::int64_t>(), N, V, 0.7f, acc, kg::kIgnoreIndex, dt, kStream);
+          Vec r = acc ? init : Vec(x.size());
+          kc::cross_entropy_backward(r.data(), x.data(), rlse.data(), tg.data(), N, V, 0.7f, acc);
+          expect_close("cross_entropy_backward", download(*g, r.size(), dt), r, tol_math(dt, 1e-8));
+        }
+      // In place: dlogits over the logits themselves.
+      auto inplace = device(x, dt);
+      kg::cross_entropy_backward(ctx, inplace->get(), inplace->get(), lse.as<float>(), dtg->as<std::int64_t>(), N, V,
+                                 0.7f, false, kg::kIgnoreIndex, dt, kStream);
+      Vec r(x.size());
+      kc::cross_entropy_backward(r.data(), x.data(), rlse.data(), tg.data(), N, V, 0.7f, false);
+      expect_close("cross_entropy_backward (in place)", download(*inplace, r.size(), dt), r, tol_math(dt, 1e-8));
+    }
+  // Every target ignored: loss 0 and zero gradients; a NaN logit: NaN loss and lse.
+  for (DType dt : kDtypes) {
+    CAPTURE(dtype_str(dt));
+    const std::int64_t N = 3, V = 100;
+    Vec x = rand_vec(N * V, 144, dt);
+    std::vector<std::int64_t> none(sz(N), kc::kIgnoreIndex);
+    auto dxin = device(x, dt);
+    auto dnone = device_raw(none);
+    Dev loss(4);
+    loss.poison();
+    kg::cross_entropy_forward(ctx, loss.as<float>(), nullptr, dxin->get(), dnone->as<std::int64_t>(), N, V,
+                              kg::kIgnoreIndex, dt, kStream);
+    CHECK(download(loss, 1, DType::fp32)[0] == 0.0f);
+    auto g = output(x.size(), dt);
+    kg::cross_entropy_backward(ctx, g->get(), dxin->get(), nullptr, dnone->as<std::int64_t>(), N, V, 1.0f, false,
+                               kg::kIgnoreIndex, dt, kStream);
+    const Vec gz = download(*g, x.size(), dt);
+    CHECK(std::all_of(gz.begin(), gz.end(), [](float v) { return v == 0.0f; }));
+    x[sz(V + 17)] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<std::int64_t> tg = {1, 2, 3};
+    auto dnan = device(x, dt);
+    auto dtg = device_raw(tg);
+    Dev lse(sz(N) * 4);
+    kg::cross_entropy_forward(ctx, loss.as<float>(), lse.as<float>(), dnan->get(), dtg->as<std::int64_t>(), N, V,
+                              kg::kIgnoreIndex, dt, kStream);
+    CHECK(std::isnan(download(loss, 1, DType::fp32)[0]));
+    const Vec l = download(lse, sz(N), DType::fp32);
+    CHECK(std::isfinite(l[0]));
+    CHECK(std::isnan(l[1]));
+  }
+}
+
+TEST_CASE("log_softmax + nll_loss (the eager split) forward and backward") {
+  kg::Context ctx;
+  for (DType dt : kDtypes) {
+    CAPTURE(dtype_str(dt));
+    const std::int64_t N = 23, V = 777;
+    const Vec x = rand_vec(N * V, 151, dt, -5.0f, 5.0f);
+    std::vector<std::int64_t> tg(sz(N));
+    for (std::int64_t i = 0; i < N; ++i)
+      tg[sz(i)] = i % 7 == 3 ? kc::kIgnoreIndex : static_cast<std::int64_t>(kc::random_u32(152, sz(i)) % V);
+    auto dxin = device(x, dt);
+    auto dtg = device_raw(tg);
+    auto lp = output(x.size(), dt);
+    kg::log_softmax_forward(lp->get(), dxin->get(), N, V, dt, kStream);
+    Vec rlp(x.size());
+    kc::log_softmax_forward(rlp.data(), x.data(), N, V);
+    const Vec glp = download(*lp, rlp.size(), dt);
+    expect_close("log_softmax_forward", glp, rlp, tol_math(dt, 2e-6));
+    Dev loss(4);
+    loss.poison();
+    kg::nll_loss_forward(loss.as<float>(), lp->get(), dtg->as<std::int64_t>(), N, V, kg::kIgnoreIndex, dt, kStream);
+    const float rloss = kc::nll_loss_forward(glp.data(), tg.data(), N, V);
+    expect_close("nll_loss_forward", download(loss, 1, DType::fp32), Vec{rloss}, Tol{0.0, 1e-6, 0.0});
+    const Vec init = rand_vec(N * V, 153, dt);
+    for (bool acc : {false, true}) {
+      auto g = acc ? device(init, dt) : output(x.size(), dt);
+      kg::log_softmax_nll_backward(ctx, g->get(), lp->get(), dtg->as<std::int64_t>(), N, V, 0.5f, acc,
+                                   kg::kIgnoreIndex, dt, kStream);
+      Vec r = acc ? init : Vec(x.size());
+      kc::log_softmax_nll_backward(r.data(), glp.data(), tg.data(), N, V, 0.5f, acc);
+      expect_close("log_softmax_nll_backward", download(*g, r.size(), dt), r, tol_math(dt, 1e-8));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// embeddings
+// ------------------------------------------------------------------------------------
+TEST_CASE("embedding: gather, and the scatter-add gradient in the CPU's order (bit for bit), padding_idx, positions") {
+  kg::Context ctx;
+  for (DType dt : kDtypes)
+    for (std::int64_t C : {std::int64_t{64}, std::int64_t{20}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(C);
+      const std::int64_t N = 300, V = 37;
+      const Vec w = rand_vec(V * C, 161, dt), dy = rand_vec(N * C, 162, dt), init = rand_vec(V * C, 163, dt);
+      std::vector<std::int64_t> ids(sz(N));
+      for (std::int64_t i = 0; i < N; ++i) ids[sz(i)] = static_cast<std::int64_t>(kc::random_u32(164, sz(i)) % 11) * 3;
+      auto dwt = device(w, dt), ddy = device(dy, dt);
+      auto dids = device_raw(ids);
+      auto y = output(sz(N * C), dt);
+      kg::embedding_forward(y->get(), dids->as<std::int64_t>(), dwt->get(), N, C, dt, kStream);
+      Vec ry(sz(N * C));
+      kc::embedding_forward(ry.data(), ids.data(), w.data(), N, C);
+      expect_close("embedding_forward", download(*y, ry.size(), dt), ry, Tol{});
+      for (std::int64_t padding : {std::int64_t{-1}, std::int64_t{3}})
+        for (bool acc : {false, true}) {
+          CAPTURE(padding);
+          CAPTURE(acc);
+          auto g = acc ? device(init, dt) : output(w.size(), dt);
+          kg::embedding_backward(ctx, g->get(), dids->as<std::int64_t>(), ddy->get(), N, V, C, padding, acc, dt,
+                                 kStream);
+          Vec r = acc ? init : Vec(w.size());
+          kc::embedding_backward(r.data(), ids.data(), dy.data(), N, V, C, padding, acc);
+          expect_close("embedding_backward", download(*g, r.size(), dt), stored(r, dt), Tol{});
+        }
+      // Position ids (nullptr): row i of the table for row i.
+      const std::int64_t P = 30;
+      auto yp = output(sz(P * C), dt);
+      kg::embedding_forward(yp->get(), nullptr, dwt->get(), P, C, dt, kStream);
+      Vec ryp(sz(P * C));
+      kc::embedding_forward(ryp.data(), nullptr, w.data(), P, C);
+      expect_close("embedding_forward (positions)", download(*yp, ryp.size(), dt), ryp, Tol{});
+      for (bool acc : {false, true}) {
+        auto g = acc ? device(init, dt) : output(w.size(), dt);
+        kg::embedding_backward(ctx, g->get(), nullptr, ddy->get(), P, V, C, -1, acc, dt, kStream);
+        Vec r = acc ? init : Vec(w.size());
+        kc::embedding_backward(r.data(), nullptr, dy.data(), P, V, C, -1, acc);
+        expect_close("embedding_backward (positions)", download(*g, r.size(), dt), stored(r, dt), Tol{});
+      }
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// optimizers
+// ------------------------------------------------------------------------------------
+TEST_CASE("Adam, AdamW, SGD on flat fp32 partitions: the CPU's bits, step after step") {
+  const std::int64_t n = 70001;  // two chunks of a block each
+  kc::AdamConfig adam;
+  adam.lr = 1e-3;
+  kc::AdamConfig adam_l2 = adam;
+  adam_l2.weight_decay = 0.01;
+  kc::AdamConfig adamw = adam_l2;
+  adamw.decoupled = true;
+  kc::AdamConfig low_beta = adamw;  // 1 - beta1 >= 0.5: torch.lerp's other branch
+  low_beta.beta1 = 0.3;
+  low_beta.beta2 = 0.95;
+  for (const kc::AdamConfig& cfg : {adam, adam_l2, adamw, low_beta}) {
+    CAPTURE(cfg.weight_decay);
+    CAPTURE(cfg.decoupled);
+    CAPTURE(cfg.beta1);
+    Vec p = rand_vec(n, 171, DType::fp32), m(sz(n), 0.0f), v(sz(n), 0.0f);
+    auto dp = device(p, DType::fp32), dm = device(m, DType::fp32), dv = device(v, DType::fp32);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      const Vec g = rand_vec(n, 172 + static_cast<std::uint64_t>(step), DType::fp32, -0.1f, 0.1f);
+      auto dg = device(g, DType::fp32);
+      kg::adam_step(dp->as<float>(), dg->as<float>(), dm->as<float>(), dv->as<float>(), n, step, cfg, kStream);
+      kc::adam_step(p.data(), g.data(), m.data(), v.data(), n, step, cfg);
+    }
+    expect_close("adam p", download(*dp, sz(n), DType::fp32), p, Tol{});
+    expect_close("adam m", download(*dm, sz(n), DType::fp32), m, Tol{});
+    expect_close("adam v", download(*dv, sz(n), DType::fp32), v, Tol{});
+  }
+  kc::SgdConfig sgd;
+  sgd.lr = 0.05;
+  kc::SgdConfig momentum = sgd;
+  momentum.momentum = 0.9;
+  momentum.dampening = 0.1;
+  momentum.weight_decay = 1e-4;
+  kc::SgdConfig nesterov = momentum;
+  nesterov.dampening = 0.0;
+  nesterov.nesterov = true;
+  for (const kc::SgdConfig& cfg : {sgd, momentum, nesterov}) {
+    CAPTURE(cfg.momentum);
+    CAPTURE(cfg.nesterov);
+    Vec p = rand_vec(n, 181, DType::fp32), buf(sz(n), 0.0f);
+    auto dp = device(p, DType::fp32), dbuf = device(buf, DType::fp32);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      const Vec g = rand_vec(n, 182 + static_cast<std::uint64_t>(step), DType::fp32);
+      auto dg = device(g, DType::fp32);
+      kg::sgd_step(dp->as<float>(), dg->as<float>(), cfg.momentum != 0.0 ? dbuf->as<float>() : nullptr, n, step, cfg,
+                   kStream);
+      kc::sgd_step(p.data(), g.data(), cfg.momentum != 0.0 ? buf.data() : nullptr, n, step, cfg);
+    }
+    expect_close("sgd p", download(*dp, sz(n), DType::fp32), p, Tol{});
+    if (cfg.momentum != 0.0) expect_close("sgd momentum", download(*dbuf, sz(n), DType::fp32), buf, Tol{});
+  }
+}
+
+TEST_CASE("multi-tensor Adam: many partitions in one launch, device-side unscaling, the skip flag, 16-bit copies") {
+  kc::AdamConfig cfg;
+  cfg.lr = 2e-3;
+  cfg.weight_decay = 0.1;
+  cfg.decoupled = true;
+  for (DType p16 : {DType::bf16, DType::fp16}) {
+    CAPTURE(dtype_str(p16));
+    // 30 partitions (more than one launch holds), one empty, one of several chunks.
+    std::vector<std::int64_t> sizes;
+    for (int i = 0; i < 30; ++i) sizes.push_back(i == 4 ? 0 : i == 7 ? 200000 : 1000 + 37 * i);
+    std::vector<Vec> p, g, m, v;
+    std::vector<std::unique_ptr<Dev>> dp, dg, dm, dv, dh;
+    std::vector<kg::AdamTensor> tensors;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::int64_t n = sizes[i];
+      p.push_back(rand_vec(n, 190 + i, DType::fp32));
+      g.push_back(rand_vec(n, 290 + i, DType::fp32, -50.0f, 50.0f));
+      m.push_back(rand_vec(n, 390 + i, DType::fp32, -0.01f, 0.01f));
+      v.push_back(rand_vec(n, 490 + i, DType::fp32, 0.0f, 1e-4f));
+      dp.push_back(device(p.back(), DType::fp32));
+      dg.push_back(device(g.back(), DType::fp32));
+      dm.push_back(device(m.back(), DType::fp32));
+      dv.push_back(device(v.back(), DType::fp32));
+      dh.push_back(output(sz(n), p16));
+      kg::AdamTensor t;
+      t.p = dp.back()->as<float>();
+      t.g = dg.back()->as<float>();
+      t.m = dm.back()->as<float>();
+      t.v = dv.back()->as<float>();
+      t.p16 = dh.back()->get();
+      t.n = n;
+      tensors.push_back(t);
+    }
+    const float inv_scale = 1.0f / 64.0f;
+    auto dscale = device(Vec{inv_scale}, DType::fp32);
+    auto dskip = device_raw(std::vector<int>{1});
+    kg::StepOptions opt;
+    opt.grad_scale = dscale->as<float>();
+    opt.skip = dskip->as<int>();
+    opt.p16_dtype = p16;
+    kg::adam_step_multi(tensors.data(), tensors.size(), 1, cfg, opt, kStream);  // skipped: nothing moves
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      CAPTURE(i);
+      expect_close("skipped step p", download(*dp[i], sz(sizes[i]), DType::fp32), p[i], Tol{});
+      expect_close("skipped step m", download(*dm[i], sz(sizes[i]), DType::fp32), m[i], Tol{});
+    }
+    opt.skip = nullptr;
+    kg::adam_step_multi(tensors.data(), tensors.size(), 1, cfg, opt, kStream);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      CAPTURE(i);
+      const std::int64_t n = sizes[i];
+      kc::scale_inplace(g[i].data(), n, inv_scale);
+      kc::adam_step(p[i].data(), g[i].data(), m[i].data(), v[i].data(), n, 1, cfg);
+      expect_close("multi p", download(*dp[i], sz(n), DType::fp32), p[i], Tol{});
+      expect_close("multi m", download(*dm[i], sz(n), DType::fp32), m[i], Tol{});
+      expect_close("multi v", download(*dv[i], sz(n), DType::fp32), v[i], Tol{});
+      expect_close("multi p16", download(*dh[i], sz(n), p16), stored(p[i], p16), Tol{});
+    }
+  }
+}
+
+TEST_CASE("scale_inplace, its device-factor form, and the overflow check on the device") {
+  const std::int64_t n = 9001;
+  for (DType dt : kDtypes) {
+    CAPTURE(dtype_str(dt));
+    const Vec x = rand_vec(n, 201, dt, -4.0f, 4.0f);
+    auto d = device(x, dt);
+    kg::scale_inplace(d->get(), n, 0.125f, dt, kStream);
+    Vec r = x;
+    kc::scale_inplace(r.data(), n, 0.125f);
+    expect_close("scale_inplace", download(*d, sz(n), dt), stored(r, dt), Tol{});
+    auto factor = device(Vec{-3.0f}, DType::fp32);
+    kg::scale_inplace_device(d->get(), n, factor->as<float>(), dt, kStream);
+    kc::scale_inplace(r.data(), n, -3.0f);
+    expect_close("scale_inplace_device", download(*d, sz(n), dt), stored(r, dt), Tol{});
+
+    Dev found(sizeof(int));
+    found.poison();
+    auto clean = device(x, dt);
+    kg::has_inf_or_nan(found.as<int>(), clean->get(), n, false, dt, kStream);
+    CHECK(download_raw<int>(found, 1)[0] == 0);
+    CHECK_FALSE(kc::has_inf_or_nan(x.data(), n));
+    for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
+      Vec y = x;
+      y[sz(n - 3)] = bad;
+      auto dy = device(y, dt);
+      kg::has_inf_or_nan(found.as<int>(), dy->get(), n, false, dt, kStream);
+      CHECK(download_raw<int>(found, 1)[0] == 1);
+      CHECK(kc::has_inf_or_nan(y.data(), n));
+      // accumulate keeps an earlier overflow through a clean buffer
+      kg::has_inf_or_nan(found.as<int>(), clean->get(), n, true, dt, kStream);
+      CHECK(download_raw<int>(found, 1)[0] == 1);
+    }
+    if (dt == DType::fp16) {  // the largest fp16 is finite
+      Vec y = x;
+      y[0] = 65504.0f;
+      auto dy = device(y, dt);
+      kg::has_inf_or_nan(found.as<int>(), dy->get(), n, false, dt, kStream);
+      CHECK(download_raw<int>(found, 1)[0] == 0);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// reductions
+// ------------------------------------------------------------------------------------
+TEST_CASE("sum_squares and sum: the CPU's value to double rounding, the same bits twice, accumulated over buffers") {
+  kg::Context ctx;
+  for (DType dt : kDtypes)
+    for (std::int64_t n : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{1000003}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(n);
+      const Vec x = rand_vec(n, 211, dt, -2.0f, 3.0f), y = rand_vec(n, 212, dt);
+      auto dxin = device(x, dt, 4), dy = device(y, dt);  // x misaligned: the scalar path
+      Dev out(8), out2(8);
+      out.poison();
+      kg::sum_squares(ctx, out.as<double>(), dxin->get(), n, false, dt, kStream);
+      kg::sum_squares(ctx, out2.as<double>(), dxin->get(), n, false, dt, kStream);
+      const double rss = kc::sum_squares(x.data(), n);
+      const double got = download_raw<double>(out, 1)[0];
+      CHECK(std::fabs(got - rss) <= 1e-12 * std::fabs(rss));
+      expect_equal_bits("sum_squares", bits(out), bits(out2));
+      kg::sum_squares(ctx, out.as<double>(), dy->get(), n, true, dt, kStream);
+      const double both = rss + kc::sum_squares(y.data(), n);
+      CHECK(std::fabs(download_raw<double>(out, 1)[0] - both) <= 1e-12 * std::fabs(both));
+      kg::sum(ctx, out.as<double>(), dy->get(), n, false, dt, kStream);
+      const double rs = kc::sum(y.data(), n);
+      double sabs = 0.0;
+      for (float v : y) sabs += std::fabs(static_cast<double>(v));
+      CHECK(std::fabs(download_raw<double>(out, 1)[0] - rs) <= 1e-12 * sabs);
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// fused attention
+// ------------------------------------------------------------------------------------
+namespace {
+
+// got - base against ref - base: the gradient a kernel added into a random initial value.
+// Elementwise: the rounding of the stored sum (an ulp of dt at |ref|) plus 10 bands of the
+// gradient's rms, plus `floor`, an absolute bound on rounding noise that does not shrink
+// with the gradient (see the single-key case below). Overall: the relative L2 error of the
+// added gradient within rel_l2, the same floor allowed on top (‖got − ref‖ <= rel_l2·‖ref −
+// base‖ + √n·floor): a gradient that vanishes has no relative error to speak of.
+void expect_added(const std::string& what, const Vec& got, const Vec& ref, const Vec& base, double rel_l2,
+                  double floor, DType dt) {
+  double ss = 0.0, num = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double r = static_cast<double>(ref[i]) - base[i], g = static_cast<double>(got[i]) - base[i];
+    ss += r * r;
+    num += (g - r) * (g - r);
+  }
+  const double n = static_cast<double>(std::max<std::size_t>(got.size(), 1));
+  const double rms = std::sqrt(ss / n);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double allowed = 10.0 * rel_l2 * rms + eps(dt) * std::fabs(ref[i]) + floor;
+    const double diff = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!(diff <= allowed) && bad++ < 8)
+      std::printf("  %s: element %zu: got %.9g, expected %.9g (allowed %.3g)\n", what.c_str(), i, got[i], ref[i],
+                  allowed);
+  }
+  CHECK(bad == 0);
+  const double rel = std::sqrt(num) / std::max(std::sqrt(ss), 1e-300);
+  INFO(what << ": relative L2 error of the added gradient " << rel << ", band " << rel_l2 << ", rms difference "
+            << std::sqrt(num / n) << ", floor " << floor);
+  CHECK(std::sqrt(num) <= rel_l2 * std::sqrt(ss) + std::sqrt(n) * floor);
+}
+
+// The largest |x|, and the largest sum of |x| over a row of D.
+double max_abs(const Vec& v) {
+  double m = 0.0;
+  for (float x : v) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+double max_row_l1(const Vec& v, std::int64_t D) {
+  double m = 0.0;
+  for (std::size_t r = 0; r < v.size() / sz(D); ++r) {
+    double s = 0.0;
+    for (std::size_t d = 0; d < sz(D); ++d) s += std::fabs(static_cast<double>(v[r * sz(D) + d]));
+    m = std::max(m, s);
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("sdpa: flash forward (O, logsumexp) and deterministic backward against the CPU twin, causal, masks, dropout") {
+  kg::Context ctx;
+  struct Case {
+    std::int64_t B, H, T, D;
+    bool causal, mask;
+    float p;
+  };
+  const Case cases[] = {{2, 2, 130, 64, true, false, 0.0f},  {2, 2, 130, 64, true, false, 0.1f},
+                        {2, 3, 130, 64, false, true, 0.1f},  {1, 2, 37, 16, false, true, 0.0f},
+                        {1, 2, 96, 128, true, false, 0.1f},  {2, 1, 1, 32, false, false, 0.0f},
+                        {1, 1, 200, 32, true, true, 0.2f}};
+  for (DType dt : kDtypes)
+    for (const Case& c : cases) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(c.T);
+      CAPTURE(c.D);
+      CAPTURE(c.causal);
+      CAPTURE(c.mask);
+      CAPTURE(c.p);
+      const std::int64_t n = c.B * c.H * c.T * c.D, rows = c.B * c.H * c.T;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+      const std::uint64_t seed = 4242, offset = std::uint64_t{9} << 32;
+      const Vec q = rand_vec(n, 221, dt, -2.0f, 2.0f), k = rand_vec(n, 222, dt, -2.0f, 2.0f), v = rand_vec(n, 223, dt);
+      Vec mask(sz(c.B * c.T), 0.0f);
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t j = std::max<std::int64_t>(1, c.T - 3 * (b + 1)); j < c.T; ++j) mask[sz(b * c.T + j)] = kg::mask_value(dt);
+      auto dq_in = device(q, dt), dk_in = device(k, dt), dv_in = device(v, dt), dmask = device(mask, dt);
+      const void* mp = c.mask ? dmask->get() : nullptr;
+      const float* cmp = c.mask ? mask.data() : nullptr;
+      auto o = output(sz(n), dt);
+      Dev lse(sz(rows) * 4);
+      lse.poison();
+      kg::sdpa_forward(o->get(), lse.as<float>(), dq_in->get(), dk_in->get(), dv_in->get(), mp, c.B, c.H, c.T, c.D,
+                       c.causal, scale, c.p, seed, offset, dt, kStream);
+      Vec ro(sz(n)), rlse(sz(rows));
+      kc::sdpa_forward(ro.data(), rlse.data(), q.data(), k.data(), v.data(), cmp, c.B, c.H, c.T, c.D, c.causal, scale,
+                       c.p, seed, offset);
+      const Vec go = download(*o, sz(n), dt);
+      // P is rounded to dt before P·V (as flash-attention does): a few ulps of dt on average.
+      expect_close("sdpa_forward O", go, ro,
+                   Tol{dt == DType::fp32 ? 1e-5 : 0.2 * eps(dt), eps(dt) + 16 * 0x1p-23, band(dt)});
+      expect_close("sdpa_forward lse", download(lse, sz(rows), DType::fp32), rlse, Tol{1e-5, 1e-5, 0.0});
+
+      const Vec dout = rand_vec(n, 224, dt);
+      const Vec qi = rand_vec(n, 225, dt, -0.01f, 0.01f), ki = rand_vec(n, 226, dt, -0.01f, 0.01f),
+                vi = rand_vec(n, 227, dt, -0.01f, 0.01f);
+      auto ddout = device(dout, dt);
+      Vec rdq = qi, rdk = ki, rdv = vi;
+      kc::sdpa_backward(rdq.data(), rdk.data(), rdv.data(), dout.data(), q.data(), k.data(), v.data(), rlse.data(),
+                        cmp, c.B, c.H, c.T, c.D, c.causal, scale, c.p, seed, offset);
+      std::vector<unsigned char> first[3];
+      for (int run = 0; run < 2; ++run) {
+        auto gdq = device(qi, dt), gdk = device(ki, dt), gdv = device(vi, dt);
+        kg::sdpa_backward(ctx, gdq->get(), gdk->get(), gdv->get(), ddout->get(), dq_in->get(), dk_in->get(),
+                          dv_in->get(), o->get(), lse.as<float>(), mp, c.B, c.H, c.T, c.D, c.causal, scale, c.p, seed,
+                          offset, dt, kStream);
+        if (run == 0) {
+          // dS is rounded to dt before its products, and O (in dt) gives the row terms.
+          const double b = dt == DType::fp32 ? 1e-4 : 2.0 * band(dt);
+          double floor = dt == DType::fp32 ? 1e-6 : 1e-4;
+          if (c.T == 1 && c.p == 0.0f) {
+            // A single key: P = 1 and O = V, so dS = dP − rowsum(dO∘O) vanishes in exact
+            // arithmetic and dQ = scale·dS·K, dK = scale·dS·Q are what rounding leaves: each
+            // of the two length-D fp32 dot products errs by at most γ_D·‖dO_row‖₁·max|V|
+            // (γ_D ≈ D·2^-24, Higham §3.1), so |dS| <= 2γ_D·‖dO_row‖₁·max|V| on each side, and
+            // GPU and CPU differ by at most twice scale·max|Q, K| times that. (On the H200 at
+            // D = 32 the fp32 difference was 3e-8 rms.)
+            const double gamma = static_cast<double>(c.D) * 0x1p-24;
+            floor = std::max(floor, 2.0 * 2.0 * gamma * static_cast<double>(scale) * std::max(max_abs(q), max_abs(k)) *
+                                        max_row_l1(dout, c.D) * max_abs(v));
+          }
+          expect_added("sdpa_backward dq", download(*gdq, sz(n), dt), rdq, qi, b, floor, dt);
+          expect_added("sdpa_backward dk", download(*gdk, sz(n), dt), rdk, ki, b, floor, dt);
+          expect_added("sdpa_backward dv", download(*gdv, sz(n), dt), rdv, vi, b, floor, dt);
+          first[0] = bits(*gdq);
+          first[1] = bits(*gdk);
+          first[2] = bits(*gdv);
+        } else {
+          expect_equal_bits("sdpa_backward dq", first[0], bits(*gdq));
+          expect_equal_bits("sdpa_backward dk", first[1], bits(*gdk));
+          expect_equal_bits("sdpa_backward dv", first[2], bits(*gdv));
+        }
+      }
+    }
+  // Head dims the kernels are not built for are refused by name.
+  Dev dummy(64);
+  CHECK_FALSE(kg::sdpa_supports(48));
+  CHECK_THROWS_AS(kg::sdpa_forward(dummy.get(), dummy.as<float>(), dummy.get(), dummy.get(), dummy.get(), nullptr, 1, 1,
+                                   1, 48, false, 1.0f, 0.0f, 0, 0, DType::bf16, kStream),
+                  std::invalid_argument);
+}
+
+TEST_CASE("kernels refuse storage dtypes other than fp32, bf16, fp16 by name") {
+  Dev dummy(64);
+  CHECK_THROWS_AS(kg::gelu_forward(dummy.get(), dummy.get(), 4, DType::i64, kStream), std::invalid_argument);
+  CHECK_THROWS_AS(kg::convert(dummy.get(), DType::u8, dummy.get(), DType::fp32, 4, kStream), std::invalid_argument);
+}
