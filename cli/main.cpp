@@ -8,11 +8,14 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include "core/json_util.hpp"
 #include "models/graph.hpp"
 #include <fmt/format.h>
 
+#include "cli/calibrate.hpp"
 #include "cli/collectives.hpp"
 #include "cli/compare.hpp"
 #include "cli/explain.hpp"
@@ -83,6 +86,7 @@ void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::st
   c->add_option("--nodes", r.nodes, "multiply the cluster's node across an InfiniBand fabric");
   c->add_option("--nic-gbps", r.nic_gbps, "NIC speed in Gb/s for --nodes");
   c->add_option("--interference", r.interference, "compute slowdown while communication overlaps (default: device profile)");
+  c->add_option("--profile", r.profile, "a cluster profile (zeroplan calibrate --out): its fitted coefficients and interval");
   c->add_option("--micro-batch", micro, "override train_micro_batch_size_per_gpu (GAS follows)");
   c->add_option("--seq-len", seq, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
@@ -202,6 +206,8 @@ int main(int argc, char** argv) {
   pl->add_option("--nic-gbps", plan_req.base.nic_gbps, "NIC speed in Gb/s for --nodes");
   pl->add_option("--gpus", plan_req.base.gpus, "ranks (default: the cluster's GPUs); with --gpu: one node of N");
   pl->add_option("--gpu", plan_req.base.gpu, "GPU type for --gpus N (zeroplan devices)");
+  pl->add_option("--profile", plan_req.base.profile,
+                 "a cluster profile (zeroplan calibrate --out): its coefficients; candidates within its interval are ties");
   pl->add_option("--global-batch", plan_global, "train_batch_size (default: BASE.json's)");
   pl->add_option("--seq-len", plan_seq, "sequence length (default: the model's max positions)");
   pl->add_option("--attention", plan_req.base.attention, zp::cli::attention_help());
@@ -225,6 +231,44 @@ int main(int argc, char** argv) {
                  "skip candidates the CPU executor would need longer for (default 10)");
   pl->add_option("--verify-launcher", plan_req.verify_launcher, "rank launcher, {N} = ranks (default: mpirun --oversubscribe -np {N})");
   pl->add_flag("--json", plan_req.base.json, "machine-readable output");
+
+  zp::cli::CalibrateRequest cal;
+  std::string cal_seq, cal_micro;
+  bool cal_list = false;
+  auto* calib = app.add_subcommand("calibrate", "fit the simulator's coefficients to measurements (nccl-tests, DeepSpeed "
+                                                "logs and runs, train --out, or micro-benchmarks on this machine's GPUs) "
+                                                "and write a cluster profile for --profile");
+  calib->add_option("--nccl-tests", cal.nccl_tests, "nccl-tests output (FILE or KIND=FILE, e.g. all_reduce=ar.txt); repeatable");
+  calib->add_option("--deepspeed-log", cal.deepspeed_logs,
+                    "a DeepSpeed training log with wall_clock_breakdown (with --model, --ds-config, --seq-len); repeatable");
+  calib->add_option("--deepspeed-runs", cal.deepspeed_runs,
+                    "recorded DeepSpeed runs (tests/data/deepspeed/*.json) or a list of logs with their configs; repeatable");
+  calib->add_option("--train-out", cal.train_out, "a `zeroplan train --out` measurement of one rank; repeatable");
+  calib->add_option("--device", cal.device, "cuda: micro-benchmarks on this machine's GPUs (the GEMMs and ops of --model, "
+                                            "collectives through NCCL)");
+  calib->add_option("--budget", cal.budget_minutes, "--device: minutes the benchmarks may take (default 5)");
+  calib->add_option("--model", cal.model, "the model a log or train --out ran, or --device measures");
+  calib->add_option("--ds-config", cal.ds_config, "the ds_config the DeepSpeed log ran with");
+  calib->add_option("--seq-len", cal_seq, "sequence length of the run (default: the model's max positions)");
+  calib->add_option("--micro-batch", cal_micro, "override train_micro_batch_size_per_gpu (GAS follows)");
+  calib->add_option("--attention", cal.attention, zp::cli::attention_help());
+  calib->add_flag("--activation-checkpointing", cal.activation_checkpointing, "the run checkpointed activations");
+  calib->add_option("--skip-steps", cal.skip_steps, "DeepSpeed steps left out as warm-up (default 1)");
+  calib->add_option("--cluster", cal.cluster, "the cluster the measurements ran on: preset, JSON file or NCCL topology XML");
+  calib->add_option("--nodes", cal.nodes, "multiply the cluster's node across its fabric");
+  calib->add_option("--nic-gbps", cal.nic_gbps, "NIC speed in Gb/s for --nodes");
+  calib->add_option("--gpus", cal.gpus, "one node of N GPUs (with --gpu) instead of --cluster");
+  calib->add_option("--gpu", cal.gpu, "GPU type for --gpus N (zeroplan devices)");
+  calib->add_option("--fit", cal.fit, "parameters to fit: names and groups (compute, host, collective, collective-detail, "
+                                      "all); default: what the data can determine");
+  calib->add_option("--fit-where", cal.fit_where, "fit only observations with these tags (KEY=V1|V2,KEY=...); the rest "
+                                                  "are held out and reported");
+  calib->add_option("--profile", cal.start_profile, "start from this cluster profile instead of the defaults");
+  calib->add_option("--threads", cal.threads, "threads for the fit (default 0: every core)");
+  calib->add_option("--out", cal.out, "write the cluster profile here (calibration/profiles/NAME.json)");
+  calib->add_flag("--report", cal.report, "each source's fit: measured vs predicted per size, kernel and phase");
+  calib->add_flag("--list-params", cal_list, "list every parameter calibration can fit, and what determines it");
+  calib->add_flag("--json", cal.json, "machine-readable output");
 
   zp::cli::ReportRequest rep_req;
   auto* rep = zp::cli::add_report_command(app, rep_req);
@@ -321,6 +365,24 @@ int main(int argc, char** argv) {
       const auto kinds = zp::cli::parse_coll_kinds("--ops", coll_ops);
       if (coll_json) std::cout << zp::cli::collectives_json(cluster, ranks, lo, hi, coll_factor, kinds).dump(2) << "\n";
       else std::cout << zp::cli::collectives_table(cluster, ranks, lo, hi, coll_factor, kinds);
+    } else if (*calib) {
+      if (cal_list) {
+        std::cout << zp::cli::params_table();
+        return 0;
+      }
+      if (!cal_seq.empty()) cal.seq_len = parse_positive("--seq-len", cal_seq);
+      if (!cal_micro.empty()) cal.micro_batch = parse_positive("--micro-batch", cal_micro);
+      std::optional<zp::calibration::ProgressBar> bar;
+      zp::calibration::Progress progress;
+      if (!cal.device.empty()) {
+        bar.emplace(isatty(fileno(stderr)) != 0, cal.budget_minutes * 60);
+        progress = [&bar](double f, const std::string& what) { (*bar)(f, what); };
+      }
+      const auto o = zp::cli::run_calibrate(cal, progress);
+      if (bar) bar->finish();
+      print_warnings(o.warnings);
+      if (cal.json) std::cout << o.json.dump(2) << "\n";
+      else std::cout << o.text;
     } else if (*rep) {
       rep_req.command = zp::cli::report_command_line(argc, argv);
       const auto o = zp::cli::run_report(rep_req, argv[0]);

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "calibration/profile.hpp"
 #include "core/error.hpp"
 #include "core/file_io.hpp"
 #include "core/json_util.hpp"
@@ -80,8 +81,18 @@ Inputs load_inputs(const SimRequest& req) {
   }
   if (req.rank && (*req.rank < 0 || *req.rank >= in.world_size))
     throw InputError("--rank", "", fmt::format("must be in [0, {}] for {} ranks, got {}", in.world_size - 1, in.world_size, *req.rank));
-  in.collectives = std::make_shared<const sim::CollectiveModel>(in.cluster);
   in.profile = sim::default_profile(*in.device);
+  std::vector<std::string> profile_warnings;
+  if (!req.profile.empty()) {
+    // A cluster profile's coefficients replace the defaults (compute, host, collective).
+    const calibration::ClusterProfile cp = calibration::load_cluster_profile(req.profile);
+    calibration::apply_profile(cp, *in.device, in.profile, in.cluster);
+    profile_warnings = calibration::compatibility_warnings(cp, in.cluster, in.world_size, calibration::local_nccl_version());
+    in.profile_file = req.profile;
+    in.profile_rel_sd = cp.uncertainty.iteration_rel_sd;
+    in.profile_basis = cp.uncertainty.basis;
+  }
+  in.collectives = std::make_shared<const sim::CollectiveModel>(in.cluster);
   // The host's optimizer throughput is shared by the ranks of a node.
   in.profile.cpu_adam_params_per_second /= std::max(1, std::min(in.world_size, in.cluster.gpus_per_node));
   if (req.interference) {
@@ -113,6 +124,7 @@ Inputs load_inputs(const SimRequest& req) {
                                                   in.model.max_positions, in.model.name, in.seq_len));
   in.activation_checkpointing = req.activation_checkpointing || in.cfg.activation_checkpointing_present;
   in.warnings = in.cfg.warnings;
+  in.warnings.insert(in.warnings.end(), profile_warnings.begin(), profile_warnings.end());
   if (!attention.note.empty()) in.warnings.push_back(attention.note);
   if (in.cfg.sparse_attention.present)
     in.warnings.push_back(fmt::format(
@@ -322,7 +334,16 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   // tell a prediction of another configuration.
   j["ds_config"] = in.cfg.raw.is_object() ? zp::json::canonical(in.cfg.raw) : nlohmann::json::object();
   j["results"] = nlohmann::json::array();
-  for (const auto& r : rs) j["results"].push_back(result_json(r, full_critical_path));
+  for (const auto& r : rs) {
+    j["results"].push_back(result_json(r, full_critical_path));
+    if (!in.profile_file.empty()) {
+      // One standard deviation of the profile's residuals around the iteration time.
+      const double t = r.time.report.phases.iteration.ms(), s = in.profile_rel_sd;
+      j["results"].back()["time"]["iteration_interval_ms"] = {t * (1 - s), t * (1 + s)};
+    }
+  }
+  if (!in.profile_file.empty())
+    j["profile"] = {{"file", in.profile_file}, {"iteration_rel_sd", in.profile_rel_sd}, {"basis", in.profile_basis}};
   return j;
 }
 
@@ -359,6 +380,15 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
   out += fmt::format("times per optimizer step of {} micro-steps on {} ({}); bwd_ar_ms: backward time the compute "
                      "stream spent not computing (exposed communication); comm_MB: bytes sent per rank\n",
                      first.batch.gas, in.cluster.name, in.profile.source.empty() ? "default profile" : "device profile");
+  if (!in.profile_file.empty()) {
+    out += fmt::format("with profile {}: iteration times carry ±{:.1f}% (one standard deviation; {}):", in.profile_file,
+                       100 * in.profile_rel_sd, in.profile_basis);
+    for (const auto& r : rs) {
+      const double t = r.time.report.phases.iteration.ms(), s = in.profile_rel_sd;
+      out += fmt::format(" stage {} {:.1f}-{:.1f} ms;", r.stage, t * (1 - s), t * (1 + s));
+    }
+    out.back() = '\n';
+  }
   if (!critical_path) return out;
   out += fmt::format("\ncritical path: the chain of events that sets the iteration time, "
                      "its length by kind and its {} longest events\n", kPathEventsShown);

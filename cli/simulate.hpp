@@ -44,6 +44,7 @@ struct SimRequest {
   bool json = false;
   bool critical_path = false;            // --critical-path: the path event by event
   bool check_batch = true;               // false: the caller sets the batch (plan)
+  std::string profile;                   // --profile: a cluster profile (zeroplan calibrate --out)
 };
 
 // Everything one configuration's prediction needs, loaded and validated once.
@@ -62,6 +63,10 @@ struct Inputs {
   models::Transformers transformers = models::kDefaultTransformers;
   bool keep_output = false;
   std::vector<std::string> warnings;
+  // --profile: its file and the relative standard deviation its predictions carry (0: none).
+  std::string profile_file;
+  double profile_rel_sd = 0;
+  std::string profile_basis;
 };
 
 struct StageResult {

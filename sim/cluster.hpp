@@ -3,6 +3,7 @@
 // topology from which the rings and trees a collective would use are derived.
 // Sources: presets in sim/clusters/*.json, a user JSON file, or NCCL's topology XML
 // (the file NCCL_TOPO_DUMP_FILE writes) for the node description.
+#include <array>
 #include <map>
 #include <optional>
 #include <string>
@@ -19,6 +20,33 @@ enum class IntraNode {
   nvlink_mesh,   // direct NVLinks between GPU pairs (DGX-1 hybrid cube mesh)
   pcie,          // PCIe only, through a tree of PCIe switches and the CPU root complex
   shared_memory, // CPU ranks: processes on one host
+};
+
+// The collective model's coefficients that calibration fits (docs/calibration.md): a factor on
+// every latency term and on every bandwidth the model takes from the topology, per level
+// (inside a node, across nodes), algorithm and protocol, and the pipeline fill fraction φ.
+// The defaults (factors of 1, φ = 0.6) are the model of docs/collectives.md; a cluster
+// profile (calibration/profiles/*.json, `--profile`) replaces them.
+struct CollectiveCoefficients {
+  enum Level { intra = 0, inter = 1 };
+  static constexpr int kLevels = 2;
+  static constexpr int kAlgos = 4;   // ring, tree, nvls, p2p (sim::Algo's order)
+  static constexpr int kProtos = 3;  // LL, LL128, Simple (sim::Proto's order)
+  using Table = std::array<double, kLevels * kAlgos * kProtos>;
+  static constexpr std::size_t at(int level, int algo, int proto) {
+    return static_cast<std::size_t>((level * kAlgos + algo) * kProtos + proto);
+  }
+  static constexpr Table ones() {
+    Table t{};
+    for (auto& x : t) x = 1.0;
+    return t;
+  }
+  // Latency terms at that level: the base latency and intra-node hops (intra), network hops (inter).
+  Table latency = ones();
+  // Bandwidth from the topology at that level: the node's rings (intra), its NICs (inter).
+  Table bandwidth = ones();
+  double fill_fraction = 0.6;        // φ of the warm-up term (collective_model.cpp)
+  bool operator==(const CollectiveCoefficients&) const = default;
 };
 
 // A measured bus-bandwidth curve that overrides the model for one collective kind.
@@ -47,6 +75,7 @@ struct ClusterSpec {
   int nics_per_node = 0;
   double nic_gbps = 0;                // Gb/s per NIC
   std::map<zero::CollKind, MeasuredCurve> measured;  // optional overrides
+  CollectiveCoefficients collective;  // the model's fitted coefficients (defaults: docs/collectives.md)
   std::string source;                 // where the description came from
   // Added with the topology model:
   std::string description;            // one human sentence (preset JSON "description")

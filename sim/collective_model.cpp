@@ -64,7 +64,7 @@ constexpr double kNvlsChunk = 128 * 1024;  // NCCL_NVLS_CHUNKSIZE default
 // Payload bytes of one buffer step per channel (src/init.cc default buffer sizes / NCCL_STEPS):
 // LL 512 KiB of 16-byte lines, half payload; LL128 4.9 MB, 120 of 128 bytes; Simple 4 MiB.
 constexpr double kStepBytes[3] = {32768.0, 614400.0 * 120.0 / 128.0, 524288.0};
-constexpr double kFillFraction = 0.6;  // φ, fitted (see the header comment)
+// φ (fitted, see the header comment) is CollectiveCoefficients::fill_fraction, 0.6 by default.
 constexpr double kP2pPerPeer = 1.0;    // µs to post one peer's send/recv (assumption, uncalibrated)
 
 int arch_index(const std::string& arch) {
@@ -96,11 +96,11 @@ struct Candidate {
   double time_per_byte = 0;  // when > 0, replaces 1 / algbw
 };
 
-double candidate_time(const Candidate& c, double bytes) {
+double candidate_time(const Candidate& c, double bytes, double fill_fraction) {
   const double per_byte = c.time_per_byte > 0 ? c.time_per_byte : 1.0 / c.algbw;
   const double transfer = bytes * per_byte;
   const double lat = c.latency_us * kMicro * (bytes >= c.plateau_bytes ? c.plateau : 1.0);
-  return lat + transfer + std::min(kFillFraction * transfer, c.fill_max_s);
+  return lat + transfer + std::min(fill_fraction * transfer, c.fill_max_s);
 }
 
 }  // namespace
@@ -164,7 +164,18 @@ std::vector<Candidate> CollectiveModel::Derived::build(CollKind kind, const Grou
   const int i2 = nodes <= 2 ? nodes - 1 : 2;
   const int nch = std::max(1, p.channels);
   const double ll_max = kLlMaxBw[nodes == 1 ? a : 0][i2] * kGiga;
-  const double B = p.ring_bw.v;
+  // The calibrated factors (CollectiveCoefficients) of a level, algorithm and protocol.
+  using CC = CollectiveCoefficients;
+  const CC& k = c.collective;
+  auto lat = [&](int level, Algo al, int pr) { return k.latency[CC::at(level, static_cast<int>(al), pr)]; };
+  auto bwf = [&](int level, Algo al, int pr) { return k.bandwidth[CC::at(level, static_cast<int>(al), pr)]; };
+  // The ring's bus bandwidth (the slower of the node's rings and its NICs) under the
+  // factors of one algorithm and protocol.
+  auto ring_bus = [&](Algo al, int pr) {
+    double b = p.intra_bw.v * bwf(CC::intra, al, pr);
+    if (nodes > 1) b = std::min(b, p.inter_bw.v * bwf(CC::inter, al, pr));
+    return b;
+  };
   const double base_scale = shm && nodes == 1 ? 0.0 : 1.0;  // host-memory rings have no kernel launch
   // Protocols NCCL enables: LL128 only over NVLink paths (and PCIe-switch-local NICs); host
   // memory uses plain copies.
@@ -185,6 +196,7 @@ std::vector<Candidate> CollectiveModel::Derived::build(CollKind kind, const Grou
     const double ratio = chain ? 1.0 : static_cast<double>(n) / nsteps;
     for (int pr = 0; pr < 3; ++pr) {
       if (!proto_ok(pr)) continue;
+      const double B = ring_bus(Algo::ring, pr);
       double bus = B;
       if (pr == kLL) bus = std::min(ll_max, 0.5 * B);
       if (pr == kLL128) bus = std::min(0.92 * B, nch * kPerChRingLL128[a][i2] * kGiga);
@@ -194,7 +206,8 @@ std::vector<Candidate> CollectiveModel::Derived::build(CollKind kind, const Grou
       Candidate cd;
       cd.algo = Algo::ring;
       cd.proto = static_cast<Proto>(pr);
-      cd.latency_us = kBaseRing[pr] * base_scale + (nsteps - inter_steps) * intra_lat + inter_steps * inter_lat;
+      cd.latency_us = (kBaseRing[pr] * base_scale + (nsteps - inter_steps) * intra_lat) * lat(CC::intra, Algo::ring, pr) +
+                      inter_steps * inter_lat * lat(CC::inter, Algo::ring, pr);
       cd.algbw = bus * ratio;
       cd.fill_max_s = fill(nsteps, pr, bus);
       if (ar && pr == kSimple && nodes > 1) {  // NCCL's ring plateau once every channel has data
@@ -209,6 +222,7 @@ std::vector<Candidate> CollectiveModel::Derived::build(CollKind kind, const Grou
   if (kind == CollKind::all_reduce && !shm) {
     for (int pr = 0; pr < 3; ++pr) {
       if (!proto_ok(pr)) continue;
+      const double B = ring_bus(Algo::tree, pr);
       double bus = std::min(0.92 * B, nch * kPerChTree[a][i2] * kGiga);
       if (pr == kLL) bus = std::min(bus / 3.8, ll_max);
       if (pr == kLL128)
@@ -219,7 +233,8 @@ std::vector<Candidate> CollectiveModel::Derived::build(CollKind kind, const Grou
       Candidate cd;
       cd.algo = Algo::tree;
       cd.proto = static_cast<Proto>(pr);
-      cd.latency_us = kBaseTree[pr] + 2 * ((ppn - 1) * intra_lat + log2i(nodes) * inter_lat);
+      cd.latency_us = (kBaseTree[pr] + 2 * (ppn - 1) * intra_lat) * lat(CC::intra, Algo::tree, pr) +
+                      2 * log2i(nodes) * inter_lat * lat(CC::inter, Algo::tree, pr);
       cd.algbw = 0.5 * bus;
       cd.fill_max_s = fill(2.0 * depth, pr, bus);
       out.push_back(cd);
@@ -233,11 +248,11 @@ std::vector<Candidate> CollectiveModel::Derived::build(CollKind kind, const Grou
     const double eff = kNvlsEfficiency[a] * kNvlsSwitchFraction;
     const bool ar = kind == CollKind::all_reduce;
     const int nsteps = ar ? 2 * (n - 1) : n - 1;
-    double bus = p.intra_bw.v * eff;
+    double bus = p.intra_bw.v * eff * bwf(CC::intra, Algo::nvls, kSimple);
     Candidate cd;
     cd.algo = Algo::nvls;
     cd.proto = Proto::simple;
-    cd.latency_us = kNvlsLatency;
+    cd.latency_us = kNvlsLatency * lat(CC::intra, Algo::nvls, kSimple);
     if (ar) {
       bus *= 2.0;  // reduce-scatter and all-gather halves pipelined through the switch
       cd.algbw = bus * n / nsteps;
@@ -254,18 +269,19 @@ std::vector<Candidate> CollectiveModel::Derived::build(CollKind kind, const Grou
     for (int pr : {kLL, kSimple}) {
       if (!proto_ok(pr)) continue;
       const double scale = pr == kLL ? 0.5 : 1.0;
-      const double a2a = p.a2a_bw.v * scale;
+      const double a2a = p.a2a_bw.v * scale * bwf(CC::intra, Algo::p2p, pr);
       Candidate cd;
       cd.algo = Algo::p2p;
       cd.proto = static_cast<Proto>(pr);
       const LinkClass far = nodes > 1 ? LinkClass::net : p.intra_class;
-      cd.latency_us = kBaseRing[pr] * base_scale + hop(far, false, pr, c) + (n - 1) * kP2pPerPeer;
+      cd.latency_us = (kBaseRing[pr] * base_scale + hop(far, false, pr, c) + (n - 1) * kP2pPerPeer) *
+                      lat(nodes > 1 ? CC::inter : CC::intra, Algo::p2p, pr);
       // Per byte of S: the share sent inside the node over the all-pairs bandwidth, and the
       // node's share leaving it through the NICs, whichever takes longer.
       const double intra_share = static_cast<double>(std::max(ppn - 1, 0)) / n;
       double per_byte = std::isfinite(a2a) && a2a > 0 ? intra_share / a2a : 0.0;
       if (nodes > 1) {
-        double inter = p.inter_bw.v * scale;
+        double inter = p.inter_bw.v * scale * bwf(CC::inter, Algo::p2p, pr);
         if (pr == kLL) inter = std::min(inter, ll_max);
         per_byte = std::max(per_byte, ppn * static_cast<double>(n - ppn) / n / inter);
       }
@@ -283,6 +299,12 @@ CollectiveModel::CollectiveModel(const ClusterSpec& cluster) : cluster_(cluster)
   d->topo = std::make_unique<Topology>(cluster_);
   d->arch = arch_index(find_device(cluster_.gpu).arch);
   d_ = std::move(d);
+}
+
+CollectiveModel CollectiveModel::with_coefficients(const CollectiveCoefficients& k) const {
+  CollectiveModel m = *this;  // shares the topology and its group plans
+  m.cluster_.collective = k;
+  return m;
 }
 
 double CollectiveModel::busbw_factor(zero::CollKind kind, int n) {
@@ -343,7 +365,7 @@ std::vector<CollectiveCost> CollectiveModel::candidates(zero::CollKind kind, con
     throw std::invalid_argument("cluster '" + cluster_.name + "' gives this group no bandwidth (NICs of 0 Gb/s?)");
   const double bytes = static_cast<double>(total.v);
   for (const Candidate& cd : d_->build(kind, p, cluster_))
-    out.push_back(finish(cd, candidate_time(cd, bytes), kind, p.ranks, bytes));
+    out.push_back(finish(cd, candidate_time(cd, bytes, cluster_.collective.fill_fraction), kind, p.ranks, bytes));
   return out;
 }
 

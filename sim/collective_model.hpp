@@ -45,6 +45,8 @@ class CollectiveModel {
   std::vector<CollectiveCost> candidates(zero::CollKind kind, const std::vector<int>& ranks, Bytes total) const;
 
   const ClusterSpec& cluster() const { return cluster_; }
+  // The same cluster under other coefficients (calibration), sharing this model's topology.
+  CollectiveModel with_coefficients(const CollectiveCoefficients& k) const;
 
  private:
   ClusterSpec cluster_;

@@ -261,6 +261,50 @@ HostCosts default_host_costs() {
   return c;
 }
 
+DeviceProfile profile_from_json(const std::string& file, const std::string& key_path, const nlohmann::json& obj) {
+  return read_profile(json::Reader{file, key_path}, obj, {});
+}
+
+nlohmann::json profile_to_json(const DeviceProfile& p) {
+  auto us = [](Seconds s) { return s.v / kMicro; };
+  const HostCosts& h = p.host;
+  nlohmann::json steps = nlohmann::json::object();
+  auto step = [&](const char* key, const HostCosts::Step& s) {
+    steps[key] = {{"base_us", us(s.base)}, {"per_tensor_us", us(s.per_tensor)}};
+  };
+  step("fp16_optimizer", h.fp16_optimizer);
+  step("bf16_optimizer", h.bf16_optimizer);
+  step("zero_optimizer", h.zero_optimizer);
+  step("zero3_optimizer", h.zero3_optimizer);
+  step("plain", h.plain);
+  return {{"device", p.device},
+          {"peak_tensor_tflops", p.peak_tensor_flops.v / kTera},
+          {"peak_fp32_tflops", p.peak_fp32_flops.v / kTera},
+          {"hbm_gbps", p.hbm_bandwidth.v / kGiga},
+          {"gemm_max_efficiency", p.gemm_max_efficiency},
+          {"gemm_half_dim", p.gemm_half_dim},
+          {"gemm_unaligned_factor", p.gemm_unaligned_factor},
+          {"elementwise_efficiency", p.elementwise_efficiency},
+          {"kernel_launch_us", us(p.kernel_launch)},
+          {"kernels_per_op", p.kernels_per_op},
+          {"d2d_copy_gbps", p.d2d_copy_bandwidth.v / kGiga},
+          {"pcie_h2d_gbps", p.pcie_h2d.v / kGiga},
+          {"host_memcpy_gbps", p.host_memcpy_bandwidth.v / kGiga},
+          {"cpu_adam_params_per_second", p.cpu_adam_params_per_second},
+          {"comm_compute_interference", p.comm_compute_interference},
+          {"fp32_gemm_tf32", p.fp32_gemm_tf32},
+          {"host",
+           {{"forward_op_us", us(h.forward_op)},
+            {"backward_op_us", us(h.backward_op)},
+            {"grad_hook_us", us(h.grad_hook)},
+            {"stage3_module_forward_us", us(h.stage3_module_forward)},
+            {"stage3_module_backward_us", us(h.stage3_module_backward)},
+            {"stage3_grad_hook_us", us(h.stage3_grad_hook)},
+            {"step", steps},
+            {"source", h.source}}},
+          {"source", p.source}};
+}
+
 DeviceProfile load_profile(const std::string& path) {
   const json::json doc = json::parse_file(path);
   if (!doc.is_object()) throw InputError(path, "", "must be a JSON object holding one device profile");
@@ -345,9 +389,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
   // fp32 models run their GEMMs on the fp32 cores (PyTorch's default leaves TF32 matmuls off),
   // or in TF32 at half the 16-bit tensor peak where the profile says the stack allows it.
-  const double peak = g_.opt.act_dtype != DType::fp32 ? p_.peak_tensor_flops.v
-                      : p_.fp32_gemm_tf32           ? 0.5 * p_.peak_tensor_flops.v
-                                                    : p_.peak_fp32_flops.v;
+  const double peak = p_.gemm_peak(g_.opt.act_dtype);
   const double gemm_time = flops.v / (peak * eff);
   return Seconds{std::max(gemm_time, mem_time) + launch};
 }

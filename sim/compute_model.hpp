@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/units.hpp"
 #include "models/graph.hpp"
 #include "sim/device.hpp"
@@ -71,6 +73,12 @@ struct DeviceProfile {
   bool fp32_gemm_tf32 = false;
   HostCosts host;                           // the training host's framework work
   std::string source;
+  // The GEMM peak for activations of dtype `act`: the tensor cores for 16-bit, TF32 (half
+  // the 16-bit peak) for fp32 where fp32_gemm_tf32, else the fp32 cores. MFU is taken
+  // against it too.
+  double gemm_peak(DType act) const {
+    return act != DType::fp32 ? peak_tensor_flops.v : fp32_gemm_tf32 ? 0.5 * peak_tensor_flops.v : peak_fp32_flops.v;
+  }
 };
 // The host costs measured on the H200 machine (the default of every profile without its own).
 HostCosts default_host_costs();
@@ -80,6 +88,11 @@ Seconds host_cost(const HostCosts& c, const zero::Event& e);
 // Defaults for a device from sim/profiles.json (or derived from the device database).
 DeviceProfile default_profile(const DeviceSpec& dev);
 DeviceProfile load_profile(const std::string& path);
+// One profile object in the format of sim/profiles.json's entries, read as strictly (a
+// misspelled or missing key is an InputError naming `file` and the key under `key_path`),
+// and a profile written back in that format (what calibration writes into cluster profiles).
+DeviceProfile profile_from_json(const std::string& file, const std::string& key_path, const nlohmann::json& obj);
+nlohmann::json profile_to_json(const DeviceProfile& p);
 // Every entry of a profile database in the format of sim/profiles.json (strict).
 std::vector<DeviceProfile> load_profiles(const std::string& path);
 // GEMM efficiency of the profile: max_eff · s(m) · s(n) · s(k), in (0, gemm_max_efficiency],

@@ -70,9 +70,8 @@ TimeSummary simulate_time(const zero::Program& p, const models::OpGraph& g, cons
   s.tokens_per_s = s.samples_per_s * static_cast<double>(i.seq_len);
   const double model_flops = (g.fwd_flops().v + g.bwd_flops().v) * static_cast<double>(i.gas);
   s.tflops = model_flops / t / 1e12;
-  // MFU against the peak of the arithmetic the model uses (fp32 runs without tensor cores).
-  const double peak = g.opt.act_dtype == DType::fp32 ? compute.profile().peak_fp32_flops.v
-                                                     : compute.profile().peak_tensor_flops.v;
+  // MFU against the peak of the arithmetic the model's GEMMs use (TF32 or the fp32 cores for fp32).
+  const double peak = compute.profile().gemm_peak(g.opt.act_dtype);
   s.mfu = peak > 0 ? model_flops / t / peak : 0;
   return s;
 }

@@ -1,0 +1,132 @@
+#pragma once
+// What calibration fits to: one common observation type for every source (nccl-tests tables,
+// DeepSpeed logs and recorded runs, `zeroplan train --out` files, micro-benchmarks on the
+// device). An observation says what ran (a collective over a group, a kernel of a given
+// shape, a phase of a training step), on what (dtype, bytes, FLOPs, group) and the time
+// measured; the predictor (predictor.hpp) prices the same thing through the simulator.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/units.hpp"
+#include "models/attention.hpp"
+#include "models/graph.hpp"
+#include "sim/cluster.hpp"
+#include "zero/ds_config.hpp"
+#include "zero/program.hpp"
+
+namespace zp::calibration {
+
+enum class ObsKind : std::uint8_t {
+  collective,  // one collective over a group of ranks (nccl-tests, the device sweep)
+  kernel,      // one kernel or op on one GPU (micro-benchmarks, train --out events)
+  phase,       // one phase of a training step (DeepSpeed timers, recorded runs, train --out)
+};
+const char* obs_kind_name(ObsKind k);
+
+// One collective: nccl-tests' S (the logical buffer) over `ranks` ranks on `nodes` nodes.
+struct CollectiveSample {
+  zero::CollKind kind = zero::CollKind::all_reduce;
+  int ranks = 0;
+  int nodes = 1;
+  int ranks_per_node = 0;
+  Bytes bytes{};
+  std::string dtype;                 // nccl-tests' type column (float, half, bfloat16, ...)
+  std::vector<int> group;            // the global ranks when known (a program's group); else
+                                     // ranks_per_node ranks on each of `nodes` nodes
+};
+
+// What a kernel observation measured.
+enum class KernelClass : std::uint8_t {
+  gemm,        // GEMMs (one op's, forward or backward)
+  memory,      // bandwidth-bound kernels (elementwise, normalisation, softmax, loss, optimizer)
+  attention,   // fused attention (sdpa, flash_attention), priced through its GEMMs
+  copy_d2d,    // memcpy within the device
+  copy_h2d,    // host ↔ device
+  copy_host,   // memcpy within host memory
+  collective,  // a collective event of a train --out file (its group and bytes in `coll`)
+};
+const char* kernel_class_name(KernelClass k);
+
+struct KernelSample {
+  KernelClass cls = KernelClass::memory;
+  std::string name;                  // e.g. "gemm 4096x2304x768 bf16", the op's name
+  std::vector<models::Gemm> gemms;   // forward geometry (the compute model derives the backward's)
+  Flops flops{};
+  Bytes bytes{};                     // bytes read + written
+  DType dtype = DType::bf16;         // the activations' dtype (tensor cores unless fp32)
+  bool backward = false;             // the op's backward (twice the kernels; dA and dB GEMMs)
+};
+
+// The phases DeepSpeed's wall_clock_breakdown times (utils/timer.py), and the iteration.
+enum class PhaseName : std::uint8_t { forward, backward, backward_inner, backward_allreduce, step, iteration };
+const char* phase_label(PhaseName p);
+constexpr int kNumPhaseNames = 6;
+
+// Wall time as DeepSpeed's timers see it, or the GPU's busy time inside the phase (the
+// union of kernel intervals, as tools/deepspeed_reference.py reduces a profiler trace).
+enum class Quantity : std::uint8_t { wall, gpu_busy };
+const char* quantity_name(Quantity q);
+
+struct PhaseSample {
+  int run = -1;                      // index into Dataset::runs
+  PhaseName phase = PhaseName::forward;
+  Quantity quantity = Quantity::wall;
+};
+
+struct Observation {
+  ObsKind kind = ObsKind::kernel;
+  std::string source;                // "FILE:LINE" or "FILE: run NAME"
+  std::string label;                 // one line for reports
+  CollectiveSample coll;
+  KernelSample kernel;
+  PhaseSample phase;
+  Seconds measured{};
+  double spread = 0;                 // relative standard deviation of the repeats (0: unknown)
+  Seconds floor{};                   // added to measured and predicted before their ratio is
+                                     // taken, for phases that may be near 0 (bwd_allreduce)
+  int repeats = 1;
+  // Attributes `--fit-where` selects by: source, kind, model, stage, dtype, micro_batch, op, ...
+  std::map<std::string, std::string> tags;
+  bool fit = true;                   // false: held out (reported, not fitted)
+};
+
+// A training configuration that phase observations refer to.
+struct RunConfig {
+  std::string name;
+  std::string source;                // where it was read
+  std::string model;                 // as --model takes it
+  zero::DsConfig cfg;
+  std::int64_t seq_len = 0;
+  models::Attention attention = models::kDefaultAttention;
+  int world_size = 1;
+  bool activation_checkpointing = false;
+  std::map<std::string, std::string> tags;
+};
+
+// What the measurements say about the machine they were taken on (profile metadata).
+struct Environment {
+  std::string gpu_name;              // as the driver names it ("NVIDIA H200")
+  int gpu_count = 0;
+  int nodes = 0;
+  std::string driver, cuda, nccl, deepspeed, torch, host;
+  std::string date;                  // of the measurements, when they say
+  // Where each field came from (for conflicts: two sources naming different NCCL versions).
+  std::map<std::string, std::string> origin;
+};
+
+struct Dataset {
+  std::vector<Observation> obs;
+  std::vector<RunConfig> runs;
+  Environment env;
+  std::vector<std::string> warnings;
+  std::vector<std::string> files;    // every source read
+};
+
+// Merges `from` into `into` (runs renumbered); conflicting environment fields are warned about.
+void merge(Dataset& into, Dataset from);
+
+}  // namespace zp::calibration

@@ -1,0 +1,336 @@
+#include "calibration/params.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/json_util.hpp"
+
+namespace zp::calibration {
+
+namespace {
+
+constexpr double kMicro = 1e-6;
+constexpr double kGiga = 1e9;
+
+using CC = sim::CollectiveCoefficients;
+
+const char* const kLevelNames[CC::kLevels] = {"intra", "inter"};
+const char* const kAlgoNames[CC::kAlgos] = {"ring", "tree", "nvls", "p2p"};
+const char* const kProtoNames[CC::kProtos] = {"ll", "ll128", "simple"};
+
+ParamDef scalar(std::string name, ParamGroup g, std::string unit, std::string what, std::string by, double lo,
+                double hi, bool coarse, std::function<double(const ModelParams&)> get,
+                std::function<void(ModelParams&, double)> set) {
+  ParamDef d;
+  d.fields = {name};
+  d.name = std::move(name);
+  d.group = g;
+  d.unit = std::move(unit);
+  d.what = std::move(what);
+  d.determined_by = std::move(by);
+  d.lo = lo;
+  d.hi = hi;
+  d.coarse = coarse;
+  d.get = std::move(get);
+  d.set = std::move(set);
+  return d;
+}
+
+// A host cost in µs: linear (0 is a legitimate value), steps of 100 µs.
+ParamDef host_us(const std::string& name, std::string what, std::string by, Seconds sim::HostCosts::*field) {
+  ParamDef d = scalar(
+      "host." + name, ParamGroup::host, "us", std::move(what), std::move(by), 0, 1e6, true,
+      [field](const ModelParams& m) { return (m.device.host.*field).v / kMicro; },
+      [field](ModelParams& m, double v) { m.device.host.*field = Seconds{v * kMicro}; });
+  d.log_scale = false;
+  d.typical = 100;
+  return d;
+}
+
+ParamDef step_us(const std::string& wrapper, bool base, sim::HostCosts::Step sim::HostCosts::*field) {
+  const std::string name = fmt::format("host.step.{}.{}", wrapper, base ? "base_us" : "per_tensor_us");
+  ParamDef d = scalar(
+      name, ParamGroup::host, "us",
+      base ? fmt::format("the {} step's fixed host work", wrapper)
+           : fmt::format("the {} step's host work per parameter tensor", wrapper),
+      base ? fmt::format("step phases of runs whose optimizer DeepSpeed wraps in {}", wrapper)
+           : fmt::format("step phases of {} runs of models with different numbers of parameter tensors", wrapper),
+      0, 1e6, true,
+      [field, base](const ModelParams& m) {
+        const auto& s = m.device.host.*field;
+        return (base ? s.base : s.per_tensor).v / kMicro;
+      },
+      [field, base](ModelParams& m, double v) {
+        auto& s = m.device.host.*field;
+        (base ? s.base : s.per_tensor) = Seconds{v * kMicro};
+      });
+  d.log_scale = false;
+  d.typical = base ? 1000 : 100;
+  return d;
+}
+
+// A collective factor over every (algorithm, protocol) cell that matches; the cells keep
+// their ratios (the parameter is their geometric mean and moves them together).
+ParamDef collective_factor(bool bandwidth, int level, int algo, int proto) {
+  std::vector<std::size_t> cells;
+  for (int a = 0; a < CC::kAlgos; ++a)
+    for (int p = 0; p < CC::kProtos; ++p) {
+      if (algo >= 0 && a != algo) continue;
+      if (proto >= 0 && p != proto) continue;
+      if (a == 2 && (level == CC::inter || p != 2)) continue;  // NVLS: one node, Simple only
+      cells.push_back(CC::at(level, a, p));
+    }
+  std::string name = fmt::format("collective.{}.{}", kLevelNames[level], bandwidth ? "bandwidth" : "latency");
+  if (algo >= 0) name += fmt::format(".{}", kAlgoNames[algo]);
+  if (proto >= 0) name += fmt::format(".{}", kProtoNames[proto]);
+  const std::string where = level == CC::intra ? "inside a node" : "between nodes";
+  std::string scope = algo < 0 ? "every algorithm and protocol"
+                               : proto < 0 ? fmt::format("{} (every protocol)", kAlgoNames[algo])
+                                           : fmt::format("{} with {}", kAlgoNames[algo], kProtoNames[proto]);
+  const std::string what = bandwidth
+                               ? fmt::format("factor on the bandwidth {} the topology gives, for {}", where, scope)
+                               : fmt::format("factor on the latency terms {}, for {}", where, scope);
+  std::string by = level == CC::intra
+                       ? "collectives among GPUs of one node (nccl-tests on one node with 2 or more GPUs)"
+                       : "collectives across nodes (nccl-tests on 2 or more nodes, or calibrate --device cuda under mpirun "
+                         "on several nodes)";
+  by += bandwidth ? ", at large messages (64 MiB and more)" : ", at small messages (64 KiB and less)";
+  if (algo >= 0) by += fmt::format(", of the sizes where the model picks {}", scope);
+  ParamDef d;
+  d.name = name;
+  d.group = ParamGroup::collective;
+  d.unit = "";
+  d.what = what;
+  d.determined_by = by;
+  d.lo = 0.01;
+  d.hi = 100;
+  // The default set: bandwidth per level, latency per level and algorithm (a ring's and a
+  // tree's latencies grow differently with the group, so one factor cannot serve both).
+  d.coarse = proto < 0 && (bandwidth ? algo < 0 : algo >= 0);
+  d.detail = algo >= 0 && proto >= 0;
+  d.stage = bandwidth ? 0 : 1;
+  for (std::size_t c : cells) d.fields.push_back(fmt::format("collective.{}[{}]", bandwidth ? "bandwidth" : "latency", c));
+  d.get = [cells, bandwidth](const ModelParams& m) {
+    const auto& t = bandwidth ? m.collective.bandwidth : m.collective.latency;
+    double s = 0;
+    for (std::size_t c : cells) s += std::log(t[c]);
+    return std::exp(s / static_cast<double>(cells.size()));
+  };
+  d.set = [cells, bandwidth, get = d.get](ModelParams& m, double v) {
+    const double ratio = v / get(m);
+    auto& t = bandwidth ? m.collective.bandwidth : m.collective.latency;
+    for (std::size_t c : cells) t[c] *= ratio;
+  };
+  return d;
+}
+
+std::vector<ParamDef> build_registry() {
+  std::vector<ParamDef> r;
+  using M = ModelParams;
+  // Compute model (sim/compute_model.hpp).
+  r.push_back(scalar("compute.gemm_max_efficiency", ParamGroup::compute, "",
+                     "GEMM efficiency of large products (fraction of the peak tensor FLOP/s)",
+                     "GEMMs of large shapes (calibrate --device cuda) or GEMM-bound phases of training runs", 0.01, 1,
+                     true, [](const M& m) { return m.device.gemm_max_efficiency; },
+                     [](M& m, double v) { m.device.gemm_max_efficiency = v; }));
+  r.push_back(scalar("compute.gemm_half_dim", ParamGroup::compute, "",
+                     "GEMM dimension at which one factor of the efficiency curve is half (x / (x + h))",
+                     "GEMMs of small and large dimensions (calibrate --device cuda), or runs of several micro-batches",
+                     1, 1e5, true, [](const M& m) { return m.device.gemm_half_dim; },
+                     [](M& m, double v) { m.device.gemm_half_dim = v; }));
+  r.push_back(scalar("compute.gemm_unaligned_factor", ParamGroup::compute, "",
+                     "factor on GEMM efficiency when a dimension is not a multiple of 16 bytes",
+                     "a GEMM with a dimension not a multiple of 8 elements (GPT-2's vocabulary of 50257)", 0.01, 1, true,
+                     [](const M& m) { return m.device.gemm_unaligned_factor; },
+                     [](M& m, double v) { m.device.gemm_unaligned_factor = v; }));
+  r.push_back(scalar("compute.elementwise_efficiency", ParamGroup::compute, "",
+                     "fraction of the HBM bandwidth bandwidth-bound kernels reach",
+                     "bandwidth-bound kernels of several MiB (elementwise, normalisation, softmax), or phases they dominate",
+                     0.01, 1, true, [](const M& m) { return m.device.elementwise_efficiency; },
+                     [](M& m, double v) { m.device.elementwise_efficiency = v; }));
+  r.push_back(scalar("compute.kernel_launch_us", ParamGroup::compute, "us", "launch overhead per kernel",
+                     "kernels too small to be bandwidth- or FLOP-bound (a few KiB)", 0.01, 1000, true,
+                     [](const M& m) { return m.device.kernel_launch.v / kMicro; },
+                     [](M& m, double v) { m.device.kernel_launch = Seconds{v * kMicro}; }));
+  r.push_back(scalar("compute.d2d_copy_gbps", ParamGroup::compute, "GB/s",
+                     "memcpy within the device (bytes read + written)", "device-to-device copies of several MiB", 0.1,
+                     1e5, true, [](const M& m) { return m.device.d2d_copy_bandwidth.v / kGiga; },
+                     [](M& m, double v) { m.device.d2d_copy_bandwidth = BytesPerSecond{v * kGiga}; }));
+  r.push_back(scalar("compute.pcie_h2d_gbps", ParamGroup::compute, "GB/s", "host ↔ device copies, per direction",
+                     "host-to-device copies of several MiB, or runs with offload_optimizer", 0.1, 1e5, true,
+                     [](const M& m) { return m.device.pcie_h2d.v / kGiga; },
+                     [](M& m, double v) { m.device.pcie_h2d = BytesPerSecond{v * kGiga}; }));
+  r.push_back(scalar("compute.host_memcpy_gbps", ParamGroup::compute, "GB/s",
+                     "memcpy within host memory (bytes read + written)",
+                     "host memory copies of several MiB, or runs with offload_optimizer", 0.1, 1e5, true,
+                     [](const M& m) { return m.device.host_memcpy_bandwidth.v / kGiga; },
+                     [](M& m, double v) { m.device.host_memcpy_bandwidth = BytesPerSecond{v * kGiga}; }));
+  r.push_back(scalar("compute.cpu_adam_params_per_second", ParamGroup::compute, "1/s",
+                     "DeepSpeed CPUAdam throughput on the host (parameters per second)",
+                     "step phases of runs with offload_optimizer", 1e6, 1e13, true,
+                     [](const M& m) { return m.device.cpu_adam_params_per_second; },
+                     [](M& m, double v) { m.device.cpu_adam_params_per_second = v; }));
+  {
+    ParamDef d = scalar("compute.comm_compute_interference", ParamGroup::compute, "",
+                        "slowdown of compute while a collective overlaps it (rate 1 / (1 + x))",
+                        "runs with overlap_comm on and off whose communication overlaps compute", 0, 10, true,
+                        [](const M& m) { return m.device.comm_compute_interference; },
+                        [](M& m, double v) { m.device.comm_compute_interference = v; });
+    d.log_scale = false;
+    d.typical = 0.5;
+    r.push_back(std::move(d));
+  }
+  // Host costs (sim::HostCosts), run by the event engine on the host's clock.
+  using H = sim::HostCosts;
+  const std::string wall = "wall-clock phases of runs whose host bounds them (DeepSpeed logs, recorded runs)";
+  r.push_back(host_us("forward_op_us", "host work per forward op (dispatch, launches, the module's Python)",
+                      "forward " + wall, &H::forward_op));
+  r.push_back(host_us("backward_op_us", "host work per backward node (autograd)", "backward " + wall,
+                      &H::backward_op));
+  r.push_back(host_us("grad_hook_us", "DeepSpeed's gradient hook per parameter (stages 1 and 2)",
+                      "backward phases of stage 1 or 2 runs beside stage 0 runs of the same model", &H::grad_hook));
+  r.push_back(host_us("stage3_module_forward_us", "stage 3's fetch coordinator per module visit in forward",
+                      "forward phases of stage 3 runs", &H::stage3_module_forward));
+  r.push_back(host_us("stage3_module_backward_us", "stage 3's coordinator per module visit in backward",
+                      "backward phases of stage 3 runs", &H::stage3_module_backward));
+  r.push_back(host_us("stage3_grad_hook_us", "stage 3's gradient hook per parameter",
+                      "backward phases of stage 3 runs of models with different numbers of parameter tensors",
+                      &H::stage3_grad_hook));
+  for (const auto& [w, f] : std::vector<std::pair<std::string, H::Step H::*>>{{"fp16_optimizer", &H::fp16_optimizer},
+                                                                              {"bf16_optimizer", &H::bf16_optimizer},
+                                                                              {"zero_optimizer", &H::zero_optimizer},
+                                                                              {"zero3_optimizer", &H::zero3_optimizer},
+                                                                              {"plain", &H::plain}}) {
+    r.push_back(step_us(w, true, f));
+    r.push_back(step_us(w, false, f));
+  }
+  // Collective model (sim::CollectiveCoefficients): the coarse factors per level first.
+  for (int level = 0; level < CC::kLevels; ++level) {
+    r.push_back(collective_factor(true, level, -1, -1));
+    r.push_back(collective_factor(false, level, -1, -1));
+  }
+  {
+    ParamDef d = scalar("collective.fill_fraction", ParamGroup::collective, "",
+                        "the pipeline warm-up's share of a mid-size transfer (φ, collective_model.cpp)",
+                        "collectives of mid-size messages (1 to 64 MiB) beside small and large ones", 0, 5, true,
+                        [](const M& m) { return m.collective.fill_fraction; },
+                        [](M& m, double v) { m.collective.fill_fraction = v; });
+    d.log_scale = false;
+    d.typical = 0.5;
+    r.push_back(std::move(d));
+  }
+  for (int level = 0; level < CC::kLevels; ++level)
+    for (int algo = 0; algo < CC::kAlgos; ++algo) {
+      if (algo == 2 && level == CC::inter) continue;
+      for (bool bw : {true, false}) r.push_back(collective_factor(bw, level, algo, -1));
+    }
+  for (int level = 0; level < CC::kLevels; ++level)
+    for (int algo = 0; algo < CC::kAlgos; ++algo)
+      for (int proto = 0; proto < CC::kProtos; ++proto) {
+        if (algo == 2 && (level == CC::inter || proto != 2)) continue;
+        for (bool bw : {true, false}) r.push_back(collective_factor(bw, level, algo, proto));
+      }
+  for (auto& d : r) {
+    if (d.name == "compute.gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
+        d.name == "compute.kernel_launch_us")
+      d.stage = 1;
+    if (d.name == "compute.comm_compute_interference" || d.name == "collective.fill_fraction") d.stage = 2;
+  }
+  return r;
+}
+
+}  // namespace
+
+const char* param_group_name(ParamGroup g) {
+  switch (g) {
+    case ParamGroup::compute: return "compute";
+    case ParamGroup::host: return "host";
+    case ParamGroup::collective: return "collective";
+  }
+  return "?";
+}
+
+const std::vector<ParamDef>& param_registry() {
+  static const std::vector<ParamDef> r = build_registry();
+  return r;
+}
+
+const ParamDef* find_param(const std::string& name) {
+  for (const auto& d : param_registry())
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+std::vector<const ParamDef*> parse_fit_spec(const std::string& spec) {
+  std::vector<const ParamDef*> out;
+  std::set<std::string> seen;
+  auto add = [&](const ParamDef* d) {
+    if (seen.insert(d->name).second) out.push_back(d);
+  };
+  std::size_t pos = 0;
+  bool any = false;
+  while (pos <= spec.size()) {
+    const std::size_t comma = spec.find(',', pos);
+    std::string tok = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    tok.erase(0, tok.find_first_not_of(' '));
+    tok.erase(tok.find_last_not_of(' ') + 1);
+    pos = comma == std::string::npos ? spec.size() + 1 : comma + 1;
+    if (tok.empty()) continue;
+    any = true;
+    if (tok == "all") {
+      for (const auto& d : param_registry())
+        if (d.group != ParamGroup::collective || d.coarse) add(&d);
+    } else if (tok == "compute" || tok == "host" || tok == "collective") {
+      for (const auto& d : param_registry())
+        if (d.coarse && param_group_name(d.group) == tok) add(&d);
+    } else if (tok == "collective-detail") {
+      for (const auto& d : param_registry())
+        if (d.detail) add(&d);
+      add(find_param("collective.fill_fraction"));
+    } else if (const ParamDef* d = find_param(tok)) {
+      add(d);
+    } else {
+      std::vector<std::string> names = {"all", "compute", "host", "collective", "collective-detail"};
+      for (const auto& p : param_registry()) names.push_back(p.name);
+      const std::string near = json::closest(tok, names);
+      throw InputError("--fit", "",
+                       fmt::format("unknown parameter '{}'{}; give names from `zeroplan calibrate --list-params` or the "
+                                   "groups compute, host, collective, collective-detail, all",
+                                   json::printable(tok), near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
+    }
+  }
+  if (!any) throw InputError("--fit", "", "is empty; give parameter names or groups (compute, host, collective, all)");
+  std::map<std::string, std::string> owner;
+  for (const ParamDef* d : out)
+    for (const auto& f : d->fields) {
+      auto [it, fresh] = owner.emplace(f, d->name);
+      if (!fresh)
+        throw InputError("--fit", "",
+                         fmt::format("{} and {} change the same coefficient; fit one of them (the finer one splits the "
+                                     "coarser by algorithm or protocol)",
+                                     it->second, d->name));
+    }
+  return out;
+}
+
+std::vector<const ParamDef*> default_fit_set(bool kernels, bool collectives, bool phases, bool multi_rank_phases) {
+  std::vector<const ParamDef*> out;
+  for (const auto& d : param_registry()) {
+    if (!d.coarse) continue;
+    bool take = false;
+    switch (d.group) {
+      case ParamGroup::compute: take = kernels || phases; break;
+      case ParamGroup::host: take = phases; break;
+      case ParamGroup::collective: take = collectives || multi_rank_phases; break;
+    }
+    if (take) out.push_back(&d);
+  }
+  return out;
+}
+
+}  // namespace zp::calibration

@@ -1,0 +1,244 @@
+#include "calibration/predictor.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "models/model_config.hpp"
+#include "sim/compute_model.hpp"
+#include "sim/predict.hpp"
+#include "sim/timing.hpp"
+
+namespace zp::calibration {
+
+namespace {
+
+enum Bucket { kFwd = 0, kBwd = 1, kStep = 2 };
+
+// Which DeepSpeed timer window an event falls in: forward, backward (with its recomputation
+// and the reductions DeepSpeed issues from the backward hooks and epilogue), or the step.
+Bucket bucket_of(const zero::Event& e) {
+  if (e.micro_step < 0) return kStep;
+  switch (e.phase) {
+    case zero::Phase::forward: return kFwd;
+    case zero::Phase::backward:
+    case zero::Phase::recompute:
+    case zero::Phase::reduction: return kBwd;
+    default: return kStep;
+  }
+}
+
+bool on_device(const zero::Event& e) {
+  if (e.kind == zero::EventKind::marker || e.stream == zero::Stream::host) return false;
+  if (e.kind == zero::EventKind::optimizer && e.src == zero::Placement::host) return false;
+  if (e.kind == zero::EventKind::copy && e.src == zero::Placement::host && e.dst == zero::Placement::host) return false;
+  return true;
+}
+
+double union_length(std::vector<std::pair<double, double>>& iv) {
+  std::sort(iv.begin(), iv.end());
+  double total = 0, end = -1e300;
+  for (const auto& [a, b] : iv) {
+    if (a > end) {
+      total += b - a;
+      end = b;
+    } else if (b > end) {
+      total += b - end;
+      end = b;
+    }
+  }
+  return total;
+}
+
+// The ranks of a group of `ranks` ranks spread as nccl-tests ran them: ranks_per_node on each
+// node, in order.
+std::vector<int> group_of(const CollectiveSample& c, const sim::ClusterSpec& cl, const std::string& source) {
+  if (!c.group.empty()) {
+    for (int r : c.group)
+      if (r < 0 || r >= cl.world_size())
+        throw InputError(source, "", fmt::format("rank {} is outside cluster {} ({} GPUs)", r, cl.name, cl.world_size()));
+    return c.group;
+  }
+  const int per = c.ranks_per_node > 0 ? c.ranks_per_node : c.ranks;
+  if (c.nodes > cl.nodes || per > cl.gpus_per_node)
+    throw InputError(source, "",
+                     fmt::format("{} ranks on {} node{} ({} per node) do not fit cluster {} ({}); give the --cluster "
+                                 "(and --nodes) the measurement ran on",
+                                 c.ranks, c.nodes, c.nodes == 1 ? "" : "s", per, cl.name, sim::describe_cluster(cl)));
+  std::vector<int> out;
+  int left = c.ranks;
+  for (int node = 0; node < c.nodes && left > 0; ++node)
+    for (int l = 0; l < per && left > 0; ++l, --left) out.push_back(node * cl.gpus_per_node + l);
+  if (left > 0)
+    throw InputError(source, "", fmt::format("{} ranks do not fit {} nodes of {} ranks", c.ranks, c.nodes, per));
+  return out;
+}
+
+}  // namespace
+
+PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t) {
+  PhasePrediction out;
+  auto set = [&](PhaseName ph, Quantity q, double v) {
+    out.seconds[static_cast<std::size_t>(ph)][static_cast<std::size_t>(q)] = v;
+  };
+  const auto& ph = t.phases;
+  set(PhaseName::forward, Quantity::wall, ph.forward.v);
+  set(PhaseName::backward, Quantity::wall, ph.backward.v);
+  set(PhaseName::backward_allreduce, Quantity::wall, ph.backward_allreduce.v);
+  set(PhaseName::backward_inner, Quantity::wall, ph.backward.v - ph.backward_allreduce.v);
+  set(PhaseName::step, Quantity::wall, ph.step.v);
+  set(PhaseName::iteration, Quantity::wall, ph.iteration.v);
+  std::array<std::vector<std::pair<double, double>>, 3> iv;
+  std::vector<std::pair<double, double>> all;
+  for (std::size_t i = static_cast<std::size_t>(std::max<zero::EventId>(p.step_begin, 0)); i < p.events.size(); ++i) {
+    const zero::Event& e = p.events[i];
+    const auto& et = t.events[i];
+    if (!(et.end.v > et.start.v) || !on_device(e)) continue;
+    iv[bucket_of(e)].emplace_back(et.start.v, et.end.v);
+    all.emplace_back(et.start.v, et.end.v);
+  }
+  const double fwd = union_length(iv[kFwd]), bwd = union_length(iv[kBwd]), step = union_length(iv[kStep]);
+  set(PhaseName::forward, Quantity::gpu_busy, fwd);
+  set(PhaseName::backward, Quantity::gpu_busy, bwd);
+  set(PhaseName::backward_inner, Quantity::gpu_busy, bwd);
+  set(PhaseName::backward_allreduce, Quantity::gpu_busy, 0);
+  set(PhaseName::step, Quantity::gpu_busy, step);
+  set(PhaseName::iteration, Quantity::gpu_busy, union_length(all));
+  return out;
+}
+
+Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
+    : data_(data), cluster_(cluster), device_(&sim::find_device(cluster.gpu)), collectives_(cluster) {
+  const std::size_t n = data.obs.size();
+  kernel_graph_.assign(n, -1);
+  kernel_op_.assign(n, models::kNone);
+  groups_.resize(n);
+  std::map<DType, int> graph_of_dtype;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Observation& o = data.obs[i];
+    if (o.kind == ObsKind::collective || (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::collective)) {
+      groups_[i] = group_of(o.coll, cluster_, o.source);
+      (void)collectives_.cost(o.coll.kind, groups_[i], o.coll.bytes);  // validates the group against the topology
+      continue;
+    }
+    if (o.kind != ObsKind::kernel) continue;
+    const KernelSample& k = o.kernel;
+    if (k.cls == KernelClass::copy_d2d || k.cls == KernelClass::copy_h2d || k.cls == KernelClass::copy_host) continue;
+    auto [it, fresh] = graph_of_dtype.emplace(k.dtype, static_cast<int>(kernel_graphs_.size()));
+    if (fresh) {
+      kernel_graphs_.emplace_back();
+      kernel_graphs_.back().opt.act_dtype = k.dtype;
+    }
+    kernel_graph_[i] = it->second;
+    if (k.gemms.empty()) continue;
+    models::OpGraph& g = kernel_graphs_[static_cast<std::size_t>(it->second)];
+    models::Op op;
+    op.id = static_cast<models::OpId>(g.ops.size());
+    op.name = k.name;
+    op.kind = models::OpKind::linear;
+    op.gemms = k.gemms;
+    op.fwd_flops = k.flops;
+    op.fwd_bytes = k.bytes;
+    kernel_op_[i] = op.id;
+    g.ops.push_back(std::move(op));
+  }
+  // Runs: lowered once; only their pricing and timing depend on the parameters.
+  runs_.resize(data.runs.size());
+  for (std::size_t r = 0; r < data.runs.size(); ++r) {
+    const RunConfig& rc = data.runs[r];
+    if (rc.world_size > cluster_.world_size())
+      throw InputError(rc.source, "world_size",
+                       fmt::format("{} ranks do not fit cluster {} ({} GPUs)", rc.world_size, cluster_.name, cluster_.world_size()));
+    const models::ModelConfig mc = models::load_model(rc.model);
+    const zero::Batch batch = zero::resolve_batch(rc.cfg, rc.world_size);
+    models::GraphOptions go;
+    go.micro_batch = batch.micro_batch;
+    go.seq_len = rc.seq_len;
+    go.act_dtype = rc.cfg.model_dtype();
+    go.attention = rc.attention;
+    runs_[r].graph = models::build_graph(mc, go);
+    sim::Target t;
+    t.device = device_;
+    t.world_size = rc.world_size;
+    t.activation_checkpointing = rc.activation_checkpointing || rc.cfg.activation_checkpointing_present;
+    runs_[r].program = sim::predict(runs_[r].graph, rc.cfg, batch, t, false).program;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (data.obs[i].kind == ObsKind::phase) {
+      const int r = data.obs[i].phase.run;
+      if (r < 0 || static_cast<std::size_t>(r) >= runs_.size())
+        throw std::logic_error("calibration: a phase observation names no run");
+      runs_[static_cast<std::size_t>(r)].obs.push_back(i);
+    }
+}
+
+void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std::vector<double>& out) const {
+  const std::size_t n = data_.obs.size();
+  out.resize(n, 0.0);
+  auto wanted = [&](std::size_t i) { return want.empty() || want[i] != 0; };
+  const sim::CollectiveModel coll = collectives_.with_coefficients(m.collective);
+  std::vector<sim::ComputeModel> compute;
+  compute.reserve(kernel_graphs_.size());
+  for (const auto& g : kernel_graphs_) compute.emplace_back(m.device, g);
+  std::optional<sim::ComputeModel> copies;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!wanted(i)) continue;
+    const Observation& o = data_.obs[i];
+    if (o.kind == ObsKind::collective) {
+      out[i] = coll.cost(o.coll.kind, groups_[i], o.coll.bytes).time.v;
+      continue;
+    }
+    if (o.kind != ObsKind::kernel) continue;
+    const KernelSample& k = o.kernel;
+    switch (k.cls) {
+      case KernelClass::collective:
+        out[i] = coll.cost(o.coll.kind, groups_[i], o.coll.bytes).time.v;
+        break;
+      case KernelClass::copy_d2d:
+      case KernelClass::copy_h2d:
+      case KernelClass::copy_host: {
+        if (!copies) copies.emplace(m.device, empty_graph_);
+        zero::Event e;
+        e.kind = zero::EventKind::copy;
+        e.mem_bytes = k.bytes;
+        e.src = k.cls == KernelClass::copy_d2d ? zero::Placement::device : zero::Placement::host;
+        e.dst = k.cls == KernelClass::copy_host ? zero::Placement::host : zero::Placement::device;
+        out[i] = copies->cost(e).v;
+        break;
+      }
+      default: {
+        const auto& cm = compute[static_cast<std::size_t>(kernel_graph_[i])];
+        out[i] = cm.compute_cost(kernel_op_[i], k.backward ? zero::Phase::backward : zero::Phase::forward, k.flops, k.bytes)
+                     .v;
+        break;
+      }
+    }
+  }
+  for (std::size_t r = 0; r < runs_.size(); ++r) {
+    const Run& run = runs_[r];
+    if (std::none_of(run.obs.begin(), run.obs.end(), wanted)) continue;
+    sim::DeviceProfile prof = m.device;
+    // The host's optimizer throughput is shared by the node's ranks (as cli::load_inputs does).
+    const RunConfig& rc = data_.runs[r];
+    prof.cpu_adam_params_per_second /= std::max(1, std::min(rc.world_size, cluster_.gpus_per_node));
+    const sim::ComputeModel cm(prof, run.graph);
+    sim::EngineOptions eo;
+    eo.interference = prof.comm_compute_interference;
+    const sim::TimeSummary ts = sim::simulate_time(run.program, run.graph, cm, coll, eo);
+    const PhasePrediction pp = phase_times(run.program, ts.report);
+    for (std::size_t i : run.obs) {
+      const PhaseSample& s = data_.obs[i].phase;
+      out[i] = pp.seconds[static_cast<std::size_t>(s.phase)][static_cast<std::size_t>(s.quantity)];
+    }
+  }
+}
+
+std::vector<double> Predictor::predict(const ModelParams& m) const {
+  std::vector<double> out;
+  predict(m, {}, out);
+  return out;
+}
+
+}  // namespace zp::calibration

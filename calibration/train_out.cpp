@@ -1,0 +1,165 @@
+// `zeroplan train --out` measurements → one observation per timed event. The program is
+// lowered again from the file's configuration, so its event names line up with the measured
+// ones (ARCHITECTURE.md: event ids are shared); each compute, copy and optimizer event
+// becomes a kernel observation and each collective a collective one, priced event by event.
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "calibration/sources.hpp"
+#include "core/error.hpp"
+#include "core/json_util.hpp"
+#include "models/model_config.hpp"
+#include "sim/predict.hpp"
+
+namespace zp::calibration {
+
+namespace fs = std::filesystem;
+
+Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::ClusterSpec& cluster) {
+  const json::json doc = json::parse_file(path);
+  const json::Reader root{path, ""};
+  if (!doc.is_object() || !doc.contains("config") || !doc.contains("events"))
+    throw InputError(path, "", "not a `zeroplan train --out` measurements file (no \"config\" and \"events\")");
+  if (doc.contains("error") && doc.at("error").is_string())
+    throw InputError(path, "error",
+                     fmt::format("the run failed ({}): its times are not a step's", json::printable(doc.at("error").get<std::string>())));
+  const auto& c = doc.at("config");
+  const json::Reader cr = root.sub("config");
+  cr.require_object(c, "config");
+  const std::string model = args.model.empty() ? cr.get_string(c, "model", "") : args.model;
+  if (model.empty()) throw InputError(path, "config.model", "missing required key");
+  std::string ds_path = args.ds_config.empty() ? cr.get_string(c, "ds_config", "") : args.ds_config;
+  if (!ds_path.empty() && !fs::exists(ds_path) && fs::exists(fs::path(path).parent_path() / ds_path))
+    ds_path = (fs::path(path).parent_path() / ds_path).string();
+  if (!ds_path.empty() && !fs::exists(ds_path))
+    throw InputError(path, "config.ds_config",
+                     fmt::format("the ds_config the run used ({}) is not here; give it with --ds-config", json::printable(ds_path)));
+  const int world = static_cast<int>(cr.get_int(c, "world_size", 1, 1, 1 << 20));
+  const int rank = static_cast<int>(cr.get_int(c, "rank", 0, 0, world - 1));
+  if (world > cluster.world_size())
+    throw InputError(path, "config.world_size",
+                     fmt::format("{} ranks do not fit cluster {} of {} GPUs", world, cluster.name, cluster.world_size()));
+  const models::ModelConfig mc = models::load_model(model);
+  zero::DsConfig cfg = ds_path.empty() ? zero::default_ds_config() : zero::load_ds_config(ds_path);
+  if (ds_path.empty()) cfg.train_micro_batch_size_per_gpu = 1;
+  const std::int64_t micro = args.micro_batch.value_or(cr.get_int(c, "micro_batch", 1, 1, 1 << 24));
+  cfg.train_micro_batch_size_per_gpu = micro;
+  if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
+  const zero::Batch batch = zero::resolve_batch(cfg, world);
+  const std::int64_t seq = args.seq_len.value_or(cr.get_int(c, "seq_len", mc.max_positions, 1, mc.max_positions));
+  const models::Attention att = models::choose_attention(mc, args.attention).attention;
+  const bool ckpt = args.activation_checkpointing || cr.get_bool(c, "activation_checkpointing", false) ||
+                    cfg.activation_checkpointing_present;
+
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = seq;
+  go.act_dtype = cfg.model_dtype();
+  go.attention = att;
+  const models::OpGraph g = models::build_graph(mc, go);
+  const sim::DeviceSpec& dev = sim::find_device(cluster.gpu);
+  sim::Target t;
+  t.device = &dev;
+  t.world_size = world;
+  t.rank = rank;
+  t.activation_checkpointing = ckpt;
+  const sim::Prediction pred = sim::predict(g, cfg, batch, t, false);
+  const zero::Program& prog = pred.program;
+
+  const auto& evs = doc.at("events");
+  if (!evs.is_array()) throw InputError(path, "events", "must be an array");
+  const std::size_t first = static_cast<std::size_t>(std::max<zero::EventId>(prog.step_begin, 0));
+  if (evs.size() != prog.events.size() - first)
+    throw InputError(path, "events",
+                     fmt::format("{} events measured, the program lowered from its configuration has {}: give the "
+                                 "--model, --ds-config and --attention it ran with",
+                                 evs.size(), prog.events.size() - first));
+  Dataset ds;
+  ds.files.push_back(path);
+  const std::string backend = cr.get_string(c, "backend", "");
+  const std::string stem = fs::path(model).stem().string();
+  int kept = 0;
+  for (std::size_t i = 0; i < evs.size(); ++i) {
+    const json::Reader er = root.sub(fmt::format("events[{}]", i));
+    const auto& e = evs[i];
+    if (!e.is_object()) throw InputError(path, er.path, "must be an object");
+    const auto id = static_cast<zero::EventId>(first + i);
+    const std::string name = er.get_string(e, "id", "");
+    const std::string want = prog.event_name(id);
+    if (name != want)
+      throw InputError(path, er.key_path("id"),
+                       fmt::format("measured '{}' where the program has '{}': the file comes from another model, "
+                                   "ds_config or attention (give the ones it ran with)",
+                                   json::printable(name), want));
+    if (!e.contains("seconds") || !e.at("seconds").is_number())
+      throw InputError(path, er.key_path("seconds"), "must be a number of seconds");
+    const double s = e.at("seconds").get<double>();
+    if (!std::isfinite(s) || s < 0)
+      throw InputError(path, er.key_path("seconds"), fmt::format("must be a non-negative time, got {}", e.at("seconds").dump()));
+    const zero::Event& ev = prog.events[static_cast<std::size_t>(id)];
+    if (ev.kind == zero::EventKind::marker || s == 0) continue;
+    Observation o;
+    o.kind = ObsKind::kernel;
+    o.source = fmt::format("{}: {}", path, name);
+    o.measured = Seconds{s};
+    o.tags = {{"source", "train"}, {"model", stem}, {"stage", std::to_string(prog.info.stage)}, {"file", path},
+              {"event", name}, {"backend", backend}};
+    KernelSample& k = o.kernel;
+    k.name = name;
+    k.dtype = g.opt.act_dtype;
+    switch (ev.kind) {
+      case zero::EventKind::compute: {
+        k.flops = ev.flops;
+        k.bytes = ev.mem_bytes;
+        k.backward = ev.phase == zero::Phase::backward;
+        k.cls = KernelClass::memory;
+        if (ev.op >= 0) {
+          const models::Op& op = g.ops[static_cast<std::size_t>(ev.op)];
+          k.gemms = op.gemms;
+          if (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention) k.cls = KernelClass::attention;
+          else if (!op.gemms.empty()) k.cls = KernelClass::gemm;
+          o.tags["op"] = models::op_kind_name(op.kind);
+        }
+        break;
+      }
+      case zero::EventKind::copy:
+        k.bytes = ev.mem_bytes;
+        k.cls = ev.src == zero::Placement::host && ev.dst == zero::Placement::host ? KernelClass::copy_host
+                : ev.src != ev.dst                                                 ? KernelClass::copy_h2d
+                                                                                   : KernelClass::copy_d2d;
+        o.tags["op"] = "copy";
+        break;
+      case zero::EventKind::host:
+        continue;  // the framework's host work: the executor runs none of it
+      case zero::EventKind::optimizer:
+        if (ev.src == zero::Placement::host) continue;  // CPU Adam: the host's optimizer, not a kernel
+        k.cls = KernelClass::memory;
+        k.flops = ev.flops;
+        k.bytes = ev.mem_bytes;
+        o.tags["op"] = "optimizer";
+        break;
+      case zero::EventKind::collective: {
+        k.cls = KernelClass::collective;
+        o.coll.kind = ev.coll;
+        o.coll.bytes = Bytes{ev.elements * dtype_size(ev.dtype)};
+        o.coll.group = prog.groups[static_cast<std::size_t>(ev.group)].ranks;
+        o.coll.ranks = static_cast<int>(o.coll.group.size());
+        o.coll.dtype = std::string(dtype_name(ev.dtype));
+        o.tags["op"] = zero::coll_kind_name(ev.coll);
+        if (o.coll.ranks < 2) continue;
+        break;
+      }
+      case zero::EventKind::marker: continue;
+    }
+    o.tags["kind"] = kernel_class_name(k.cls);
+    o.label = fmt::format("{} ({})", name, kernel_class_name(k.cls));
+    ds.obs.push_back(std::move(o));
+    ++kept;
+  }
+  if (kept == 0)
+    throw InputError(path, "events", "no event has a measured time (a run of one step is not timed: train 2 or more)");
+  return ds;
+}
+
+}  // namespace zp::calibration
