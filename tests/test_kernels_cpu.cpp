@@ -238,6 +238,32 @@ TEST_CASE("gemm: every instruction-set variant agrees with the double reference 
   CHECK(kc::cpu_supports(used));
 }
 
+TEST_CASE("gemm: the variants are different code (each keeps its own Eigen instantiations)") {
+  // The baseline variant multiplies and adds apart; AVX2 and AVX-512 fuse them (FMA) and block
+  // differently, so over a long dot product their bits differ somewhere. Were the variants to
+  // share one copy of Eigen's product kernels (the linker keeps one copy of a template
+  // instantiation unless each variant keeps its own), they would agree bit for bit.
+  const auto variants = kc::built_isas();
+  if (std::find(variants.begin(), variants.end(), kc::Isa::baseline) == variants.end()) {
+    MESSAGE("one GEMM variant only (ZEROPLAN_NATIVE=ON): nothing to compare");
+    return;
+  }
+  const std::int64_t m = 16, n = 16, k = 1000;
+  const Vec a = rand_vec(m * k, 41), b = rand_vec(k * n, 42);
+  Vec base(sz(m * n));
+  kc::gemm_fn(kc::Isa::baseline)(base.data(), a.data(), b.data(), m, n, k, false, false, false);
+  int compared = 0;
+  for (const kc::Isa isa : variants) {
+    if (isa == kc::Isa::baseline || !kc::cpu_supports(isa)) continue;
+    CAPTURE(kc::isa_name(isa));
+    Vec c(sz(m * n));
+    kc::gemm_fn(isa)(c.data(), a.data(), b.data(), m, n, k, false, false, false);
+    CHECK(std::memcmp(c.data(), base.data(), c.size() * sizeof(float)) != 0);
+    ++compared;
+  }
+  MESSAGE(compared << " variant(s) beside the baseline on this CPU");
+}
+
 TEST_CASE("bmm: every transpose combination, forward and both operand gradients") {
   const std::int64_t batch = 2, m = 3, n = 4, k = 5;
   for (int ta = 0; ta < 2; ++ta)
