@@ -398,6 +398,7 @@ Dataset read_deepspeed_runs(const std::string& path, const sim::ClusterSpec& clu
     const int run = static_cast<int>(ds.runs.size());
     ds.runs.push_back(make_run(name, fmt::format("{}: {}", path, name), model, cfg, seq, att, world,
                                r.get_bool(e, "activation_checkpointing", false)));
+    ds.runs.back().keep_output = r.get_bool(e, "keep_output", false);  // the harness's knob
     if (e.contains("optimizer_class") && e.at("optimizer_class").is_string())
       ds.runs.back().tags["optimizer"] = e.at("optimizer_class").get<std::string>();
     const std::string src = fmt::format("{}: run {}", path, name);

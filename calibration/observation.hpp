@@ -104,6 +104,7 @@ struct RunConfig {
   models::Attention attention = models::kDefaultAttention;
   int world_size = 1;
   bool activation_checkpointing = false;
+  bool keep_output = false;          // the caller held the model output (--keep-output)
   std::map<std::string, std::string> tags;
 };
 

@@ -153,16 +153,13 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
                        fmt::format("{} ranks do not fit cluster {} ({} GPUs)", rc.world_size, cluster_.name, cluster_.world_size()));
     const models::ModelConfig mc = models::load_model(rc.model);
     const zero::Batch batch = zero::resolve_batch(rc.cfg, rc.world_size);
-    models::GraphOptions go;
-    go.micro_batch = batch.micro_batch;
-    go.seq_len = rc.seq_len;
-    go.act_dtype = rc.cfg.model_dtype();
-    go.attention = rc.attention;
-    runs_[r].graph = models::build_graph(mc, go);
     sim::Target t;
     t.device = device_;
     t.world_size = rc.world_size;
     t.activation_checkpointing = rc.activation_checkpointing || rc.cfg.activation_checkpointing_present;
+    t.keep_output = rc.keep_output;
+    runs_[r].graph = models::build_graph(
+        mc, sim::graph_options(rc.cfg, batch, rc.seq_len, rc.attention, models::kDefaultTransformers, t));
     runs_[r].program = sim::predict(runs_[r].graph, rc.cfg, batch, t, false).program;
   }
   for (std::size_t i = 0; i < n; ++i)

@@ -52,18 +52,14 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   const bool ckpt = args.activation_checkpointing || cr.get_bool(c, "activation_checkpointing", false) ||
                     cfg.activation_checkpointing_present;
 
-  models::GraphOptions go;
-  go.micro_batch = batch.micro_batch;
-  go.seq_len = seq;
-  go.act_dtype = cfg.model_dtype();
-  go.attention = att;
-  const models::OpGraph g = models::build_graph(mc, go);
   const sim::DeviceSpec& dev = sim::find_device(cluster.gpu);
   sim::Target t;
   t.device = &dev;
   t.world_size = world;
   t.rank = rank;
   t.activation_checkpointing = ckpt;
+  const models::OpGraph g =
+      models::build_graph(mc, sim::graph_options(cfg, batch, seq, att, models::kDefaultTransformers, t));
   const sim::Prediction pred = sim::predict(g, cfg, batch, t, false);
   const zero::Program& prog = pred.program;
 

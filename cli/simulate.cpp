@@ -161,14 +161,7 @@ zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int sta
 }
 
 models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch) {
-  models::GraphOptions go;
-  go.micro_batch = batch.micro_batch;
-  go.seq_len = in.seq_len;
-  go.act_dtype = cfg.model_dtype();
-  go.attention = in.attention;
-  go.transformers = in.transformers;
-  go.gradient_checkpointing = in.activation_checkpointing;
-  return go;
+  return sim::graph_options(cfg, batch, in.seq_len, in.attention, in.transformers, target(in));
 }
 
 StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph, bool with_time) {

@@ -190,7 +190,6 @@ class PhaseAccumulator {
 };
 
 constexpr auto kComputeStream = static_cast<std::size_t>(Stream::compute);
-constexpr auto kHostStream = static_cast<std::size_t>(Stream::host);
 
 // The aggregate of micro-step events [from, to) (logical, consecutive).
 MicroAgg micro_agg(const Run& run, std::int64_t from, std::int64_t to) {
@@ -256,10 +255,8 @@ int gap_exposed(const Run& run, std::int64_t L, Nanos prev_end, std::array<Nanos
   if (start - prev_end <= 0) return std::numeric_limits<int>::max();
   int lowest = l.instance(L);
   std::int64_t c = run.bound_by(L);
-  // The host thread's work ends the search: a gap it bound is framework time, not
-  // communication (and walking the host stream back would visit every host event before).
-  while (c >= 0 && !(l.flags(c) & kCollective) && static_cast<std::size_t>(l.stream(c)) != kComputeStream &&
-         static_cast<std::size_t>(l.stream(c)) != kHostStream) {
+  // (Walking the host stream back would also visit every host event before.)
+  while (c >= 0 && passes_binding_on((l.flags(c) & kCollective) != 0, static_cast<zero::Stream>(l.stream(c)))) {
     lowest = std::min(lowest, l.instance(c));
     c = run.bound_by(c);
   }

@@ -43,6 +43,14 @@ struct PhaseTimes {
   bool operator==(const PhaseTimes&) const = default;
 };
 
+// Exposed communication is a compute-stream gap bound by a collective, found back through
+// what bound the event after the gap. An event passes that search on to what bound it when it
+// is off the compute stream and is neither a collective nor the host thread's work (a gap the
+// host bound is framework time). run_events and exposed_intervals both search this way.
+inline bool passes_binding_on(bool collective, zero::Stream s) {
+  return !collective && s != zero::Stream::compute && s != zero::Stream::host;
+}
+
 struct CommStats {
   std::array<Bytes, zero::kNumCollKinds> bytes{};     // bytes sent per rank, by kind
   std::array<Seconds, zero::kNumCollKinds> time{};    // Σ durations, by kind

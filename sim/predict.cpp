@@ -2,6 +2,18 @@
 
 namespace zp::sim {
 
+models::GraphOptions graph_options(const zero::DsConfig& cfg, const zero::Batch& batch, std::int64_t seq_len,
+                                   models::Attention attention, models::Transformers transformers, const Target& t) {
+  models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = seq_len;
+  go.act_dtype = cfg.model_dtype();
+  go.attention = attention;
+  go.transformers = transformers;
+  go.gradient_checkpointing = t.activation_checkpointing;
+  return go;
+}
+
 zero::LowerOptions lower_options(const models::OpGraph& g, const zero::DsConfig& cfg, const Target& t) {
   zero::LowerOptions lo;
   lo.world_size = t.world_size;

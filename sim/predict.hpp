@@ -35,6 +35,12 @@ struct Prediction {
   TimeSummary time;                  // empty when `with_time` is false
 };
 
+// The op graph's options for a configuration on a target: the batch's micro-batch, the
+// config's model dtype, and the target's checkpointing (the graph and the lowering must agree
+// on it: transformers builds no KV cache under gradient checkpointing).
+models::GraphOptions graph_options(const zero::DsConfig& cfg, const zero::Batch& batch, std::int64_t seq_len,
+                                   models::Attention attention, models::Transformers transformers, const Target& t);
+
 // The lowering's options for a target: its world size and rank (the heaviest when unset),
 // checkpointing, the kept model output, the device's library workspaces.
 zero::LowerOptions lower_options(const models::OpGraph& g, const zero::DsConfig& cfg, const Target& t);

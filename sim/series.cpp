@@ -105,11 +105,8 @@ std::vector<ExposedInterval> exposed_intervals(const zero::Program& p, const Tim
       const double gap_lo = end_of(prev), gap_hi = et.start.v;
       if (gap_hi > gap_lo) {
         EventId c = bound_by(e);
-        // Through events off the compute stream that are not collectives, as run_events
-        // does; the host thread's work ends the search (framework time, not communication).
-        while (c >= 0 && p.events[static_cast<std::size_t>(c)].kind != zero::EventKind::collective &&
-               p.events[static_cast<std::size_t>(c)].stream != compute &&
-               p.events[static_cast<std::size_t>(c)].stream != zero::Stream::host)
+        while (c >= 0 && passes_binding_on(p.events[static_cast<std::size_t>(c)].kind == zero::EventKind::collective,
+                                           p.events[static_cast<std::size_t>(c)].stream))
           c = bound_by(c);
         if (c >= 0 && p.events[static_cast<std::size_t>(c)].kind == zero::EventKind::collective) {
           const EventTime& ct = t.events[static_cast<std::size_t>(c)];

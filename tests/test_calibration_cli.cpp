@@ -132,6 +132,15 @@ TEST_CASE("simulate --profile: the fitted coefficients and their interval") {
   CHECK(other.err.find("measured on A100-80GB GPUs, planned on H200-141GB") != std::string::npos);
 }
 
+TEST_CASE("calibrate --activation-checkpointing: the graph is built for the checkpointing it is lowered with") {
+  // The op graph and the lowering must agree on checkpointing (no KV cache under it); the
+  // runs calibrate lowers take both from one place (sim::graph_options).
+  const Run r = run("calibrate " + fixture_sources() + " --activation-checkpointing --json");
+  CAPTURE(r.err);
+  CHECK(r.status == 0);
+  CHECK(r.err.find("internal error") == std::string::npos);
+}
+
 TEST_CASE("plan --profile: the slow fabric changes the choice and its exposed communication, and ties are said") {
   const std::string base = "plan --model gpt2-large --cluster 8xA100-80GB-NVSwitch --nodes 16 --global-batch 16384 "
                            "--seq-len 512 --ds-config " + kFix + "fixture_slow_fabric_ds_config.json --json";
