@@ -8,11 +8,13 @@
 // buffer starts at zero, as torch.zeros would).
 #include <array>
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "core/units.hpp"
+#include "exec/device.hpp"
 #include "sim/caching_allocator.hpp"
 #include "zero/program.hpp"
 
@@ -40,7 +42,8 @@ class AllocationFailed : public std::runtime_error {
 class TrackingAllocator {
  public:
   // `limit`: device bytes that may be live at once (--memory-limit); 0 = none.
-  explicit TrackingAllocator(std::size_t buffers, Bytes limit = Bytes{0});
+  // `device`: where device buffers live (nullptr: host memory, as the CPU device's).
+  explicit TrackingAllocator(std::size_t buffers, Bytes limit = Bytes{0}, Device* device = nullptr);
   ~TrackingAllocator();
   TrackingAllocator(const TrackingAllocator&) = delete;
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
@@ -54,10 +57,18 @@ class TrackingAllocator {
   // Starts a new measured step (peaks restart; live buffers stay).
   void reset_peaks();
   // torch.cuda.empty_cache(): the caching-allocator model releases its free segments.
-  void empty_cache() { cache_.empty_cache(); }
+  void empty_cache();
+  // Device memory reserved now (the segments the device holds for the program).
+  Bytes reserved_now() const { return cache_.reserved(); }
   const AllocatorReport& report() const { return rep_; }
 
  private:
+  bool segmented() const { return device_ && !device_->host_addressable(); }
+  void sync_segments();  // release the segments the model no longer holds
+  void free_host(zero::BufferId id);
+
+  Device* device_ = nullptr;
+  std::map<std::int64_t, void*> segments_;  // the model's segment → the device's memory
   std::vector<void*> ptr_;
   std::vector<std::optional<sim::CachingAllocatorModel::Handle>> handle_;
   std::array<CategoryBytes, 2> live_{};  // [placement][category]

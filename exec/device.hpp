@@ -2,16 +2,29 @@
 // The device backend: what the interpreter asks a device to compute. The interpreter
 // decides nothing here: it binds each op's operands (activations, gradients, params, the
 // token ids and scratch) to this device's memory through Operands, then asks for the op's
-// forward or backward, or for an optimizer update on a flat partition. The CPU device
-// runs kernels/cpu on host memory; a CUDA device runs kernels/cuda on device memory
-// behind the same calls (kernels/ keeps the same signatures for both).
+// forward or backward, for an optimizer update on a flat partition, or for one of the
+// data movements its copy and optimizer events are made of (copy, add, fill, norms), on
+// buffers in their storage dtype. The CPU device runs kernels/cpu on host memory (its ops
+// read fp32 views the interpreter stages); the CUDA device runs kernels/cuda on device
+// memory, each tensor in the dtype the program gives it.
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
+#include "core/dtype.hpp"
 #include "kernels/cpu/optimizer.hpp"
 #include "models/graph.hpp"
 
 namespace zp::exec {
+
+// Elements [off, off + n) of a buffer: its memory (this device's), its storage dtype.
+struct Ref {
+  void* base = nullptr;
+  DType dt = DType::fp32;
+  std::int64_t off = 0;
+  Ref at(std::int64_t k) const { return {base, dt, off + k}; }
+  explicit operator bool() const { return base != nullptr; }
+};
 
 // One op's operands, bound by the interpreter (nullptr: the tensor is not bound, e.g. a
 // gradient nobody needs). Valid for the duration of one forward/backward call.
@@ -19,12 +32,19 @@ class Operands {
  public:
   virtual ~Operands() = default;
   virtual const models::OpGraph& graph() const = 0;
+  // fp32 views (the CPU device's): 16-bit storage is staged as fp32 and rounded back
+  // after the op. Only for a device whose memory the host addresses.
   virtual float* act(models::TensorId t) const = 0;
   virtual float* grad(models::TensorId t) const = 0;
   virtual const std::int64_t* ids(models::TensorId t) const = 0;
   virtual float* param(models::ParamId p) const = 0;
   virtual float* param_grad(models::ParamId p) const = 0;
-  // Per-call working memory, `slot` 0..3, at least `n` floats.
+  // The same tensors as they are stored (any device): id tensors are int64.
+  virtual Ref act_ref(models::TensorId t) const = 0;
+  virtual Ref grad_ref(models::TensorId t) const = 0;  // base nullptr: not bound
+  virtual Ref param_ref(models::ParamId p) const = 0;
+  virtual Ref param_grad_ref(models::ParamId p) const = 0;
+  // Per-call host working memory, `slot` 0..3, at least `n` floats (the CPU device's).
   virtual float* scratch(std::size_t slot, std::int64_t n) = 0;
   // The dropout stream of this micro-step (masks are a function of it and the op id).
   virtual std::uint64_t dropout_seed() const = 0;
@@ -32,22 +52,62 @@ class Operands {
   virtual float loss_grad() const = 0;
 };
 
+// The sum of squares of some elements and whether one of them is not finite (DeepSpeed's
+// gradient norm and fp16 overflow check), gathered over several calls.
+struct NormStats {
+  double sumsq = 0.0;
+  bool nonfinite = false;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
   virtual const char* name() const = 0;
+  // Whether the host can read and write this device's memory through its pointers.
+  virtual bool host_addressable() const = 0;
+  // The program's device buffers: `bytes` of zeroed memory, and its release. Host
+  // buffers (Placement::host) always come from the host.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+
   // y = f(x) of graph op `op` (models::Fn), and its backward: input and param gradients
   // accumulate into what is bound.
   virtual void forward(const models::Op& op, Operands& o) = 0;
   virtual void backward(const models::Op& op, Operands& o) = 0;
-  // Optimizer updates on a flat fp32 partition (`step` counts applied updates from 1).
-  virtual void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t step,
-                         const kernels::cpu::AdamConfig& c) = 0;
-  virtual void sgd_step(float* p, const float* g, float* momentum, std::int64_t n, std::int64_t step,
-                        const kernels::cpu::SgdConfig& c) = 0;
-  virtual void scale(float* x, std::int64_t n, float factor) = 0;
-  // dst[i] += src[i]
-  virtual void accumulate(float* dst, const float* src, std::int64_t n) = 0;
+  // Optimizer updates on a flat fp32 partition (`step` counts applied updates from 1); the
+  // gradient is g·grad_factor (an fp32 g is scaled in place first; a 16-bit one is read
+  // as fp32 and scaled there, as DeepSpeed's fp32 copy of it would be).
+  virtual void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t step,
+                         const kernels::cpu::AdamConfig& c, float grad_factor) = 0;
+  virtual void sgd_step(Ref p, Ref g, Ref momentum, std::int64_t n, std::int64_t step,
+                        const kernels::cpu::SgdConfig& c, float grad_factor) = 0;
+
+  // Data movement, elementwise in fp32 with one rounding per stored element (so a copy
+  // between equal dtypes is exact). dst and src do not overlap.
+  virtual void copy(Ref dst, Ref src, std::int64_t n) = 0;   // dst = src
+  virtual void add(Ref dst, Ref src, std::int64_t n) = 0;    // dst += src
+  virtual void fill(Ref dst, std::int64_t n, float value) = 0;  // other dtypes: 0 only (bytes zeroed)
+  virtual void scale(Ref x, std::int64_t n, float factor) = 0;
+  // Norm statistics: norm_begin clears them; norm_add adds the elements of the sum of
+  // `parts` (each n long); norm_end returns them (the only call that waits for the device).
+  virtual void norm_begin() = 0;
+  virtual void norm_add(std::span<const Ref> parts, std::int64_t n) = 0;
+  virtual NormStats norm_end() = 0;
+  // Between host memory and this device's: fp32 values (converted to/from the storage
+  // dtype) and raw bytes. Return when the host side may be reused or read.
+  virtual void upload(Ref dst, const float* src, std::int64_t n) = 0;
+  virtual void download(float* dst, Ref src, std::int64_t n) = 0;
+  virtual void upload_bytes(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void download_bytes(void* dst, const void* src, std::size_t bytes) = 0;
+
+  // Event timing: the interpreter brackets each event of a step; step_times returns, for
+  // each event bracketed since step_begin, its seconds and its start from the step's
+  // start (waiting for the device first). A device that queues its work (CUDA) times it
+  // where it runs, not where the host queued it.
+  virtual void step_begin(std::size_t events) = 0;
+  virtual void event_begin(std::size_t index) = 0;
+  virtual void event_end(std::size_t index) = 0;
+  virtual void step_times(std::span<double> seconds, std::span<double> starts) = 0;
 };
 
 }  // namespace zp::exec

@@ -1,12 +1,16 @@
 #include "exec/device_cpu.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "exec/numeric.hpp"
 #include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/convert.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/bmm.hpp"
 #include "kernels/cpu/dropout.hpp"
@@ -484,18 +488,148 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
   }
 }
 
-void CpuDevice::adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t step,
-                          const kernels::cpu::AdamConfig& c) {
-  cpu::adam_step(p, g, m, v, n, step, c);
+// ------------------------------------------------------------------ memory and movement
+namespace {
+bool is16(DType t) { return t == DType::bf16 || t == DType::fp16; }
+float* f32p(Ref r) { return static_cast<float*>(r.base) + r.off; }
+// r's n elements as fp32: r itself when it is fp32, else converted into tmp.
+float* as_f32(Ref r, std::int64_t n, std::vector<float>& tmp) {
+  if (!r) return nullptr;
+  if (r.dt == DType::fp32) return f32p(r);
+  tmp.resize(U(n));
+  const auto* raw = static_cast<const std::uint16_t*>(r.base) + r.off;
+  if (r.dt == DType::bf16) cpu::bf16_to_float(tmp.data(), raw, n);
+  else if (r.dt == DType::fp16) cpu::fp16_to_float(tmp.data(), raw, n);
+  else throw std::logic_error("cpu device: a float operand is stored as a non-float dtype");
+  return tmp.data();
+}
+void store_f32(Ref r, const float* v, std::int64_t n) {
+  if (r.dt == DType::fp32) {
+    if (f32p(r) != v) std::copy_n(v, n, f32p(r));
+    return;
+  }
+  auto* raw = static_cast<std::uint16_t*>(r.base) + r.off;
+  if (r.dt == DType::bf16) cpu::float_to_bf16(raw, v, n);
+  else cpu::float_to_fp16(raw, v, n);
+}
+}  // namespace
+
+void* CpuDevice::allocate(std::size_t bytes) {
+  // Zero-filled by calloc: large blocks come as fresh zero pages from the OS, so a bucket
+  // sized for the GPU (reduce_bucket_size 5e8 elements) costs no time or resident memory
+  // until it is written. At least one byte, so addresses are distinct.
+  return std::calloc(std::max<std::size_t>(bytes, 1), 1);
+}
+void CpuDevice::release(void* p) { std::free(p); }
+
+void CpuDevice::copy(Ref dst, Ref src, std::int64_t n) {
+  if (n <= 0) return;
+  if (dst.dt == src.dt) {
+    const auto es = static_cast<std::size_t>(dtype_size(dst.dt));
+    std::memcpy(static_cast<std::byte*>(dst.base) + U(dst.off) * es, static_cast<const std::byte*>(src.base) + U(src.off) * es,
+                U(n) * es);
+    return;
+  }
+  store_f32(dst, as_f32(src, n, tmp_[0]), n);
 }
 
-void CpuDevice::sgd_step(float* p, const float* g, float* momentum, std::int64_t n, std::int64_t step,
-                         const kernels::cpu::SgdConfig& c) {
-  cpu::sgd_step(p, g, momentum, n, step, c);
+void CpuDevice::add(Ref dst, Ref src, std::int64_t n) {
+  if (n <= 0) return;
+  const float* s = as_f32(src, n, tmp_[0]);
+  float* d = as_f32(dst, n, tmp_[1]);
+  cpu::copy_accumulate(d, s, n, true);
+  if (is16(dst.dt)) store_f32(dst, d, n);
 }
 
-void CpuDevice::scale(float* x, std::int64_t n, float factor) { cpu::scale_inplace(x, n, factor); }
+void CpuDevice::fill(Ref dst, std::int64_t n, float value) {
+  if (n <= 0) return;
+  if (dst.dt == DType::fp32) {
+    std::fill_n(f32p(dst), n, value);
+    return;
+  }
+  if (!is16(dst.dt)) {
+    if (value != 0.0f) throw std::logic_error("cpu device: fill of a non-float buffer with a value other than 0");
+    const auto es = static_cast<std::size_t>(dtype_size(dst.dt));
+    std::memset(static_cast<std::byte*>(dst.base) + U(dst.off) * es, 0, U(n) * es);
+    return;
+  }
+  tmp_[0].assign(U(n), value);
+  store_f32(dst, tmp_[0].data(), n);
+}
 
-void CpuDevice::accumulate(float* dst, const float* src, std::int64_t n) { cpu::copy_accumulate(dst, src, n, true); }
+void CpuDevice::scale(Ref x, std::int64_t n, float factor) {
+  if (n <= 0) return;
+  float* v = as_f32(x, n, tmp_[0]);
+  cpu::scale_inplace(v, n, factor);
+  if (is16(x.dt)) store_f32(x, v, n);
+}
+
+void CpuDevice::norm_add(std::span<const Ref> parts, std::int64_t n) {
+  if (parts.size() == 1) {
+    const float* g = as_f32(parts[0], n, tmp_[0]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto v = static_cast<double>(g[i]);
+      norm_.sumsq += v * v;
+      if (!std::isfinite(v)) norm_.nonfinite = true;
+    }
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    double v = 0.0;
+    for (const Ref& r : parts) v += static_cast<double>(load(r.base, r.dt, r.off + i));
+    norm_.sumsq += v * v;
+    if (!std::isfinite(v)) norm_.nonfinite = true;
+  }
+}
+
+void CpuDevice::upload(Ref dst, const float* src, std::int64_t n) { store_f32(dst, src, n); }
+void CpuDevice::download(float* dst, Ref src, std::int64_t n) {
+  const float* v = as_f32(src, n, tmp_[0]);
+  std::copy_n(v, n, dst);
+}
+void CpuDevice::upload_bytes(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuDevice::download_bytes(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+
+// ------------------------------------------------------------------ optimizer
+// Params and states in a 16-bit dtype (a model DeepSpeed leaves in bf16 at stage 0) update
+// in fp32 and round back, as torch's Adam on bf16 tensors computes in fp32 per element.
+void CpuDevice::adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t step,
+                          const kernels::cpu::AdamConfig& c, float grad_factor) {
+  float* gf = as_f32(g, n, tmp_[0]);
+  if (grad_factor != 1.0f) cpu::scale_inplace(gf, n, grad_factor);
+  float* pf = as_f32(p, n, tmp_[1]);
+  float* mf = as_f32(m, n, tmp_[2]);
+  float* vf = as_f32(v, n, tmp_[3]);
+  cpu::adam_step(pf, gf, mf, vf, n, step, c);
+  store_f32(p, pf, n);
+  store_f32(m, mf, n);
+  store_f32(v, vf, n);
+}
+
+void CpuDevice::sgd_step(Ref p, Ref g, Ref momentum, std::int64_t n, std::int64_t step,
+                         const kernels::cpu::SgdConfig& c, float grad_factor) {
+  float* gf = as_f32(g, n, tmp_[0]);
+  if (grad_factor != 1.0f) cpu::scale_inplace(gf, n, grad_factor);
+  float* pf = as_f32(p, n, tmp_[1]);
+  float* mf = as_f32(momentum, n, tmp_[2]);
+  cpu::sgd_step(pf, gf, mf, n, step, c);
+  store_f32(p, pf, n);
+  if (momentum) store_f32(momentum, mf, n);
+}
+
+// ------------------------------------------------------------------ timing
+void CpuDevice::step_begin(std::size_t events) {
+  t0_ = Clock::now();
+  begin_.assign(events, t0_);
+  end_.assign(events, t0_);
+}
+void CpuDevice::event_begin(std::size_t index) { begin_[index] = Clock::now(); }
+void CpuDevice::event_end(std::size_t index) { end_[index] = Clock::now(); }
+void CpuDevice::step_times(std::span<double> seconds, std::span<double> starts) {
+  for (std::size_t i = 0; i < begin_.size() && i < seconds.size(); ++i) {
+    seconds[i] = std::chrono::duration<double>(end_[i] - begin_[i]).count();
+    starts[i] = std::chrono::duration<double>(begin_[i] - t0_).count();
+  }
+}
 
 }  // namespace zp::exec

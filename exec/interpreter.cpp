@@ -59,6 +59,7 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
       expanded_(p.repeat.copies > 0 ? std::optional<zero::Program>(zero::expand(p)) : std::nullopt),
       p_(expanded_ ? *expanded_ : p),
       cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
+  host_ = dev_.host_addressable();
   stage_ = p_.info.stage;
   bf16_opt_ = zero::runs_bf16_optimizer(cfg);
   N_ = p_.info.world_size;
@@ -130,6 +131,7 @@ float* Interpreter::f32(BufferId b) const {
 
 float* Interpreter::f32_range(BufferId b, std::int64_t offset, std::int64_t count) const {
   if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
+  if (!host_) throw std::logic_error(fmt::format("{} device: fp32 host views of its buffers were asked for", dev_.name()));
   const auto& buf = p_.buffers[U(b)];
   if (buf.dtype != DType::fp16 && buf.dtype != DType::bf16) return static_cast<float*>(mem_.data(b)) + offset;
   std::int64_t lo = offset, hi = offset + count;
@@ -166,6 +168,11 @@ void Interpreter::flush() const {
   staged_.clear();
 }
 
+Ref Interpreter::ref(BufferId b, std::int64_t off) const {
+  if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
+  return {mem_.data(b), p_.buffers[U(b)].dtype, off};
+}
+
 float* Interpreter::act(TensorId t) const {
   const BufferId b = tensor_buf_[U(t)];
   if (b < 0) throw std::logic_error(fmt::format("tensor {} is not live", g_.tensors[U(t)].name));
@@ -178,21 +185,41 @@ float* Interpreter::grad(TensorId t) const {
 const std::int64_t* Interpreter::ids(TensorId t) const { return reinterpret_cast<const std::int64_t*>(act(t)); }
 std::int64_t Interpreter::numel(TensorId t) const { return prod(g_.tensors[U(t)].shape); }
 
-float* Interpreter::param(ParamId p) const {
-  if (stage_ < 3) return f32(params_buf_) + layout_.offset[U(p)];
-  if (persist_off_[U(p)] >= 0) return f32(persist_buf_) + persist_off_[U(p)];
+Ref Interpreter::act_ref(TensorId t) const {
+  const BufferId b = tensor_buf_[U(t)];
+  if (b < 0) throw std::logic_error(fmt::format("tensor {} is not live", g_.tensors[U(t)].name));
+  return ref(b);
+}
+Ref Interpreter::grad_ref(TensorId t) const {
+  const BufferId b = tgrad_buf_[U(t)];
+  return b >= 0 ? ref(b) : Ref{};
+}
+
+std::pair<BufferId, std::int64_t> Interpreter::param_at(ParamId p) const {
+  if (stage_ < 3) return {params_buf_, layout_.offset[U(p)]};
+  if (persist_off_[U(p)] >= 0) return {persist_buf_, persist_off_[U(p)]};
   const BufferId b = full_buf_[U(p)];
   // One rank gathers nothing: the param is its (whole) partition, where the program keeps
   // it on the device.
   if (b < 0 && N_ == 1 && params_buf_ >= 0 && p_.buffers[U(params_buf_)].placement == zero::Placement::device)
-    return f32(params_buf_) + part_off_[U(p)];
+    return {params_buf_, part_off_[U(p)]};
   if (b < 0) throw std::logic_error(fmt::format("param {} used but not gathered", g_.params[U(p)].name));
-  return f32(b);
+  return {b, 0};
 }
-float* Interpreter::param_grad(ParamId p) const {
+float* Interpreter::param(ParamId p) const {
+  const auto [b, off] = param_at(p);
+  return f32(b) + off;
+}
+Ref Interpreter::param_ref(ParamId p) const {
+  const auto [b, off] = param_at(p);
+  return ref(b, off);
+}
+float* Interpreter::param_grad(ParamId p) const { return f32(param_grad_buf(p)); }
+Ref Interpreter::param_grad_ref(ParamId p) const { return ref(param_grad_buf(p)); }
+BufferId Interpreter::param_grad_buf(ParamId p) const {
   const BufferId b = pgrad_buf_[U(p)];
   if (b < 0) throw std::logic_error(fmt::format("gradient of {} is not live", g_.params[U(p)].name));
-  return f32(b);
+  return b;
 }
 float* Interpreter::scratch(std::size_t slot, std::int64_t n) {
   if (scratch_.size() <= slot) scratch_.resize(slot + 1);
@@ -252,40 +279,37 @@ void Interpreter::prologue() {
     init_param(prm, seed_, v.data());
     const auto i = U(prm.id);
     const std::int64_t s = ceil_div(prm.numel, N_);
+    const std::int64_t shard = std::clamp<std::int64_t>(prm.numel - rank_ * s, 0, s);  // this rank's shard
     for (const auto& buf : p_.buffers) {
       if (!mem_.live(buf.id)) continue;
-      if (buf.role != BufferRole::flat_params16 && buf.role != BufferRole::param_partition16 &&
-          buf.role != BufferRole::param_full16 && buf.role != BufferRole::master_partition &&
-          buf.role != BufferRole::host_master)
-        continue;
-      float* d = f32(buf.id);
+      const Ref d = ref(buf.id);
       switch (buf.role) {
-        case BufferRole::flat_params16: std::copy(v.begin(), v.end(), d + layout_.offset[i]); break;
-        case BufferRole::param_partition16:
-          for (std::int64_t j = 0; j < s && rank_ * s + j < prm.numel; ++j) d[part_off_[i] + j] = v[U(rank_ * s + j)];
-          break;
+        case BufferRole::flat_params16: dev_.upload(d.at(layout_.offset[i]), v.data(), prm.numel); break;
+        case BufferRole::param_partition16: dev_.upload(d.at(part_off_[i]), v.data() + rank_ * s, shard); break;
         case BufferRole::param_full16:
-          if (buf.ref < 0 && persist_off_[i] >= 0) std::copy(v.begin(), v.end(), d + persist_off_[i]);
+          if (buf.ref < 0 && persist_off_[i] >= 0) dev_.upload(d.at(persist_off_[i]), v.data(), prm.numel);
           break;
         case BufferRole::master_partition:
         case BufferRole::host_master:  // offload_optimizer: the same partition, in host memory
           if (stage_ == 3) {
-            for (std::int64_t j = 0; j < s && rank_ * s + j < prm.numel; ++j) d[part_off_[i] + j] = v[U(rank_ * s + j)];
+            dev_.upload(d.at(part_off_[i]), v.data() + rank_ * s, shard);
           } else if (stage_ == 0) {
-            std::copy(v.begin(), v.end(), d + layout_.offset[i]);
+            dev_.upload(d.at(layout_.offset[i]), v.data(), prm.numel);
           } else {
-            const std::int64_t lo = rank_ * layout_.partition;
-            for (std::int64_t j = 0; j < prm.numel; ++j) {
-              const std::int64_t f = layout_.offset[i] + j;
-              if (f >= lo && f < lo + layout_.partition) d[f - lo] = v[U(j)];
-            }
+            const std::int64_t lo = rank_ * layout_.partition, a = layout_.offset[i];
+            const std::int64_t from = std::max(a, lo), to = std::min(a + prm.numel, lo + layout_.partition);
+            if (to > from) dev_.upload(d.at(from - lo), v.data() + (from - a), to - from);
           }
           break;
         default: break;
       }
     }
   }
-  flush();
+  if (!loss_slots_) loss_slots_ = dev_.allocate(static_cast<std::size_t>(p_.info.gas) * sizeof(float));
+}
+
+Interpreter::~Interpreter() {
+  if (loss_slots_) dev_.release(loss_slots_);
 }
 
 namespace {
@@ -307,17 +331,22 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
   // The report is the last step's: a first step also creates the optimizer states.
   mem_.reset_peaks();
   const auto t0 = std::chrono::steady_clock::now();
+  dev_.step_begin(p_.events.size());
   for (zero::EventId id = p_.step_begin; id < static_cast<zero::EventId>(p_.events.size()); ++id) {
     const Event& e = p_.events[U(id)];
     micro_ = e.micro_step;
     if (e.kind == EventKind::copy && e.copy_op == CopyOp::load_batch) batch_ = &data[U(e.micro_step)];
-    const auto a = std::chrono::steady_clock::now();
     const std::int64_t sent_before = e.kind == EventKind::collective ? total_sent(comm_.counters()) : 0;
+    dev_.event_begin(U(id));
     run_event(e);
-    seconds_[U(id)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-    starts_[U(id)] = std::chrono::duration<double>(a - t0).count();
+    dev_.event_end(U(id));
     if (e.kind == EventKind::collective) sent_[U(id)] = total_sent(comm_.counters()) - sent_before;
   }
+  dev_.step_times(seconds_, starts_);
+  // The micro-steps' losses, kept on the device until the step ends.
+  std::vector<float> losses(U(p_.info.gas));
+  dev_.download(losses.data(), Ref{loss_slots_, DType::fp32, 0}, p_.info.gas);
+  for (float l : losses) loss_sum_ += static_cast<double>(l);
   StepResult r;
   r.loss = loss_sum_ / static_cast<double>(p_.info.gas);
   r.grad_norm = grad_norm_;
@@ -351,8 +380,10 @@ void Interpreter::run_event(const Event& e) {
         backward_op(op);
       } else {
         forward_op(op);
-        if (e.phase == zero::Phase::forward && std::find(op.outputs.begin(), op.outputs.end(), g_.loss) != op.outputs.end())
-          loss_sum_ += static_cast<double>(act(g_.loss)[0]);
+        if (e.phase == zero::Phase::forward && std::find(op.outputs.begin(), op.outputs.end(), g_.loss) != op.outputs.end()) {
+          flush();
+          dev_.copy(Ref{loss_slots_, DType::fp32, e.micro_step}, act_ref(g_.loss), 1);
+        }
       }
       break;
     }
@@ -375,17 +406,27 @@ void Interpreter::backward_op(const models::Op& op) { dev_.backward(op, *this); 
 
 
 // ------------------------------------------------------------------ copies
+// Every copy is a sequence of contiguous runs handed to the device (copy, add, fill), so the
+// same event moves the same elements on any device.
 void Interpreter::copy_event(const Event& e) {
   const auto sl = p_.slices(e);
   auto elems = [&](BufferId b) { return p_.buffers[U(b)].elements; };
   // A slice's gradient values: the param's own gradient while it is live, else the
   // bucket the program copied it into.
-  auto grad_src = [&](const zero::BucketSlice& s) -> const float* {
-    if (pgrad_buf_[U(s.param)] >= 0) return param_grad(s.param) + s.param_offset;
-    if (e.src_buf >= 0 && s.bucket_offset >= 0) return f32_range(e.src_buf, s.bucket_offset, s.count);
+  auto grad_src = [&](const zero::BucketSlice& s) -> Ref {
+    if (pgrad_buf_[U(s.param)] >= 0) return param_grad_ref(s.param).at(s.param_offset);
+    if (e.src_buf >= 0 && s.bucket_offset >= 0) return ref(e.src_buf, s.bucket_offset);
     throw std::logic_error(fmt::format("{}: no gradient for {}", p_.event_name(e.id), g_.params[U(s.param)].name));
   };
   const std::int64_t P = layout_.partition, lo = rank_ * P;
+  // The part of [a, a + count) of the flat layout in this rank's partition, from a.
+  struct Run {
+    std::int64_t skip = 0, count = 0;
+  };
+  auto in_partition = [&](std::int64_t a, std::int64_t count) -> Run {
+    const std::int64_t from = std::max(a, lo), to = std::min(a + count, lo + P);
+    return to > from ? Run{from - a, to - from} : Run{};
+  };
   switch (e.copy_op) {
     case CopyOp::none: break;
     case CopyOp::load_batch:
@@ -394,24 +435,19 @@ void Interpreter::copy_event(const Event& e) {
         const auto& v = (*batch_)[i];
         if (static_cast<std::int64_t>(v.size()) != numel(t))
           throw std::logic_error(fmt::format("input {}: {} values for {} elements", g_.tensors[U(t)].name, v.size(), numel(t)));
-        std::memcpy(act(t), v.data(), v.size() * sizeof(std::int64_t));
+        dev_.upload_bytes(act_ref(t).base, v.data(), v.size() * sizeof(std::int64_t));
       }
       break;
     case CopyOp::grad_to_bucket:
-      for (const auto& s : sl) {
-        const float* g = f32(e.src_buf) + s.param_offset;
-        std::copy_n(g, s.count, f32_range(e.dst_buf, s.bucket_offset, s.count));
-      }
+      for (const auto& s : sl) dev_.copy(ref(e.dst_buf, s.bucket_offset), ref(e.src_buf, s.param_offset), s.count);
       break;
     case CopyOp::grad_accumulate:
-      for (const auto& s : sl)
-        dev_.accumulate(f32_range(e.dst_buf, s.bucket_offset, s.count), f32(e.src_buf) + s.param_offset, s.count);
+      for (const auto& s : sl) dev_.add(ref(e.dst_buf, s.bucket_offset), ref(e.src_buf, s.param_offset), s.count);
       break;
     case CopyOp::flatten: {
       std::int64_t pos = 0;
       for (const auto& s : sl) {
-        const float* g = grad_src(s);
-        std::copy_n(g, s.count, f32_range(e.dst_buf, pos, s.count));
+        dev_.copy(ref(e.dst_buf, pos), grad_src(s), s.count);
         pos += s.count;
       }
       break;
@@ -419,54 +455,44 @@ void Interpreter::copy_event(const Event& e) {
     case CopyOp::unflatten_grads: {
       std::int64_t pos = 0;
       for (const auto& s : sl) {
-        float* to = e.dst_buf >= 0 ? f32_range(e.dst_buf, s.bucket_offset, s.count) : param_grad(s.param) + s.param_offset;
-        std::copy_n(f32_range(e.src_buf, pos, s.count), s.count, to);
+        const Ref to = e.dst_buf >= 0 ? ref(e.dst_buf, s.bucket_offset) : param_grad_ref(s.param).at(s.param_offset);
+        dev_.copy(to, ref(e.src_buf, pos), s.count);
         pos += s.count;
       }
       break;
     }
     case CopyOp::to_partition: {
+      // grads_in_partition holds whole params; the offloaded host partition holds exactly
+      // the partition, by position.
       const bool host = p_.buffers[U(e.dst_buf)].role == BufferRole::host_grads32;
-      std::int64_t pos = 0, used = 0;
-      for (const auto& s : sl) used += s.count;
-      float* dst = f32(e.dst_buf);
-      const float* src = f32_range(e.src_buf, 0, used);  // the packed slices, not the whole bucket
+      std::int64_t pos = 0;
       for (const auto& s : sl) {
         const auto i = U(s.param);
-        for (std::int64_t j = 0; j < s.count; ++j) {
-          const std::int64_t f = layout_.offset[i] + s.param_offset + j;
-          if (f < lo || f >= lo + P) continue;
-          // grads_in_partition holds whole params; the offloaded host partition holds
-          // exactly the partition, by position.
-          dst[host ? f - lo : gip_off_[i] + s.param_offset + j] += src[pos + j];
+        const std::int64_t a = layout_.offset[i] + s.param_offset;
+        const Run r = in_partition(a, s.count);
+        if (r.count > 0) {
+          const std::int64_t at = host ? a + r.skip - lo : gip_off_[i] + s.param_offset + r.skip;
+          dev_.add(ref(e.dst_buf, at), ref(e.src_buf, pos + r.skip), r.count);
         }
         pos += s.count;
       }
       break;
     }
-    case CopyOp::accumulate: {
-      const std::int64_t n = std::min(elems(e.src_buf), elems(e.dst_buf));
-      dev_.accumulate(f32(e.dst_buf), f32(e.src_buf), n);
-      break;
-    }
-    case CopyOp::partition_grads: {
-      float* dst = f32(e.dst_buf);
+    case CopyOp::accumulate: dev_.add(ref(e.dst_buf), ref(e.src_buf), std::min(elems(e.src_buf), elems(e.dst_buf))); break;
+    case CopyOp::partition_grads:
       for (std::size_t i = 0; i < g_.params.size(); ++i) {
         if (gip_off_[i] < 0) continue;
-        for (std::int64_t j = 0; j < g_.params[i].numel; ++j) {
-          const std::int64_t f = layout_.offset[i] + j;
-          if (f < lo || f >= lo + P) continue;
-          float v = f32(e.src_buf)[gip_off_[i] + j];
-          if (e.src2_buf >= 0) v += f32(e.src2_buf)[gip_off_[i] + j];
-          dst[f - lo] = v;
-        }
+        const Run r = in_partition(layout_.offset[i], g_.params[i].numel);
+        if (r.count == 0) continue;
+        const Ref to = ref(e.dst_buf, layout_.offset[i] + r.skip - lo);
+        dev_.copy(to, ref(e.src_buf, gip_off_[i] + r.skip), r.count);
+        if (e.src2_buf >= 0) dev_.add(to, ref(e.src2_buf, gip_off_[i] + r.skip), r.count);
       }
       break;
-    }
     case CopyOp::master_to_params: {
       const auto role = p_.buffers[U(e.dst_buf)].role;
       const std::int64_t base = role == BufferRole::flat_params16 && (stage_ == 1 || stage_ == 2) ? lo : 0;
-      std::copy_n(f32(e.src_buf) + e.offset, e.elements, f32(e.dst_buf) + base + e.offset);
+      dev_.copy(ref(e.dst_buf, base + e.offset), ref(e.src_buf, e.offset), e.elements);
       break;
     }
     case CopyOp::gather_unflatten: {
@@ -475,13 +501,12 @@ void Interpreter::copy_event(const Event& e) {
       const std::int64_t gn = e.group >= 0 ? static_cast<std::int64_t>(p_.groups[U(e.group)].ranks.size()) : N_;
       std::int64_t block = 0;
       for (const auto& s : sl) block += ceil_div(s.count, gn);
-      const float* src = f32(e.src_buf);
       std::int64_t prefix = 0;
       for (const auto& s : sl) {
         const std::int64_t sh = ceil_div(s.count, gn);
-        float* full = param(s.param);
+        const Ref full = param_ref(s.param);
         for (std::int64_t q = 0; q < gn; ++q)
-          for (std::int64_t j = 0; j < sh && q * sh + j < s.count; ++j) full[q * sh + j] = src[q * block + prefix + j];
+          dev_.copy(full.at(q * sh), ref(e.src_buf, q * block + prefix), std::clamp<std::int64_t>(s.count - q * sh, 0, sh));
         prefix += sh;
       }
       // hpZ: the forward gather also fills each param's secondary partition, this rank's
@@ -491,21 +516,21 @@ void Interpreter::copy_event(const Event& e) {
           const BufferId sec = hpz_buf_[U(s.param)];
           if (sec < 0) continue;
           const std::int64_t sh = ceil_div(s.count, h), at = (rank_ % h) * sh;
-          float* d = f32(sec);
-          const float* full = param(s.param);
-          for (std::int64_t j = 0; j < sh; ++j) d[j] = at + j < s.count ? full[at + j] : 0.0f;
+          const std::int64_t have = std::clamp<std::int64_t>(s.count - at, 0, sh);
+          dev_.copy(ref(sec), param_ref(s.param).at(at), have);
+          dev_.fill(ref(sec, have), sh - have, 0.0f);
         }
       break;
     }
     case CopyOp::interleave: {
       std::int64_t block = 0;
       for (const auto& s : sl) block += ceil_div(s.count, N_);
-      float* dst = f32(e.dst_buf);
       std::int64_t prefix = 0;
       for (const auto& s : sl) {
         const std::int64_t sh = ceil_div(s.count, N_);
-        const float* g = grad_src(s);
-        for (std::int64_t i = 0; i < s.count; ++i) dst[(i / sh) * block + prefix + i % sh] = g[i];
+        const Ref g = grad_src(s);
+        for (std::int64_t q = 0; q < N_; ++q)
+          dev_.copy(ref(e.dst_buf, q * block + prefix), g.at(q * sh), std::clamp<std::int64_t>(s.count - q * sh, 0, sh));
         prefix += sh;
       }
       break;
@@ -517,46 +542,70 @@ void Interpreter::copy_event(const Event& e) {
       const bool contiguous = p_.buffers[U(e.src_buf)].role == BufferRole::ipg_bucket;
       std::int64_t block = 0;
       for (const auto& s : sl) block += ceil_div(s.count, N_);
-      const float* src = f32(e.src_buf);
-      float* dst = f32(e.dst_buf);
       std::int64_t prefix = 0;
       for (const auto& s : sl) {
         const std::int64_t sh = ceil_div(s.count, N_);
-        const float* from = contiguous ? src + s.bucket_offset + rank_ * sh : src + rank_ * block + prefix;
-        for (std::int64_t j = 0; j < sh && rank_ * sh + j < s.count; ++j) dst[part_off_[U(s.param)] + j] += from[j];
+        const Ref from = contiguous ? ref(e.src_buf, s.bucket_offset + rank_ * sh) : ref(e.src_buf, rank_ * block + prefix);
+        dev_.add(ref(e.dst_buf, part_off_[U(s.param)]), from, std::clamp<std::int64_t>(s.count - rank_ * sh, 0, sh));
         prefix += sh;
       }
       break;
     }
-    case CopyOp::subgroup_grads: {
-      float* src = f32(e.src_buf) + e.offset;
-      std::copy_n(src, e.elements, f32(e.dst_buf));
-      std::fill_n(src, e.elements, 0.0f);  // zero_grad of the partition
+    case CopyOp::subgroup_grads:
+      dev_.copy(ref(e.dst_buf), ref(e.src_buf, e.offset), e.elements);
+      dev_.fill(ref(e.src_buf, e.offset), e.elements, 0.0f);  // zero_grad of the partition
       break;
-    }
-    case CopyOp::cast: {
-      const std::int64_t n = std::min(elems(e.src_buf), elems(e.dst_buf));
-      const auto& sb = p_.buffers[U(e.src_buf)];
-      const auto& db = p_.buffers[U(e.dst_buf)];
-      for (std::int64_t i = 0; i < n; ++i) store(mem_.data(db.id), db.dtype, i, load(mem_.data(sb.id), sb.dtype, i));
-      break;
-    }
+    case CopyOp::cast: dev_.copy(ref(e.dst_buf), ref(e.src_buf), std::min(elems(e.src_buf), elems(e.dst_buf))); break;
   }
 }
 
 // ------------------------------------------------------------------ collectives
-namespace {
-// Sum of squares and whether any value is not finite, over this rank's partition of the
+// The sum of squares and whether a value is not finite, over this rank's partition of the
 // gradients (what DeepSpeed's norm and overflow check cover on a rank).
-struct PartitionStats {
-  double sumsq = 0.0;
-  bool nonfinite = false;
-  void add(double v) {
-    sumsq += v * v;
-    if (!std::isfinite(v)) nonfinite = true;
+NormStats Interpreter::partition_norm() {
+  dev_.norm_begin();
+  const auto host_grads = std::find_if(p_.buffers.begin(), p_.buffers.end(), [&](const zero::Buffer& buf) {
+    return buf.role == BufferRole::host_grads32 && mem_.live(buf.id);
+  });
+  if (stage_ == 3 || host_grads != p_.buffers.end()) {
+    // A flat partition of this rank's gradients: stage 3's, or the offloaded host one.
+    for (const auto& buf : p_.buffers)
+      if ((buf.role == BufferRole::grad_partition || buf.role == BufferRole::host_grads32) && mem_.live(buf.id)) {
+        const Ref part[] = {ref(buf.id)};
+        dev_.norm_add(part, buf.elements);
+      }
+    return dev_.norm_end();
   }
-};
-}  // namespace
+  std::vector<BufferId> parts;
+  for (const auto& buf : p_.buffers)
+    if (buf.role == BufferRole::grads_in_partition && mem_.live(buf.id)) parts.push_back(buf.id);
+  const std::int64_t P = layout_.partition, lo = rank_ * P;
+  std::vector<Ref> at(parts.size());
+  for (std::size_t i = 0; i < g_.params.size(); ++i) {
+    if (gip_off_[i] < 0) continue;
+    const std::int64_t a = layout_.offset[i];
+    const std::int64_t from = std::max(a, lo), to = std::min(a + g_.params[i].numel, lo + P);
+    if (to <= from) continue;
+    for (std::size_t k = 0; k < parts.size(); ++k) at[k] = ref(parts[k], gip_off_[i] + (from - a));
+    dev_.norm_add(at, to - from);
+  }
+  return dev_.norm_end();
+}
+
+// Runs a collective on a buffer of this device: in place where the communicator reads
+// the device's memory (the host's, for the CPU device), else staged through host memory.
+void Interpreter::run_collective(CollectiveCall c, void* buf, std::size_t bytes) {
+  if (dev_.host_addressable() || c.group.size() == 1) {  // a group of one moves nothing
+    c.buf = buf;
+    comm_.run(c);
+    return;
+  }
+  std::vector<std::byte> staged(bytes);
+  dev_.download_bytes(staged.data(), buf, bytes);
+  c.buf = staged.data();
+  comm_.run(c);
+  dev_.upload_bytes(buf, staged.data(), bytes);
+}
 
 void Interpreter::collective_event(const Event& e) {
   const auto& group = p_.groups[U(e.group)].ranks;
@@ -570,33 +619,7 @@ void Interpreter::collective_event(const Event& e) {
   if (e.dst_buf < 0) {
     // A scalar the program reduces at the step: the squared gradient norm (sum) or the
     // overflow flag (max), over this rank's partition of the gradients.
-    PartitionStats st;
-    const auto host_grads = std::find_if(p_.buffers.begin(), p_.buffers.end(), [&](const zero::Buffer& buf) {
-      return buf.role == BufferRole::host_grads32 && mem_.live(buf.id);
-    });
-    if (stage_ == 3 || host_grads != p_.buffers.end()) {
-      // A flat partition of this rank's gradients: stage 3's, or the offloaded host one.
-      for (const auto& buf : p_.buffers)
-        if ((buf.role == BufferRole::grad_partition || buf.role == BufferRole::host_grads32) && mem_.live(buf.id)) {
-          const float* g = f32(buf.id);
-          for (std::int64_t i = 0; i < buf.elements; ++i) st.add(static_cast<double>(g[i]));
-        }
-    } else {
-      std::vector<const float*> parts;
-      for (const auto& buf : p_.buffers)
-        if (buf.role == BufferRole::grads_in_partition && mem_.live(buf.id)) parts.push_back(f32(buf.id));
-      const std::int64_t P = layout_.partition, lo = rank_ * P;
-      for (std::size_t i = 0; i < g_.params.size(); ++i) {
-        if (gip_off_[i] < 0) continue;
-        for (std::int64_t j = 0; j < g_.params[i].numel; ++j) {
-          const std::int64_t f = layout_.offset[i] + j;
-          if (f < lo || f >= lo + P) continue;
-          double v = 0.0;
-          for (const float* g : parts) v += static_cast<double>(g[gip_off_[i] + j]);
-          st.add(v);
-        }
-      }
-    }
+    const NormStats st = partition_norm();
     float scalar = e.trigger == zero::Trigger::overflow_check ? (st.nonfinite ? 1.0f : 0.0f) : static_cast<float>(st.sumsq);
     c.buf = &scalar;
     comm_.run(c);
@@ -613,21 +636,20 @@ void Interpreter::collective_event(const Event& e) {
     const bool secondary = p_.buffers[U(e.src_buf)].role == BufferRole::hpz_partition16;
     std::int64_t block = 0;
     for (const auto& s : p_.slices(e)) block += ceil_div(s.count, gn);
-    float* dst = f32(e.dst_buf) + gi * block;
     std::int64_t prefix = 0;
     for (const auto& s : p_.slices(e)) {
       const std::int64_t sh = ceil_div(s.count, gn);
-      const float* from = secondary ? f32(hpz_buf_[U(s.param)]) : f32(e.src_buf) + part_off_[U(s.param)];
-      std::copy_n(from, sh, dst + prefix);
+      const Ref from = secondary ? ref(hpz_buf_[U(s.param)]) : ref(e.src_buf, part_off_[U(s.param)]);
+      dev_.copy(ref(e.dst_buf, gi * block + prefix), from, sh);
       prefix += sh;
     }
   }
   flush();  // collectives move the buffers' stored bytes
-  c.buf = mem_.data(e.dst_buf);
+  const auto esz = static_cast<std::int64_t>(dtype_size(e.dtype));
+  auto* base = static_cast<std::byte*>(mem_.data(e.dst_buf));
   if (e.coll == zero::CollKind::reduce) {
     // Only the part of the packed buffer that lands in the root's partition is reduced.
     const std::int64_t P = layout_.partition, rlo = c.root * P;
-    const auto esz = static_cast<std::int64_t>(dtype_size(e.dtype));
     std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (element, count)
     std::int64_t pos = 0, total = 0;
     for (const auto& s : p_.slices(e)) {
@@ -642,30 +664,31 @@ void Interpreter::collective_event(const Event& e) {
     if (total != e.elements)
       throw std::logic_error(fmt::format("{}: {} elements in the root's partition, program says {}", p_.event_name(e.id),
                                          total, e.elements));
-    auto* base = static_cast<std::byte*>(mem_.data(e.dst_buf));
-    std::vector<std::byte> piece;
-    piece.reserve(U(total * esz));
-    for (auto [at, cnt] : where) piece.insert(piece.end(), base + at * esz, base + (at + cnt) * esz);
-    c.buf = piece.data();
-    comm_.run(c);
+    std::vector<std::byte> piece(U(total * esz));
     std::size_t k = 0;
     for (auto [at, cnt] : where) {
-      std::copy_n(piece.data() + k, cnt * esz, base + at * esz);
+      dev_.download_bytes(piece.data() + k, base + at * esz, U(cnt * esz));
+      k += U(cnt * esz);
+    }
+    c.buf = piece.data();
+    comm_.run(c);
+    k = 0;
+    for (auto [at, cnt] : where) {
+      dev_.upload_bytes(base + at * esz, piece.data() + k, U(cnt * esz));
       k += U(cnt * esz);
     }
     return;
   }
-  comm_.run(c);
+  run_collective(c, base, U(e.elements * esz));
 }
 
 // ------------------------------------------------------------------ optimizer
 void Interpreter::optimizer_event(const Event& e) {
   const auto& oc = cfg_.optimizer;
-  float* states = e.src2_buf >= 0 ? f32(e.src2_buf) : nullptr;
-  float* states2 = e.src3_buf >= 0 ? f32(e.src3_buf) : nullptr;
+  const Ref states = e.src2_buf >= 0 ? ref(e.src2_buf) : Ref{};
+  const Ref states2 = e.src3_buf >= 0 ? ref(e.src3_buf) : Ref{};
   const bool adam = oc.type != zero::OptimizerType::sgd;
-  auto update = [&](float* p, float* g, std::int64_t at, std::int64_t n, float factor) {
-    if (factor != 1.0f) dev_.scale(g, n, factor);
+  auto update = [&](Ref p, Ref g, std::int64_t at, std::int64_t n, float factor) {
     if (adam) {
       cpu::AdamConfig a;
       a.lr = lr_.value_or(oc.lr);
@@ -674,46 +697,48 @@ void Interpreter::optimizer_event(const Event& e) {
       a.eps = oc.eps;
       a.weight_decay = oc.weight_decay;
       a.decoupled = oc.type == zero::OptimizerType::adamw || oc.adam_w_mode;
-      dev_.adam_step(p, g, states + at, states2 + at, n, optimizer_step_.value_or(step_), a);
+      dev_.adam_step(p, g, states.at(at), states2.at(at), n, optimizer_step_.value_or(step_), a, factor);
     } else {
       cpu::SgdConfig sg;
       sg.lr = lr_.value_or(oc.lr);
       sg.momentum = oc.momentum;
       sg.weight_decay = oc.weight_decay;
-      dev_.sgd_step(p, g, states ? states + at : nullptr, n, optimizer_step_.value_or(step_), sg);
+      dev_.sgd_step(p, g, states ? states.at(at) : Ref{}, n, optimizer_step_.value_or(step_), sg, factor);
     }
   };
   // BF16_Optimizer: every rank holds the all-reduced fp32 gradients of every param; the
   // norm is theirs (local), the update reads this rank's partition, clear_hp_grads zeroes
   // them for the next step.
   if (bf16_opt_) {
-    float* all = f32(e.src_buf);
+    const Ref all = ref(e.src_buf);
     const std::int64_t n = p_.buffers[U(e.src_buf)].elements;
-    PartitionStats st;
-    for (std::int64_t i = 0; i < n; ++i) st.add(static_cast<double>(all[i]));
-    grad_norm_ = std::sqrt(st.sumsq);
+    dev_.norm_begin();
+    const Ref whole[] = {all};
+    dev_.norm_add(whole, n);
+    grad_norm_ = std::sqrt(dev_.norm_end().sumsq);
     double combined = 1.0;
     if (cfg_.gradient_clipping > 0.0) {
       const double clip = (grad_norm_ + 1e-6) / cfg_.gradient_clipping;
       if (clip > 1.0) combined = clip;
     }
-    update(f32(e.dst_buf) + e.offset, all + rank_ * layout_.partition + e.offset, e.offset, e.elements,
+    update(ref(e.dst_buf, e.offset), all.at(rank_ * layout_.partition + e.offset), e.offset, e.elements,
            static_cast<float>(1.0 / combined));
-    std::fill_n(all, n, 0.0f);
+    dev_.fill(all, n, 0.0f);
     return;
   }
   // Stage 0 (replicated gradients): the norm and the overflow check are local.
   if (stage_ == 0 || e.src_buf < 0) {
-    PartitionStats st;
+    dev_.norm_begin();
     if (e.src_buf < 0) {
       for (const auto& prm : g_.params) {
-        const float* g = param_grad(prm.id);
-        for (std::int64_t i = 0; i < prm.numel; ++i) st.add(static_cast<double>(g[i]));
+        const Ref g[] = {param_grad_ref(prm.id)};
+        dev_.norm_add(g, prm.numel);
       }
     } else {
-      const float* g = f32(e.src_buf);
-      for (std::int64_t i = 0; i < e.elements; ++i) st.add(static_cast<double>(g[i]));
+      const Ref g[] = {ref(e.src_buf)};
+      dev_.norm_add(g, e.elements);
     }
+    const NormStats st = dev_.norm_end();
     grad_norm_ = std::sqrt(st.sumsq) / loss_scale_;
     if (fp16_) overflow_ = st.nonfinite;
   }
@@ -721,7 +746,7 @@ void Interpreter::optimizer_event(const Event& e) {
   // for the next step, and on an overflow too).
   const bool host_grads = e.src_buf >= 0 && p_.buffers[U(e.src_buf)].role == BufferRole::host_grads32;
   if (overflow_) {  // fp16: skip the update; the loss scale drops after the step
-    if (host_grads) std::fill_n(f32(e.src_buf) + e.offset, e.elements, 0.0f);
+    if (host_grads) dev_.fill(ref(e.src_buf, e.offset), e.elements, 0.0f);
     return;
   }
   // DeepSpeed's unscale_and_clip_grads: grads /= loss_scale · max(1, norm / clip).
@@ -733,12 +758,12 @@ void Interpreter::optimizer_event(const Event& e) {
   const auto factor = static_cast<float>(1.0 / combined);
   if (e.src_buf < 0) {
     for (const auto& prm : g_.params)
-      update(f32(e.dst_buf) + layout_.offset[U(prm.id)], param_grad(prm.id), layout_.offset[U(prm.id)], prm.numel, factor);
+      update(ref(e.dst_buf, layout_.offset[U(prm.id)]), param_grad_ref(prm.id), layout_.offset[U(prm.id)], prm.numel, factor);
     return;
   }
-  float* grads = f32(e.src_buf) + (host_grads ? e.offset : 0);
-  update(f32(e.dst_buf) + e.offset, grads, e.offset, e.elements, factor);
-  if (host_grads) std::fill_n(grads, e.elements, 0.0f);
+  const Ref grads = ref(e.src_buf, host_grads ? e.offset : 0);
+  update(ref(e.dst_buf, e.offset), grads, e.offset, e.elements, factor);
+  if (host_grads) dev_.fill(grads, e.elements, 0.0f);
 }
 
 void Interpreter::update_loss_scale() {
@@ -779,30 +804,30 @@ void Interpreter::set_scaler_state(const nlohmann::json& j) {
 
 void Interpreter::set_param_value(ParamId p, std::int64_t i, float v) {
   if (stage_ == 3) throw std::logic_error("set_param_value: stage 3 holds shards");
+  flush();
   const std::int64_t f = layout_.offset[U(p)] + i;
-  f32(params_buf_)[f] = v;
+  dev_.upload(ref(params_buf_, f), &v, 1);
   for (const auto& buf : p_.buffers) {
     if (buf.role != BufferRole::master_partition || !mem_.live(buf.id)) continue;
     const std::int64_t base = stage_ == 0 ? 0 : rank_ * layout_.partition;
-    if (f >= base && f < base + buf.elements) f32(buf.id)[f - base] = v;
+    if (f >= base && f < base + buf.elements) dev_.upload(ref(buf.id, f - base), &v, 1);
   }
-  flush();
 }
 
 std::vector<float> Interpreter::param_values(ParamId p) const {
+  flush();
   const auto& prm = g_.params[U(p)];
-  if (stage_ < 3) {
-    const float* v = f32(params_buf_) + layout_.offset[U(p)];
-    return {v, v + prm.numel};
-  }
-  if (persist_off_[U(p)] >= 0) {
-    const float* v = f32(persist_buf_) + persist_off_[U(p)];
-    return {v, v + prm.numel};
-  }
-  // Stage 3: only this rank's shard is held; the rest is left zero.
   std::vector<float> out(U(prm.numel), 0.0f);
-  const std::int64_t sh = ceil_div(prm.numel, N_);
-  for (std::int64_t j = 0; j < sh && rank_ * sh + j < prm.numel; ++j) out[U(rank_ * sh + j)] = f32(params_buf_)[part_off_[U(p)] + j];
+  if (stage_ < 3) {
+    dev_.download(out.data(), ref(params_buf_, layout_.offset[U(p)]), prm.numel);
+  } else if (persist_off_[U(p)] >= 0) {
+    dev_.download(out.data(), ref(persist_buf_, persist_off_[U(p)]), prm.numel);
+  } else {
+    // Stage 3: only this rank's shard is held; the rest is left zero.
+    const std::int64_t sh = ceil_div(prm.numel, N_);
+    const std::int64_t have = std::clamp<std::int64_t>(prm.numel - rank_ * sh, 0, sh);
+    dev_.download(out.data() + rank_ * sh, ref(params_buf_, part_off_[U(p)]), have);
+  }
   return out;
 }
 

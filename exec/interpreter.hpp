@@ -48,8 +48,13 @@ std::string unsupported_reason(const models::OpGraph& g, const zero::Program& p,
 class Interpreter : private Operands {
  public:
   // `device`: nullptr for the CPU device.
+  // `device`: nullptr for the CPU device. `mem` allocates device buffers from the same
+  // device (TrackingAllocator's `device`).
   Interpreter(const models::OpGraph& g, const zero::Program& p, const zero::DsConfig& cfg, Comm& comm,
               TrackingAllocator& mem, std::uint64_t seed, Device* device = nullptr);
+  ~Interpreter() override;
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
   // Runs the prologue: allocates the persistent buffers and initialises params (the same
   // values for every stage and world size), master weights and optimizer states.
   void prologue();
@@ -98,6 +103,13 @@ class Interpreter : private Operands {
   void copy_event(const zero::Event& e);
   void collective_event(const zero::Event& e);
   void optimizer_event(const zero::Event& e);
+  NormStats partition_norm();
+  void run_collective(CollectiveCall c, void* buf, std::size_t bytes);
+  // Elements of a live buffer from `off`, as the device stores them.
+  Ref ref(zero::BufferId b, std::int64_t off = 0) const;
+  // Where param p's full values are now: (buffer, element offset).
+  std::pair<zero::BufferId, std::int64_t> param_at(models::ParamId p) const;
+  zero::BufferId param_grad_buf(models::ParamId p) const;
 
   // A float view of a buffer for fp32 arithmetic: the buffer itself when it is fp32 (or
   // not floating point: ids, masks), else an fp32 copy that flush() rounds back into the
@@ -116,6 +128,10 @@ class Interpreter : private Operands {
   const std::int64_t* ids(models::TensorId t) const override;
   float* param(models::ParamId p) const override;       // the param's full values
   float* param_grad(models::ParamId p) const override;  // its gradient (must be live)
+  Ref act_ref(models::TensorId t) const override;
+  Ref grad_ref(models::TensorId t) const override;
+  Ref param_ref(models::ParamId p) const override;
+  Ref param_grad_ref(models::ParamId p) const override;
   float* scratch(std::size_t slot, std::int64_t n) override;
   std::uint64_t dropout_seed() const override;
   float loss_grad() const override;
@@ -123,6 +139,8 @@ class Interpreter : private Operands {
 
   std::unique_ptr<Device> own_device_;  // the CPU device when none is given
   Device& dev_;
+  bool host_ = true;             // the device's memory is the host's (fp32 views may be staged)
+  void* loss_slots_ = nullptr;   // each micro-step's loss (fp32, on the device) until the step ends
 
   const models::OpGraph& g_;
   std::optional<zero::Program> expanded_;  // the program with every micro-step stored, when it repeats one

@@ -421,6 +421,20 @@ Bytes CachingAllocatorModel::block_size(Handle h) const {
   return Bytes{slots_[static_cast<std::size_t>(slot)].size};
 }
 
+CachingAllocatorModel::Place CachingAllocatorModel::place(Handle h) const {
+  const std::int32_t slot = live_.find(h);
+  if (slot < 0) throw std::logic_error("caching allocator: place of a handle that is not live");
+  const Block& b = slots_[static_cast<std::size_t>(slot)];
+  return {b.segment_base, b.segment_size, b.addr - b.segment_base};
+}
+
+std::vector<std::int64_t> CachingAllocatorModel::segment_ids() const {
+  std::vector<std::int64_t> out;
+  out.reserve(segments_list_.size());
+  for (std::int32_t slot : segments_list_) out.push_back(slots_[static_cast<std::size_t>(slot)].segment_base);
+  return out;
+}
+
 // Same counters, then the same segments holding the same blocks (slot numbers may differ).
 bool CachingAllocatorModel::same_state(const CachingAllocatorModel& o) const {
   if (!(opt_ == o.opt_) || next_segment_addr_ != o.next_segment_addr_ || allocated_ != o.allocated_ ||

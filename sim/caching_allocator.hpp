@@ -51,6 +51,14 @@ class CachingAllocatorModel {
   std::int64_t num_ooms() const;         // requests that failed (returned nullopt)
   void empty_cache();                    // torch.cuda.empty_cache(): release cached whole segments
   Bytes block_size(Handle h) const;      // rounded (or unsplit) size held by a live handle
+  // Where a live handle's block lies: its segment (identified by its simulated base
+  // address, never reused) and its offset in it. A real allocator backs each segment with
+  // one cudaMalloc and places blocks where this model does (exec/allocator.cpp).
+  struct Place {
+    std::int64_t segment = 0, segment_size = 0, offset = 0;
+  };
+  Place place(Handle h) const;
+  std::vector<std::int64_t> segment_ids() const;  // the segments held now
 
   // Two allocators in the same state serve the same request sequence identically; the
   // memory replay uses this to skip repeated micro-steps once the state is a fixed point.

@@ -132,20 +132,37 @@ class CountingDevice final : public zp::exec::Device {
     ++backward_calls;
     cpu.backward(op, o);
   }
-  void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t step,
-                 const zp::kernels::cpu::AdamConfig& c) override {
+  using Ref = zp::exec::Ref;
+  void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t step, const zp::kernels::cpu::AdamConfig& c,
+                 float f) override {
     ++updates;
-    cpu.adam_step(p, g, m, v, n, step, c);
+    cpu.adam_step(p, g, m, v, n, step, c, f);
   }
-  void sgd_step(float* p, const float* g, float* m, std::int64_t n, std::int64_t step,
-                const zp::kernels::cpu::SgdConfig& c) override {
+  void sgd_step(Ref p, Ref g, Ref m, std::int64_t n, std::int64_t step, const zp::kernels::cpu::SgdConfig& c,
+                float f) override {
     ++updates;
-    cpu.sgd_step(p, g, m, n, step, c);
+    cpu.sgd_step(p, g, m, n, step, c, f);
   }
-  void scale(float* x, std::int64_t n, float f) override { cpu.scale(x, n, f); }
-  void accumulate(float* d, const float* s, std::int64_t n) override { cpu.accumulate(d, s, n); }
+  bool host_addressable() const override { return true; }
+  void* allocate(std::size_t bytes) override { return cpu.allocate(bytes); }
+  void release(void* p) override { cpu.release(p); }
+  void copy(Ref d, Ref s, std::int64_t n) override { ++moves, cpu.copy(d, s, n); }
+  void add(Ref d, Ref s, std::int64_t n) override { ++moves, cpu.add(d, s, n); }
+  void fill(Ref d, std::int64_t n, float v) override { cpu.fill(d, n, v); }
+  void scale(Ref x, std::int64_t n, float f) override { cpu.scale(x, n, f); }
+  void norm_begin() override { cpu.norm_begin(); }
+  void norm_add(std::span<const Ref> parts, std::int64_t n) override { cpu.norm_add(parts, n); }
+  zp::exec::NormStats norm_end() override { return cpu.norm_end(); }
+  void upload(Ref d, const float* s, std::int64_t n) override { cpu.upload(d, s, n); }
+  void download(float* d, Ref s, std::int64_t n) override { cpu.download(d, s, n); }
+  void upload_bytes(void* d, const void* s, std::size_t b) override { cpu.upload_bytes(d, s, b); }
+  void download_bytes(void* d, const void* s, std::size_t b) override { cpu.download_bytes(d, s, b); }
+  void step_begin(std::size_t e) override { cpu.step_begin(e); }
+  void event_begin(std::size_t i) override { cpu.event_begin(i); }
+  void event_end(std::size_t i) override { cpu.event_end(i); }
+  void step_times(std::span<double> s, std::span<double> t) override { cpu.step_times(s, t); }
   zp::exec::CpuDevice cpu;
-  int forward_calls = 0, backward_calls = 0, updates = 0;
+  int forward_calls = 0, backward_calls = 0, updates = 0, moves = 0;
 };
 }  // namespace
 
@@ -171,6 +188,7 @@ TEST_CASE("the interpreter runs ops and updates through the device interface") {
   CHECK(dev.backward_calls > 0);
   CHECK(dev.backward_calls <= 2 * bwd);
   CHECK(dev.updates >= 2);
+  CHECK(dev.moves > 0);
   CHECK(with.param_values(0) == plain.param_values(0));
 }
 
