@@ -187,6 +187,8 @@ int main(int argc, char** argv) {
   train->add_option("--checkpoint-dir", tr.checkpoint_dir, "save ZeRO-layout checkpoints here (global_stepN/, latest)");
   train->add_option("--save-every", tr.save_every, "save every K steps (default: at the end)");
   train->add_flag("--resume", tr.resume, "continue from the latest checkpoint in --checkpoint-dir");
+  train->add_option("--device", tr.device, "cpu (default) or cuda: the step program on one GPU per rank (the local rank's)");
+  train->add_flag("--allow-tf32", tr.allow_tf32, "--device cuda: fp32 GEMMs on TF32 tensor cores (off: exact fp32)");
 
   zp::cli::CompareRequest cmp_req;
   auto* cmp = app.add_subcommand("compare", "lay a prediction (simulate --json) beside a measurement (train --out) "

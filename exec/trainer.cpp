@@ -28,6 +28,7 @@
 #include "kernels/cpu/isa.hpp"
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
+#include "exec/device_cuda.hpp"
 #include "sim/device.hpp"
 #include "sim/memory.hpp"
 #include "sim/trace.hpp"
@@ -76,6 +77,13 @@ struct Setup {
 std::string random_hex() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+// This rank's index among the ranks of its host (Open MPI and Slurm say; else the rank).
+int local_rank(int rank) {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* e = std::getenv(v); e && *e) return std::atoi(e);
+  return rank;
 }
 
 std::string host_name() {
@@ -242,6 +250,16 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
   s.prog.validate();
   if (const auto why = unsupported_reason(g, s.prog, cfg); !why.empty())
     throw InputError(opt.ds_config.empty() ? opt.model : opt.ds_config, "", why);
+  if (opt.device != "cpu" && opt.device != "cuda")
+    throw InputError("--device", "", fmt::format("must be cpu or cuda, got '{}'", opt.device));
+  if (opt.device == "cuda") {
+    if (!cuda_device_built()) throw InputError("--device", "", "cuda: this zeroplan was built without CUDA (no toolkit at configure time)");
+    if (!opt.checkpoint_dir.empty())
+      throw InputError("--checkpoint-dir", "", "checkpoints are written by the cpu device only so far; drop --device cuda or --checkpoint-dir");
+    if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none || cfg.zero.offload_param.device != zero::OffloadDevice::none)
+      throw InputError(opt.ds_config, "zero_optimization.offload_*", "offload is executed by the cpu device only so far; drop --device cuda or the offload");
+  }
+  if (opt.allow_tf32 && opt.device != "cuda") throw InputError("--allow-tf32", "", "needs --device cuda");
   if (opt.steps < 1) throw InputError("--steps", "", fmt::format("must be >= 1, got {}", opt.steps));
   s.schedule = parse_lr_schedule(cfg);
   s.data = std::make_unique<DataSource>(opt.data, g, opt.seed);
@@ -298,10 +316,21 @@ json train(const TrainOptions& opt, Comm& comm) {
   // (one gather) before anything is allocated, so no rank is left waiting for another.
   auto setup = std::make_unique<Setup>();
   std::string refused;
+  std::unique_ptr<Device> device;  // nullptr: the CPU device
   try {
     prepare(*setup, opt, N, rank);
   } catch (const InputError& e) {
     refused = e.what();
+  }
+  if (refused.empty() && opt.device == "cuda") {
+    try {
+      CudaDeviceOptions co;
+      co.local_rank = local_rank(rank);
+      co.allow_tf32 = opt.allow_tf32;
+      device = make_cuda_device(co);
+    } catch (const std::runtime_error& e) {  // no usable GPU: refused like bad input, on every rank
+      refused = e.what();
+    }
   }
   const json mine = {{"refused", refused}, {"host", host_name()}, {"run_id", random_hex()},
                      {"need", refused.empty() ? setup->need.v : 0}, {"available", available_memory()}};
@@ -322,8 +351,8 @@ json train(const TrainOptions& opt, Comm& comm) {
   const std::string& out = S.out;
 
   // ---- run (from here a failure on one rank must end every rank)
-  TrackingAllocator mem(prog.buffers.size(), opt.memory_limit);
-  Interpreter interp(g, prog, cfg, comm, mem, opt.seed);
+  TrackingAllocator mem(prog.buffers.size(), opt.memory_limit, device.get());
+  Interpreter interp(g, prog, cfg, comm, mem, opt.seed, device.get());
   json losses = json::array(), norms = json::array(), scales = json::array(), skipped = json::array();
   json lrs = json::array();  // the learning rate each step ran with
   std::vector<double> event_sum(prog.events.size(), 0.0);
@@ -350,8 +379,19 @@ json train(const TrainOptions& opt, Comm& comm) {
                      {"seed", opt.seed},
                      {"data", opt.data},
                      {"activation_checkpointing", opt.activation_checkpointing},
-                     {"backend", "cpu+mpi"},
+                     {"backend", device ? "cuda+mpi" : "cpu+mpi"},
                      {"cpu_gemm", kernels::cpu::isa_name(kernels::cpu::gemm_isa())}};
+    if (device) {
+      // What the driver saw in use on the GPU (the context, the libraries, the program's
+      // segments and the device's own scratch), beside the program's reserved bytes.
+      const DriverMemory dm = driver_memory(device.get());
+      doc["config"]["gpu"] = dm.gpu;
+      doc["driver_memory"] = {{"total", dm.total.v},
+                              {"after_context", dm.after_context.v},
+                              {"after_init", dm.after_init.v},
+                              {"peak", dm.peak.v},
+                              {"outside_program_at_peak", dm.peak.v - mr.reserved_peak.v}};
+    }
     doc["losses"] = losses;
     doc["grad_norms"] = norms;
     doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)

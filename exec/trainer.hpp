@@ -38,6 +38,8 @@ struct TrainOptions {
   std::int64_t save_every = 0;        // save every K steps (0: at the end only)
   bool resume = false;                // continue from checkpoint_dir's latest
   bool quiet = false;
+  std::string device = "cpu";         // cpu | cuda (one GPU per rank: the local rank's)
+  bool allow_tf32 = false;            // --device cuda: fp32 GEMMs on TF32 tensor cores
 };
 
 // Runs training on this rank; returns the measurements document (also written to

@@ -2,6 +2,7 @@
 // outputs through devices, FIFOs, symlinks and directories; outputs that are inputs;
 // concurrent writers of one --out; plan when nothing fits; a bad --checkpoint-dir;
 // inputs nested too deep or without end; the scale edges; and the smaller refusals.
+#include <algorithm>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -363,5 +364,26 @@ TEST_CASE("smaller refusals: --gpu with a cluster preset, --data of a directory,
     CHECK(contains(r.out, "not run: mpirun refuses to run as root unless OMPI_ALLOW_RUN_AS_ROOT=1 and "
                           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 are set"));
     CHECK_FALSE(contains(r.out, "(exit 1): ---"));
+  }
+}
+
+TEST_CASE("train --device: bad values, and cuda where it cannot run, end in one line and exit status 2") {
+  auto r = sh(kBin + " train --model tiny-gpt2 --steps 1 --device tpu");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--device: must be cpu or cuda, got 'tpu'") != std::string::npos);
+  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --allow-tf32");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--allow-tf32") != std::string::npos);
+  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --device cuda --checkpoint-dir /tmp/zeroplan-no-ckpt");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--checkpoint-dir") != std::string::npos);
+  // No GPU here (or no CUDA in this build): refused before anything runs; with a GPU it trains.
+  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --quiet --device cuda");
+  INFO(r.out);
+  if (r.status != 0) {
+    CHECK(r.status == 2);
+    CHECK((r.out.find("--device cuda: no CUDA device is visible") != std::string::npos ||
+           r.out.find("built without CUDA") != std::string::npos));
+    CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
 }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# zeroplan train --device cuda beside PyTorch (eager and torch.compile) on the same shapes,
+# dtype and optimizer, stage 0, one GPU; one line per model with tokens/s, MFU and the
+# ratio. Runs on the GPU machine in one call; results to $OUT (else ./bench-out).
+#
+#   ZEROPLAN=path/to/zeroplan bash bench/gpu_vs_torch.sh [quick]
+# MFU counts 6 · params · tokens (the model FLOPs of a training step, without attention's)
+# against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ZP=${ZEROPLAN:-build/cli/zeroplan}
+OUTDIR=${OUT:-bench-out}
+mkdir -p "$OUTDIR"
+PEAK=989e12
+CASES=("gpt2 16 1024 bf16" "gpt2-medium 16 1024 bf16" "bert-large-uncased 64 128 bf16" "bert-large-uncased 64 128 fp16")
+[ "${1:-}" = quick ] && CASES=("gpt2 16 1024 bf16")
+printf '%-20s %-5s %12s %12s %12s %8s %8s %8s\n' model dtype zeroplan_tok/s eager_tok/s compile_tok/s zp_MFU vs_eager vs_compile
+for c in "${CASES[@]}"; do
+  set -- $c
+  m=$1 mb=$2 seq=$3 dt=$4
+  cfg=$OUTDIR/ds_${m}_$dt.json
+  echo "{\"train_micro_batch_size_per_gpu\": $mb, \"$dt\": {\"enabled\": true}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, \"zero_optimization\": {\"stage\": 0}}" > "$cfg"
+  "$ZP" train --model "$m" --ds-config "$cfg" --seq-len "$seq" --steps 6 --device cuda --attention sdpa --quiet \
+    --out "$OUTDIR/zp_${m}_$dt.json" > "$OUTDIR/zp_${m}_$dt.log" 2>&1
+  zp=$(python3 -c "import json;d=json.load(open('$OUTDIR/zp_${m}_$dt.json'));print(d['step_seconds'])" 2>/dev/null || echo nan)
+  e=$(python3 bench/torch_step.py --model "$m" --micro-batch "$mb" --seq "$seq" --dtype "$dt" --attention sdpa 2>>"$OUTDIR/torch.log" | tail -1)
+  k=$(python3 bench/torch_step.py --model "$m" --micro-batch "$mb" --seq "$seq" --dtype "$dt" --attention sdpa --compile 2>>"$OUTDIR/torch.log" | tail -1)
+  python3 - "$m" "$dt" "$mb" "$seq" "$zp" "$e" "$k" "$PEAK" <<'PY'
+import json, sys
+m, dt, mb, seq, zp, e, k, peak = sys.argv[1:]
+tok = int(mb) * int(seq)
+def tps(j):
+    try: return json.loads(j)["tokens_per_s"]
+    except Exception: return float("nan")
+def params(j):
+    try: return json.loads(j)["params"]
+    except Exception: return float("nan")
+z = tok / float(zp) if zp not in ("nan", "0", "0.0") else float("nan")
+te, tk = tps(e), tps(k)
+mfu = 6 * params(e) * z / float(peak)
+print(f"{m:<20} {dt:<5} {z:12.0f} {te:12.0f} {tk:12.0f} {100*mfu:7.1f}% {z/te:8.2f} {z/tk:8.2f}")
+PY
+done

@@ -1,0 +1,359 @@
+// The CUDA device: one GPU, one stream in program order (the program's issue order
+// respects every stream's order and dependency, as on the CPU device), kernels/cuda for
+// the ops and the movements, CUDA events for the times. Nothing in a step waits for the
+// device except what the host must read: the norm and overflow statistics (DeepSpeed
+// reads them with .item() too) and the losses at the step's end.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "exec/device_cuda.hpp"
+#include "exec/device_cuda_ops.hpp"
+#include "kernels/cuda/context.cuh"
+#include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/optimizer.cuh"
+#include "kernels/cuda/reduce.cuh"
+
+namespace zp::exec {
+
+namespace kc = zp::kernels::cuda;
+
+namespace {
+std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
+bool is_float(DType t) { return t == DType::fp32 || t == DType::bf16 || t == DType::fp16; }
+void* at(Ref r) { return static_cast<std::byte*>(r.base) + r.off * dtype_size(r.dt); }
+float* f32(Ref r) { return static_cast<float*>(r.base) + r.off; }
+
+// Device memory the device keeps for itself (not a program buffer), grown on demand.
+class Arena {
+ public:
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    if (p_) cudaFree(p_);
+  }
+  void* get(std::size_t bytes, cudaStream_t s) {
+    if (bytes <= size_) return p_;
+    if (p_) {
+      ZP_CUDA_CHECK(cudaStreamSynchronize(s));  // the work queued on the old memory is done
+      ZP_CUDA_CHECK(cudaFree(p_));
+    }
+    size_ = std::max(bytes, std::size_t{1} << 20);
+    ZP_CUDA_CHECK(cudaMalloc(&p_, size_));
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Pinned host memory for transfers, grown on demand; `done` orders its reuse after the
+// copy that last read it.
+class Pinned {
+ public:
+  Pinned() = default;
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  ~Pinned() {
+    if (done_) cudaEventDestroy(done_);
+    if (p_) cudaFreeHost(p_);
+  }
+  void* get(std::size_t bytes) {
+    if (!done_) ZP_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    ZP_CUDA_CHECK(cudaEventSynchronize(done_));
+    if (bytes > size_) {
+      if (p_) ZP_CUDA_CHECK(cudaFreeHost(p_));
+      size_ = std::max(bytes, std::size_t{1} << 20);
+      ZP_CUDA_CHECK(cudaMallocHost(&p_, size_));
+    }
+    return p_;
+  }
+  void used(cudaStream_t s) { ZP_CUDA_CHECK(cudaEventRecord(done_, s)); }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t size_ = 0;
+  cudaEvent_t done_ = nullptr;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(const CudaDeviceOptions& o) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0)
+      throw std::runtime_error(fmt::format("--device cuda: no CUDA device is visible ({})",
+                                           err != cudaSuccess ? cudaGetErrorString(err) : "0 devices"));
+    dev_ = o.device >= 0 ? o.device : o.local_rank % count;
+    if (dev_ >= count) throw std::runtime_error(fmt::format("--device cuda: device {} of {} visible", dev_, count));
+    ZP_CUDA_CHECK(cudaSetDevice(dev_));
+    ZP_CUDA_CHECK(cudaFree(nullptr));  // the context, now
+    cudaDeviceProp prop{};
+    ZP_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev_));
+    mem_.gpu = prop.name;
+    mem_.after_context = used();
+    ZP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    kc::ContextOptions co;
+    co.allow_tf32 = o.allow_tf32;
+    ctx_ = std::make_unique<kc::Context>(co);
+    ZP_CUDA_CHECK(cudaMalloc(&norm_, 16));
+    ZP_CUDA_CHECK(cudaMallocHost(&norm_host_, 16));
+    mem_.after_init = used();
+    mem_.peak = mem_.after_init;
+  }
+  ~CudaDevice() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    if (norm_) cudaFree(norm_);
+    if (norm_host_) cudaFreeHost(norm_host_);
+    ctx_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  bool host_addressable() const override { return false; }
+  const DriverMemory& driver() const { return mem_; }
+
+  void* allocate(std::size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it: the caller reports the failed request
+      return nullptr;
+    }
+    ZP_CUDA_CHECK(err);
+    ZP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    mem_.peak = std::max(mem_.peak, used());
+    return p;
+  }
+  void release(void* p) override { ZP_CUDA_CHECK(cudaFree(p)); }
+
+  void forward(const models::Op& op, Operands& o) override { cuda_forward(env(), op, o); }
+  void backward(const models::Op& op, Operands& o) override { cuda_backward(env(), op, o); }
+
+  void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t step, const kc::AdamConfig& c,
+                 float grad_factor) override {
+    if (n <= 0) return;
+    float* gf = grad_f32(g, n, grad_factor);
+    float* pf = as_f32(p, n, 1);
+    float* mf = as_f32(m, n, 2);
+    float* vf = as_f32(v, n, 3);
+    kc::adam_step(pf, gf, mf, vf, n, step, c, stream_);
+    back(p, pf, n);
+    back(m, mf, n);
+    back(v, vf, n);
+  }
+  void sgd_step(Ref p, Ref g, Ref momentum, std::int64_t n, std::int64_t step, const kc::SgdConfig& c,
+                float grad_factor) override {
+    if (n <= 0) return;
+    float* gf = grad_f32(g, n, grad_factor);
+    float* pf = as_f32(p, n, 1);
+    float* mf = momentum ? as_f32(momentum, n, 2) : nullptr;
+    kc::sgd_step(pf, gf, mf, n, step, c, stream_);
+    back(p, pf, n);
+    if (momentum) back(momentum, mf, n);
+  }
+
+  void copy(Ref dst, Ref src, std::int64_t n) override {
+    if (n <= 0) return;
+    if (dst.dt == src.dt) {
+      ZP_CUDA_CHECK(cudaMemcpyAsync(at(dst), at(src), U(n * dtype_size(dst.dt)), cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    float_only(dst, "copy");
+    float_only(src, "copy");
+    kc::convert(at(dst), dst.dt, at(src), src.dt, n, stream_);
+  }
+  void add(Ref dst, Ref src, std::int64_t n) override {
+    if (n <= 0) return;
+    float_only(dst, "add");
+    float_only(src, "add");
+    if (dst.dt == src.dt) {
+      kc::copy_accumulate(at(dst), at(src), n, true, dst.dt, stream_);
+      return;
+    }
+    // Mixed: in fp32, one rounding into dst.
+    float* s = as_f32(src, n, 0);
+    float* d = as_f32(dst, n, 1);
+    kc::copy_accumulate(d, s, n, true, DType::fp32, stream_);
+    back(dst, d, n);
+  }
+  void fill(Ref dst, std::int64_t n, float value) override {
+    if (n <= 0) return;
+    ZP_CUDA_CHECK(cudaMemsetAsync(at(dst), 0, U(n * dtype_size(dst.dt)), stream_));
+    if (value == 0.0f) return;
+    float_only(dst, "fill");
+    kc::add_scalar_forward(at(dst), at(dst), n, value, dst.dt, stream_);
+  }
+  void scale(Ref x, std::int64_t n, float factor) override {
+    if (n <= 0) return;
+    float_only(x, "scale");
+    kc::scale_inplace(at(x), n, factor, x.dt, stream_);
+  }
+
+  void norm_begin() override { ZP_CUDA_CHECK(cudaMemsetAsync(norm_, 0, 16, stream_)); }
+  void norm_add(std::span<const Ref> parts, std::int64_t n) override {
+    if (n <= 0 || parts.empty()) return;
+    auto* sumsq = static_cast<double*>(norm_);
+    auto* bad = reinterpret_cast<int*>(static_cast<std::byte*>(norm_) + 8);
+    const void* x = at(parts[0]);
+    DType dt = parts[0].dt;
+    if (parts.size() > 1) {  // the elementwise sum of the parts first, in fp32
+      auto* s = static_cast<float*>(scratch(0, U(n) * 4));
+      kc::convert(s, DType::fp32, at(parts[0]), parts[0].dt, n, stream_);
+      for (std::size_t k = 1; k < parts.size(); ++k) {
+        float* t = as_f32(parts[k], n, 1);
+        kc::copy_accumulate(s, t, n, true, DType::fp32, stream_);
+      }
+      x = s;
+      dt = DType::fp32;
+    }
+    kc::sum_squares(*ctx_, sumsq, x, n, true, dt, stream_);
+    kc::has_inf_or_nan(bad, x, n, true, dt, stream_);
+  }
+  NormStats norm_end() override {
+    ZP_CUDA_CHECK(cudaMemcpyAsync(norm_host_, norm_, 16, cudaMemcpyDeviceToHost, stream_));
+    ZP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    NormStats st;
+    std::memcpy(&st.sumsq, norm_host_, 8);
+    int bad = 0;
+    std::memcpy(&bad, static_cast<std::byte*>(norm_host_) + 8, 4);
+    st.nonfinite = bad != 0 || !std::isfinite(st.sumsq);
+    return st;
+  }
+
+  void upload(Ref dst, const float* src, std::int64_t n) override {
+    if (n <= 0) return;
+    if (dst.dt == DType::fp32) {
+      upload_bytes(at(dst), src, U(n) * 4);
+      return;
+    }
+    float_only(dst, "upload");
+    auto* s = static_cast<float*>(scratch(0, U(n) * 4));
+    upload_bytes(s, src, U(n) * 4);
+    kc::convert(at(dst), dst.dt, s, DType::fp32, n, stream_);
+  }
+  void download(float* dst, Ref src, std::int64_t n) override {
+    if (n <= 0) return;
+    const void* from = at(src);
+    if (src.dt != DType::fp32) {
+      float_only(src, "download");
+      auto* s = static_cast<float*>(scratch(0, U(n) * 4));
+      kc::convert(s, DType::fp32, from, src.dt, n, stream_);
+      from = s;
+    }
+    download_bytes(dst, from, U(n) * 4);
+  }
+  void upload_bytes(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    void* p = pinned_up_.get(bytes);
+    std::memcpy(p, src, bytes);
+    ZP_CUDA_CHECK(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, stream_));
+    pinned_up_.used(stream_);
+  }
+  void download_bytes(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    void* p = pinned_down_.get(bytes);
+    ZP_CUDA_CHECK(cudaMemcpyAsync(p, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    ZP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(dst, p, bytes);
+  }
+
+  void step_begin(std::size_t events) override {
+    if (events_.size() < 2 * events + 1) {
+      const std::size_t have = events_.size();
+      events_.resize(2 * events + 1);
+      for (std::size_t i = have; i < events_.size(); ++i) ZP_CUDA_CHECK(cudaEventCreate(&events_[i]));
+    }
+    recorded_.assign(events, false);
+    ZP_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
+  }
+  void event_begin(std::size_t i) override { ZP_CUDA_CHECK(cudaEventRecord(events_[1 + 2 * i], stream_)); }
+  void event_end(std::size_t i) override {
+    ZP_CUDA_CHECK(cudaEventRecord(events_[2 + 2 * i], stream_));
+    recorded_[i] = true;
+  }
+  void step_times(std::span<double> seconds, std::span<double> starts) override {
+    ZP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    mem_.peak = std::max(mem_.peak, used());  // the device's own scratch grows outside allocate()
+    for (std::size_t i = 0; i < recorded_.size() && i < seconds.size(); ++i) {
+      if (!recorded_[i]) continue;
+      float ms = 0.0f, from = 0.0f;
+      ZP_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[1 + 2 * i], events_[2 + 2 * i]));
+      ZP_CUDA_CHECK(cudaEventElapsedTime(&from, events_[0], events_[1 + 2 * i]));
+      seconds[i] = static_cast<double>(ms) * 1e-3;
+      starts[i] = static_cast<double>(from) * 1e-3;
+    }
+  }
+
+ private:
+  static void float_only(Ref r, const char* what) {
+    if (!is_float(r.dt))
+      throw std::logic_error(fmt::format("cuda device: {} of a {} buffer", what, dtype_name(r.dt)));
+  }
+  Bytes used() {
+    std::size_t free = 0, total = 0;
+    ZP_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    mem_.total = Bytes{static_cast<std::int64_t>(total)};
+    return Bytes{static_cast<std::int64_t>(total - free)};
+  }
+  void* scratch(std::size_t slot, std::size_t bytes) { return scratch_[slot].get(bytes, stream_); }
+  static void* scratch_of(void* self, std::size_t slot, std::size_t bytes) {
+    return static_cast<CudaDevice*>(self)->scratch(4 + slot, bytes);
+  }
+  CudaOpEnv env() { return {ctx_.get(), stream_, &CudaDevice::scratch_of, this}; }
+  // r as fp32 device memory: r itself, or an fp32 copy in scratch slot `slot`.
+  float* as_f32(Ref r, std::int64_t n, std::size_t slot) {
+    if (r.dt == DType::fp32) return f32(r);
+    float_only(r, "an fp32 view");
+    auto* s = static_cast<float*>(scratch(slot, U(n) * 4));
+    kc::convert(s, DType::fp32, at(r), r.dt, n, stream_);
+    return s;
+  }
+  void back(Ref r, float* v, std::int64_t n) {
+    if (r.dt != DType::fp32) kc::convert(at(r), r.dt, v, DType::fp32, n, stream_);
+  }
+  // The gradient for an update: g·factor, in fp32 (an fp32 g is scaled in place, as the
+  // CPU device does).
+  float* grad_f32(Ref g, std::int64_t n, float factor) {
+    float* gf = as_f32(g, n, 0);
+    if (factor != 1.0f) kc::scale_inplace(gf, n, factor, DType::fp32, stream_);
+    return gf;
+  }
+
+  int dev_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<kc::Context> ctx_;
+  std::array<Arena, 8> scratch_;  // 0-3: the device's own; 4-7: the ops'
+  Pinned pinned_up_, pinned_down_;
+  void* norm_ = nullptr;       // device: double sum of squares, int non-finite flag
+  void* norm_host_ = nullptr;  // pinned
+  std::vector<cudaEvent_t> events_;  // [0]: step start; 1 + 2i, 2 + 2i: event i's bracket
+  std::vector<bool> recorded_;
+  DriverMemory mem_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o) { return std::make_unique<CudaDevice>(o); }
+
+DriverMemory driver_memory(const Device* d) {
+  const auto* c = dynamic_cast<const CudaDevice*>(d);
+  return c ? c->driver() : DriverMemory{};
+}
+
+bool cuda_device_built() { return true; }
+
+}  // namespace zp::exec

@@ -1,0 +1,40 @@
+#pragma once
+// The CUDA device (exec/device.hpp on one GPU): the program's buffers in device memory,
+// placed by the caching-allocator model in segments that are each one cudaMalloc
+// (exec/allocator.hpp), every op through kernels/cuda in the dtype the program stores it,
+// event times from CUDA events. Built only with CUDA (ZEROPLAN_HAVE_CUDA); without it,
+// make_cuda_device says so.
+#include <memory>
+#include <string>
+
+#include "core/units.hpp"
+#include "exec/device.hpp"
+
+namespace zp::exec {
+
+struct CudaDeviceOptions {
+  int device = -1;          // CUDA device ordinal (-1: local rank modulo the visible devices)
+  int local_rank = 0;
+  bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores
+};
+
+// What the driver reports in use on the device (cudaMemGetInfo: total - free), at three
+// moments, so the memory outside the program (context, library workspaces, the device's
+// own scratch) is measured, not assumed.
+struct DriverMemory {
+  Bytes total{0};
+  Bytes after_context{0};  // the CUDA context created, nothing allocated
+  Bytes after_init{0};     // + cuBLASLt handle and workspace, the kernels' scratch
+  Bytes peak{0};           // the most seen after any allocation of the device
+  std::string gpu;         // the device's name
+};
+
+// Throws std::runtime_error with one line when no CUDA device can be used (a build
+// without CUDA, no GPU visible, the driver refusing).
+std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o);
+// The driver's memory figures of a device make_cuda_device made (nullptr-safe: empty).
+DriverMemory driver_memory(const Device* d);
+// Whether this build has the CUDA device at all.
+bool cuda_device_built();
+
+}  // namespace zp::exec

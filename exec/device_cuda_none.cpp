@@ -1,0 +1,14 @@
+// A build without CUDA: the CUDA device is absent, and asking for it says so.
+#include <stdexcept>
+
+#include "exec/device_cuda.hpp"
+
+namespace zp::exec {
+
+std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions&) {
+  throw std::runtime_error("this zeroplan was built without CUDA (no CUDA toolkit found at configure time): --device cuda is not available");
+}
+DriverMemory driver_memory(const Device*) { return {}; }
+bool cuda_device_built() { return false; }
+
+}  // namespace zp::exec

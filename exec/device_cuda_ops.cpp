@@ -1,0 +1,824 @@
+#include "exec/device_cuda_ops.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kernels/cpu/convert.hpp"
+#include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/bmm.cuh"
+#include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/dropout.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/layout.cuh"
+#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/loss.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/sdpa.cuh"
+
+namespace zp::exec {
+
+namespace cuda = zp::kernels::cuda;
+using models::Fn;
+using models::ParamId;
+using models::TensorId;
+
+namespace {
+std::int64_t prod(const std::vector<std::int64_t>& s) {
+  std::int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
+
+// Scratch slots: an op's own temporaries are carved from slot 0; dtype conversions on the
+// way into a gradient use slot 1; the loss gradient as a device scalar lives in slot 3.
+constexpr std::size_t kTempSlot = 0;
+constexpr std::size_t kConvertSlot = 1;
+constexpr std::size_t kLossSlot = 3;
+
+// The first element of a Ref (nullptr when not bound).
+void* ptr(const Ref& r) { return r ? static_cast<char*>(r.base) + r.off * dtype_size(r.dt) : nullptr; }
+std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n * dtype_size(dt)); }
+
+bool is_float(DType dt) { return dt == DType::fp32 || dt == DType::bf16 || dt == DType::fp16; }
+
+[[noreturn]] void fail(const models::Op& op, const std::string& what) {
+  throw std::logic_error(fmt::format("cuda device: op {} ({}): {}", op.name, models::fn_name(op.fn), what));
+}
+
+// The one float dtype of an op's bound operands: each launcher takes a single dtype.
+DType float_dtype(const models::Op& op, std::initializer_list<Ref> refs) {
+  const Ref* first = nullptr;
+  for (const Ref& r : refs) {
+    if (!r) continue;
+    if (!is_float(r.dt)) fail(op, fmt::format("a {} operand where a float one is expected", dtype_name(r.dt)));
+    if (!first) first = &r;
+    else if (r.dt != first->dt)
+      fail(op, fmt::format("operands of mixed dtypes {} and {}", dtype_name(first->dt), dtype_name(r.dt)));
+  }
+  if (!first) fail(op, "no bound float operand");
+  return first->dt;
+}
+
+const std::int64_t* ids_of(const models::Op& op, const Ref& r) {
+  if (r.dt != DType::i64) fail(op, fmt::format("token ids stored as {}, not i64", dtype_name(r.dt)));
+  return static_cast<const std::int64_t*>(ptr(r));
+}
+float* fp32_of(const models::Op& op, const Ref& r) {
+  if (r.dt != DType::fp32) fail(op, fmt::format("statistics stored as {}, not fp32", dtype_name(r.dt)));
+  return static_cast<float*>(ptr(r));
+}
+std::uint8_t* mask_of(const models::Op& op, const Ref& r) {
+  if (r.dt != DType::b1 && r.dt != DType::u8) fail(op, fmt::format("a mask stored as {}", dtype_name(r.dt)));
+  return static_cast<std::uint8_t*>(ptr(r));
+}
+
+// Device temporaries of one op from one scratch slot: a part per size (nullptr for 0), each
+// 256-byte aligned so the launchers take their vectorised paths.
+template <std::size_t N>
+std::array<void*, N> parts(const CudaOpEnv& env, std::size_t slot, const std::size_t (&bytes)[N]) {
+  constexpr std::size_t kAlign = 256;
+  std::array<std::size_t, N> at{};
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    at[i] = total;
+    total += (bytes[i] + kAlign - 1) / kAlign * kAlign;
+  }
+  std::array<void*, N> p{};
+  if (total == 0) return p;
+  char* base = static_cast<char*>(env.get_scratch(slot, total));
+  for (std::size_t i = 0; i < N; ++i) p[i] = bytes[i] ? base + at[i] : nullptr;
+  return p;
+}
+
+void zero(void* p, std::size_t bytes, cudaStream_t stream) {
+  if (p && bytes) ZP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+}
+
+// Host bytes into device memory with nothing on the host to keep alive until the copy runs
+// (a cudaMemcpyAsync from pageable memory may synchronise): one cudaMemsetAsync per run of
+// equal bytes, the value passed by argument.
+void write_bytes(void* dst, const void* src, std::size_t n, cudaStream_t stream) {
+  const auto* b = static_cast<const unsigned char*>(src);
+  for (std::size_t i = 0; i < n;) {
+    std::size_t j = i + 1;
+    while (j < n && b[j] == b[i]) ++j;
+    ZP_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(dst) + i, static_cast<int>(b[i]), j - i, stream));
+    i = j;
+  }
+}
+
+// d(loss)/d(loss) as one element of dt in device scratch, rounded as the host rounds it.
+Ref loss_scalar(const CudaOpEnv& env, float v, DType dt) {
+  unsigned char b[4] = {};
+  if (dt == DType::fp32) {
+    std::memcpy(b, &v, 4);
+  } else {
+    const std::uint16_t h = dt == DType::bf16 ? kernels::cpu::float_to_bf16(v) : kernels::cpu::float_to_fp16(v);
+    std::memcpy(b, &h, 2);
+  }
+  void* p = env.get_scratch(kLossSlot, 4);
+  write_bytes(p, b, nbytes(1, dt), env.stream);
+  return {p, dt, 0};
+}
+
+// src (n of src_dt) as dt: itself, or converted into the conversion slot.
+const void* as_dtype(const CudaOpEnv& env, const void* src, DType src_dt, std::int64_t n, DType dt) {
+  if (src_dt == dt) return src;
+  void* t = env.get_scratch(kConvertSlot, nbytes(n, dt));
+  cuda::convert(t, dt, src, src_dt, n, env.stream);
+  return t;
+}
+
+// dst += src (n elements). A src of another dtype is first rounded to dst's, as autograd
+// casts a gradient to its input's dtype before accumulating it.
+void accumulate(const CudaOpEnv& env, const Ref& dst, const void* src, DType src_dt, std::int64_t n) {
+  if (!dst) return;
+  cuda::copy_accumulate(ptr(dst), as_dtype(env, src, src_dt, n, dst.dt), n, true, dst.dt, env.stream);
+}
+
+struct Dims {
+  std::int64_t B = 0, H = 0, T = 0, D = 0;
+};
+// y = x W^T (nn.Linear, W (N, K)) or y = x W (GPT-2's Conv1D, W (K, N)).
+struct LinearGeometry {
+  bool conv = false;
+  std::int64_t K = 0, N = 0;
+};
+LinearGeometry linear_geometry(const models::OpGraph& g, const models::Op& op) {
+  const auto& w = g.params[static_cast<std::size_t>(op.params[0])].shape;
+  const bool conv = op.fn == Fn::conv1d;
+  return {conv, conv ? w[0] : w[1], conv ? w[1] : w[0]};
+}
+
+// The fused attentions (sdpa, flash_attention) through kernels/cuda/sdpa, which takes
+// contiguous (B, H, T, D) heads with as many kv heads as query heads: each operand is read
+// in place where it already is that, else copied out of its column block (and repeated over
+// the query heads of its kv head, as HF's repeat_kv); the output is computed as heads and
+// merged into its (B, T, H·D) tensor.
+class FusedAttention {
+ public:
+  FusedAttention(const CudaOpEnv& env, const models::Op& op, Operands& o)
+      : env_(env), op_(op), o_(o), f_(models::heads_layout(o.graph(), op)) {
+    if (!cuda::sdpa_supports(f_.D))
+      fail(op, fmt::format("not implemented for head dim {} (the fused kernel takes 16, 32, 64 and 128)", f_.D));
+    q_ = o.act_ref(f_.q.tensor);
+    k_ = o.act_ref(f_.k.tensor);
+    v_ = o.act_ref(f_.v.tensor);
+    out_ = o.act_ref(f_.o.tensor);
+    dt_ = float_dtype(op, {q_, k_, v_, out_});
+    hv_ = f_.B * f_.H * f_.T * f_.D;
+    kvn_ = f_.B * f_.K * f_.T * f_.D;
+    for (const auto* h : {&f_.q, &f_.k, &f_.v, &f_.o}) {
+      const std::int64_t X = h == &f_.k || h == &f_.v ? f_.K : f_.H;
+      if (!contiguous(*h, X) && !columns(*h)) fail(op, "an attention operand in a layout the CUDA device cannot read");
+    }
+    if (!columns(f_.o) || f_.o.st != f_.H * f_.D) fail(op, "an attention output that is not (B, T, H*D)");
+    seed_ = o.dropout_seed();
+    offset_ = static_cast<std::uint64_t>(op.rng_stream) << 32;
+  }
+
+  void forward() {
+    auto [qc, kc, kh, vc, vh, oh] = parts(env_, kTempSlot,
+                                          {copy_bytes(f_.q, f_.H), copy_bytes(f_.k, f_.K), repeat_bytes(),
+                                           copy_bytes(f_.v, f_.K), repeat_bytes(), nbytes(hv_, dt_)});
+    const void* q = heads(f_.q, q_, f_.H, qc, nullptr);
+    const void* k = heads(f_.k, k_, f_.K, kc, kh);
+    const void* v = heads(f_.v, v_, f_.K, vc, vh);
+    // rng_state as the kernels keep it: the dropout stream's seed and offset.
+    const Ref rng = o_.act_ref(f_.rng);
+    if (rng.dt != DType::i64) fail(op_, fmt::format("rng_state stored as {}, not i64", dtype_name(rng.dt)));
+    const std::int64_t state[2] = {static_cast<std::int64_t>(seed_), static_cast<std::int64_t>(offset_)};
+    write_bytes(ptr(rng), state, sizeof state, env_.stream);
+    cuda::sdpa_forward(oh, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, nullptr, f_.B, f_.H, f_.T, f_.D, f_.causal,
+                       scale(), p(), seed_, offset_, dt_, env_.stream);
+    cuda::merge_heads_forward(ptr(out_.at(f_.o.offset)), oh, f_.B, f_.T, f_.H, f_.D, dt_, env_.stream);
+  }
+
+  // The seed and offset are the forward's (this micro-step's stream and the op's), not read
+  // back from rng_state, which lives on the device.
+  void backward(const Ref& dy) {
+    const Ref gq = o_.grad_ref(f_.q.tensor), gk = o_.grad_ref(f_.k.tensor), gv = o_.grad_ref(f_.v.tensor);
+    if (!gq && !gk && !gv) return;
+    float_dtype(op_, {q_, dy, gq, gk, gv});
+    // A gradient the kernel can accumulate into in place: contiguous heads, no kv repetition.
+    const bool q_direct = gq && contiguous(f_.q, f_.H);
+    const bool k_direct = gk && f_.K == f_.H && contiguous(f_.k, f_.K);
+    const bool v_direct = gv && f_.K == f_.H && contiguous(f_.v, f_.K);
+    auto kv_copy = [&](const Ref& g, const models::HeadsOperand& h) {
+      return g && f_.K < f_.H && !contiguous(h, f_.K) ? nbytes(kvn_, dt_) : std::size_t{0};
+    };
+    const std::size_t heads_bytes = nbytes(hv_, dt_);
+    auto [qc, kc, kh, vc, vh, oh, doh, dqh, dkh, dvh, dkc, dvc] =
+        parts(env_, kTempSlot,
+              {copy_bytes(f_.q, f_.H), copy_bytes(f_.k, f_.K), repeat_bytes(), copy_bytes(f_.v, f_.K),
+               repeat_bytes(), heads_bytes, heads_bytes, q_direct ? 0 : heads_bytes, k_direct ? 0 : heads_bytes,
+               v_direct ? 0 : heads_bytes, kv_copy(gk, f_.k), kv_copy(gv, f_.v)});
+    const void* q = heads(f_.q, q_, f_.H, qc, nullptr);
+    const void* k = heads(f_.k, k_, f_.K, kc, kh);
+    const void* v = heads(f_.v, v_, f_.K, vc, vh);
+    cuda::split_heads_forward(oh, ptr(out_), f_.B, f_.T, f_.H, f_.D, f_.o.st, f_.o.offset, dt_, env_.stream);
+    cuda::split_heads_forward(doh, ptr(dy), f_.B, f_.T, f_.H, f_.D, f_.o.st, f_.o.offset, dt_, env_.stream);
+    // The kernel accumulates: temporaries whose sums are kept start at zero (the others are
+    // written and dropped).
+    if (gq && !q_direct) zero(dqh, heads_bytes, env_.stream);
+    if (gk && !k_direct) zero(dkh, heads_bytes, env_.stream);
+    if (gv && !v_direct) zero(dvh, heads_bytes, env_.stream);
+    void* dq = q_direct ? ptr(gq.at(f_.q.offset)) : dqh;
+    void* dk = k_direct ? ptr(gk.at(f_.k.offset)) : dkh;
+    void* dv = v_direct ? ptr(gv.at(f_.v.offset)) : dvh;
+    cuda::sdpa_backward(*env_.ctx, dq, dk, dv, doh, q, k, v, oh, fp32_of(op_, o_.act_ref(f_.lse)), nullptr, f_.B,
+                        f_.H, f_.T, f_.D, f_.causal, scale(), p(), seed_, offset_, dt_, env_.stream);
+    if (!q_direct) give_back(f_.q, gq, f_.H, dqh, nullptr);
+    if (!k_direct) give_back(f_.k, gk, f_.K, dkh, dkc);
+    if (!v_direct) give_back(f_.v, gv, f_.K, dvh, dvc);
+  }
+
+ private:
+  // (B, X, T, D) contiguous, or heads as column blocks of a (B, T, W) tensor.
+  bool contiguous(const models::HeadsOperand& h, std::int64_t X) const {
+    return h.st == f_.D && h.sh == f_.T * f_.D && h.sb == X * f_.T * f_.D;
+  }
+  bool columns(const models::HeadsOperand& h) const { return h.sh == f_.D && h.sb == f_.T * h.st; }
+  std::size_t copy_bytes(const models::HeadsOperand& h, std::int64_t X) const {
+    return contiguous(h, X) ? 0 : nbytes(f_.B * X * f_.T * f_.D, dt_);
+  }
+  std::size_t repeat_bytes() const { return f_.K < f_.H ? nbytes(hv_, dt_) : 0; }
+  float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(f_.D))); }
+  float p() const { return static_cast<float>(op_.alpha); }
+
+  // Operand h (X heads) as contiguous (B, H, T, D): in place, or through `copy` (B, X, T, D)
+  // and `repeat` (B, H, T, D).
+  const void* heads(const models::HeadsOperand& h, const Ref& r, std::int64_t X, void* copy, void* repeat) const {
+    const void* x = ptr(r.at(h.offset));
+    if (!contiguous(h, X)) {
+      cuda::split_heads_forward(copy, ptr(r), f_.B, f_.T, X, f_.D, h.st, h.offset, dt_, env_.stream);
+      x = copy;
+    }
+    if (X == f_.H) return x;
+    cuda::repeat_kv_forward(repeat, x, f_.B, X, f_.H / X, f_.T, f_.D, dt_, env_.stream);
+    return repeat;
+  }
+
+  // Adds the (B, H, T, D) gradient dh to operand h's gradient g: summed over the query heads
+  // of each kv head (in `copy` when h is a column block), then scattered to its columns.
+  void give_back(const models::HeadsOperand& h, const Ref& g, std::int64_t X, const void* dh, void* copy) const {
+    if (!g) return;
+    if (X < f_.H) {
+      if (contiguous(h, X)) {
+        cuda::repeat_kv_backward(ptr(g.at(h.offset)), dh, f_.B, X, f_.H / X, f_.T, f_.D, true, dt_, env_.stream);
+        return;
+      }
+      cuda::repeat_kv_backward(copy, dh, f_.B, X, f_.H / X, f_.T, f_.D, false, dt_, env_.stream);
+      dh = copy;
+    }
+    cuda::split_heads_backward(ptr(g), dh, f_.B, f_.T, X, f_.D, h.st, h.offset, true, dt_, env_.stream);
+  }
+
+  const CudaOpEnv& env_;
+  const models::Op& op_;
+  Operands& o_;
+  models::HeadsLayout f_;
+  Ref q_, k_, v_, out_;
+  DType dt_ = DType::fp32;
+  std::int64_t hv_ = 0, kvn_ = 0;
+  std::uint64_t seed_ = 0, offset_ = 0;
+};
+
+}  // namespace
+
+void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
+  const models::OpGraph& graph = o.graph();
+  cuda::Context& ctx = *env.ctx;
+  cudaStream_t stream = env.stream;
+  auto act = [&](TensorId t) { return o.act_ref(t); };
+  auto param = [&](ParamId p) { return o.param_ref(p); };
+  auto numel = [&](TensorId t) { return prod(graph.tensors[U(t)].shape); };
+  auto dtype = [&](std::initializer_list<Ref> refs) { return float_dtype(op, refs); };
+  const auto& cfg = graph.cfg;
+  const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
+  const std::int64_t n = y >= 0 ? numel(y) : 0;
+  const Ref yr = y >= 0 ? act(y) : Ref{};
+  void* const yp = ptr(yr);
+  auto in = [&](std::size_t i) { return act(op.inputs[i]); };
+  auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return graph.tensors[U(t)].shape; };
+  const float alpha = static_cast<float>(op.alpha);
+  switch (op.fn) {
+    case Fn::embedding: {
+      const Ref w = param(op.params[0]);
+      const DType dt = dtype({yr, w});
+      const std::int64_t C = shape(y).back();
+      cuda::embedding_forward(yp, ids_of(op, in(0)), ptr(w), n / C, C, dt, stream);
+      break;
+    }
+    case Fn::position_embedding: {
+      const Ref w = param(op.params[0]);
+      cuda::convert(yp, yr.dt, ptr(w), w.dt, n, stream);
+      break;
+    }
+    case Fn::linear:
+    case Fn::conv1d:
+    case Fn::linear_first_token: {
+      const auto [conv, K, Nn] = linear_geometry(graph, op);
+      const Ref w = param(op.params[0]);
+      const Ref b = op.params.size() > 1 ? param(op.params[1]) : Ref{};
+      const DType dt = dtype({yr, in(0), w, b});
+      const void* x = ptr(in(0));
+      if (op.fn == Fn::linear_first_token) {
+        const auto& xs = shape(op.inputs[0]);
+        auto [sel] = parts(env, kTempSlot, {nbytes(xs[0] * K, dt)});
+        cuda::select_token_forward(sel, x, xs[0], xs[1], K, 0, dt, stream);
+        x = sel;
+      }
+      if (conv) cuda::conv1d_forward(ctx, yp, x, ptr(w), ptr(b), n / Nn, Nn, K, dt, stream);
+      else cuda::linear_forward(ctx, yp, x, ptr(w), ptr(b), n / Nn, Nn, K, dt, stream);
+      break;
+    }
+    case Fn::attn_scores:
+    case Fn::attn_context: {
+      const auto& ys = shape(y);  // (B, H, T, T) or (B, H, T, D)
+      const Dims d{ys[0], ys[1], ys[2], cfg.head_dim};
+      const TensorId t0 = op.inputs[0], t1 = op.inputs[std::min<std::size_t>(1, op.inputs.size() - 1)];
+      const DType dt = dtype({yr, act(t0), act(t1)});
+      auto is4 = [&](TensorId t) { return shape(t).size() == 4; };
+      const std::size_t hv = nbytes(d.B * d.H * d.T * d.D, dt);
+      const bool scores = op.fn == Fn::attn_scores;
+      auto [h0, h1] = parts(env, kTempSlot, {scores && !is4(t0) ? hv : 0, !is4(t1) ? hv : 0});
+      // Operand i as (B, H, T, D): a head view of a (B, T, W) tensor, or a 4-D tensor.
+      auto operand = [&](std::size_t i, TensorId t, void* tmp) -> const void* {
+        if (is4(t)) return ptr(act(t));
+        cuda::split_heads_forward(tmp, ptr(act(t)), d.B, d.T, d.H, d.D, shape(t)[2], op.col[i], dt, stream);
+        return tmp;
+      };
+      if (scores)
+        cuda::bmm_forward(ctx, yp, operand(0, t0, h0), operand(1, t1, h1), d.B * d.H, d.T, d.T, d.D, false, true,
+                          dt, stream);
+      else
+        cuda::bmm_forward(ctx, yp, ptr(act(t0)), operand(1, t1, h1), d.B * d.H, d.T, d.D, d.T, false, false, dt,
+                          stream);
+      break;
+    }
+    case Fn::scale: cuda::scale_forward(yp, ptr(in(0)), n, alpha, dtype({yr, in(0)}), stream); break;
+    case Fn::add_scalar: cuda::add_scalar_forward(yp, ptr(in(0)), n, alpha, dtype({yr, in(0)}), stream); break;
+    case Fn::add: {
+      const DType dt = dtype({yr, in(0), in(1)});
+      if (numel(op.inputs[1]) == n) {
+        cuda::add_forward(yp, ptr(in(0)), ptr(in(1)), n, dt, stream);
+      } else {  // (1, T, C) over (B, T, C)
+        const auto& s = shape(y);
+        cuda::add_broadcast_forward(yp, ptr(in(0)), ptr(in(1)), {1, s[0], s[1], s[2]}, {1, 1, s[1], s[2]}, dt,
+                                    stream);
+      }
+      break;
+    }
+    case Fn::causal_where: {
+      const auto& s = shape(y);
+      const DType dt = dtype({yr, in(0)});
+      cuda::causal_where_forward(yp, ptr(in(0)), s[0] * s[1], s[2], cuda::mask_value(dt), dt, stream);
+      break;
+    }
+    case Fn::add_mask: {
+      const auto& s = shape(y);
+      const auto& m = shape(op.inputs[1]);
+      cuda::add_broadcast_forward(yp, ptr(in(0)), ptr(in(1)), {s[0], s[1], s[2], s[3]}, {m[0], m[1], m[2], m[3]},
+                                  dtype({yr, in(0), in(1)}), stream);
+      break;
+    }
+    case Fn::softmax: {
+      // softmax(x, dtype=float32) of a 16-bit x: the input upcast (exactly) to y's dtype.
+      const std::int64_t c = shape(y).back();
+      const DType dt = dtype({yr});
+      const void* x = ptr(in(0));
+      if (in(0).dt != dt) {
+        auto [t] = parts(env, kTempSlot, {nbytes(n, dt)});
+        cuda::convert(t, dt, x, in(0).dt, n, stream);
+        x = t;
+      }
+      cuda::softmax_forward(yp, x, n / c, c, dt, stream);
+      break;
+    }
+    case Fn::dropout:
+      cuda::dropout_forward(yp, mask_of(op, act(op.outputs[1])), ptr(in(0)), n, alpha, o.dropout_seed(),
+                            static_cast<std::uint64_t>(op.rng_stream) << 32, dtype({yr, in(0)}), stream);
+      break;
+    case Fn::layernorm: {
+      const std::int64_t C = shape(y).back();
+      const Ref w = param(op.params[0]);
+      const Ref b = op.params.size() > 1 ? param(op.params[1]) : Ref{};
+      cuda::layernorm_forward(yp, fp32_of(op, act(op.outputs[1])), fp32_of(op, act(op.outputs[2])), ptr(in(0)),
+                              ptr(w), ptr(b), n / C, C, alpha, dtype({yr, in(0), w, b}), stream);
+      break;
+    }
+    case Fn::pow: {
+      const DType dt = dtype({yr, in(0)});
+      if (op.alpha == 2.0) cuda::pow2_forward(yp, ptr(in(0)), n, dt, stream);
+      else cuda::pow3_forward(yp, ptr(in(0)), n, dt, stream);
+      break;
+    }
+    case Fn::rms_rsqrt: {
+      const std::int64_t C = shape(op.inputs[0]).back();
+      cuda::rms_rsqrt_forward(yp, ptr(in(0)), n, C, alpha, dtype({yr, in(0)}), stream);
+      break;
+    }
+    case Fn::mul: cuda::mul_forward(yp, ptr(in(0)), ptr(in(1)), n, dtype({yr, in(0), in(1)}), stream); break;
+    case Fn::mul_rowscale: {
+      const std::int64_t C = shape(y).back();
+      cuda::mul_rowscale_forward(yp, ptr(in(0)), ptr(in(1)), n / C, C, dtype({yr, in(0), in(1)}), stream);
+      break;
+    }
+    case Fn::mul_weight: {
+      const std::int64_t C = shape(y).back();
+      const Ref w = param(op.params[0]);
+      cuda::mul_weight_forward(yp, ptr(in(0)), ptr(w), n / C, C, dtype({yr, in(0), w}), stream);
+      break;
+    }
+    case Fn::gelu: cuda::gelu_forward(yp, ptr(in(0)), n, dtype({yr, in(0)}), stream); break;
+    case Fn::gelu_tanh: cuda::gelu_tanh_forward(yp, ptr(in(0)), n, dtype({yr, in(0)}), stream); break;
+    case Fn::relu: cuda::relu_forward(yp, ptr(in(0)), n, dtype({yr, in(0)}), stream); break;
+    case Fn::silu: cuda::silu_forward(yp, ptr(in(0)), n, dtype({yr, in(0)}), stream); break;
+    case Fn::tanh: cuda::tanh_forward(yp, ptr(in(0)), n, dtype({yr, in(0)}), stream); break;
+    case Fn::cast: cuda::convert(yp, yr.dt, ptr(in(0)), in(0).dt, n, stream); break;
+    case Fn::rope_tables: {
+      const auto& s = shape(y);  // (1, T, D)
+      const Ref sin = act(op.outputs[1]);
+      cuda::rope_tables(yp, ptr(sin), s[1], s[2], alpha, dtype({yr, sin}), stream);
+      break;
+    }
+    case Fn::rope: {
+      const auto& s = shape(y);  // (B, H, T, D) from a (B, T, H*D) projection
+      const DType dt = dtype({yr, in(0), in(1), in(2)});
+      auto [x] = parts(env, kTempSlot, {nbytes(n, dt)});
+      cuda::split_heads_forward(x, ptr(in(0)), s[0], s[2], s[1], s[3], s[1] * s[3], 0, dt, stream);
+      cuda::rope_forward(yp, x, ptr(in(1)), ptr(in(2)), s[0], s[1], s[2], s[3], dt, stream);
+      break;
+    }
+    case Fn::merge_heads: {
+      const auto& s = shape(op.inputs[0]);  // (B, H, T, D)
+      cuda::merge_heads_forward(yp, ptr(in(0)), s[0], s[2], s[1], s[3], dtype({yr, in(0)}), stream);
+      break;
+    }
+    case Fn::repeat_kv: {
+      // (B, K, T, D), or a (B, T, K*D) projection read as heads
+      const auto& ys = shape(y);
+      const auto& s = shape(op.inputs[0]);
+      const std::int64_t B = ys[0], T = ys[2], D = ys[3], K = s.size() == 4 ? s[1] : s[2] / D;
+      const DType dt = dtype({yr, in(0)});
+      const void* x = ptr(in(0));
+      if (s.size() == 3) {
+        auto [h] = parts(env, kTempSlot, {nbytes(B * K * T * D, dt)});
+        cuda::split_heads_forward(h, x, B, T, K, D, s[2], 0, dt, stream);
+        x = h;
+      }
+      cuda::repeat_kv_forward(yp, x, B, K, ys[1] / K, T, D, dt, stream);
+      break;
+    }
+    case Fn::extended_mask: {
+      // Masked entries hold finfo(dtype).min of the mask's dtype, as HF builds it.
+      const auto& s = shape(op.inputs[0]);  // (B, T)
+      const DType dt = dtype({yr});
+      cuda::padding_mask(yp, ids_of(op, in(0)), s[0], s[1], cuda::mask_value(dt), dt, stream);
+      break;
+    }
+    case Fn::causal_mask: {
+      const DType dt = dtype({yr});
+      cuda::causal_mask(yp, shape(y)[2], cuda::mask_value(dt), dt, stream);
+      break;
+    }
+    case Fn::cross_entropy: {
+      const std::int64_t V = shape(op.outputs[0]).back();
+      const std::int64_t rows = numel(op.inputs[0]) / V;
+      const Ref loss = act(op.outputs[1]);
+      const DType dt = dtype({yr, in(0)});
+      cuda::log_softmax_forward(yp, ptr(in(0)), rows, V, dt, stream);
+      // The kernel writes an fp32 loss: a loss of another dtype goes through scratch.
+      auto [l32] = parts(env, kTempSlot, {loss.dt == DType::fp32 ? 0 : nbytes(1, DType::fp32)});
+      float* l = loss.dt == DType::fp32 ? static_cast<float*>(ptr(loss)) : static_cast<float*>(l32);
+      cuda::nll_loss_forward(l, yp, ids_of(op, in(1)), rows, V, cuda::kIgnoreIndex, dt, stream);
+      if (loss.dt != DType::fp32) cuda::convert(ptr(loss), loss.dt, l, DType::fp32, 1, stream);
+      break;
+    }
+    case Fn::sdpa:
+    case Fn::flash_attention: FusedAttention(env, op, o).forward(); break;
+    case Fn::heads_copy: {
+      // (B, X, T, D) from a 4-D tensor (a copy) or from columns [col, col + X·D) of a (B, T, W) one
+      const auto& ys = shape(y);
+      const auto& xs = shape(op.inputs[0]);
+      const DType dt = dtype({yr, in(0)});
+      if (xs.size() == 4) cuda::convert(yp, dt, ptr(in(0)), dt, n, stream);
+      else cuda::split_heads_forward(yp, ptr(in(0)), ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], dt, stream);
+      break;
+    }
+    case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
+  }
+}
+
+void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
+  const models::OpGraph& graph = o.graph();
+  cuda::Context& ctx = *env.ctx;
+  cudaStream_t stream = env.stream;
+  auto act = [&](TensorId t) { return o.act_ref(t); };
+  auto grad = [&](TensorId t) { return o.grad_ref(t); };
+  auto param = [&](ParamId p) { return o.param_ref(p); };
+  auto numel = [&](TensorId t) { return prod(graph.tensors[U(t)].shape); };
+  auto dtype = [&](std::initializer_list<Ref> refs) { return float_dtype(op, refs); };
+  const auto& cfg = graph.cfg;
+  const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
+  const std::int64_t n = y >= 0 ? numel(y) : 0;
+  auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return graph.tensors[U(t)].shape; };
+  // The gradient flowing into this op: d(loss)/d(loss) = 1/GAS (DeepSpeed scales the loss).
+  // The cross entropy takes it by value; any other op producing the loss reads it as a
+  // device scalar in the loss's dtype.
+  const TensorId out_main = op.fn == Fn::cross_entropy ? op.outputs[1] : y;
+  const bool from_loss = out_main >= 0 && out_main == graph.loss;
+  Ref dy;
+  if (from_loss && op.fn != Fn::cross_entropy) {
+    const Ref loss = act(graph.loss);
+    dy = loss_scalar(env, o.loss_grad(), loss ? loss.dt : graph.tensors[U(graph.loss)].dtype);
+  }
+  else if (!from_loss && out_main >= 0) dy = grad(out_main);
+  if (!from_loss && !dy) return;  // nothing flows back through this op
+  const void* const dyp = ptr(dy);
+  auto dx = [&](std::size_t i) { return i < op.inputs.size() ? grad(op.inputs[i]) : Ref{}; };
+  auto x = [&](std::size_t i) { return act(op.inputs[i]); };
+  auto pg = [&](std::size_t i) { return o.param_grad_ref(op.params[i]); };
+  const float alpha = static_cast<float>(op.alpha);
+  switch (op.fn) {
+    case Fn::embedding: {
+      const Ref gw = pg(0);
+      if (!gw) break;
+      const std::int64_t C = shape(y).back();
+      const std::int64_t V = graph.params[U(op.params[0])].shape[0];
+      cuda::embedding_backward(ctx, ptr(gw), ids_of(op, x(0)), dyp, n / C, V, C, -1, true, dtype({gw, dy}), stream);
+      break;
+    }
+    case Fn::position_embedding: accumulate(env, pg(0), dyp, dy.dt, n); break;
+    case Fn::linear:
+    case Fn::conv1d:
+    case Fn::linear_first_token: {
+      const auto [conv, K, Nn] = linear_geometry(graph, op);
+      const Ref w = param(op.params[0]);
+      const Ref gw = pg(0);
+      const Ref gb = op.params.size() > 1 ? pg(1) : Ref{};
+      const Ref gx = dx(0);
+      const DType dt = dtype({dy, x(0), w, gw, gb, gx});
+      const std::int64_t M = n / Nn;
+      auto gemms = [&](void* dxp, void* dwp, void* dbp, const void* xp, bool accumulate) {
+        if (conv) cuda::conv1d_backward(ctx, dxp, dwp, dbp, dyp, xp, ptr(w), M, Nn, K, accumulate, dt, stream);
+        else cuda::linear_backward(ctx, dxp, dwp, dbp, dyp, xp, ptr(w), M, Nn, K, accumulate, dt, stream);
+      };
+      if (op.fn != Fn::linear_first_token) {
+        gemms(ptr(gx), ptr(gw), ptr(gb), ptr(x(0)), true);
+        break;
+      }
+      // Through the selected tokens: their gradient is written to scratch (not accumulated),
+      // then added into the input's rows.
+      const auto& xs = shape(op.inputs[0]);
+      const std::int64_t B = xs[0], T = xs[1];
+      auto [sel, dsel] = parts(env, kTempSlot, {nbytes(B * K, dt), gx ? nbytes(B * K, dt) : 0});
+      cuda::select_token_forward(sel, ptr(x(0)), B, T, K, 0, dt, stream);
+      if (gw || gb) gemms(nullptr, ptr(gw), ptr(gb), sel, true);
+      if (gx) {
+        gemms(dsel, nullptr, nullptr, sel, false);
+        cuda::select_token_backward(ptr(gx), dsel, B, T, K, 0, true, dt, stream);
+      }
+      break;
+    }
+    case Fn::attn_scores:
+    case Fn::attn_context: {
+      const auto& ys = shape(y);
+      const Dims d{ys[0], ys[1], ys[2], cfg.head_dim};
+      const TensorId t0 = op.inputs[0], t1 = op.inputs[std::min<std::size_t>(1, op.inputs.size() - 1)];
+      const Ref g0 = grad(t0), g1 = grad(t1);
+      if (!g0 && !g1) break;
+      const DType dt = dtype({dy, act(t0), act(t1), g0, g1});
+      auto is4 = [&](TensorId t) { return shape(t).size() == 4; };
+      const std::size_t hv = nbytes(d.B * d.H * d.T * d.D, dt);
+      const bool scores = op.fn == Fn::attn_scores;
+      // Head views of (B, T, W) operands, and their gradients before they go back to the columns.
+      auto [h0, h1, d0, d1] = parts(env, kTempSlot,
+                                    {scores && !is4(t0) ? hv : 0, !is4(t1) ? hv : 0,
+                                     g0 && !is4(t0) ? hv : 0, g1 && !is4(t1) ? hv : 0});
+      auto operand = [&](std::size_t i, TensorId t, void* tmp) -> const void* {
+        if (is4(t)) return ptr(act(t));
+        cuda::split_heads_forward(tmp, ptr(act(t)), d.B, d.T, d.H, d.D, shape(t)[2], op.col[i], dt, stream);
+        return tmp;
+      };
+      const void* a = scores ? operand(0, t0, h0) : ptr(act(t0));
+      const void* b = operand(1, t1, h1);
+      const std::int64_t m = d.T, nn = scores ? d.T : d.D, k = scores ? d.D : d.T;
+      // One product per operand: a 4-D operand's gradient accumulates in place, a head view's
+      // is written to scratch and added into its columns.
+      auto give_back = [&](std::size_t i, TensorId t, const Ref& g, void* tmp) {
+        if (!g) return;
+        void* target = is4(t) ? ptr(g) : tmp;
+        cuda::bmm_backward(ctx, i == 0 ? target : nullptr, i == 1 ? target : nullptr, dyp, a, b, d.B * d.H, m, nn, k,
+                           false, scores, is4(t), dt, stream);
+        if (!is4(t))
+          cuda::split_heads_backward(ptr(g), tmp, d.B, d.T, d.H, d.D, shape(t)[2], op.col[i], true, dt, stream);
+      };
+      give_back(0, t0, g0, d0);
+      give_back(1, t1, g1, d1);
+      break;
+    }
+    case Fn::scale:
+      if (dx(0)) cuda::scale_backward(ptr(dx(0)), dyp, n, alpha, true, dtype({dx(0), dy}), stream);
+      break;
+    case Fn::add_scalar:
+      if (dx(0)) cuda::add_scalar_backward(ptr(dx(0)), dyp, n, true, dtype({dx(0), dy}), stream);
+      break;
+    case Fn::add: {
+      if (!dx(0) && !dx(1)) break;
+      const DType dt = dtype({dy, dx(0), dx(1)});
+      if (op.inputs.size() > 1 && numel(op.inputs[1]) != n) {
+        const auto& s = shape(y);
+        cuda::add_broadcast_backward(ptr(dx(0)), ptr(dx(1)), dyp, {1, s[0], s[1], s[2]}, {1, 1, s[1], s[2]}, true, dt,
+                                     stream);
+      } else {
+        cuda::add_backward(ptr(dx(0)), ptr(dx(1)), dyp, n, true, dt, stream);
+      }
+      break;
+    }
+    case Fn::causal_where: {
+      const auto& s = shape(y);
+      if (dx(0)) cuda::causal_where_backward(ptr(dx(0)), dyp, s[0] * s[1], s[2], true, dtype({dx(0), dy}), stream);
+      break;
+    }
+    case Fn::add_mask: {
+      const auto& s = shape(y);
+      const auto& m = shape(op.inputs[1]);
+      if (dx(0))
+        cuda::add_broadcast_backward(ptr(dx(0)), nullptr, dyp, {s[0], s[1], s[2], s[3]}, {m[0], m[1], m[2], m[3]},
+                                     true, dtype({dx(0), dy}), stream);
+      break;
+    }
+    case Fn::softmax: {
+      // The program's temporary (op.bwd_scratch) is not needed: the kernel reduces dy * y
+      // without materialising it. A 16-bit input of an fp32 softmax gets its gradient
+      // rounded to its dtype.
+      const Ref gx = dx(0);
+      if (!gx) break;
+      const std::int64_t c = shape(y).back();
+      const Ref yr = act(y);
+      const DType dt = dtype({yr, dy});
+      if (gx.dt == dt) {
+        cuda::softmax_backward(ptr(gx), ptr(yr), dyp, n / c, c, true, dt, stream);
+      } else {
+        auto [t] = parts(env, kTempSlot, {nbytes(n, dt)});
+        cuda::softmax_backward(t, ptr(yr), dyp, n / c, c, false, dt, stream);
+        accumulate(env, gx, t, dt, n);
+      }
+      break;
+    }
+    case Fn::dropout:
+      if (dx(0))
+        cuda::dropout_backward(ptr(dx(0)), mask_of(op, act(op.outputs[1])), dyp, n, alpha, true, dtype({dx(0), dy}),
+                               stream);
+      break;
+    case Fn::layernorm: {
+      const std::int64_t C = shape(y).back();
+      const Ref w = param(op.params[0]);
+      const Ref gw = pg(0);
+      const Ref gb = op.params.size() > 1 ? pg(1) : Ref{};
+      const Ref gx = dx(0);
+      if (!gx && !gw && !gb) break;
+      cuda::layernorm_backward(ctx, ptr(gx), ptr(gw), ptr(gb), dyp, ptr(x(0)), fp32_of(op, act(op.outputs[1])),
+                               fp32_of(op, act(op.outputs[2])), ptr(w), n / C, C, true,
+                               dtype({dy, x(0), w, gx, gw, gb}), stream);
+      break;
+    }
+    case Fn::pow: {
+      if (!dx(0)) break;
+      const DType dt = dtype({dx(0), x(0), dy});
+      if (op.alpha == 2.0) cuda::pow2_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dt, stream);
+      else cuda::pow3_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dt, stream);
+      break;
+    }
+    case Fn::rms_rsqrt: {
+      const std::int64_t C = shape(op.inputs[0]).back();
+      if (dx(0))
+        cuda::rms_rsqrt_backward(ptr(dx(0)), dyp, ptr(act(y)), n, C, true, dtype({dx(0), dy, act(y)}), stream);
+      break;
+    }
+    case Fn::mul:
+      if (dx(0) || dx(1))
+        cuda::mul_backward(ptr(dx(0)), ptr(dx(1)), dyp, ptr(x(0)), ptr(x(1)), n, true,
+                           dtype({dy, x(0), x(1), dx(0), dx(1)}), stream);
+      break;
+    case Fn::mul_rowscale: {
+      const std::int64_t C = shape(y).back();
+      if (dx(0) || dx(1))
+        cuda::mul_rowscale_backward(ptr(dx(0)), ptr(dx(1)), dyp, ptr(x(0)), ptr(x(1)), n / C, C, true,
+                                    dtype({dy, x(0), x(1), dx(0), dx(1)}), stream);
+      break;
+    }
+    case Fn::mul_weight: {
+      const std::int64_t C = shape(y).back();
+      const Ref w = param(op.params[0]);
+      if (dx(0) || pg(0))
+        cuda::mul_weight_backward(ctx, ptr(dx(0)), ptr(pg(0)), dyp, ptr(x(0)), ptr(w), n / C, C, true,
+                                  dtype({dy, x(0), w, dx(0), pg(0)}), stream);
+      break;
+    }
+    case Fn::gelu:
+      if (dx(0)) cuda::gelu_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dtype({dx(0), x(0), dy}), stream);
+      break;
+    case Fn::gelu_tanh:
+      if (dx(0)) cuda::gelu_tanh_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dtype({dx(0), x(0), dy}), stream);
+      break;
+    case Fn::silu:
+      if (dx(0)) cuda::silu_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dtype({dx(0), x(0), dy}), stream);
+      break;
+    case Fn::relu:
+      if (dx(0)) cuda::relu_backward(ptr(dx(0)), ptr(act(y)), dyp, n, true, dtype({dx(0), act(y), dy}), stream);
+      break;
+    case Fn::tanh:
+      if (dx(0)) cuda::tanh_backward(ptr(dx(0)), ptr(act(y)), dyp, n, true, dtype({dx(0), act(y), dy}), stream);
+      break;
+    case Fn::cast: accumulate(env, dx(0), dyp, dy.dt, n); break;
+    case Fn::rope: {
+      const auto& s = shape(y);
+      const Ref gx = dx(0);
+      if (!gx) break;
+      const DType dt = dtype({gx, dy, x(1), x(2)});
+      auto [dxh] = parts(env, kTempSlot, {nbytes(n, dt)});
+      cuda::rope_backward(dxh, dyp, ptr(x(1)), ptr(x(2)), s[0], s[1], s[2], s[3], false, dt, stream);
+      cuda::split_heads_backward(ptr(gx), dxh, s[0], s[2], s[1], s[3], s[1] * s[3], 0, true, dt, stream);
+      break;
+    }
+    case Fn::merge_heads: {
+      const auto& s = shape(op.inputs[0]);
+      if (dx(0))
+        cuda::merge_heads_backward(ptr(dx(0)), dyp, s[0], s[2], s[1], s[3], true, dtype({dx(0), dy}), stream);
+      break;
+    }
+    case Fn::repeat_kv: {
+      const Ref gx = dx(0);
+      if (!gx) break;
+      const auto& ys = shape(y);
+      const auto& s = shape(op.inputs[0]);
+      const std::int64_t B = ys[0], T = ys[2], D = ys[3], K = s.size() == 4 ? s[1] : s[2] / D;
+      const DType dt = dtype({gx, dy});
+      if (s.size() == 4) {
+        cuda::repeat_kv_backward(ptr(gx), dyp, B, K, ys[1] / K, T, D, true, dt, stream);
+      } else {
+        auto [h] = parts(env, kTempSlot, {nbytes(B * K * T * D, dt)});
+        cuda::repeat_kv_backward(h, dyp, B, K, ys[1] / K, T, D, false, dt, stream);
+        cuda::split_heads_backward(ptr(gx), h, B, T, K, D, s[2], 0, true, dt, stream);
+      }
+      break;
+    }
+    case Fn::cross_entropy: {
+      // nll_loss's and log_softmax's backward fused: dlogits = dloss (exp(logp) - onehot) / count.
+      const Ref gx = dx(0);
+      if (!gx) break;
+      const std::int64_t V = shape(op.outputs[0]).back();
+      const std::int64_t rows = numel(op.inputs[0]) / V;
+      const Ref logp = act(op.outputs[0]);
+      const DType dt = dtype({logp, gx});
+      const std::int64_t* targets = ids_of(op, x(1));
+      if (from_loss) {
+        cuda::log_softmax_nll_backward(ctx, ptr(gx), ptr(logp), targets, rows, V, o.loss_grad(), true,
+                                       cuda::kIgnoreIndex, dt, stream);
+        break;
+      }
+      // dloss is on the device (the loss is a sum of losses): the gradient for dloss = 1 into
+      // the buffer the program gives the gradient of logp (op.bwd_grads), then scaled by
+      // dloss as it accumulates into the logits' gradient.
+      const Ref glogp = grad(op.outputs[0]);
+      auto [own] = parts(env, kTempSlot, {glogp && glogp.dt == dt ? 0 : nbytes(rows * V, dt)});
+      void* g = own ? own : ptr(glogp);
+      cuda::log_softmax_nll_backward(ctx, g, ptr(logp), targets, rows, V, 1.0f, false, cuda::kIgnoreIndex, dt,
+                                     stream);
+      const void* dloss = as_dtype(env, dyp, dy.dt, 1, dt);
+      cuda::mul_rowscale_backward(ptr(gx), nullptr, g, nullptr, dloss, 1, rows * V, true, dt, stream);
+      break;
+    }
+    case Fn::rope_tables:
+    case Fn::extended_mask:
+    case Fn::causal_mask: break;  // no gradient
+    case Fn::sdpa:
+    case Fn::flash_attention: FusedAttention(env, op, o).backward(dy); break;
+    case Fn::heads_copy: {
+      const Ref gx = dx(0);
+      if (!gx) break;
+      const auto& ys = shape(y);
+      const auto& xs = shape(op.inputs[0]);
+      const DType dt = dtype({gx, dy});
+      if (xs.size() == 4) cuda::copy_accumulate(ptr(gx), dyp, n, true, dt, stream);
+      else cuda::split_heads_backward(ptr(gx), dyp, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], true, dt, stream);
+      break;
+    }
+    case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));
+  }
+}
+
+}  // namespace zp::exec

@@ -1,0 +1,148 @@
+// `zeroplan train --device cuda` against `--device cpu` on the same program, weights, data
+// and dropout masks: 20 steps of each tiny family at stages 0-3, fp32, bf16 and fp16, with
+// equal losses within the dtype's tolerance, the program's bytes equal (allocated per
+// category at the peak, reserved: both follow the same program through the same
+// caching-allocator rules, and on the GPU the reserved bytes are real cudaMalloc segments),
+// and the driver's measurements present and consistent.
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../test_util.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+fs::path dir() {
+  static const fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / "zeroplan-test-exec-cuda";
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+// The zeroplan binary: ZEROPLAN_BIN from the environment (a build copied elsewhere), else
+// the one this test was built with.
+std::string bin() {
+  const char* e = std::getenv("ZEROPLAN_BIN");
+  return e && *e ? e : ZEROPLAN_BIN;
+}
+
+struct Case {
+  std::string model;
+  int stage = 0;
+  std::string dtype = "fp32";
+  int gas = 2;
+  std::string attention = "eager";
+  bool ckpt = false;
+  int np = 1;  // ranks (N > 1: all on the one GPU, collectives staged through host memory and MPI)
+};
+
+std::string name_of(const Case& c) {
+  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}", c.model, c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "", c.np);
+}
+
+json train(const Case& c, const std::string& device) {
+  const std::string name = name_of(c) + "-" + device;
+  const std::string precision = c.dtype == "fp32" ? "" : fmt::format(R"("{}": {{"enabled": true}},)", c.dtype);
+  const fs::path cfg = dir() / (name_of(c) + ".json");
+  std::ofstream(cfg) << fmt::format(
+      R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {}, {}
+ "optimizer": {{"type": "AdamW", "params": {{"lr": 0.002, "weight_decay": 0.01}}}}, "gradient_clipping": 1.0,
+ "zero_optimization": {{"stage": {}, "reduce_bucket_size": 5000, "stage3_prefetch_bucket_size": 3000,
+   "stage3_param_persistence_threshold": 100}}}})",
+      c.gas, precision, c.stage);
+  const fs::path out = dir() / (name + ".out.json");
+  const fs::path rank0 = c.np == 1 ? out : dir() / (name + ".out.rank0.json");
+  const std::string mpirun =
+      c.np == 1 ? "" : fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np {} ", c.np);
+  const auto r = zp::test::run_shell(mpirun + fmt::format("{} train --model {} --ds-config {} --steps 20 --seq-len 16 --quiet "
+                                                 "--attention {} --device {} --out {}{}",
+                                                 bin(), c.model, cfg.string(), c.attention, device, out.string(),
+                                                 c.ckpt ? " --activation-checkpointing" : ""));
+  INFO(name, "\n", r.out);
+  REQUIRE(r.status == 0);
+  std::ifstream in(rank0);
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+// The loss tolerance of a dtype over 20 steps (relative): fp32 differs by summation order
+// only (cuBLASLt's and the CUDA reductions' against Eigen's); 16-bit runs round each
+// tensor, so single roundings differ and the training paths drift apart slowly.
+double tolerance(const std::string& dtype) { return dtype == "fp32" ? 2e-4 : 3e-2; }
+
+void check(const Case& c) {
+  const json cpu = train(c, "cpu");
+  const json gpu = train(c, "cuda");
+  INFO(name_of(c));
+  CHECK(gpu["config"]["backend"] == "cuda+mpi");
+  const auto& lc = cpu["losses"];
+  const auto& lg = gpu["losses"];
+  REQUIRE(lc.size() == 20);
+  REQUIRE(lg.size() == 20);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < lc.size(); ++i) {
+    const double a = lc[i].get<double>(), b = lg[i].get<double>();
+    REQUIRE(std::isfinite(b));
+    worst = std::max(worst, std::abs(a - b) / std::abs(a));
+  }
+  MESSAGE(name_of(c), ": worst relative loss difference over 20 steps ", worst, " (first ", lc[0].get<double>(), " / ",
+          lg[0].get<double>(), ", last ", lc[19].get<double>(), " / ", lg[19].get<double>(), ")");
+  CHECK(worst <= tolerance(c.dtype));
+  // Training happened: the loss fell on both.
+  CHECK(lg[19].get<double>() < lg[0].get<double>());
+  // The program's bytes: the same on both devices.
+  CHECK(gpu["memory"]["peak_allocated"] == cpu["memory"]["peak_allocated"]);
+  CHECK(gpu["memory"]["at_peak"] == cpu["memory"]["at_peak"]);
+  CHECK(gpu["memory"]["reserved_peak"] == cpu["memory"]["reserved_peak"]);
+  CHECK(gpu["comm"] == cpu["comm"]);
+  // The driver saw the context, the libraries and at least the reserved segments.
+  const auto& dm = gpu["driver_memory"];
+  CHECK(dm["after_context"].get<std::int64_t>() > 0);
+  CHECK(dm["after_init"].get<std::int64_t>() > dm["after_context"].get<std::int64_t>());
+  CHECK(dm["peak"].get<std::int64_t>() >= dm["after_init"].get<std::int64_t>() + gpu["memory"]["reserved_peak"].get<std::int64_t>());
+  // Every event of the step was timed on the device.
+  double sum = 0.0;
+  for (const auto& e : gpu["events"]) sum += e["seconds"].get<double>();
+  CHECK(sum > 0.0);
+}
+
+}  // namespace
+
+TEST_CASE("train --device cuda: the three families at stages 0-3, fp32, against the cpu device") {
+  for (const char* m : {"tiny-gpt2", "tiny-bert", "tiny-llama"})
+    for (int stage = 0; stage <= 3; ++stage) check({m, stage, "fp32"});
+}
+
+TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
+  for (const char* m : {"tiny-gpt2", "tiny-bert", "tiny-llama"})
+    for (int stage : {0, 2, 3}) check({m, stage, "bf16"});
+  check({"tiny-gpt2", 1, "fp16"});
+  check({"tiny-llama", 3, "fp16"});
+  check({"tiny-gpt2", 2, "bf16", 2, "sdpa"});
+  check({"tiny-llama", 1, "fp32", 1, "sdpa", true});
+}
+
+TEST_CASE("train --device cuda: 2 and 4 ranks on one GPU (host-staged collectives)") {
+  for (int stage = 1; stage <= 3; ++stage) check({"tiny-gpt2", stage, "fp32", 2, "eager", false, 2});
+  check({"tiny-llama", 3, "bf16", 2, "eager", false, 4});
+  check({"tiny-bert", 2, "fp32", 1, "eager", false, 4});
+}
+
+TEST_CASE("train --device cuda: bad input") {
+  const auto r = zp::test::run_shell(fmt::format("{} train --model tiny-gpt2 --device tpu --steps 1", bin()));
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--device") != std::string::npos);
+  CHECK(r.out.find("cpu or cuda") != std::string::npos);
+}
