@@ -187,6 +187,9 @@ int main(int argc, char** argv) {
   train->add_option("--checkpoint-dir", tr.checkpoint_dir, "save ZeRO-layout checkpoints here (global_stepN/, latest)");
   train->add_option("--save-every", tr.save_every, "save every K steps (default: at the end)");
   train->add_flag("--resume", tr.resume, "continue from the latest checkpoint in --checkpoint-dir");
+  train->add_option("--init-weights", tr.init_weights, "initial parameters from a safetensors file, by Hugging Face name (e.g. a save_pretrained model.safetensors)");
+  train->add_option("--save-weights", tr.save_weights, "write the parameters after training as safetensors (F32, Hugging Face names)");
+  train->add_option("--save-batch", tr.save_batch, "write step 1's micro-batches (rank 0) as JSON, by input name");
   train->add_option("--device", tr.device, "cpu (default) or cuda: the step program on one GPU per rank (the local rank's)");
   train->add_flag("--allow-tf32", tr.allow_tf32, "--device cuda: fp32 GEMMs on TF32 tensor cores (off: exact fp32)");
 

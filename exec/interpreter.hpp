@@ -18,6 +18,7 @@
 #include "exec/checkpoint.hpp"
 #include "exec/comm.hpp"
 #include "exec/device.hpp"
+#include "exec/safetensors.hpp"
 #include "models/graph.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/lower.hpp"
@@ -58,6 +59,9 @@ class Interpreter : private Operands {
   // Runs the prologue: allocates the persistent buffers and initialises params (the same
   // values for every stage and world size), master weights and optimizer states.
   void prologue();
+  // Initial values by param name (train --init-weights), checked by the caller to hold
+  // every param at its shape; set before prologue(). Default: the seeded random init.
+  void set_initial_weights(const std::map<std::string, NamedTensor>* w) { init_ = w; }
   // One optimizer step (all micro-steps); `step` counts from 1.
   StepResult step(std::int64_t step, const std::vector<MicroBatch>& data);
   // Allocates the buffers DeepSpeed creates during the first step (zero::Buffer::first_step;
@@ -140,7 +144,8 @@ class Interpreter : private Operands {
   std::unique_ptr<Device> own_device_;  // the CPU device when none is given
   Device& dev_;
   bool host_ = true;             // the device's memory is the host's (fp32 views may be staged)
-  void* loss_slots_ = nullptr;   // each micro-step's loss (fp32, on the device) until the step ends
+  void* loss_slots_ = nullptr;
+  const std::map<std::string, NamedTensor>* init_ = nullptr;   // each micro-step's loss (fp32, on the device) until the step ends
 
   const models::OpGraph& g_;
   std::optional<zero::Program> expanded_;  // the program with every micro-step stored, when it repeats one

@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
@@ -29,6 +30,7 @@
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
 #include "exec/device_cuda.hpp"
+#include "exec/safetensors.hpp"
 #include "sim/device.hpp"
 #include "sim/memory.hpp"
 #include "sim/trace.hpp"
@@ -72,6 +74,7 @@ struct Setup {
   std::string out;                 // this rank's --out path ("" for none)
   Bytes need{0};                   // predicted host bytes of this rank (device + host categories)
   std::string micro_batch_key;     // where the micro-batch came from, for messages
+  std::map<std::string, NamedTensor> init;  // --init-weights
 };
 
 std::string random_hex() {
@@ -259,6 +262,19 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
     if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none || cfg.zero.offload_param.device != zero::OffloadDevice::none)
       throw InputError(opt.ds_config, "zero_optimization.offload_*", "offload is executed by the cpu device only so far; drop --device cuda or the offload");
   }
+  if (!opt.init_weights.empty()) {
+    s.init = read_safetensors(opt.init_weights);
+    for (const auto& prm : g.params) {
+      const auto it = s.init.find(prm.name);
+      if (it == s.init.end())
+        throw InputError(opt.init_weights, prm.name, fmt::format("--init-weights: the model's parameter is not in the file ({} tensors in it)", s.init.size()));
+      if (it->second.shape != prm.shape)
+        throw InputError(opt.init_weights, prm.name, fmt::format("--init-weights: shape [{}] in the file, the model's is [{}]",
+                                                                 fmt::join(it->second.shape, ", "), fmt::join(prm.shape, ", ")));
+    }
+  }
+  if (!opt.save_weights.empty() && s.prog.info.stage == 3 && N > 1)
+    throw InputError("--save-weights", "", "stage 3 with several ranks holds each parameter in shards; gathering them is not written yet (run 1 rank, or stages 0-2)");
   if (opt.allow_tf32 && opt.device != "cuda") throw InputError("--allow-tf32", "", "needs --device cuda");
   if (opt.steps < 1) throw InputError("--steps", "", fmt::format("must be >= 1, got {}", opt.steps));
   s.schedule = parse_lr_schedule(cfg);
@@ -353,6 +369,7 @@ json train(const TrainOptions& opt, Comm& comm) {
   // ---- run (from here a failure on one rank must end every rank)
   TrackingAllocator mem(prog.buffers.size(), opt.memory_limit, device.get());
   Interpreter interp(g, prog, cfg, comm, mem, opt.seed, device.get());
+  if (!S.init.empty()) interp.set_initial_weights(&S.init);
   json losses = json::array(), norms = json::array(), scales = json::array(), skipped = json::array();
   json lrs = json::array();  // the learning rate each step ran with
   std::vector<double> event_sum(prog.events.size(), 0.0);
@@ -511,6 +528,15 @@ json train(const TrainOptions& opt, Comm& comm) {
       const double lr = schedule.lr_for(applied);
       interp.set_update(lr, applied + 1, schedule.betas_for(applied));
       lrs.push_back(lr);
+      if (s == 1 && rank == 0 && !opt.save_batch.empty()) {
+        json jb = json::object();
+        for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+          json per = json::array();
+          for (const auto& m : mbs) per.push_back(m[i]);
+          jb[g.tensors[static_cast<std::size_t>(g.inputs[i])].name] = {{"shape", g.tensors[static_cast<std::size_t>(g.inputs[i])].shape}, {"micro_batches", per}};
+        }
+        io::write_atomic(opt.save_batch, jb.dump() + "\n", "--save-batch");
+      }
       const auto r = interp.step(s, mbs);
       const double loss = comm.sum_for_report(r.loss) / N;
       losses.push_back(loss);
@@ -547,6 +573,15 @@ json train(const TrainOptions& opt, Comm& comm) {
     }
     try {
       io::write_atomic(rank_path(opt.trace, rank, N), sim::chrome_trace(prog, tr).dump() + "\n", "--trace");
+    } catch (const std::exception& e) {
+      comm.abort(e.what());
+    }
+  }
+  if (!opt.save_weights.empty() && rank == 0) {
+    try {
+      std::vector<std::pair<std::string, NamedTensor>> w;
+      for (const auto& prm : g.params) w.emplace_back(prm.name, NamedTensor{prm.shape, interp.param_values(prm.id), "F32"});
+      write_safetensors(opt.save_weights, w, "--save-weights");
     } catch (const std::exception& e) {
       comm.abort(e.what());
     }

@@ -38,6 +38,9 @@ struct TrainOptions {
   std::int64_t save_every = 0;        // save every K steps (0: at the end only)
   bool resume = false;                // continue from checkpoint_dir's latest
   bool quiet = false;
+  std::string init_weights;           // safetensors: initial params by HF name (default: seeded random)
+  std::string save_weights;           // safetensors: the params after training (rank 0; not stage 3 with N > 1)
+  std::string save_batch;             // JSON: step 1's micro-batches of rank 0, by input name
   std::string device = "cpu";         // cpu | cuda (one GPU per rank: the local rank's)
   bool allow_tf32 = false;            // --device cuda: fp32 GEMMs on TF32 tensor cores
 };

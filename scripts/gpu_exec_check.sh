@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On a machine with a CUDA GPU: the executor's GPU checks and its benchmark, on binaries
+# built elsewhere (the CUDA toolkit compiles and links without a GPU):
+#   test_kernels_cuda (every kernel against its CPU twin), test_exec_cuda (train --device
+#   cuda against --device cpu: 20 steps per family and stage, bytes, driver memory, several
+#   ranks on one GPU), then bench/gpu_vs_torch.sh (tokens/s beside PyTorch eager and
+#   torch.compile).
+#
+#   cmake --preset ci -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build --preset ci
+#   mkdir -p .gpu-bundle && cp build-ci/cli/zeroplan build-ci/tests/test_{kernels,exec}_cuda .gpu-bundle/
+#   # on the GPU machine (libfmt copied into .gpu-bundle too if it lacks it):
+#   bash scripts/gpu_exec_check.sh [quick]
+#
+# ZEROPLAN_GPU_BIN=DIR (default .gpu-bundle) holds the binaries; logs go to $OUT (else
+# DIR/logs). The exit status is the tests' (0: every GPU test passed).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=$(cd "${ZEROPLAN_GPU_BIN:-.gpu-bundle}" && pwd)
+LOGS=${OUT:-$BIN/logs}
+mkdir -p "$LOGS"
+export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
+export ZEROPLAN_BIN=$BIN/zeroplan OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+nvidia-smi -L
+rc=0
+if [ "${1:-}" != quick ]; then
+  timeout 300 "$BIN/test_kernels_cuda" > "$LOGS/test_kernels_cuda.txt" 2>&1 || rc=1
+  tail -n 3 "$LOGS/test_kernels_cuda.txt"
+fi
+timeout 400 "$BIN/test_exec_cuda" -s > "$LOGS/test_exec_cuda.txt" 2>&1 || rc=1
+grep -E "worst relative|ERROR|FAILED|test cases|assertions" "$LOGS/test_exec_cuda.txt" | sed 's/^.*MESSAGE: //' | head -60
+ZEROPLAN=$BIN/zeroplan timeout 300 bash bench/gpu_vs_torch.sh ${1:-} | tee "$LOGS/gpu_vs_torch.txt"
+exit $rc
