@@ -617,7 +617,19 @@ def main():
     args = ap.parse_args()
 
     if args.validate_config is not None:
+        # Config validation needs no GPU and no process group: on a machine without CUDA,
+        # DeepSpeed's CPU accelerator lets it import.
+        import torch
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
         from deepspeed.runtime.config import DeepSpeedConfig
+
+        # DeepSpeedConfig asks the process group for the rank (the mpu below gives the
+        # data-parallel size); one CPU process over gloo is enough.
+        for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+            os.environ.setdefault(k, v)
+        deepspeed.init_distributed(dist_backend="gloo")
 
         class DataParallelOf:  # the model-parallel unit DeepSpeedConfig asks for the data-parallel size
             def __init__(self, n):
@@ -629,7 +641,6 @@ def main():
             def get_model_parallel_world_size(self):
                 return 1
 
-        init_process()
         bad = 0
         for p in args.validate_config:
             try:
