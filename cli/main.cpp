@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
   pl->add_option("--verify-steps", plan_req.verify_steps, "steps per verified candidate (default 3)");
   pl->add_option("--verify-max-minutes", plan_req.verify_max_minutes,
                  "skip candidates the CPU executor would need longer for (default 10)");
+  pl->add_option("--verify-device", plan_req.verify_device, "where --verify trains: cpu, cuda, or auto (default: cuda when a GPU is visible, else cpu)");
   pl->add_option("--verify-launcher", plan_req.verify_launcher, "rank launcher, {N} = ranks (default: mpirun --oversubscribe -np {N})");
   pl->add_flag("--json", plan_req.base.json, "machine-readable output");
 

@@ -1,4 +1,5 @@
 #include "cli/plan.hpp"
+#include "exec/device_cuda.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -359,6 +360,8 @@ planner::Problem plan_problem(const PlanRequest& req, Inputs* inputs_out) {
   if (req.verify_top < 1) throw InputError("--verify-top", "", fmt::format("must be an integer >= 1, got {}", req.verify_top));
   if (!std::isfinite(req.verify_max_minutes) || req.verify_max_minutes <= 0)
     throw InputError("--verify-max-minutes", "", fmt::format("must be a number > 0, got {}", req.verify_max_minutes));
+  if (req.verify_device != "auto" && req.verify_device != "cpu" && req.verify_device != "cuda")
+    throw InputError("--verify-device", "", fmt::format("must be cpu, cuda or auto, got '{}'", json::printable(req.verify_device)));
   if (req.verify_steps < 2)
     throw InputError("--verify-steps", "", fmt::format("must be an integer >= 2 (the first step is not timed), got {}", req.verify_steps));
   planner::Objective obj;
@@ -620,15 +623,16 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     const std::string root_reason =
         "not run: mpirun refuses to run as root unless OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
         "are set (or give --verify-launcher)";
+    const bool on_gpu = req.verify_device == "cuda" || (req.verify_device == "auto" && exec::cuda_devices_visible() > 0);
     std::string launch = launcher;
     if (const auto pos = launch.find("{N}"); pos != std::string::npos) launch.replace(pos, 3, std::to_string(pb.world_size));
-    t += fmt::format("\nverify: {} steps of the top {} on the executor ({} ranks, CPU + MPI; launcher: {})\n",
-                     req.verify_steps, req.verify_top, pb.world_size, launch);
-    const bool comparable_time = pb.device->arch == "cpu";
+    t += fmt::format("\nverify: {} steps of the top {} on the executor ({} ranks, {} + MPI; launcher: {})\n",
+                     req.verify_steps, req.verify_top, pb.world_size, on_gpu ? "CUDA" : "CPU", launch);
+    const bool comparable_time = on_gpu ? pb.device->arch != "cpu" : pb.device->arch == "cpu";
     if (!comparable_time)
-      t += fmt::format("  the executor runs on CPU ranks, so its throughput is not the {} prediction; memory bytes are "
+      t += fmt::format("  the executor runs on {}, so its throughput is not the {} prediction; memory bytes are "
                        "device-independent and compared exactly\n",
-                       pb.device->name);
+                       on_gpu ? "this machine's GPUs" : "CPU ranks", pb.device->name);
     t += fmt::format("  {:>4} {:>5} {:>5} {:>16} {:>16} {:>7} {:>14} {:>14}\n", "rank", "stage", "micro", "pred_peak_B",
                      "meas_peak_B", "equal", "pred_samples/s", "meas_samples/s");
     nlohmann::json vj = nlohmann::json::array();
@@ -652,7 +656,7 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
         const double step_flops = (g.fwd_flops().v * (get(e.knobs, Dim::activation_checkpointing) ? 2.0 : 1.0) +
                                    g.bwd_flops().v) * static_cast<double>(e.batch.gas);
         const double minutes = step_flops / cpu_flops * req.verify_steps / 60.0;
-        if (minutes > req.verify_max_minutes) {
+        if (!on_gpu && minutes > req.verify_max_minutes) {
           const std::string why = fmt::format(
               "skipped: {} steps would take at least {:.0f} min on a CPU rank ({:.1f} TFLOP per rank per step at "
               "{:.0f} GFLOP/s); use a smaller model or sequence, or --verify-max-minutes",
@@ -678,6 +682,7 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
       cmd += fmt::format(" --attention {} --transformers {} --workspaces-of {}", models::attention_name(pb.attention),
                          models::transformers_name(pb.transformers), shell_quote(pb.device->name));
       if (pb.keep_output) cmd += " --keep-output";
+      if (on_gpu) cmd += " --device cuda";
       if (get(e.knobs, Dim::activation_checkpointing)) cmd += " --activation-checkpointing";
       const fs::path log = dir / fmt::format("candidate{}.log", n);
       cmd += fmt::format(" > {} 2>&1", shell_quote(log.string()));
@@ -717,7 +722,7 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     if (order.size() > 1)
       t += fmt::format("  ranking by measured samples/s {} (pairs predicted within 2% count as ties){}\n",
                        held ? "held" : "did NOT hold",
-                       comparable_time ? "" : " (CPU ranks; the prediction is for the GPU cluster)");
+                       comparable_time ? "" : on_gpu ? " (this machine's GPUs; the prediction is for the planned cluster)" : " (CPU ranks; the prediction is for the GPU cluster)");
     t += fmt::format("  configs, logs and measurements: {}\n", dir.string());
     j["verify"] = {{"candidates", vj}, {"ranking_held", order.size() > 1 ? nlohmann::json(held) : nlohmann::json()},
                    {"directory", dir.string()}};

@@ -27,6 +27,7 @@ struct PlanRequest {
   int verify_top = 3;
   int verify_steps = 3;
   double verify_max_minutes = 10.0;   // skip candidates the CPU executor would take longer on
+  std::string verify_device = "auto";  // cpu | cuda | auto (cuda when a GPU is visible)
   std::string verify_launcher;        // how to start ranks; default: mpirun (see docs/planner.md)
 };
 

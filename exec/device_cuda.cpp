@@ -356,4 +356,13 @@ DriverMemory driver_memory(const Device* d) {
 
 bool cuda_device_built() { return true; }
 
+int cuda_devices_visible() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver: clear the error, there is no device
+    return 0;
+  }
+  return count;
+}
+
 }  // namespace zp::exec

@@ -36,5 +36,7 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o);
 DriverMemory driver_memory(const Device* d);
 // Whether this build has the CUDA device at all.
 bool cuda_device_built();
+// CUDA devices this process can use (0: none, or a build without CUDA).
+int cuda_devices_visible();
 
 }  // namespace zp::exec

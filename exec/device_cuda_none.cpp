@@ -10,5 +10,6 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions&) {
 }
 DriverMemory driver_memory(const Device*) { return {}; }
 bool cuda_device_built() { return false; }
+int cuda_devices_visible() { return 0; }
 
 }  // namespace zp::exec

@@ -387,3 +387,9 @@ TEST_CASE("train --device: bad values, and cuda where it cannot run, end in one 
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
 }
+
+TEST_CASE("plan --verify-device: a bad value is refused before the search") {
+  auto r = sh(kBin + " plan --model tiny-gpt2 --cluster cpu-local --global-batch 8 --seq-len 32 --verify --verify-device tpu");
+  CHECK(r.status == 2);
+  CHECK(r.out == "zeroplan: --verify-device: must be cpu, cuda or auto, got 'tpu'\n");
+}
