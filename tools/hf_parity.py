@@ -24,6 +24,9 @@ import tempfile
 import torch
 
 LR = 65536.0
+# (loss, gradient) relative bounds: fp32 differs in summation order only; bf16 rounds every
+# tensor, on each side in its own order (the bound is what was measured, with margin).
+TOL = {"fp32": (1e-5, 1e-5), "bf16": (1e-4, 1e-2)}
 CASES = [("tiny-gpt2", "eager"), ("tiny-gpt2", "sdpa"), ("tiny-llama", "eager"), ("tiny-llama", "sdpa"),
          ("tiny-bert", "eager"), ("tiny-bert", "sdpa")]
 DROPOUT_KEYS = ["attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_first_dropout", "hidden_dropout_prob",
@@ -36,7 +39,7 @@ def rel(a, b):
     return d / n if n > 0 else d
 
 
-def run(zp, model, attention, work, golden):
+def run(zp, model, attention, work, golden, dtype="fp32"):
     import transformers
     from safetensors.torch import load_file, save_file
     here = os.path.dirname(os.path.abspath(__file__))
@@ -55,10 +58,14 @@ def run(zp, model, attention, work, golden):
     torch.manual_seed(0)
     arch = cfg["architectures"][0]
     m = getattr(transformers, arch)(hf_cfg).float().train()
+    if dtype == "bf16":  # DeepSpeed's bf16: the module cast to bf16 (weights rounded once, here)
+        m = m.to(torch.bfloat16)
     w0 = {n: p.detach().clone().contiguous() for n, p in m.named_parameters()}
     save_file(w0, os.path.join(d, "weights.safetensors"))
     ds = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": LR}},
           "zero_optimization": {"stage": 0}}
+    if dtype == "bf16":
+        ds["bf16"] = {"enabled": True}
     with open(os.path.join(d, "ds_config.json"), "w") as f:
         json.dump(ds, f)
     cmd = [zp, "train", "--model", cfg_path, "--ds-config", os.path.join(d, "ds_config.json"), "--steps", "1",
@@ -86,8 +93,10 @@ def run(zp, model, attention, work, golden):
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().contiguous() for n, p in m.named_parameters()}
     total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in grads.values()])).item()
     zero_grad = []
+    dsum = 0.0
     for n, g_hf in grads.items():
-        g_zp = (w0[n].double() - w1[n].double()) / LR
+        g_zp = (w0[n].double() - w1[n].double()) / LR  # bf16: w1 is rounded to bf16, |LR·g| >> |w0|
+        dsum += torch.linalg.vector_norm(g_zp - g_hf.double()).item() ** 2
         if torch.linalg.vector_norm(g_hf.double()).item() < 1e-6 * total:
             # A gradient that is zero in exact arithmetic (BERT's key biases: softmax ignores a
             # constant per row) is rounding noise on both sides: compared against the whole
@@ -99,11 +108,16 @@ def run(zp, model, attention, work, golden):
         if e > worst:
             worst, worst_name = e, n
     dl = abs(zp_loss - loss.item()) / abs(loss.item())
-    ok = dl <= 1e-5 and worst <= 1e-5
-    print(f"{model:<11} {attention:<6} loss hf {loss.item():.7f} zeroplan {zp_loss:.7f} (rel {dl:.1e}); "
-          f"worst gradient rel error {worst:.1e} ({worst_name}); {len(grads)} tensors"
+    whole = dsum ** 0.5 / total  # the whole gradient's relative error
+    # bf16 is judged on the whole gradient: a tensor whose gradient is a difference of nearly
+    # equal terms (BERT's next-sentence bias: two terms of about 0.49 whose bf16 roundings,
+    # 2^-9, are 15% of their difference) is off by that much on both sides against the exact
+    # value, so its per-tensor error measures bf16, not the model.
+    ok = dl <= TOL[dtype][0] and (worst if dtype == "fp32" else whole) <= TOL[dtype][1]
+    print(f"{model:<11} {attention:<6} {dtype:<5} loss hf {loss.item():.7f} zeroplan {zp_loss:.7f} (rel {dl:.1e}); "
+          f"whole gradient rel error {whole:.1e}, worst tensor {worst:.1e} ({worst_name}); {len(grads)} tensors"
           f"{f' ({len(zero_grad)} zero in exact arithmetic)' if zero_grad else ''}  {'OK' if ok else 'FAIL'}")
-    if golden:  # per model: the inputs once, transformers' results per attention
+    if golden and dtype == "fp32":  # per model: the inputs once, transformers' results per attention
         g = os.path.join(golden, model)
         os.makedirs(g, exist_ok=True)
         for name in ["config.json", "ds_config.json", "weights.safetensors", "batch.json"]:
@@ -122,13 +136,15 @@ def run(zp, model, attention, work, golden):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--zeroplan", required=True)
-    ap.add_argument("--golden", help="write the reference data for tests/test_hf_parity.cpp here")
+    ap.add_argument("--golden", help="write the fp32 reference data for tests/test_hf_parity.cpp here")
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both")
     a = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     ok = True
     with tempfile.TemporaryDirectory() as work:
-        for model, attention in CASES:
-            ok = run(a.zeroplan, model, attention, work, a.golden) and ok
+        for dtype in (["fp32", "bf16"] if a.dtype == "both" else [a.dtype]):
+            for model, attention in CASES:
+                ok = run(a.zeroplan, model, attention, os.path.join(work, dtype), a.golden, dtype) and ok
     sys.exit(0 if ok else 1)
 
 
