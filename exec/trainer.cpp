@@ -302,10 +302,13 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
   // Outputs: never one of the inputs, writable now (a temporary is created and removed;
   // the file itself is not touched before the run ends).
   const std::vector<std::pair<std::string, std::string>> inputs = {
-      {"--ds-config", opt.ds_config}, {"--model", mcfg.source}, {"--data", opt.data == "synthetic" ? "" : opt.data}};
+      {"--ds-config", opt.ds_config}, {"--model", mcfg.source}, {"--data", opt.data == "synthetic" ? "" : opt.data},
+      {"--init-weights", opt.init_weights}};
   s.out = opt.out.empty() ? std::string() : rank_path(opt.out, rank, N);
   const std::string trace = opt.trace.empty() ? std::string() : rank_path(opt.trace, rank, N);
-  for (const auto& [flag, path] : {std::pair{std::string("--out"), s.out}, std::pair{std::string("--trace"), trace}}) {
+  for (const auto& [flag, path] : {std::pair{std::string("--out"), s.out}, std::pair{std::string("--trace"), trace},
+                                   std::pair{std::string("--save-weights"), rank == 0 ? opt.save_weights : std::string()},
+                                   std::pair{std::string("--save-batch"), rank == 0 ? opt.save_batch : std::string()}}) {
     if (path.empty()) continue;
     io::refuse_same_file(path, flag, inputs);
     io::AtomicWriter probe(path, flag);

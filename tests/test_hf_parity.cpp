@@ -111,3 +111,23 @@ TEST_CASE("--init-weights refuses a file without the model's parameters, or with
   CHECK(r.status == 2);
   CHECK(r.out.find("not a safetensors file") != std::string::npos);
 }
+
+TEST_CASE("--save-weights and --save-batch: an unwritable place or an input is refused before training") {
+  const std::string w = (kData / "tiny-gpt2" / "weights.safetensors").string();
+  auto r = zp::test::run_shell(fmt::format("{} train --model tiny-gpt2 --steps 1 --save-weights /", ZEROPLAN_BIN));
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--save-weights") != std::string::npos);
+  r = zp::test::run_shell(fmt::format("{} train --model tiny-gpt2 --steps 1 --save-batch /nonexistent-dir/b.json", ZEROPLAN_BIN));
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--save-batch") != std::string::npos);
+  // The same file as input and output (a copy: the recorded data must stay as it is).
+  const fs::path copy = fs::temp_directory_path() / "zeroplan-hf-parity-same.safetensors";
+  fs::copy_file(w, copy, fs::copy_options::overwrite_existing);
+  r = zp::test::run_shell(fmt::format("{} train --model tiny-gpt2 --steps 1 --init-weights {} --save-weights {}", ZEROPLAN_BIN,
+                                      copy.string(), copy.string()));
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--init-weights") != std::string::npos);
+  r = zp::test::run_shell(fmt::format("{} train --model tiny-gpt2 --steps 1 --init-weights /nonexistent.safetensors", ZEROPLAN_BIN));
+  CHECK(r.status == 2);
+  CHECK(r.out.find("cannot read the weights file") != std::string::npos);
+}
