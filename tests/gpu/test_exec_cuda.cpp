@@ -3,7 +3,8 @@
 // equal losses within the dtype's tolerance, the program's bytes equal (allocated per
 // category at the peak, reserved: both follow the same program through the same
 // caching-allocator rules, and on the GPU the reserved bytes are real cudaMalloc segments),
-// and the driver's measurements present and consistent.
+// and the driver's measurements present and consistent; and `zeroplan compare` of each GPU
+// run with the simulator's prediction exact in bytes.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -67,7 +68,7 @@ json train(const Case& c, const std::string& device) {
   const std::string mpirun =
       c.np == 1 ? "" : fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np {} ", c.np);
   const auto r = zp::test::run_shell(mpirun + fmt::format("{} train --model {} --ds-config {} --steps 20 --seq-len 16 --quiet "
-                                                 "--attention {} --device {} --out {}{}",
+                                                 "--attention {} --device {} --workspaces-of H200-141GB --out {}{}",
                                                  bin(), c.model, cfg.string(), c.attention, device, out.string(),
                                                  c.ckpt ? " --activation-checkpointing" : ""));
   INFO(name, "\n", r.out);
@@ -82,9 +83,28 @@ json train(const Case& c, const std::string& device) {
 // tensor, so single roundings differ and the training paths drift apart slowly.
 double tolerance(const std::string& dtype) { return dtype == "fp32" ? 2e-4 : 3e-2; }
 
+// zeroplan compare of rank 0's GPU measurement with the simulator's prediction for it:
+// allocated bytes per category, reserved bytes and every collective kind exact.
+void check_compare(const Case& c) {
+  const fs::path cfg = dir() / (name_of(c) + ".json");
+  const fs::path measured = dir() / (name_of(c) + "-cuda.out" + (c.np == 1 ? ".json" : ".rank0.json"));
+  const fs::path predicted = dir() / (name_of(c) + ".predicted.json");
+  const auto r = zp::test::run_shell(fmt::format(
+      "{0} simulate --model {1} --ds-config {2} --cluster 8xH200-141GB-NVSwitch --gpus {3} --rank 0 --seq-len 16 "
+      "--attention {4}{5} --json > {6} && {0} compare --predicted {6} --measured {7} --json",
+      bin(), c.model, cfg.string(), c.np, c.attention, c.ckpt ? " --activation-checkpointing" : "", predicted.string(),
+      measured.string()), false);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const json cmp = json::parse(r.out);
+  CHECK(cmp["exact_memory"] == true);
+  CHECK(cmp["exact_comm"] == true);
+}
+
 void check(const Case& c) {
   const json cpu = train(c, "cpu");
   const json gpu = train(c, "cuda");
+  check_compare(c);
   INFO(name_of(c));
   CHECK(gpu["config"]["backend"] == "cuda+mpi");
   const auto& lc = cpu["losses"];
