@@ -32,11 +32,6 @@ using models::ParamId;
 using models::TensorId;
 
 namespace {
-std::int64_t prod(const std::vector<std::int64_t>& s) {
-  std::int64_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
-}
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 
 }  // namespace
@@ -63,7 +58,7 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
   auto ids = [&](TensorId t) { return ops.ids(t); };
   auto param = [&](ParamId p) { return ops.param(p); };
   auto scratch = [&](std::size_t slot, std::int64_t count) { return ops.scratch(slot, count); };
-  auto numel = [&](TensorId t) { return prod(graph.tensors[U(t)].shape); };
+  auto numel = [&](TensorId t) { return shape_numel(graph.tensors[U(t)].shape); };
   auto dropout_seed = [&] { return ops.dropout_seed(); };
   const auto& cfg = graph.cfg;
   const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
@@ -258,7 +253,7 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
   auto param = [&](ParamId p) { return ops.param(p); };
   auto param_grad = [&](ParamId p) { return ops.param_grad(p); };
   auto scratch = [&](std::size_t slot, std::int64_t count) { return ops.scratch(slot, count); };
-  auto numel = [&](TensorId t) { return prod(graph.tensors[U(t)].shape); };
+  auto numel = [&](TensorId t) { return shape_numel(graph.tensors[U(t)].shape); };
   const auto& cfg = graph.cfg;
   const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
   const std::int64_t n = y >= 0 ? numel(y) : 0;

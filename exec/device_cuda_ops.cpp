@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "exec/numeric.hpp"
+
 #include "kernels/cpu/convert.hpp"
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/attention.cuh"
@@ -32,11 +34,6 @@ using models::ParamId;
 using models::TensorId;
 
 namespace {
-std::int64_t prod(const std::vector<std::int64_t>& s) {
-  std::int64_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
-}
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 
 // Scratch slots: an op's own temporaries are carved from slot 0; dtype conversions on the
@@ -302,7 +299,7 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
   cudaStream_t stream = env.stream;
   auto act = [&](TensorId t) { return o.act_ref(t); };
   auto param = [&](ParamId p) { return o.param_ref(p); };
-  auto numel = [&](TensorId t) { return prod(graph.tensors[U(t)].shape); };
+  auto numel = [&](TensorId t) { return shape_numel(graph.tensors[U(t)].shape); };
   auto dtype = [&](std::initializer_list<Ref> refs) { return float_dtype(op, refs); };
   const auto& cfg = graph.cfg;
   const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
@@ -528,7 +525,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
   auto act = [&](TensorId t) { return o.act_ref(t); };
   auto grad = [&](TensorId t) { return o.grad_ref(t); };
   auto param = [&](ParamId p) { return o.param_ref(p); };
-  auto numel = [&](TensorId t) { return prod(graph.tensors[U(t)].shape); };
+  auto numel = [&](TensorId t) { return shape_numel(graph.tensors[U(t)].shape); };
   auto dtype = [&](std::initializer_list<Ref> refs) { return float_dtype(op, refs); };
   const auto& cfg = graph.cfg;
   const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];

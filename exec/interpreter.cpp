@@ -30,11 +30,6 @@ using zero::EventKind;
 
 namespace {
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-std::int64_t prod(const std::vector<std::int64_t>& s) {
-  std::int64_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
-}
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 }  // namespace
 
@@ -183,7 +178,7 @@ float* Interpreter::grad(TensorId t) const {
   return b >= 0 ? f32(b) : nullptr;
 }
 const std::int64_t* Interpreter::ids(TensorId t) const { return reinterpret_cast<const std::int64_t*>(act(t)); }
-std::int64_t Interpreter::numel(TensorId t) const { return prod(g_.tensors[U(t)].shape); }
+std::int64_t Interpreter::numel(TensorId t) const { return shape_numel(g_.tensors[U(t)].shape); }
 
 Ref Interpreter::act_ref(TensorId t) const {
   const BufferId b = tensor_buf_[U(t)];

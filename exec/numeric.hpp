@@ -3,11 +3,19 @@
 // group-order reduction every communication backend uses.
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.hpp"
 #include "zero/program.hpp"
 
 namespace zp::exec {
+
+// Elements of a tensor of this shape (the product of its dimensions; 1 for a scalar).
+inline std::int64_t shape_numel(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
 
 float load(const void* p, DType t, std::int64_t i);
 void store(void* p, DType t, std::int64_t i, float v);
