@@ -59,6 +59,7 @@ struct KernelSample {
   Bytes bytes{};                     // bytes read + written
   DType dtype = DType::bf16;         // the activations' dtype (tensor cores unless fp32)
   bool backward = false;             // the op's backward (twice the kernels; dA and dB GEMMs)
+  bool tf32 = false;                 // fp32 GEMMs ran on TF32 tensor cores (else the fp32 cores)
 };
 
 // The phases DeepSpeed's wall_clock_breakdown times (utils/timer.py), and the iteration.

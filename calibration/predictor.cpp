@@ -115,7 +115,7 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
   kernel_graph_.assign(n, -1);
   kernel_op_.assign(n, models::kNone);
   groups_.resize(n);
-  std::map<DType, int> graph_of_dtype;
+  std::map<std::pair<DType, bool>, int> graph_of_dtype;  // (dtype, fp32 GEMMs in TF32)
   for (std::size_t i = 0; i < n; ++i) {
     const Observation& o = data.obs[i];
     if (o.kind == ObsKind::collective || (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::collective)) {
@@ -126,10 +126,11 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     if (o.kind != ObsKind::kernel) continue;
     const KernelSample& k = o.kernel;
     if (k.cls == KernelClass::copy_d2d || k.cls == KernelClass::copy_h2d || k.cls == KernelClass::copy_host) continue;
-    auto [it, fresh] = graph_of_dtype.emplace(k.dtype, static_cast<int>(kernel_graphs_.size()));
+    auto [it, fresh] = graph_of_dtype.emplace(std::pair{k.dtype, k.tf32}, static_cast<int>(kernel_graphs_.size()));
     if (fresh) {
       kernel_graphs_.emplace_back();
       kernel_graphs_.back().opt.act_dtype = k.dtype;
+      kernel_graph_tf32_.push_back(k.tf32);
     }
     kernel_graph_[i] = it->second;
     if (k.gemms.empty()) continue;
@@ -178,7 +179,13 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
   const sim::CollectiveModel coll = collectives_.with_coefficients(m.collective);
   std::vector<sim::ComputeModel> compute;
   compute.reserve(kernel_graphs_.size());
-  for (const auto& g : kernel_graphs_) compute.emplace_back(m.device, g);
+  // The kernels' own TF32 setting (measured with it on or off), not the profile's, which
+  // says what the planned stack does.
+  for (std::size_t gi = 0; gi < kernel_graphs_.size(); ++gi) {
+    sim::DeviceProfile prof = m.device;
+    prof.fp32_gemm_tf32 = kernel_graph_tf32_[gi];
+    compute.emplace_back(prof, kernel_graphs_[gi]);
+  }
   std::optional<sim::ComputeModel> copies;
   for (std::size_t i = 0; i < n; ++i) {
     if (!wanted(i)) continue;

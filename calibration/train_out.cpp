@@ -74,6 +74,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   Dataset ds;
   ds.files.push_back(path);
   const std::string backend = cr.get_string(c, "backend", "");
+  const bool tf32 = cr.get_bool(c, "allow_tf32", false);  // train --allow-tf32
   const std::string stem = fs::path(model).stem().string();
   int kept = 0;
   for (std::size_t i = 0; i < evs.size(); ++i) {
@@ -104,6 +105,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
     KernelSample& k = o.kernel;
     k.name = name;
     k.dtype = g.opt.act_dtype;
+    k.tf32 = tf32;
     switch (ev.kind) {
       case zero::EventKind::compute: {
         k.flops = ev.flops;

@@ -310,3 +310,31 @@ TEST_CASE("the robust loss keeps a class the model cannot represent from bending
   const double el = std::abs(fitted(ls, "compute.elementwise_efficiency")->value - 0.5);
   CHECK(er < 0.3 * el);
 }
+
+// An fp32 GEMM is priced on the cores it ran on: the fp32 cores when the measurement says
+// TF32 was off (zeroplan's kernels, PyTorch's default), TF32 at half the 16-bit tensor peak
+// when on; the profile's fp32_gemm_tf32 (what the planned stack does) does not override it.
+TEST_CASE("fp32 GEMM observations are priced with their own TF32 setting") {
+  const sim::ClusterSpec cluster = sim::single_node("H200-141GB", 1);
+  Dataset data;
+  for (bool tf32 : {false, true}) {
+    Observation o = kernel(KernelClass::gemm, {models::Gemm{8192, 8192, 8192, 1}}, false, 2.0 * 8192.0 * 8192.0 * 8192.0,
+                           4 * 3 * 8192 * 8192);
+    o.kernel.dtype = DType::fp32;
+    o.kernel.tf32 = tf32;
+    data.obs.push_back(o);
+  }
+  const Predictor pred(data, cluster);
+  for (bool profile_tf32 : {false, true}) {
+    ModelParams m;
+    m.device = sim::default_profile(sim::find_device("H200-141GB"));
+    m.device.fp32_gemm_tf32 = profile_tf32;
+    const auto t = pred.predict(m);
+    CAPTURE(profile_tf32);
+    // fp32 cores (67 TFLOP/s) against TF32 (half of 989): 7.4 times slower.
+    CHECK(t[0] / t[1] == doctest::Approx(0.5 * 989.0 / 67.0).epsilon(0.01));
+    const double flops = 2.0 * 8192.0 * 8192.0 * 8192.0;
+    CHECK(flops / t[0] < 67e12);
+    CHECK(flops / t[0] > 0.5 * 67e12);
+  }
+}
