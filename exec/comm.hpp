@@ -16,6 +16,8 @@
 
 namespace zp::exec {
 
+class Device;
+
 struct CollectiveCall {
   zero::CollKind kind = zero::CollKind::all_reduce;
   void* buf = nullptr;             // in place: the full logical buffer (elements)
@@ -24,6 +26,7 @@ struct CollectiveCall {
   zero::ReduceOp op = zero::ReduceOp::sum;
   std::span<const int> group;      // world ranks, in group order
   int root = 0;                    // reduce/broadcast: index into group
+  bool on_device = false;          // buf is device memory (a backend with device_buffers())
 };
 
 // Bytes sent and calls, per collective kind.
@@ -45,6 +48,11 @@ class Comm {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual void run(const CollectiveCall& c) = 0;
+  // Whether run() works on device memory in place (NCCL); host buffers (on_device false)
+  // are then staged by the backend itself. Otherwise run() reads and writes host memory.
+  virtual bool device_buffers() const { return false; }
+  // The backend's name in reports: "mpi", "nccl".
+  virtual const char* backend() const = 0;
   // Outside the program (reporting): sum of one double over all ranks, not counted.
   virtual double sum_for_report(double v) = 0;
   // Outside the program (agreement checks before training): every rank's `text`, in rank
@@ -63,5 +71,23 @@ class Comm {
 // MPI (OpenMPI) over point-to-point exchanges on MPI_COMM_WORLD. Initialises MPI on
 // construction (singleton runs work without mpirun) and finalises it on destruction.
 std::unique_ptr<Comm> make_mpi_comm(int* argc, char*** argv);
+
+// NCCL on the GPU of a CUDA device (exec/comm_nccl.cpp): the collectives run in place on
+// the program's device buffers, in the device's stream, so they are ordered with its
+// kernels without a host synchronisation. `boot` (MPI) broadcasts the unique id and keeps
+// the reporting calls; it must outlive the result. One communicator for the world and
+// one per other group any rank's program uses (ncclCommSplit: every rank passes its own
+// program's groups, the union is agreed over `boot`). Every wait is bounded by
+// `timeout_s`: a collective the stream reached that does not finish in time (a peer died
+// or hangs), or an asynchronous NCCL error, aborts the communicators and ends the job
+// with one line naming the rank, the collective, its size and group.
+struct NcclOptions {
+  double timeout_s = 600.0;
+};
+std::unique_ptr<Comm> make_nccl_comm(Comm& boot, const Device& device, const std::vector<zero::Group>& groups,
+                                     const NcclOptions& o);
+// Whether this build has the NCCL backend; its version ("2.28.9"), or "".
+bool nccl_built();
+std::string nccl_version();
 
 }  // namespace zp::exec

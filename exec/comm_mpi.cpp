@@ -57,6 +57,7 @@ class MpiComm final : public Comm {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
 
   double sum_for_report(double v) override {
     double out = 0.0;
@@ -98,6 +99,7 @@ class MpiComm final : public Comm {
     for (std::int64_t i = 0; i < n; ++i)
       if (c.group[static_cast<std::size_t>(i)] == rank_) me = i;
     if (me < 0) throw std::logic_error(fmt::format("rank {} is not in the collective's group", rank_));
+    if (c.on_device) throw std::logic_error("the MPI backend was given device memory (stage it through the host)");
     const auto k = static_cast<std::size_t>(c.kind);
     ++counters_.calls[k];
     if (n == 1) return;  // a group of one: the buffer is already the result (avg: /1)

@@ -125,6 +125,9 @@ class CudaDevice final : public Device {
   const char* name() const override { return "cuda"; }
   bool host_addressable() const override { return false; }
   const DriverMemory& driver() const { return mem_; }
+  void mark_after_comm() { mem_.after_comm = used(); mem_.peak = std::max(mem_.peak, mem_.after_comm); }
+  cudaStream_t stream() const { return stream_; }
+  int ordinal() const { return dev_; }
 
   void* allocate(std::size_t bytes) override {
     void* p = nullptr;
@@ -352,6 +355,26 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o) { return st
 DriverMemory driver_memory(const Device* d) {
   const auto* c = dynamic_cast<const CudaDevice*>(d);
   return c ? c->driver() : DriverMemory{};
+}
+
+void mark_after_comm(Device* d) {
+  if (auto* c = dynamic_cast<CudaDevice*>(d)) c->mark_after_comm();
+}
+
+namespace {
+const CudaDevice& cuda(const Device& d) {
+  const auto* c = dynamic_cast<const CudaDevice*>(&d);
+  if (!c) throw std::logic_error(fmt::format("a CUDA communicator needs the cuda device, not '{}'", d.name()));
+  return *c;
+}
+}  // namespace
+
+void* cuda_stream(const Device& d) { return cuda(d).stream(); }
+int cuda_ordinal(const Device& d) { return cuda(d).ordinal(); }
+std::string cuda_bus_id(const Device& d) {
+  std::array<char, 32> id{};
+  ZP_CUDA_CHECK(cudaDeviceGetPCIBusId(id.data(), static_cast<int>(id.size()), cuda(d).ordinal()));
+  return id.data();
 }
 
 bool cuda_device_built() { return true; }

@@ -25,6 +25,7 @@ struct DriverMemory {
   Bytes total{0};
   Bytes after_context{0};  // the CUDA context created, nothing allocated
   Bytes after_init{0};     // + cuBLASLt handle and workspace, the kernels' scratch
+  Bytes after_comm{0};     // + the communicator's own buffers (NCCL), when one was made
   Bytes peak{0};           // the most seen after any allocation of the device
   std::string gpu;         // the device's name
 };
@@ -34,6 +35,13 @@ struct DriverMemory {
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o);
 // The driver's memory figures of a device make_cuda_device made (nullptr-safe: empty).
 DriverMemory driver_memory(const Device* d);
+// Records the driver's figure after the communicator was made (DriverMemory::after_comm).
+void mark_after_comm(Device* d);
+// The CUDA stream (a cudaStream_t) the device runs everything on, its ordinal and its
+// PCI bus id ("0000:19:00.0"), for a communicator on the same GPU.
+void* cuda_stream(const Device& d);
+int cuda_ordinal(const Device& d);
+std::string cuda_bus_id(const Device& d);
 // Whether this build has the CUDA device at all.
 bool cuda_device_built();
 // CUDA devices this process can use (0: none, or a build without CUDA).

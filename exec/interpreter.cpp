@@ -589,10 +589,13 @@ NormStats Interpreter::partition_norm() {
 }
 
 // Runs a collective on a buffer of this device: in place where the communicator reads
-// the device's memory (the host's, for the CPU device), else staged through host memory.
+// the device's memory (NCCL on the GPU; MPI on the CPU device's host memory), else
+// staged through host memory (MPI with a GPU: ranks sharing one GPU).
 void Interpreter::run_collective(CollectiveCall c, void* buf, std::size_t bytes) {
-  if (dev_.host_addressable() || c.group.size() == 1) {  // a group of one moves nothing
+  const bool device_comm = comm_.device_buffers() && !dev_.host_addressable();
+  if (dev_.host_addressable() || device_comm || c.group.size() == 1) {  // a group of one moves nothing
     c.buf = buf;
+    c.on_device = device_comm;
     comm_.run(c);
     return;
   }

@@ -9,6 +9,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -276,6 +277,12 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
   if (!opt.save_weights.empty() && s.prog.info.stage == 3 && N > 1)
     throw InputError("--save-weights", "", "stage 3 with several ranks holds each parameter in shards; gathering them is not written yet (run 1 rank, or stages 0-2)");
   if (opt.allow_tf32 && opt.device != "cuda") throw InputError("--allow-tf32", "", "needs --device cuda");
+  if (opt.comm != "auto" && opt.comm != "nccl" && opt.comm != "mpi")
+    throw InputError("--comm", "", fmt::format("must be auto, nccl or mpi, got '{}'", opt.comm));
+  if (opt.comm == "nccl" && opt.device != "cuda") throw InputError("--comm", "", "nccl needs --device cuda");
+  if (opt.comm == "nccl" && !nccl_built())
+    throw InputError("--comm", "", "nccl: this zeroplan was built without NCCL (nccl.h not found at configure time); use --comm mpi");
+  if (!(opt.comm_timeout > 0.0)) throw InputError("--comm-timeout", "", fmt::format("must be > 0 seconds, got {}", opt.comm_timeout));
   if (opt.steps < 1) throw InputError("--steps", "", fmt::format("must be >= 1, got {}", opt.steps));
   s.schedule = parse_lr_schedule(cfg);
   s.data = std::make_unique<DataSource>(opt.data, g, opt.seed);
@@ -329,8 +336,8 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
 
 }  // namespace
 
-json train(const TrainOptions& opt, Comm& comm) {
-  const int N = comm.size(), rank = comm.rank();
+json train(const TrainOptions& opt, Comm& boot) {
+  const int N = boot.size(), rank = boot.rank();
   // ---- inputs: every rank reads and checks the same; a refusal on any rank is agreed on
   // (one gather) before anything is allocated, so no rank is left waiting for another.
   auto setup = std::make_unique<Setup>();
@@ -351,12 +358,41 @@ json train(const TrainOptions& opt, Comm& comm) {
       refused = e.what();
     }
   }
-  const json mine = {{"refused", refused}, {"host", host_name()}, {"run_id", random_hex()},
-                     {"need", refused.empty() ? setup->need.v : 0}, {"available", available_memory()}};
+  const char* hostid = std::getenv("NCCL_HOSTID");
+  json mine = {{"refused", refused}, {"host", host_name()}, {"run_id", random_hex()},
+               {"need", refused.empty() ? setup->need.v : 0}, {"available", available_memory()},
+               {"gpu", device ? cuda_bus_id(*device) : ""}, {"nccl_hostid", hostid ? hostid : ""}};
   std::vector<json> all;
-  for (const auto& t : comm.gather_for_report(mine.dump())) all.push_back(json::parse(t));
+  for (const auto& t : boot.gather_for_report(mine.dump())) all.push_back(json::parse(t));
   stop_if_refused(all, rank, "");
   check_host_memory(all, *setup);
+
+  // ---- the communicator: NCCL on the GPUs when every rank has its own (NCCL refuses
+  // two ranks on one device unless each names its own NCCL_HOSTID), else MPI (staged
+  // through host memory on GPUs).
+  std::unique_ptr<Comm> nccl;
+  if (device && opt.comm != "mpi") {
+    std::string shared;
+    for (std::size_t a = 0; a < all.size() && shared.empty(); ++a)
+      for (std::size_t b = a + 1; b < all.size() && shared.empty(); ++b)
+        if (all[a]["host"] == all[b]["host"] && all[a]["gpu"] == all[b]["gpu"] && all[a]["nccl_hostid"] == all[b]["nccl_hostid"])
+          shared = fmt::format("ranks {} and {} share GPU {} on {}", a, b, all[a]["gpu"].get<std::string>(),
+                               all[a]["host"].get<std::string>());
+    if (opt.comm == "nccl" && !shared.empty())
+      throw InputError("--comm", "", fmt::format("nccl: {}; NCCL needs one GPU per rank: use --comm mpi (staged through "
+                                                 "host memory), or give each rank its own GPU", shared));
+    if (shared.empty() && nccl_built()) {
+      try {
+        NcclOptions no;
+        no.timeout_s = opt.comm_timeout;
+        nccl = make_nccl_comm(boot, *device, setup->prog.groups, no);
+      } catch (const std::exception& e) {  // a peer may be inside the same init: end them all
+        boot.abort(fmt::format("--comm nccl: {}", e.what()));
+      }
+      mark_after_comm(device.get());
+    }
+  }
+  Comm& comm = nccl ? *nccl : boot;
 
   Setup& S = *setup;
   const models::OpGraph& g = *S.graph;
@@ -399,7 +435,9 @@ json train(const TrainOptions& opt, Comm& comm) {
                      {"seed", opt.seed},
                      {"data", opt.data},
                      {"activation_checkpointing", opt.activation_checkpointing},
-                     {"backend", device ? "cuda+mpi" : "cpu+mpi"},
+                     {"backend", fmt::format("{}+{}", device ? "cuda" : "cpu", comm.backend())},
+                     {"nccl_version", nccl ? nccl_version() : ""},
+                     {"allow_tf32", opt.allow_tf32},
                      {"cpu_gemm", kernels::cpu::isa_name(kernels::cpu::gemm_isa())}};
     if (device) {
       // What the driver saw in use on the GPU (the context, the libraries, the program's
@@ -409,6 +447,7 @@ json train(const TrainOptions& opt, Comm& comm) {
       doc["driver_memory"] = {{"total", dm.total.v},
                               {"after_context", dm.after_context.v},
                               {"after_init", dm.after_init.v},
+                              {"after_comm", dm.after_comm.v},
                               {"peak", dm.peak.v},
                               {"outside_program_at_peak", dm.peak.v - mr.reserved_peak.v}};
     }

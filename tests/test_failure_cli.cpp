@@ -374,6 +374,15 @@ TEST_CASE("train --device: bad values, and cuda where it cannot run, end in one 
   r = sh(kBin + " train --model tiny-gpt2 --steps 1 --allow-tf32");
   CHECK(r.status == 2);
   CHECK(r.out.find("--allow-tf32") != std::string::npos);
+  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --comm tcp");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--comm: must be auto, nccl or mpi, got 'tcp'") != std::string::npos);
+  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --comm nccl");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--comm: nccl needs --device cuda") != std::string::npos);
+  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --comm-timeout 0");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--comm-timeout: must be > 0 seconds") != std::string::npos);
   r = sh(kBin + " train --model tiny-gpt2 --steps 1 --device cuda --checkpoint-dir /tmp/zeroplan-no-ckpt");
   CHECK(r.status == 2);
   CHECK(r.out.find("--checkpoint-dir") != std::string::npos);

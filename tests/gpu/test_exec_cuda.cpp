@@ -47,10 +47,22 @@ struct Case {
   std::string attention = "eager";
   bool ckpt = false;
   int np = 1;  // ranks (N > 1: all on the one GPU, collectives staged through host memory and MPI)
+  // N > 1 only: NCCL between the ranks on the one GPU, each naming its own NCCL_HOSTID
+  // (NCCL then takes them for separate hosts and connects them over loopback sockets).
+  bool nccl = false;
 };
 
 std::string name_of(const Case& c) {
-  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}", c.model, c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "", c.np);
+  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}{}", c.model, c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "", c.np,
+                     c.nccl ? "-nccl" : "");
+}
+
+// mpirun for n ranks, each with NCCL_HOSTID=zp<rank> when `hostid` (NCCL over loopback
+// sockets between ranks on one GPU); the command then runs under `bash -c`.
+std::string mpirun(int n, bool hostid, const std::string& cmd) {
+  const std::string head = fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np {} ", n);
+  if (!hostid) return head + cmd;
+  return head + "-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1 bash -c 'NCCL_HOSTID=zp$OMPI_COMM_WORLD_RANK exec " + cmd + "'";
 }
 
 json train(const Case& c, const std::string& device) {
@@ -65,12 +77,11 @@ json train(const Case& c, const std::string& device) {
       c.gas, precision, c.stage);
   const fs::path out = dir() / (name + ".out.json");
   const fs::path rank0 = c.np == 1 ? out : dir() / (name + ".out.rank0.json");
-  const std::string mpirun =
-      c.np == 1 ? "" : fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np {} ", c.np);
-  const auto r = zp::test::run_shell(mpirun + fmt::format("{} train --model {} --ds-config {} --steps 20 --seq-len 16 --quiet "
-                                                 "--attention {} --device {} --workspaces-of H200-141GB --out {}{}",
-                                                 bin(), c.model, cfg.string(), c.attention, device, out.string(),
-                                                 c.ckpt ? " --activation-checkpointing" : ""));
+  const std::string cmd = fmt::format("{} train --model {} --ds-config {} --steps 20 --seq-len 16 --quiet "
+                                      "--attention {} --device {} --workspaces-of H200-141GB --out {}{}{}",
+                                      bin(), c.model, cfg.string(), c.attention, device, out.string(),
+                                      c.ckpt ? " --activation-checkpointing" : "", c.nccl && device == "cuda" ? " --comm nccl" : "");
+  const auto r = zp::test::run_shell(c.np == 1 ? cmd : mpirun(c.np, c.nccl && device == "cuda", cmd));
   INFO(name, "\n", r.out);
   REQUIRE(r.status == 0);
   std::ifstream in(rank0);
@@ -106,7 +117,8 @@ void check(const Case& c) {
   const json gpu = train(c, "cuda");
   check_compare(c);
   INFO(name_of(c));
-  CHECK(gpu["config"]["backend"] == "cuda+mpi");
+  // NCCL when every rank has its own GPU (or its own NCCL_HOSTID), else MPI through the host.
+  CHECK(gpu["config"]["backend"] == (c.np == 1 || c.nccl ? "cuda+nccl" : "cuda+mpi"));
   const auto& lc = cpu["losses"];
   const auto& lg = gpu["losses"];
   REQUIRE(lc.size() == 20);
@@ -131,6 +143,11 @@ void check(const Case& c) {
   const auto& dm = gpu["driver_memory"];
   CHECK(dm["after_context"].get<std::int64_t>() > 0);
   CHECK(dm["after_init"].get<std::int64_t>() > dm["after_context"].get<std::int64_t>());
+  if (gpu["config"]["backend"] == "cuda+nccl") {
+    CHECK(dm["after_comm"].get<std::int64_t>() >= dm["after_init"].get<std::int64_t>());
+    MESSAGE(name_of(c), ": NCCL ", gpu["config"]["nccl_version"].get<std::string>(), " communicator: ",
+            (dm["after_comm"].get<std::int64_t>() - dm["after_init"].get<std::int64_t>()) / 1048576, " MiB of device memory");
+  }
   CHECK(dm["peak"].get<std::int64_t>() >= dm["after_init"].get<std::int64_t>() + gpu["memory"]["reserved_peak"].get<std::int64_t>());
   // Every event of the step was timed on the device.
   double sum = 0.0;
@@ -160,7 +177,61 @@ TEST_CASE("train --device cuda: 2 and 4 ranks on one GPU (host-staged collective
   check({"tiny-bert", 2, "fp32", 1, "eager", false, 4});
 }
 
+TEST_CASE("train --device cuda --comm nccl: ranks on one GPU, each with its own NCCL_HOSTID") {
+  // Real NCCL collectives between processes (over loopback sockets, as between hosts):
+  // losses as the cpu device's, bytes per collective kind as the program's.
+  check({"tiny-gpt2", 2, "fp32", 2, "eager", false, 2, true});
+  check({"tiny-llama", 3, "fp32", 2, "eager", false, 2, true});
+  check({"tiny-bert", 1, "bf16", 1, "eager", false, 4, true});
+}
+
+// A peer stopped (SIGSTOP: hung) or killed mid-training ends every rank, with one line
+// naming the rank and the collective for the hung peer, within the timeout.
+TEST_CASE("train --device cuda --comm nccl: a hung or dead peer ends the job") {
+  const fs::path cfg = dir() / "fault.json";
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+ "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
+  for (const char* fault : {"STOP", "KILL"}) {
+    const fs::path log = dir() / fmt::format("fault-{}.log", fault);
+    const std::string cmd = mpirun(2, true, fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 1000000 --seq-len 16 "
+                                                        "--device cuda --comm nccl --comm-timeout 5", bin(), cfg.string()));
+    const std::string script = fmt::format(R"(
+{0} > {1} 2>&1 &
+M=$!
+for i in $(seq 600); do grep -q "^step *20 " {1} 2>/dev/null && break; sleep 0.1; done
+R1=""
+for p in $(pgrep -f "zeroplan train --model tiny-gpt2 --ds-config {2}"); do
+  tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && R1=$p
+done
+[ -n "$R1" ] || {{ echo "rank 1 not found"; kill $M; exit 3; }}
+T0=$(date +%s%N)
+kill -{3} $R1
+wait $M
+echo "mpirun rc=$? after $(( ($(date +%s%N) - T0) / 1000000 )) ms"
+tail -n 20 {1})", cmd, log.string(), cfg.string(), fault);
+    const fs::path sh = dir() / fmt::format("fault-{}.sh", fault);
+    std::ofstream(sh) << script;
+    const auto r = zp::test::run_shell("timeout 120 bash " + sh.string());
+    INFO(fault, "\n", r.out);
+    REQUIRE(r.out.find("mpirun rc=") != std::string::npos);
+    MESSAGE("peer ", fault, ": ", r.out.substr(r.out.find("mpirun rc=")).substr(0, 40));
+    CHECK(r.out.find("mpirun rc=0 ") == std::string::npos);
+    const double after = std::stod(r.out.substr(r.out.find(" after ") + 7)) / 1e3;
+    if (std::string(fault) == "STOP") {
+      CHECK(r.out.find("rank 0: NCCL") != std::string::npos);
+      CHECK(r.out.find("did not complete within 5 s") != std::string::npos);
+    }
+    CHECK(after < 30.0);
+  }
+}
+
 TEST_CASE("train --device cuda: bad input") {
+  {  // NCCL refuses two ranks on one GPU: said before NCCL is asked
+    const auto r = zp::test::run_shell(mpirun(2, false, fmt::format("{} train --model tiny-gpt2 --device cuda --comm nccl --steps 1", bin())));
+    CHECK(r.status == 2);
+    CHECK(r.out.find("--comm") != std::string::npos);
+    CHECK(r.out.find("share GPU") != std::string::npos);
+  }
   const auto r = zp::test::run_shell(fmt::format("{} train --model tiny-gpt2 --device tpu --steps 1", bin()));
   CHECK(r.status == 2);
   CHECK(r.out.find("--device") != std::string::npos);
