@@ -79,7 +79,7 @@ std::unique_ptr<Comm> make_mpi_comm(int* argc, char*** argv);
 // one per other group any rank's program uses (ncclCommSplit: every rank passes its own
 // program's groups, the union is agreed over `boot`). Every wait is bounded by
 // `timeout_s`: a collective the stream reached that does not finish in time (a peer died
-// or hangs), or an asynchronous NCCL error, aborts the communicators and ends the job
+// or hangs), or an asynchronous NCCL error, ends the job (MPI_Abort through `boot`)
 // with one line naming the rank, the collective, its size and group.
 struct NcclOptions {
   double timeout_s = 600.0;

@@ -16,8 +16,9 @@
 // Communicators are non-blocking (ncclConfig_t::blocking = 0) so that no wait is
 // unbounded. A watchdog thread follows the collectives in flight: from the moment the
 // stream reaches one (an event recorded before it completes), it has `timeout_s` to
-// finish; one that does not, or an asynchronous NCCL error, aborts every communicator and
-// ends the job with one line naming this rank, the collective, its size and its group.
+// finish; one that does not, or an asynchronous NCCL error, ends the job (through the
+// bootstrap's abort) with one line naming this rank, the
+// collective, its size and its group.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -237,7 +238,8 @@ class NcclComm final : public Comm {
     bool started;
   };
 
-  std::string where(const std::string& what) const { return fmt::format("rank {}: NCCL {}", rank(), what); }
+  // The bootstrap's abort and the trainer prefix the rank.
+  std::string where(const std::string& what) const { return "NCCL " + what; }
 
   // A call's immediate result: an error names the rank and the call.
   void check(ncclResult_t r, const char* what, ncclComm_t) const {
@@ -372,14 +374,21 @@ class NcclComm final : public Comm {
     }
   }
 
+  // From the watchdog: the main thread may be inside NCCL or waiting on the stream, so the
+  // communicators are left alone (aborting one frees it under that thread); the bootstrap
+  // ends the job, and the ending process takes its kernels with it.
   [[noreturn]] void fail(std::unique_lock<std::mutex>& lk, const std::string& why) {
     lk.unlock();
-    abort_communicators();
+    if (aborted_.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::seconds(30));  // the other caller is ending the job
+      std::_Exit(1);
+    }
     boot_.abort(why);
     std::abort();  // not reached: the bootstrap ends the job
   }
 
-  // Once: every communicator aborted, so that no kernel waits on a peer any more.
+  // Once, from the thread that runs the collectives: every communicator aborted, so that no
+  // kernel waits on a peer any more.
   void abort_communicators() {
     if (aborted_.exchange(true)) {
       std::this_thread::sleep_for(std::chrono::seconds(30));  // the other caller is ending the job

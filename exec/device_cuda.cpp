@@ -51,6 +51,7 @@ class Arena {
     ZP_CUDA_CHECK(cudaMalloc(&p_, size_));
     return p_;
   }
+  std::size_t size() const { return size_; }
 
  private:
   void* p_ = nullptr;
@@ -124,7 +125,13 @@ class CudaDevice final : public Device {
 
   const char* name() const override { return "cuda"; }
   bool host_addressable() const override { return false; }
-  const DriverMemory& driver() const { return mem_; }
+  DriverMemory driver() const {
+    DriverMemory m = mem_;
+    std::int64_t scratch = 0;  // arenas only grow: their sizes now are their largest
+    for (const Arena& a : scratch_) scratch += static_cast<std::int64_t>(a.size());
+    m.device_scratch = Bytes{scratch};
+    return m;
+  }
   void mark_after_comm() { mem_.after_comm = used(); mem_.peak = std::max(mem_.peak, mem_.after_comm); }
   cudaStream_t stream() const { return stream_; }
   int ordinal() const { return dev_; }

@@ -27,6 +27,9 @@ struct DriverMemory {
   Bytes after_init{0};     // + cuBLASLt handle and workspace, the kernels' scratch
   Bytes after_comm{0};     // + the communicator's own buffers (NCCL), when one was made
   Bytes peak{0};           // the most seen after any allocation of the device
+  // The device's own scratch (exec/device_cuda.cpp: fp32 views of 16-bit operands, the
+  // ops' temporaries and dtype conversions) at its largest: outside the program's buffers.
+  Bytes device_scratch{0};
   std::string gpu;         // the device's name
 };
 

@@ -449,7 +449,12 @@ json train(const TrainOptions& opt, Comm& boot) {
                               {"after_init", dm.after_init.v},
                               {"after_comm", dm.after_comm.v},
                               {"peak", dm.peak.v},
-                              {"outside_program_at_peak", dm.peak.v - mr.reserved_peak.v}};
+                              {"device_scratch", dm.device_scratch.v},
+                              {"outside_program_at_peak", dm.peak.v - mr.reserved_peak.v},
+                              // what the parts above do not explain: driver granularity,
+                              // NCCL's lazily made buffers, memory of other processes
+                              {"unexplained_at_peak", dm.peak.v - mr.reserved_peak.v - dm.device_scratch.v -
+                                                          std::max(dm.after_init.v, dm.after_comm.v)}};
     }
     doc["losses"] = losses;
     doc["grad_norms"] = norms;

@@ -143,6 +143,10 @@ void check(const Case& c) {
   const auto& dm = gpu["driver_memory"];
   CHECK(dm["after_context"].get<std::int64_t>() > 0);
   CHECK(dm["after_init"].get<std::int64_t>() > dm["after_context"].get<std::int64_t>());
+  MESSAGE(name_of(c), ": driver memory MiB: context ", dm["after_context"].get<std::int64_t>() >> 20, ", init ",
+          dm["after_init"].get<std::int64_t>() >> 20, ", comm ", dm["after_comm"].get<std::int64_t>() >> 20, ", reserved ",
+          gpu["memory"]["reserved_peak"].get<std::int64_t>() >> 20, ", scratch ", dm["device_scratch"].get<std::int64_t>() >> 20,
+          ", peak ", dm["peak"].get<std::int64_t>() >> 20, ", unexplained ", dm["unexplained_at_peak"].get<std::int64_t>() >> 20);
   if (gpu["config"]["backend"] == "cuda+nccl") {
     CHECK(dm["after_comm"].get<std::int64_t>() >= dm["after_init"].get<std::int64_t>());
     MESSAGE(name_of(c), ": NCCL ", gpu["config"]["nccl_version"].get<std::string>(), " communicator: ",
