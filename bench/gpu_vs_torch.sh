@@ -4,6 +4,8 @@
 # ratio. Runs on the GPU machine in one call; results to $OUT (else ./bench-out).
 #
 #   ZEROPLAN=path/to/zeroplan bash bench/gpu_vs_torch.sh [quick]
+#   ZEROPLAN_BENCH_CASES='bert-large-uncased 64 128 fp16' ...  # some rows only (';' between rows)
+# The four rows take about eight minutes on an H200 (torch.compile's compilation most of it).
 # MFU counts 6 · params · tokens (the model FLOPs of a training step, without attention's)
 # against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure).
 set -uo pipefail
@@ -14,6 +16,7 @@ mkdir -p "$OUTDIR"
 PEAK=989e12
 CASES=("gpt2 16 1024 bf16" "gpt2-medium 16 1024 bf16" "bert-large-uncased 64 128 bf16" "bert-large-uncased 64 128 fp16")
 [ "${1:-}" = quick ] && CASES=("gpt2 16 1024 bf16")
+[ -n "${ZEROPLAN_BENCH_CASES:-}" ] && IFS=';' read -r -a CASES <<< "$ZEROPLAN_BENCH_CASES"
 printf '%-20s %-5s %12s %12s %12s %8s %8s %8s\n' model dtype zeroplan_tok/s eager_tok/s compile_tok/s zp_MFU vs_eager vs_compile
 for c in "${CASES[@]}"; do
   set -- $c

@@ -147,6 +147,12 @@ void check(const Case& c) {
           dm["after_init"].get<std::int64_t>() >> 20, ", comm ", dm["after_comm"].get<std::int64_t>() >> 20, ", reserved ",
           gpu["memory"]["reserved_peak"].get<std::int64_t>() >> 20, ", scratch ", dm["device_scratch"].get<std::int64_t>() >> 20,
           ", peak ", dm["peak"].get<std::int64_t>() >> 20, ", unexplained ", dm["unexplained_at_peak"].get<std::int64_t>() >> 20);
+  if (c.np == 1) {
+    // One process on the GPU: the driver's peak is the context, the libraries, NCCL, the
+    // program's reserved segments and the device's scratch, within 1%.
+    const auto unexplained = dm["unexplained_at_peak"].get<std::int64_t>();
+    CHECK(std::abs(static_cast<double>(unexplained)) <= 0.01 * dm["peak"].get<double>());
+  }
   if (gpu["config"]["backend"] == "cuda+nccl") {
     CHECK(dm["after_comm"].get<std::int64_t>() >= dm["after_init"].get<std::int64_t>());
     MESSAGE(name_of(c), ": NCCL ", gpu["config"]["nccl_version"].get<std::string>(), " communicator: ",
