@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <cctype>
 #include <fstream>
+#include <sstream>
 #include <map>
 #include <memory>
 #include <vector>
@@ -137,11 +139,14 @@ std::string driver_version() {
   std::ifstream f("/proc/driver/nvidia/version");
   std::string line;
   if (!std::getline(f, line)) return "";
+  // "NVRM version: NVIDIA UNIX [Open ]Kernel Module[ for x86_64]  580.159.04  Release Build ...":
+  // the first word after "Kernel Module" made of digits and dots.
   const auto p = line.find("Kernel Module");
   if (p == std::string::npos) return "";
-  std::string rest = line.substr(p + 13);
-  rest.erase(0, rest.find_first_not_of(' '));
-  return rest.substr(0, rest.find(' '));
+  std::istringstream words(line.substr(p + 13));
+  for (std::string w; words >> w;)
+    if (std::isdigit(static_cast<unsigned char>(w.front())) && w.find_first_not_of("0123456789.") == std::string::npos) return w;
+  return "";
 }
 
 // One kernel case on device 0.
