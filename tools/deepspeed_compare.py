@@ -10,6 +10,7 @@ the peak's moment, and the forward, backward, step and iteration wall times.
 versions, the process constants and, per run, its inputs and measurements (no snapshots or traces).
 
 Usage: deepspeed_compare.py DIR [--zeroplan build/cli/zeroplan] [--write-reference FILE] [--json OUT]
+       (DIR of a several-rank run: one of its rankR/ folders)
 """
 import argparse
 import json
@@ -39,7 +40,12 @@ def predict(zeroplan, run):
         json.dump(run["ds_config"], f)
         cfg = f.name
     try:
-        cmd = [zeroplan, "simulate", "--model", model_arg(run["model"]), "--ds-config", cfg, "--cluster", "1xH200-141GB",
+        n = run.get("world_size", 1)
+        # Several ranks: that rank of an N-GPU H200 node (memory is per rank; the times assume
+        # NVLink, which ranks sharing one GPU over sockets do not have).
+        cluster = ["--cluster", "1xH200-141GB"] if n == 1 else ["--cluster", "8xH200-141GB-NVSwitch", "--gpus", str(n),
+                                                                "--rank", str(run.get("rank", 0))]
+        cmd = [zeroplan, "simulate", "--model", model_arg(run["model"]), "--ds-config", cfg, *cluster,
                "--seq-len", str(run["seq_len"]), "--attention", run["attention"], "--json"]
         if run.get("keep_output"):
             cmd.append("--keep-output")
@@ -125,6 +131,7 @@ def main():
             if "error" in run:
                 continue
             keep.append({k: run[k] for k in ("name", "model", "arch", "attention", "dtype", "stage", "micro_batch", "seq_len",
+                                              "world_size", "rank",
                                               "gas", "keep_output", "ds_config", "params", "param_tensors", "param_modules",
                                               "optimizer_class", "inner_optimizer_class", "memory", "phases_s",
                                               "iteration_s", "phases_all_s", "skipped_steps") if k in run})

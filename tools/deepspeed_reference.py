@@ -26,6 +26,8 @@ with the call (see tools/README.md). Writes one JSON line per run to OUT/runs.js
 goes, so a run cut short keeps what it measured.
 
 Usage: deepspeed_reference.py --matrix tools/deepspeed_matrix.json --out DIR [--only NAME,...]
+       mpirun -np N deepspeed_reference.py ... (or torchrun): N ranks, each writing DIR/rankR/;
+       on one GPU give each rank its own NCCL_HOSTID (tools/README.md)
        deepspeed_reference.py --validate-config CFG.json [...]   (DeepSpeedConfig accepts it?)
 """
 import argparse
@@ -49,15 +51,33 @@ def log(msg):
 # Setup
 
 
+def world():
+    """(rank, world size, local rank): torchrun's variables, else Open MPI's (mpirun -np N), else one rank."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"]))
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return (int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
+                int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", env["OMPI_COMM_WORLD_RANK"])))
+    return 0, 1, 0
+
+
 def init_process():
+    # Several ranks: one GPU each (local rank modulo the GPUs), or all on one GPU when each
+    # names its own NCCL_HOSTID (NCCL then connects them over sockets as separate hosts).
+    rank, size, local = world()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
     import torch
 
-    torch.cuda.set_device(0)
+    gpu = local % torch.cuda.device_count()
+    os.environ["LOCAL_RANK"] = str(gpu)  # DeepSpeed takes cuda:LOCAL_RANK
+    # DeepSpeed checks LOCAL_RANK against Open MPI's local rank and refuses a mismatch (ranks
+    # sharing a GPU have one): from here it sees torch's variables only.
+    for k in [k for k in os.environ if k.startswith("OMPI_COMM_WORLD_")]:
+        del os.environ[k]
+    torch.cuda.set_device(gpu)
     free0, total = torch.cuda.mem_get_info()  # creates the context
     torch.cuda.synchronize()
     free_ctx, _ = torch.cuda.mem_get_info()
@@ -454,6 +474,8 @@ def run_one(run, consts, tmpdir):
         "gas": gas,
         "keep_output": keep_output,
         "ds_config": ds_cfg,
+        "world_size": world()[1],
+        "rank": world()[0],
         "params": n_params,
         "param_tensors": n_tensors,
         "param_modules": n_modules,
@@ -665,6 +687,8 @@ def main():
     if args.only:
         keys = args.only.split(",")
         runs = [r for r in runs if any(r["name"] == k or (not args.exact and r["name"].startswith(k)) for k in keys)]
+    if world()[1] > 1:  # one folder per rank: each measures its own memory and times
+        args.out = os.path.join(args.out, f"rank{world()[0]}")
     os.makedirs(args.out, exist_ok=True)
     consts = init_process()
     meta = {"versions": versions(), "constants": consts, "date": time.strftime("%Y-%m-%d")}
@@ -687,8 +711,9 @@ def main():
 
             out.flush()
             env = dict(os.environ, MASTER_PORT=str(int(os.environ["MASTER_PORT"]) + 1 + runs.index(r)))
+            parent_out = os.path.dirname(args.out) if world()[1] > 1 else args.out
             rc = subprocess.call([sys.executable, os.path.abspath(__file__), "--matrix", args.matrix, "--out",
-                                  args.out, "--only", r["name"], "--exact"], env=env)
+                                  parent_out, "--only", r["name"], "--exact"], env=env)
             if rc != 0:
                 out.write(json.dumps({"name": r["name"], "error": f"child exited with status {rc}"}) + "\n")
             continue
@@ -703,6 +728,10 @@ def main():
         except Exception as e:  # noqa: BLE001
             res = {"name": r["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
             log(f"{r['name']}: FAILED {res['error']}")
+            if world()[1] > 1:  # the other ranks would wait in this run's collectives: end them all
+                out.write(json.dumps(res) + "\n")
+                out.close()
+                os._exit(1)
             import torch
 
             gc.collect()
