@@ -86,6 +86,14 @@ struct NcclOptions {
 };
 std::unique_ptr<Comm> make_nccl_comm(Comm& boot, const Device& device, const std::vector<zero::Group>& groups,
                                      const NcclOptions& o);
+// The groups of a device backend's communicators. encode_groups: a rank's program groups
+// of more than one rank, as text to gather over the bootstrap. split_rounds: from every
+// rank's text, the distinct groups other than `world`, in rounds of disjoint groups (one
+// ncclCommSplit per round: color = the index of the rank's group in the round), in an order
+// every rank computes alike.
+std::string encode_groups(const std::vector<zero::Group>& groups);
+std::vector<std::vector<std::vector<int>>> split_rounds(const std::vector<std::string>& per_rank,
+                                                        const std::vector<int>& world);
 // Whether this build has the NCCL backend; its version ("2.28.9"), or "".
 bool nccl_built();
 std::string nccl_version();

@@ -76,22 +76,6 @@ ncclRedOp_t nccl_op(zero::ReduceOp o) {
   return ncclSum;
 }
 
-// Bytes this rank sends for the call in the program's accounting (the MPI backend's
-// exchanges; Program::bytes_sent).
-std::int64_t bytes_sent(const CollectiveCall& c, std::int64_t n, std::int64_t me) {
-  const std::int64_t esz = dtype_size(c.dtype), all = c.elements * esz;
-  const std::int64_t mine = block_of(c.elements, n, me).count * esz;
-  switch (c.kind) {
-    case zero::CollKind::all_reduce: return (all - mine) + mine * (n - 1);
-    case zero::CollKind::reduce_scatter: return all - mine;
-    case zero::CollKind::all_gather: return mine * (n - 1);
-    case zero::CollKind::reduce: return me == c.root ? 0 : all;
-    case zero::CollKind::broadcast: return (me - c.root + n) % n < n - 1 ? all : 0;
-    case zero::CollKind::all_to_all: break;
-  }
-  throw std::logic_error("all_to_all is not used by the step program");
-}
-
 class NcclComm final : public Comm {
  public:
   NcclComm(Comm& boot, const Device& dev, const std::vector<zero::Group>& groups, const NcclOptions& o)
@@ -159,7 +143,7 @@ class NcclComm final : public Comm {
     if (me == n) throw std::logic_error(fmt::format("rank {} is not in the collective's group", rank()));
     const auto k = static_cast<std::size_t>(c.kind);
     ++counters_.calls[k];
-    counters_.bytes_sent[k] += n > 1 ? bytes_sent(c, n, me) : 0;
+    counters_.bytes_sent[k] += zero::collective_bytes_sent(c.kind, c.elements, c.dtype, n, me, c.root).v;
     if (n == 1) return;  // a group of one: the buffer is already the result
     const auto it = comms_.find(std::vector<int>(c.group.begin(), c.group.end()));
     if (it == comms_.end())
@@ -271,48 +255,18 @@ class NcclComm final : public Comm {
   // ncclCommSplit per round, every rank calling it: color = its group's index in the
   // round or NCCL_SPLIT_NOCOLOR, key = its place in the group).
   void split(const std::vector<zero::Group>& groups) {
-    std::string mine;
-    for (const auto& g : groups)
-      if (g.ranks.size() > 1) mine += fmt::format("{};", fmt::join(g.ranks, ","));
-    std::map<std::vector<int>, int> all;  // ordered: the same on every rank
-    for (const auto& text : boot_.gather_for_report(mine)) {
-      std::size_t at = 0;
-      while (at < text.size()) {
-        const std::size_t end = text.find(';', at);
-        std::vector<int> ranks;
-        std::size_t q = at;
-        while (q < end) {
-          const std::size_t comma = std::min(text.find(',', q), end);
-          ranks.push_back(std::stoi(text.substr(q, comma - q)));
-          q = comma + 1;
-        }
-        if (!comms_.count(ranks)) all.emplace(ranks, 0);
-        at = end + 1;
-      }
-    }
-    std::vector<std::vector<const std::vector<int>*>> rounds;
-    for (const auto& [ranks, unused] : all) {
-      (void)unused;
-      auto disjoint = [&](const std::vector<const std::vector<int>*>& round) {
-        for (const auto* other : round)
-          for (int r : ranks)
-            if (std::find(other->begin(), other->end(), r) != other->end()) return false;
-        return true;
-      };
-      auto round = std::find_if(rounds.begin(), rounds.end(), disjoint);
-      if (round == rounds.end()) round = rounds.insert(rounds.end(), std::vector<const std::vector<int>*>{});
-      round->push_back(&ranks);
-    }
+    std::vector<int> world(static_cast<std::size_t>(size()));
+    for (int r = 0; r < size(); ++r) world[static_cast<std::size_t>(r)] = r;
+    const auto rounds = split_rounds(boot_.gather_for_report(encode_groups(groups)), world);
     for (const auto& round : rounds) {
       int color = NCCL_SPLIT_NOCOLOR, key = 0;
       const std::vector<int>* in = nullptr;
       for (std::size_t i = 0; i < round.size(); ++i) {
-        const auto& ranks = *round[i];
-        const auto pos = std::find(ranks.begin(), ranks.end(), rank());
-        if (pos != ranks.end()) {
+        const auto pos = std::find(round[i].begin(), round[i].end(), rank());
+        if (pos != round[i].end()) {
           color = static_cast<int>(i);
-          key = static_cast<int>(pos - ranks.begin());
-          in = round[i];
+          key = static_cast<int>(pos - round[i].begin());
+          in = &round[i];
         }
       }
       ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;

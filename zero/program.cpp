@@ -98,34 +98,37 @@ std::string Program::buffer_name(BufferId id) const {
   return b.name >= 0 ? labels[static_cast<std::size_t>(b.name)] : fmt::format("buffer{}", id);
 }
 
+Bytes collective_bytes_sent(CollKind kind, std::int64_t elements, DType dt, std::int64_t n, std::int64_t me, int root) {
+  if (n <= 1) return Bytes{0};
+  // This rank's block of the buffer.
+  const std::int64_t mine = elements / n + (me < elements % n ? 1 : 0);
+  const std::int64_t sz = dtype_size(dt);
+  switch (kind) {
+    // Reduce-scatter then all-gather: every other rank's block once, then this rank's
+    // reduced block to each of the n - 1 others (2·S·(n-1)/n when n divides S).
+    case CollKind::all_reduce: return Bytes{(elements - mine + (n - 1) * mine) * sz};
+    case CollKind::reduce_scatter:
+    case CollKind::all_to_all: return Bytes{(elements - mine) * sz};
+    case CollKind::all_gather: return Bytes{(n - 1) * mine * sz};
+    // Every rank but the root sends its whole buffer once.
+    case CollKind::reduce: return Bytes{me == root ? 0 : elements * sz};
+    // A chain from the root: every rank but the last forwards the buffer.
+    case CollKind::broadcast: {
+      const std::int64_t r = root < 0 ? 0 : root;
+      return Bytes{me == (r + n - 1) % n ? 0 : elements * sz};
+    }
+  }
+  return Bytes{0};
+}
+
 Bytes Program::bytes_sent(const Event& e) const {
   if (e.kind != EventKind::collective) return Bytes{0};
   const auto& ranks = groups.at(static_cast<std::size_t>(e.group)).ranks;
   const auto n = static_cast<std::int64_t>(ranks.size());
-  if (n <= 1) return Bytes{0};
-  // This rank's position in the group and its block of the buffer: blocks are the
-  // elements split into n parts, the first (elements mod n) one element longer.
   std::int64_t me = 0;
   for (std::int64_t i = 0; i < n; ++i)
     if (ranks[static_cast<std::size_t>(i)] == info.rank) me = i;
-  const std::int64_t mine = e.elements / n + (me < e.elements % n ? 1 : 0);
-  const std::int64_t sz = dtype_size(e.dtype);
-  switch (e.coll) {
-    // Reduce-scatter then all-gather: every other rank's block once, then this rank's
-    // reduced block to each of the n - 1 others (2·S·(n-1)/n when n divides S).
-    case CollKind::all_reduce: return Bytes{(e.elements - mine + (n - 1) * mine) * sz};
-    case CollKind::reduce_scatter:
-    case CollKind::all_to_all: return Bytes{(e.elements - mine) * sz};
-    case CollKind::all_gather: return Bytes{(n - 1) * mine * sz};
-    // Every rank but the root sends its whole buffer once.
-    case CollKind::reduce: return Bytes{me == e.root ? 0 : e.elements * sz};
-    // A chain from the root: every rank but the last forwards the buffer.
-    case CollKind::broadcast: {
-      const std::int64_t root = e.root < 0 ? 0 : e.root;
-      return Bytes{me == (root + n - 1) % n ? 0 : e.elements * sz};
-    }
-  }
-  return Bytes{0};
+  return collective_bytes_sent(e.coll, e.elements, e.dtype, n, me, e.root);
 }
 
 const char* copy_op_name(CopyOp c) {

@@ -86,6 +86,11 @@ struct HostWork {
 enum class CollKind : std::uint8_t { all_reduce, reduce, reduce_scatter, all_gather, broadcast, all_to_all };
 constexpr int kNumCollKinds = 6;
 const char* coll_kind_name(CollKind k);
+// Bytes the rank at place `me` of a group of n sends for one collective of `elements` of
+// dt (root: reduce/broadcast, a place in the group): the executor's exchanges, which every
+// communication backend counts (blocks of elements split n ways, the first elements mod n
+// one element longer). 0 for a group of one.
+Bytes collective_bytes_sent(CollKind kind, std::int64_t elements, DType dt, std::int64_t n, std::int64_t me, int root);
 
 // Why a collective was issued.
 enum class Trigger : std::uint8_t {
