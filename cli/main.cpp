@@ -194,8 +194,8 @@ int main(int argc, char** argv) {
   train->add_flag("--allow-tf32", tr.allow_tf32, "--device cuda: fp32 GEMMs on TF32 tensor cores (off: exact fp32)");
   train->add_option("--comm", tr.comm, "auto (default), nccl or mpi: the collectives' backend; auto takes NCCL with "
                                        "--device cuda when every rank has its own GPU, else MPI (through host memory)");
-  train->add_option("--comm-timeout", tr.comm_timeout, "seconds a collective may take once the GPU reaches it before "
-                                                       "every rank is ended with a message (default 600)");
+  train->add_option("--comm-timeout", tr.comm_timeout, "seconds a collective may take once this rank (its GPU, for NCCL) "
+                                                       "reaches it before every rank is ended with a message (default 600)");
 
   zp::cli::CompareRequest cmp_req;
   auto* cmp = app.add_subcommand("compare", "lay a prediction (simulate --json) beside a measurement (train --out) "

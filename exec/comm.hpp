@@ -53,6 +53,10 @@ class Comm {
   virtual bool device_buffers() const { return false; }
   // The backend's name in reports: "mpi", "nccl".
   virtual const char* backend() const = 0;
+  // Seconds a collective may take once this rank reaches it before the job is ended with
+  // one line naming the rank, the collective, its bytes and group (a peer died or hangs).
+  // The NCCL backend takes it at construction (NcclOptions).
+  virtual void set_timeout(double seconds) { (void)seconds; }
   // Outside the program (reporting): sum of one double over all ranks, not counted.
   virtual double sum_for_report(double v) = 0;
   // Outside the program (agreement checks before training): every rank's `text`, in rank

@@ -10,10 +10,16 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "exec/comm.hpp"
 #include "exec/numeric.hpp"
@@ -53,7 +59,21 @@ class MpiComm final : public Comm {
     ZP_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
   }
   ~MpiComm() override {
+    if (watchdog_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      watchdog_.join();
+    }
     if (owns_) MPI_Finalize();
+  }
+  // A watchdog thread, started with the first timeout: a collective this rank has been in
+  // for longer ends the job (MPI_Abort; the blocked call itself cannot be interrupted).
+  void set_timeout(double seconds) override {
+    timeout_s_ = seconds;
+    if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -103,6 +123,7 @@ class MpiComm final : public Comm {
     const auto k = static_cast<std::size_t>(c.kind);
     ++counters_.calls[k];
     if (n == 1) return;  // a group of one: the buffer is already the result (avg: /1)
+    Armed armed(*this, c);
     switch (c.kind) {
       case zero::CollKind::all_reduce:
         reduce_scatter(c, n, me);
@@ -196,8 +217,50 @@ class MpiComm final : public Comm {
     if (pos < n - 1) send(c, c.buf, bytes, world(c, (me + 1) % n));
   }
 
+  // The collective in progress, for the watchdog (set for the call's duration).
+  struct Armed {
+    MpiComm& m;
+    Armed(MpiComm& comm, const CollectiveCall& c) : m(comm) {
+      if (!m.watchdog_.joinable()) return;
+      std::lock_guard<std::mutex> lk(m.mu_);
+      m.what_ = fmt::format("{} of {} B ({} x {}) on group [{}]", zero::coll_kind_name(c.kind),
+                            c.elements * static_cast<std::int64_t>(dtype_size(c.dtype)), c.elements, dtype_name(c.dtype),
+                            fmt::join(c.group, ","));
+      m.since_ = std::chrono::steady_clock::now();
+      m.armed_ = true;
+    }
+    ~Armed() {
+      if (!m.watchdog_.joinable()) return;
+      std::lock_guard<std::mutex> lk(m.mu_);
+      m.armed_ = false;
+    }
+    Armed(const Armed&) = delete;
+    Armed& operator=(const Armed&) = delete;
+  };
+
+  void watch() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(50));
+      if (stop_ || !armed_) continue;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count() > timeout_s_) {
+        const std::string why = fmt::format("MPI {} did not complete within {:g} s: a peer died or hangs (--comm-timeout)",
+                                            what_, timeout_s_);
+        lk.unlock();
+        abort(why);
+      }
+    }
+  }
+
   int rank_ = 0, size_ = 1;
   bool owns_ = false;
+  double timeout_s_ = 0;
+  std::thread watchdog_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, armed_ = false;
+  std::string what_;
+  std::chrono::steady_clock::time_point since_;
 };
 
 }  // namespace

@@ -393,6 +393,7 @@ json train(const TrainOptions& opt, Comm& boot) {
     }
   }
   Comm& comm = nccl ? *nccl : boot;
+  if (!nccl) boot.set_timeout(opt.comm_timeout);
 
   Setup& S = *setup;
   const models::OpGraph& g = *S.graph;
