@@ -368,24 +368,22 @@ TEST_CASE("smaller refusals: --gpu with a cluster preset, --data of a directory,
 }
 
 TEST_CASE("train --device: bad values, and cuda where it cannot run, end in one line and exit status 2") {
-  auto r = sh(kBin + " train --model tiny-gpt2 --steps 1 --device tpu");
-  CHECK(r.status == 2);
-  CHECK(r.out.find("--device: must be cpu or cuda, got 'tpu'") != std::string::npos);
-  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --allow-tf32");
-  CHECK(r.status == 2);
-  CHECK(r.out.find("--allow-tf32") != std::string::npos);
-  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --comm tcp");
-  CHECK(r.status == 2);
-  CHECK(r.out.find("--comm: must be auto, nccl or mpi, got 'tcp'") != std::string::npos);
-  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --comm nccl");
-  CHECK(r.status == 2);
-  CHECK(r.out.find("--comm: nccl needs --device cuda") != std::string::npos);
-  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --comm-timeout 0");
-  CHECK(r.status == 2);
-  CHECK(r.out.find("--comm-timeout: must be > 0 seconds") != std::string::npos);
-  r = sh(kBin + " train --model tiny-gpt2 --steps 1 --device cuda --checkpoint-dir /tmp/zeroplan-no-ckpt");
-  CHECK(r.status == 2);
-  CHECK(r.out.find("--checkpoint-dir") != std::string::npos);
+  // Each: `train --model tiny-gpt2 --steps 1` with these flags, and the line it must print.
+  const std::pair<const char*, const char*> refusals[] = {
+      {"--device tpu", "--device: must be cpu or cuda, got 'tpu'"},
+      {"--allow-tf32", "--allow-tf32: needs --device cuda"},
+      {"--comm tcp", "--comm: must be auto, nccl or mpi, got 'tcp'"},
+      {"--comm nccl", "--comm: nccl needs --device cuda"},
+      {"--comm-timeout 0", "--comm-timeout: must be > 0 seconds"},
+      {"--device cuda --checkpoint-dir /tmp/zeroplan-no-ckpt", "--checkpoint-dir"},
+  };
+  for (const auto& [flags, line] : refusals) {
+    const auto refused = sh(kBin + " train --model tiny-gpt2 --steps 1 " + flags);
+    INFO(flags, "\n", refused.out);
+    CHECK(refused.status == 2);
+    CHECK(contains(refused.out, line));
+  }
+  ShellRun r;
   // No GPU here (or no CUDA in this build): refused before anything runs; with a GPU it trains.
   r = sh(kBin + " train --model tiny-gpt2 --steps 1 --quiet --device cuda");
   INFO(r.out);

@@ -4,6 +4,8 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "core/error.hpp"
@@ -37,6 +39,42 @@ inline ShellRun run_shell(const std::string& cmd, bool merge_stderr = true) {
   const int st = pclose(f);
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+// A peer failing mid-training: runs `mpirun_cmd` (two ranks, which print "step N" lines)
+// in the background with its output in `log`, waits for step 20, sends rank 1 (the process
+// whose command line contains `pattern` and whose OMPI_COMM_WORLD_RANK is 1) signal `sig`
+// (STOP: it hangs with its sockets open; KILL: it dies), and waits for mpirun. Returns
+// mpirun's status (-1 when rank 1 was not found), the seconds from the signal to the end,
+// and the ranks' output.
+struct PeerFault {
+  int status = -1;
+  double seconds = -1;
+  std::string out;
+};
+inline PeerFault fault_peer(const std::string& mpirun_cmd, const std::string& pattern, const std::string& sig,
+                            const std::filesystem::path& log) {
+  const std::filesystem::path sh = log.string() + ".sh";
+  std::ofstream(sh) << "(" << mpirun_cmd << ") > " << log.string() << " 2>&1 &\nM=$!\n"
+                    << "for i in $(seq 600); do grep -q '^step *20 ' " << log.string() << " 2>/dev/null && break; sleep 0.1; done\n"
+                    << "R1=\"\"\nfor p in $(pgrep -f '" << pattern << "'); do\n"
+                    << "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && R1=$p\ndone\n"
+                    << "[ -n \"$R1\" ] || { kill $M; echo 'rank 1 not found'; exit 0; }\n"
+                    << "T0=$(date +%s%N)\nkill -" << sig << " $R1\nwait $M\n"
+                    << "echo \"status $? ms $(( ($(date +%s%N) - T0) / 1000000 ))\"\n";
+  const ShellRun r = run_shell("timeout 120 bash " + sh.string());
+  PeerFault f;
+  std::ifstream in(log);
+  f.out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  f.out += r.out;
+  const auto at = r.out.rfind("status ");
+  if (at == std::string::npos) return f;
+  long status = -1, ms = -1;
+  if (std::sscanf(r.out.c_str() + at, "status %ld ms %ld", &status, &ms) == 2) {
+    f.status = static_cast<int>(status);
+    f.seconds = static_cast<double>(ms) / 1e3;
+  }
+  return f;
 }
 
 }  // namespace zp::test

@@ -202,36 +202,19 @@ TEST_CASE("train --device cuda --comm nccl: a hung or dead peer ends the job") {
   std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
   for (const char* fault : {"STOP", "KILL"}) {
-    const fs::path log = dir() / fmt::format("fault-{}.log", fault);
-    const std::string cmd = mpirun(2, true, fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 1000000 --seq-len 16 "
-                                                        "--device cuda --comm nccl --comm-timeout 5", bin(), cfg.string()));
-    const std::string script = fmt::format(R"(
-{0} > {1} 2>&1 &
-M=$!
-for i in $(seq 600); do grep -q "^step *20 " {1} 2>/dev/null && break; sleep 0.1; done
-R1=""
-for p in $(pgrep -f "zeroplan train --model tiny-gpt2 --ds-config {2}"); do
-  tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && R1=$p
-done
-[ -n "$R1" ] || {{ echo "rank 1 not found"; kill $M; exit 3; }}
-T0=$(date +%s%N)
-kill -{3} $R1
-wait $M
-echo "mpirun rc=$? after $(( ($(date +%s%N) - T0) / 1000000 )) ms"
-tail -n 20 {1})", cmd, log.string(), cfg.string(), fault);
-    const fs::path sh = dir() / fmt::format("fault-{}.sh", fault);
-    std::ofstream(sh) << script;
-    const auto r = zp::test::run_shell("timeout 120 bash " + sh.string());
-    INFO(fault, "\n", r.out);
-    REQUIRE(r.out.find("mpirun rc=") != std::string::npos);
-    MESSAGE("peer ", fault, ": ", r.out.substr(r.out.find("mpirun rc=")).substr(0, 40));
-    CHECK(r.out.find("mpirun rc=0 ") == std::string::npos);
-    const double after = std::stod(r.out.substr(r.out.find(" after ") + 7)) / 1e3;
+    const auto f = zp::test::fault_peer(
+        mpirun(2, true, fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 1000000 --seq-len 16 "
+                                    "--device cuda --comm nccl --comm-timeout 5", bin(), cfg.string())),
+        "zeroplan train --model tiny-gpt2 --ds-config " + cfg.string(), fault, dir() / fmt::format("fault-{}.log", fault));
+    INFO(fault, "\n", f.out);
+    MESSAGE("peer ", std::string(fault), ": mpirun status ", f.status, " after ", f.seconds, " s");
+    REQUIRE(f.status >= 0);
+    CHECK(f.status != 0);
     if (std::string(fault) == "STOP") {
-      CHECK(r.out.find("rank 0: NCCL") != std::string::npos);
-      CHECK(r.out.find("did not complete within 5 s") != std::string::npos);
+      CHECK(f.out.find("rank 0: NCCL") != std::string::npos);
+      CHECK(f.out.find("did not complete within 5 s") != std::string::npos);
     }
-    CHECK(after < 30.0);
+    CHECK(f.seconds < 30.0);
   }
 }
 
