@@ -331,6 +331,31 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
                  {"reserved", mem[ncat + 1].to_json()},
                  {"peak_event", {{"predicted", pev}, {"measured", mev}, {"same", same_event}}}};
   if (mem.size() > ncat + 2) j["memory"]["host_peak"] = mem[ncat + 2].to_json();
+  if (M.has("driver_memory")) {
+    // A GPU run: the whole device as the driver saw it at the peak, part by part. Only the
+    // program's reserved segments are predicted; the rest is the executor's own.
+    const Node dm = M["driver_memory"];
+    const std::int64_t ctx = dm["after_context"].integer(0), init = dm["after_init"].integer(0);
+    const std::int64_t comm = dm["after_comm"].integer(0), peak = dm["peak"].integer(0);
+    const std::int64_t scratch = dm["device_scratch"].integer(0), reserved = mm["reserved_peak"].integer(0);
+    const std::int64_t nccl = comm > init ? comm - init : 0;
+    const std::int64_t rest = peak - ctx - (init - ctx) - nccl - reserved - scratch;
+    const std::pair<const char*, std::int64_t> parts[] = {{"CUDA context", ctx},
+                                                          {"libraries (cuBLASLt, kernels)", init - ctx},
+                                                          {"communicator (NCCL)", nccl},
+                                                          {"program's reserved segments", reserved},
+                                                          {"device scratch", scratch},
+                                                          {"unexplained", rest}};
+    t += "  the GPU as the driver saw it at the peak (measured; only the reserved segments are predicted)\n";
+    json jd = json::object();
+    for (const auto& [name, bytes] : parts) {
+      t += fmt::format("    {:<32}{:>12.1f} MiB\n", name, static_cast<double>(bytes) / 1048576.0);
+      jd[name] = bytes;
+    }
+    t += fmt::format("    {:<32}{:>12.1f} MiB\n", "= driver's peak", static_cast<double>(peak) / 1048576.0);
+    jd["driver's peak"] = peak;
+    j["driver_memory"] = jd;
+  }
 
   // ---- communication per rank per step
   const Node pc = R["comm"], mc = M["comm"];

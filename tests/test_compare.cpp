@@ -193,3 +193,34 @@ TEST_CASE("compare: bad input and different runs exit 2 with one line") {
   bad("--predicted " + file("p4bad.json", doc.dump()) + " --measured " + m, "results[0].time.forward_ms: must be a number");
   bad("--predicted " + p, "--measured");
 }
+
+// A GPU run's measurement carries the driver's figures: compare lays the device out part by
+// part (context, libraries, NCCL, the program's reserved segments, the device's scratch, what
+// is left), which sum to the driver's peak. The figures here are an H200 run's shape.
+TEST_CASE("compare: a GPU measurement's device memory, part by part") {
+  const std::string ds = file("ds.json", kConfig);
+  REQUIRE(sh(bin() + "train --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --steps 2 --workspaces-of H200 --quiet --out " +
+             path("m4.json")).status == 0);
+  auto m = nlohmann::json::parse(std::ifstream(path("m4.json")));
+  const std::int64_t MiB = 1 << 20, reserved = m["memory"]["reserved_peak"].get<std::int64_t>();
+  m["driver_memory"] = {{"after_context", 527 * MiB}, {"after_init", 627 * MiB}, {"after_comm", 1205 * MiB},
+                        {"device_scratch", 3 * MiB},  {"peak", 1212 * MiB + reserved}};
+  const std::string gpu = file("m4gpu.json", m.dump());
+  const std::string p = predict("p4.json", "--gpus 1");
+  const Run j = sh(bin() + "compare --json --predicted " + p + " --measured " + gpu);
+  REQUIRE(j.status == 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  const auto& d = doc["driver_memory"];
+  CHECK(d["CUDA context"] == 527 * MiB);
+  CHECK(d["libraries (cuBLASLt, kernels)"] == 100 * MiB);
+  CHECK(d["communicator (NCCL)"] == 578 * MiB);
+  CHECK(d["program's reserved segments"] == reserved);
+  CHECK(d["device scratch"] == 3 * MiB);
+  CHECK(d["unexplained"] == 4 * MiB);
+  CHECK(doc["exact_memory"] == true);  // the driver's figures are shown, not compared
+  const Run t = sh(bin() + "compare --predicted " + p + " --measured " + gpu);
+  CHECK(t.out.find("communicator (NCCL)                    578.0 MiB") != std::string::npos);
+  // A CPU run has none.
+  const Run c = sh(bin() + "compare --json --predicted " + p + " --measured " + path("m4.json"));
+  CHECK_FALSE(nlohmann::json::parse(c.out).contains("driver_memory"));
+}
