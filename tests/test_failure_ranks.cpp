@@ -168,7 +168,8 @@ TEST_CASE("a hung or dead peer ends every rank within --comm-timeout") {
     if (std::string(fault) == "STOP") {
       CHECK(contains(f.out, "zeroplan: rank 0: MPI "));
       CHECK(contains(f.out, "on group [0,1] did not complete within 3 s: a peer died or hangs (--comm-timeout)"));
-      CHECK(f.seconds >= 3.0);
+      // Not before the timeout (rank 0 may have been waiting a moment before the stop).
+      CHECK(f.seconds >= 2.5);
     }
   }
 }
