@@ -57,8 +57,9 @@ inline PeerFault fault_peer(const std::string& mpirun_cmd, const std::string& pa
   const std::filesystem::path sh = log.string() + ".sh";
   std::ofstream(sh) << "(" << mpirun_cmd << ") > " << log.string() << " 2>&1 &\nM=$!\n"
                     << "for i in $(seq 600); do grep -q '^step *20 ' " << log.string() << " 2>/dev/null && break; sleep 0.1; done\n"
-                    << "R1=\"\"\nfor p in $(pgrep -f '" << pattern << "'); do\n"
-                    << "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && R1=$p\ndone\n"
+                    << "R1=\"\"\nfor t in $(seq 50); do for p in $(pgrep -f '" << pattern << "'); do\n"
+                    << "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && R1=$p\n"
+                    << "done; [ -n \"$R1\" ] && break; sleep 0.1; done\n"
                     << "[ -n \"$R1\" ] || { kill $M; echo 'rank 1 not found'; exit 0; }\n"
                     << "T0=$(date +%s%N)\nkill -" << sig << " $R1\nwait $M\n"
                     << "echo \"status $? ms $(( ($(date +%s%N) - T0) / 1000000 ))\"\n";
