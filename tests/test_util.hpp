@@ -3,10 +3,14 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <functional>
+#include <initializer_list>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <doctest/doctest.h>
 
 #include "core/error.hpp"
 
@@ -42,23 +46,24 @@ inline ShellRun run_shell(const std::string& cmd, bool merge_stderr = true) {
 }
 
 // A peer failing mid-training: runs `mpirun_cmd` (two ranks, which print "step N" lines)
-// in the background with its output in `log`, waits for step 20, sends rank 1 (the process
-// whose command line contains `pattern` and whose OMPI_COMM_WORLD_RANK is 1) signal `sig`
-// (STOP: it hangs with its sockets open; KILL: it dies), and waits for mpirun. Returns
-// mpirun's status (-1 when rank 1 was not found), the seconds from the signal to the end,
-// and the ranks' output.
+// in the background with its output in `log`, waits for step 20, sends rank 1 signal `sig`
+// (STOP: it hangs with its sockets open; KILL: it dies), and waits for mpirun. Rank 1 is
+// the process whose environment holds both OMPI_COMM_WORLD_RANK=1 and this run's own
+// ZP_FAULT_TAG (set on mpirun, inherited by its ranks). Returns mpirun's status (-1 when
+// rank 1 was not found), the seconds from the signal to the end, and the ranks' output.
 struct PeerFault {
   int status = -1;
   double seconds = -1;
   std::string out;
 };
-inline PeerFault fault_peer(const std::string& mpirun_cmd, const std::string& pattern, const std::string& sig,
-                            const std::filesystem::path& log) {
+inline PeerFault fault_peer(const std::string& mpirun_cmd, const std::string& sig, const std::filesystem::path& log) {
   const std::filesystem::path sh = log.string() + ".sh";
-  std::ofstream(sh) << "(" << mpirun_cmd << ") > " << log.string() << " 2>&1 &\nM=$!\n"
+  const std::string tag = "ZP_FAULT_TAG=" + std::to_string(std::hash<std::string>{}(log.string()));
+  std::ofstream(sh) << "(" << tag << " " << mpirun_cmd << ") > " << log.string() << " 2>&1 &\nM=$!\n"
                     << "for i in $(seq 600); do grep -q '^step *20 ' " << log.string() << " 2>/dev/null && break; sleep 0.1; done\n"
-                    << "R1=\"\"\nfor t in $(seq 50); do for p in $(pgrep -f '" << pattern << "'); do\n"
-                    << "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && R1=$p\n"
+                    << "R1=\"\"\nfor t in $(seq 50); do for e in /proc/[0-9]*/environ; do\n"
+                    << "  v=$(tr '\\0' '\\n' < $e 2>/dev/null) || continue\n"
+                    << "  grep -qx '" << tag << "' <<< \"$v\" && grep -qx OMPI_COMM_WORLD_RANK=1 <<< \"$v\" && R1=${e//[^0-9]/}\n"
                     << "done; [ -n \"$R1\" ] && break; sleep 0.1; done\n"
                     << "[ -n \"$R1\" ] || { kill $M; echo 'rank 1 not found'; exit 0; }\n"
                     << "T0=$(date +%s%N)\nkill -" << sig << " $R1\nwait $M\n"
@@ -76,6 +81,22 @@ inline PeerFault fault_peer(const std::string& mpirun_cmd, const std::string& pa
     f.seconds = static_cast<double>(ms) / 1e3;
   }
   return f;
+}
+
+// What every peer-fault test asserts: the job ended (not 0), within 30 s of the signal; for a
+// stopped peer, with each of `hang_lines` in the output and not before `timeout_s` (less half a
+// second: rank 0 may already have been waiting when the peer stopped).
+inline void check_peer_fault(const PeerFault& f, const std::string& sig, std::initializer_list<std::string> hang_lines,
+                             double timeout_s) {
+  INFO(sig, "\n", f.out);
+  MESSAGE("peer ", sig, ": mpirun status ", f.status, " after ", f.seconds, " s");
+  REQUIRE(f.status >= 0);  // rank 1 was found and signalled
+  CHECK(f.status != 0);
+  CHECK(f.seconds < 30.0);
+  if (sig == "STOP") {
+    for (const auto& line : hang_lines) CHECK(f.out.find(line) != std::string::npos);
+    CHECK(f.seconds >= timeout_s - 0.5);
+  }
 }
 
 }  // namespace zp::test
