@@ -139,6 +139,7 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     op.id = static_cast<models::OpId>(g.ops.size());
     op.name = k.name;
     op.kind = models::OpKind::linear;
+    if (k.cls == KernelClass::attention) op.fn = models::Fn::sdpa;  // priced with the attention factor
     op.gemms = k.gemms;
     op.fwd_flops = k.flops;
     op.fwd_bytes = k.bytes;

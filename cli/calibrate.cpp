@@ -124,14 +124,10 @@ bool wall_depends_on_host(const Predictor& pred, const Dataset& data, const Mode
 }  // namespace
 
 void select_fitted(Dataset& data, const std::string& where) {
-  // Defaults: fused attention kernels are reported, not fitted (the model prices attention
-  // through the GEMM curve; zeroplan's own kernel is not PyTorch's), and an iteration is the
-  // sum of the phases fitted.
-  bool names_attention = where.find("attention") != std::string::npos;
-  for (auto& o : data.obs) {
+  // Default: an iteration is the sum of the phases fitted, so it is reported, not fitted.
+  // (Fused attention kernels are fitted: compute.attention_efficiency is theirs.)
+  for (auto& o : data.obs)
     if (o.kind == ObsKind::phase && o.phase.phase == PhaseName::iteration) o.fit = false;
-    if (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::attention && !names_attention) o.fit = false;
-  }
   if (where.empty()) return;
   std::map<std::string, std::set<std::string>> want;
   std::size_t pos = 0;

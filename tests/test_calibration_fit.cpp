@@ -80,6 +80,16 @@ Observation kernel(KernelClass cls, std::vector<models::Gemm> g, bool backward, 
   return o;
 }
 
+// A fused attention kernel (sdpa forward or backward) as calibrate --device cuda records it:
+// its two batched products, the causal half of their FLOPs, and Q, K, V, O moved.
+Observation attention(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, bool backward) {
+  const double f = 4.0 * static_cast<double>(B * H * T) * static_cast<double>(T * D) * 0.5;
+  Observation o = kernel(KernelClass::attention, {models::Gemm{T, T, D, B * H}, models::Gemm{T, D, T, B * H}}, backward,
+                         backward ? 2.5 * f : f, (backward ? 2 : 1) * 4 * 2 * B * H * T * D);
+  o.tags["kind"] = "attention";
+  return o;
+}
+
 // Within k standard deviations of the truth, and the deviation itself a useful one.
 void within(const FitResult& r, const std::string& name, double truth, double k = 3.0, double max_rel_sd = 0.2) {
   CAPTURE(name);
@@ -152,10 +162,15 @@ TEST_CASE("the GEMM curve, bandwidth and launch are fitted back from kernels wit
     data.obs.push_back(kernel(KernelClass::gemm, {models::Gemm{8192, n, 768, 1}}, false, 2.0 * 8192 * 768 * static_cast<double>(n),
                               2 * (8192 * 768 + 768 * n + 8192 * n)));
   for (std::int64_t b = 1024; b <= (std::int64_t{1} << 30); b *= 2) data.obs.push_back(kernel(KernelClass::memory, {}, false, 0, b));
+  data.obs.push_back(attention(8, 12, 1024, 64, false));
+  data.obs.push_back(attention(8, 12, 1024, 64, true));
+  data.obs.push_back(attention(4, 16, 2048, 128, false));
+  data.obs.push_back(attention(4, 16, 2048, 128, true));
   const Predictor pred(data, cluster);
   ModelParams start;
   start.device = sim::default_profile(sim::find_device("H200-141GB"));
   ModelParams truth = start;
+  truth.device.attention_efficiency = 0.3;
   truth.device.gemm_max_efficiency = 0.7;
   truth.device.gemm_half_dim = 180;
   truth.device.gemm_unaligned_factor = 0.6;
@@ -165,8 +180,10 @@ TEST_CASE("the GEMM curve, bandwidth and launch are fitted back from kernels wit
 
   FitOptions fo;
   fo.candidates = params({"compute.gemm_max_efficiency", "compute.gemm_half_dim", "compute.gemm_unaligned_factor",
-                          "compute.elementwise_efficiency", "compute.kernel_launch_us", "compute.d2d_copy_gbps"});
+                          "compute.elementwise_efficiency", "compute.kernel_launch_us", "compute.d2d_copy_gbps",
+                          "compute.attention_efficiency"});
   const FitResult r = fit(predict_fn(pred), data.obs, start, fo);
+  within(r, "compute.attention_efficiency", 0.3);
   within(r, "compute.gemm_max_efficiency", 0.7);
   within(r, "compute.gemm_half_dim", 180);
   within(r, "compute.gemm_unaligned_factor", 0.6);
@@ -337,4 +354,36 @@ TEST_CASE("fp32 GEMM observations are priced with their own TF32 setting") {
     CHECK(flops / t[0] < 67e12);
     CHECK(flops / t[0] > 0.5 * 67e12);
   }
+}
+
+// Fused attention has its own factor: it moves attention kernels and nothing else, and without
+// an attention measurement it is refused, naming the measurement that would determine it.
+TEST_CASE("fused attention kernels are priced with compute.attention_efficiency, and only they") {
+  const sim::ClusterSpec cluster = sim::single_node("H200-141GB", 1);
+  Dataset data;
+  data.obs.push_back(attention(8, 12, 1024, 64, false));
+  data.obs.push_back(kernel(KernelClass::gemm, {models::Gemm{8192, 8192, 8192, 1}}, false, 2.0 * 8192.0 * 8192.0 * 8192.0,
+                            2 * 3 * 8192 * 8192));
+  const Predictor pred(data, cluster);
+  ModelParams m;
+  m.device = sim::default_profile(sim::find_device("H200-141GB"));
+  const auto a = pred.predict(m);
+  m.device.attention_efficiency = 0.25;
+  const auto b = pred.predict(m);
+  CHECK(b[0] == doctest::Approx(4.0 * a[0]).epsilon(0.05));  // FLOP-bound: 1/4 the efficiency, ~4x the time
+  CHECK(b[1] == a[1]);
+
+  Dataset gemms;
+  gemms.obs.push_back(data.obs[1]);
+  const Predictor only_gemm(gemms, cluster);
+  ModelParams start;
+  start.device = sim::default_profile(sim::find_device("H200-141GB"));
+  gemms.obs[0].measured = Seconds{only_gemm.predict(start)[0] * 1.3};
+  FitOptions fo;
+  fo.candidates = params({"compute.gemm_max_efficiency", "compute.attention_efficiency"});
+  const FitResult r = fit(predict_fn(only_gemm), gemms.obs, start, fo);
+  const Refusal* att = refusal(r, "compute.attention_efficiency");
+  REQUIRE(att != nullptr);
+  CHECK(att->reason.find("fused attention kernels") != std::string::npos);
+  CHECK(fitted(r, "compute.gemm_max_efficiency") != nullptr);
 }
