@@ -311,6 +311,16 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
       {"fits", r.memory.fits},
       {"by_category", cats},
   };
+  // What the reserved bytes are made of: the allocator's segments per stream and pool.
+  auto pools = nlohmann::json::array();
+  for (const auto& q : r.memory.pools)
+    pools.push_back({{"stream", zero::stream_name(q.stream)},
+                     {"pool", q.small ? "small" : "large"},
+                     {"segments", q.segments},
+                     {"bytes", q.bytes.v},
+                     {"allocated_bytes", q.allocated.v},
+                     {"segment_sizes", q.sizes}});
+  j["memory"]["reserved_by_pool"] = std::move(pools);
   return j;
 }
 

@@ -435,6 +435,24 @@ std::vector<std::int64_t> CachingAllocatorModel::segment_ids() const {
   return out;
 }
 
+std::vector<CachingAllocatorModel::SegmentInfo> CachingAllocatorModel::segment_info() const {
+  std::vector<SegmentInfo> out;
+  out.reserve(segments_list_.size());
+  for (std::int32_t first : segments_list_) {
+    const Block& head = slots_[static_cast<std::size_t>(first)];
+    SegmentInfo si;
+    si.size = head.segment_size;
+    si.stream = head.stream;
+    si.small_pool = head.pool == Pool::small;
+    std::int32_t lowest = first;
+    while (slots_[static_cast<std::size_t>(lowest)].prev >= 0) lowest = slots_[static_cast<std::size_t>(lowest)].prev;
+    for (std::int32_t s = lowest; s >= 0; s = slots_[static_cast<std::size_t>(s)].next)
+      if (slots_[static_cast<std::size_t>(s)].allocated) si.allocated += slots_[static_cast<std::size_t>(s)].size;
+    out.push_back(si);
+  }
+  return out;
+}
+
 // Same counters, then the same segments holding the same blocks (slot numbers may differ).
 bool CachingAllocatorModel::same_state(const CachingAllocatorModel& o) const {
   if (!(opt_ == o.opt_) || next_segment_addr_ != o.next_segment_addr_ || allocated_ != o.allocated_ ||

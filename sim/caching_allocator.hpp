@@ -59,6 +59,14 @@ class CachingAllocatorModel {
   };
   Place place(Handle h) const;
   std::vector<std::int64_t> segment_ids() const;  // the segments held now
+  // The segments held now, in the order they were created: what reserved bytes are made of.
+  struct SegmentInfo {
+    std::int64_t size = 0;       // bytes held (one cudaMalloc)
+    std::int64_t allocated = 0;  // bytes of its live blocks
+    int stream = 0;
+    bool small_pool = false;     // the 2 MiB segments of requests <= 1 MiB
+  };
+  std::vector<SegmentInfo> segment_info() const;
 
   // Two allocators in the same state serve the same request sequence identically; the
   // memory replay uses this to skip repeated micro-steps once the state is a fixed point.

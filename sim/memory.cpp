@@ -246,6 +246,20 @@ class Replay {
       r_.reserved_peak = alloc_.peak_reserved();
       r_.allocator_allocated_peak = alloc_.peak_allocated();
       r_.segments = alloc_.segments();
+      for (const auto& si : alloc_.segment_info()) {
+        const auto stream = static_cast<zero::Stream>(si.stream);
+        auto it = std::find_if(r_.pools.begin(), r_.pools.end(),
+                               [&](const MemoryReport::Pool& q) { return q.stream == stream && q.small == si.small_pool; });
+        if (it == r_.pools.end()) it = r_.pools.insert(r_.pools.end(), MemoryReport::Pool{stream, si.small_pool, 0, {}, {}, {}});
+        ++it->segments;
+        it->bytes += Bytes{si.size};
+        it->allocated += Bytes{si.allocated};
+        it->sizes.push_back(si.size);
+      }
+      std::sort(r_.pools.begin(), r_.pools.end(), [](const MemoryReport::Pool& a, const MemoryReport::Pool& b) {
+        return std::pair{a.stream, a.small} < std::pair{b.stream, b.small};
+      });
+      for (auto& q : r_.pools) std::sort(q.sizes.rbegin(), q.sizes.rend());
     } else {
       r_.reserved_peak = r_.peak_allocated;
     }

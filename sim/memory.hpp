@@ -28,6 +28,16 @@ struct MemoryReport {
   Bytes reserved_peak{};             // caching-allocator model
   Bytes allocator_allocated_peak{};  // the same peak with 512-B rounding
   std::int64_t segments = 0;
+  // The allocator's segments at the end of the step, per stream and pool: what the reserved
+  // bytes are made of (torch.cuda.memory_snapshot()'s segments, summed the same way).
+  struct Pool {
+    zero::Stream stream = zero::Stream::compute;
+    bool small = false;            // the 2 MiB segments of requests <= 1 MiB
+    std::int64_t segments = 0;
+    Bytes bytes{}, allocated{};
+    std::vector<std::int64_t> sizes;  // every segment's size, largest first
+  };
+  std::vector<Pool> pools;
   Bytes context{};                   // device constant outside the program
   Bytes device_used{};               // reserved_peak + context
   bool fits = false;

@@ -183,6 +183,36 @@ TEST_CASE("streams have separate pools") {
   for (auto h : {b, t, c}) m.free(h);
 }
 
+TEST_CASE("segment_info: every segment held, its stream, pool and live bytes, in creation order") {
+  CachingAllocatorModel m;
+  auto a = must(m.allocate(Bytes{30 * MiB}, 1));   // a 30 MiB segment, split
+  auto b = must(m.allocate(Bytes{3 * MiB}, 0));    // a 20 MiB segment
+  auto c = must(m.allocate(Bytes{100 * KiB}, 0));  // a 2 MiB small segment
+  auto d = must(m.allocate(Bytes{5 * MiB}, 0));    // from b's segment (its remainder is cached)
+  m.free(a);
+  const auto seg = m.segment_info();
+  REQUIRE(seg.size() == 3);
+  CHECK(seg[0].stream == 1);
+  CHECK(seg[0].size == 30 * MiB);
+  CHECK(seg[0].allocated == 0);
+  CHECK_FALSE(seg[0].small_pool);
+  CHECK(seg[1].stream == 0);
+  CHECK(seg[1].size == 20 * MiB);
+  CHECK(seg[1].allocated == 8 * MiB);
+  CHECK(seg[2].small_pool);
+  CHECK(seg[2].size == 2 * MiB);
+  CHECK(seg[2].allocated == rounded(100 * KiB));
+  std::int64_t held = 0, live = 0;
+  for (const auto& s : seg) {
+    held += s.size;
+    live += s.allocated;
+  }
+  CHECK(held == m.reserved().v);
+  CHECK(live == m.allocated().v);
+  for (auto h : {b, c, d}) m.free(h);
+  for (const auto& s : m.segment_info()) CHECK(s.allocated == 0);
+}
+
 TEST_CASE("max_split_size: oversize blocks are not split and serve only close requests") {
   CachingAllocatorOptions opt;
   opt.max_split_size = Bytes{64 * MiB};

@@ -76,6 +76,22 @@ TEST_CASE("simulate --json has the documented schema") {
     CHECK(m["peak_event"].get<std::string>().size() > 0);
     CHECK(m.contains("host_bytes"));
     CHECK(m["fits"].is_boolean());
+    // The segments at the end of the step: no more than the peak reserved, each pool's sizes
+    // summing to its bytes (this config's overlap_comm is off: every request on the compute stream).
+    std::int64_t held = 0;
+    std::set<std::string> streams;
+    for (const auto& q : m["reserved_by_pool"]) {
+      std::int64_t sizes = 0;
+      for (const auto& x : q["segment_sizes"]) sizes += x.get<std::int64_t>();
+      CHECK(sizes == q["bytes"].get<std::int64_t>());
+      CHECK(q["segments"].get<std::size_t>() == q["segment_sizes"].size());
+      CHECK(q["allocated_bytes"].get<std::int64_t>() <= q["bytes"].get<std::int64_t>());
+      held += q["bytes"].get<std::int64_t>();
+      streams.insert(q["stream"].get<std::string>());
+    }
+    CHECK(held > 0);
+    CHECK(held <= m["reserved_bytes"].get<std::int64_t>());
+    CHECK(streams == std::set<std::string>{"compute"});
   }
 }
 

@@ -322,6 +322,24 @@ def snapshot_blocks(snap):
     return out
 
 
+def segment_summary(snap):
+    """The allocator's segments (what reserved bytes are): per stream (in order of first
+    appearance, the default stream first) and pool, the count, bytes held and bytes in use,
+    and every segment's size, largest first."""
+    streams, out = {0: 0}, {}
+    for seg in snap.get("segments", []):
+        st = streams.setdefault(seg.get("stream", 0), len(streams))
+        key = f"stream{st}/{seg.get('segment_type', '?')}"
+        g = out.setdefault(key, {"segments": 0, "bytes": 0, "allocated": 0, "sizes": []})
+        g["segments"] += 1
+        g["bytes"] += seg.get("total_size", 0)
+        g["allocated"] += seg.get("allocated_size", 0)
+        g["sizes"].append(seg.get("total_size", 0))
+    for g in out.values():
+        g["sizes"].sort(reverse=True)
+    return out
+
+
 def peak_composition(before_snap, after_snap, fence_addr_start, fence_addr_end):
     """Replay the allocator trace between the two fences from the live set of before_snap.
     Returns (peak bytes, {signature: [bytes, blocks, persistent]}) at the peak."""
@@ -583,6 +601,7 @@ def run_one(run, consts, tmpdir):
     if use_history:
         after_snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
+        res["memory"]["segments_after_step"] = segment_summary(after_snap)
         comp = peak_composition(before_snap, after_snap, fence_start, fence_end)
         if comp is not None:
             p, groups = comp
