@@ -271,18 +271,22 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
   // Screen: a parameter that no fitted observation depends on, or that the data cannot tell
   // apart from the parameters accepted before it, is refused with the reason.
   std::vector<const ParamDef*> accepted;
-  auto screen = [&](const ModelParams& at, const std::vector<const ParamDef*>& candidates) {
+  // Parameters the screen moved off a plateau (below), to start the fit from.
+  std::vector<std::pair<const ParamDef*, double>> moves;
+  auto screen = [&](const ModelParams& at_in, const std::vector<const ParamDef*>& candidates) {
+    ModelParams at = at_in;
     std::vector<Refusal> refusals;
     if (pb.n() == 0) {
       for (const ParamDef* d : candidates) refusals.push_back({d->name, "no observation is fitted"});
       return refusals;
     }
-    const Eigen::VectorXd r0 = pb.log_ratios(at);
+    Eigen::VectorXd r0 = pb.log_ratios(at);
     std::vector<const ParamDef*> sensitive;
     for (const ParamDef* d : candidates) {
       // Doubling and halving (log parameters), or moving by its size (linear ones).
       double worst = 0;
       const double v = d->get(at);
+      double best_cost = pb.residuals(at).squaredNorm(), best_v = v;
       for (int sgn : {+1, -1}) {
         double nv = d->log_scale ? v * (sgn > 0 ? 2.0 : 0.5) : v + sgn * std::max(std::abs(v), d->typical);
         nv = std::clamp(nv, d->lo, d->hi);
@@ -291,6 +295,24 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
         d->set(m, nv);
         const Eigen::VectorXd r = pb.log_ratios(m);
         for (Eigen::Index k = 0; k < r.size(); ++k) worst = std::max(worst, std::abs(r[k] - r0[k]));
+        const double cost = pb.residuals(m).squaredNorm();
+        if (cost < best_cost) {
+          best_cost = cost;
+          best_v = nv;
+        }
+      }
+      // On a plateau (a kernel priced by max(FLOP time, byte time) sits on its byte side at
+      // the start, so a small step moves nothing) the local derivative is zero although a
+      // factor of two moves the prediction: start from the better of the two instead.
+      if (worst >= opt.insensitive && best_v != v) {
+        ModelParams m = at;
+        d->set(m, v * (1 + 1e-4) + 1e-12);
+        const Eigen::VectorXd r = pb.log_ratios(m);
+        if ((r - r0).cwiseAbs().maxCoeff() < 1e-9) {
+          d->set(at, best_v);
+          moves.emplace_back(d, best_v);
+          r0 = pb.log_ratios(at);
+        }
       }
       if (worst < opt.insensitive) {
         refusals.push_back({d->name, fmt::format("no fitted observation depends on it (doubling or halving it changes "
@@ -361,6 +383,8 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
   pb.set_robust(0);
   std::vector<Refusal> refused = screen(start, opt.candidates);
   ModelParams current = start;
+  for (const auto& [d, v] : moves) d->set(current, v);
+  moves.clear();
   std::vector<const ParamDef*> dropped_poor;
   LmResult lm;
   Coords c;
@@ -481,6 +505,8 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
       const std::size_t before = accepted.size();
       pb.set_robust(0);
       std::vector<Refusal> still = screen(current, retry);
+      for (const auto& [d, v] : moves) d->set(current, v);
+      moves.clear();
       if (accepted.size() > before) {
         refused = keep_refused;
         refused.insert(refused.end(), still.begin(), still.end());
@@ -519,6 +545,47 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
   res.cost_after = cost_of(res.pred_after);
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
+}
+
+FitResult fit_in_two_passes(const PredictFn& predict, const std::vector<Observation>& obs, const ModelParams& start,
+                            const FitOptions& opt, const std::function<bool(const Observation&)>& is_later,
+                            const std::vector<const ParamDef*>& later) {
+  auto is_later_param = [&](const ParamDef* d) { return std::find(later.begin(), later.end(), d) != later.end(); };
+  std::vector<Observation> first_obs = obs, second_obs = obs;
+  bool any_later = false;
+  for (std::size_t i = 0; i < obs.size(); ++i) {
+    const bool l = obs[i].fit && is_later(obs[i]);
+    any_later |= l;
+    if (l) first_obs[i].fit = false;
+    else second_obs[i].fit = false;
+  }
+  FitOptions o1 = opt, o2 = opt;
+  o1.candidates.clear();
+  o2.candidates.clear();
+  for (const ParamDef* d : opt.candidates) (is_later_param(d) ? o2 : o1).candidates.push_back(d);
+  if (!any_later || o2.candidates.empty()) return fit(predict, obs, start, opt);
+  FitResult a = fit(predict, first_obs, start, o1);
+  const FitResult b = fit(predict, second_obs, a.after, o2);
+  FitResult r = std::move(a);
+  r.after = b.after;
+  r.fitted.insert(r.fitted.end(), b.fitted.begin(), b.fitted.end());
+  for (auto& f : r.fitted)
+    if (is_later_param(f.def)) f.initial = f.def->get(start);
+  r.refused.insert(r.refused.end(), b.refused.begin(), b.refused.end());
+  r.notes.insert(r.notes.end(), b.notes.begin(), b.notes.end());
+  std::string names;
+  for (const ParamDef* d : o2.candidates) names += (names.empty() ? "" : ", ") + d->name;
+  r.notes.push_back(fmt::format("{} fitted after the rest, on their own observations, with the rest held", names));
+  r.pred_after = b.pred_after;
+  r.iterations += b.iterations;
+  r.evaluations += b.evaluations;
+  r.n_fit += b.n_fit;
+  r.dof += b.dof;
+  r.cost_after += b.cost_after;
+  r.cost_before += b.cost_before;
+  r.converged = r.converged && b.converged;
+  r.seconds += b.seconds;
+  return r;
 }
 
 AlphaBeta fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds) {

@@ -67,6 +67,15 @@ using PredictFn = std::function<void(const ModelParams&, const std::vector<char>
 FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, const ModelParams& start,
               const FitOptions& opt);
 
+// Two passes: first every candidate but `later` on every fitted observation but those
+// `is_later` picks, then `later` alone on those observations with the first pass's values
+// held. For parameters that only a few observations determine and that trade off against a
+// shared curve (a fused attention kernel's own factors against the GEMM curve: with one
+// measured attention shape a joint fit bends the GEMM curve to the attention kernel).
+FitResult fit_in_two_passes(const PredictFn& predict, const std::vector<Observation>& obs, const ModelParams& start,
+                            const FitOptions& opt, const std::function<bool(const Observation&)>& is_later,
+                            const std::vector<const ParamDef*>& later);
+
 // log((predicted + floor) / (measured + floor)).
 double log_ratio(double predicted, const Observation& o);
 

@@ -154,11 +154,17 @@ std::vector<ParamDef> build_registry() {
                      0.01, 1, true, [](const M& m) { return m.device.elementwise_efficiency; },
                      [](M& m, double v) { m.device.elementwise_efficiency = v; }));
   r.push_back(scalar("compute.attention_efficiency", ParamGroup::compute, "",
-                     "factor on the GEMM-curve efficiency of fused attention kernels (sdpa, flash)",
-                     "fused attention kernels (calibrate --device cuda on a model with sdpa attention), or phases of "
-                     "sdpa runs beside eager ones",
+                     "factor on the GEMM-curve efficiency of fused attention kernels (sdpa, flash), forward",
+                     "fused attention forward kernels (calibrate --device cuda on a model with sdpa attention), or "
+                     "forward phases of sdpa runs beside eager ones",
                      0.01, 5, true, [](const M& m) { return m.device.attention_efficiency; },
                      [](M& m, double v) { m.device.attention_efficiency = v; }));
+  r.push_back(scalar("compute.attention_backward_efficiency", ParamGroup::compute, "",
+                     "factor on the GEMM-curve efficiency of fused attention kernels (sdpa, flash), backward",
+                     "fused attention backward kernels (calibrate --device cuda on a model with sdpa attention), or "
+                     "backward phases of sdpa runs beside eager ones",
+                     0.01, 5, true, [](const M& m) { return m.device.attention_backward_efficiency; },
+                     [](M& m, double v) { m.device.attention_backward_efficiency = v; }));
   r.push_back(scalar("compute.kernel_launch_us", ParamGroup::compute, "us", "launch overhead per kernel",
                      "kernels too small to be bandwidth- or FLOP-bound (a few KiB)", 0.01, 1000, true,
                      [](const M& m) { return m.device.kernel_launch.v / kMicro; },
@@ -243,7 +249,7 @@ std::vector<ParamDef> build_registry() {
       }
   for (auto& d : r) {
     if (d.name == "compute.gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
-        d.name == "compute.kernel_launch_us" || d.name == "compute.attention_efficiency")
+        d.name == "compute.kernel_launch_us")
       d.stage = 1;
     if (d.name == "compute.comm_compute_interference" || d.name == "collective.fill_fraction") d.stage = 2;
   }

@@ -302,7 +302,17 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   const PredictFn predict = [&predictor](const ModelParams& m, const std::vector<char>& want, std::vector<double>& o) {
     predictor.predict(m, want, o);
   };
-  out.fit = fit(predict, data.obs, start, fo);
+  // The default fit prices fused attention kernels after the rest, with their own factors on
+  // top of the fitted GEMM curve (a joint fit bends the curve to the attention kernel).
+  const std::vector<const ParamDef*> attention = {find_param("compute.attention_efficiency"),
+                                                  find_param("compute.attention_backward_efficiency")};
+  out.fit = req.fit.empty()
+                ? fit_in_two_passes(predict, data.obs, start, fo,
+                                    [](const Observation& o) {
+                                      return o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::attention;
+                                    },
+                                    attention)
+                : fit(predict, data.obs, start, fo);
   out.profile = make_profile(data, out.fit, cluster, now_utc());
 
   out.warnings = data.warnings;

@@ -35,6 +35,7 @@ const std::vector<std::string> kProfileKeys = {
     "gemm_unaligned_factor",
     "elementwise_efficiency",
     "attention_efficiency",
+    "attention_backward_efficiency",
     "kernel_launch_us",
     "kernels_per_op",
     "d2d_copy_gbps",
@@ -143,6 +144,8 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   p.elementwise_efficiency = fraction(r, e, "elementwise_efficiency");
   // Optional (profiles written before it price attention as its GEMMs).
   if (e.contains("attention_efficiency")) p.attention_efficiency = positive(r, e, "attention_efficiency", 10);
+  if (e.contains("attention_backward_efficiency"))
+    p.attention_backward_efficiency = positive(r, e, "attention_backward_efficiency", 10);
   p.kernel_launch = Seconds{r.get_double(e, "kernel_launch_us", 0, 0, 1e6) * kMicro};
   p.kernels_per_op = static_cast<int>(r.get_int(e, "kernels_per_op", 1, 1, 1000));
   p.d2d_copy_bandwidth = BytesPerSecond{positive(r, e, "d2d_copy_gbps", 1e6) * kGiga};
@@ -289,6 +292,7 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"gemm_unaligned_factor", p.gemm_unaligned_factor},
           {"elementwise_efficiency", p.elementwise_efficiency},
           {"attention_efficiency", p.attention_efficiency},
+          {"attention_backward_efficiency", p.attention_backward_efficiency},
           {"kernel_launch_us", us(p.kernel_launch)},
           {"kernels_per_op", p.kernels_per_op},
           {"d2d_copy_gbps", p.d2d_copy_bandwidth.v / kGiga},
@@ -343,7 +347,8 @@ ComputeModel::ComputeModel(const DeviceProfile& profile, const models::OpGraph& 
   if (p_.peak_tensor_flops.v <= 0 || p_.peak_fp32_flops.v <= 0 || p_.hbm_bandwidth.v <= 0 ||
       p_.d2d_copy_bandwidth.v <= 0 || p_.pcie_h2d.v <= 0 || p_.host_memcpy_bandwidth.v <= 0 ||
       p_.cpu_adam_params_per_second <= 0 || p_.gemm_max_efficiency <= 0 || p_.gemm_unaligned_factor <= 0 ||
-      p_.elementwise_efficiency <= 0 || p_.attention_efficiency <= 0 || p_.kernels_per_op < 1)
+      p_.elementwise_efficiency <= 0 || p_.attention_efficiency <= 0 ||
+      p_.attention_backward_efficiency <= 0 || p_.kernels_per_op < 1)
     throw std::logic_error(fmt::format("device profile '{}' has a zero or negative coefficient", p_.device));
 }
 
@@ -390,7 +395,8 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     }
   }
   double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
-  if (o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention) eff *= p_.attention_efficiency;
+  if (o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention)
+    eff *= backward ? p_.attention_backward_efficiency : p_.attention_efficiency;
   // fp32 models run their GEMMs on the fp32 cores (PyTorch's default leaves TF32 matmuls off),
   // or in TF32 at half the 16-bit tensor peak where the profile says the stack allows it.
   const double peak = p_.gemm_peak(g_.opt.act_dtype);

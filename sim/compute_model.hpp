@@ -61,10 +61,13 @@ struct DeviceProfile {
   // (8 fp16/bf16 elements): cuBLAS leaves its fastest tensor-core kernels (vocab 50257).
   double gemm_unaligned_factor = 1.0;
   double elementwise_efficiency = 0.8;   // fraction of HBM bandwidth elementwise ops reach
-  // Factor on the GEMM-curve efficiency of fused attention (sdpa, flash): its two batched
-  // products run inside one kernel whose speed is the kernel's own (FlashAttention, cuDNN, or
-  // zeroplan's), not cuBLAS's. 1 = priced as the two GEMMs.
+  // Factors on the GEMM-curve efficiency of fused attention (sdpa, flash), forward and
+  // backward: its batched products run inside one kernel whose speed is the kernel's own
+  // (FlashAttention, cuDNN, or zeroplan's), not cuBLAS's, and a flash backward (which
+  // recomputes the probabilities) runs further below its GEMMs than the forward does.
+  // 1 = priced as the GEMMs.
   double attention_efficiency = 1.0;
+  double attention_backward_efficiency = 1.0;
   Seconds kernel_launch{};               // per kernel
   int kernels_per_op = 1;                // average kernels an op launches (fwd); bwd doubles
   BytesPerSecond d2d_copy_bandwidth{};   // memcpy within the device (read + write counted)
