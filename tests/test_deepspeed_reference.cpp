@@ -169,3 +169,48 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: the planner ranks each model's stages as
   }
   CHECK(pairs >= 5);
 }
+
+// Two DeepSpeed ranks (tests/data/deepspeed/h200_deepspeed_0.19.8_n2.json): rank 0's memory at
+// world size 2, where ZeRO partitions the optimizer state (stages 1-2) and stage 3 gathers its
+// parameters for real. The ranks shared one H200 and spoke over sockets, so only memory is
+// compared. Allocated is held to the target; reserved too, except stage 3's, which the model
+// overestimates by 12.5% (docs/deepspeed_fidelity.md: one more 1572 MiB segment than
+// DeepSpeed's allocator holds) and is held to 15% until that is found.
+TEST_CASE("DeepSpeed 0.19.8, two ranks: per-rank memory at stages 1-3") {
+  std::ifstream in(kRoot + "/tests/data/deepspeed/h200_deepspeed_0.19.8_n2.json");
+  REQUIRE(in.good());
+  const json ref = json::parse(in);
+  REQUIRE(ref.at("runs").size() == 3);
+  const fs::path dir = fs::temp_directory_path() / fmt::format("zp_dsref2_{}", static_cast<long>(::getpid()));
+  fs::create_directories(dir);
+  std::string table;
+  for (const auto& run : ref.at("runs")) {
+    const std::string name = run.at("name");
+    CAPTURE(name);
+    REQUIRE(run.at("world_size") == 2);
+    const fs::path cfg = dir / (name + ".json");
+    std::ofstream(cfg) << run.at("ds_config").dump();
+    zp::cli::SimRequest req;
+    req.model = model_of(run.at("model"));
+    req.ds_config = cfg.string();
+    req.cluster = "8xH200-141GB-NVSwitch";
+    req.gpus = 2;
+    req.rank = run.at("rank").get<int>();
+    req.seq_len = run.at("seq_len").get<std::int64_t>();
+    req.attention = run.at("attention");
+    const auto results = zp::cli::simulate(zp::cli::load_inputs(req), req);
+    REQUIRE(results.size() == 1);
+    const auto& r = results[0];
+    const auto& m = run.at("memory");
+    const double alloc = rel(static_cast<double>(r.memory.peak_allocated.v), m.at("peak_allocated").get<double>());
+    const double reserved = rel(static_cast<double>(r.memory.reserved_peak.v), m.at("peak_reserved").get<double>());
+    table += fmt::format("{:<24} allocated {:>7.0f}/{:<7.0f} {:+5.1f}%   reserved {:>7.0f}/{:<7.0f} {:+5.1f}%\n", name,
+                         m.at("peak_allocated").get<double>() / 1048576.0, static_cast<double>(r.memory.peak_allocated.v) / 1048576.0,
+                         100 * alloc, m.at("peak_reserved").get<double>() / 1048576.0,
+                         static_cast<double>(r.memory.reserved_peak.v) / 1048576.0, 100 * reserved);
+    CHECK(std::fabs(alloc) <= 0.03);
+    CHECK(std::fabs(reserved) <= (run.at("stage") == 3 ? 0.15 : 0.05));
+  }
+  fs::remove_all(dir);
+  MESSAGE("rank 0 of 2, measured/predicted MiB and error\n" << table);
+}
