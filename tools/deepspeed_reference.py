@@ -340,6 +340,18 @@ def segment_summary(snap):
     return out
 
 
+def segment_allocs(snap):
+    """Every segment the allocator created while the history was on (from before the model
+    existed): [stream index, bytes, the frames that asked for it], in order; the default
+    stream is 0."""
+    streams, out = {0: 0}, []
+    for e in snap.get("device_traces", [[]])[0]:
+        if e.get("action") == "segment_alloc":
+            st = streams.setdefault(e.get("stream", 0), len(streams))
+            out.append([st, e.get("size", 0), frame_sig(e.get("frames", []), 3)])
+    return out
+
+
 def peak_composition(before_snap, after_snap, fence_addr_start, fence_addr_end):
     """Replay the allocator trace between the two fences from the live set of before_snap.
     Returns (peak bytes, {signature: [bytes, blocks, persistent]}) at the peak."""
@@ -602,6 +614,7 @@ def run_one(run, consts, tmpdir):
         after_snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         res["memory"]["segments_after_step"] = segment_summary(after_snap)
+        res["memory"]["segment_allocs"] = segment_allocs(after_snap)
         comp = peak_composition(before_snap, after_snap, fence_start, fence_end)
         if comp is not None:
             p, groups = comp

@@ -28,11 +28,23 @@ void Stage3Lowering::prologue() {
         at += prm.numel;
       }
   }
-  // (Σ ceil(numel/N),) fp32 master partition and its states
+  // (Σ ceil(numel/N),) fp32 master partition and its states. stage3.py _create_fp32_partitions
+  // on the device: the 16-bit partitions converted to fp32 (a temporary), then its clone is
+  // the master; the converted copy goes once the master exists (its cached block later takes
+  // the gradient partition).
+  std::vector<BufferId> converted;
+  if (!c_.offload_opt && c_.md != DType::fp32)
+    converted = {c_.init_temp(Category::master_params, DType::fp32, part, "fp32_partitions.converted", true)};
   c_.states.master = c_.persistent(Category::master_params, optimizer_placement(c_), master_role(c_), DType::fp32, part,
                                    "master fp32 partition", 0);
+  c_.free_init(converted, "fp32_partitions.drop_converted");
   // Adam's states: created by its first step (stage3.py _optimizer_step).
   c_.optimizer_states(part, "optimizer states (partition)", 0, DType::fp32, true);
+  // _setup_for_real_optimizer's order: the IPG bucket, then the flat gradient partition.
+  if (c_.cfg.zero.contiguous_gradients)
+    // (RBS,) communication dtype
+    bucket_ = c_.persistent(Category::comm_buffers, Placement::device, BufferRole::ipg_bucket, c_.cd, c_.rbs,
+                            fmt::format("reduce bucket ({} elements)", c_.rbs), 0);
   if (c_.offload_opt) {
     host_grad_partition(c_, part);
   } else {
@@ -40,10 +52,6 @@ void Stage3Lowering::prologue() {
     grad_partition_ = c_.persistent(Category::grads, Placement::device, BufferRole::grad_partition, c_.accum_dtype(), part,
                                     "flat gradient partition");
   }
-  if (c_.cfg.zero.contiguous_gradients)
-    // (RBS,) communication dtype
-    bucket_ = c_.persistent(Category::comm_buffers, Placement::device, BufferRole::ipg_bucket, c_.cd, c_.rbs,
-                            fmt::format("reduce bucket ({} elements)", c_.rbs), 0);
   coord_.build_trace();
 }
 
