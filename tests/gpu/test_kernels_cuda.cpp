@@ -530,7 +530,7 @@ TEST_CASE("gemm and bmm: every transposition, accumulate, ragged and aligned sha
           kc::gemm(r.data(), a.data(), b.data(), m, n, k, ta, tb, acc);
           Vec sr = acc ? abs_of(Vec(cinit.begin(), cinit.begin() + m * n)) : Vec(sz(m * n));
           kc::gemm(sr.data(), abs_a.data(), abs_b.data(), m, n, k, ta, tb, acc);
-          expect_dot("gemm", download(*c, sz(m * n), dt), r, sr, k + 1, dt);
+          expect_dot("gemm", download(*c, sz(m * n), dt), r, sr, k + 1, dt, acc);
         }
         auto c = output(sz(batch * m * n), dt);
         kg::bmm_forward(ctx, c->get(), da->get(), db->get(), batch, m, n, k, ta, tb, dt, kStream);
@@ -551,8 +551,8 @@ TEST_CASE("gemm and bmm: every transposition, accumulate, ragged and aligned sha
           Vec sa = acc ? abs_of(ainit) : Vec(a.size()), sb = acc ? abs_of(binit) : Vec(b.size());
           kc::bmm_backward(sa.data(), sb.data(), abs_of(dc).data(), abs_a.data(), abs_b.data(), batch, m, n, k, ta, tb,
                            acc);
-          expect_dot("bmm_backward (a)", download(*ga, ra.size(), dt), ra, sa, n + 1, dt);
-          expect_dot("bmm_backward (b)", download(*gb, rb.size(), dt), rb, sb, m + 1, dt);
+          expect_dot("bmm_backward (a)", download(*ga, ra.size(), dt), ra, sa, n + 1, dt, acc);
+          expect_dot("bmm_backward (b)", download(*gb, rb.size(), dt), rb, sb, m + 1, dt, acc);
         }
       }
 }
@@ -608,8 +608,8 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
           else
             kc::linear_backward(sx.data(), sw.data(), sb.data(), abs_of(dy).data(), abs_of(x).data(),
                                 abs_of(w).data(), M, N, K, acc);
-          expect_dot("backward dx", download(*gx, rx.size(), dt), rx, sx, N + 1, dt);
-          expect_dot("backward dw", download(*gw, rw.size(), dt), rw, sw, M + 1, dt);
+          expect_dot("backward dx", download(*gx, rx.size(), dt), rx, sx, N + 1, dt, acc);
+          expect_dot("backward dw", download(*gw, rw.size(), dt), rw, sw, M + 1, dt, acc);
           expect_dot("backward db", download(*gb, rb.size(), dt), rb, sb, M + 1, dt);
         }
       }
