@@ -153,18 +153,18 @@ std::vector<ParamDef> build_registry() {
                      "bandwidth-bound kernels of several MiB (elementwise, normalisation, softmax), or phases they dominate",
                      0.01, 1, true, [](const M& m) { return m.device.elementwise_efficiency; },
                      [](M& m, double v) { m.device.elementwise_efficiency = v; }));
-  r.push_back(scalar("compute.attention_efficiency", ParamGroup::compute, "",
-                     "factor on the GEMM-curve efficiency of fused attention kernels (sdpa, flash), forward",
-                     "fused attention forward kernels (calibrate --device cuda on a model with sdpa attention), or "
-                     "forward phases of sdpa runs beside eager ones",
-                     0.01, 5, true, [](const M& m) { return m.device.attention_efficiency; },
-                     [](M& m, double v) { m.device.attention_efficiency = v; }));
-  r.push_back(scalar("compute.attention_backward_efficiency", ParamGroup::compute, "",
-                     "factor on the GEMM-curve efficiency of fused attention kernels (sdpa, flash), backward",
-                     "fused attention backward kernels (calibrate --device cuda on a model with sdpa attention), or "
-                     "backward phases of sdpa runs beside eager ones",
-                     0.01, 5, true, [](const M& m) { return m.device.attention_backward_efficiency; },
-                     [](M& m, double v) { m.device.attention_backward_efficiency = v; }));
+  // Fused attention's own factors, forward and backward.
+  for (const auto& [pass, field] : std::vector<std::pair<std::string, double sim::DeviceProfile::*>>{
+           {"forward", &sim::DeviceProfile::attention_efficiency},
+           {"backward", &sim::DeviceProfile::attention_backward_efficiency}})
+    r.push_back(scalar(pass == "forward" ? "compute.attention_efficiency" : "compute.attention_backward_efficiency",
+                       ParamGroup::compute, "",
+                       "factor on the GEMM-curve efficiency of fused attention kernels (sdpa, flash), " + pass,
+                       fmt::format("fused attention {} kernels (calibrate --device cuda on a model with sdpa attention), "
+                                   "or {} phases of sdpa runs beside eager ones",
+                                   pass, pass),
+                       0.01, 5, true, [field](const M& m) { return m.device.*field; },
+                       [field](M& m, double v) { m.device.*field = v; }));
   r.push_back(scalar("compute.kernel_launch_us", ParamGroup::compute, "us", "launch overhead per kernel",
                      "kernels too small to be bandwidth- or FLOP-bound (a few KiB)", 0.01, 1000, true,
                      [](const M& m) { return m.device.kernel_launch.v / kMicro; },

@@ -43,6 +43,30 @@ std::string model_of(const std::string& file) {
   return kRoot + "/tests/data/deepspeed/" + file;
 }
 
+// zeroplan's prediction of one recorded run, as a user would ask for it: its ds_config (written
+// under `dir`), model, sequence and attention, on one H200, or for its rank of an H200 node of
+// its world size.
+zp::cli::StageResult predict(const json& run, const fs::path& dir) {
+  const fs::path cfg = dir / (run.at("name").get<std::string>() + ".json");
+  std::ofstream(cfg) << run.at("ds_config").dump();
+  zp::cli::SimRequest req;
+  req.model = model_of(run.at("model"));
+  req.ds_config = cfg.string();
+  const int world = run.value("world_size", 1);
+  req.cluster = world == 1 ? "1xH200-141GB" : "8xH200-141GB-NVSwitch";
+  if (world > 1) {
+    req.gpus = world;
+    req.rank = run.at("rank").get<int>();
+  }
+  req.seq_len = run.at("seq_len").get<std::int64_t>();
+  req.attention = run.at("attention");
+  req.keep_output = run.value("keep_output", false);  // the caller held the model output (--keep-output)
+  auto results = zp::cli::simulate(zp::cli::load_inputs(req), req);
+  fs::remove(cfg);
+  REQUIRE(results.size() == 1);
+  return std::move(results[0]);
+}
+
 struct Row {
   std::string name;
   double alloc = 0, reserved = 0, fwd = 0, bwd = 0, step = 0, iter = 0;  // relative errors
@@ -63,19 +87,7 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
   for (const auto& run : ref.at("runs")) {
     const std::string name = run.at("name");
     CAPTURE(name);
-    const fs::path cfg = dir / (name + ".json");
-    std::ofstream(cfg) << run.at("ds_config").dump();
-    zp::cli::SimRequest req;
-    req.model = model_of(run.at("model"));
-    req.ds_config = cfg.string();
-    req.cluster = "1xH200-141GB";
-    req.seq_len = run.at("seq_len").get<std::int64_t>();
-    req.attention = run.at("attention");
-    req.keep_output = run.value("keep_output", false);  // the caller held the model output (--keep-output)
-    const auto in = zp::cli::load_inputs(req);
-    const auto results = zp::cli::simulate(in, req);
-    REQUIRE(results.size() == 1);
-    const auto& r = results[0];
+    const auto r = predict(run, dir);
     const auto& m = run.at("memory");
     const auto& ph = run.at("phases_s");
     Row row;
@@ -138,20 +150,10 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: the planner ranks each model's stages as
       for (int s = 0; s < 4; ++s)
         base = base || name == fmt::format("{}-bf16-sdpa-s{}", model, s);
       if (!base) continue;
-      const fs::path cfg = fs::temp_directory_path() / fmt::format("zp_dsrank_{}_{}.json", static_cast<long>(::getpid()), name);
-      std::ofstream(cfg) << run.at("ds_config").dump();
-      zp::cli::SimRequest req;
-      req.model = model_of(run.at("model"));
-      req.ds_config = cfg.string();
-      req.cluster = "1xH200-141GB";
-      req.seq_len = run.at("seq_len").get<std::int64_t>();
-      req.attention = run.at("attention");
-    req.keep_output = run.value("keep_output", false);  // the caller held the model output (--keep-output)
-      const auto r = zp::cli::simulate(zp::cli::load_inputs(req), req);
-      fs::remove(cfg);
+      const auto r = predict(run, fs::temp_directory_path());
       const int stage = run.at("stage");
       measured.emplace_back(run.at("iteration_s").get<double>(), stage);
-      predicted.emplace_back(r.at(0).time.report.phases.iteration.v, stage);
+      predicted.emplace_back(r.time.report.phases.iteration.v, stage);
     }
     if (measured.size() < 2) continue;
     // Every pair of stages DeepSpeed ran more than 35% apart is ordered the same way by the
@@ -192,19 +194,7 @@ TEST_CASE("DeepSpeed 0.19.8, two and four ranks: per-rank memory at stages 1-3")
       const std::string name = run.at("name");
       CAPTURE(name);
       REQUIRE(run.at("world_size") == world);
-      const fs::path cfg = dir / (name + ".json");
-      std::ofstream(cfg) << run.at("ds_config").dump();
-      zp::cli::SimRequest req;
-      req.model = model_of(run.at("model"));
-      req.ds_config = cfg.string();
-      req.cluster = "8xH200-141GB-NVSwitch";
-      req.gpus = world;
-      req.rank = run.at("rank").get<int>();
-      req.seq_len = run.at("seq_len").get<std::int64_t>();
-      req.attention = run.at("attention");
-      const auto results = zp::cli::simulate(zp::cli::load_inputs(req), req);
-      REQUIRE(results.size() == 1);
-      const auto& r = results[0];
+      const auto r = predict(run, dir);
       const auto& m = run.at("memory");
       const double alloc = rel(static_cast<double>(r.memory.peak_allocated.v), m.at("peak_allocated").get<double>());
       const double reserved = rel(static_cast<double>(r.memory.reserved_peak.v), m.at("peak_reserved").get<double>());
