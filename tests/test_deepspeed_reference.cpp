@@ -178,16 +178,16 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: the planner ranks each model's stages as
 // only memory is compared, against the targets (allocated 3%, reserved 5%). Stage 3's reserved
 // bytes are what found _create_fp32_partitions' converted copy and the IPG bucket's place before
 // the gradient partition (docs/deepspeed_fidelity.md; from the N = 2 runs: without them the model
-// held one 1572 MiB segment more than DeepSpeed, +12.5%); the N = 4 runs were recorded after
-// that change and predicted as they are.
-TEST_CASE("DeepSpeed 0.19.8, two and four ranks: per-rank memory at stages 1-3") {
+// held one 1572 MiB segment more than DeepSpeed, +12.5%); the N = 4 runs and the BERT-large and
+// Llama runs at N = 2 were recorded after that change and predicted as they are.
+TEST_CASE("DeepSpeed 0.19.8, two and four ranks: per-rank memory at stages 1-3 (GPT-2, BERT-large, Llama)") {
   std::string table;
   for (const int world : {2, 4}) {
     CAPTURE(world);
     std::ifstream in(kRoot + fmt::format("/tests/data/deepspeed/h200_deepspeed_0.19.8_n{}.json", world));
     REQUIRE(in.good());
     const json ref = json::parse(in);
-    REQUIRE(ref.at("runs").size() == 3);
+    REQUIRE(ref.at("runs").size() >= 3);
     const fs::path dir = fs::temp_directory_path() / fmt::format("zp_dsref{}_{}", world, static_cast<long>(::getpid()));
     fs::create_directories(dir);
     for (const auto& run : ref.at("runs")) {
