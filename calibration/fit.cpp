@@ -85,8 +85,9 @@ class Problem {
   }
   // sign(r) sqrt(ρ(r)) with ρ the Cauchy loss c² log(1 + r²/c²), weighted: least squares on
   // these minimises Σ w² ρ.
-  Eigen::VectorXd residuals(const ModelParams& m) const {
-    Eigen::VectorXd r = log_ratios(m);
+  Eigen::VectorXd residuals(const ModelParams& m) const { return residuals_of(log_ratios(m)); }
+  // The same, from log ratios already predicted.
+  Eigen::VectorXd residuals_of(Eigen::VectorXd r) const {
     for (std::size_t k = 0; k < idx_.size(); ++k) {
       double& x = r[static_cast<Eigen::Index>(k)];
       if (c_ > 0) x = (x < 0 ? -1.0 : 1.0) * c_ * std::sqrt(std::log1p(x * x / (c_ * c_)));
@@ -281,12 +282,13 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
       return refusals;
     }
     Eigen::VectorXd r0 = pb.log_ratios(at);
+    double cost0 = pb.residuals_of(r0).squaredNorm();  // the screen runs least squares (set_robust(0))
     std::vector<const ParamDef*> sensitive;
     for (const ParamDef* d : candidates) {
       // Doubling and halving (log parameters), or moving by its size (linear ones).
       double worst = 0;
       const double v = d->get(at);
-      double best_cost = pb.residuals(at).squaredNorm(), best_v = v;
+      double best_cost = cost0, best_v = v;
       for (int sgn : {+1, -1}) {
         double nv = d->log_scale ? v * (sgn > 0 ? 2.0 : 0.5) : v + sgn * std::max(std::abs(v), d->typical);
         nv = std::clamp(nv, d->lo, d->hi);
@@ -295,7 +297,7 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
         d->set(m, nv);
         const Eigen::VectorXd r = pb.log_ratios(m);
         for (Eigen::Index k = 0; k < r.size(); ++k) worst = std::max(worst, std::abs(r[k] - r0[k]));
-        const double cost = pb.residuals(m).squaredNorm();
+        const double cost = pb.residuals_of(r).squaredNorm();
         if (cost < best_cost) {
           best_cost = cost;
           best_v = nv;
@@ -312,6 +314,7 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
           d->set(at, best_v);
           moves.emplace_back(d, best_v);
           r0 = pb.log_ratios(at);
+          cost0 = pb.residuals_of(r0).squaredNorm();
         }
       }
       if (worst < opt.insensitive) {
@@ -568,9 +571,7 @@ FitResult fit_in_two_passes(const PredictFn& predict, const std::vector<Observat
   const FitResult b = fit(predict, second_obs, a.after, o2);
   FitResult r = std::move(a);
   r.after = b.after;
-  r.fitted.insert(r.fitted.end(), b.fitted.begin(), b.fitted.end());
-  for (auto& f : r.fitted)
-    if (is_later_param(f.def)) f.initial = f.def->get(start);
+  r.fitted.insert(r.fitted.end(), b.fitted.begin(), b.fitted.end());  // their start is `start`'s: pass 1 held them
   r.refused.insert(r.refused.end(), b.refused.begin(), b.refused.end());
   r.notes.insert(r.notes.end(), b.notes.begin(), b.notes.end());
   std::string names;

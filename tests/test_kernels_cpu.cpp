@@ -1281,3 +1281,35 @@ TEST_CASE("flash layout: strided (B, T, H, D) operands and grouped k, v equal sd
       CHECK(worst < 1e-5);
     }
 }
+
+// What an H200 returned for an accumulating bf16 GEMM (C += A·B through cuBLASLt, beta = 1,
+// CUDA 13.0): test_kernels_cuda's 64x128x96 case with its inputs (uniform_fill seeds 101, 102,
+// 103, rounded to bf16), elements the GPU test flagged on 2026-12-04. Each is
+// bf16(bf16(A·B) + C): the product is rounded to the output type before C is added, not
+// bf16(A·B + C) as this CPU twin computes (docs/cuda.md; tests/gpu/harness.hpp's bound).
+TEST_CASE("the H200's accumulating bf16 GEMM rounds the product before adding C") {
+  const std::int64_t m = 64, n = 128, k = 96;
+  auto input = [](std::int64_t count, std::uint64_t seed) {
+    Vec v(static_cast<std::size_t>(count));
+    kc::uniform_fill(v.data(), count, seed, 0);
+    for (float& x : v) x = kc::bf16_to_float(kc::float_to_bf16(-1.0f + 2.0f * x));
+    return v;
+  };
+  const Vec a = input(m * k, 101), b = input(k * n, 102), c = input(m * n, 103);
+  auto bf16 = [](double x) { return kc::bf16_to_float(kc::float_to_bf16(static_cast<float>(x))); };
+  const std::array<std::pair<int, float>, 8> h200 = {
+      {{22, -1.015625f}, {43, 4.75f}, {74, 1.28125f}, {79, -1.046875f}, {113, -3.75f}, {117, 2.109375f},
+       {135, 5.0f}, {162, -0.45703125f}}};
+  Vec ref(c.begin(), c.end());
+  kc::gemm(ref.data(), a.data(), b.data(), m, n, k, false, false, true);
+  for (const auto& [i, got] : h200) {
+    CAPTURE(i);
+    double p = 0;
+    for (std::int64_t t = 0; t < k; ++t)
+      p += static_cast<double>(a[static_cast<std::size_t>((i / n) * k + t)]) * b[static_cast<std::size_t>(t * n + i % n)];
+    const auto ci = static_cast<std::size_t>(i);
+    CHECK(bf16(static_cast<double>(bf16(p)) + c[ci]) == got);  // two roundings: what the GPU returned
+    CHECK(bf16(p + c[ci]) != got);                              // one rounding would differ
+    CHECK(bf16(ref[ci]) == bf16(p + c[ci]));                    // the CPU twin rounds once
+  }
+}
