@@ -12,6 +12,8 @@
 
 namespace zp::calibration {
 
+std::string op_factor_name(models::OpKind kind, bool backward);
+
 namespace {
 
 constexpr double kMicro = 1e-6;
@@ -165,10 +167,36 @@ std::vector<ParamDef> build_registry() {
                                    pass, pass),
                        0.01, 5, true, [field](const M& m) { return m.device.*field; },
                        [field](M& m, double v) { m.device.*field = v; }));
+  r.push_back(scalar("compute.attention_dropout_efficiency", ParamGroup::compute, "",
+                     "factor on both attention factors when the fused kernel draws a dropout mask (dropout_p > 0)",
+                     "attention kernels with dropout (training runs of models with attention dropout, GPT-2, BERT) beside "
+                     "ones without (calibrate --device cuda, or a model without it)",
+                     0.01, 5, true, [](const M& m) { return m.device.attention_dropout_efficiency; },
+                     [](M& m, double v) { m.device.attention_dropout_efficiency = v; }));
   r.push_back(scalar("compute.kernel_launch_us", ParamGroup::compute, "us", "launch overhead per kernel",
                      "kernels too small to be bandwidth- or FLOP-bound (a few KiB)", 0.01, 1000, true,
                      [](const M& m) { return m.device.kernel_launch.v / kMicro; },
                      [](M& m, double v) { m.device.kernel_launch = Seconds{v * kMicro}; }));
+  r.push_back(scalar("compute.copy_launch_us", ParamGroup::compute, "us", "fixed cost of a memory copy (its floor)",
+                     "copies too small to be bandwidth-bound (a training run's per-parameter gradient copies)", 0.01, 1000,
+                     true, [](const M& m) { return m.device.copy_launch.v / kMicro; },
+                     [](M& m, double v) { m.device.copy_launch = Seconds{v * kMicro}; }));
+  r.push_back(scalar("compute.h2d_launch_us", ParamGroup::compute, "us",
+                     "fixed cost of a host ↔ device copy (a PCIe round trip, staging pageable memory)",
+                     "small host-to-device copies (a training run's batch)", 0.01, 1e4, true,
+                     [](const M& m) { return m.device.h2d_launch.v / kMicro; },
+                     [](M& m, double v) { m.device.h2d_launch = Seconds{v * kMicro}; }));
+  {
+    ParamDef d = scalar("compute.copy_piece_us", ParamGroup::compute, "us",
+                        "cost per contiguous piece of a copy beyond the first (a stack that copies a flatten's tensors one "
+                        "by one)",
+                        "copies of many tensors at once (a training run's flatten and bucket copies) beside single copies",
+                        0, 1000, true, [](const M& m) { return m.device.copy_piece.v / kMicro; },
+                        [](M& m, double v) { m.device.copy_piece = Seconds{v * kMicro}; });
+    d.log_scale = false;
+    d.typical = 1;
+    r.push_back(std::move(d));
+  }
   r.push_back(scalar("compute.d2d_copy_gbps", ParamGroup::compute, "GB/s",
                      "memcpy within the device (bytes read + written)", "device-to-device copies of several MiB", 0.1,
                      1e5, true, [](const M& m) { return m.device.d2d_copy_bandwidth.v / kGiga; },
@@ -196,6 +224,22 @@ std::vector<ParamDef> build_registry() {
     d.log_scale = false;
     d.typical = 0.5;
     r.push_back(std::move(d));
+  }
+  // Per op kind, forward and backward: factors on elementwise_efficiency (not in the compute
+  // group's default set: calibrate adds the kinds its training runs' events measure).
+  for (int k = 0; k < models::kNumOpKinds; ++k) {
+    const auto kind = static_cast<models::OpKind>(k);
+    for (bool bwd : {false, true}) {
+      ParamDef d = scalar(op_factor_name(kind, bwd), ParamGroup::compute, "",
+                          fmt::format("factor on the bandwidth efficiency of {} kernels, {}", models::op_kind_name(kind),
+                                      bwd ? "backward" : "forward"),
+                          fmt::format("the {} events of training runs (zeroplan train --out) of a model with {} ops",
+                                      bwd ? "backward" : "forward", models::op_kind_name(kind)),
+                          0.01, 20, false, [kind, bwd](const M& m) { return m.device.op_factor(kind, bwd); },
+                          [kind, bwd](M& m, double v) { m.device.op_factor(kind, bwd) = v; });
+      d.stage = 2;
+      r.push_back(std::move(d));
+    }
   }
   // Host costs (sim::HostCosts), run by the event engine on the host's clock.
   using H = sim::HostCosts;
@@ -249,7 +293,8 @@ std::vector<ParamDef> build_registry() {
       }
   for (auto& d : r) {
     if (d.name == "compute.gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
-        d.name == "compute.kernel_launch_us")
+        d.name == "compute.kernel_launch_us" || d.name == "compute.copy_launch_us" || d.name == "compute.copy_piece_us" ||
+        d.name == "compute.h2d_launch_us")
       d.stage = 1;
     if (d.name == "compute.comm_compute_interference" || d.name == "collective.fill_fraction") d.stage = 2;
   }
@@ -257,6 +302,10 @@ std::vector<ParamDef> build_registry() {
 }
 
 }  // namespace
+
+std::string op_factor_name(models::OpKind kind, bool backward) {
+  return fmt::format("compute.op_efficiency.{}{}", models::op_kind_name(kind), backward ? ".backward" : "");
+}
 
 const char* param_group_name(ParamGroup g) {
   switch (g) {

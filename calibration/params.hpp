@@ -42,6 +42,8 @@ struct ParamDef {
 // Every parameter, in priority order (the order the identifiability screen accepts them in).
 const std::vector<ParamDef>& param_registry();
 const ParamDef* find_param(const std::string& name);
+// The parameter of an op kind's bandwidth factor: "compute.op_efficiency.layernorm[.backward]".
+std::string op_factor_name(models::OpKind kind, bool backward);
 
 // `--fit`: comma-separated parameter names and groups ("compute", "host", "collective": their
 // default sets; "collective-detail": every collective factor by algorithm and protocol;

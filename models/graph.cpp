@@ -56,6 +56,12 @@ const char* op_kind_name(OpKind k) {
   return "?";
 }
 
+std::optional<OpKind> op_kind_from_name(std::string_view name) {
+  for (int k = 0; k < kNumOpKinds; ++k)
+    if (name == op_kind_name(static_cast<OpKind>(k))) return static_cast<OpKind>(k);
+  return std::nullopt;
+}
+
 const char* fn_name(Fn f) {
   switch (f) {
     case Fn::none: return "none";

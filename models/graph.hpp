@@ -10,7 +10,9 @@
 //    following PyTorch eager on the Hugging Face implementation of each family.
 // The Boost.Graph view (ops as vertices, tensors as edges) is built by to_boost().
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <boost/graph/adjacency_list.hpp>
@@ -52,7 +54,10 @@ enum class OpKind {
   add, mul, scale, cast, rope, copy,  // copy: a materialising op (repeat_kv, contiguous)
   cross_entropy,
 };
+constexpr int kNumOpKinds = static_cast<int>(OpKind::cross_entropy) + 1;
 const char* op_kind_name(OpKind k);
+// The kind op_kind_name() names; nullopt for any other text.
+std::optional<OpKind> op_kind_from_name(std::string_view name);
 
 // What an op computes, precisely enough for the executor (cost models need only the
 // kind). `Op::alpha` and `Op::col` carry the few constants an op needs.

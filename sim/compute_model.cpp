@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -26,6 +27,8 @@ constexpr double kAdamFlopsPerElement = 12.0;  // what the lowering charges per 
 const std::vector<std::string> kProfileKeys = {
     "device",
     "host",
+    "attention_dropout_efficiency",
+    "op_efficiency",
     "fp32_gemm_tf32",
     "peak_tensor_tflops",
     "peak_fp32_tflops",
@@ -37,6 +40,9 @@ const std::vector<std::string> kProfileKeys = {
     "attention_efficiency",
     "attention_backward_efficiency",
     "kernel_launch_us",
+    "copy_launch_us",
+    "copy_piece_us",
+    "h2d_launch_us",
     "kernels_per_op",
     "d2d_copy_gbps",
     "pcie_h2d_gbps",
@@ -146,7 +152,30 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   if (e.contains("attention_efficiency")) p.attention_efficiency = positive(r, e, "attention_efficiency", 10);
   if (e.contains("attention_backward_efficiency"))
     p.attention_backward_efficiency = positive(r, e, "attention_backward_efficiency", 10);
+  if (e.contains("attention_dropout_efficiency"))
+    p.attention_dropout_efficiency = positive(r, e, "attention_dropout_efficiency", 10);
+  // {"layernorm": 0.5, "layernorm.backward": 0.2, ...}: op kinds as models/graph.hpp names them.
+  if (auto it = e.find("op_efficiency"); it != e.end()) {
+    const json::Reader orr = r.sub("op_efficiency");
+    if (!it->is_object()) throw InputError(r.file, r.key_path("op_efficiency"), "must be a JSON object of op kind → factor");
+    for (const auto& [key, v] : it->items()) {
+      const bool bwd = key.size() > 9 && key.compare(key.size() - 9, 9, ".backward") == 0;
+      const auto kind = models::op_kind_from_name(bwd ? std::string_view(key).substr(0, key.size() - 9) : std::string_view(key));
+      if (!kind) {
+        std::vector<std::string> names;
+        for (int k = 0; k < models::kNumOpKinds; ++k) names.emplace_back(models::op_kind_name(static_cast<models::OpKind>(k)));
+        const std::string near = json::closest(bwd ? key.substr(0, key.size() - 9) : key, names);
+        throw InputError(r.file, orr.key_path(key),
+                         fmt::format("not an op kind{} (kinds: {}, each optionally with .backward)",
+                                     near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near), fmt::join(names, ", ")));
+      }
+      p.op_factor(*kind, bwd) = positive(orr, *it, key, 100);
+    }
+  }
   p.kernel_launch = Seconds{r.get_double(e, "kernel_launch_us", 0, 0, 1e6) * kMicro};
+  p.copy_launch = e.contains("copy_launch_us") ? Seconds{r.get_double(e, "copy_launch_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
+  p.copy_piece = Seconds{r.get_double(e, "copy_piece_us", 0, 0, 1e6) * kMicro};
+  p.h2d_launch = e.contains("h2d_launch_us") ? Seconds{r.get_double(e, "h2d_launch_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.kernels_per_op = static_cast<int>(r.get_int(e, "kernels_per_op", 1, 1, 1000));
   p.d2d_copy_bandwidth = BytesPerSecond{positive(r, e, "d2d_copy_gbps", 1e6) * kGiga};
   p.pcie_h2d = BytesPerSecond{positive(r, e, "pcie_h2d_gbps", 1e6) * kGiga};
@@ -206,6 +235,8 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   p.gemm_unaligned_factor = cpu ? 1.0 : (hopper ? 0.25 : 0.3);
   p.elementwise_efficiency = cpu ? 0.5 : (hopper ? 0.62 : 0.8);
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
+  p.copy_launch = p.kernel_launch;
+  p.h2d_launch = p.kernel_launch;
   p.kernels_per_op = 1;
   p.d2d_copy_bandwidth = BytesPerSecond{dev.hbm_bandwidth.v * (cpu ? 0.5 : 0.85)};
   p.pcie_h2d = BytesPerSecond{(cpu ? 10.0 : hopper ? 50.0 : 24.0) * kGiga};
@@ -283,6 +314,12 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
   step("zero_optimizer", h.zero_optimizer);
   step("zero3_optimizer", h.zero3_optimizer);
   step("plain", h.plain);
+  nlohmann::json ops = nlohmann::json::object();  // the kinds whose factor is not 1
+  for (int k = 0; k < models::kNumOpKinds; ++k)
+    for (bool bwd : {false, true}) {
+      const double f = p.op_factor(static_cast<models::OpKind>(k), bwd);
+      if (f != 1.0) ops[fmt::format("{}{}", models::op_kind_name(static_cast<models::OpKind>(k)), bwd ? ".backward" : "")] = f;
+    }
   return {{"device", p.device},
           {"peak_tensor_tflops", p.peak_tensor_flops.v / kTera},
           {"peak_fp32_tflops", p.peak_fp32_flops.v / kTera},
@@ -293,7 +330,12 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"elementwise_efficiency", p.elementwise_efficiency},
           {"attention_efficiency", p.attention_efficiency},
           {"attention_backward_efficiency", p.attention_backward_efficiency},
+          {"attention_dropout_efficiency", p.attention_dropout_efficiency},
+          {"op_efficiency", ops},
           {"kernel_launch_us", us(p.kernel_launch)},
+          {"copy_launch_us", us(p.copy_launch)},
+          {"copy_piece_us", us(p.copy_piece)},
+          {"h2d_launch_us", us(p.h2d_launch)},
           {"kernels_per_op", p.kernels_per_op},
           {"d2d_copy_gbps", p.d2d_copy_bandwidth.v / kGiga},
           {"pcie_h2d_gbps", p.pcie_h2d.v / kGiga},
@@ -366,9 +408,11 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   }
 
   if (o == nullptr || o->gemms.empty()) {
-    // Bandwidth-bound (or fp32-FLOP-bound) kernels, never faster than their launches.
-    const double flop_time = flops.v / (p_.peak_fp32_flops.v * p_.elementwise_efficiency);
-    return Seconds{std::max({mem_time, flop_time, launch})};
+    // Bandwidth-bound (or fp32-FLOP-bound) kernels, never faster than their launches, at the
+    // efficiency of their op kind.
+    const double f = o == nullptr ? 1.0 : p_.op_factor(o->kind, backward);
+    const double flop_time = flops.v / (p_.peak_fp32_flops.v * p_.elementwise_efficiency * f);
+    return Seconds{std::max({mem_time / f, flop_time, launch})};
   }
 
   // Σ f_i / eff_i over the GEMMs this phase runs, with f_i the geometry FLOPs; the event's
@@ -395,8 +439,10 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     }
   }
   double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
-  if (o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention)
+  if (o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention) {
     eff *= backward ? p_.attention_backward_efficiency : p_.attention_efficiency;
+    if (o->alpha > 0) eff *= p_.attention_dropout_efficiency;  // alpha: dropout_p
+  }
   // fp32 models run their GEMMs on the fp32 cores (PyTorch's default leaves TF32 matmuls off),
   // or in TF32 at half the 16-bit tensor peak where the profile says the stack allows it.
   const double peak = p_.gemm_peak(g_.opt.act_dtype);
@@ -412,6 +458,19 @@ Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
   return compute_cost(op, phase, backward ? o.bwd_flops : o.fwd_flops, backward ? o.bwd_bytes : o.fwd_bytes);
 }
 
+Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces) const {
+  using zero::Placement;
+  double bw = p_.d2d_copy_bandwidth.v, floor = p_.copy_launch.v;
+  if (src == Placement::host && dst == Placement::host) {
+    bw = p_.host_memcpy_bandwidth.v;
+  } else if (src != dst) {
+    bw = p_.pcie_h2d.v;
+    floor = p_.h2d_launch.v;
+  }
+  const double extra = static_cast<double>(std::max<std::int64_t>(pieces, 1) - 1) * p_.copy_piece.v;
+  return Seconds{std::max(static_cast<double>(bytes.v) / bw, floor) + extra};
+}
+
 Seconds ComputeModel::cost(const zero::Event& e) const {
   using zero::EventKind;
   using zero::Placement;
@@ -424,13 +483,8 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
       throw std::logic_error("collective events are priced by the collective model, not the compute model");
     case EventKind::compute:
       return compute_cost(e.op, e.phase, e.flops, e.mem_bytes);
-    case EventKind::copy: {
-      const double bytes = static_cast<double>(e.mem_bytes.v);
-      double bw = p_.d2d_copy_bandwidth.v;
-      if (e.src == Placement::host && e.dst == Placement::host) bw = p_.host_memcpy_bandwidth.v;
-      else if (e.src != e.dst) bw = p_.pcie_h2d.v;
-      return Seconds{std::max(bytes / bw, p_.kernel_launch.v)};
-    }
+    case EventKind::copy:
+      return copy_cost(e.mem_bytes, e.src, e.dst, static_cast<std::int64_t>(e.slice_end - e.slice_begin));
     case EventKind::optimizer: {
       if (e.src == Placement::host) {
         const double elements = e.flops.v / kAdamFlopsPerElement;

@@ -6,6 +6,7 @@
 // the partition, flatten/cast copies, CPU Adam, PCIe transfers for offload).
 // Every coefficient lives in a DeviceProfile that calibration will replace with
 // measured values (calibration/profiles/*.json); defaults come from sim/profiles.json.
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -68,7 +69,33 @@ struct DeviceProfile {
   // 1 = priced as the GEMMs.
   double attention_efficiency = 1.0;
   double attention_backward_efficiency = 1.0;
+  // Factor on both when the kernel draws a dropout mask (sdpa / flash with dropout_p > 0): a
+  // kernel that regenerates the mask in its backward runs below its dropout-free speed.
+  double attention_dropout_efficiency = 1.0;
+  // Factors on elementwise_efficiency per op kind of the graph, forward and backward: a
+  // stack's LayerNorm backward or embedding backward (a scatter-add) runs further below the
+  // bandwidth than its adds do. 1 = the common efficiency; calibration fits them per kind.
+  std::array<double, 2 * models::kNumOpKinds> op_efficiency = [] {
+    std::array<double, 2 * models::kNumOpKinds> a{};
+    a.fill(1.0);
+    return a;
+  }();
+  double& op_factor(models::OpKind k, bool backward) {
+    return op_efficiency[static_cast<std::size_t>(2 * static_cast<int>(k) + (backward ? 1 : 0))];
+  }
+  double op_factor(models::OpKind k, bool backward) const {
+    return op_efficiency[static_cast<std::size_t>(2 * static_cast<int>(k) + (backward ? 1 : 0))];
+  }
   Seconds kernel_launch{};               // per kernel
+  // The floor of a memcpy within the device or within the host (cudaMemcpyAsync, a copy
+  // engine's set-up), and of one between host and device (a PCIe round trip, and the staging
+  // of pageable memory): the same as a kernel's launch unless measured otherwise (profile keys
+  // copy_launch_us, h2d_launch_us).
+  Seconds copy_launch{};
+  Seconds h2d_launch{};
+  // Added per contiguous piece of a copy event beyond the first (a flatten of N tensors that a
+  // stack copies one by one); 0 where one kernel moves them all (torch.cat).
+  Seconds copy_piece{};
   int kernels_per_op = 1;                // average kernels an op launches (fwd); bwd doubles
   BytesPerSecond d2d_copy_bandwidth{};   // memcpy within the device (read + write counted)
   BytesPerSecond pcie_h2d{};             // host ↔ device per direction
@@ -118,6 +145,8 @@ class ComputeModel {
   // A compute kernel of `flops` and `bytes` in `phase`: GEMM-shaped by graph op `op`
   // (kNone: a non-GEMM op).
   Seconds compute_cost(models::OpId op, zero::Phase phase, Flops flops, Bytes bytes) const;
+  // A copy of `bytes` (read + written) from src to dst in `pieces` contiguous pieces.
+  Seconds copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces) const;
   const DeviceProfile& profile() const { return p_; }
 
  private:

@@ -564,3 +564,92 @@ TEST_CASE("every event of lowered programs gets a finite, non-negative cost") {
     }
   }
 }
+
+// What calibration fits for a stack's own kernels (docs/calibration.md): a factor per op kind on
+// the bandwidth efficiency, attention's dropout factor, and a copy's floors and pieces.
+TEST_CASE("per op kind bandwidth factors, attention's dropout factor, a copy's floors and pieces") {
+  const OpGraph g = graph_of("gpt2", 8, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
+  DeviceProfile p = profile_of("H200-141GB");
+  const ComputeModel before(p, g);
+  p.op_factor(zp::models::OpKind::layernorm, true) = 0.25;  // LayerNorm's backward only
+  p.attention_dropout_efficiency = 0.5;
+  const ComputeModel after(p, g);
+  int norms = 0, attention = 0;
+  for (const auto& op : g.ops) {
+    CAPTURE(op.name);
+    const double f0 = before.op_cost(op.id, Phase::forward).v, f1 = after.op_cost(op.id, Phase::forward).v;
+    const double b0 = before.op_cost(op.id, Phase::backward).v, b1 = after.op_cost(op.id, Phase::backward).v;
+    if (op.kind == zp::models::OpKind::layernorm) {
+      ++norms;
+      CHECK(f1 == doctest::Approx(f0));
+      CHECK(b1 == doctest::Approx(4 * b0));  // bandwidth-bound at these sizes
+    } else if (op.fn == zp::models::Fn::sdpa) {
+      ++attention;
+      CHECK(op.alpha > 0);  // GPT-2's attention dropout
+      CHECK(f1 > 1.9 * f0);
+      CHECK(b1 > 1.9 * b0);
+    } else {
+      CHECK(f1 == doctest::Approx(f0));
+      CHECK(b1 == doctest::Approx(b0));
+    }
+  }
+  CHECK(norms == 25);
+  CHECK(attention == 12);
+
+  // Copies: the floor within the device, the floor across PCIe, and each piece beyond the first.
+  p.copy_launch = Seconds{4e-6};
+  p.h2d_launch = Seconds{50e-6};
+  p.copy_piece = Seconds{2e-6};
+  const ComputeModel c(p, g);
+  CHECK(c.copy_cost(Bytes{64}, Placement::device, Placement::device, 1).v == doctest::Approx(4e-6));
+  CHECK(c.copy_cost(Bytes{64}, Placement::host, Placement::device, 1).v == doctest::Approx(50e-6));
+  CHECK(c.copy_cost(Bytes{64}, Placement::device, Placement::device, 148).v == doctest::Approx(4e-6 + 147 * 2e-6));
+  const double big = 1e9 / p.d2d_copy_bandwidth.v;
+  CHECK(c.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 3).v == doctest::Approx(big + 4e-6));
+  // An event's pieces are its slices.
+  Event e;
+  e.kind = EventKind::copy;
+  e.mem_bytes = Bytes{64};
+  e.slice_begin = 10;
+  e.slice_end = 20;
+  CHECK(c.cost(e).v == doctest::Approx(4e-6 + 9 * 2e-6));
+}
+
+TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read and write back") {
+  const std::string text = with(kGoodProfile, "\"source\"",
+                                "\"op_efficiency\": {\"layernorm.backward\": 0.2, \"cross_entropy\": 0.5}, "
+                                "\"attention_dropout_efficiency\": 0.45, \"copy_launch_us\": 3.9, \"h2d_launch_us\": 52, "
+                                "\"copy_piece_us\": 2.1, \"source\"");
+  const std::string path = write_temp(text);
+  const DeviceProfile p = zp::sim::load_profile(path);
+  std::remove(path.c_str());
+  CHECK(p.op_factor(zp::models::OpKind::layernorm, true) == 0.2);
+  CHECK(p.op_factor(zp::models::OpKind::layernorm, false) == 1.0);
+  CHECK(p.op_factor(zp::models::OpKind::cross_entropy, false) == 0.5);
+  CHECK(p.attention_dropout_efficiency == 0.45);
+  CHECK(p.copy_launch.v == doctest::Approx(3.9e-6));
+  CHECK(p.h2d_launch.v == doctest::Approx(52e-6));
+  CHECK(p.copy_piece.v == doctest::Approx(2.1e-6));
+  const auto j = zp::sim::profile_to_json(p);
+  CHECK(j["op_efficiency"].size() == 2);  // only the factors that are not 1
+  CHECK(j["op_efficiency"]["layernorm.backward"] == 0.2);
+  const DeviceProfile q = zp::sim::profile_from_json("back", "", j);
+  CHECK(q.op_efficiency == p.op_efficiency);
+  CHECK(q.copy_piece.v == doctest::Approx(p.copy_piece.v));
+  // Without the keys: factors 1, floors at the kernel launch.
+  const std::string plain = write_temp(kGoodProfile);
+  const DeviceProfile d = zp::sim::load_profile(plain);
+  std::remove(plain.c_str());
+  CHECK(d.copy_launch.v == doctest::Approx(d.kernel_launch.v));
+  CHECK(d.h2d_launch.v == doctest::Approx(d.kernel_launch.v));
+  CHECK(d.copy_piece.v == 0);
+  CHECK(d.attention_dropout_efficiency == 1.0);
+  // Bad entries name the key.
+  std::string e = profile_error(with(kGoodProfile, "\"source\"", "\"op_efficiency\": {\"layernrom\": 0.5}, \"source\""));
+  CHECK(e.find("op_efficiency.layernrom") != std::string::npos);
+  CHECK(e.find("did you mean 'layernorm'") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"source\"", "\"op_efficiency\": {\"add.backward\": -1}, \"source\""));
+  CHECK(e.find("op_efficiency.add.backward") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"source\"", "\"op_efficiency\": [1], \"source\""));
+  CHECK(e.find("op_efficiency") != std::string::npos);
+}
