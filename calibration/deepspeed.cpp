@@ -67,6 +67,8 @@ double spread(const std::vector<double>& v) {
   return m > 0 ? std::sqrt(s / static_cast<double>(v.size() - 1)) / m : 0;
 }
 
+}  // namespace
+
 std::string model_stem(const std::string& model) {
   const fs::path p(model);
   if (p.has_extension() && p.extension() == ".json") return p.stem().string();
@@ -118,6 +120,8 @@ void add_phase(Dataset& ds, int run, PhaseName ph, Quantity q, double seconds, d
   o.tags["quantity"] = quantity_name(q);
   ds.obs.push_back(std::move(o));
 }
+
+namespace {
 
 void check_time(const std::string& file, const std::string& key, double v) {
   if (!std::isfinite(v) || v <= 0)

@@ -38,13 +38,21 @@ const char* phase_label(PhaseName p) {
   return "?";
 }
 
-const char* quantity_name(Quantity q) { return q == Quantity::wall ? "wall" : "gpu_busy"; }
+const char* quantity_name(Quantity q) {
+  switch (q) {
+    case Quantity::wall: return "wall";
+    case Quantity::gpu_busy: return "gpu_busy";
+    case Quantity::events: return "events";
+  }
+  return "?";
+}
 
 void merge(Dataset& into, Dataset from) {
   const int offset = static_cast<int>(into.runs.size());
   for (auto& r : from.runs) into.runs.push_back(std::move(r));
   for (auto& o : from.obs) {
     if (o.kind == ObsKind::phase) o.phase.run += offset;
+    if (o.kind == ObsKind::kernel && o.kernel.run >= 0) o.kernel.run += offset;
     into.obs.push_back(std::move(o));
   }
   for (auto& w : from.warnings) into.warnings.push_back(std::move(w));

@@ -14,6 +14,7 @@
 #include "core/units.hpp"
 #include "models/attention.hpp"
 #include "models/graph.hpp"
+#include "models/model_config.hpp"
 #include "sim/cluster.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/program.hpp"
@@ -60,6 +61,12 @@ struct KernelSample {
   DType dtype = DType::bf16;         // the activations' dtype (tensor cores unless fp32)
   bool backward = false;             // the op's backward (twice the kernels; dA and dB GEMMs)
   bool tf32 = false;                 // fp32 GEMMs ran on TF32 tensor cores (else the fp32 cores)
+  std::optional<models::OpKind> op_kind;  // the graph op's kind (a training run's event): its
+                                     // bandwidth factor (DeviceProfile::op_efficiency) applies
+  double dropout = 0;                // fused attention: its dropout_p
+  std::int64_t pieces = 1;           // a copy: its contiguous pieces (a flatten's tensors)
+  int run = -1;                      // the training run it was timed in (index into Dataset::runs:
+                                     // a train --out event); -1: a micro-benchmark
 };
 
 // The phases DeepSpeed's wall_clock_breakdown times (utils/timer.py), and the iteration.
@@ -67,9 +74,11 @@ enum class PhaseName : std::uint8_t { forward, backward, backward_inner, backwar
 const char* phase_label(PhaseName p);
 constexpr int kNumPhaseNames = 6;
 
-// Wall time as DeepSpeed's timers see it, or the GPU's busy time inside the phase (the
-// union of kernel intervals, as tools/deepspeed_reference.py reduces a profiler trace).
-enum class Quantity : std::uint8_t { wall, gpu_busy };
+// Wall time as DeepSpeed's timers see it; the GPU's busy time inside the phase (the union of
+// kernel intervals, as tools/deepspeed_reference.py reduces a profiler trace); or the sum of
+// the phase's device events' own times, as zeroplan's executor times them (train --out).
+enum class Quantity : std::uint8_t { wall, gpu_busy, events };
+constexpr int kNumQuantities = 3;
 const char* quantity_name(Quantity q);
 
 struct PhaseSample {
@@ -90,6 +99,10 @@ struct Observation {
   Seconds floor{};                   // added to measured and predicted before their ratio is
                                      // taken, for phases that may be near 0 (bwd_allreduce)
   int repeats = 1;
+  // Relative weight in the fit: 1, or for a training run's events the square root of the event's
+  // time over the mean time of its run's events of its class, so that the fit weighs each event
+  // by its share of that class's time (a thousand 10 µs adds do not outvote one 2 ms loss).
+  double weight = 1;
   // Attributes `--fit-where` selects by: source, kind, model, stage, dtype, micro_batch, op, ...
   std::map<std::string, std::string> tags;
   bool fit = true;                   // false: held out (reported, not fitted)
@@ -100,6 +113,7 @@ struct RunConfig {
   std::string name;
   std::string source;                // where it was read
   std::string model;                 // as --model takes it
+  std::optional<models::ModelConfig> model_config;  // the config itself, where `model` cannot be loaded here
   zero::DsConfig cfg;
   std::int64_t seq_len = 0;
   models::Attention attention = models::kDefaultAttention;

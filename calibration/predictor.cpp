@@ -15,28 +15,6 @@ namespace zp::calibration {
 
 namespace {
 
-enum Bucket { kFwd = 0, kBwd = 1, kStep = 2 };
-
-// Which DeepSpeed timer window an event falls in: forward, backward (with its recomputation
-// and the reductions DeepSpeed issues from the backward hooks and epilogue), or the step.
-Bucket bucket_of(const zero::Event& e) {
-  if (e.micro_step < 0) return kStep;
-  switch (e.phase) {
-    case zero::Phase::forward: return kFwd;
-    case zero::Phase::backward:
-    case zero::Phase::recompute:
-    case zero::Phase::reduction: return kBwd;
-    default: return kStep;
-  }
-}
-
-bool on_device(const zero::Event& e) {
-  if (e.kind == zero::EventKind::marker || e.stream == zero::Stream::host) return false;
-  if (e.kind == zero::EventKind::optimizer && e.src == zero::Placement::host) return false;
-  if (e.kind == zero::EventKind::copy && e.src == zero::Placement::host && e.dst == zero::Placement::host) return false;
-  return true;
-}
-
 double union_length(std::vector<std::pair<double, double>>& iv) {
   std::sort(iv.begin(), iv.end());
   double total = 0, end = -1e300;
@@ -78,6 +56,24 @@ std::vector<int> group_of(const CollectiveSample& c, const sim::ClusterSpec& cl,
 
 }  // namespace
 
+PhaseName timer_phase(const zero::Event& e) {
+  if (e.micro_step < 0) return PhaseName::step;
+  switch (e.phase) {
+    case zero::Phase::forward: return PhaseName::forward;
+    case zero::Phase::backward:
+    case zero::Phase::recompute:
+    case zero::Phase::reduction: return PhaseName::backward;
+    default: return PhaseName::step;
+  }
+}
+
+bool on_device(const zero::Event& e) {
+  if (e.kind == zero::EventKind::marker || e.stream == zero::Stream::host) return false;
+  if (e.kind == zero::EventKind::optimizer && e.src == zero::Placement::host) return false;
+  if (e.kind == zero::EventKind::copy && e.src == zero::Placement::host && e.dst == zero::Placement::host) return false;
+  return true;
+}
+
 PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t) {
   PhasePrediction out;
   auto set = [&](PhaseName ph, Quantity q, double v) {
@@ -90,16 +86,25 @@ PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t) {
   set(PhaseName::backward_inner, Quantity::wall, ph.backward.v - ph.backward_allreduce.v);
   set(PhaseName::step, Quantity::wall, ph.step.v);
   set(PhaseName::iteration, Quantity::wall, ph.iteration.v);
-  std::array<std::vector<std::pair<double, double>>, 3> iv;
+  std::array<std::vector<std::pair<double, double>>, kNumPhaseNames> iv;
+  std::array<double, kNumPhaseNames> sum{};
   std::vector<std::pair<double, double>> all;
   for (std::size_t i = static_cast<std::size_t>(std::max<zero::EventId>(p.step_begin, 0)); i < p.events.size(); ++i) {
     const zero::Event& e = p.events[i];
     const auto& et = t.events[i];
     if (!(et.end.v > et.start.v) || !on_device(e)) continue;
-    iv[bucket_of(e)].emplace_back(et.start.v, et.end.v);
+    const auto b = static_cast<std::size_t>(timer_phase(e));
+    iv[b].emplace_back(et.start.v, et.end.v);
+    sum[b] += et.end.v - et.start.v;
     all.emplace_back(et.start.v, et.end.v);
   }
-  const double fwd = union_length(iv[kFwd]), bwd = union_length(iv[kBwd]), step = union_length(iv[kStep]);
+  auto busy = [&](PhaseName b) { return union_length(iv[static_cast<std::size_t>(b)]); };
+  const double fwd = busy(PhaseName::forward), bwd = busy(PhaseName::backward), step = busy(PhaseName::step);
+  for (PhaseName b : {PhaseName::forward, PhaseName::backward, PhaseName::step})
+    set(b, Quantity::events, sum[static_cast<std::size_t>(b)]);
+  set(PhaseName::iteration, Quantity::events,
+      sum[static_cast<std::size_t>(PhaseName::forward)] + sum[static_cast<std::size_t>(PhaseName::backward)] +
+          sum[static_cast<std::size_t>(PhaseName::step)]);
   set(PhaseName::forward, Quantity::gpu_busy, fwd);
   set(PhaseName::backward, Quantity::gpu_busy, bwd);
   set(PhaseName::backward_inner, Quantity::gpu_busy, bwd);
@@ -133,13 +138,18 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
       kernel_graph_tf32_.push_back(k.tf32);
     }
     kernel_graph_[i] = it->second;
-    if (k.gemms.empty()) continue;
+    // An op of its own where its pricing depends on the op: a GEMM's shapes, fused attention
+    // (its factors and its dropout), a bandwidth-bound kernel's kind (its factor).
+    if (k.gemms.empty() && !k.op_kind) continue;
     models::OpGraph& g = kernel_graphs_[static_cast<std::size_t>(it->second)];
     models::Op op;
     op.id = static_cast<models::OpId>(g.ops.size());
     op.name = k.name;
-    op.kind = models::OpKind::linear;
-    if (k.cls == KernelClass::attention) op.fn = models::Fn::sdpa;  // priced with the attention factor
+    op.kind = k.gemms.empty() ? *k.op_kind : models::OpKind::linear;
+    if (k.cls == KernelClass::attention) {
+      op.fn = models::Fn::sdpa;  // priced with the attention factors
+      op.alpha = k.dropout;
+    }
     op.gemms = k.gemms;
     op.fwd_flops = k.flops;
     op.fwd_bytes = k.bytes;
@@ -153,7 +163,7 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     if (rc.world_size > cluster_.world_size())
       throw InputError(rc.source, "world_size",
                        fmt::format("{} ranks do not fit cluster {} ({} GPUs)", rc.world_size, cluster_.name, cluster_.world_size()));
-    const models::ModelConfig mc = models::load_model(rc.model);
+    const models::ModelConfig mc = rc.model_config ? *rc.model_config : models::load_model(rc.model);
     const zero::Batch batch = zero::resolve_batch(rc.cfg, rc.world_size);
     sim::Target t;
     t.device = device_;
@@ -205,12 +215,9 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
       case KernelClass::copy_h2d:
       case KernelClass::copy_host: {
         if (!copies) copies.emplace(m.device, empty_graph_);
-        zero::Event e;
-        e.kind = zero::EventKind::copy;
-        e.mem_bytes = k.bytes;
-        e.src = k.cls == KernelClass::copy_d2d ? zero::Placement::device : zero::Placement::host;
-        e.dst = k.cls == KernelClass::copy_host ? zero::Placement::host : zero::Placement::device;
-        out[i] = copies->cost(e).v;
+        const auto src = k.cls == KernelClass::copy_d2d ? zero::Placement::device : zero::Placement::host;
+        const auto dst = k.cls == KernelClass::copy_host ? zero::Placement::host : zero::Placement::device;
+        out[i] = copies->copy_cost(k.bytes, src, dst, k.pieces).v;
         break;
       }
       default: {

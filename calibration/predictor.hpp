@@ -16,15 +16,23 @@
 
 namespace zp::calibration {
 
-// Every phase of one run under one set of parameters: wall (DeepSpeed's timers) and GPU busy.
+// Every phase of one run under one set of parameters: wall (DeepSpeed's timers), GPU busy, and
+// the sum of its device events' times.
 struct PhasePrediction {
-  std::array<std::array<double, 2>, kNumPhaseNames> seconds{};  // [PhaseName][Quantity]
+  std::array<std::array<double, kNumQuantities>, kNumPhaseNames> seconds{};  // [PhaseName][Quantity]
 };
 
-// The phase times of a simulated step: the engine's phase summaries, and the union of the
-// device streams' event intervals per phase (forward; backward with its recomputation and
-// reductions; the step; the whole iteration).
+// The phase times of a simulated step: the engine's phase summaries, the union of the device
+// streams' event intervals per phase (forward; backward with its recomputation and
+// reductions; the step; the whole iteration), and the sum of those events' durations.
 PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t);
+
+// Which of DeepSpeed's timer windows an event falls in: forward, backward (with its
+// recomputation and the reductions issued from the backward hooks and epilogue), or step.
+PhaseName timer_phase(const zero::Event& e);
+// Whether an event runs on the device (what GPU-busy time and the executor's event times
+// count): not a marker, not the host stream's work, not a host-side optimizer or host copy.
+bool on_device(const zero::Event& e);
 
 class Predictor {
  public:

@@ -50,14 +50,16 @@ double rms_log(const std::vector<Observation>& obs, const std::vector<double>& p
   return std::sqrt(s / static_cast<double>(which.size()));
 }
 
-// Runs none of whose observations were fitted.
+// Runs none of whose observations were fitted (their phases, or, for train --out runs, the
+// events timed in them).
 std::set<int> held_out_runs(const Dataset& data) {
   std::set<int> fitted, all;
-  for (const auto& o : data.obs)
-    if (o.kind == ObsKind::phase) {
-      all.insert(o.phase.run);
-      if (o.fit) fitted.insert(o.phase.run);
-    }
+  for (const auto& o : data.obs) {
+    const int run = o.kind == ObsKind::phase ? o.phase.run : o.kind == ObsKind::kernel ? o.kernel.run : -1;
+    if (run < 0) continue;
+    all.insert(run);
+    if (o.fit) fitted.insert(run);
+  }
   std::set<int> out;
   for (int r : all)
     if (!fitted.count(r)) out.insert(r);
@@ -242,11 +244,14 @@ std::string detail_text(const Dataset& data, const FitResult& fit) {
   if (!by_run.empty())
     t += fmt::format("\nphases\n{:<30} {:<18} {:<8} {:>11} {:>11} {:>11} {:>9} {:>9}  {}\n", "run", "phase", "quantity",
                      "measured_ms", "before_ms", "after_ms", "before", "after", "");
+  const std::set<int> held = held_out_runs(data);
   for (const auto& [r, idx] : by_run) {
     const RunConfig& rc = data.runs[static_cast<std::size_t>(r)];
     for (std::size_t i : idx) {
       const auto& o = data.obs[i];
-      std::string note = o.fit ? "fitted" : "held out";
+      // A run's phase: fitted, held out (no observation of its run fitted), or reported (the
+      // sum of events fitted one by one, or an iteration).
+      std::string note = o.fit ? "fitted" : held.count(r) ? "held out" : "reported";
       if (o.spread > 0) note += fmt::format(", ±{:.0f}% step to step", 100 * o.spread);
       t += fmt::format("{:<30} {:<18} {:<8} {:>11.2f} {:>11.2f} {:>11.2f} {:>8.1f}% {:>8.1f}%  {}\n", rc.name.substr(0, 30),
                        phase_label(o.phase.phase), quantity_name(o.phase.quantity), o.measured.ms(), pb[i] * 1e3,
@@ -295,7 +300,8 @@ nlohmann::json calibration_json(const Dataset& data, const FitResult& fit, const
   for (std::size_t i = 0; i < data.obs.size(); ++i) {
     const auto& o = data.obs[i];
     obs.push_back({{"label", o.label}, {"source", o.source}, {"kind", class_of(o)}, {"fit", o.fit},
-                   {"measured_s", o.measured.v}, {"before_s", fit.pred_before[i]}, {"after_s", fit.pred_after[i]}});
+                   {"measured_s", o.measured.v}, {"before_s", fit.pred_before[i]}, {"after_s", fit.pred_after[i]},
+                   {"tags", o.tags}});
   }
   j["observations"] = obs;
   return j;
@@ -344,12 +350,13 @@ ClusterProfile make_profile(const Dataset& data, const FitResult& fit, const sim
     if (v.second.size() >= 3) p.uncertainty.by_class[k] = rms_log(data.obs, fit.pred_after, v.second);
     else if (!v.first.empty()) p.uncertainty.by_class[k] = rms_log(data.obs, fit.pred_after, v.first) * widen;
   }
-  // The iteration: measured iterations of held-out runs, else of fitted runs.
+  // The iteration: measured iterations of held-out runs, else of fitted runs (DeepSpeed's wall
+  // clock, or the sum of the executor's events).
   const std::set<int> held = held_out_runs(data);
   std::vector<std::size_t> it_held, it_fit;
   for (std::size_t i = 0; i < data.obs.size(); ++i) {
     const auto& o = data.obs[i];
-    if (o.kind == ObsKind::phase && o.phase.phase == PhaseName::iteration && o.phase.quantity == Quantity::wall)
+    if (o.kind == ObsKind::phase && o.phase.phase == PhaseName::iteration && o.phase.quantity != Quantity::gpu_busy)
       (held.count(o.phase.run) ? it_held : it_fit).push_back(i);
   }
   auto& u = p.uncertainty;

@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "calibration/observation.hpp"
 #include "sim/cluster.hpp"
 
@@ -65,9 +67,29 @@ Dataset read_deepspeed_log(const std::string& log_path, const RunArgs& args, con
 Dataset read_deepspeed_runs(const std::string& path, const sim::ClusterSpec& cluster, int skip_steps = 1);
 
 // `zeroplan train --out` measurements (exec/trainer.cpp): per-event times of one rank, as
-// kernel and collective observations priced event by event, and the phases as phase
-// observations. `args` overrides what the file does not record (the attention, the
+// kernel and collective observations priced event by event (tagged with the run's tags and
+// the timer phase they fall in), and per phase the sum of its device events' times
+// (Quantity::events: reported, not fitted, as the events themselves are). `args` overrides what the file does not record (the attention, the
 // ds_config's path when it moved).
 Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::ClusterSpec& cluster);
+
+// Kernel and collective observations as JSON ({"format": "zeroplan-observations", "version": 1,
+// "environment": {...}, "observations": [...]}), and read back: what `calibrate
+// --save-observations` writes so that the device's micro-benchmarks, measured once on the GPU
+// machine, can be refitted anywhere (`--observations FILE`). Phases and a training run's events
+// are left out (their run files are the record); `left_out` counts them.
+nlohmann::json observations_to_json(const Dataset& data, int* left_out = nullptr);
+void save_observations(const Dataset& data, const std::string& path, const std::string& flag, int* left_out = nullptr);
+Dataset read_observations(const std::string& path);
+
+// Shared by the readers of training runs. A model's short name ("gpt2", a config.json's stem).
+std::string model_stem(const std::string& model);
+// A run's configuration with the tags `--fit-where` selects its observations by (run, model,
+// stage, dtype, attention, micro_batch, gas, world_size, overlap_comm, seq_len).
+RunConfig make_run(const std::string& name, const std::string& source, const std::string& model,
+                   const zero::DsConfig& cfg, std::int64_t seq_len, models::Attention att, int world, bool ckpt);
+// One phase observation of run `run` of `ds`, tagged with the run's tags.
+void add_phase(Dataset& ds, int run, PhaseName ph, Quantity q, double seconds, double rel_spread, int repeats,
+               bool fit, const std::string& source, const std::string& src_tag);
 
 }  // namespace zp::calibration

@@ -2,7 +2,10 @@
 // lowered again from the file's configuration, so its event names line up with the measured
 // ones (ARCHITECTURE.md: event ids are shared); each compute, copy and optimizer event
 // becomes a kernel observation and each collective a collective one, priced event by event.
+#include <array>
+#include <cmath>
 #include <filesystem>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -10,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/json_util.hpp"
 #include "models/model_config.hpp"
+#include "calibration/predictor.hpp"
 #include "sim/predict.hpp"
 
 namespace zp::calibration {
@@ -32,7 +36,10 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   std::string ds_path = args.ds_config.empty() ? cr.get_string(c, "ds_config", "") : args.ds_config;
   if (!ds_path.empty() && !fs::exists(ds_path) && fs::exists(fs::path(path).parent_path() / ds_path))
     ds_path = (fs::path(path).parent_path() / ds_path).string();
-  if (!ds_path.empty() && !fs::exists(ds_path))
+  // The config as the run read it (train --out records it): used when its file is not here.
+  const bool embedded = args.ds_config.empty() && !ds_path.empty() && !fs::exists(ds_path) && c.contains("ds_config_json") &&
+                        c.at("ds_config_json").is_object() && !c.at("ds_config_json").empty();
+  if (!ds_path.empty() && !fs::exists(ds_path) && !embedded)
     throw InputError(path, "config.ds_config",
                      fmt::format("the ds_config the run used ({}) is not here; give it with --ds-config", json::printable(ds_path)));
   const int world = static_cast<int>(cr.get_int(c, "world_size", 1, 1, 1 << 20));
@@ -40,15 +47,27 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   if (world > cluster.world_size())
     throw InputError(path, "config.world_size",
                      fmt::format("{} ranks do not fit cluster {} of {} GPUs", world, cluster.name, cluster.world_size()));
-  const models::ModelConfig mc = models::load_model(model);
-  zero::DsConfig cfg = ds_path.empty() ? zero::default_ds_config() : zero::load_ds_config(ds_path);
+  // A model given as a config.json that is not here: the config the run recorded.
+  models::ModelConfig mc;
+  try {
+    mc = models::load_model(model);
+  } catch (const InputError&) {
+    if (!args.model.empty() || !c.contains("model_config_json") || !c.at("model_config_json").is_object()) throw;
+    mc = models::parse_model_config(path + " (config.model_config_json)", c.at("model_config_json").dump());
+    mc.name = model;
+  }
+  zero::DsConfig cfg = embedded        ? zero::parse_ds_config(path + " (config.ds_config_json)", c.at("ds_config_json"))
+                       : ds_path.empty() ? zero::default_ds_config()
+                                         : zero::load_ds_config(ds_path);
   if (ds_path.empty()) cfg.train_micro_batch_size_per_gpu = 1;
   const std::int64_t micro = args.micro_batch.value_or(cr.get_int(c, "micro_batch", 1, 1, 1 << 24));
   cfg.train_micro_batch_size_per_gpu = micro;
   if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
   const zero::Batch batch = zero::resolve_batch(cfg, world);
   const std::int64_t seq = args.seq_len.value_or(cr.get_int(c, "seq_len", mc.max_positions, 1, mc.max_positions));
-  const models::Attention att = models::choose_attention(mc, args.attention).attention;
+  // --attention, else what the run recorded (train --out writes it), else the model's default.
+  const std::string att_arg = !args.attention.empty() ? args.attention : cr.get_string(c, "attention", "");
+  const models::Attention att = models::choose_attention(mc, att_arg).attention;
   const bool ckpt = args.activation_checkpointing || cr.get_bool(c, "activation_checkpointing", false) ||
                     cfg.activation_checkpointing_present;
 
@@ -75,7 +94,13 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   ds.files.push_back(path);
   const std::string backend = cr.get_string(c, "backend", "");
   const bool tf32 = cr.get_bool(c, "allow_tf32", false);  // train --allow-tf32
-  const std::string stem = fs::path(model).stem().string();
+  // The run (rank 0's configuration of its world size) its events and phases belong to, named
+  // by the file.
+  ds.runs.push_back(make_run(fs::path(path).stem().string(), path, model, cfg, seq, att, world, ckpt));
+  ds.runs.back().model_config = mc;
+  // Per timer phase, the sum of its device events' measured times (the executor runs them one
+  // after another, so this is what its phases took).
+  std::array<double, kNumPhaseNames> phase_sum{};
   int kept = 0;
   for (std::size_t i = 0; i < evs.size(); ++i) {
     const json::Reader er = root.sub(fmt::format("events[{}]", i));
@@ -95,15 +120,21 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
     if (!std::isfinite(s) || s < 0)
       throw InputError(path, er.key_path("seconds"), fmt::format("must be a non-negative time, got {}", e.at("seconds").dump()));
     const zero::Event& ev = prog.events[static_cast<std::size_t>(id)];
+    if (on_device(ev)) phase_sum[static_cast<std::size_t>(timer_phase(ev))] += s;
     if (ev.kind == zero::EventKind::marker || s == 0) continue;
     Observation o;
     o.kind = ObsKind::kernel;
     o.source = fmt::format("{}: {}", path, name);
     o.measured = Seconds{s};
-    o.tags = {{"source", "train"}, {"model", stem}, {"stage", std::to_string(prog.info.stage)}, {"file", path},
-              {"event", name}, {"backend", backend}};
+    o.tags = ds.runs.back().tags;
+    o.tags["source"] = "train";
+    o.tags["file"] = path;
+    o.tags["event"] = name;
+    o.tags["backend"] = backend;
+    o.tags["phase"] = phase_label(timer_phase(ev));
     KernelSample& k = o.kernel;
     k.name = name;
+    k.run = 0;
     k.dtype = g.opt.act_dtype;
     k.tf32 = tf32;
     switch (ev.kind) {
@@ -115,14 +146,20 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
         if (ev.op >= 0) {
           const models::Op& op = g.ops[static_cast<std::size_t>(ev.op)];
           k.gemms = op.gemms;
-          if (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention) k.cls = KernelClass::attention;
-          else if (!op.gemms.empty()) k.cls = KernelClass::gemm;
+          k.op_kind = op.kind;
+          if (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention) {
+            k.cls = KernelClass::attention;
+            k.dropout = op.alpha;
+          } else if (!op.gemms.empty()) {
+            k.cls = KernelClass::gemm;
+          }
           o.tags["op"] = models::op_kind_name(op.kind);
         }
         break;
       }
       case zero::EventKind::copy:
         k.bytes = ev.mem_bytes;
+        k.pieces = std::max<std::int64_t>(1, static_cast<std::int64_t>(ev.slice_end - ev.slice_begin));
         k.cls = ev.src == zero::Placement::host && ev.dst == zero::Placement::host ? KernelClass::copy_host
                 : ev.src != ev.dst                                                 ? KernelClass::copy_h2d
                                                                                    : KernelClass::copy_d2d;
@@ -157,6 +194,27 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   }
   if (kept == 0)
     throw InputError(path, "events", "no event has a measured time (a run of one step is not timed: train 2 or more)");
+  // Each event weighs in the fit by its share of its class's time in the step
+  // (Observation::weight): among bandwidth-bound kernels a 2 ms loss counts more than a 10 µs
+  // add, while each class keeps the weight its number of events gives it.
+  std::map<KernelClass, std::pair<double, int>> per_class;  // time, events
+  for (const auto& o : ds.obs) {
+    auto& [time, n] = per_class[o.kernel.cls];
+    time += o.measured.v;
+    ++n;
+  }
+  for (auto& o : ds.obs) {
+    const auto& [time, n] = per_class[o.kernel.cls];
+    o.weight = std::sqrt(o.measured.v * n / time);
+  }
+  const std::string src = fmt::format("{}: phases", path);
+  double total = 0;
+  for (PhaseName ph : {PhaseName::forward, PhaseName::backward, PhaseName::step}) {
+    const double v = phase_sum[static_cast<std::size_t>(ph)];
+    total += v;
+    if (v > 0) add_phase(ds, 0, ph, Quantity::events, v, 0, 1, false, src, "train");
+  }
+  add_phase(ds, 0, PhaseName::iteration, Quantity::events, total, 0, 1, false, src, "train");
   return ds;
 }
 

@@ -81,8 +81,24 @@ sim::ClusterSpec cluster_for(const CalibrateRequest& req, const std::optional<De
     if (doc.is_object() && doc.contains("config") && doc["config"].is_object()) {
       const auto& c = doc["config"];
       if (c.value("backend", "").rfind("cpu", 0) == 0) gpu = "cpu";
+      // A CUDA run names its GPU as the driver does.
+      if (c.contains("gpu") && c["gpu"].is_string()) {
+        const std::string g = device_for_gpu_name(c["gpu"].get<std::string>());
+        if (!g.empty()) gpu = g;
+      }
       if (c.contains("world_size") && c["world_size"].is_number_integer()) world = std::max(world, c["world_size"].get<int>());
     }
+  }
+  // Saved observations: the GPU and GPU count their environment records (--device cuda's).
+  for (const auto& f : req.observations) {
+    const auto doc = json::parse_file(f, std::int64_t{256} << 20);
+    if (!doc.is_object() || !doc.contains("environment") || !doc["environment"].is_object()) continue;
+    const auto& e = doc["environment"];
+    if (e.contains("gpu_name") && e["gpu_name"].is_string()) {
+      const std::string g = device_for_gpu_name(e["gpu_name"].get<std::string>());
+      if (!g.empty()) gpu = g;
+    }
+    if (e.contains("gpu_count") && e["gpu_count"].is_number_integer()) world = std::max(world, e["gpu_count"].get<int>());
   }
   if (gpu.empty())
     throw InputError("--cluster", "",
@@ -124,50 +140,69 @@ bool wall_depends_on_host(const Predictor& pred, const Dataset& data, const Mode
 }  // namespace
 
 void select_fitted(Dataset& data, const std::string& where) {
-  // Default: an iteration is the sum of the phases fitted, so it is reported, not fitted.
+  // Default: an iteration is the sum of the phases fitted, so it is reported, not fitted; so
+  // are a train run's phases (the sums of its events, which are fitted one by one).
   // (Fused attention kernels are fitted: compute.attention_efficiency is theirs.)
   for (auto& o : data.obs)
-    if (o.kind == ObsKind::phase && o.phase.phase == PhaseName::iteration) o.fit = false;
+    if (o.kind == ObsKind::phase && (o.phase.phase == PhaseName::iteration || o.phase.quantity == Quantity::events))
+      o.fit = false;
   if (where.empty()) return;
-  std::map<std::string, std::set<std::string>> want;
-  std::size_t pos = 0;
-  while (pos <= where.size()) {
-    const std::size_t comma = where.find(',', pos);
-    const std::string term = where.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    pos = comma == std::string::npos ? where.size() + 1 : comma + 1;
-    if (term.empty()) continue;
-    const auto eq = term.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == term.size())
-      throw InputError("--fit-where", "", fmt::format("'{}' is not KEY=VALUE[|VALUE...]", json::printable(term)));
-    const std::string key = term.substr(0, eq);
-    std::string vals = term.substr(eq + 1);
-    std::size_t p = 0;
-    while (p <= vals.size()) {
-      const std::size_t bar = vals.find('|', p);
-      const std::string v = vals.substr(p, bar == std::string::npos ? std::string::npos : bar - p);
-      if (!v.empty()) want[key].insert(v);
-      p = bar == std::string::npos ? vals.size() + 1 : bar + 1;
+  // Alternatives separated by ';', each a conjunction of KEY=V1|V2 terms separated by ','.
+  using Clause = std::map<std::string, std::set<std::string>>;
+  std::vector<Clause> clauses;
+  std::size_t start = 0;
+  while (start <= where.size()) {
+    const std::size_t semi = where.find(';', start);
+    const std::string alt = where.substr(start, semi == std::string::npos ? std::string::npos : semi - start);
+    start = semi == std::string::npos ? where.size() + 1 : semi + 1;
+    Clause want;
+    std::size_t pos = 0;
+    while (pos <= alt.size()) {
+      const std::size_t comma = alt.find(',', pos);
+      const std::string term = alt.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      pos = comma == std::string::npos ? alt.size() + 1 : comma + 1;
+      if (term.empty()) continue;
+      const auto eq = term.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == term.size())
+        throw InputError("--fit-where", "", fmt::format("'{}' is not KEY=VALUE[|VALUE...]", json::printable(term)));
+      const std::string key = term.substr(0, eq);
+      std::string vals = term.substr(eq + 1);
+      std::size_t p = 0;
+      while (p <= vals.size()) {
+        const std::size_t bar = vals.find('|', p);
+        const std::string v = vals.substr(p, bar == std::string::npos ? std::string::npos : bar - p);
+        if (!v.empty()) want[key].insert(v);
+        p = bar == std::string::npos ? vals.size() + 1 : bar + 1;
+      }
     }
+    if (want.empty())
+      throw InputError("--fit-where", "", fmt::format("'{}' has an empty alternative (between ';')", json::printable(where)));
+    clauses.push_back(std::move(want));
   }
   std::set<std::string> keys;
   for (const auto& o : data.obs)
     for (const auto& [k, v] : o.tags) keys.insert(k);
-  for (const auto& [k, v] : want)
-    if (!keys.count(k)) {
-      std::vector<std::string> known(keys.begin(), keys.end());
-      const std::string near = json::closest(k, known);
-      std::string list;
-      for (const auto& x : known) list += (list.empty() ? "" : ", ") + x;
-      throw InputError("--fit-where", "",
-                       fmt::format("no observation has the key '{}'{}; keys: {}", json::printable(k),
-                                   near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near), list));
-    }
+  for (const auto& want : clauses)
+    for (const auto& [k, v] : want)
+      if (!keys.count(k)) {
+        std::vector<std::string> known(keys.begin(), keys.end());
+        const std::string near = json::closest(k, known);
+        std::string list;
+        for (const auto& x : known) list += (list.empty() ? "" : ", ") + x;
+        throw InputError("--fit-where", "",
+                         fmt::format("no observation has the key '{}'{}; keys: {}", json::printable(k),
+                                     near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near), list));
+      }
   int selected = 0;
   for (auto& o : data.obs) {
-    bool match = true;
-    for (const auto& [k, vs] : want) {
-      auto it = o.tags.find(k);
-      if (it == o.tags.end() || !vs.count(it->second)) match = false;
+    bool match = false;
+    for (const auto& want : clauses) {
+      bool all = true;
+      for (const auto& [k, vs] : want) {
+        auto it = o.tags.find(k);
+        if (it == o.tags.end() || !vs.count(it->second)) all = false;
+      }
+      match = match || all;
     }
     o.fit = o.fit && match;
     selected += o.fit ? 1 : 0;
@@ -186,11 +221,11 @@ std::string params_table() {
 }
 
 CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progress) {
-  if (req.nccl_tests.empty() && req.deepspeed_logs.empty() && req.deepspeed_runs.empty() && req.train_out.empty() &&
+  if (req.nccl_tests.empty() && req.deepspeed_logs.empty() && req.deepspeed_runs.empty() && req.train_out.empty() && req.observations.empty() &&
       req.device.empty())
     throw InputError("calibrate", "",
                      "no measurements: give --nccl-tests FILE, --deepspeed-log FILE (with --model and --ds-config), "
-                     "--deepspeed-runs FILE, --train-out FILE or --device cuda");
+                     "--deepspeed-runs FILE, --train-out FILE, --observations FILE or --device cuda");
   if (!req.device.empty() && req.device != "cuda")
     throw InputError("--device", "", fmt::format("must be cuda, got '{}'", json::printable(req.device)));
   if (!std::isfinite(req.budget_minutes) || req.budget_minutes <= 0 || req.budget_minutes > 24 * 60)
@@ -198,6 +233,7 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   if (req.skip_steps < 0) throw InputError("--skip-steps", "", "must be >= 0");
   if (req.threads < 0) throw InputError("--threads", "", "must be >= 0 (0: every core)");
   if (!req.out.empty()) report::check_writable(req.out, "--out");
+  if (!req.save_observations.empty()) report::check_writable(req.save_observations, "--save-observations");
   const std::vector<const ParamDef*> explicit_params = req.fit.empty() ? std::vector<const ParamDef*>{} : parse_fit_spec(req.fit);
   std::optional<DeviceInfo> dev;
   if (!req.device.empty()) {
@@ -214,6 +250,7 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   for (const auto& f : req.deepspeed_runs) merge(data, read_deepspeed_runs(f, cluster, req.skip_steps));
   for (const auto& f : req.deepspeed_logs) merge(data, read_deepspeed_log(f, run_args(req), cluster));
   for (const auto& f : req.train_out) merge(data, read_train_out(f, run_args(req), cluster));
+  for (const auto& f : req.observations) merge(data, read_observations(f));
 
   // The starting point: the device's default profile (or a previous calibration's).
   ModelParams start;
@@ -257,6 +294,15 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
     merge(data, std::move(run.data));
   }
   if (data.obs.empty()) throw InputError("calibrate", "", "the sources hold no observation to fit");
+  if (!req.save_observations.empty()) {
+    // Saved before the fit, so that a fit that fails leaves the measurements behind.
+    int left = 0;
+    save_observations(data, req.save_observations, "--save-observations", &left);
+    if (left > 0)
+      data.warnings.push_back(fmt::format("--save-observations: {} observations of training runs left out (their files "
+                                          "are the record: give them again with their source flags)",
+                                          left));
+  }
   if (!data.env.gpu_name.empty()) {
     const std::string g = device_for_gpu_name(data.env.gpu_name);
     if (!g.empty() && g != cluster.gpu)
@@ -303,15 +349,32 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
     predictor.predict(m, want, o);
   };
   // The default fit prices fused attention kernels after the rest, with their own factors on
-  // top of the fitted GEMM curve (a joint fit bends the curve to the attention kernel).
-  const std::vector<const ParamDef*> attention = {find_param("compute.attention_efficiency"),
-                                                  find_param("compute.attention_backward_efficiency")};
+  // top of the fitted GEMM curve (a joint fit bends the curve to the attention kernel); and,
+  // where training runs' events name their op kinds, each kind's bandwidth factor on top of
+  // the common efficiency (fitted first on every bandwidth-bound kernel).
+  std::vector<const ParamDef*> later = {find_param("compute.attention_efficiency"),
+                                        find_param("compute.attention_backward_efficiency"),
+                                        find_param("compute.attention_dropout_efficiency")};
+  auto op_factor_kernel = [](const Observation& o) {
+    return o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::memory && o.kernel.op_kind.has_value();
+  };
+  if (req.fit.empty()) {
+    std::set<std::string> kinds;
+    for (const auto& o : data.obs)
+      if (o.fit && op_factor_kernel(o)) kinds.insert(op_factor_name(*o.kernel.op_kind, o.kernel.backward));
+    for (const auto& d : param_registry())
+      if (kinds.count(d.name)) {
+        fo.candidates.push_back(&d);
+        later.push_back(&d);
+      }
+  }
   out.fit = req.fit.empty()
                 ? fit_in_two_passes(predict, data.obs, start, fo,
-                                    [](const Observation& o) {
-                                      return o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::attention;
+                                    [&](const Observation& o) {
+                                      return (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::attention) ||
+                                             op_factor_kernel(o);
                                     },
-                                    attention)
+                                    later)
                 : fit(predict, data.obs, start, fo);
   out.profile = make_profile(data, out.fit, cluster, now_utc());
 

@@ -22,6 +22,8 @@ struct CalibrateRequest {
   std::vector<std::string> deepspeed_logs;  // with --model, --ds-config, ...
   std::vector<std::string> deepspeed_runs;  // runs files (tests/data/deepspeed/*.json's format)
   std::vector<std::string> train_out;       // zeroplan train --out files
+  std::vector<std::string> observations;    // --observations: files --save-observations wrote
+  std::string save_observations;            // --save-observations FILE: the kernel and collective observations
   std::string device;                       // "cuda": micro-benchmarks on this machine's GPUs
   double budget_minutes = 5;                // --device: the longest it may take
   // What a DeepSpeed log or a train --out ran, and the model the device benchmarks measure.
@@ -37,7 +39,7 @@ struct CalibrateRequest {
   std::string gpu;
   // The fit.
   std::string fit;                          // --fit: parameter names and groups; empty: for the data
-  std::string fit_where;                    // --fit-where KEY=V1|V2,...: the observations fitted; the rest held out
+  std::string fit_where;                    // --fit-where KEY=V1|V2,...;...: the observations fitted; the rest held out
   std::string start_profile;                // --profile: start from a previous calibration
   int threads = 0;
   std::string out;                          // the cluster profile
@@ -58,8 +60,9 @@ struct CalibrateOutput {
 // Bad input → zp::InputError (one line: file, key, what is allowed).
 CalibrateOutput run_calibrate(const CalibrateRequest& req, const calibration::Progress& progress = {});
 
-// `--fit-where KEY=V1|V2,KEY2=V3`: sets Observation::fit (all keys must match; values are
-// alternatives). Unknown keys → InputError listing the keys the observations carry.
+// `--fit-where KEY=V1|V2,KEY2=V3;KEY4=V5`: sets Observation::fit (within an alternative all keys
+// must match, values are alternatives; alternatives are separated by ';'). Unknown keys →
+// InputError listing the keys the observations carry.
 void select_fitted(calibration::Dataset& data, const std::string& where);
 
 // `calibrate --list-params`: every parameter with its unit, bounds, what it is and what determines it.

@@ -254,6 +254,10 @@ int main(int argc, char** argv) {
   calib->add_option("--deepspeed-runs", cal.deepspeed_runs,
                     "recorded DeepSpeed runs (tests/data/deepspeed/*.json) or a list of logs with their configs; repeatable");
   calib->add_option("--train-out", cal.train_out, "a `zeroplan train --out` measurement of one rank; repeatable");
+  calib->add_option("--observations", cal.observations, "kernel and collective observations --save-observations wrote "
+                                                        "(e.g. a GPU machine's --device cuda run); repeatable");
+  calib->add_option("--save-observations", cal.save_observations, "write the kernel and collective observations "
+                                                                  "(the device's micro-benchmarks) here, to refit later");
   calib->add_option("--device", cal.device, "cuda: micro-benchmarks on this machine's GPUs (the GEMMs and ops of --model, "
                                             "collectives through NCCL)");
   calib->add_option("--budget", cal.budget_minutes, "--device: minutes the benchmarks may take (default 5)");
@@ -271,8 +275,8 @@ int main(int argc, char** argv) {
   calib->add_option("--gpu", cal.gpu, "GPU type for --gpus N (zeroplan devices)");
   calib->add_option("--fit", cal.fit, "parameters to fit: names and groups (compute, host, collective, collective-detail, "
                                       "all); default: what the data can determine");
-  calib->add_option("--fit-where", cal.fit_where, "fit only observations with these tags (KEY=V1|V2,KEY=...); the rest "
-                                                  "are held out and reported");
+  calib->add_option("--fit-where", cal.fit_where, "fit only observations with these tags (KEY=V1|V2,KEY=...; "
+                                                  "alternatives separated by ';'); the rest are held out and reported");
   calib->add_option("--profile", cal.start_profile, "start from this cluster profile instead of the defaults");
   calib->add_option("--threads", cal.threads, "threads for the fit (default 0: every core)");
   calib->add_option("--out", cal.out, "write the cluster profile here (calibration/profiles/NAME.json)");

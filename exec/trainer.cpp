@@ -436,6 +436,7 @@ json train(const TrainOptions& opt, Comm& boot) {
                      {"seed", opt.seed},
                      {"data", opt.data},
                      {"activation_checkpointing", opt.activation_checkpointing},
+                     {"attention", models::attention_name(g.opt.attention)},
                      {"backend", fmt::format("{}+{}", device ? "cuda" : "cpu", comm.backend())},
                      {"nccl_version", nccl ? nccl_version() : ""},
                      {"allow_tf32", opt.allow_tf32},
@@ -456,6 +457,18 @@ json train(const TrainOptions& opt, Comm& boot) {
                               // NCCL's lazily made buffers, memory of other processes
                               {"unexplained_at_peak", dm.peak.v - mr.reserved_peak.v - dm.device_scratch.v -
                                                           std::max(dm.after_init.v, dm.after_comm.v)}};
+    }
+    // A model given as a config.json (not a catalogue name): its config, so that the file can be
+    // read back where that path does not exist (calibrate --train-out on another machine).
+    if (std::error_code ec; !opt.model.empty() && std::filesystem::exists(opt.model, ec)) {
+      const std::filesystem::path p = std::filesystem::is_directory(opt.model, ec)
+                                          ? std::filesystem::path(opt.model) / "config.json"
+                                          : std::filesystem::path(opt.model);
+      try {
+        doc["config"]["model_config_json"] = zp::json::parse_file(p.string());
+      } catch (const std::exception&) {
+        // the run read it at start-up; a file changed since is not worth failing the report for
+      }
     }
     doc["losses"] = losses;
     doc["grad_norms"] = norms;

@@ -49,17 +49,9 @@ head -n 12 "$LOGS/machine.txt"
 if [ -n "${ZEROPLAN_GPU_BUNDLE:-}" ]; then
   BIN=$ZEROPLAN_GPU_BUNDLE/zeroplan
   TEST=$ZEROPLAN_GPU_BUNDLE/test_calibration_cuda
-  # NCCL and cuBLASLt from the machine: the CUDA toolkit, else PyTorch's nvidia-* wheels.
-  extra=$(python3 -c 'import os, nvidia
-base = os.path.dirname(nvidia.__path__[0] + "/")
-print(":".join(os.path.join(base, d, "lib") for d in ("nccl", "cublas", "cuda_runtime") if os.path.isdir(os.path.join(base, d, "lib"))))' 2>/dev/null)
-  export LD_LIBRARY_PATH="$ZEROPLAN_GPU_BUNDLE:/usr/local/cuda/lib64:${extra}:${LD_LIBRARY_PATH:-}"
-  # Its data folder is the build machine's checkout: point that path at this one.
-  src=$(cat "$ZEROPLAN_GPU_BUNDLE/data_dir" 2>/dev/null || true)
-  if [ -n "$src" ] && [ ! -f "$src/sim/devices.json" ]; then
-    mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src" ||
-      { echo "gpu_calibrate: cannot link $src to this checkout (the bundle's data folder)"; exit 1; }
-  fi
+  BUNDLE=$ZEROPLAN_GPU_BUNDLE
+  # shellcheck source=scripts/gpu_bundle_env.sh
+  . scripts/gpu_bundle_env.sh || exit 1
 else
   start=$(date +%s)
   build "$LOGS" || { tail -n 60 "$LOGS/build.log"; echo "gpu_calibrate: BUILD FAILED (log: $LOGS/build.log)"; exit 1; }

@@ -10,7 +10,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -209,6 +212,163 @@ TEST_CASE("calibrate: a train --out file of the CPU executor") {
   CHECK(seen);
   // Another model's program does not line up with the measured events.
   bad("calibrate --train-out " + m + " --model tiny-llama", "the program lowered from its configuration has");
+}
+
+// The executor's runs as calibration's held-out check: each train --out file is a run whose
+// events are fitted or held out together, and whose phases (the sums of its device events, as
+// the executor times them one after another) are reported per run and, over the held-out runs,
+// as a MAPE per phase. The phase the simulator predicts for a run must be the sum of what it
+// predicts for the run's events one by one: the same program, priced two ways.
+TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums of their events") {
+  const std::string s0 = tmp("heldout_s0.json"), s2 = tmp("heldout_s2.json");
+  std::ofstream(s0) << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0}})";
+  std::ofstream(s2) << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}})";
+  const std::string a = tmp("heldout-gpt2-s0.json"), b = tmp("heldout-gpt2-s2.json"), c = tmp("heldout-llama-s0.json");
+  for (const auto& [model, cfg, out] : {std::tuple{"tiny-gpt2", s0, a}, {"tiny-gpt2", s2, b}, {"tiny-llama", s0, c}}) {
+    const Run t = run(std::string("train --model ") + model + " --ds-config " + cfg + " --steps 3 --seq-len 32 --quiet --out " + out);
+    REQUIRE(t.status == 0);
+  }
+  const Run r = run("calibrate --train-out " + a + " --train-out " + b + " --train-out " + c +
+                    " --fit-where 'run=heldout-gpt2-s0' --json");
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::set<std::string> phases;
+  for (const auto& p : j["held_out_phases"]) {
+    CHECK(p["quantity"] == "events");
+    CHECK(p["runs"].get<int>() == 2);  // the stage-2 run and the other model
+    CHECK(p["mape_after"].is_number());
+    phases.insert(p["phase"].get<std::string>());
+  }
+  CHECK(phases == std::set<std::string>{"forward", "backward", "step", "iteration"});
+  // Per run and phase: the phase observation against the sum of the run's event observations.
+  std::map<std::pair<std::string, std::string>, std::array<double, 4>> sums;  // measured, before, after, phase's before
+  std::map<std::pair<std::string, std::string>, std::array<double, 3>> phase;  // measured, before, after
+  int fitted_events = 0, held_events = 0;
+  for (const auto& o : j["observations"]) {
+    const auto& t = o["tags"];
+    if (t.value("source", "") != "train") continue;
+    const auto key = std::make_pair(t["run"].get<std::string>(), t["phase"].get<std::string>());
+    if (o["kind"] == "phase events") {
+      CHECK_FALSE(o["fit"].get<bool>());  // reported: its events are what is fitted
+      phase[key] = {o["measured_s"].get<double>(), o["before_s"].get<double>(), o["after_s"].get<double>()};
+      continue;
+    }
+    (o["fit"].get<bool>() ? fitted_events : held_events) += 1;
+    CHECK(o["fit"].get<bool>() == (key.first == "heldout-gpt2-s0"));
+    auto& s = sums[key];
+    s[0] += o["measured_s"].get<double>();
+    s[1] += o["before_s"].get<double>();
+    s[2] += o["after_s"].get<double>();
+  }
+  CHECK(fitted_events > 40);
+  CHECK(held_events > 80);
+  CHECK(phase.size() == 12);  // 3 runs x (forward, backward, step, iteration)
+  for (const auto& [key, p] : phase) {
+    if (key.second == "iteration") continue;
+    CAPTURE(key.first);
+    CAPTURE(key.second);
+    const auto& s = sums[key];
+    // Measured: the events left out as observations (a group of one moves nothing) take ~0.
+    CHECK(p[0] == doctest::Approx(s[0]).epsilon(0.01));
+    CHECK(p[1] == doctest::Approx(s[1]).epsilon(1e-6));
+    CHECK(p[2] == doctest::Approx(s[2]).epsilon(1e-6));
+  }
+  for (const std::string run_name : {"heldout-gpt2-s0", "heldout-gpt2-s2", "heldout-llama-s0"}) {
+    const auto it = phase[{run_name, "iteration"}];
+    const double sum = phase[{run_name, "forward"}][1] + phase[{run_name, "backward"}][1] + phase[{run_name, "step"}][1];
+    CHECK(it[1] == doctest::Approx(sum).epsilon(1e-9));
+  }
+}
+
+// The issue's held-out check, on zeroplan's own CUDA executor (tests/data/calibration/
+// h200_executor: per-event CUDA-event times of 14 runs on an H200, and GPT-2's micro-benchmarks
+// there). Fitted on the micro-benchmarks and GPT-2's stage 0 and 1 runs; held out: stages 2 and 3,
+// another micro-batch, GAS 2, overlap off, fp16, eager attention, GPT-2 medium, BERT-large and a
+// Llama. The bounds are what the fit reaches (docs/calibration.md), so that it cannot get worse
+// unnoticed; the step phase misses (the executor's gradient norm is not priced: see the doc).
+TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at stages 0 and 1, held out elsewhere") {
+  const std::string dir = std::string(ZEROPLAN_SHARED_DIR) + "/tests/data/calibration/h200_executor/";
+  std::string args = "calibrate --observations " + dir + "device_observations_gpt2.json";
+  for (const char* r : {"gpt2-s0", "gpt2-s1", "gpt2-s2", "gpt2-s3", "gpt2-s1-mb4", "gpt2-s2-gas2", "gpt2-s2-nooverlap",
+                        "gpt2-s1-fp16", "gpt2-s1-eager", "gpt2m-s1", "bertl-s0", "bertl-s2", "llama-s1", "llama-s3"})
+    args += " --train-out " + dir + r + ".json";
+  const Run r = run(args + " --fit-where 'source=device;source=train,run=gpt2-s0|gpt2-s1' --json");
+  CAPTURE(r.err);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["cluster"]["name"] == "1xH200-141GB");  // from the files: the GPU they name
+  std::map<std::string, std::pair<double, double>> mape;  // phase → (before, after), percent
+  for (const auto& p : j["held_out_phases"]) {
+    CHECK(p["quantity"] == "events");
+    CHECK(p["runs"].get<int>() == 12);
+    mape[p["phase"].get<std::string>()] = {p["mape_before"].get<double>(), p["mape_after"].get<double>()};
+  }
+  REQUIRE(mape.size() == 4);
+  for (const auto& [phase, m] : mape) {
+    CAPTURE(phase);
+    CHECK(m.first > 30);  // the H200 preset, uncalibrated: 37-50% off
+    CHECK(m.second < (phase == "step" ? m.first : m.first / 4));  // calibrated
+  }
+  CHECK(mape["forward"].second < 10);
+  CHECK(mape["backward"].second < 8);
+  CHECK(mape["iteration"].second < 8);
+  CHECK(mape["step"].second < 35);
+  CHECK(j["uncertainty"]["basis"].get<std::string>().find("12 held-out runs") != std::string::npos);
+}
+
+// Observations saved on one machine (a GPU machine's --device cuda run) fit the same anywhere.
+TEST_CASE("calibrate --save-observations / --observations: the same fit from the saved file") {
+  const std::string saved = tmp("saved_observations.json");
+  const std::string tables = "--cluster 8xA100-80GB-NVSwitch --nodes 16 --nccl-tests " + kFix +
+                             "fixture_slow_fabric_all_reduce.txt --nccl-tests " + kFix + "fixture_slow_fabric_all_gather.txt";
+  const Run a = run("calibrate " + tables + " --json --save-observations " + saved);
+  REQUIRE(a.status == 0);
+  const Run b = run("calibrate --cluster 8xA100-80GB-NVSwitch --nodes 16 --observations " + saved + " --json");
+  REQUIRE(b.status == 0);
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  REQUIRE(ja["observations"].size() == jb["observations"].size());
+  for (std::size_t i = 0; i < ja["observations"].size(); ++i) {
+    CHECK(ja["observations"][i]["measured_s"] == jb["observations"][i]["measured_s"]);
+    CHECK(ja["observations"][i]["after_s"].get<double>() == doctest::Approx(jb["observations"][i]["after_s"].get<double>()));
+  }
+  REQUIRE(ja["parameters"].size() == jb["parameters"].size());
+  for (std::size_t i = 0; i < ja["parameters"].size(); ++i) {
+    CHECK(ja["parameters"][i]["name"] == jb["parameters"][i]["name"]);
+    CHECK(ja["parameters"][i]["after"].get<double>() == doctest::Approx(jb["parameters"][i]["after"].get<double>()));
+  }
+  // A kernel observation survives the round trip too (its class, shape and dtype).
+  const std::string k = tmp("saved_kernel.json");
+  std::ofstream(k) << R"({"format": "zeroplan-observations", "version": 1, "observations": [
+    {"kind": "kernel", "class": "gemm", "name": "gemm 4096x4096x4096 bf16", "gemms": [[4096, 4096, 4096, 1]],
+     "flops": 1.37438953472e11, "bytes": 100663296, "dtype": "bf16", "seconds": 2.1e-4, "tags": {"source": "device"}},
+    {"kind": "kernel", "class": "memory", "name": "add 1e8 bf16", "flops": 1e8, "bytes": 600000000, "dtype": "bf16",
+     "seconds": 1.9e-4, "tags": {"source": "device"}}]})";
+  const Run c = run("calibrate --gpus 1 --gpu H200-141GB --observations " + k + " --json");
+  CHECK(c.status == 0);
+  // Bad files: one line naming the file and the key.
+  const std::string bad_file = tmp("bad_observations.json");
+  auto refused = [&](const std::string& text, const std::string& must) {
+    std::ofstream(bad_file) << text;
+    bad("calibrate --gpus 1 --gpu H200-141GB --observations " + bad_file, must);
+  };
+  refused(R"({"runs": []})", "not a saved observations file");
+  refused(R"({"format": "zeroplan-observations", "version": 2, "observations": []})", "version 2");
+  refused(R"({"format": "zeroplan-observations", "version": 1, "observations": [{"kind": "phase", "seconds": 1}]})",
+          "observations[0].kind");
+  refused(R"({"format": "zeroplan-observations", "version": 1, "observations": [{"kind": "kernel", "class": "gemm",
+           "dtype": "bf16", "seconds": 1e-3}]})",
+          "a GEMM observation needs its shapes");
+  refused(R"({"format": "zeroplan-observations", "version": 1, "observations": [{"kind": "kernel", "class": "memory",
+           "dtype": "bf17", "seconds": 1e-3}]})",
+          "observations[0].dtype");
+  refused(R"({"format": "zeroplan-observations", "version": 1, "observations": [{"kind": "kernel", "class": "memory",
+           "dtype": "bf16", "seconds": -1}]})",
+          "must be a positive time");
+  refused(R"({"format": "zeroplan-observations", "version": 1, "observations": [{"kind": "collective", "seconds": 1e-3,
+           "collective": {"kind": "all_reduce", "ranks": 2, "bytes": 1024, "colour": 1}}]})",
+          "colour");
+  bad("calibrate --cluster 8xA100-80GB-NVSwitch --nodes 16 --observations " + saved + " --fit-where 'source=nccl-tests;'",
+      "empty alternative");
 }
 
 TEST_CASE("calibrate: bad input is one line and exit status 2") {
