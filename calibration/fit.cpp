@@ -552,16 +552,15 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
 
 FitResult fit_in_two_passes(const PredictFn& predict, const std::vector<Observation>& obs, const ModelParams& start,
                             const FitOptions& opt, const std::function<bool(const Observation&)>& is_later,
-                            const std::vector<const ParamDef*>& later,
-                            const std::function<bool(const Observation&)>& in_both) {
+                            const std::vector<const ParamDef*>& later) {
   auto is_later_param = [&](const ParamDef* d) { return std::find(later.begin(), later.end(), d) != later.end(); };
   std::vector<Observation> first_obs = obs, second_obs = obs;
   bool any_later = false;
   for (std::size_t i = 0; i < obs.size(); ++i) {
     const bool l = obs[i].fit && is_later(obs[i]);
     any_later |= l;
-    if (l && !(in_both && in_both(obs[i]))) first_obs[i].fit = false;
-    if (!l) second_obs[i].fit = false;
+    if (l) first_obs[i].fit = false;
+    else second_obs[i].fit = false;
   }
   FitOptions o1 = opt, o2 = opt;
   o1.candidates.clear();

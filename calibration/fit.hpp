@@ -72,12 +72,9 @@ FitResult fit(const PredictFn& predict, const std::vector<Observation>& obs, con
 // held. For parameters that only a few observations determine and that trade off against a
 // shared curve (a fused attention kernel's own factors against the GEMM curve: with one
 // measured attention shape a joint fit bends the GEMM curve to the attention kernel).
-// Observations `in_both` also picks are fitted in both passes: a kind's bandwidth factor is
-// fitted on its kernels after the common efficiency was fitted on every kernel.
 FitResult fit_in_two_passes(const PredictFn& predict, const std::vector<Observation>& obs, const ModelParams& start,
                             const FitOptions& opt, const std::function<bool(const Observation&)>& is_later,
-                            const std::vector<const ParamDef*>& later,
-                            const std::function<bool(const Observation&)>& in_both = {});
+                            const std::vector<const ParamDef*>& later);
 
 // log((predicted + floor) / (measured + floor)).
 double log_ratio(double predicted, const Observation& o);
