@@ -22,6 +22,7 @@ const char* kernel_class_name(KernelClass k) {
     case KernelClass::copy_h2d: return "copy_h2d";
     case KernelClass::copy_host: return "copy_host";
     case KernelClass::collective: return "collective";
+    case KernelClass::reduction: return "reduction";
   }
   return "?";
 }

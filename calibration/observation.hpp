@@ -49,6 +49,8 @@ enum class KernelClass : std::uint8_t {
   copy_h2d,    // host ↔ device
   copy_host,   // memcpy within host memory
   collective,  // a collective event of a train --out file (its group and bytes in `coll`)
+  reduction,   // the local reduction of a scalar all-reduce of one rank (the gradient norm, the
+               // overflow check): `bytes` read over `pieces` tensors
 };
 const char* kernel_class_name(KernelClass k);
 
@@ -64,7 +66,8 @@ struct KernelSample {
   std::optional<models::OpKind> op_kind;  // the graph op's kind (a training run's event): its
                                      // bandwidth factor (DeviceProfile::op_efficiency) applies
   double dropout = 0;                // fused attention: its dropout_p
-  std::int64_t pieces = 1;           // a copy: its contiguous pieces (a flatten's tensors)
+  std::int64_t pieces = 1;           // a copy: its contiguous pieces (a flatten's tensors); a
+                                     // reduction, or a collective's local reduction: its tensors
   int run = -1;                      // the training run it was timed in (index into Dataset::runs:
                                      // a train --out event); -1: a micro-benchmark
 };

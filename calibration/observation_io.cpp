@@ -29,7 +29,7 @@ E enum_of(const json::Reader& r, const json::json& obj, const char* key, int n, 
   throw InputError(r.file, r.key_path(key), "missing required key");
 }
 
-constexpr int kNumKernelClasses = 7;
+constexpr int kNumKernelClasses = static_cast<int>(KernelClass::reduction) + 1;
 constexpr int kNumDTypes = 6;
 
 }  // namespace

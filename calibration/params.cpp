@@ -186,6 +186,12 @@ std::vector<ParamDef> build_registry() {
                      "small host-to-device copies (a training run's batch)", 0.01, 1e4, true,
                      [](const M& m) { return m.device.h2d_launch.v / kMicro; },
                      [](M& m, double v) { m.device.h2d_launch = Seconds{v * kMicro}; }));
+  r.push_back(scalar("compute.norm_tensor_us", ParamGroup::compute, "us",
+                     "the gradient norm's (and overflow check's) local work per gradient tensor it visits",
+                     "the step's gradient-norm events of training runs (zeroplan train --out) at stages 1 and 2, whose "
+                     "norm visits every parameter's gradient",
+                     0.01, 1e4, true, [](const M& m) { return m.device.norm_tensor.v / kMicro; },
+                     [](M& m, double v) { m.device.norm_tensor = Seconds{v * kMicro}; }));
   {
     ParamDef d = scalar("compute.copy_piece_us", ParamGroup::compute, "us",
                         "cost per contiguous piece of a copy beyond the first (a stack that copies a flatten's tensors one "
@@ -294,7 +300,7 @@ std::vector<ParamDef> build_registry() {
   for (auto& d : r) {
     if (d.name == "compute.gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
         d.name == "compute.kernel_launch_us" || d.name == "compute.copy_launch_us" || d.name == "compute.copy_piece_us" ||
-        d.name == "compute.h2d_launch_us")
+        d.name == "compute.h2d_launch_us" || d.name == "compute.norm_tensor_us")
       d.stage = 1;
     if (d.name == "compute.comm_compute_interference" || d.name == "collective.fill_fraction") d.stage = 2;
   }

@@ -130,7 +130,9 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     }
     if (o.kind != ObsKind::kernel) continue;
     const KernelSample& k = o.kernel;
-    if (k.cls == KernelClass::copy_d2d || k.cls == KernelClass::copy_h2d || k.cls == KernelClass::copy_host) continue;
+    if (k.cls == KernelClass::copy_d2d || k.cls == KernelClass::copy_h2d || k.cls == KernelClass::copy_host ||
+        k.cls == KernelClass::reduction)
+      continue;
     auto [it, fresh] = graph_of_dtype.emplace(std::pair{k.dtype, k.tf32}, static_cast<int>(kernel_graphs_.size()));
     if (fresh) {
       kernel_graphs_.emplace_back();
@@ -210,6 +212,14 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     switch (k.cls) {
       case KernelClass::collective:
         out[i] = coll.cost(o.coll.kind, groups_[i], o.coll.bytes).time.v;
+        if (k.bytes.v > 0) {  // a scalar all-reduce's local reduction first
+          if (!copies) copies.emplace(m.device, empty_graph_);
+          out[i] += copies->local_reduction_cost(k.bytes, k.pieces).v;
+        }
+        break;
+      case KernelClass::reduction:
+        if (!copies) copies.emplace(m.device, empty_graph_);
+        out[i] = copies->local_reduction_cost(k.bytes, k.pieces).v;
         break;
       case KernelClass::copy_d2d:
       case KernelClass::copy_h2d:

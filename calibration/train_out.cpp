@@ -159,7 +159,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
       }
       case zero::EventKind::copy:
         k.bytes = ev.mem_bytes;
-        k.pieces = std::max<std::int64_t>(1, static_cast<std::int64_t>(ev.slice_end - ev.slice_begin));
+        k.pieces = std::max<std::int64_t>({1, static_cast<std::int64_t>(ev.slice_end - ev.slice_begin), ev.tensors});
         k.cls = ev.src == zero::Placement::host && ev.dst == zero::Placement::host ? KernelClass::copy_host
                 : ev.src != ev.dst                                                 ? KernelClass::copy_h2d
                                                                                    : KernelClass::copy_d2d;
@@ -182,7 +182,14 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
         o.coll.ranks = static_cast<int>(o.coll.group.size());
         o.coll.dtype = std::string(dtype_name(ev.dtype));
         o.tags["op"] = zero::coll_kind_name(ev.coll);
-        if (o.coll.ranks < 2) continue;
+        // A scalar all-reduce reduces the gradients locally first (the norm, the overflow check).
+        k.bytes = ev.mem_bytes;
+        k.pieces = ev.tensors;
+        if (o.coll.ranks < 2) {
+          if (ev.tensors <= 0 && ev.mem_bytes.v <= 0) continue;  // a group of one moves nothing
+          k.cls = KernelClass::reduction;  // what is left: the local reduction
+          o.tags["op"] = zero::trigger_name(ev.trigger);
+        }
         break;
       }
       case zero::EventKind::marker: continue;

@@ -43,6 +43,7 @@ const std::vector<std::string> kProfileKeys = {
     "copy_launch_us",
     "copy_piece_us",
     "h2d_launch_us",
+    "norm_tensor_us",
     "kernels_per_op",
     "d2d_copy_gbps",
     "pcie_h2d_gbps",
@@ -176,6 +177,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   p.copy_launch = e.contains("copy_launch_us") ? Seconds{r.get_double(e, "copy_launch_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.copy_piece = Seconds{r.get_double(e, "copy_piece_us", 0, 0, 1e6) * kMicro};
   p.h2d_launch = e.contains("h2d_launch_us") ? Seconds{r.get_double(e, "h2d_launch_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
+  p.norm_tensor = e.contains("norm_tensor_us") ? Seconds{r.get_double(e, "norm_tensor_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.kernels_per_op = static_cast<int>(r.get_int(e, "kernels_per_op", 1, 1, 1000));
   p.d2d_copy_bandwidth = BytesPerSecond{positive(r, e, "d2d_copy_gbps", 1e6) * kGiga};
   p.pcie_h2d = BytesPerSecond{positive(r, e, "pcie_h2d_gbps", 1e6) * kGiga};
@@ -237,6 +239,7 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
   p.copy_launch = p.kernel_launch;
   p.h2d_launch = p.kernel_launch;
+  p.norm_tensor = p.kernel_launch;
   p.kernels_per_op = 1;
   p.d2d_copy_bandwidth = BytesPerSecond{dev.hbm_bandwidth.v * (cpu ? 0.5 : 0.85)};
   p.pcie_h2d = BytesPerSecond{(cpu ? 10.0 : hopper ? 50.0 : 24.0) * kGiga};
@@ -336,6 +339,7 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"copy_launch_us", us(p.copy_launch)},
           {"copy_piece_us", us(p.copy_piece)},
           {"h2d_launch_us", us(p.h2d_launch)},
+          {"norm_tensor_us", us(p.norm_tensor)},
           {"kernels_per_op", p.kernels_per_op},
           {"d2d_copy_gbps", p.d2d_copy_bandwidth.v / kGiga},
           {"pcie_h2d_gbps", p.pcie_h2d.v / kGiga},
@@ -458,8 +462,15 @@ Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
   return compute_cost(op, phase, backward ? o.bwd_flops : o.fwd_flops, backward ? o.bwd_bytes : o.fwd_bytes);
 }
 
+Seconds ComputeModel::local_reduction_cost(Bytes bytes, std::int64_t tensors) const {
+  if (tensors <= 0 && bytes.v <= 0) return Seconds{0};
+  const double read = static_cast<double>(bytes.v) / (p_.hbm_bandwidth.v * p_.elementwise_efficiency);
+  return Seconds{read + static_cast<double>(std::max<std::int64_t>(tensors, 1)) * p_.norm_tensor.v};
+}
+
 Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces) const {
   using zero::Placement;
+  if (bytes.v <= 0) return Seconds{0};  // a view: nothing moves
   double bw = p_.d2d_copy_bandwidth.v, floor = p_.copy_launch.v;
   if (src == Placement::host && dst == Placement::host) {
     bw = p_.host_memcpy_bandwidth.v;
@@ -484,7 +495,8 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
     case EventKind::compute:
       return compute_cost(e.op, e.phase, e.flops, e.mem_bytes);
     case EventKind::copy:
-      return copy_cost(e.mem_bytes, e.src, e.dst, static_cast<std::int64_t>(e.slice_end - e.slice_begin));
+      return copy_cost(e.mem_bytes, e.src, e.dst,
+                       std::max<std::int64_t>(e.slice_end - e.slice_begin, e.tensors));
     case EventKind::optimizer: {
       if (e.src == Placement::host) {
         const double elements = e.flops.v / kAdamFlopsPerElement;

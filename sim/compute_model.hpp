@@ -96,6 +96,10 @@ struct DeviceProfile {
   // Added per contiguous piece of a copy event beyond the first (a flatten of N tensors that a
   // stack copies one by one); 0 where one kernel moves them all (torch.cat).
   Seconds copy_piece{};
+  // The local reduction before a scalar all-reduce (the gradient norm, the overflow check):
+  // per gradient tensor it visits (its kernels' launches), on top of reading their bytes at
+  // elementwise_efficiency. The same as a kernel's launch unless measured otherwise.
+  Seconds norm_tensor{};
   int kernels_per_op = 1;                // average kernels an op launches (fwd); bwd doubles
   BytesPerSecond d2d_copy_bandwidth{};   // memcpy within the device (read + write counted)
   BytesPerSecond pcie_h2d{};             // host ↔ device per direction
@@ -145,7 +149,11 @@ class ComputeModel {
   // A compute kernel of `flops` and `bytes` in `phase`: GEMM-shaped by graph op `op`
   // (kNone: a non-GEMM op).
   Seconds compute_cost(models::OpId op, zero::Phase phase, Flops flops, Bytes bytes) const;
-  // A copy of `bytes` (read + written) from src to dst in `pieces` contiguous pieces.
+  // The local reduction of a scalar all-reduce event (Event::tensors, mem_bytes): 0 for
+  // any other collective.
+  Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;
+  // A copy of `bytes` (read + written) from src to dst in `pieces` contiguous pieces (0 bytes:
+  // a view, free).
   Seconds copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces) const;
   const DeviceProfile& profile() const { return p_; }
 

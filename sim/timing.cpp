@@ -41,6 +41,10 @@ std::vector<Seconds> event_durations(const zero::Program& p, const ComputeModel&
                 {kind, e.group, bytes.v, collectives.cost(e.coll, p.groups[static_cast<std::size_t>(e.group)].ranks, bytes).time});
         }
         out = coll_cost[last].time;
+        // A scalar all-reduce's local reduction over the gradients first (the norm, the
+        // overflow check).
+        if (e.tensors > 0 || e.mem_bytes.v > 0)
+          out = Seconds{out.v + compute.local_reduction_cost(e.mem_bytes, e.tensors).v};
         break;
       }
       case EventKind::compute: {

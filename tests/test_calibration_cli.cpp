@@ -285,7 +285,7 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
 // there). Fitted on the micro-benchmarks and GPT-2's stage 0 and 1 runs; held out: stages 2 and 3,
 // another micro-batch, GAS 2, overlap off, fp16, eager attention, GPT-2 medium, BERT-large and a
 // Llama. The bounds are what the fit reaches (docs/calibration.md), so that it cannot get worse
-// unnoticed; the step phase misses (the executor's gradient norm is not priced: see the doc).
+// unnoticed.
 TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at stages 0 and 1, held out elsewhere") {
   const std::string dir = std::string(ZEROPLAN_SHARED_DIR) + "/tests/data/calibration/h200_executor/";
   std::string args = "calibrate --observations " + dir + "device_observations_gpt2.json";
@@ -306,13 +306,13 @@ TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at st
   REQUIRE(mape.size() == 4);
   for (const auto& [phase, m] : mape) {
     CAPTURE(phase);
-    CHECK(m.first > 30);  // the H200 preset, uncalibrated: 37-50% off
-    CHECK(m.second < (phase == "step" ? m.first : m.first / 4));  // calibrated
+    CHECK(m.first > 30);  // the H200 preset, uncalibrated: 37-47% off
+    CHECK(m.second < m.first / 2);  // calibrated
   }
   CHECK(mape["forward"].second < 10);
   CHECK(mape["backward"].second < 8);
   CHECK(mape["iteration"].second < 8);
-  CHECK(mape["step"].second < 35);
+  CHECK(mape["step"].second < 20);
   CHECK(j["uncertainty"]["basis"].get<std::string>().find("12 held-out runs") != std::string::npos);
 }
 

@@ -653,3 +653,18 @@ TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read 
   e = profile_error(with(kGoodProfile, "\"source\"", "\"op_efficiency\": [1], \"source\""));
   CHECK(e.find("op_efficiency") != std::string::npos);
 }
+
+TEST_CASE("the gradient norm's local reduction: its bytes at the bandwidth, plus its tensors; a view copies nothing") {
+  const OpGraph g = graph_of("tiny-gpt2", 1, 8, zp::DType::fp16);
+  DeviceProfile p = profile_of("H200-141GB");
+  p.norm_tensor = Seconds{10e-6};
+  const ComputeModel cm(p, g);
+  const double read = 1e9 / (p.hbm_bandwidth.v * p.elementwise_efficiency);
+  CHECK(cm.local_reduction_cost(Bytes{1'000'000'000}, 148).v == doctest::Approx(read + 148 * 10e-6));
+  CHECK(cm.local_reduction_cost(Bytes{1'000'000'000}, 1).v == doctest::Approx(read + 10e-6));
+  CHECK(cm.local_reduction_cost(Bytes{0}, 0).v == 0);
+  CHECK(cm.copy_cost(Bytes{0}, Placement::device, Placement::device, 148).v == 0);
+  // The default: a launch per tensor.
+  const DeviceProfile d = profile_of("H200-141GB");
+  CHECK(d.norm_tensor.v == doctest::Approx(d.kernel_launch.v));
+}

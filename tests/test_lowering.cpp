@@ -1390,3 +1390,48 @@ TEST_CASE("stage 3 fp16 overflow check: isinf and isnan masks of the gradient pa
     for (const auto& e : l.p.events) CHECK(l.p.event_name(e.id).find("overflow_check.is") == std::string::npos);
   }
 }
+
+// The step's scalar all-reduces reduce the rank's gradients locally first, and some copies visit
+// tensors one by one: what the compute model prices for them (docs/compute_model.md).
+TEST_CASE("the gradient norm reads the rank's gradients; per-parameter casts and flattens count their tensors") {
+  for (const int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    const auto cfg = config(stage, 2, 1);
+    const auto b = build("tiny-gpt2", cfg, 4, 16, false, 0);
+    const std::int64_t dt = dtype_size(cfg.grad_accum());  // the gradients in their accumulation dtype
+    int norms = 0;
+    for (const auto& e : b.p.events) {
+      if (e.kind != EventKind::collective || (e.trigger != Trigger::grad_norm && e.trigger != Trigger::overflow_check))
+        continue;
+      ++norms;
+      CHECK(e.elements == 1);  // the all-reduce itself is a scalar
+      if (stage == 3) {
+        CHECK(e.tensors == 1);  // the flat partition
+        CHECK(e.mem_bytes.v == zero::stage3_partition_elements(b.g, 4) * dt);
+      } else {
+        const auto l = zero::flat_layout(b.g, 4);
+        std::int32_t overlapping = 0;
+        for (const auto off : zero::grads_in_partition_offsets(b.g, l, 0)) overlapping += off >= 0 ? 1 : 0;
+        CHECK(e.tensors == overlapping);
+        CHECK(e.tensors > 0);
+        CHECK(e.tensors < static_cast<std::int32_t>(b.g.params.size()));  // a quarter of the model, give or take
+        CHECK(e.mem_bytes.v == zero::grads_in_partition_elements(b.g, l, 0) * dt);
+      }
+    }
+    CHECK(norms == 2);  // fp16: the overflow check and the norm
+  }
+  // Offloaded: the host reduces its partition; nothing is read on the device.
+  auto off = config(2, 2, 1);
+  off.zero.offload_optimizer.device = zero::OffloadDevice::cpu;
+  for (const auto& e : build("tiny-gpt2", off, 4, 16).p.events)
+    if (e.kind == EventKind::collective && e.trigger == Trigger::grad_norm) CHECK(e.mem_bytes.v == 0);
+  // Stage 0 (FP16_Optimizer): each gradient cast to fp32 on its own.
+  const auto s0 = build("tiny-gpt2", config(0, 2, 1), 1, 16);
+  int casts = 0;
+  for (const auto& e : s0.p.events)
+    if (e.kind == EventKind::copy && s0.p.event_name(e.id) == "step/grads_to_fp32") {
+      ++casts;
+      CHECK(e.tensors == static_cast<std::int32_t>(s0.g.params.size()));
+    }
+  CHECK(casts == 1);
+}

@@ -236,6 +236,11 @@ struct Event {
   BufferId src_buf = -1, src2_buf = -1, src3_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
   std::int64_t offset = 0;
+  // Tensors the event visits one by one: a scalar all-reduce's local reduction before the
+  // all-reduce (the gradient norm, the overflow check; their bytes are mem_bytes), a copy done
+  // per tensor (DeepSpeed's per-param casts, a partition's flatten). 0: not counted (a copy's
+  // slices, when it has them, are its pieces).
+  std::int32_t tensors = 0;
   // CSR ranges into Program's lists
   std::uint32_t alloc_begin = 0, alloc_end = 0;
   std::uint32_t free_begin = 0, free_end = 0;

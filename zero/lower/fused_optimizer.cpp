@@ -66,6 +66,7 @@ void FusedOptimizerLowering::step() {
     // caching allocator's requests; the flatten packs the same values from the grads.
     Event& cast = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "grads_to_fp32");
     cast.mem_bytes = Bytes{psi * (c_.b16() + 4)};
+    cast.tensors = static_cast<std::int32_t>(c_.g.params.size());
     std::vector<BufferId> list32;
     for (const auto& prm : c_.g.params) {
       // (numel,) fp32

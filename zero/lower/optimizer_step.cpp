@@ -3,11 +3,34 @@
 namespace zp::zero::lowering {
 
 namespace {
+// What the local reduction before the scalar all-reduce reads: this rank's gradients, stage 3's
+// flat partition (one tensor) or the stage 1/2 gradients of the params overlapping its
+// partition (one tensor each); nothing on the device when the optimizer is offloaded.
+struct LocalRead {
+  std::int64_t bytes = 0;
+  std::int32_t tensors = 0;
+};
+LocalRead local_read(const Context& c) {
+  if (c.offload_opt) return {};
+  const std::int64_t dt = dtype_size(c.accum_dtype());
+  if (c.stage == 3) return {stage3_partition_elements(c.g, c.N) * dt, 1};
+  return {grads_in_partition_elements(c.g, c.layout, c.opt.rank) * dt, partition_tensors(c)};
+}
+
 void scalar_allreduce(Context& c, Trigger t, ReduceOp op, const char* name) {
-  c.collective(Stream::compute, Phase::step, -1, c.b.label(name), CollKind::all_reduce, op, t, c.dp_group, 1,
-               DType::fp32, -1);
+  Event& e = c.collective(Stream::compute, Phase::step, -1, c.b.label(name), CollKind::all_reduce, op, t, c.dp_group,
+                          1, DType::fp32, -1);
+  const LocalRead r = local_read(c);
+  e.mem_bytes = Bytes{r.bytes};
+  e.tensors = r.tensors;
 }
 }  // namespace
+
+std::int32_t partition_tensors(const Context& c) {
+  std::int32_t n = 0;
+  for (const std::int64_t off : grads_in_partition_offsets(c.g, c.layout, c.opt.rank)) n += off >= 0 ? 1 : 0;
+  return n;
+}
 
 void gradient_checks(Context& c) {
   if (c.md == DType::fp16) scalar_allreduce(c, Trigger::overflow_check, ReduceOp::max, "overflow_check");

@@ -13,6 +13,9 @@ namespace zp::zero::lowering {
 // fp16: MAX all-reduce of the overflow flag; always: SUM all-reduce of the squared norm
 // (stage_1_and_2.py / stage3.py step). One fp32 element each.
 void gradient_checks(Context& c);
+// Stages 1/2: the params whose gradients overlap this rank's partition (the tensors its norm
+// and its partition's flatten visit one by one).
+std::int32_t partition_tensors(const Context& c);
 
 // Data: dst (master or the params) -= update(grads, states) over [offset, offset +
 // elements); grads -1: each param's own gradient (stage 0, fp32). Waits for the last

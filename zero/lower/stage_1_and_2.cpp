@@ -356,6 +356,7 @@ void ZeroOptimizerLowering::step() {
     const DType gd = c_.accum_dtype();
     Event& fl = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_partition_grads");
     fl.mem_bytes = Bytes{2 * P * dtype_size(gd)};
+    fl.tensors = partition_tensors(c_);  // param by param
     fl.copy_op = CopyOp::partition_grads;
     fl.src_buf = grads_in_partition_;
     fl.src2_buf = accumulated_partition_;
