@@ -121,6 +121,8 @@ struct RunConfig {
   std::int64_t seq_len = 0;
   models::Attention attention = models::kDefaultAttention;
   int world_size = 1;
+  std::optional<int> rank;           // the rank it measured (train --out of one rank of N); none:
+                                     // the heaviest rank, as simulate predicts it
   bool activation_checkpointing = false;
   bool keep_output = false;          // the caller held the model output (--keep-output)
   std::map<std::string, std::string> tags;

@@ -30,7 +30,7 @@ E enum_of(const json::Reader& r, const json::json& obj, const char* key, int n, 
 }
 
 constexpr int kNumKernelClasses = static_cast<int>(KernelClass::reduction) + 1;
-constexpr int kNumDTypes = 6;
+constexpr int kNumDTypes = static_cast<int>(DType::i64) + 1;
 
 }  // namespace
 
@@ -166,11 +166,7 @@ Dataset read_observations(const std::string& path) {
       k.dtype = enum_of<DType>(r, j, "dtype", kNumDTypes, [](DType d) { return std::string(dtype_name(d)); });
       k.backward = r.get_bool(j, "backward", false);
       k.tf32 = r.get_bool(j, "tf32", false);
-      if (j.contains("op_kind")) {
-        std::vector<std::string> kinds;
-        for (int x = 0; x < models::kNumOpKinds; ++x) kinds.emplace_back(models::op_kind_name(static_cast<models::OpKind>(x)));
-        k.op_kind = models::op_kind_from_name(r.get_enum(j, "op_kind", "", kinds));
-      }
+      if (j.contains("op_kind")) k.op_kind = models::op_kind_from_name(r.get_enum(j, "op_kind", "", models::op_kind_names()));
       k.dropout = r.get_double(j, "dropout", 0, 0, 1);
       k.pieces = r.get_int(j, "pieces", 1, 1, std::int64_t{1} << 40);
       coll = k.cls == KernelClass::collective;

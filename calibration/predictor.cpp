@@ -170,6 +170,7 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     sim::Target t;
     t.device = device_;
     t.world_size = rc.world_size;
+    t.rank = rc.rank;
     t.activation_checkpointing = rc.activation_checkpointing || rc.cfg.activation_checkpointing_present;
     t.keep_output = rc.keep_output;
     runs_[r].graph = models::build_graph(

@@ -33,13 +33,15 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   cr.require_object(c, "config");
   const std::string model = args.model.empty() ? cr.get_string(c, "model", "") : args.model;
   if (model.empty()) throw InputError(path, "config.model", "missing required key");
+  // The ds_config and the model as the run read them (train --out records both) win over the
+  // path and the name it gives: on another machine the path may be missing or another file,
+  // and a config.json's name may be a catalogue entry's. --ds-config / --model override them.
+  const bool embedded = args.ds_config.empty() && c.contains("ds_config_json") && c.at("ds_config_json").is_object() &&
+                        !c.at("ds_config_json").empty();
   std::string ds_path = args.ds_config.empty() ? cr.get_string(c, "ds_config", "") : args.ds_config;
-  if (!ds_path.empty() && !fs::exists(ds_path) && fs::exists(fs::path(path).parent_path() / ds_path))
+  if (!embedded && !ds_path.empty() && !fs::exists(ds_path) && fs::exists(fs::path(path).parent_path() / ds_path))
     ds_path = (fs::path(path).parent_path() / ds_path).string();
-  // The config as the run read it (train --out records it): used when its file is not here.
-  const bool embedded = args.ds_config.empty() && !ds_path.empty() && !fs::exists(ds_path) && c.contains("ds_config_json") &&
-                        c.at("ds_config_json").is_object() && !c.at("ds_config_json").empty();
-  if (!ds_path.empty() && !fs::exists(ds_path) && !embedded)
+  if (!embedded && !ds_path.empty() && !fs::exists(ds_path))
     throw InputError(path, "config.ds_config",
                      fmt::format("the ds_config the run used ({}) is not here; give it with --ds-config", json::printable(ds_path)));
   const int world = static_cast<int>(cr.get_int(c, "world_size", 1, 1, 1 << 20));
@@ -47,15 +49,11 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   if (world > cluster.world_size())
     throw InputError(path, "config.world_size",
                      fmt::format("{} ranks do not fit cluster {} of {} GPUs", world, cluster.name, cluster.world_size()));
-  // A model given as a config.json that is not here: the config the run recorded.
-  models::ModelConfig mc;
-  try {
-    mc = models::load_model(model);
-  } catch (const InputError&) {
-    if (!args.model.empty() || !c.contains("model_config_json") || !c.at("model_config_json").is_object()) throw;
-    mc = models::parse_model_config(path + " (config.model_config_json)", c.at("model_config_json").dump());
-    mc.name = model;
-  }
+  const bool model_embedded = args.model.empty() && c.contains("model_config_json") && c.at("model_config_json").is_object();
+  models::ModelConfig mc = model_embedded ? models::parse_model_config(path + " (config.model_config_json)",
+                                                                       c.at("model_config_json").dump())
+                                          : models::load_model(model);
+  if (model_embedded) mc.name = model;
   zero::DsConfig cfg = embedded        ? zero::parse_ds_config(path + " (config.ds_config_json)", c.at("ds_config_json"))
                        : ds_path.empty() ? zero::default_ds_config()
                                          : zero::load_ds_config(ds_path);
@@ -98,6 +96,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   // by the file.
   ds.runs.push_back(make_run(fs::path(path).stem().string(), path, model, cfg, seq, att, world, ckpt));
   ds.runs.back().model_config = mc;
+  ds.runs.back().rank = rank;
   // Per timer phase, the sum of its device events' measured times (the executor runs them one
   // after another, so this is what its phases took).
   std::array<double, kNumPhaseNames> phase_sum{};

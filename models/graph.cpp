@@ -56,9 +56,19 @@ const char* op_kind_name(OpKind k) {
   return "?";
 }
 
+const std::vector<std::string>& op_kind_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (int k = 0; k < kNumOpKinds; ++k) n.emplace_back(op_kind_name(static_cast<OpKind>(k)));
+    return n;
+  }();
+  return names;
+}
+
 std::optional<OpKind> op_kind_from_name(std::string_view name) {
-  for (int k = 0; k < kNumOpKinds; ++k)
-    if (name == op_kind_name(static_cast<OpKind>(k))) return static_cast<OpKind>(k);
+  const auto& n = op_kind_names();
+  for (std::size_t k = 0; k < n.size(); ++k)
+    if (name == n[k]) return static_cast<OpKind>(k);
   return std::nullopt;
 }
 

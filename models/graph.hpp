@@ -58,6 +58,8 @@ constexpr int kNumOpKinds = static_cast<int>(OpKind::cross_entropy) + 1;
 const char* op_kind_name(OpKind k);
 // The kind op_kind_name() names; nullopt for any other text.
 std::optional<OpKind> op_kind_from_name(std::string_view name);
+// Every kind's name, in enum order (what a reader lists when a name is wrong).
+const std::vector<std::string>& op_kind_names();
 
 // What an op computes, precisely enough for the executor (cost models need only the
 // kind). `Op::alpha` and `Op::col` carry the few constants an op needs.

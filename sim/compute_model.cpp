@@ -163,8 +163,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
       const bool bwd = key.size() > 9 && key.compare(key.size() - 9, 9, ".backward") == 0;
       const auto kind = models::op_kind_from_name(bwd ? std::string_view(key).substr(0, key.size() - 9) : std::string_view(key));
       if (!kind) {
-        std::vector<std::string> names;
-        for (int k = 0; k < models::kNumOpKinds; ++k) names.emplace_back(models::op_kind_name(static_cast<models::OpKind>(k)));
+        const auto& names = models::op_kind_names();
         const std::string near = json::closest(bwd ? key.substr(0, key.size() - 9) : key, names);
         throw InputError(r.file, orr.key_path(key),
                          fmt::format("not an op kind{} (kinds: {}, each optionally with .backward)",
