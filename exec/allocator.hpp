@@ -4,8 +4,11 @@
 // placement at the same points the simulator's replay does (after an event's
 // allocations), and feeds device requests through the same caching-allocator model
 // (sim/caching_allocator) so reserved bytes are measured by the rules they are
-// predicted with. Memory is real and zero-filled (a fresh gradient or accumulation
-// buffer starts at zero, as torch.zeros would).
+// predicted with. Memory is real. A device buffer that something accumulates into (a
+// gradient, a bucket, a partition, a backward temporary) starts at zero, as torch.zeros
+// would; a buffer its first writer fills whole (a forward output, a step temporary) is
+// left as the cache hands it over, as torch.empty would: zero-filling it would add a
+// memset to its event that PyTorch does not run (fills_with_zeros).
 #include <array>
 #include <cstddef>
 #include <map>
@@ -31,6 +34,9 @@ struct AllocatorReport {
   Bytes reserved_peak{};             // caching-allocator rules over the real requests
   Bytes live_now{};
 };
+
+// Whether the executor zero-fills a fresh device buffer of this role.
+bool fills_with_zeros(zero::BufferRole role);
 
 class AllocationFailed : public std::runtime_error {
  public:
