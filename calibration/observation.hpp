@@ -68,6 +68,8 @@ struct KernelSample {
   double dropout = 0;                // fused attention: its dropout_p
   std::int64_t pieces = 1;           // a copy: its contiguous pieces (a flatten's tensors); a
                                      // reduction, or a collective's local reduction: its tensors
+  zero::CopyKernel copy_kernel = zero::CopyKernel::memcpy;  // a device copy: memcpy, or a kernel
+                                     // that converts (cast) or accumulates (add)
   int run = -1;                      // the training run it was timed in (index into Dataset::runs:
                                      // a train --out event); -1: a micro-benchmark
 };

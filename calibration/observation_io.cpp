@@ -65,6 +65,7 @@ json::json observations_to_json(const Dataset& data, int* left_out) {
       if (k.op_kind) j["op_kind"] = models::op_kind_name(*k.op_kind);
       if (k.dropout > 0) j["dropout"] = k.dropout;
       if (k.pieces > 1) j["pieces"] = k.pieces;
+      if (k.copy_kernel != zero::CopyKernel::memcpy) j["copy_kernel"] = zero::copy_kernel_name(k.copy_kernel);
     }
     if (o.kind == ObsKind::collective || (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::collective)) {
       const CollectiveSample& c = o.coll;
@@ -124,7 +125,7 @@ Dataset read_observations(const std::string& path) {
     const auto& j = (*it)[i];
     r.require_object(j, "");
     r.reject_unknown(j, {"kind", "source", "label", "seconds", "spread", "repeats", "tags", "class", "name", "gemms",
-                         "flops", "bytes", "dtype", "backward", "tf32", "op_kind", "dropout", "pieces", "collective"});
+                         "flops", "bytes", "dtype", "backward", "tf32", "op_kind", "dropout", "pieces", "copy_kernel", "collective"});
     Observation o;
     o.kind = enum_of<ObsKind>(r, j, "kind", 2, obs_kind_name);  // collective, kernel (phases belong to runs)
     o.source = r.get_string(j, "source", path);
@@ -169,6 +170,8 @@ Dataset read_observations(const std::string& path) {
       if (j.contains("op_kind")) k.op_kind = models::op_kind_from_name(r.get_enum(j, "op_kind", "", models::op_kind_names()));
       k.dropout = r.get_double(j, "dropout", 0, 0, 1);
       k.pieces = r.get_int(j, "pieces", 1, 1, std::int64_t{1} << 40);
+      if (j.contains("copy_kernel"))
+        k.copy_kernel = *zero::copy_kernel_from_name(r.get_enum(j, "copy_kernel", "", {"memcpy", "cast", "add"}));
       coll = k.cls == KernelClass::collective;
       if (k.cls == KernelClass::gemm && k.gemms.empty())
         throw InputError(path, r.key_path("gemms"), "a GEMM observation needs its shapes");

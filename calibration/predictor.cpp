@@ -228,7 +228,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
         if (!copies) copies.emplace(m.device, empty_graph_);
         const auto src = k.cls == KernelClass::copy_d2d ? zero::Placement::device : zero::Placement::host;
         const auto dst = k.cls == KernelClass::copy_host ? zero::Placement::host : zero::Placement::device;
-        out[i] = copies->copy_cost(k.bytes, src, dst, k.pieces).v;
+        out[i] = copies->copy_cost(k.bytes, src, dst, k.pieces, k.copy_kernel).v;
         break;
       }
       default: {

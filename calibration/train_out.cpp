@@ -159,10 +159,11 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
       case zero::EventKind::copy:
         k.bytes = ev.mem_bytes;
         k.pieces = std::max<std::int64_t>({1, static_cast<std::int64_t>(ev.slice_end - ev.slice_begin), ev.tensors});
+        k.copy_kernel = ev.copy_kernel;
         k.cls = ev.src == zero::Placement::host && ev.dst == zero::Placement::host ? KernelClass::copy_host
                 : ev.src != ev.dst                                                 ? KernelClass::copy_h2d
                                                                                    : KernelClass::copy_d2d;
-        o.tags["op"] = "copy";
+        o.tags["op"] = ev.copy_kernel == zero::CopyKernel::memcpy ? "copy" : zero::copy_kernel_name(ev.copy_kernel);
         break;
       case zero::EventKind::host:
         continue;  // the framework's host work: the executor runs none of it

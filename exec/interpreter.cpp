@@ -484,6 +484,9 @@ void Interpreter::copy_event(const Event& e) {
         dev_.copy(to, ref(e.src_buf, gip_off_[i] + r.skip), r.count);
         if (e.src2_buf >= 0) dev_.add(to, ref(e.src2_buf, gip_off_[i] + r.skip), r.count);
       }
+      // The partition's padding past the last param (the buffer is not zero-filled).
+      if (const std::int64_t have = std::clamp<std::int64_t>(layout_.params - lo, 0, P); have < P)
+        dev_.fill(ref(e.dst_buf, have), P - have, 0.0f);
       break;
     case CopyOp::master_to_params: {
       const auto role = p_.buffers[U(e.dst_buf)].role;
@@ -552,6 +555,23 @@ void Interpreter::copy_event(const Event& e) {
       dev_.fill(ref(e.src_buf, e.offset), e.elements, 0.0f);  // zero_grad of the partition
       break;
     case CopyOp::cast: dev_.copy(ref(e.dst_buf), ref(e.src_buf), std::min(elems(e.src_buf), elems(e.dst_buf))); break;
+    case CopyOp::grads_to_list:
+    case CopyOp::flatten_list: {
+      // One buffer per slice: the event's allocations (its destinations) or frees (its sources).
+      const auto list = e.copy_op == CopyOp::grads_to_list ? p_.allocs(e) : p_.frees(e);
+      if (list.size() != sl.size())
+        throw std::logic_error(fmt::format("{}: {} slices for {} buffers", p_.event_name(e.id), sl.size(), list.size()));
+      std::int64_t pos = 0;
+      for (std::size_t i = 0; i < sl.size(); ++i) {
+        if (e.copy_op == CopyOp::grads_to_list) {
+          dev_.copy(ref(list[i]), grad_src(sl[i]), sl[i].count);
+        } else {
+          dev_.copy(ref(e.dst_buf, pos), ref(list[i]), sl[i].count);
+          pos += sl[i].count;
+        }
+      }
+      break;
+    }
   }
 }
 

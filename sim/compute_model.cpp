@@ -467,11 +467,15 @@ Seconds ComputeModel::local_reduction_cost(Bytes bytes, std::int64_t tensors) co
   return Seconds{read + static_cast<double>(std::max<std::int64_t>(tensors, 1)) * p_.norm_tensor.v};
 }
 
-Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces) const {
+Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces,
+                                zero::CopyKernel kernel) const {
   using zero::Placement;
   if (bytes.v <= 0) return Seconds{0};  // a view: nothing moves
   double bw = p_.d2d_copy_bandwidth.v, floor = p_.copy_launch.v;
-  if (src == Placement::host && dst == Placement::host) {
+  if (src == Placement::device && dst == Placement::device && kernel != zero::CopyKernel::memcpy) {
+    const auto kind = kernel == zero::CopyKernel::cast ? models::OpKind::cast : models::OpKind::add;
+    bw = p_.hbm_bandwidth.v * p_.elementwise_efficiency * p_.op_factor(kind, false);
+  } else if (src == Placement::host && dst == Placement::host) {
     bw = p_.host_memcpy_bandwidth.v;
   } else if (src != dst) {
     bw = p_.pcie_h2d.v;
@@ -494,8 +498,8 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
     case EventKind::compute:
       return compute_cost(e.op, e.phase, e.flops, e.mem_bytes);
     case EventKind::copy:
-      return copy_cost(e.mem_bytes, e.src, e.dst,
-                       std::max<std::int64_t>(e.slice_end - e.slice_begin, e.tensors));
+      return copy_cost(e.mem_bytes, e.src, e.dst, std::max<std::int64_t>(e.slice_end - e.slice_begin, e.tensors),
+                       e.copy_kernel);
     case EventKind::optimizer: {
       if (e.src == Placement::host) {
         const double elements = e.flops.v / kAdamFlopsPerElement;

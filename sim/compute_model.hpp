@@ -153,8 +153,10 @@ class ComputeModel {
   // any other collective.
   Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;
   // A copy of `bytes` (read + written) from src to dst in `pieces` contiguous pieces (0 bytes:
-  // a view, free).
-  Seconds copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces) const;
+  // a view, free). Within the device, a memcpy moves at the device-copy bandwidth; a kernel
+  // that converts or accumulates at the elementwise bandwidth of its op kind (cast, add).
+  Seconds copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces,
+                    zero::CopyKernel kernel = zero::CopyKernel::memcpy) const;
   const DeviceProfile& profile() const { return p_; }
 
  private:

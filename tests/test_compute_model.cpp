@@ -606,6 +606,15 @@ TEST_CASE("per op kind bandwidth factors, attention's dropout factor, a copy's f
   CHECK(c.copy_cost(Bytes{64}, Placement::device, Placement::device, 148).v == doctest::Approx(4e-6 + 147 * 2e-6));
   const double big = 1e9 / p.d2d_copy_bandwidth.v;
   CHECK(c.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 3).v == doctest::Approx(big + 4e-6));
+  // A converting or accumulating copy is an elementwise kernel: the bandwidth of its op kind.
+  p.op_factor(zp::models::OpKind::cast, false) = 0.5;
+  const ComputeModel ck(p, g);
+  const double cast = 1e9 / (p.hbm_bandwidth.v * p.elementwise_efficiency * 0.5);
+  CHECK(ck.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 1, zp::zero::CopyKernel::cast).v ==
+        doctest::Approx(cast));
+  CHECK(ck.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 1, zp::zero::CopyKernel::add).v ==
+        doctest::Approx(1e9 / (p.hbm_bandwidth.v * p.elementwise_efficiency)));
+  CHECK(ck.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 1).v == doctest::Approx(big));
   // An event's pieces are its slices.
   Event e;
   e.kind = EventKind::copy;

@@ -1432,6 +1432,40 @@ TEST_CASE("the gradient norm reads the rank's gradients; per-parameter casts and
     if (e.kind == EventKind::copy && s0.p.event_name(e.id) == "step/grads_to_fp32") {
       ++casts;
       CHECK(e.tensors == static_cast<std::int32_t>(s0.g.params.size()));
+      // A kernel per param into its own fp32 buffer (the event's allocations, one slice each).
+      CHECK(e.copy_op == zero::CopyOp::grads_to_list);
+      CHECK(e.copy_kernel == zero::CopyKernel::cast);
+      CHECK(s0.p.allocs(e).size() == s0.g.params.size());
+      CHECK(s0.p.slices(e).size() == s0.g.params.size());
+    } else if (e.kind == EventKind::copy && s0.p.event_name(e.id) == "step/flatten_grads_fp32") {
+      CHECK(e.copy_op == zero::CopyOp::flatten_list);  // fp32 to fp32: a memcpy per param
+      CHECK(e.copy_kernel == zero::CopyKernel::memcpy);
+      CHECK(s0.p.frees(e).size() == s0.g.params.size());
+    } else if (e.kind == EventKind::copy && s0.p.event_name(e.id) == "step/master_to_params16") {
+      CHECK(e.copy_kernel == zero::CopyKernel::cast);
     }
   CHECK(casts == 1);
+}
+
+TEST_CASE("stage 2 with accumulation: the step's norm and flatten read the accumulated partition and the last one") {
+  auto event = [](const Built& b, const std::string& name) -> const zero::Event& {
+    for (const auto& e : b.p.events)
+      if (b.p.event_name(e.id) == name) return e;
+    FAIL("no event " << name);
+    return b.p.events.front();
+  };
+  for (const int stage : {1, 2}) {
+    CAPTURE(stage);
+    const auto one = build("tiny-gpt2", config(stage, 2, 1), 4, 16);
+    const auto two = build("tiny-gpt2", config(stage, 2, 2), 4, 16);
+    const int parts = stage == 2 ? 2 : 1;  // stage 1 reduces once, at the boundary
+    for (const char* n : {"step/grad_norm", "step/flatten_partition_grads"}) {
+      CAPTURE(n);
+      CHECK(event(two, n).tensors == parts * event(one, n).tensors);
+    }
+    CHECK(event(two, "step/grad_norm").mem_bytes.v == parts * event(one, "step/grad_norm").mem_bytes.v);
+    const auto& fl = event(two, "step/flatten_partition_grads");
+    CHECK(fl.mem_bytes.v * 2 == event(one, "step/flatten_partition_grads").mem_bytes.v * (parts + 1));
+    CHECK(fl.copy_kernel == (stage == 2 ? zero::CopyKernel::add : zero::CopyKernel::memcpy));
+  }
 }

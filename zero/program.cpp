@@ -148,8 +148,25 @@ const char* copy_op_name(CopyOp c) {
     case CopyOp::shard_accumulate: return "shard_accumulate";
     case CopyOp::subgroup_grads: return "subgroup_grads";
     case CopyOp::cast: return "cast";
+    case CopyOp::grads_to_list: return "grads_to_list";
+    case CopyOp::flatten_list: return "flatten_list";
   }
   return "?";
+}
+
+const char* copy_kernel_name(CopyKernel k) {
+  switch (k) {
+    case CopyKernel::memcpy: return "memcpy";
+    case CopyKernel::cast: return "cast";
+    case CopyKernel::add: return "add";
+  }
+  return "?";
+}
+
+std::optional<CopyKernel> copy_kernel_from_name(std::string_view name) {
+  for (const auto k : {CopyKernel::memcpy, CopyKernel::cast, CopyKernel::add})
+    if (name == copy_kernel_name(k)) return k;
+  return std::nullopt;
 }
 
 void Program::validate() const {

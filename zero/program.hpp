@@ -18,7 +18,9 @@
 //    reduced buffer, all-gather the gathered output, reduce-scatter the input.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -129,8 +131,19 @@ enum class CopyOp : std::uint8_t {
   shard_accumulate,    // stage 3: this rank's block of the reduce-scattered src → grad partition dst +=
   subgroup_grads,      // stage 3: grad partition src [offset, offset+elements) → dst; src range zeroed
   cast,                // src → dst, dtype conversion, whole buffer
+  grads_to_list,       // slices: each param's gradient → the buffer this event allocates for it, in
+                       // slice order, converted to its dtype (fused_optimizer's per-param .float())
+  flatten_list,        // slices: the buffers this event frees, in slice order → dst, packed
 };
 const char* copy_op_name(CopyOp c);
+
+// How a device copy runs, and so what it costs: a memcpy (same dtype, nothing combined:
+// PyTorch's copy_ between contiguous tensors of one dtype, cudaMemcpyAsync), or an elementwise
+// kernel that converts the dtype (cast) or adds into its destination (add, converting where
+// the dtypes differ).
+enum class CopyKernel : std::uint8_t { memcpy, cast, add };
+const char* copy_kernel_name(CopyKernel k);
+std::optional<CopyKernel> copy_kernel_from_name(std::string_view name);
 
 // What a buffer holds, so the executor can bind it to real data.
 enum class BufferRole : std::uint8_t {
@@ -230,6 +243,7 @@ struct Event {
   // param (BF16_Optimizer) reads this rank's partition of it, and clears it after; its
   // src2/src3 are the optimizer's state tensors (Adam's exp_avg, exp_avg_sq).
   CopyOp copy_op = CopyOp::none;
+  CopyKernel copy_kernel = CopyKernel::memcpy;
   // A marker that calls torch.cuda.empty_cache() when it starts (DeepSpeed does during its
   // set-up): the caching allocator releases every cached segment that is entirely free.
   bool empty_cache = false;

@@ -31,6 +31,7 @@ void Bf16OptimizerLowering::grad_hook(MicroState& st, models::ParamId p) {
                      b.cached(LabelKind::accumulate_fp32, p, [&] { return fmt::format("accumulate_fp32.{}", c_.pname(p)); }));
   e.mem_bytes = Bytes{c_.numel(p) * (c_.b16() + 8)};
   e.copy_op = CopyOp::grad_accumulate;
+  e.copy_kernel = CopyKernel::add;
   e.src_buf = pg;
   e.dst_buf = c_.states.grads32;
   b.slice({p, 0, c_.numel(p), c_.layout.offset[static_cast<std::size_t>(p)]});

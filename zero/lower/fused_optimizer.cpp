@@ -67,12 +67,15 @@ void FusedOptimizerLowering::step() {
     Event& cast = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "grads_to_fp32");
     cast.mem_bytes = Bytes{psi * (c_.b16() + 4)};
     cast.tensors = static_cast<std::int32_t>(c_.g.params.size());
+    cast.copy_op = CopyOp::grads_to_list;
+    cast.copy_kernel = CopyKernel::cast;
     std::vector<BufferId> list32;
     for (const auto& prm : c_.g.params) {
       // (numel,) fp32
       list32.push_back(b.buffer(Category::temporaries, Placement::device, BufferRole::step_temp, DType::fp32, prm.numel,
                                 "fp32 grad " + prm.name, prm.id));
       b.alloc(list32.back());
+      b.slice({prm.id, 0, prm.numel, -1});
     }
     Event& fl = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_grads_fp32");
     fl.mem_bytes = Bytes{psi * 8};
@@ -80,7 +83,7 @@ void FusedOptimizerLowering::step() {
     const BufferId flat32 = b.buffer(Category::temporaries, Placement::device, BufferRole::flat_grads32, DType::fp32,
                                      psi, "flat grads (fp32)");
     b.alloc(flat32);
-    fl.copy_op = CopyOp::flatten;
+    fl.copy_op = CopyOp::flatten_list;
     fl.dst_buf = flat32;
     for (const auto& prm : c_.g.params) b.slice({prm.id, 0, prm.numel, -1});
     for (BufferId id : list32) b.free(id);

@@ -10,17 +10,17 @@ struct LocalRead {
   std::int64_t bytes = 0;
   std::int32_t tensors = 0;
 };
-LocalRead local_read(const Context& c) {
+LocalRead local_read(const Context& c, int partitions) {
   if (c.offload_opt) return {};
   const std::int64_t dt = dtype_size(c.accum_dtype());
   if (c.stage == 3) return {stage3_partition_elements(c.g, c.N) * dt, 1};
-  return {grads_in_partition_elements(c.g, c.layout, c.opt.rank) * dt, partition_tensors(c)};
+  return {partitions * grads_in_partition_elements(c.g, c.layout, c.opt.rank) * dt, partitions * partition_tensors(c)};
 }
 
-void scalar_allreduce(Context& c, Trigger t, ReduceOp op, const char* name) {
+void scalar_allreduce(Context& c, Trigger t, ReduceOp op, const char* name, int partitions) {
   Event& e = c.collective(Stream::compute, Phase::step, -1, c.b.label(name), CollKind::all_reduce, op, t, c.dp_group,
                           1, DType::fp32, -1);
-  const LocalRead r = local_read(c);
+  const LocalRead r = local_read(c, partitions);
   e.mem_bytes = Bytes{r.bytes};
   e.tensors = r.tensors;
 }
@@ -32,9 +32,9 @@ std::int32_t partition_tensors(const Context& c) {
   return n;
 }
 
-void gradient_checks(Context& c) {
-  if (c.md == DType::fp16) scalar_allreduce(c, Trigger::overflow_check, ReduceOp::max, "overflow_check");
-  scalar_allreduce(c, Trigger::grad_norm, ReduceOp::sum, "grad_norm");
+void gradient_checks(Context& c, int partitions) {
+  if (c.md == DType::fp16) scalar_allreduce(c, Trigger::overflow_check, ReduceOp::max, "overflow_check", partitions);
+  scalar_allreduce(c, Trigger::grad_norm, ReduceOp::sum, "grad_norm", partitions);
 }
 
 void optimizer_event(Context& c, std::int64_t elements, Placement where, const std::string& name, BufferId dst,
@@ -57,6 +57,7 @@ void optimizer_event(Context& c, std::int64_t elements, Placement where, const s
 
 void params_from_master(Context& c, Event& e, std::int64_t offset, std::int64_t n) {
   e.copy_op = CopyOp::master_to_params;
+  if (c.md != DType::fp32) e.copy_kernel = CopyKernel::cast;
   e.src_buf = c.states.master;
   e.dst_buf = c.states.params;
   e.offset = offset;

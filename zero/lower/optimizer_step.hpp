@@ -11,8 +11,11 @@
 namespace zp::zero::lowering {
 
 // fp16: MAX all-reduce of the overflow flag; always: SUM all-reduce of the squared norm
-// (stage_1_and_2.py / stage3.py step). One fp32 element each.
-void gradient_checks(Context& c);
+// (stage_1_and_2.py / stage3.py step). One fp32 element each, after a local reduction over
+// this rank's gradients: stage 3's flat partition, or at stages 1-2 the params overlapping the
+// partition, in `partitions` buffers (2 at stage 2 with accumulation: the accumulated
+// micro-steps and the last one).
+void gradient_checks(Context& c, int partitions = 1);
 // Stages 1/2: the params whose gradients overlap this rank's partition (the tensors its norm
 // and its partition's flatten visit one by one).
 std::int32_t partition_tensors(const Context& c);

@@ -140,6 +140,7 @@ void Stage3Lowering::flush(Trigger why) {
                                 [&] { return fmt::format("accumulate_partition.bucket{}", bn); }));
   acc.mem_bytes = Bytes{3 * out * dtype_size(c_.cd)};
   acc.copy_op = CopyOp::shard_accumulate;
+  acc.copy_kernel = CopyKernel::add;
   acc.src_buf = reduced;
   acc.dst_buf = c_.offload_opt ? c_.states.host_grads : grad_partition_;
   for (const auto& s : params_) b.slice(s);
@@ -195,6 +196,7 @@ void Stage3Lowering::device_step_subgroup(std::int64_t gi, std::int64_t offset, 
                                 fmt::format("sub-group {} grads (fp32)", gi), static_cast<std::int32_t>(gi));
   b.alloc(f32);
   cast.copy_op = CopyOp::cast;
+  cast.copy_kernel = CopyKernel::cast;
   cast.src_buf = f16;
   cast.dst_buf = f32;
   optimizer_event(c_, n, Placement::device, fmt::format("optimizer.subgroup{}", gi), c_.states.master, f32, offset);

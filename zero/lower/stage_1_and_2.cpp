@@ -216,6 +216,7 @@ void ZeroOptimizerLowering::flush_ipg(Trigger why) {
   if (!ipg_large_grads_.empty() && flat < 0 && cast < 0) reduced = ipg_large_grads_.front();
   if (flat >= 0 || cast >= 0) {
     fl.copy_op = CopyOp::flatten;
+    if (cast >= 0) fl.copy_kernel = CopyKernel::cast;
     fl.src_buf = bucket_src;
     fl.dst_buf = reduced;
   }
@@ -275,6 +276,7 @@ void ZeroOptimizerLowering::copy_to_partition(Stream rs, Phase ph, int bucket_no
   const std::int64_t n = mine(c_.opt.rank);
   cp.mem_bytes = Bytes{2 * n * c_.b16()};
   cp.copy_op = CopyOp::to_partition;
+  cp.copy_kernel = CopyKernel::add;  // dst += (converting where the partition is fp32)
   cp.src_buf = reduced;
   for (const auto& s : ipg_params_) b.slice(s);
   if (c_.offload_opt) {
@@ -304,6 +306,7 @@ void ZeroOptimizerLowering::accumulate_partition() {
     b.begin(EventKind::copy, c_.red_stream(), Phase::backward, c_.at.micro, "accumulate_grads_in_partition");
     b.cur().mem_bytes = Bytes{3 * c_.p.buffers[static_cast<std::size_t>(grads_in_partition_)].bytes.v};
     b.cur().copy_op = CopyOp::accumulate;
+    b.cur().copy_kernel = CopyKernel::add;
     b.cur().src_buf = grads_in_partition_;
     b.cur().dst_buf = accumulated_partition_;
     b.free(grads_in_partition_);
@@ -343,7 +346,9 @@ void ZeroOptimizerLowering::end_of_backward() {
 void ZeroOptimizerLowering::step() {
   Builder& b = c_.b;
   const std::int64_t P = c_.layout.partition;
-  gradient_checks(c_);
+  // Stage 2 with accumulation holds the earlier micro-steps' partition and the last one's.
+  const int partitions = accumulated_partition_ >= 0 && grads_in_partition_ >= 0 && accumulated_partition_ != grads_in_partition_ ? 2 : 1;
+  gradient_checks(c_, partitions);
   auto release_partition_grads = [&] {
     if (grads_in_partition_ >= 0) { b.free(grads_in_partition_); grads_in_partition_ = -1; }
     if (accumulated_partition_ >= 0) { b.free(accumulated_partition_); accumulated_partition_ = -1; }
@@ -355,8 +360,11 @@ void ZeroOptimizerLowering::step() {
     // The cast is no copy when they are fp32 already.
     const DType gd = c_.accum_dtype();
     Event& fl = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_partition_grads");
-    fl.mem_bytes = Bytes{2 * P * dtype_size(gd)};
-    fl.tensors = partition_tensors(c_);  // param by param
+    // Read from each partition buffer, written once; param by param, a copy and then an add
+    // per param from the second.
+    fl.mem_bytes = Bytes{(partitions + 1) * P * dtype_size(gd)};
+    fl.tensors = partitions * partition_tensors(c_);
+    if (partitions > 1) fl.copy_kernel = CopyKernel::add;
     fl.copy_op = CopyOp::partition_grads;
     fl.src_buf = grads_in_partition_;
     fl.src2_buf = accumulated_partition_;
@@ -370,6 +378,7 @@ void ZeroOptimizerLowering::step() {
       Event& cast = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "cast_partition_grads_fp32");
       cast.mem_bytes = Bytes{P * (dtype_size(gd) + 4)};
       cast.copy_op = CopyOp::cast;
+      cast.copy_kernel = CopyKernel::cast;
       cast.src_buf = flat16;
     }
     // (P,) fp32
