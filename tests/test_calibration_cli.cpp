@@ -308,13 +308,13 @@ TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at st
   REQUIRE(mape.size() == 4);
   for (const auto& [phase, m] : mape) {
     CAPTURE(phase);
-    CHECK(m.first > 30);  // the H200 preset, uncalibrated: 37-47% off
+    CHECK(m.first > 25);  // the H200 preset, uncalibrated: 26-46% off
     CHECK(m.second < m.first / 2);  // calibrated
   }
-  CHECK(mape["forward"].second < 10);
-  CHECK(mape["backward"].second < 8);
-  CHECK(mape["iteration"].second < 8);
-  CHECK(mape["step"].second < 20);
+  CHECK(mape["forward"].second < 11);
+  CHECK(mape["backward"].second < 7);
+  CHECK(mape["iteration"].second < 7);
+  CHECK(mape["step"].second < 13);
   CHECK(j["uncertainty"]["basis"].get<std::string>().find("12 held-out runs") != std::string::npos);
 }
 
