@@ -68,6 +68,8 @@ struct KernelSample {
   double dropout = 0;                // fused attention: its dropout_p
   std::int64_t pieces = 1;           // a copy: its contiguous pieces (a flatten's tensors); a
                                      // reduction, or a collective's local reduction: its tensors
+  Bytes reduce_bytes{};               // an optimizer step's local gradient norm first: the bytes
+                                     // it reads (over `pieces` tensors)
   zero::CopyKernel copy_kernel = zero::CopyKernel::memcpy;  // a device copy: memcpy, or a kernel
                                      // that converts (cast) or accumulates (add)
   int run = -1;                      // the training run it was timed in (index into Dataset::runs:

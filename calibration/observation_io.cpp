@@ -66,6 +66,7 @@ json::json observations_to_json(const Dataset& data, int* left_out) {
       if (k.dropout > 0) j["dropout"] = k.dropout;
       if (k.pieces > 1) j["pieces"] = k.pieces;
       if (k.copy_kernel != zero::CopyKernel::memcpy) j["copy_kernel"] = zero::copy_kernel_name(k.copy_kernel);
+      if (k.reduce_bytes.v > 0) j["reduce_bytes"] = k.reduce_bytes.v;
     }
     if (o.kind == ObsKind::collective || (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::collective)) {
       const CollectiveSample& c = o.coll;
@@ -125,7 +126,7 @@ Dataset read_observations(const std::string& path) {
     const auto& j = (*it)[i];
     r.require_object(j, "");
     r.reject_unknown(j, {"kind", "source", "label", "seconds", "spread", "repeats", "tags", "class", "name", "gemms",
-                         "flops", "bytes", "dtype", "backward", "tf32", "op_kind", "dropout", "pieces", "copy_kernel", "collective"});
+                         "flops", "bytes", "dtype", "backward", "tf32", "op_kind", "dropout", "pieces", "copy_kernel", "reduce_bytes", "collective"});
     Observation o;
     o.kind = enum_of<ObsKind>(r, j, "kind", 2, obs_kind_name);  // collective, kernel (phases belong to runs)
     o.source = r.get_string(j, "source", path);
@@ -170,6 +171,7 @@ Dataset read_observations(const std::string& path) {
       if (j.contains("op_kind")) k.op_kind = models::op_kind_from_name(r.get_enum(j, "op_kind", "", models::op_kind_names()));
       k.dropout = r.get_double(j, "dropout", 0, 0, 1);
       k.pieces = r.get_int(j, "pieces", 1, 1, std::int64_t{1} << 40);
+      k.reduce_bytes = Bytes{r.get_int(j, "reduce_bytes", 0, 0, std::int64_t{1} << 62)};
       if (j.contains("copy_kernel"))
         k.copy_kernel = *zero::copy_kernel_from_name(r.get_enum(j, "copy_kernel", "", {"memcpy", "cast", "add"}));
       coll = k.cls == KernelClass::collective;

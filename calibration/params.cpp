@@ -167,6 +167,12 @@ std::vector<ParamDef> build_registry() {
                                    pass, pass),
                        0.01, 5, true, [field](const M& m) { return m.device.*field; },
                        [field](M& m, double v) { m.device.*field = v; }));
+  r.push_back(scalar("compute.attention_half_seq", ParamGroup::compute, "",
+                     "sequence length at which fused attention's curve is half (x / (x + h) along the sequence)",
+                     "fused attention kernels at two or more sequence lengths (training runs or micro-benchmarks of "
+                     "models with short and long sequences, BERT's 128 tokens beside GPT-2's 1024)",
+                     1, 1e5, true, [](const M& m) { return m.device.attention_half(); },
+                     [](M& m, double v) { m.device.attention_half_seq = v; }));
   r.push_back(scalar("compute.attention_dropout_efficiency", ParamGroup::compute, "",
                      "factor on both attention factors when the fused kernel draws a dropout mask (dropout_p > 0)",
                      "attention kernels with dropout (training runs of models with attention dropout, GPT-2, BERT) beside "

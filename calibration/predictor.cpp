@@ -235,6 +235,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
         const auto& cm = compute[static_cast<std::size_t>(kernel_graph_[i])];
         out[i] = cm.compute_cost(kernel_op_[i], k.backward ? zero::Phase::backward : zero::Phase::forward, k.flops, k.bytes)
                      .v;
+        if (k.reduce_bytes.v > 0) out[i] += cm.local_reduction_cost(k.reduce_bytes, k.pieces).v;
         break;
       }
     }

@@ -172,6 +172,8 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
         k.cls = KernelClass::memory;
         k.flops = ev.flops;
         k.bytes = ev.mem_bytes;
+        k.reduce_bytes = ev.reduce_bytes;
+        if (ev.reduce_bytes.v > 0) k.pieces = std::max(1, ev.tensors);
         o.tags["op"] = "optimizer";
         break;
       case zero::EventKind::collective: {

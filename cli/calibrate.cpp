@@ -355,7 +355,8 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   // micro-benchmarks', the optimizer's).
   std::vector<const ParamDef*> later = {find_param("compute.attention_efficiency"),
                                         find_param("compute.attention_backward_efficiency"),
-                                        find_param("compute.attention_dropout_efficiency")};
+                                        find_param("compute.attention_dropout_efficiency"),
+                                        find_param("compute.attention_half_seq")};
   auto op_factor_kernel = [](const Observation& o) {
     return o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::memory && o.kernel.op_kind.has_value();
   };

@@ -39,6 +39,7 @@ const std::vector<std::string> kProfileKeys = {
     "elementwise_efficiency",
     "attention_efficiency",
     "attention_backward_efficiency",
+    "attention_half_seq",
     "kernel_launch_us",
     "copy_launch_us",
     "copy_piece_us",
@@ -155,6 +156,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
     p.attention_backward_efficiency = positive(r, e, "attention_backward_efficiency", 10);
   if (e.contains("attention_dropout_efficiency"))
     p.attention_dropout_efficiency = positive(r, e, "attention_dropout_efficiency", 10);
+  if (e.contains("attention_half_seq")) p.attention_half_seq = r.get_double(e, "attention_half_seq", 0, 0, 1e6);
   // {"layernorm": 0.5, "layernorm.backward": 0.2, ...}: op kinds as models/graph.hpp names them.
   if (auto it = e.find("op_efficiency"); it != e.end()) {
     const json::Reader orr = r.sub("op_efficiency");
@@ -333,6 +335,7 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"attention_efficiency", p.attention_efficiency},
           {"attention_backward_efficiency", p.attention_backward_efficiency},
           {"attention_dropout_efficiency", p.attention_dropout_efficiency},
+          {"attention_half_seq", p.attention_half()},
           {"op_efficiency", ops},
           {"kernel_launch_us", us(p.kernel_launch)},
           {"copy_launch_us", us(p.copy_launch)},
@@ -423,6 +426,18 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   // a bias adds a few; the efficiency is the FLOP-weighted harmonic mean).
   // Tensor-core kernels want every dimension a multiple of 16 bytes of the operand dtype.
   const std::int64_t align = std::max<std::int64_t>(1, 16 / std::max<std::int64_t>(1, dtype_size(g_.opt.act_dtype)));
+  // Fused attention: every dimension but the head dimension (the scores product's k) is along
+  // the sequence (or the batch), on the attention curve.
+  const bool attention = o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention;
+  const std::int64_t head_dim = o->gemms.front().k;
+  auto efficiency = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
+    if (!attention) return gemm_efficiency(p_, m, n, k, align);
+    double e = p_.gemm_max_efficiency;
+    for (const std::int64_t x : {m, n, k})
+      e *= saturation(static_cast<double>(x), x == head_dim ? p_.gemm_half_dim : p_.attention_half());
+    const bool aligned = m % align == 0 && n % align == 0 && k % align == 0;
+    return aligned ? e : e * p_.gemm_unaligned_factor;
+  };
   double geo_flops = 0, weighted = 0;
   for (const auto& g : o->gemms) {
     // A batched GEMM's batch adds independent output tiles: it fills the device like
@@ -432,17 +447,16 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
                      static_cast<double>(b);
     if (!backward) {
       geo_flops += f;
-      weighted += f / gemm_efficiency(p_, g.m * b, g.n, g.k, align);
+      weighted += f / efficiency(g.m * b, g.n, g.k);
     } else {
       // C(m,n) = A(m,k) B(k,n): dA(m,k) = dC(m,n) B^T is an (m, k, n) GEMM,
       // dB(k,n) = A^T dC is a (k, n, m) GEMM.
       geo_flops += 2.0 * f;
-      weighted += f / gemm_efficiency(p_, g.m * b, g.k, g.n, align) +
-                  f / gemm_efficiency(p_, g.k * b, g.n, g.m, align);
+      weighted += f / efficiency(g.m * b, g.k, g.n) + f / efficiency(g.k * b, g.n, g.m);
     }
   }
   double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
-  if (o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention) {
+  if (attention) {
     eff *= backward ? p_.attention_backward_efficiency : p_.attention_efficiency;
     if (o->alpha > 0) eff *= p_.attention_dropout_efficiency;  // alpha: dropout_p
   }
@@ -505,8 +519,10 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
         const double elements = e.flops.v / kAdamFlopsPerElement;
         return Seconds{elements / p_.cpu_adam_params_per_second};
       }
-      // Fused Adam over a flat partition: bandwidth-bound on master, grads and states.
-      return compute_cost(models::kNone, e.phase, e.flops, e.mem_bytes);
+      // Fused Adam over a flat partition: bandwidth-bound on master, grads and states; after the
+      // local norm of the gradients where step() takes it.
+      return compute_cost(models::kNone, e.phase, e.flops, e.mem_bytes) +
+             (e.reduce_bytes.v > 0 ? local_reduction_cost(e.reduce_bytes, e.tensors) : Seconds{0});
     }
   }
   throw std::logic_error("unknown event kind");

@@ -69,6 +69,12 @@ struct DeviceProfile {
   // 1 = priced as the GEMMs.
   double attention_efficiency = 1.0;
   double attention_backward_efficiency = 1.0;
+  // The half-point of fused attention's curve along the sequence (the dimensions of its
+  // products that are not the head dimension): a flash kernel's loop over keys amortises its
+  // per-tile work over the sequence, not as a cuBLAS GEMM does over its k, so BERT's 128
+  // tokens and GPT-2's 1024 need their own curve. Negative: gemm_half_dim (the GEMM curve).
+  double attention_half_seq = -1;
+  double attention_half() const { return attention_half_seq >= 0 ? attention_half_seq : gemm_half_dim; }
   // Factor on both when the kernel draws a dropout mask (sdpa / flash with dropout_p > 0): a
   // kernel that regenerates the mask in its backward runs below its dropout-free speed.
   double attention_dropout_efficiency = 1.0;

@@ -677,3 +677,41 @@ TEST_CASE("the gradient norm's local reduction: its bytes at the bandwidth, plus
   const DeviceProfile d = profile_of("H200-141GB");
   CHECK(d.norm_tensor.v == doctest::Approx(d.kernel_launch.v));
 }
+
+// Fused attention's own curve along the sequence: by default the GEMM curve (unchanged
+// predictions); with attention_half_seq, BERT's 128 tokens and GPT-2's 1024 are priced on it
+// while the head dimension keeps the GEMM curve's half.
+TEST_CASE("attention_half_seq: the sequence dimensions of fused attention on their own curve") {
+  const OpGraph bert = graph_of("bert-large-uncased", 64, 128, zp::DType::bf16, zp::models::Attention::sdpa);
+  DeviceProfile p = profile_of("H200-141GB");
+  CHECK(p.attention_half() == p.gemm_half_dim);
+  const ComputeModel gemm_curve(p, bert);
+  const double h = p.gemm_half_dim;
+  p.attention_half_seq = h;  // the same half explicitly: the same prices
+  const ComputeModel same(p, bert);
+  p.attention_half_seq = 64;
+  const ComputeModel short_half(p, bert);
+  int attention = 0;
+  for (const auto& op : bert.ops) {
+    CAPTURE(op.name);
+    for (const Phase ph : {Phase::forward, Phase::backward}) {
+      const double t0 = gemm_curve.op_cost(op.id, ph).v;
+      CHECK(same.op_cost(op.id, ph).v == doctest::Approx(t0));
+      if (op.fn != zp::models::Fn::sdpa) {
+        CHECK(short_half.op_cost(op.id, ph).v == doctest::Approx(t0));
+        continue;
+      }
+      ++attention;
+      // T = 128 on every sequence dimension (the batch·heads·rows one saturates either way):
+      // two factors of T / (T + h) per product, here s(128; 240) → s(128; 64).
+      const double gain = (128.0 / 192.0) / (128.0 / (128.0 + h));
+      CHECK(short_half.op_cost(op.id, ph).v < t0 / (0.95 * gain));
+      CHECK(short_half.op_cost(op.id, ph).v > t0 / (1.05 * gain * gain));
+    }
+  }
+  CHECK(attention == 2 * 24);
+  // Read and written back as a profile key.
+  const auto j = zp::sim::profile_to_json(p);
+  CHECK(j["attention_half_seq"] == 64);
+  CHECK(zp::sim::profile_from_json("back", "", j).attention_half_seq == 64);
+}

@@ -1443,6 +1443,10 @@ TEST_CASE("the gradient norm reads the rank's gradients; per-parameter casts and
       CHECK(s0.p.frees(e).size() == s0.g.params.size());
     } else if (e.kind == EventKind::copy && s0.p.event_name(e.id) == "step/master_to_params16") {
       CHECK(e.copy_kernel == zero::CopyKernel::cast);
+    } else if (e.kind == EventKind::optimizer) {
+      // step() takes the norm of the flat fp32 gradients (one tensor) before the update.
+      CHECK(e.reduce_bytes.v == 4 * s0.p.info.params);
+      CHECK(e.tensors == 1);
     }
   CHECK(casts == 1);
 }

@@ -255,6 +255,10 @@ struct Event {
   // per tensor (DeepSpeed's per-param casts, a partition's flatten). 0: not counted (a copy's
   // slices, when it has them, are its pieces).
   std::int32_t tensors = 0;
+  // An optimizer event that first reduces the gradients it reads on this rank (stage 0's
+  // FP16_Optimizer and BF16_Optimizer take the norm, and fp16's overflow check, inside step()):
+  // the bytes that reduction reads, over `tensors` tensors.
+  Bytes reduce_bytes{};
   // CSR ranges into Program's lists
   std::uint32_t alloc_begin = 0, alloc_end = 0;
   std::uint32_t free_begin = 0, free_end = 0;

@@ -50,6 +50,9 @@ void Bf16OptimizerLowering::step() {
   Builder& b = c_.b;
   const std::int64_t P = c_.layout.partition;
   optimizer_event(c_, P, Placement::device, "optimizer", c_.states.master, c_.states.grads32);
+  // The norm of the full fp32 gradient buffer, inside step().
+  c_.p.events.back().reduce_bytes = c_.p.buffers[static_cast<std::size_t>(c_.states.grads32)].bytes;
+  c_.p.events.back().tensors = 1;
   Event& cp = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
   cp.mem_bytes = Bytes{P * (4 + c_.b16())};
   params_from_master(c_, cp, 0, P);

@@ -88,12 +88,18 @@ void FusedOptimizerLowering::step() {
     for (const auto& prm : c_.g.params) b.slice({prm.id, 0, prm.numel, -1});
     for (BufferId id : list32) b.free(id);
     optimizer_event(c_, psi, Placement::device, "optimizer", c_.states.master, flat32);
+    // get_grad_norm (and has_overflow) over the flat fp32 gradients, inside step().
+    c_.p.events.back().reduce_bytes = Bytes{psi * 4};
+    c_.p.events.back().tensors = 1;
     b.free(flat32);
     Event& cp = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
     cp.mem_bytes = Bytes{psi * (4 + c_.b16())};
     params_from_master(c_, cp, 0, psi);
   } else {
     optimizer_event(c_, psi, Placement::device, "optimizer", c_.states.params, -1);
+    // The norm over each parameter's gradient, inside step().
+    c_.p.events.back().reduce_bytes = Bytes{psi * dtype_size(c_.md)};
+    c_.p.events.back().tensors = static_cast<std::int32_t>(c_.g.params.size());
   }
   b.begin(EventKind::marker, Stream::compute, Phase::step, -1, "zero_grad");
   grads_.free_all(b);
