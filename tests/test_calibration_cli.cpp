@@ -291,6 +291,18 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
   }
 }
 
+// calibrate on the CUDA executor's H200 files: the micro-benchmarks of `models` and the 14
+// runs, fitted on the micro-benchmarks and GPT-2's stage 0 and 1 runs, as JSON.
+static Run calibrate_executor_runs(const std::vector<std::string>& models) {
+  const std::string dir = std::string(ZEROPLAN_SHARED_DIR) + "/tests/data/calibration/h200_executor/";
+  std::string args = "calibrate";
+  for (const auto& m : models) args += " --observations " + dir + "device_observations_" + m + ".json";
+  for (const char* r : {"gpt2-s0", "gpt2-s1", "gpt2-s2", "gpt2-s3", "gpt2-s1-mb4", "gpt2-s2-gas2", "gpt2-s2-nooverlap",
+                        "gpt2-s1-fp16", "gpt2-s1-eager", "gpt2m-s1", "bertl-s0", "bertl-s2", "llama-s1", "llama-s3"})
+    args += " --train-out " + dir + r + ".json";
+  return run(args + " --fit-where 'source=device;source=train,run=gpt2-s0|gpt2-s1' --json");
+}
+
 // The issue's held-out check, on zeroplan's own CUDA executor (tests/data/calibration/
 // h200_executor: per-event CUDA-event times of 14 runs on an H200, and GPT-2's micro-benchmarks
 // there). Fitted on the micro-benchmarks and GPT-2's stage 0 and 1 runs; held out: stages 2 and 3,
@@ -298,12 +310,7 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
 // Llama. The bounds are what the fit reaches (docs/calibration.md), so that it cannot get worse
 // unnoticed.
 TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at stages 0 and 1, held out elsewhere") {
-  const std::string dir = std::string(ZEROPLAN_SHARED_DIR) + "/tests/data/calibration/h200_executor/";
-  std::string args = "calibrate --observations " + dir + "device_observations_gpt2.json";
-  for (const char* r : {"gpt2-s0", "gpt2-s1", "gpt2-s2", "gpt2-s3", "gpt2-s1-mb4", "gpt2-s2-gas2", "gpt2-s2-nooverlap",
-                        "gpt2-s1-fp16", "gpt2-s1-eager", "gpt2m-s1", "bertl-s0", "bertl-s2", "llama-s1", "llama-s3"})
-    args += " --train-out " + dir + r + ".json";
-  const Run r = run(args + " --fit-where 'source=device;source=train,run=gpt2-s0|gpt2-s1' --json");
+  const Run r = calibrate_executor_runs({"gpt2"});
   CAPTURE(r.err);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
@@ -417,14 +424,7 @@ TEST_CASE("calibrate --list-params") {
 // measure): fused attention at BERT's 128 tokens beside GPT-2's 1024 determines attention's own
 // curve along the sequence (compute.attention_half_seq), which GPT-2's alone cannot.
 TEST_CASE("calibrate: each model's micro-benchmarks fit attention's sequence curve and improve every held-out phase") {
-  const std::string dir = std::string(ZEROPLAN_SHARED_DIR) + "/tests/data/calibration/h200_executor/";
-  std::string args = "calibrate";
-  for (const char* m : {"gpt2", "bert-large-uncased", "llama-300m"})
-    args += std::string(" --observations ") + dir + "device_observations_" + m + ".json";
-  for (const char* r : {"gpt2-s0", "gpt2-s1", "gpt2-s2", "gpt2-s3", "gpt2-s1-mb4", "gpt2-s2-gas2", "gpt2-s2-nooverlap",
-                        "gpt2-s1-fp16", "gpt2-s1-eager", "gpt2m-s1", "bertl-s0", "bertl-s2", "llama-s1", "llama-s3"})
-    args += " --train-out " + dir + r + ".json";
-  const Run r = run(args + " --fit-where 'source=device;source=train,run=gpt2-s0|gpt2-s1' --json");
+  const Run r = calibrate_executor_runs({"gpt2", "bert-large-uncased", "llama-300m"});
   CAPTURE(r.err);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
