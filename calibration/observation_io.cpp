@@ -173,7 +173,7 @@ Dataset read_observations(const std::string& path) {
       k.pieces = r.get_int(j, "pieces", 1, 1, std::int64_t{1} << 40);
       k.reduce_bytes = Bytes{r.get_int(j, "reduce_bytes", 0, 0, std::int64_t{1} << 62)};
       if (j.contains("copy_kernel"))
-        k.copy_kernel = *zero::copy_kernel_from_name(r.get_enum(j, "copy_kernel", "", {"memcpy", "cast", "add"}));
+        k.copy_kernel = *zero::copy_kernel_from_name(r.get_enum(j, "copy_kernel", "", zero::copy_kernel_names()));
       coll = k.cls == KernelClass::collective;
       if (k.cls == KernelClass::gemm && k.gemms.empty())
         throw InputError(path, r.key_path("gemms"), "a GEMM observation needs its shapes");

@@ -363,6 +363,18 @@ TEST_CASE("calibrate --save-observations / --observations: the same fit from the
      "seconds": 1.9e-4, "tags": {"source": "device"}}]})";
   const Run c = run("calibrate --gpus 1 --gpu H200-141GB --observations " + k + " --json");
   CHECK(c.status == 0);
+  // A converting copy and an optimizer step that takes the norm first keep what prices them.
+  auto before_s = [&](const std::string& extra) {
+    std::ofstream(k) << R"({"format": "zeroplan-observations", "version": 1, "observations": [
+      {"kind": "kernel", "class": "copy_d2d", "name": "copy", "bytes": 600000000, "dtype": "bf16", "seconds": 2e-4)"
+                     << extra << R"(, "tags": {"source": "device"}}]})";
+    const Run r = run("calibrate --gpus 1 --gpu H200-141GB --observations " + k + " --json");
+    REQUIRE(r.status == 0);
+    return nlohmann::json::parse(r.out)["observations"][0]["before_s"].get<double>();
+  };
+  const double memcpy_s = before_s("");
+  CHECK(before_s(R"(, "copy_kernel": "memcpy")") == doctest::Approx(memcpy_s));
+  CHECK(before_s(R"(, "copy_kernel": "cast")") > 1.2 * memcpy_s);  // the H200 preset: 62% of HBM, not 85%
   // Bad files: one line naming the file and the key.
   const std::string bad_file = tmp("bad_observations.json");
   auto refused = [&](const std::string& text, const std::string& must) {
@@ -370,6 +382,9 @@ TEST_CASE("calibrate --save-observations / --observations: the same fit from the
     bad("calibrate --gpus 1 --gpu H200-141GB --observations " + bad_file, must);
   };
   refused(R"({"runs": []})", "not a saved observations file");
+  refused(R"({"format": "zeroplan-observations", "version": 1, "observations": [{"kind": "kernel", "class": "copy_d2d",
+           "dtype": "bf16", "bytes": 64, "seconds": 1e-5, "copy_kernel": "memcopy"}]})",
+          "observations[0].copy_kernel");
   refused(R"({"format": "zeroplan-observations", "version": 2, "observations": []})", "version 2");
   refused(R"({"format": "zeroplan-observations", "version": 1, "observations": [{"kind": "phase", "seconds": 1}]})",
           "observations[0].kind");

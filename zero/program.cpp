@@ -163,10 +163,23 @@ const char* copy_kernel_name(CopyKernel k) {
   return "?";
 }
 
+namespace {
+constexpr CopyKernel kCopyKernels[] = {CopyKernel::memcpy, CopyKernel::cast, CopyKernel::add};
+}
+
 std::optional<CopyKernel> copy_kernel_from_name(std::string_view name) {
-  for (const auto k : {CopyKernel::memcpy, CopyKernel::cast, CopyKernel::add})
+  for (const auto k : kCopyKernels)
     if (name == copy_kernel_name(k)) return k;
   return std::nullopt;
+}
+
+const std::vector<std::string>& copy_kernel_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto k : kCopyKernels) v.emplace_back(copy_kernel_name(k));
+    return v;
+  }();
+  return names;
 }
 
 void Program::validate() const {

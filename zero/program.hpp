@@ -144,6 +144,8 @@ const char* copy_op_name(CopyOp c);
 enum class CopyKernel : std::uint8_t { memcpy, cast, add };
 const char* copy_kernel_name(CopyKernel k);
 std::optional<CopyKernel> copy_kernel_from_name(std::string_view name);
+// Every kind's name, in enum order (what a reader lists when a name is wrong).
+const std::vector<std::string>& copy_kernel_names();
 
 // What a buffer holds, so the executor can bind it to real data.
 enum class BufferRole : std::uint8_t {
@@ -251,9 +253,10 @@ struct Event {
   std::int32_t root = -1;
   std::int64_t offset = 0;
   // Tensors the event visits one by one: a scalar all-reduce's local reduction before the
-  // all-reduce (the gradient norm, the overflow check; their bytes are mem_bytes), a copy done
-  // per tensor (DeepSpeed's per-param casts, a partition's flatten). 0: not counted (a copy's
-  // slices, when it has them, are its pieces).
+  // all-reduce (the gradient norm, the overflow check; their bytes are mem_bytes), an optimizer
+  // event's local reduction (its bytes are reduce_bytes), a copy done per tensor (DeepSpeed's
+  // per-param casts, a partition's flatten). 0: not counted (a copy's slices, when it has them,
+  // are its pieces).
   std::int32_t tensors = 0;
   // An optimizer event that first reduces the gradients it reads on this rank (stage 0's
   // FP16_Optimizer and BF16_Optimizer take the norm, and fp16's overflow check, inside step()):
