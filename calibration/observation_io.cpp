@@ -53,7 +53,11 @@ json::json observations_to_json(const Dataset& data, int* left_out) {
     if (o.kind == ObsKind::kernel) {
       const KernelSample& k = o.kernel;
       json::json gemms = json::json::array();
-      for (const auto& g : k.gemms) gemms.push_back({g.m, g.n, g.k, g.batch});
+      for (const auto& g : k.gemms) {
+        json::json one = {g.m, g.n, g.k, g.batch};
+        if (g.bias) one.push_back(1);
+        gemms.push_back(one);
+      }
       j["class"] = kernel_class_name(k.cls);
       j["name"] = k.name;
       j["gemms"] = gemms;
@@ -153,14 +157,18 @@ Dataset read_observations(const std::string& path) {
       k.name = r.get_string(j, "name", "");
       if (j.contains("gemms")) {
         const auto& gs = j.at("gemms");
-        if (!gs.is_array()) throw InputError(path, r.key_path("gemms"), "must be an array of [m, n, k, batch]");
+        if (!gs.is_array())
+          throw InputError(path, r.key_path("gemms"), "must be an array of [m, n, k, batch] or [m, n, k, batch, bias]");
         for (std::size_t g = 0; g < gs.size(); ++g) {
           const auto& a = gs[g];
-          bool ok = a.is_array() && a.size() == 4;
+          bool ok = a.is_array() && (a.size() == 4 || a.size() == 5);
           for (std::size_t d = 0; ok && d < 4; ++d) ok = a[d].is_number_integer() && a[d].get<std::int64_t>() > 0;
+          if (ok && a.size() == 5) ok = a[4].is_number_integer() && (a[4].get<std::int64_t>() == 0 || a[4].get<std::int64_t>() == 1);
           if (!ok)
-            throw InputError(path, r.key_path(fmt::format("gemms[{}]", g)), "must be [m, n, k, batch], positive integers");
-          k.gemms.push_back({a[0].get<std::int64_t>(), a[1].get<std::int64_t>(), a[2].get<std::int64_t>(), a[3].get<std::int64_t>()});
+            throw InputError(path, r.key_path(fmt::format("gemms[{}]", g)),
+                             "must be [m, n, k, batch] (positive integers), then optionally bias: 1 (the layer adds a bias) or 0");
+          k.gemms.push_back({a[0].get<std::int64_t>(), a[1].get<std::int64_t>(), a[2].get<std::int64_t>(),
+                             a[3].get<std::int64_t>(), a.size() == 5 && a[4].get<std::int64_t>() == 1});
         }
       }
       k.flops = Flops{r.get_double(j, "flops", 0, 0, 1e30)};

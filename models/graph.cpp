@@ -308,7 +308,7 @@ class Builder {
     op.outputs = {y};
     op.saved = {x};
     op.params = M(m).params;
-    op.gemms = {Gemm{rows, out, in, 1}};
+    op.gemms = {Gemm{rows, out, in, 1, bias}};
     const double mnk = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
     const double bias_flops = bias ? static_cast<double>(rows * out) : 0.0;
     op.fwd_flops = Flops{2.0 * mnk + bias_flops};

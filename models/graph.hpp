@@ -117,6 +117,9 @@ struct Tensor {
 // GEMM geometry for compute cost models: C(m,n) = A(m,k) B(k,n), `batch` times.
 struct Gemm {
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  // A bias added to every output row (nn.Linear, Conv1D): the backward also sums the output
+  // gradient's columns, a pass of its own after the two products.
+  bool bias = false;
 };
 
 struct Op {

@@ -385,8 +385,19 @@ double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, s
   const double h = p.gemm_half_dim;
   const double eff = p.gemm_max_efficiency * saturation(static_cast<double>(m), h) *
                      saturation(static_cast<double>(n), h) * saturation(static_cast<double>(k), h);
-  const bool aligned = align <= 1 || (m % align == 0 && n % align == 0 && k % align == 0);
-  return aligned ? eff : eff * p.gemm_unaligned_factor;
+  return eff * alignment_factor(p, m, n, k, align);
+}
+
+double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align) {
+  if (align <= 1 || (m % align == 0 && n % align == 0 && k % align == 0)) return 1.0;
+  // The bytes every dimension is aligned to: the largest power of two dividing each, in bytes.
+  const std::int64_t elem = std::max<std::int64_t>(1, 16 / align);
+  std::int64_t bytes = 16;
+  for (const std::int64_t x : {m, n, k}) {
+    const std::int64_t b = x * elem;
+    bytes = std::min(bytes, b & -b);
+  }
+  return std::min(1.0, p.gemm_unaligned_factor * static_cast<double>(bytes) / 2.0);
 }
 
 // ------------------------------------------------------------------ the model
@@ -435,8 +446,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     double e = p_.gemm_max_efficiency;
     for (const std::int64_t x : {m, n, k})
       e *= saturation(static_cast<double>(x), x == head_dim ? p_.gemm_half_dim : p_.attention_half());
-    const bool aligned = m % align == 0 && n % align == 0 && k % align == 0;
-    return aligned ? e : e * p_.gemm_unaligned_factor;
+    return e * alignment_factor(p_, m, n, k, align);
   };
   double geo_flops = 0, weighted = 0;
   for (const auto& g : o->gemms) {
@@ -464,7 +474,22 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   // or in TF32 at half the 16-bit tensor peak where the profile says the stack allows it.
   const double peak = p_.gemm_peak(g_.opt.act_dtype);
   const double gemm_time = flops.v / (peak * eff);
-  return Seconds{std::max(gemm_time, mem_time) + launch};
+  return Seconds{std::max(gemm_time, mem_time) + launch + bias_grad_time(*o, phase)};
+}
+
+// A layer's bias gradient is not part of either backward GEMM: it is the column sums of the
+// output gradient, one more pass over it after them (PyTorch's grad.sum(0) for nn.Linear and
+// Conv1D; the executor's column reduction), at the elementwise bandwidth.
+double ComputeModel::bias_grad_time(const models::Op& o, zero::Phase phase) const {
+  if (phase != zero::Phase::backward) return 0.0;
+  double t = 0;
+  for (const models::Gemm& g : o.gemms) {
+    if (!g.bias) continue;
+    const double read = static_cast<double>(g.m) * static_cast<double>(std::max<std::int64_t>(g.batch, 1)) *
+                        static_cast<double>(g.n) * static_cast<double>(dtype_size(g_.opt.act_dtype));
+    t += std::max(read / (p_.hbm_bandwidth.v * p_.elementwise_efficiency), p_.kernel_launch.v);
+  }
+  return t;
 }
 
 Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
@@ -495,7 +520,10 @@ Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placemen
     bw = p_.pcie_h2d.v;
     floor = p_.h2d_launch.v;
   }
-  const double extra = static_cast<double>(std::max<std::int64_t>(pieces, 1) - 1) * p_.copy_piece.v;
+  // Beyond the first piece: a memcpy per piece (copy_piece), or a kernel per piece where the copy
+  // converts or accumulates (a cast or an add per tensor: a kernel's launch each).
+  const double per_piece = p_.copy_piece.v;
+  const double extra = static_cast<double>(std::max<std::int64_t>(pieces, 1) - 1) * per_piece;
   return Seconds{std::max(static_cast<double>(bytes.v) / bw, floor) + extra};
 }
 

@@ -58,8 +58,10 @@ struct DeviceProfile {
   // GEMM efficiency: eff(m,n,k) = max_eff * s(m) * s(n) * s(k), s(x) = x / (x + half_dim)
   double gemm_max_efficiency = 0.8;
   double gemm_half_dim = 128;
-  // Factor on eff when a GEMM dimension is not a multiple of 16 bytes of its dtype
-  // (8 fp16/bf16 elements): cuBLAS leaves its fastest tensor-core kernels (vocab 50257).
+  // Factor on eff when a GEMM dimension is only 2-byte aligned (an odd 16-bit dimension:
+  // GPT-2's vocabulary, 50257): cuBLAS leaves its fastest tensor-core kernels, whose loads want
+  // 16 bytes. A dimension aligned to 4 or 8 bytes pays half or a quarter as much (factor · 2,
+  // · 4, at most 1): BERT's 30522 (4-byte rows) ran 2.0x the speed of GPT-2's 50257 on the H200.
   double gemm_unaligned_factor = 1.0;
   double elementwise_efficiency = 0.8;   // fraction of HBM bandwidth elementwise ops reach
   // Factors on the GEMM-curve efficiency of fused attention (sdpa, flash), forward and
@@ -140,9 +142,12 @@ nlohmann::json profile_to_json(const DeviceProfile& p);
 // Every entry of a profile database in the format of sim/profiles.json (strict).
 std::vector<DeviceProfile> load_profiles(const std::string& path);
 // GEMM efficiency of the profile: max_eff · s(m) · s(n) · s(k), in (0, gemm_max_efficiency],
-// times gemm_unaligned_factor when m, n or k is not a multiple of `align` elements.
+// times the alignment factor when m, n or k is not a multiple of `align` elements (16 bytes:
+// align = 16 / element size): gemm_unaligned_factor · (bytes every dimension is aligned to) / 2,
+// at most 1.
 double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
                        std::int64_t align = 1);
+double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align);
 
 class ComputeModel {
  public:
@@ -166,6 +171,8 @@ class ComputeModel {
   const DeviceProfile& profile() const { return p_; }
 
  private:
+  double bias_grad_time(const models::Op& o, zero::Phase phase) const;  // seconds; 0 without a bias
+
   DeviceProfile p_;
   const models::OpGraph& g_;
 };
