@@ -1,8 +1,9 @@
 #pragma once
 // nn.Embedding (kernels/cpu/embedding.hpp's twins): a row gather and its scatter-add
-// gradient. The gradient is deterministic and equals the CPU's summation order: the ids are
-// sorted stably (CUB radix sort, in the Context's scratch), and each distinct id's rows
-// are added in increasing position order by one thread per column.
+// gradient. The gradient is deterministic and has the CPU twin's summation order: the
+// positions are sorted stably by id (CUB radix sort, in the Context's scratch), the sorted
+// array is cut at every multiple of 32 rows, each id's rows in one piece between cuts are
+// summed in sorted order (fp32, from 0), and dW[id] gets the pieces' sums added in order.
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -16,9 +17,12 @@ void embedding_forward(void* y,                  // (N, C)
                        const void* w,            // (V, C)
                        std::int64_t N, std::int64_t C, DType dt, cudaStream_t stream);
 
-// dW[ids[i]] += dy[i] for i = 0..N-1 in order (fp32 sums, rounded once). Rows with
+// dW[ids[i]] += dy[i], in the order above (fp32 sums, rounded once; the CPU twin sums the
+// same pieces in the same order, so fp32 results are equal bit for bit). Rows with
 // ids[i] == padding_idx contribute nothing; pass -1 for none. accumulate=false first zeroes
-// the whole table gradient (V rows). Ids must lie in [0, V).
+// the whole table gradient (V rows). Ids must lie in [0, V). The scratch holds the sort's
+// arrays and 2 * ceil(N / 32) fp32 partial sums per column, for as many columns at a time as
+// it has room for (the same bits; a CudaError when it cannot hold 16 columns).
 void embedding_backward(Context& ctx,
                         void* dw,                 // (V, C)
                         const std::int64_t* ids,  // (N) on the device, or nullptr

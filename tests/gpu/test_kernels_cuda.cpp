@@ -613,20 +613,26 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
           expect_dot("backward db", download(*gb, rb.size(), dt), rb, sb, M + 1, dt);
         }
       }
-  // bias_backward over many rows (several row chunks), deterministic.
-  for (DType dt : kDtypes) {
-    CAPTURE(dtype_str(dt));
-    const std::int64_t M = 5000, N = 77;
-    const Vec dy = rand_vec(M * N, 118, dt);
-    auto ddy = device(dy, dt);
-    auto db1 = output(sz(N), dt), db2 = output(sz(N), dt);
-    kg::bias_backward(ctx, db1->get(), ddy->get(), M, N, false, dt, kStream);
-    kg::bias_backward(ctx, db2->get(), ddy->get(), M, N, false, dt, kStream);
-    Vec r(sz(N));
-    kc::bias_backward(r.data(), dy.data(), M, N, false);
-    expect_close("bias_backward", download(*db1, r.size(), dt), r, Tol{1e-7 * static_cast<double>(M), eps(dt), band(dt)});
-    expect_equal_bits("bias_backward", bits(*db1), bits(*db2));
-  }
+  // bias_backward over many rows (several row chunks, rows left over after the unrolled
+  // loads), columns short of a block's tile, one tile and a ragged last one; deterministic.
+  for (DType dt : kDtypes)
+    for (std::int64_t N : {std::int64_t{77}, std::int64_t{3}, std::int64_t{1000}})
+      for (bool acc : {false, true}) {
+        CAPTURE(dtype_str(dt));
+        CAPTURE(N);
+        CAPTURE(acc);
+        const std::int64_t M = 5003;
+        const Vec dy = rand_vec(M * N, 118, dt), init = rand_vec(N, 119, dt);
+        auto ddy = device(dy, dt);
+        auto db1 = acc ? device(init, dt) : output(sz(N), dt), db2 = acc ? device(init, dt) : output(sz(N), dt);
+        kg::bias_backward(ctx, db1->get(), ddy->get(), M, N, acc, dt, kStream);
+        kg::bias_backward(ctx, db2->get(), ddy->get(), M, N, acc, dt, kStream);
+        Vec r = acc ? init : Vec(sz(N));
+        kc::bias_backward(r.data(), dy.data(), M, N, acc);
+        expect_close("bias_backward", download(*db1, r.size(), dt), r,
+                     Tol{1e-7 * static_cast<double>(M), eps(dt), band(dt)});
+        expect_equal_bits("bias_backward", bits(*db1), bits(*db2));
+      }
 }
 
 // ------------------------------------------------------------------------------------
@@ -640,7 +646,7 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
         CAPTURE(dtype_str(dt));
         CAPTURE(C);
         CAPTURE(affine);
-        const std::int64_t rows = 45;
+        const std::int64_t rows = C == 100 ? 2051 : 45;  // 2051: several row chunks and a ragged tail
         const float eps_ln = 1e-5f;
         const Vec x = rand_vec(rows * C, 121, dt, -2.0f, 3.0f), w = rand_vec(C, 122, dt, 0.5f, 1.5f),
                   b = rand_vec(C, 123, dt);
@@ -930,6 +936,69 @@ TEST_CASE("embedding: gather, and the scatter-add gradient in the CPU's order (b
         expect_close("embedding_backward (positions)", download(*g, r.size(), dt), stored(r, dt), Tol{});
       }
     }
+  // Heavily repeated ids (runs spanning many chunks of sorted rows): every id 0, a tiny
+  // vocabulary, and one id making up ~40% of the tokens among random others; the padding
+  // run sits among the others and still takes its sorted rows.
+  struct Repeated {
+    const char* name;
+    std::int64_t V, padding;
+  };
+  const std::int64_t N = 5000;
+  kg::ContextOptions small_options;
+  small_options.scratch_bytes = std::size_t{200} << 10;  // about 50 columns of partial sums at a time
+  kg::Context small(small_options);
+  for (const Repeated& rep : {Repeated{"all zero", 2, 0}, Repeated{"tiny vocabulary", 3, 1},
+                              Repeated{"one id 40%", 1000, 0}}) {
+    std::vector<std::int64_t> ids(sz(N));
+    for (std::int64_t i = 0; i < N; ++i) {
+      const std::uint32_t r = kc::random_u32(171, sz(i));
+      if (rep.V == 2)
+        ids[sz(i)] = 0;
+      else if (rep.V == 3)
+        ids[sz(i)] = r % 3;
+      else
+        ids[sz(i)] = r % 20 < 8 ? 103 : r % 20 == 8 ? 0 : static_cast<std::int64_t>(kc::random_u32(172, sz(i)) % 1000);
+    }
+    auto dids = device_raw(ids);
+    for (DType dt : kDtypes)
+      for (std::int64_t C : {std::int64_t{20}, std::int64_t{300}}) {
+        const Vec dy = rand_vec(N * C, 173, dt), init = rand_vec(rep.V * C, 174, dt);
+        auto ddy = device(dy, dt);
+        for (std::int64_t padding : {std::int64_t{-1}, rep.padding})
+          for (bool acc : {false, true}) {
+            CAPTURE(rep.name);
+            CAPTURE(dtype_str(dt));
+            CAPTURE(C);
+            CAPTURE(padding);
+            CAPTURE(acc);
+            auto g = acc ? device(init, dt) : output(init.size(), dt);
+            kg::embedding_backward(ctx, g->get(), dids->as<std::int64_t>(), ddy->get(), N, rep.V, C, padding, acc, dt,
+                                   kStream);
+            Vec r = acc ? init : Vec(init.size());
+            kc::embedding_backward(r.data(), ids.data(), dy.data(), N, rep.V, C, padding, acc);
+            expect_close("embedding_backward (repeated ids)", download(*g, r.size(), dt), stored(r, dt), Tol{});
+            if (C == 300) {
+              // A scratch too small for every column at once: slabs of columns, the same bits.
+              auto g2 = acc ? device(init, dt) : output(init.size(), dt);
+              kg::embedding_backward(small, g2->get(), dids->as<std::int64_t>(), ddy->get(), N, rep.V, C, padding, acc,
+                                     dt, kStream);
+              expect_equal_bits("embedding_backward (slabs of columns)", bits(*g), bits(*g2));
+            }
+          }
+      }
+  }
+  // One too small for 16 columns: refused with the sizes, nothing written.
+  kg::ContextOptions tiny_options;
+  tiny_options.scratch_bytes = std::size_t{64} << 10;
+  kg::Context tiny(tiny_options);
+  const Vec dy = rand_vec(N * 16, 175, DType::fp32);
+  auto ddy = device(dy, DType::fp32);
+  std::vector<std::int64_t> ids(sz(N), 1);
+  auto dids = device_raw(ids);
+  auto g = output(sz(2 * 16), DType::fp32);
+  CHECK_THROWS_AS(kg::embedding_backward(tiny, g->get(), dids->as<std::int64_t>(), ddy->get(), N, 2, 16, -1, true,
+                                         DType::fp32, kStream),
+                  kg::CudaError);
 }
 
 // ------------------------------------------------------------------------------------
