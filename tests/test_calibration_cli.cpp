@@ -324,13 +324,13 @@ TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at st
   REQUIRE(mape.size() == 4);
   for (const auto& [phase, m] : mape) {
     CAPTURE(phase);
-    CHECK(m.first > 25);  // the H200 preset, uncalibrated: 26-46% off
+    CHECK(m.first > 20);  // the H200 preset, uncalibrated: 24-41% off
     CHECK(m.second < m.first / 2);  // calibrated
   }
-  CHECK(mape["forward"].second < 12);
+  CHECK(mape["forward"].second < 4.5);
   CHECK(mape["backward"].second < 5);
-  CHECK(mape["iteration"].second < 6);
-  CHECK(mape["step"].second < 7);
+  CHECK(mape["iteration"].second < 4);
+  CHECK(mape["step"].second < 11);  // stage 0's step over-predicted (docs/calibration.md)
   CHECK(j["uncertainty"]["basis"].get<std::string>().find("12 held-out runs") != std::string::npos);
 }
 
@@ -446,10 +446,10 @@ TEST_CASE("calibrate: each model's micro-benchmarks fit attention's sequence cur
   std::map<std::string, double> after;
   for (const auto& p : j["held_out_phases"]) after[p["phase"].get<std::string>()] = p["mape_after"].get<double>();
   REQUIRE(after.size() == 4);
-  CHECK(after["forward"] < 8.5);
-  CHECK(after["backward"] < 5.5);
-  CHECK(after["step"] < 7);
-  CHECK(after["iteration"] < 5.5);
+  CHECK(after["forward"] < 5.5);
+  CHECK(after["backward"] < 5);
+  CHECK(after["step"] < 9);
+  CHECK(after["iteration"] < 4.5);
   bool fitted = false;
   for (const auto& p : j["parameters"])
     if (p["name"] == "compute.attention_half_seq") {
