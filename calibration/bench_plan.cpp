@@ -179,7 +179,7 @@ double estimate(const DeviceCase& c, const sim::ComputeModel& cm, const models::
   for (const auto& gm : k.gemms) {
     const double f = 2.0 * static_cast<double>(gm.m * gm.n) * static_cast<double>(gm.k * gm.batch) * (k.backward ? 2.0 : 1.0);
     const double peak = c.dtype == DType::fp32 ? p.peak_fp32_flops.v : p.peak_tensor_flops.v;
-    t += f / (peak * sim::gemm_efficiency(p, gm.m * gm.batch, gm.n, gm.k, 8));
+    t += f / (peak * sim::gemm_efficiency(p, gm.m * gm.batch, gm.n, gm.k, 16 / static_cast<std::int64_t>(dtype_size(c.dtype))));
   }
   return t + p.kernel_launch.v;
 }

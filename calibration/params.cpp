@@ -146,7 +146,8 @@ std::vector<ParamDef> build_registry() {
                      1, 1e5, true, [](const M& m) { return m.device.gemm_half_dim; },
                      [](M& m, double v) { m.device.gemm_half_dim = v; }));
   r.push_back(scalar("compute.gemm_unaligned_factor", ParamGroup::compute, "",
-                     "factor on GEMM efficiency when a dimension is not a multiple of 16 bytes",
+                     "factor on GEMM efficiency when a dimension is only 2-byte aligned (4-byte aligned: twice it, "
+                     "8-byte: four times, at most 1)",
                      "a GEMM with a dimension not a multiple of 8 elements (GPT-2's vocabulary of 50257)", 0.01, 1, true,
                      [](const M& m) { return m.device.gemm_unaligned_factor; },
                      [](M& m, double v) { m.device.gemm_unaligned_factor = v; }));

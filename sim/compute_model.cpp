@@ -235,7 +235,7 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   const bool hopper = dev.arch == "hopper" || dev.arch == "blackwell";
   p.gemm_max_efficiency = cpu ? 0.6 : 0.86;
   p.gemm_half_dim = cpu ? 32 : (hopper ? 240 : 128);
-  p.gemm_unaligned_factor = cpu ? 1.0 : (hopper ? 0.25 : 0.3);
+  p.gemm_unaligned_factor = cpu ? 1.0 : (hopper ? 0.2 : 0.3);
   p.elementwise_efficiency = cpu ? 0.5 : (hopper ? 0.62 : 0.8);
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
   p.copy_launch = p.kernel_launch;
@@ -389,7 +389,7 @@ double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, s
 }
 
 double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align) {
-  if (align <= 1 || (m % align == 0 && n % align == 0 && k % align == 0)) return 1.0;
+  if (align <= 1 || m <= 0 || n <= 0 || k <= 0 || (m % align == 0 && n % align == 0 && k % align == 0)) return 1.0;
   // The bytes every dimension is aligned to: the largest power of two dividing each, in bytes.
   const std::int64_t elem = std::max<std::int64_t>(1, 16 / align);
   std::int64_t bytes = 16;
@@ -520,10 +520,7 @@ Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placemen
     bw = p_.pcie_h2d.v;
     floor = p_.h2d_launch.v;
   }
-  // Beyond the first piece: a memcpy per piece (copy_piece), or a kernel per piece where the copy
-  // converts or accumulates (a cast or an add per tensor: a kernel's launch each).
-  const double per_piece = p_.copy_piece.v;
-  const double extra = static_cast<double>(std::max<std::int64_t>(pieces, 1) - 1) * per_piece;
+  const double extra = static_cast<double>(std::max<std::int64_t>(pieces, 1) - 1) * p_.copy_piece.v;
   return Seconds{std::max(static_cast<double>(bytes.v) / bw, floor) + extra};
 }
 

@@ -240,8 +240,11 @@ void embedding_backward(Context& ctx, void* dw, const std::int64_t* ids, const v
   require_float(dt, "embedding_backward");
   if (V > (std::int64_t{1} << 31) - 1 || N > (std::int64_t{1} << 31) - 1)
     throw std::invalid_argument("embedding_backward: more than 2^31 - 1 rows or ids");
-  if (!accumulate && V * C > 0)
-    ZP_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<std::size_t>(V * C * dtype_size(dt)), stream));
+  auto zero_table = [&] {
+    if (!accumulate && V * C > 0)
+      ZP_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<std::size_t>(V * C * dtype_size(dt)), stream));
+  };
+  if (N * C <= 0 || ids == nullptr) zero_table();
   if (N * C <= 0) return;
   if (ids == nullptr) {
     detail::dispatch(dt, "embedding_backward", [&](auto tag) {
@@ -285,6 +288,7 @@ void embedding_backward(Context& ctx, void* dw, const std::int64_t* ids, const v
   auto* pos_out = reinterpret_cast<std::int32_t*>(base + 3 * arr);
   void* cub_storage = base + 4 * arr;
   auto* partials = reinterpret_cast<float*>(base + fixed);
+  zero_table();  // after the scratch is known to suffice: a refused call writes nothing
   keys_kernel<<<detail::grid_for(N, kGatherBlock), kGatherBlock, 0, stream>>>(keys_in, pos_in, ids, N);
   ZP_CUDA_CHECK_LAUNCH("keys_kernel");
   ZP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_storage, cub_bytes, keys_in, keys_out, pos_in, pos_out, n, 0,

@@ -995,10 +995,14 @@ TEST_CASE("embedding: gather, and the scatter-add gradient in the CPU's order (b
   auto ddy = device(dy, DType::fp32);
   std::vector<std::int64_t> ids(sz(N), 1);
   auto dids = device_raw(ids);
-  auto g = output(sz(2 * 16), DType::fp32);
-  CHECK_THROWS_AS(kg::embedding_backward(tiny, g->get(), dids->as<std::int64_t>(), ddy->get(), N, 2, 16, -1, true,
-                                         DType::fp32, kStream),
-                  kg::CudaError);
+  const Vec table = rand_vec(2 * 16, 176, DType::fp32);
+  for (bool acc : {true, false}) {
+    auto g = device(table, DType::fp32);
+    CHECK_THROWS_AS(kg::embedding_backward(tiny, g->get(), dids->as<std::int64_t>(), ddy->get(), N, 2, 16, -1, acc,
+                                           DType::fp32, kStream),
+                    kg::CudaError);
+    expect_equal_bits("embedding_backward refused", bits(*g), bits(*device(table, DType::fp32)));
+  }
 }
 
 // ------------------------------------------------------------------------------------
