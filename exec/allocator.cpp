@@ -9,13 +9,6 @@
 
 namespace zp::exec {
 
-bool fills_with_zeros(zero::BufferRole role) {
-  using zero::BufferRole;
-  // Forward kernels write their whole output; the step's flatten and cast temporaries are
-  // written whole before they are read (the per-param fp32 copies, by grads_to_fp32).
-  return role != BufferRole::activation && role != BufferRole::step_temp;
-}
-
 TrackingAllocator::TrackingAllocator(std::size_t buffers, Bytes limit, Device* device)
     : device_(device), ptr_(buffers, nullptr), handle_(buffers), limit_(limit) {}
 
@@ -77,7 +70,7 @@ void* TrackingAllocator::allocate(const zero::Buffer& b, int stream) {
         seg = segments_.emplace(where.segment, mem).first;
       }
       p = static_cast<std::byte*>(seg->second) + where.offset;
-      if (fills_with_zeros(b.role)) device_->fill(Ref{p, DType::u8, 0}, static_cast<std::int64_t>(size), 0.0f);
+      if (zero::starts_zeroed(b.role)) device_->fill(Ref{p, DType::u8, 0}, static_cast<std::int64_t>(size), 0.0f);
     } else {
       p = device_ ? device_->allocate(size) : std::calloc(size, 1);
     }

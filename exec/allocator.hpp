@@ -8,7 +8,7 @@
 // gradient, a bucket, a partition, a backward temporary) starts at zero, as torch.zeros
 // would; a buffer its first writer fills whole (a forward output, a step temporary) is
 // left as the cache hands it over, as torch.empty would: zero-filling it would add a
-// memset to its event that PyTorch does not run (fills_with_zeros).
+// memset to its event that PyTorch does not run (zero::starts_zeroed says which).
 #include <array>
 #include <cstddef>
 #include <map>
@@ -34,9 +34,6 @@ struct AllocatorReport {
   Bytes reserved_peak{};             // caching-allocator rules over the real requests
   Bytes live_now{};
 };
-
-// Whether the executor zero-fills a fresh device buffer of this role.
-bool fills_with_zeros(zero::BufferRole role);
 
 class AllocationFailed : public std::runtime_error {
  public:

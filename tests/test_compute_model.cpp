@@ -322,7 +322,6 @@ TEST_CASE("phases: recompute costs the forward, backward launches twice the kern
     ++seen;
     const double f = cm.op_cost(op.id, Phase::forward).v, b = cm.op_cost(op.id, Phase::backward).v;
     const double bias = 8.0 * 1024 * 3072 * 2 / (p.hbm_bandwidth.v * p.elementwise_efficiency);
-    CHECK(bias > 10e-6);
     CHECK((b - bias) / f == doctest::Approx(2.0).epsilon(0.05));
     const double tflops = op.fwd_flops.v / f / 1e12;
     MESSAGE("gpt2 c_fc fwd on A100: " << tflops << " TFLOP/s");

@@ -154,6 +154,13 @@ const char* copy_op_name(CopyOp c) {
   return "?";
 }
 
+bool starts_zeroed(BufferRole role) {
+  // Forward kernels write their whole output; the step's flatten and cast temporaries are
+  // written whole before they are read (the per-param fp32 copies, by grads_to_fp32; the flat
+  // partition's padding, by partition_grads).
+  return role != BufferRole::activation && role != BufferRole::step_temp;
+}
+
 const char* copy_kernel_name(CopyKernel k) {
   switch (k) {
     case CopyKernel::memcpy: return "memcpy";

@@ -175,6 +175,12 @@ enum class BufferRole : std::uint8_t {
   library_workspace,  // cuBLAS / cuBLASLt workspace (ref = 0 forward thread, 1 autograd thread, 2 cuBLASLt)
 };
 
+// Whether the program reads a fresh buffer of this role as zeros (torch.zeros: a gradient, a
+// bucket, a partition that something adds into) or writes it whole before any read
+// (torch.empty: a forward output, a step temporary). An interpreter that hands out real memory
+// zero-fills the former only.
+bool starts_zeroed(BufferRole role);
+
 using BufferId = std::int32_t;
 using EventId = std::int32_t;
 using GroupId = std::int32_t;
