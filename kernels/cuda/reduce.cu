@@ -10,6 +10,7 @@ using detail::kWidth;
 constexpr int kReduceBlock = 256;
 constexpr std::int64_t kMaxPartials = 1024;
 constexpr std::int64_t kPerThread = 64;  // elements per thread before another block is added
+constexpr int kInFlight = 4;             // loads a thread issues before it adds (memory-level parallelism)
 
 template <class T, bool Vec, bool Square>
 __global__ void partials_kernel(double* __restrict__ partial, const T* __restrict__ x, std::int64_t n) {
@@ -17,7 +18,23 @@ __global__ void partials_kernel(double* __restrict__ partial, const T* __restric
   constexpr int W = kWidth<T, Vec>;
   double s = 0.0;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * W;
-  for (std::int64_t j = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * W; j < n; j += stride) {
+  std::int64_t j = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * W;
+  // kInFlight strides at a time while they fit whole, their loads first (one load in flight
+  // per thread leaves HBM idle between them). The order of the additions is fixed by the
+  // grid, so the result is the same bits run to run.
+  for (; j + (kInFlight - 1) * stride + W <= n; j += kInFlight * stride) {
+    float v[kInFlight][W];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) detail::load_f<T, W>(x + j + u * stride, v[u]);
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u)
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const double d = v[u][k];
+        s += Square ? d * d : d;
+      }
+  }
+  for (; j < n; j += stride) {
     if (j + W <= n) {
       float v[W];
       detail::load_f<T, W>(x + j, v);

@@ -1192,6 +1192,23 @@ TEST_CASE("sum_squares and sum: the CPU's value to double rounding, the same bit
       double sabs = 0.0;
       for (float v : y) sabs += std::fabs(static_cast<double>(v));
       CHECK(std::fabs(download_raw<double>(out, 1)[0] - rs) <= 1e-12 * sabs);
+      // The executor's norm tells a non-finite gradient by its sum of squares alone (no second
+      // pass): one inf or NaN anywhere, on the vector path or in the tail, makes it non-finite;
+      // the largest finite values do not.
+      for (const std::int64_t at : {std::int64_t{0}, n / 2, n - 1})
+        for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()}) {
+          Vec z = y;
+          z[static_cast<std::size_t>(at)] = bad;
+          auto dz = device(z, dt);
+          kg::sum_squares(ctx, out.as<double>(), dz->get(), n, false, dt, kStream);
+          CHECK_FALSE(std::isfinite(download_raw<double>(out, 1)[0]));
+        }
+      Vec big(static_cast<std::size_t>(n), dt == DType::fp16 ? 65504.0f : std::numeric_limits<float>::max());
+      if (dt == DType::bf16) big.assign(big.size(), 3.3895314e38f);  // the largest finite bf16
+      auto dbig = device(big, dt);
+      kg::sum_squares(ctx, out.as<double>(), dbig->get(), n, false, dt, kStream);
+      CHECK(std::isfinite(download_raw<double>(out, 1)[0]));
     }
 }
 
