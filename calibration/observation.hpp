@@ -72,6 +72,10 @@ struct KernelSample {
                                      // it reads (over `pieces` tensors)
   zero::CopyKernel copy_kernel = zero::CopyKernel::memcpy;  // a device copy: memcpy, or a kernel
                                      // that converts (cast) or accumulates (add)
+  bool host_bound = false;           // a copy issued right after the host read a value back
+                                     // (zero::Event::host_bound)
+  bool optimizer = false;            // the optimizer's update on the device (a memory kernel at
+                                     // DeviceProfile::optimizer_efficiency)
   int run = -1;                      // the training run it was timed in (index into Dataset::runs:
                                      // a train --out event); -1: a micro-benchmark
 };

@@ -70,6 +70,8 @@ json::json observations_to_json(const Dataset& data, int* left_out) {
       if (k.dropout > 0) j["dropout"] = k.dropout;
       if (k.pieces > 1) j["pieces"] = k.pieces;
       if (k.copy_kernel != zero::CopyKernel::memcpy) j["copy_kernel"] = zero::copy_kernel_name(k.copy_kernel);
+      if (k.host_bound) j["host_bound"] = true;
+      if (k.optimizer) j["optimizer"] = true;
       if (k.reduce_bytes.v > 0) j["reduce_bytes"] = k.reduce_bytes.v;
     }
     if (o.kind == ObsKind::collective || (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::collective)) {
@@ -130,7 +132,7 @@ Dataset read_observations(const std::string& path) {
     const auto& j = (*it)[i];
     r.require_object(j, "");
     r.reject_unknown(j, {"kind", "source", "label", "seconds", "spread", "repeats", "tags", "class", "name", "gemms",
-                         "flops", "bytes", "dtype", "backward", "tf32", "op_kind", "dropout", "pieces", "copy_kernel", "reduce_bytes", "collective"});
+                         "flops", "bytes", "dtype", "backward", "tf32", "op_kind", "dropout", "pieces", "copy_kernel", "host_bound", "optimizer", "reduce_bytes", "collective"});
     Observation o;
     o.kind = enum_of<ObsKind>(r, j, "kind", 2, obs_kind_name);  // collective, kernel (phases belong to runs)
     o.source = r.get_string(j, "source", path);
@@ -182,6 +184,8 @@ Dataset read_observations(const std::string& path) {
       k.reduce_bytes = Bytes{r.get_int(j, "reduce_bytes", 0, 0, std::int64_t{1} << 62)};
       if (j.contains("copy_kernel"))
         k.copy_kernel = *zero::copy_kernel_from_name(r.get_enum(j, "copy_kernel", "", zero::copy_kernel_names()));
+      k.host_bound = r.get_bool(j, "host_bound", false);
+      k.optimizer = r.get_bool(j, "optimizer", false);
       coll = k.cls == KernelClass::collective;
       if (k.cls == KernelClass::gemm && k.gemms.empty())
         throw InputError(path, r.key_path("gemms"), "a GEMM observation needs its shapes");

@@ -180,6 +180,12 @@ std::vector<ParamDef> build_registry() {
                      "ones without (calibrate --device cuda, or a model without it)",
                      0.01, 5, true, [](const M& m) { return m.device.attention_dropout_efficiency; },
                      [](M& m, double v) { m.device.attention_dropout_efficiency = v; }));
+  r.push_back(scalar("compute.optimizer_efficiency", ParamGroup::compute, "",
+                     "factor on the elementwise efficiency for the optimizer's update on the device (fused Adam over "
+                     "master, gradients and states)",
+                     "the step's optimizer events of training runs (zeroplan train --out)", 0.05, 10, false,
+                     [](const M& m) { return m.device.optimizer_efficiency; },
+                     [](M& m, double v) { m.device.optimizer_efficiency = v; }));
   r.push_back(scalar("compute.kernel_launch_us", ParamGroup::compute, "us", "launch overhead per kernel",
                      "kernels too small to be bandwidth- or FLOP-bound (a few KiB)", 0.01, 1000, true,
                      [](const M& m) { return m.device.kernel_launch.v / kMicro; },
@@ -208,6 +214,18 @@ std::vector<ParamDef> build_registry() {
                         [](M& m, double v) { m.device.copy_piece = Seconds{v * kMicro}; });
     d.log_scale = false;
     d.typical = 1;
+    r.push_back(std::move(d));
+  }
+  {
+    ParamDef d = scalar("compute.host_launch_us", ParamGroup::compute, "us",
+                        "the host's cost of issuing one piece of a copy, where the device waits for it (the copies "
+                        "issued right after the host read the gradient norm back)",
+                        "the step's flatten of the partition's gradients at stages 1 and 2 (training runs, zeroplan "
+                        "train --out), issued one parameter at a time after the norm",
+                        0, 1000, true, [](const M& m) { return m.device.host_launch.v / kMicro; },
+                        [](M& m, double v) { m.device.host_launch = Seconds{v * kMicro}; });
+    d.log_scale = false;
+    d.typical = 5;
     r.push_back(std::move(d));
   }
   r.push_back(scalar("compute.d2d_copy_gbps", ParamGroup::compute, "GB/s",
@@ -306,7 +324,7 @@ std::vector<ParamDef> build_registry() {
       }
   for (auto& d : r) {
     if (d.name == "compute.gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
-        d.name == "compute.kernel_launch_us" || d.name == "compute.copy_launch_us" || d.name == "compute.copy_piece_us" ||
+        d.name == "compute.kernel_launch_us" || d.name == "compute.copy_launch_us" || d.name == "compute.copy_piece_us" || d.name == "compute.host_launch_us" ||
         d.name == "compute.h2d_launch_us" || d.name == "compute.norm_tensor_us")
       d.stage = 1;
     if (d.name == "compute.comm_compute_interference" || d.name == "collective.fill_fraction") d.stage = 2;

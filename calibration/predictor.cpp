@@ -228,13 +228,15 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
         if (!copies) copies.emplace(m.device, empty_graph_);
         const auto src = k.cls == KernelClass::copy_d2d ? zero::Placement::device : zero::Placement::host;
         const auto dst = k.cls == KernelClass::copy_host ? zero::Placement::host : zero::Placement::device;
-        out[i] = copies->copy_cost(k.bytes, src, dst, k.pieces, k.copy_kernel).v;
+        out[i] = copies->copy_cost(k.bytes, src, dst, k.pieces, k.copy_kernel, k.host_bound).v;
         break;
       }
       default: {
         const auto& cm = compute[static_cast<std::size_t>(kernel_graph_[i])];
-        out[i] = cm.compute_cost(kernel_op_[i], k.backward ? zero::Phase::backward : zero::Phase::forward, k.flops, k.bytes)
-                     .v;
+        out[i] = k.optimizer ? cm.optimizer_cost(k.flops, k.bytes).v
+                             : cm.compute_cost(kernel_op_[i], k.backward ? zero::Phase::backward : zero::Phase::forward,
+                                               k.flops, k.bytes)
+                                   .v;
         if (k.reduce_bytes.v > 0) out[i] += cm.local_reduction_cost(k.reduce_bytes, k.pieces).v;
         break;
       }

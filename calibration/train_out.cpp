@@ -160,6 +160,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
         k.bytes = ev.mem_bytes;
         k.pieces = std::max<std::int64_t>({1, static_cast<std::int64_t>(ev.slice_end - ev.slice_begin), ev.tensors});
         k.copy_kernel = ev.copy_kernel;
+        k.host_bound = ev.host_bound;
         k.cls = ev.src == zero::Placement::host && ev.dst == zero::Placement::host ? KernelClass::copy_host
                 : ev.src != ev.dst                                                 ? KernelClass::copy_h2d
                                                                                    : KernelClass::copy_d2d;
@@ -170,6 +171,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
       case zero::EventKind::optimizer:
         if (ev.src == zero::Placement::host) continue;  // CPU Adam: the host's optimizer, not a kernel
         k.cls = KernelClass::memory;
+        k.optimizer = true;
         k.flops = ev.flops;
         k.bytes = ev.mem_bytes;
         k.reduce_bytes = ev.reduce_bytes;

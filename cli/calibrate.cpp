@@ -358,12 +358,15 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
                                         find_param("compute.attention_dropout_efficiency"),
                                         find_param("compute.attention_half_seq")};
   auto op_factor_kernel = [](const Observation& o) {
-    return o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::memory && o.kernel.op_kind.has_value();
+    return o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::memory &&
+           (o.kernel.op_kind.has_value() || o.kernel.optimizer);
   };
   if (req.fit.empty()) {
     std::set<std::string> kinds;
     for (const auto& o : data.obs)
-      if (o.fit && op_factor_kernel(o)) kinds.insert(op_factor_name(*o.kernel.op_kind, o.kernel.backward));
+      if (o.fit && op_factor_kernel(o))
+        kinds.insert(o.kernel.optimizer ? "compute.optimizer_efficiency"
+                                        : op_factor_name(*o.kernel.op_kind, o.kernel.backward));
     for (const auto& d : param_registry())
       if (kinds.count(d.name)) {
         fo.candidates.push_back(&d);

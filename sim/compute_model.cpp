@@ -28,6 +28,7 @@ const std::vector<std::string> kProfileKeys = {
     "device",
     "host",
     "attention_dropout_efficiency",
+    "optimizer_efficiency",
     "op_efficiency",
     "fp32_gemm_tf32",
     "peak_tensor_tflops",
@@ -43,6 +44,7 @@ const std::vector<std::string> kProfileKeys = {
     "kernel_launch_us",
     "copy_launch_us",
     "copy_piece_us",
+    "host_launch_us",
     "h2d_launch_us",
     "norm_tensor_us",
     "kernels_per_op",
@@ -156,6 +158,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
     p.attention_backward_efficiency = positive(r, e, "attention_backward_efficiency", 10);
   if (e.contains("attention_dropout_efficiency"))
     p.attention_dropout_efficiency = positive(r, e, "attention_dropout_efficiency", 10);
+  if (e.contains("optimizer_efficiency")) p.optimizer_efficiency = positive(r, e, "optimizer_efficiency", 10);
   if (e.contains("attention_half_seq")) p.attention_half_seq = r.get_double(e, "attention_half_seq", 0, 0, 1e6);
   // {"layernorm": 0.5, "layernorm.backward": 0.2, ...}: op kinds as models/graph.hpp names them.
   if (auto it = e.find("op_efficiency"); it != e.end()) {
@@ -177,6 +180,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   p.kernel_launch = Seconds{r.get_double(e, "kernel_launch_us", 0, 0, 1e6) * kMicro};
   p.copy_launch = e.contains("copy_launch_us") ? Seconds{r.get_double(e, "copy_launch_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.copy_piece = Seconds{r.get_double(e, "copy_piece_us", 0, 0, 1e6) * kMicro};
+  p.host_launch = Seconds{r.get_double(e, "host_launch_us", 0, 0, 1e6) * kMicro};
   p.h2d_launch = e.contains("h2d_launch_us") ? Seconds{r.get_double(e, "h2d_launch_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.norm_tensor = e.contains("norm_tensor_us") ? Seconds{r.get_double(e, "norm_tensor_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.kernels_per_op = static_cast<int>(r.get_int(e, "kernels_per_op", 1, 1, 1000));
@@ -241,6 +245,7 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   p.copy_launch = p.kernel_launch;
   p.h2d_launch = p.kernel_launch;
   p.norm_tensor = p.kernel_launch;
+  p.host_launch = Seconds{(hopper ? 5.5 : 0.0) * kMicro};  // the H200 machine's host; elsewhere unmeasured
   p.kernels_per_op = 1;
   p.d2d_copy_bandwidth = BytesPerSecond{dev.hbm_bandwidth.v * (cpu ? 0.5 : 0.85)};
   p.pcie_h2d = BytesPerSecond{(cpu ? 10.0 : hopper ? 50.0 : 24.0) * kGiga};
@@ -335,11 +340,13 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"attention_efficiency", p.attention_efficiency},
           {"attention_backward_efficiency", p.attention_backward_efficiency},
           {"attention_dropout_efficiency", p.attention_dropout_efficiency},
+          {"optimizer_efficiency", p.optimizer_efficiency},
           {"attention_half_seq", p.attention_half()},
           {"op_efficiency", ops},
           {"kernel_launch_us", us(p.kernel_launch)},
           {"copy_launch_us", us(p.copy_launch)},
           {"copy_piece_us", us(p.copy_piece)},
+          {"host_launch_us", us(p.host_launch)},
           {"h2d_launch_us", us(p.h2d_launch)},
           {"norm_tensor_us", us(p.norm_tensor)},
           {"kernels_per_op", p.kernels_per_op},
@@ -407,7 +414,7 @@ ComputeModel::ComputeModel(const DeviceProfile& profile, const models::OpGraph& 
       p_.d2d_copy_bandwidth.v <= 0 || p_.pcie_h2d.v <= 0 || p_.host_memcpy_bandwidth.v <= 0 ||
       p_.cpu_adam_params_per_second <= 0 || p_.gemm_max_efficiency <= 0 || p_.gemm_unaligned_factor <= 0 ||
       p_.elementwise_efficiency <= 0 || p_.attention_efficiency <= 0 ||
-      p_.attention_backward_efficiency <= 0 || p_.kernels_per_op < 1)
+      p_.attention_backward_efficiency <= 0 || p_.optimizer_efficiency <= 0 || p_.kernels_per_op < 1)
     throw std::logic_error(fmt::format("device profile '{}' has a zero or negative coefficient", p_.device));
 }
 
@@ -424,13 +431,8 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     o = &g_.ops[static_cast<std::size_t>(op)];
   }
 
-  if (o == nullptr || o->gemms.empty()) {
-    // Bandwidth-bound (or fp32-FLOP-bound) kernels, never faster than their launches, at the
-    // efficiency of their op kind.
-    const double f = o == nullptr ? 1.0 : p_.op_factor(o->kind, backward);
-    const double flop_time = flops.v / (p_.peak_fp32_flops.v * p_.elementwise_efficiency * f);
-    return Seconds{std::max({mem_time / f, flop_time, launch})};
-  }
+  if (o == nullptr || o->gemms.empty())
+    return elementwise_cost(flops, bytes, o == nullptr ? 1.0 : p_.op_factor(o->kind, backward), launch);
 
   // Σ f_i / eff_i over the GEMMs this phase runs, with f_i the geometry FLOPs; the event's
   // own FLOPs are spread over them in that proportion (a causal flash kernel skips half,
@@ -506,8 +508,20 @@ Seconds ComputeModel::local_reduction_cost(Bytes bytes, std::int64_t tensors) co
   return Seconds{read + static_cast<double>(std::max<std::int64_t>(tensors, 1)) * p_.norm_tensor.v};
 }
 
+// Bandwidth-bound (or fp32-FLOP-bound) kernels, never faster than their launches, at the
+// elementwise efficiency times `factor` (an op kind's, the optimizer's).
+Seconds ComputeModel::elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const {
+  const double eff = p_.elementwise_efficiency * factor;
+  return Seconds{std::max({static_cast<double>(bytes.v) / (p_.hbm_bandwidth.v * eff),
+                           flops.v / (p_.peak_fp32_flops.v * eff), launch})};
+}
+
+Seconds ComputeModel::optimizer_cost(Flops flops, Bytes bytes) const {
+  return elementwise_cost(flops, bytes, p_.optimizer_efficiency, p_.kernel_launch.v);
+}
+
 Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces,
-                                zero::CopyKernel kernel) const {
+                                zero::CopyKernel kernel, bool host_bound) const {
   using zero::Placement;
   if (bytes.v <= 0) return Seconds{0};  // a view: nothing moves
   double bw = p_.d2d_copy_bandwidth.v, floor = p_.copy_launch.v;
@@ -520,8 +534,9 @@ Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placemen
     bw = p_.pcie_h2d.v;
     floor = p_.h2d_launch.v;
   }
-  const double extra = static_cast<double>(std::max<std::int64_t>(pieces, 1) - 1) * p_.copy_piece.v;
-  return Seconds{std::max(static_cast<double>(bytes.v) / bw, floor) + extra};
+  const auto n = static_cast<double>(std::max<std::int64_t>(pieces, 1));
+  const double device = std::max(static_cast<double>(bytes.v) / bw, floor) + (n - 1) * p_.copy_piece.v;
+  return Seconds{host_bound ? std::max(device, n * p_.host_launch.v) : device};
 }
 
 Seconds ComputeModel::cost(const zero::Event& e) const {
@@ -538,7 +553,7 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
       return compute_cost(e.op, e.phase, e.flops, e.mem_bytes);
     case EventKind::copy:
       return copy_cost(e.mem_bytes, e.src, e.dst, std::max<std::int64_t>(e.slice_end - e.slice_begin, e.tensors),
-                       e.copy_kernel);
+                       e.copy_kernel, e.host_bound);
     case EventKind::optimizer: {
       if (e.src == Placement::host) {
         const double elements = e.flops.v / kAdamFlopsPerElement;
@@ -546,7 +561,7 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
       }
       // Fused Adam over a flat partition: bandwidth-bound on master, grads and states; after the
       // local norm of the gradients where step() takes it.
-      return compute_cost(models::kNone, e.phase, e.flops, e.mem_bytes) +
+      return optimizer_cost(e.flops, e.mem_bytes) +
              (e.reduce_bytes.v > 0 ? local_reduction_cost(e.reduce_bytes, e.tensors) : Seconds{0});
     }
   }

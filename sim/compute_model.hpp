@@ -80,6 +80,10 @@ struct DeviceProfile {
   // Factor on both when the kernel draws a dropout mask (sdpa / flash with dropout_p > 0): a
   // kernel that regenerates the mask in its backward runs below its dropout-free speed.
   double attention_dropout_efficiency = 1.0;
+  // Factor on elementwise_efficiency for the optimizer's update on the device (a fused,
+  // multi-tensor Adam over master, gradients and states): one kernel streaming several
+  // buffers at once, not a stack's average elementwise op.
+  double optimizer_efficiency = 1.0;
   // Factors on elementwise_efficiency per op kind of the graph, forward and backward: a
   // stack's LayerNorm backward or embedding backward (a scatter-add) runs further below the
   // bandwidth than its adds do. 1 = the common efficiency; calibration fits them per kind.
@@ -104,6 +108,10 @@ struct DeviceProfile {
   // Added per contiguous piece of a copy event beyond the first (a flatten of N tensors that a
   // stack copies one by one); 0 where one kernel moves them all (torch.cat).
   Seconds copy_piece{};
+  // The host's cost of issuing one piece of a copy (a cudaMemcpyAsync call): it binds where
+  // the device waits for the host, the copies issued right after the host read a value back
+  // (zero::Event::host_bound). 0: not priced apart (DeepSpeed's host events carry the launches).
+  Seconds host_launch{};
   // The local reduction before a scalar all-reduce (the gradient norm, the overflow check):
   // per gradient tensor it visits (its kernels' launches), on top of reading their bytes at
   // elementwise_efficiency. The same as a kernel's launch unless measured otherwise.
@@ -163,15 +171,21 @@ class ComputeModel {
   // The local reduction of a scalar all-reduce event (Event::tensors, mem_bytes): 0 for
   // any other collective.
   Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;
+  // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
+  // bandwidth times optimizer_efficiency (without the norm some steps take first).
+  Seconds optimizer_cost(Flops flops, Bytes bytes) const;
   // A copy of `bytes` (read + written) from src to dst in `pieces` contiguous pieces (0 bytes:
   // a view, free). Within the device, a memcpy moves at the device-copy bandwidth; a kernel
   // that converts or accumulates at the elementwise bandwidth of its op kind (cast, add).
+  // Issued by a host that has just waited for the device (host_bound): no quicker than the
+  // host issues its pieces, host_launch each.
   Seconds copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces,
-                    zero::CopyKernel kernel = zero::CopyKernel::memcpy) const;
+                    zero::CopyKernel kernel = zero::CopyKernel::memcpy, bool host_bound = false) const;
   const DeviceProfile& profile() const { return p_; }
 
  private:
   double bias_grad_time(const models::Op& o, zero::Phase phase) const;  // seconds; 0 without a bias
+  Seconds elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const;
 
   DeviceProfile p_;
   const models::OpGraph& g_;

@@ -642,13 +642,47 @@ TEST_CASE("per op kind bandwidth factors, attention's dropout factor, a copy's f
   e.slice_begin = 10;
   e.slice_end = 20;
   CHECK(c.cost(e).v == doctest::Approx(4e-6 + 9 * 2e-6));
+  // Issued right after the host read a value back: no quicker than the host issues its pieces;
+  // where the device's own time is longer, that.
+  p.host_launch = Seconds{6e-6};
+  const ComputeModel ch(p, g);
+  e.host_bound = true;
+  CHECK(ch.cost(e).v == doctest::Approx(10 * 6e-6));
+  CHECK(ch.copy_cost(Bytes{64}, Placement::device, Placement::device, 148, zp::zero::CopyKernel::memcpy, true).v ==
+        doctest::Approx(148 * 6e-6));
+  CHECK(ch.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 3, zp::zero::CopyKernel::memcpy, true)
+            .v == doctest::Approx(big + 2 * 2e-6));
+  e.host_bound = false;
+  CHECK(ch.cost(e).v == doctest::Approx(4e-6 + 9 * 2e-6));
+}
+
+TEST_CASE("the optimizer's update: its bytes at the elementwise bandwidth times optimizer_efficiency") {
+  const OpGraph g = graph_of("tiny-gpt2", 1, 8, zp::DType::bf16);
+  DeviceProfile p = profile_of("H200-141GB");
+  const double bytes = 28e9;  // Adam over 1e9 params: master, grad, two states
+  Event e;
+  e.kind = EventKind::optimizer;
+  e.phase = zp::zero::Phase::step;
+  e.mem_bytes = Bytes{28'000'000'000};
+  e.flops = zp::Flops{12e9};
+  const double base = bytes / (p.hbm_bandwidth.v * p.elementwise_efficiency);
+  CHECK(ComputeModel(p, g).cost(e).v == doctest::Approx(base));
+  p.optimizer_efficiency = 1.25;
+  const ComputeModel cm(p, g);
+  CHECK(cm.cost(e).v == doctest::Approx(base / 1.25));
+  CHECK(cm.optimizer_cost(e.flops, e.mem_bytes).v == doctest::Approx(base / 1.25));
+  // The norm the step takes first adds its own read and tensors.
+  e.reduce_bytes = Bytes{4'000'000'000};
+  e.tensors = 1;
+  CHECK(cm.cost(e).v == doctest::Approx(base / 1.25 + cm.local_reduction_cost(e.reduce_bytes, 1).v));
 }
 
 TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read and write back") {
   const std::string text = with(kGoodProfile, "\"source\"",
                                 "\"op_efficiency\": {\"layernorm.backward\": 0.2, \"cross_entropy\": 0.5}, "
                                 "\"attention_dropout_efficiency\": 0.45, \"copy_launch_us\": 3.9, \"h2d_launch_us\": 52, "
-                                "\"copy_piece_us\": 2.1, \"source\"");
+                                "\"copy_piece_us\": 2.1, \"host_launch_us\": 6.2, \"optimizer_efficiency\": 1.4, "
+                                "\"source\"");
   const std::string path = write_temp(text);
   const DeviceProfile p = zp::sim::load_profile(path);
   std::remove(path.c_str());
@@ -659,12 +693,16 @@ TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read 
   CHECK(p.copy_launch.v == doctest::Approx(3.9e-6));
   CHECK(p.h2d_launch.v == doctest::Approx(52e-6));
   CHECK(p.copy_piece.v == doctest::Approx(2.1e-6));
+  CHECK(p.host_launch.v == doctest::Approx(6.2e-6));
+  CHECK(p.optimizer_efficiency == 1.4);
   const auto j = zp::sim::profile_to_json(p);
   CHECK(j["op_efficiency"].size() == 2);  // only the factors that are not 1
   CHECK(j["op_efficiency"]["layernorm.backward"] == 0.2);
   const DeviceProfile q = zp::sim::profile_from_json("back", "", j);
   CHECK(q.op_efficiency == p.op_efficiency);
   CHECK(q.copy_piece.v == doctest::Approx(p.copy_piece.v));
+  CHECK(q.host_launch.v == doctest::Approx(p.host_launch.v));
+  CHECK(q.optimizer_efficiency == p.optimizer_efficiency);
   // Without the keys: factors 1, floors at the kernel launch.
   const std::string plain = write_temp(kGoodProfile);
   const DeviceProfile d = zp::sim::load_profile(plain);
@@ -672,6 +710,8 @@ TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read 
   CHECK(d.copy_launch.v == doctest::Approx(d.kernel_launch.v));
   CHECK(d.h2d_launch.v == doctest::Approx(d.kernel_launch.v));
   CHECK(d.copy_piece.v == 0);
+  CHECK(d.host_launch.v == 0);
+  CHECK(d.optimizer_efficiency == 1.0);
   CHECK(d.attention_dropout_efficiency == 1.0);
   // Bad entries name the key.
   std::string e = profile_error(with(kGoodProfile, "\"source\"", "\"op_efficiency\": {\"layernrom\": 0.5}, \"source\""));

@@ -1451,6 +1451,33 @@ TEST_CASE("the gradient norm reads the rank's gradients; per-parameter casts and
   CHECK(casts == 1);
 }
 
+// The host reads the norm (and fp16's overflow flag) back before it goes on: what it issues
+// next, the partition's flatten one parameter at a time, runs at the host's pace. Nothing of
+// stage 0's step follows a read (its norm is inside the optimizer's step).
+TEST_CASE("the copies issued right after the host read the norm back are host-bound, and only they") {
+  for (const int stage : {0, 1, 2, 3})
+    for (const int fp : {1, 2}) {  // fp16, bf16
+      CAPTURE(stage);
+      CAPTURE(fp);
+      const auto b = build("tiny-gpt2", fp == 1 ? config(stage, 2, 1) : bf16_config(stage, 2, 1, false), 1, 16);
+      std::vector<std::string> bound;
+      bool after_read = false;
+      for (const auto& e : b.p.events) {
+        const bool read = e.kind == EventKind::collective &&
+                          (e.trigger == Trigger::grad_norm || e.trigger == Trigger::overflow_check);
+        if (e.host_bound) {
+          bound.push_back(b.p.event_name(e.id));
+          CHECK(after_read);  // the first device event after the last read
+        }
+        if (read) after_read = true;
+        else if (e.kind != EventKind::marker && e.kind != EventKind::host && e.stream != zero::Stream::host) after_read = false;
+      }
+      if (stage == 0) CHECK(bound.empty());
+      if (stage == 1 || stage == 2) CHECK(bound == std::vector<std::string>{"step/flatten_partition_grads"});
+      if (stage == 3) CHECK(bound == std::vector<std::string>{"step/flatten_grads.subgroup0"});
+    }
+}
+
 TEST_CASE("stage 2 with accumulation: the step's norm and flatten read the accumulated partition and the last one") {
   auto event = [](const Built& b, const std::string& name) -> const zero::Event& {
     for (const auto& e : b.p.events)

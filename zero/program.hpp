@@ -255,6 +255,11 @@ struct Event {
   // A marker that calls torch.cuda.empty_cache() when it starts (DeepSpeed does during its
   // set-up): the caching allocator releases every cached segment that is entirely free.
   bool empty_cache = false;
+  // Issued right after the host waited for the device (it read the gradient norm or the
+  // overflow flag back, DeepSpeed's .item()): the device idles while the host issues the
+  // event's pieces one by one, so each piece takes at least the host's cost of issuing it
+  // (sim::DeviceProfile::host_launch) however little the device has to do for it.
+  bool host_bound = false;
   BufferId src_buf = -1, src2_buf = -1, src3_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
   std::int64_t offset = 0;

@@ -186,6 +186,7 @@ void Stage3Lowering::device_step_subgroup(std::int64_t gi, std::int64_t offset, 
                                 fmt::format("sub-group {} grads ({})", gi, dtype_name(c_.md)), static_cast<std::int32_t>(gi));
   b.alloc(f16);
   fl.copy_op = CopyOp::subgroup_grads;
+  fl.host_bound = gi == 0;  // the first after the host read the norm back
   fl.src_buf = grad_partition_;
   fl.dst_buf = f16;
   fl.offset = offset;

@@ -366,6 +366,7 @@ void ZeroOptimizerLowering::step() {
     fl.tensors = partitions * partition_tensors(c_);
     if (partitions > 1) fl.copy_kernel = CopyKernel::add;
     fl.copy_op = CopyOp::partition_grads;
+    fl.host_bound = true;  // the host has just read the norm back
     fl.src_buf = grads_in_partition_;
     fl.src2_buf = accumulated_partition_;
     BufferId flat16 = -1;
