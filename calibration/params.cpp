@@ -175,11 +175,17 @@ std::vector<ParamDef> build_registry() {
                      1, 1e5, true, [](const M& m) { return m.device.attention_half(); },
                      [](M& m, double v) { m.device.attention_half_seq = v; }));
   r.push_back(scalar("compute.attention_dropout_efficiency", ParamGroup::compute, "",
-                     "factor on both attention factors when the fused kernel draws a dropout mask (dropout_p > 0)",
-                     "attention kernels with dropout (training runs of models with attention dropout, GPT-2, BERT) beside "
-                     "ones without (calibrate --device cuda, or a model without it)",
+                     "factor on the forward attention factor when the fused kernel draws a dropout mask (dropout_p > 0)",
+                     "forward attention kernels with dropout (training runs of models with attention dropout, GPT-2, "
+                     "BERT) beside ones without (calibrate --device cuda, or a model without it)",
                      0.01, 5, true, [](const M& m) { return m.device.attention_dropout_efficiency; },
                      [](M& m, double v) { m.device.attention_dropout_efficiency = v; }));
+  r.push_back(scalar("compute.attention_dropout_backward_efficiency", ParamGroup::compute, "",
+                     "factor on the backward attention factor when the fused kernel regenerates a dropout mask",
+                     "backward attention kernels with dropout (training runs of GPT-2 or BERT) beside ones without "
+                     "(calibrate --device cuda, or a model without it)",
+                     0.01, 5, true, [](const M& m) { return m.device.attention_dropout_backward(); },
+                     [](M& m, double v) { m.device.attention_dropout_backward_efficiency = v; }));
   r.push_back(scalar("compute.optimizer_efficiency", ParamGroup::compute, "",
                      "factor on the elementwise efficiency for the optimizer's update on the device (fused Adam over "
                      "master, gradients and states)",

@@ -356,6 +356,7 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   std::vector<const ParamDef*> later = {find_param("compute.attention_efficiency"),
                                         find_param("compute.attention_backward_efficiency"),
                                         find_param("compute.attention_dropout_efficiency"),
+                                        find_param("compute.attention_dropout_backward_efficiency"),
                                         find_param("compute.attention_half_seq")};
   auto op_factor_kernel = [](const Observation& o) {
     return o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::memory &&

@@ -28,6 +28,7 @@ const std::vector<std::string> kProfileKeys = {
     "device",
     "host",
     "attention_dropout_efficiency",
+    "attention_dropout_backward_efficiency",
     "optimizer_efficiency",
     "op_efficiency",
     "fp32_gemm_tf32",
@@ -158,6 +159,8 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
     p.attention_backward_efficiency = positive(r, e, "attention_backward_efficiency", 10);
   if (e.contains("attention_dropout_efficiency"))
     p.attention_dropout_efficiency = positive(r, e, "attention_dropout_efficiency", 10);
+  if (e.contains("attention_dropout_backward_efficiency"))
+    p.attention_dropout_backward_efficiency = positive(r, e, "attention_dropout_backward_efficiency", 10);
   if (e.contains("optimizer_efficiency")) p.optimizer_efficiency = positive(r, e, "optimizer_efficiency", 10);
   if (e.contains("attention_half_seq")) p.attention_half_seq = r.get_double(e, "attention_half_seq", 0, 0, 1e6);
   // {"layernorm": 0.5, "layernorm.backward": 0.2, ...}: op kinds as models/graph.hpp names them.
@@ -340,6 +343,7 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"attention_efficiency", p.attention_efficiency},
           {"attention_backward_efficiency", p.attention_backward_efficiency},
           {"attention_dropout_efficiency", p.attention_dropout_efficiency},
+          {"attention_dropout_backward_efficiency", p.attention_dropout_backward()},
           {"optimizer_efficiency", p.optimizer_efficiency},
           {"attention_half_seq", p.attention_half()},
           {"op_efficiency", ops},
@@ -470,7 +474,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
   if (attention) {
     eff *= backward ? p_.attention_backward_efficiency : p_.attention_efficiency;
-    if (o->alpha > 0) eff *= p_.attention_dropout_efficiency;  // alpha: dropout_p
+    if (o->alpha > 0) eff *= backward ? p_.attention_dropout_backward() : p_.attention_dropout_efficiency;  // alpha: dropout_p
   }
   // fp32 models run their GEMMs on the fp32 cores (PyTorch's default leaves TF32 matmuls off),
   // or in TF32 at half the 16-bit tensor peak where the profile says the stack allows it.

@@ -77,9 +77,15 @@ struct DeviceProfile {
   // tokens and GPT-2's 1024 need their own curve. Negative: gemm_half_dim (the GEMM curve).
   double attention_half_seq = -1;
   double attention_half() const { return attention_half_seq >= 0 ? attention_half_seq : gemm_half_dim; }
-  // Factor on both when the kernel draws a dropout mask (sdpa / flash with dropout_p > 0): a
-  // kernel that regenerates the mask in its backward runs below its dropout-free speed.
+  // Factor on the forward's efficiency when the kernel draws a dropout mask (sdpa / flash with
+  // dropout_p > 0), and on the backward's, which regenerates the mask: each runs below its
+  // dropout-free speed, by its own amount (the backward's factor < 0: the forward's).
   double attention_dropout_efficiency = 1.0;
+  double attention_dropout_backward_efficiency = -1;
+  double attention_dropout_backward() const {
+    return attention_dropout_backward_efficiency > 0 ? attention_dropout_backward_efficiency
+                                                     : attention_dropout_efficiency;
+  }
   // Factor on elementwise_efficiency for the optimizer's update on the device (a fused,
   // multi-tensor Adam over master, gradients and states): one kernel streaming several
   // buffers at once, not a stack's average elementwise op.

@@ -331,7 +331,7 @@ TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at st
   // The step, uncalibrated, from the preset's measured copy and launch costs: 6.2%.
   CHECK(mape["step"].first < 8);
   // The issue's target, 5%, on every phase.
-  CHECK(mape["forward"].second < 4);
+  CHECK(mape["forward"].second < 4.5);
   CHECK(mape["backward"].second < 5);
   CHECK(mape["iteration"].second < 4);
   CHECK(mape["step"].second < 5);
@@ -489,13 +489,12 @@ TEST_CASE("calibrate: each model's micro-benchmarks fit attention's sequence cur
   std::map<std::string, double> after;
   for (const auto& p : j["held_out_phases"]) after[p["phase"].get<std::string>()] = p["mape_after"].get<double>();
   REQUIRE(after.size() == 4);
-  // Above the GPT-2-only fit's: these micro-benchmarks, re-measured, move the fit (the Llama's
-  // small kernels pull compute.kernel_launch_us below what its training runs pay per op;
-  // docs/calibration.md).
-  CHECK(after["forward"] < 6.5);
-  CHECK(after["backward"] < 6);
+  // The forward above the GPT-2-only fit's: the Llama's op kinds are priced by factors GPT-2's
+  // ops fitted (docs/calibration.md).
+  CHECK(after["forward"] < 6);
+  CHECK(after["backward"] < 5);
   CHECK(after["step"] < 5);
-  CHECK(after["iteration"] < 5.5);
+  CHECK(after["iteration"] < 4.5);
   bool fitted = false;
   for (const auto& p : j["parameters"])
     if (p["name"] == "compute.attention_half_seq") {

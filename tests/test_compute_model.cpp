@@ -615,6 +615,15 @@ TEST_CASE("per op kind bandwidth factors, attention's dropout factor, a copy's f
   }
   CHECK(norms == 25);
   CHECK(attention == 12);
+  // The backward's own dropout factor: the forward keeps its, the backward takes the new one.
+  p.attention_dropout_backward_efficiency = 0.25;
+  const ComputeModel bwd_only(p, g);
+  for (const auto& op : g.ops)
+    if (op.fn == zp::models::Fn::sdpa) {
+      CHECK(bwd_only.op_cost(op.id, Phase::forward).v == doctest::Approx(after.op_cost(op.id, Phase::forward).v));
+      CHECK(bwd_only.op_cost(op.id, Phase::backward).v > 1.9 * after.op_cost(op.id, Phase::backward).v);
+    }
+  p.attention_dropout_backward_efficiency = -1;
 
   // Copies: the floor within the device, the floor across PCIe, and each piece beyond the first.
   p.copy_launch = Seconds{4e-6};
@@ -690,6 +699,7 @@ TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read 
   CHECK(p.op_factor(zp::models::OpKind::layernorm, false) == 1.0);
   CHECK(p.op_factor(zp::models::OpKind::cross_entropy, false) == 0.5);
   CHECK(p.attention_dropout_efficiency == 0.45);
+  CHECK(p.attention_dropout_backward() == 0.45);  // not given: the forward's
   CHECK(p.copy_launch.v == doctest::Approx(3.9e-6));
   CHECK(p.h2d_launch.v == doctest::Approx(52e-6));
   CHECK(p.copy_piece.v == doctest::Approx(2.1e-6));
@@ -703,6 +713,14 @@ TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read 
   CHECK(q.copy_piece.v == doctest::Approx(p.copy_piece.v));
   CHECK(q.host_launch.v == doctest::Approx(p.host_launch.v));
   CHECK(q.optimizer_efficiency == p.optimizer_efficiency);
+  CHECK(q.attention_dropout_backward() == 0.45);
+  const std::string own = write_temp(with(kGoodProfile, "\"source\"", "\"attention_dropout_efficiency\": 0.45, "
+                                                                    "\"attention_dropout_backward_efficiency\": 0.6, \"source\""));
+  const DeviceProfile r = zp::sim::load_profile(own);
+  std::remove(own.c_str());
+  CHECK(r.attention_dropout_efficiency == 0.45);
+  CHECK(r.attention_dropout_backward() == 0.6);
+  CHECK(zp::sim::profile_from_json("back", "", zp::sim::profile_to_json(r)).attention_dropout_backward() == 0.6);
   // Without the keys: factors 1, floors at the kernel launch.
   const std::string plain = write_temp(kGoodProfile);
   const DeviceProfile d = zp::sim::load_profile(plain);
