@@ -147,6 +147,55 @@ __global__ void rope_kernel(T* __restrict__ y, const T* __restrict__ x, const T*
   }
 }
 
+// The same rotation, kPack<T> elements of each half of a row per thread (their cos and sin
+// too), one division per pack: where the half row is a whole number of packs and every row
+// starts aligned.
+template <class T>
+__global__ void rope_vec_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ cos_t,
+                                const T* __restrict__ sin_t, std::int64_t BH, std::int64_t T_, std::int64_t D,
+                                bool backward, bool accumulate) {
+  constexpr int W = detail::kPack<T>;
+  const std::int64_t half = D / 2, packs = half / W;
+  ZP_GRID_LOOP(i, BH * T_ * packs) {
+    const std::int64_t row = i / packs, j = (i - row * packs) * W, t = row % T_;
+    const T* xr = x + row * D;
+    const T* c = cos_t + t * D;
+    const T* s = sin_t + t * D;
+    float a[W], b[W], ca[W], cb[W], sa[W], sb[W], lo[W], hi[W];
+    detail::load_f<T, W>(xr + j, a);
+    detail::load_f<T, W>(xr + j + half, b);
+    detail::load_f<T, W>(c + j, ca);
+    detail::load_f<T, W>(c + j + half, cb);
+    detail::load_f<T, W>(s + j, sa);
+    detail::load_f<T, W>(s + j + half, sb);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (!backward) {
+        lo[k] = a[k] * ca[k] - b[k] * sa[k];
+        hi[k] = b[k] * cb[k] + a[k] * sb[k];
+      } else {
+        lo[k] = a[k] * ca[k] + b[k] * sb[k];
+        hi[k] = b[k] * cb[k] - a[k] * sa[k];
+      }
+    }
+    detail::store_acc<T, W>(y + row * D + j, lo, accumulate);
+    detail::store_acc<T, W>(y + row * D + j + half, hi, accumulate);
+  }
+}
+
+template <class T>
+void launch_rope(T* y, const T* x, const T* cos, const T* sin, std::int64_t BH, std::int64_t T_, std::int64_t D,
+                 bool backward, bool accumulate, cudaStream_t stream) {
+  constexpr int W = detail::kPack<T>;
+  if ((D / 2) % W == 0 && detail::aligned16(y) && detail::aligned16(x) && detail::aligned16(cos) && detail::aligned16(sin))
+    rope_vec_kernel<T><<<detail::grid_for(BH * T_ * (D / 2 / W), kElemBlock), kElemBlock, 0, stream>>>(
+        y, x, cos, sin, BH, T_, D, backward, accumulate);
+  else
+    rope_kernel<T><<<detail::grid_for(BH * T_ * D, kElemBlock), kElemBlock, 0, stream>>>(y, x, cos, sin, BH, T_, D,
+                                                                                         backward, accumulate);
+  ZP_CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
 template <class T>
 bool rows_vec(std::int64_t n, const void* a, const void* b, const void* c) {
   return n % detail::kPack<T> == 0 && detail::aligned16(a) && detail::aligned16(b) && (c == nullptr || detail::aligned16(c));
@@ -255,10 +304,8 @@ void rope_forward(void* y, const void* x, const void* cos, const void* sin, std:
   if (B * H * T * D <= 0) return;
   detail::dispatch(dt, "rope_forward", [&](auto tag) {
     using E = decltype(tag);
-    rope_kernel<E><<<detail::grid_for(B * H * T * D, kElemBlock), kElemBlock, 0, stream>>>(
-        static_cast<E*>(y), static_cast<const E*>(x), static_cast<const E*>(cos), static_cast<const E*>(sin), B * H,
-        T, D, false, false);
-    ZP_CUDA_CHECK_LAUNCH("rope_kernel");
+    launch_rope(static_cast<E*>(y), static_cast<const E*>(x), static_cast<const E*>(cos), static_cast<const E*>(sin),
+                B * H, T, D, false, false, stream);
   });
 }
 
@@ -268,10 +315,8 @@ void rope_backward(void* dx, const void* dy, const void* cos, const void* sin, s
   if (B * H * T * D <= 0) return;
   detail::dispatch(dt, "rope_backward", [&](auto tag) {
     using E = decltype(tag);
-    rope_kernel<E><<<detail::grid_for(B * H * T * D, kElemBlock), kElemBlock, 0, stream>>>(
-        static_cast<E*>(dx), static_cast<const E*>(dy), static_cast<const E*>(cos), static_cast<const E*>(sin),
-        B * H, T, D, true, accumulate);
-    ZP_CUDA_CHECK_LAUNCH("rope_kernel");
+    launch_rope(static_cast<E*>(dx), static_cast<const E*>(dy), static_cast<const E*>(cos), static_cast<const E*>(sin),
+                B * H, T, D, true, accumulate, stream);
   });
 }
 

@@ -473,7 +473,7 @@ TEST_CASE("masks: causal mask, GPT-2's causal where, BERT's padding mask, with t
 
 TEST_CASE("rotary: Llama's tables and the rotation forward and backward") {
   for (DType dt : kDtypes)
-    for (std::int64_t D : {std::int64_t{16}, std::int64_t{64}}) {
+    for (std::int64_t D : {std::int64_t{12}, std::int64_t{16}, std::int64_t{64}}) {  // 12: the scalar path
       CAPTURE(dtype_str(dt));
       CAPTURE(D);
       const std::int64_t B = 2, H = 3, T = 50;
