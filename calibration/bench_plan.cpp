@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "calibration/device_bench.hpp"
 #include "sim/collective_model.hpp"
@@ -37,6 +38,8 @@ std::string dims_text(const DeviceCase& c) {
     case DeviceOp::unary_fwd:
     case DeviceOp::unary_bwd:
     case DeviceOp::binary_fwd: return fmt::format("{}", d[0]);
+    case DeviceOp::op_fwd:
+    case DeviceOp::op_bwd: return fmt::format("op {}", d[0]);  // describe_op names it
     case DeviceOp::copy_d2d:
     case DeviceOp::copy_h2d:
     case DeviceOp::copy_d2h:
@@ -114,6 +117,8 @@ void describe(DeviceCase& c) {
       k.flops = Flops{(c.op == DeviceOp::binary_fwd ? 1.0 : 10.0) * n};
       break;
     }
+    case DeviceOp::op_fwd:
+    case DeviceOp::op_bwd: break;  // describe_op
     case DeviceOp::copy_d2d:
       k.cls = KernelClass::copy_d2d;
       k.bytes = Bytes{2 * d[0]};  // read + write, as the lowering counts a device copy
@@ -147,9 +152,57 @@ void describe(DeviceCase& c) {
   o.tags["dtype"] = std::string(dtype_name(c.dtype));
 }
 
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  return shape.empty() ? std::string("1") : fmt::format("{}", fmt::join(shape, "x"));
+}
+
+// What an op of the graph reads and writes, as a key: ops with the same key run the same
+// kernels on the same sizes (the twelve layers' LayerNorms are one case).
+std::string op_signature(const models::OpGraph& g, const models::Op& op) {
+  std::string key = fmt::format("{}/{}/{}", models::op_kind_name(op.kind), static_cast<int>(op.fn), op.alpha != 0 ? 1 : 0);
+  auto tensors = [&](const char* what, const std::vector<models::TensorId>& ts) {
+    key += what;
+    for (auto t : ts) {
+      const auto& ten = g.tensors[static_cast<std::size_t>(t)];
+      key += fmt::format("{}:{},", shape_text(ten.shape), dtype_name(ten.dtype));
+    }
+  };
+  tensors("|in ", op.inputs);
+  tensors("|out ", op.outputs);
+  tensors("|saved ", op.saved);
+  key += "|params ";
+  for (auto p : op.params) key += shape_text(g.params[static_cast<std::size_t>(p)].shape) + ",";
+  return key;
+}
+
+// An op of the graph as the executor runs it: a memory-bound kernel of its kind, priced (and
+// fitted) as a training run's event of that op is (calibration/train_out.cpp).
+void describe_op(DeviceCase& c, const models::OpGraph& g) {
+  const models::Op& op = g.ops[static_cast<std::size_t>(c.dims[0])];
+  const bool bwd = c.op == DeviceOp::op_bwd;
+  Observation& o = c.obs;
+  KernelSample& k = o.kernel;
+  o.kind = ObsKind::kernel;
+  k.cls = KernelClass::memory;
+  k.dtype = c.dtype;
+  k.op_kind = op.kind;
+  k.backward = bwd;
+  k.flops = bwd ? op.bwd_flops : op.fwd_flops;
+  k.bytes = bwd ? op.bwd_bytes : op.fwd_bytes;
+  const auto& y = g.tensors[static_cast<std::size_t>(op.outputs.front())];
+  // e.g. "rope_bwd 8x16x1024x64 bf16 (layer0.self_attn.rotary_q)": the first op of its kind
+  k.name = fmt::format("{}_{} {} {} ({})", models::op_kind_name(op.kind), bwd ? "bwd" : "fwd", shape_text(y.shape),
+                       dtype_name(c.dtype), op.name);
+  o.label = k.name;
+  o.source = "calibrate --device cuda";
+  o.tags["source"] = "device";
+  o.tags["kind"] = kernel_class_name(k.cls);
+  o.tags["op"] = models::op_kind_name(op.kind);
+  o.tags["dtype"] = std::string(dtype_name(c.dtype));
+}
+
 // The prior's price of one call (what the simulator would say before calibrating).
-double estimate(const DeviceCase& c, const sim::ComputeModel& cm, const models::OpGraph& scratch_graph,
-                const sim::CollectiveModel* coll) {
+double estimate(const DeviceCase& c, const sim::ComputeModel& cm, const sim::CollectiveModel* coll) {
   const KernelSample& k = c.obs.kernel;
   switch (c.op) {
     case DeviceOp::collective: {
@@ -169,9 +222,11 @@ double estimate(const DeviceCase& c, const sim::ComputeModel& cm, const models::
       e.dst = c.op == DeviceOp::copy_d2d || c.op == DeviceOp::copy_h2d ? zero::Placement::device : zero::Placement::host;
       return cm.cost(e).v;
     }
+    case DeviceOp::op_fwd:
+    case DeviceOp::op_bwd:
+      return cm.op_cost(static_cast<models::OpId>(c.dims[0]), c.op == DeviceOp::op_bwd ? zero::Phase::backward : zero::Phase::forward).v;
     default: break;
   }
-  (void)scratch_graph;
   if (k.gemms.empty()) return cm.compute_cost(models::kNone, k.backward ? zero::Phase::backward : zero::Phase::forward, k.flops, k.bytes).v;
   // A GEMM: the efficiency curve's time (no op in a graph needed for the estimate).
   const auto& p = cm.profile();
@@ -199,6 +254,8 @@ const char* device_op_name(DeviceOp op) {
     case DeviceOp::unary_fwd: return "gelu_fwd";
     case DeviceOp::unary_bwd: return "gelu_bwd";
     case DeviceOp::binary_fwd: return "add_fwd";
+    case DeviceOp::op_fwd: return "op_fwd";
+    case DeviceOp::op_bwd: return "op_bwd";
     case DeviceOp::copy_d2d: return "copy_d2d";
     case DeviceOp::copy_h2d: return "copy_h2d";
     case DeviceOp::copy_d2h: return "copy_d2h";
@@ -217,6 +274,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
   const sim::ComputeModel cm(prior, g);
   std::vector<DeviceCase> cases;
   // Weight of a case: the prior's time of the ops it stands for, fwd + bwd, per step.
+  std::map<std::string, std::array<std::ptrdiff_t, 2>> op_case;  // an op signature's forward and backward cases (-1: none)
   std::map<std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>, std::size_t> seen;
   auto add = [&](DeviceOp op, std::array<std::int64_t, 5> dims, double weight) {
     const auto key = std::make_tuple(static_cast<int>(op), dims[0], dims[1], dims[2], dims[3], dims[4]);
@@ -260,6 +318,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
     std::int64_t n = 1;
     for (auto s : y.shape) n *= s;
     if (n < 1024) continue;  // position ids, masks: launch-bound, measured below by the smallest sizes
+    // A family kernel at the op's size: the common elementwise efficiency (fitted first).
     const std::int64_t cols = y.shape.empty() ? n : y.shape.back();
     const std::int64_t rows = n / std::max<std::int64_t>(cols, 1);
     switch (op.kind) {
@@ -278,11 +337,31 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
         break;
       case models::OpKind::cross_entropy:
       case models::OpKind::embedding:
-        break;  // gathers and the vocabulary-long softmax: priced as bandwidth-bound, measured by the families above
+        continue;  // gathers and the vocabulary-long softmax: priced as bandwidth-bound, their factors fitted from training runs
       default:
         add(DeviceOp::unary_fwd, {n, 0, 0, 0, 0}, cm.op_cost(op.id, zero::Phase::forward).v);
         add(DeviceOp::unary_bwd, {n, 0, 0, 0, 0}, cm.op_cost(op.id, zero::Phase::backward).v);
         break;
+    }
+    // The op itself, forward and backward, once per signature (the layers' copies add weight).
+    const std::string key = op_signature(g, op);
+    const double ow[2] = {cm.op_cost(op.id, zero::Phase::forward).v, cm.op_cost(op.id, zero::Phase::backward).v};
+    auto [it, fresh] = op_case.emplace(key, std::array<std::ptrdiff_t, 2>{-1, -1});
+    for (int b = 0; b < 2; ++b) {
+      if (!fresh) {
+        if (it->second[b] >= 0) cases[static_cast<std::size_t>(it->second[b])].weight += ow[b];
+        continue;
+      }
+      // A view (no bytes, no FLOPs) launches nothing to time.
+      if ((b ? op.bwd_bytes : op.fwd_bytes).v == 0 && (b ? op.bwd_flops : op.fwd_flops).v == 0) continue;
+      DeviceCase c;
+      c.op = b ? DeviceOp::op_bwd : DeviceOp::op_fwd;
+      c.dtype = dt;
+      c.dims = {op.id, 0, 0, 0, 0};
+      c.weight = ow[b];
+      describe_op(c, g);
+      it->second[b] = static_cast<std::ptrdiff_t>(cases.size());
+      cases.push_back(std::move(c));
     }
   }
   // The launch floor: elementwise kernels too small to be bandwidth-bound.
@@ -329,9 +408,8 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
   } else {
     plan.notes.push_back("one GPU: no collectives measured (collective factors stay the model's)");
   }
-  const models::OpGraph empty;
   for (auto& c : cases) {
-    c.est_s = std::max(estimate(c, cm, empty, coll ? &*coll : nullptr), 1e-6);
+    c.est_s = std::max(estimate(c, cm, coll ? &*coll : nullptr), 1e-6);
     c.iters = static_cast<int>(std::clamp(kTrialSeconds / c.est_s, 1.0, 1000.0));
   }
   // Most important first: the model's own ops by their share, then the curves' points.
@@ -350,6 +428,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
   }
   plan.cases = std::move(kept);
   plan.planned_s = total;
+  plan.graph = std::make_shared<const models::OpGraph>(g);
   if (plan.left_out > 0)
     plan.notes.push_back(fmt::format("{} cases left out to fit the budget of {:.0f} s (--budget)", plan.left_out, budget_s));
   return plan;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ enum class DeviceOp : std::uint8_t {
   copy_d2h,
   copy_host,
   collective,    // dims (ranks, bytes); `coll`
+  op_fwd,        // dims (op id in BenchPlan::graph): the executor's own op, on tensors of its
+  op_bwd,        // shapes and dtypes (exec::Device::forward / backward)
 };
 const char* device_op_name(DeviceOp op);
 
@@ -50,6 +53,7 @@ struct DeviceCase {
 
 struct BenchPlan {
   std::vector<DeviceCase> cases;     // in the order they run (most important first)
+  std::shared_ptr<const models::OpGraph> graph;  // the model's graph, which op_fwd/op_bwd index
   double budget_s = 300;
   double planned_s = 0;              // the prior's estimate of the whole plan, overheads included
   int gpus = 1;                      // GPUs of this process (collectives over 2..gpus)
@@ -58,7 +62,9 @@ struct BenchPlan {
 };
 
 // The cases for `g` (the model at the planned micro-batch, sequence and dtype): every distinct
-// GEMM shape forward and backward, the bandwidth-bound op families at the model's sizes,
+// GEMM shape forward and backward, the bandwidth-bound op families at the model's sizes (the
+// common elementwise efficiency), every distinct bandwidth-bound op of the graph (its kind,
+// function and shapes) forward and backward as the executor runs it (its kind's factor),
 // attention (sdpa) when the model uses it, copies, and collectives (all-reduce, reduce-scatter,
 // all-gather) over every group size from 2 to `gpus` at sizes from 1 KiB to 1 GiB plus the
 // reduce buckets the planner tries. Iterations are chosen so each trial lasts about 20 ms,

@@ -1,7 +1,9 @@
 // `calibrate --device cuda` on this machine's GPUs: each planned case through kernels/cuda
-// (cuBLASLt GEMMs, the fused attention, LayerNorm, softmax, GELU, add), cudaMemcpy, and NCCL
-// for collectives over the first k GPUs of this process (one thread driving them, as
-// nccl-tests -g k). Every call is checked; times are CUDA events around `iters` calls, three
+// (cuBLASLt GEMMs, the fused attention, LayerNorm, softmax, GELU, add), the model's
+// bandwidth-bound ops through the
+// executor's CUDA device (exec::Device::forward / backward, the kernels a training run
+// launches for them), cudaMemcpy, and NCCL for collectives over the first k GPUs of this
+// process (one thread driving them, as nccl-tests -g k). Every call is checked; times are CUDA events around `iters` calls, three
 // trials after a warm-up, the median kept and the trials' spread recorded. Cases not started
 // when the budget runs out are left out.
 #include <cuda_runtime_api.h>
@@ -26,6 +28,7 @@
 #include "calibration/device_bench.hpp"
 #include "calibration/profile.hpp"
 #include "core/error.hpp"
+#include "exec/device_cuda.hpp"
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/bmm.cuh"
@@ -282,9 +285,11 @@ class KernelRunner {
         }
         return stats(std::move(t));
       }
-      case DeviceOp::collective: break;
+      case DeviceOp::collective:
+      case DeviceOp::op_fwd:
+      case DeviceOp::op_bwd: break;
     }
-    throw std::logic_error("a collective case reached the kernel runner");
+    throw std::logic_error("a collective or graph-op case reached the kernel runner");
   }
 
   ~KernelRunner() {
@@ -308,6 +313,102 @@ class KernelRunner {
   DeviceBuffer bufs_[9];
   void* pinned_ = nullptr;
   std::size_t pinned_size_ = 0;
+};
+
+// An op of the model's graph on the executor's CUDA device: every tensor it reads or writes
+// (its inputs, outputs, saved tensors and backward scratch; their gradients; its params and
+// their gradients) allocated in the dtype the program stores it in, zero-filled (a valid
+// index for the integer ones), then its forward or backward timed as a training step times an
+// event: CUDA events on the device's stream around `iters` calls.
+class GraphOpRunner final : public exec::Operands {
+ public:
+  GraphOpRunner(const models::OpGraph& g) : g_(g), dev_(exec::make_cuda_device(exec::CudaDeviceOptions{0, 0, false})) {}
+  ~GraphOpRunner() override { release(); }
+  GraphOpRunner(const GraphOpRunner&) = delete;
+  GraphOpRunner& operator=(const GraphOpRunner&) = delete;
+
+  Stat run(const models::Op& op, bool backward, int iters) {
+    release();
+    auto tensor = [&](models::TensorId t, std::map<models::TensorId, void*>& in) {
+      if (!in.count(t)) in[t] = alloc(static_cast<std::size_t>(g_.tensors[static_cast<std::size_t>(t)].bytes.v));
+    };
+    for (const auto* list : {&op.inputs, &op.outputs, &op.saved, &op.bwd_scratch})
+      for (auto t : *list) tensor(t, act_);
+    if (backward)
+      for (const auto* list : {&op.inputs, &op.outputs, &op.bwd_grads})
+        for (auto t : *list)
+          if (g_.tensors[static_cast<std::size_t>(t)].dtype != DType::i64) tensor(t, grad_);
+    const std::size_t psz = static_cast<std::size_t>(dtype_size(g_.opt.act_dtype));
+    for (auto p : op.params) {
+      const auto numel = static_cast<std::size_t>(g_.params[static_cast<std::size_t>(p)].numel);
+      param_[p] = alloc(numel * psz);
+      if (backward) pgrad_[p] = alloc(numel * psz);
+    }
+    auto call = [&] { backward ? dev_->backward(op, *this) : dev_->forward(op, *this); };
+    call();  // warm-up (and the device's scratch grown to the op's size)
+    std::vector<double> t;
+    for (int k = 0; k < kTrials; ++k) {
+      dev_->step_begin(1);
+      dev_->event_begin(0);
+      for (int i = 0; i < iters; ++i) call();
+      dev_->event_end(0);
+      double seconds = 0, start = 0;
+      dev_->step_times(std::span<double>(&seconds, 1), std::span<double>(&start, 1));
+      t.push_back(seconds / iters);
+    }
+    return stats(std::move(t));
+  }
+
+  // exec::Operands: the tensors as the CUDA device reads them (no host views).
+  const models::OpGraph& graph() const override { return g_; }
+  float* act(models::TensorId) const override { return host_view(); }
+  float* grad(models::TensorId) const override { return host_view(); }
+  const std::int64_t* ids(models::TensorId) const override { return nullptr; }
+  float* param(models::ParamId) const override { return host_view(); }
+  float* param_grad(models::ParamId) const override { return host_view(); }
+  exec::Ref act_ref(models::TensorId t) const override { return ref(act_, t, g_.tensors[static_cast<std::size_t>(t)].dtype, true); }
+  exec::Ref grad_ref(models::TensorId t) const override { return ref(grad_, t, g_.tensors[static_cast<std::size_t>(t)].dtype, false); }
+  exec::Ref param_ref(models::ParamId p) const override { return ref(param_, p, g_.opt.act_dtype, true); }
+  exec::Ref param_grad_ref(models::ParamId p) const override { return ref(pgrad_, p, g_.opt.act_dtype, true); }
+  float* scratch(std::size_t slot, std::int64_t n) override {
+    if (scratch_.size() <= slot) scratch_.resize(slot + 1);
+    scratch_[slot].assign(static_cast<std::size_t>(n), 0.0f);
+    return scratch_[slot].data();
+  }
+  std::uint64_t dropout_seed() const override { return 1234; }
+  float loss_grad() const override { return 1.0f; }
+
+ private:
+  static float* host_view() { throw std::logic_error("the CUDA device asked for a host view of a tensor"); }
+  template <class Id>
+  exec::Ref ref(const std::map<Id, void*>& in, Id id, DType dt, bool required) const {
+    const auto it = in.find(id);
+    if (it == in.end()) {
+      if (required) throw std::logic_error(fmt::format("graph op benchmark: operand {} not bound", id));
+      return {};
+    }
+    return {it->second, dt, 0};
+  }
+  void* alloc(std::size_t bytes) {
+    void* p = dev_->allocate(std::max<std::size_t>(bytes, 16));
+    if (p == nullptr) throw kc::CudaError(fmt::format("graph op benchmark: out of device memory for {} bytes", bytes));
+    owned_.push_back(p);
+    return p;
+  }
+  void release() {
+    for (void* p : owned_) dev_->release(p);
+    owned_.clear();
+    act_.clear();
+    grad_.clear();
+    param_.clear();
+    pgrad_.clear();
+  }
+  const models::OpGraph& g_;
+  std::unique_ptr<exec::Device> dev_;
+  std::vector<void*> owned_;
+  std::map<models::TensorId, void*> act_, grad_;
+  std::map<models::ParamId, void*> param_, pgrad_;
+  std::vector<std::vector<float>> scratch_;
 };
 
 #ifdef ZEROPLAN_HAVE_NCCL
@@ -469,6 +570,7 @@ DeviceRun run_device_benchmarks(const BenchPlan& plan, const Progress& progress)
     ~StreamGuard() { cudaStreamDestroy(s); }
   } guard{s};
   KernelRunner kernels(s);
+  std::unique_ptr<GraphOpRunner> graph_ops;  // the executor's device, made for the first graph op
 #ifdef ZEROPLAN_HAVE_NCCL
   std::map<int, std::unique_ptr<CollectiveRunner>> coll;
 #endif
@@ -492,12 +594,20 @@ DeviceRun run_device_benchmarks(const BenchPlan& plan, const Progress& progress)
       ++out.skipped;
       continue;
 #endif
+    } else if (c.op == DeviceOp::op_fwd || c.op == DeviceOp::op_bwd) {
+      if (!plan.graph) throw std::logic_error("a graph-op case without its graph");
+      if (!graph_ops) graph_ops = std::make_unique<GraphOpRunner>(*plan.graph);
+      st = graph_ops->run(plan.graph->ops[static_cast<std::size_t>(c.dims[0])], c.op == DeviceOp::op_bwd, c.iters);
     } else {
       if ((c.op == DeviceOp::sdpa_fwd || c.op == DeviceOp::sdpa_bwd) && !kc::sdpa_supports(c.dims[3])) {
         ++out.skipped;
         continue;
       }
       st = kernels.run(c);
+    }
+    if (!(st.median > 0)) {  // nothing ran (a graph op whose backward has no gradient to write)
+      ++out.skipped;
+      continue;
     }
     Observation o = c.obs;
     o.measured = Seconds{st.median};

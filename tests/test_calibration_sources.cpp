@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "calibration/device_bench.hpp"
 #include "calibration/profile.hpp"
@@ -405,7 +406,29 @@ TEST_CASE("the device benchmarks: planned from the model's op graph, within the 
   CHECK(has(DeviceOp::gemm_bwd, {8192, 3072, 768, 1}));
   CHECK(has(DeviceOp::gemm, {8192, 50257, 768, 1}));
   CHECK(has(DeviceOp::sdpa_fwd, {8, 12, 1024, 64}));
-  CHECK(has(DeviceOp::layernorm_fwd, {8192, 768, 0, 0}));
+  CHECK(has(DeviceOp::layernorm_fwd, {8192, 768, 0, 0}));  // the family kernel: the common efficiency
+  // The bandwidth-bound ops as the executor runs them, once per signature: GPT-2's 25
+  // LayerNorms are one forward and one backward case, weighed by all of them, each an
+  // observation of the op's kind and bytes (what a training run's event of it is).
+  REQUIRE(plan.graph);
+  int ln_fwd = 0, ln_bwd = 0;
+  for (const auto& c : plan.cases) {
+    if (c.op != DeviceOp::op_fwd && c.op != DeviceOp::op_bwd) continue;
+    const auto& op = plan.graph->ops[static_cast<std::size_t>(c.dims[0])];
+    CHECK(c.obs.kernel.op_kind == op.kind);
+    CHECK(c.obs.kernel.backward == (c.op == DeviceOp::op_bwd));
+    CHECK(c.obs.kernel.bytes.v == (c.op == DeviceOp::op_bwd ? op.bwd_bytes.v : op.fwd_bytes.v));
+    CHECK(op.gemms.empty());
+    CHECK(op.kind != models::OpKind::embedding);
+    if (op.kind != models::OpKind::layernorm) continue;
+    (c.op == DeviceOp::op_fwd ? ln_fwd : ln_bwd) += 1;
+    if (c.op == DeviceOp::op_fwd) {
+      CHECK(c.obs.label.rfind("layernorm_fwd 8x1024x768 bf16 (", 0) == 0);
+      CHECK(c.weight == doctest::Approx(25 * sim::ComputeModel(prior, g).op_cost(op.id, zero::Phase::forward).v));
+    }
+  }
+  CHECK(ln_fwd == 1);
+  CHECK(ln_bwd == 1);
   bool ar8 = false, ag2 = false;
   for (const auto& c : plan.cases) {
     ar8 |= c.op == DeviceOp::collective && c.coll == zero::CollKind::all_reduce && c.dims[0] == 8;
@@ -425,6 +448,17 @@ TEST_CASE("the device benchmarks: planned from the model's op graph, within the 
   // One GPU: no collectives, and the note says so.
   const BenchPlan one = plan_device_benchmarks(g, prior, sim::single_node("H200-141GB", 1), 1, 120);
   for (const auto& c : one.cases) CHECK(c.op != DeviceOp::collective);
+  // A Llama's own kinds (RMSNorm's parts, the rotary embedding, SiLU) are measured as they run,
+  // not stood in by another kind's kernel.
+  models::GraphOptions lo = go;
+  const models::OpGraph llama = models::build_graph(models::load_model(kData + "deepspeed/llama-300m.json"), lo);
+  std::set<std::string> kinds;
+  for (const auto& c : plan_device_benchmarks(llama, prior, sim::single_node("H200-141GB", 1), 1, 300).cases)
+    if (c.op == DeviceOp::op_fwd || c.op == DeviceOp::op_bwd) kinds.insert(c.obs.tags.at("op"));
+  for (const char* k : {"rmsnorm", "rope", "silu", "mul"}) {
+    CAPTURE(k);
+    CHECK(kinds.count(k) == 1);
+  }
 }
 
 TEST_CASE("the progress bar") {
