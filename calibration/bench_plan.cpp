@@ -344,6 +344,12 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
         break;
     }
     // The op itself, forward and backward, once per signature (the layers' copies add weight).
+    // An op with no parameter and no floating input has no gradient to produce: nothing to
+    // time in backward (the rotary tables, the masks).
+    const bool differentiable = !op.params.empty() || std::any_of(op.inputs.begin(), op.inputs.end(), [&](models::TensorId t) {
+      const DType d = g.tensors[static_cast<std::size_t>(t)].dtype;
+      return d == DType::fp32 || d == DType::bf16 || d == DType::fp16;
+    });
     const std::string key = op_signature(g, op);
     const double ow[2] = {cm.op_cost(op.id, zero::Phase::forward).v, cm.op_cost(op.id, zero::Phase::backward).v};
     auto [it, fresh] = op_case.emplace(key, std::array<std::ptrdiff_t, 2>{-1, -1});
@@ -354,6 +360,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
       }
       // A view (no bytes, no FLOPs) launches nothing to time.
       if ((b ? op.bwd_bytes : op.fwd_bytes).v == 0 && (b ? op.bwd_flops : op.fwd_flops).v == 0) continue;
+      if (b == 1 && !differentiable) continue;
       DeviceCase c;
       c.op = b ? DeviceOp::op_bwd : DeviceOp::op_fwd;
       c.dtype = dt;

@@ -350,9 +350,11 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   };
   // The default fit prices fused attention kernels after the rest, with their own factors on
   // top of the fitted GEMM curve (a joint fit bends the curve to the attention kernel); and,
-  // where training runs' events name their op kinds, each kind's bandwidth factor on top of
-  // the common efficiency, which the first pass fits on the other bandwidth-bound kernels (the
-  // micro-benchmarks', the optimizer's).
+  // where training runs' events or the micro-benchmarks of the graph's own ops name their op
+  // kinds, each kind's bandwidth factor on top of the common efficiency, and the optimizer's
+  // factor on its step events; the first pass fits the common efficiency on the other
+  // bandwidth-bound kernels (the micro-benchmarks' family kernels and curves, the copies and
+  // the norms' reductions).
   std::vector<const ParamDef*> later = {find_param("compute.attention_efficiency"),
                                         find_param("compute.attention_backward_efficiency"),
                                         find_param("compute.attention_dropout_efficiency"),

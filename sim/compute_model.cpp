@@ -248,7 +248,6 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   p.copy_launch = p.kernel_launch;
   p.h2d_launch = p.kernel_launch;
   p.norm_tensor = p.kernel_launch;
-  p.host_launch = Seconds{(hopper ? 5.5 : 0.0) * kMicro};  // the H200 machine's host; elsewhere unmeasured
   p.kernels_per_op = 1;
   p.d2d_copy_bandwidth = BytesPerSecond{dev.hbm_bandwidth.v * (cpu ? 0.5 : 0.85)};
   p.pcie_h2d = BytesPerSecond{(cpu ? 10.0 : hopper ? 50.0 : 24.0) * kGiga};
@@ -521,7 +520,7 @@ Seconds ComputeModel::elementwise_cost(Flops flops, Bytes bytes, double factor, 
 }
 
 Seconds ComputeModel::optimizer_cost(Flops flops, Bytes bytes) const {
-  return elementwise_cost(flops, bytes, p_.optimizer_efficiency, p_.kernel_launch.v);
+  return elementwise_cost(flops, bytes, p_.optimizer_efficiency, p_.kernels_per_op * p_.kernel_launch.v);
 }
 
 Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces,

@@ -324,12 +324,9 @@ TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at st
   REQUIRE(mape.size() == 4);
   for (const auto& [phase, m] : mape) {
     CAPTURE(phase);
-    if (phase == "step") continue;  // the preset's step is already within 7% (below)
-    CHECK(m.first > 20);            // the H200 preset, uncalibrated: 24-41% off
+    CHECK(m.first > 15);            // the H200 preset, uncalibrated: 20-40% off
     CHECK(m.second < m.first / 2);  // calibrated
   }
-  // The step, uncalibrated, from the preset's measured copy and launch costs: 5.3%.
-  CHECK(mape["step"].first < 8);
   // The issue's target, 5%, on every phase.
   CHECK(mape["forward"].second < 4.5);
   CHECK(mape["backward"].second < 5);
@@ -379,9 +376,10 @@ TEST_CASE("calibrate --save-observations / --observations: the same fit from the
   const double memcpy_s = before_s("");
   CHECK(before_s(R"(, "copy_kernel": "memcpy")") == doctest::Approx(memcpy_s));
   CHECK(before_s(R"(, "copy_kernel": "cast")") > 1.2 * memcpy_s);  // the H200 preset: 62% of HBM, not 85%
-  // A copy issued right after the host read a value back: 4000 pieces at the host's 5.5 us each.
-  CHECK(before_s(R"(, "pieces": 4000)") == doctest::Approx(memcpy_s));  // the preset's copy_piece_us is 0
-  CHECK(before_s(R"(, "pieces": 4000, "host_bound": true)") == doctest::Approx(4000 * 5.5e-6));
+  // Pieces and a copy issued right after the host read a value back: the presets price neither
+  // apart (copy_piece_us and host_launch_us 0: DeepSpeed's one torch.cat); calibration fits them.
+  CHECK(before_s(R"(, "pieces": 4000)") == doctest::Approx(memcpy_s));
+  CHECK(before_s(R"(, "pieces": 4000, "host_bound": true)") == doctest::Approx(memcpy_s));
   // The optimizer's update: a memory kernel at the elementwise efficiency times optimizer_efficiency (1 here).
   auto memory_before_s = [&](const std::string& extra) {
     std::ofstream(k) << R"({"format": "zeroplan-observations", "version": 1, "observations": [

@@ -453,12 +453,20 @@ TEST_CASE("the device benchmarks: planned from the model's op graph, within the 
   models::GraphOptions lo = go;
   const models::OpGraph llama = models::build_graph(models::load_model(kData + "deepspeed/llama-300m.json"), lo);
   std::set<std::string> kinds;
-  for (const auto& c : plan_device_benchmarks(llama, prior, sim::single_node("H200-141GB", 1), 1, 300).cases)
-    if (c.op == DeviceOp::op_fwd || c.op == DeviceOp::op_bwd) kinds.insert(c.obs.tags.at("op"));
+  bool rope_q = false, tables_bwd = false;
+  for (const auto& c : plan_device_benchmarks(llama, prior, sim::single_node("H200-141GB", 1), 1, 300).cases) {
+    if (c.op != DeviceOp::op_fwd && c.op != DeviceOp::op_bwd) continue;
+    kinds.insert(c.obs.tags.at("op"));
+    const auto& op = llama.ops[static_cast<std::size_t>(c.dims[0])];
+    rope_q |= op.fn == models::Fn::rope && c.op == DeviceOp::op_bwd;
+    tables_bwd |= op.fn == models::Fn::rope_tables && c.op == DeviceOp::op_bwd;
+  }
   for (const char* k : {"rmsnorm", "rope", "silu", "mul"}) {
     CAPTURE(k);
     CHECK(kinds.count(k) == 1);
   }
+  CHECK(rope_q);            // the rotation of q and k, both ways
+  CHECK_FALSE(tables_bwd);  // the cos/sin tables have no gradient: no backward to time
 }
 
 TEST_CASE("the progress bar") {

@@ -731,6 +731,14 @@ TEST_CASE("RMSNorm: HF's decomposition (rms_rsqrt, mul_rowscale, mul_weight) and
       kc::mul_rowscale_backward(rgx.data(), rgr.data(), dy.data(), x.data(), rs.data(), rows, C, false);
       expect_close("mul_rowscale_backward dx", download(*gx, rgx.size(), dt), rgx, tol(dt, 1.0, 0.0));
       expect_close("mul_rowscale_backward dr", download(*gr, rgr.size(), dt), rgr, tol(dt, 2.0, 1e-6 * static_cast<double>(C)));
+      {  // dx accumulated into what is there (both paths: C = 256 packs, C = 90 does not)
+        const Vec init = rand_vec(rows * C, 134, dt);
+        auto gxa = device(init, dt);
+        kg::mul_rowscale_backward(gxa->get(), nullptr, ddy->get(), dxin->get(), drs->get(), rows, C, true, dt, kStream);
+        Vec rgxa = init;
+        kc::mul_rowscale_backward(rgxa.data(), nullptr, dy.data(), x.data(), rs.data(), rows, C, true);
+        expect_close("mul_rowscale_backward dx accumulated", download(*gxa, rgxa.size(), dt), rgxa, tol(dt, 1.0, 0.0));
+      }
       auto yw = output(x.size(), dt);
       kg::mul_weight_forward(yw->get(), dxin->get(), dw->get(), rows, C, dt, kStream);
       Vec ryw(x.size());
