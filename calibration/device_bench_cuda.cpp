@@ -1,9 +1,9 @@
 // `calibrate --device cuda` on this machine's GPUs: each planned case through kernels/cuda
 // (cuBLASLt GEMMs, the fused attention, LayerNorm, softmax, GELU, add), the model's
-// bandwidth-bound ops through the
-// executor's CUDA device (exec::Device::forward / backward, the kernels a training run
-// launches for them), cudaMemcpy, and NCCL for collectives over the first k GPUs of this
-// process (one thread driving them, as nccl-tests -g k). Every call is checked; times are CUDA events around `iters` calls, three
+// bandwidth-bound ops through the executor's CUDA device (exec::Device::forward / backward,
+// the kernels a training run launches for them), cudaMemcpy, and NCCL for collectives over
+// the first k GPUs of this process (one thread driving them, as nccl-tests -g k). Every call
+// is checked; times are CUDA events around `iters` calls, three
 // trials after a warm-up, the median kept and the trials' spread recorded. Cases not started
 // when the budget runs out are left out.
 #include <cuda_runtime_api.h>
@@ -317,9 +317,12 @@ class KernelRunner {
 
 // An op of the model's graph on the executor's CUDA device: every tensor it reads or writes
 // (its inputs, outputs, saved tensors and backward scratch; their gradients; its params and
-// their gradients) allocated in the dtype the program stores it in, zero-filled (a valid
-// index for the integer ones), then its forward or backward timed as a training step times an
-// event: CUDA events on the device's stream around `iters` calls.
+// their gradients), zero-filled (a valid index for the integer ones), then its forward or
+// backward timed as a training step times an event: CUDA events on the device's stream around
+// `iters` calls. The dtypes are the lowering's, restated for one op without lowering a program:
+// a tensor and its gradient in the tensor's dtype (zero/lower/walk.cpp), params and their
+// gradients in the model dtype, which the graph's activation dtype is (zero/lower/autograd.hpp).
+// A micro-benchmark, not a second interpreter: it decides no buffer of a training step.
 class GraphOpRunner final : public exec::Operands {
  public:
   GraphOpRunner(const models::OpGraph& g) : g_(g), dev_(exec::make_cuda_device(exec::CudaDeviceOptions{0, 0, false})) {}

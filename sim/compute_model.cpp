@@ -490,9 +490,8 @@ double ComputeModel::bias_grad_time(const models::Op& o, zero::Phase phase) cons
   double t = 0;
   for (const models::Gemm& g : o.gemms) {
     if (!g.bias) continue;
-    const double read = static_cast<double>(g.m) * static_cast<double>(std::max<std::int64_t>(g.batch, 1)) *
-                        static_cast<double>(g.n) * static_cast<double>(dtype_size(g_.opt.act_dtype));
-    t += std::max(read / (p_.hbm_bandwidth.v * p_.elementwise_efficiency), p_.kernel_launch.v);
+    const Bytes read{g.m * std::max<std::int64_t>(g.batch, 1) * g.n * dtype_size(g_.opt.act_dtype)};
+    t += elementwise_cost(Flops{0}, read, 1.0, p_.kernel_launch.v).v;
   }
   return t;
 }

@@ -469,6 +469,36 @@ TEST_CASE("the device benchmarks: planned from the model's op graph, within the 
   CHECK_FALSE(tables_bwd);  // the cos/sin tables have no gradient: no backward to time
 }
 
+TEST_CASE("saved observations keep what prices a copy issued after a host read and an optimizer step") {
+  Dataset d;
+  for (int flags = 0; flags < 4; ++flags) {
+    Observation o;
+    o.kind = ObsKind::kernel;
+    o.measured = Seconds{1e-4};
+    o.label = o.source = std::string(1, static_cast<char>('a' + flags));
+    o.kernel.name = o.label;
+    o.kernel.cls = flags & 1 ? KernelClass::copy_d2d : KernelClass::memory;
+    o.kernel.bytes = Bytes{1 << 20};
+    o.kernel.pieces = 148;
+    o.kernel.host_bound = (flags & 1) != 0 && (flags & 2) != 0;
+    o.kernel.optimizer = (flags & 1) == 0 && (flags & 2) != 0;
+    d.obs.push_back(o);
+  }
+  const std::string path = (std::filesystem::temp_directory_path() / "zp_flags_observations.json").string();
+  save_observations(d, path, "--save-observations");
+  const Dataset back = read_observations(path);
+  std::filesystem::remove(path);
+  REQUIRE(back.obs.size() == d.obs.size());
+  for (std::size_t i = 0; i < d.obs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(back.obs[i].kernel.host_bound == d.obs[i].kernel.host_bound);
+    CHECK(back.obs[i].kernel.optimizer == d.obs[i].kernel.optimizer);
+    CHECK(back.obs[i].kernel.pieces == 148);
+  }
+  CHECK(back.obs[3].kernel.host_bound);
+  CHECK(back.obs[2].kernel.optimizer);
+}
+
 TEST_CASE("the progress bar") {
   CHECK(ProgressBar::render(0.5, "gemm 4096x4096x4096 bf16", 30.0, 10) == "[#####.....]  50%  gemm 4096x4096x4096 bf16  ETA 0:30");
   CHECK(ProgressBar::render(0.0, "start", 0.0, 4) == "[....]   0%  start  ETA --:--");
