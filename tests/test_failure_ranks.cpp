@@ -157,8 +157,8 @@ TEST_CASE("a hung or dead peer ends every rank within --comm-timeout") {
   const std::string cfg = write("hang.json", kCfg);
   for (const std::string fault : {"STOP", "KILL"})
     zp::test::check_peer_fault(
-        zp::test::fault_peer(fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 "
-                                         "{} train --model tiny-gpt2 --ds-config {} --seq-len 16 --steps 100000000 "
+        zp::test::fault_peer("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2",
+                             fmt::format("{} train --model tiny-gpt2 --ds-config {} --seq-len 16 --steps 100000000 "
                                          "--comm-timeout 3", ZEROPLAN_BIN, cfg),
                              fault, dir() / fmt::format("hang-{}.log", fault)),
         fault,

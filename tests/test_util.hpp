@@ -45,26 +45,27 @@ inline ShellRun run_shell(const std::string& cmd, bool merge_stderr = true) {
   return r;
 }
 
-// A peer failing mid-training: runs `mpirun_cmd` (two ranks, which print "step N" lines)
-// in the background with its output in `log`, waits for step 20, sends rank 1 signal `sig`
-// (STOP: it hangs with its sockets open; KILL: it dies), and waits for mpirun. Rank 1 is
-// the process whose environment holds both OMPI_COMM_WORLD_RANK=1 and this run's own
-// ZP_FAULT_TAG (set on mpirun, inherited by its ranks). Returns mpirun's status (-1 when
-// rank 1 was not found), the seconds from the signal to the end, and the ranks' output.
+// A peer failing mid-training: runs `rank_cmd` (which prints "step N" lines) under
+// `mpirun_prefix` (two ranks) in the background with its output in `log`, waits for step 20,
+// sends rank 1 signal `sig` (STOP: it hangs with its sockets open; KILL: it dies), and waits
+// for mpirun. Each rank writes its pid to `log`.pidR before it execs `rank_cmd`, so rank 1 is
+// found without searching /proc (which took minutes on a loaded 2-core machine). Returns
+// mpirun's status (-1 when rank 1 was not found), the seconds from the signal to the end,
+// and the ranks' output.
 struct PeerFault {
   int status = -1;
   double seconds = -1;
   std::string out;
 };
-inline PeerFault fault_peer(const std::string& mpirun_cmd, const std::string& sig, const std::filesystem::path& log) {
+inline PeerFault fault_peer(const std::string& mpirun_prefix, const std::string& rank_cmd, const std::string& sig,
+                            const std::filesystem::path& log) {
   const std::filesystem::path sh = log.string() + ".sh";
-  const std::string tag = "ZP_FAULT_TAG=" + std::to_string(std::hash<std::string>{}(log.string()));
-  std::ofstream(sh) << "(" << tag << " " << mpirun_cmd << ") > " << log.string() << " 2>&1 &\nM=$!\n"
+  const std::string pid1 = log.string() + ".pid1";
+  std::filesystem::remove(pid1);
+  std::ofstream(sh) << mpirun_prefix << " bash -c 'echo $$ > " << log.string() << ".pid$OMPI_COMM_WORLD_RANK; exec "
+                    << rank_cmd << "' > " << log.string() << " 2>&1 &\nM=$!\n"
                     << "for i in $(seq 600); do grep -q '^step *20 ' " << log.string() << " 2>/dev/null && break; sleep 0.1; done\n"
-                    << "R1=\"\"\nfor t in $(seq 50); do for e in /proc/[0-9]*/environ; do\n"
-                    << "  v=$(tr '\\0' '\\n' < $e 2>/dev/null) || continue\n"
-                    << "  grep -qx '" << tag << "' <<< \"$v\" && grep -qx OMPI_COMM_WORLD_RANK=1 <<< \"$v\" && R1=${e//[^0-9]/}\n"
-                    << "done; [ -n \"$R1\" ] && break; sleep 0.1; done\n"
+                    << "R1=$(cat " << pid1 << " 2>/dev/null)\n"
                     << "[ -n \"$R1\" ] || { kill $M; echo 'rank 1 not found'; exit 0; }\n"
                     << "T0=$(date +%s%N)\nkill -" << sig << " $R1\nwait $M\n"
                     << "echo \"status $? ms $(( ($(date +%s%N) - T0) / 1000000 ))\"\n";

@@ -206,8 +206,11 @@ TEST_CASE("train --device cuda --comm nccl: a hung or dead peer ends the job") {
  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
   for (const std::string fault : {"STOP", "KILL"})
     zp::test::check_peer_fault(
-        zp::test::fault_peer(mpirun(2, true, fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 1000000 --seq-len 16 "
-                                                         "--device cuda --comm nccl --comm-timeout 5", bin(), cfg.string())),
+        zp::test::fault_peer("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 "
+                             "-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1",
+                             fmt::format("env NCCL_HOSTID=zp$OMPI_COMM_WORLD_RANK {} train --model tiny-gpt2 --ds-config {} "
+                                         "--steps 1000000 --seq-len 16 --device cuda --comm nccl --comm-timeout 5",
+                                         bin(), cfg.string()),
                              fault, dir() / fmt::format("fault-{}.log", fault)),
         fault,
         {"zeroplan: rank 0: NCCL ", " B (", " on group [0,1] did not complete within 5 s of the stream reaching it"}, 5.0);
