@@ -9,12 +9,20 @@ the peak's moment, and the forward, backward, step and iteration wall times.
 --write-reference FILE keeps what CI checks the simulator against (tests/data/deepspeed/): the
 versions, the process constants and, per run, its inputs and measurements (no snapshots or traces).
 
+--timing DIR... replaces each run's times by the pooled times of time-only rounds
+(deepspeed_reference.py --time-only --rounds R, possibly several calls): the phases are the median
+of every timed step of every round, the iteration the median of the rounds' iteration times. A run
+measured only there joins with its times and no memory. --base FILE takes the runs (memory and
+all) from an earlier reference file instead of a DIR of raw measurements.
+
 Usage: deepspeed_compare.py DIR [--zeroplan build/cli/zeroplan] [--write-reference FILE] [--json OUT]
+       deepspeed_compare.py --base tests/data/deepspeed/h200_deepspeed_0.19.8.json --timing D1 D2 ...
        (DIR of a several-rank run: one of its rankR/ folders)
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,34 +76,71 @@ def predict(zeroplan, run):
         os.remove(cfg)
 
 
+def pool_timing(runs, dirs):
+    """Runs with their times replaced by the pooled times of the time-only rounds in dirs."""
+    samples = {}
+    for d in dirs:
+        for line in open(os.path.join(d, "runs.jsonl")):
+            r = json.loads(line)
+            if "error" not in r:
+                samples.setdefault(r["name"], []).append(r)
+    by_name = {r["name"]: r for r in runs}
+    for name, rs in samples.items():
+        if name not in by_name:  # measured only in rounds: its inputs from the first, no memory
+            by_name[name] = {k: v for k, v in rs[0].items() if k not in ("phases_s", "phases_all_s", "iteration_s",
+                                                                         "round", "run_seconds", "process_constants")}
+            runs.append(by_name[name])
+        run = by_name[name]
+        steps = [p for r in rs for p in r["phases_all_s"]]
+        run["phases_s"] = {k: statistics.median(p[k] for p in steps) for k in ("forward", "backward", "step")}
+        run["phases_all_s"] = steps
+        run["iteration_s"] = statistics.median(r["iteration_s"] for r in rs)
+        run["timing"] = {"rounds": len(rs), "iteration_rounds_s": [r["iteration_s"] for r in rs],
+                         "phases_rounds_s": [r["phases_s"] for r in rs]}
+    return runs
+
+
 def err(pred, meas):
     return (pred - meas) / meas if meas else float("nan")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("dir")
+    ap.add_argument("dir", nargs="?")
+    ap.add_argument("--base", help="an earlier reference file to take the runs from (instead of DIR)")
+    ap.add_argument("--timing", nargs="+", default=[], help="folders of time-only rounds to pool the times from")
     ap.add_argument("--zeroplan", default=os.path.join(ROOT, "build", "cli", "zeroplan"))
     ap.add_argument("--write-reference")
     ap.add_argument("--json")
     args = ap.parse_args()
 
-    meta = json.load(open(os.path.join(args.dir, "meta.json")))
-    runs = [json.loads(line) for line in open(os.path.join(args.dir, "runs.jsonl"))]
+    if bool(args.dir) == bool(args.base):
+        ap.error("give DIR or --base FILE")
+    if args.base:
+        base = json.load(open(args.base))
+        meta, runs = base["meta"], base["runs"]
+    else:
+        meta = json.load(open(os.path.join(args.dir, "meta.json")))
+        runs = [json.loads(line) for line in open(os.path.join(args.dir, "runs.jsonl"))]
+    if args.timing:
+        runs = pool_timing(runs, args.timing)
+        meta = dict(meta, timing=("phases: median of every timed step of every time-only round; iteration: "
+                                  "median of the rounds (tools/deepspeed_reference.py --time-only --rounds)"))
     rows = []
+    nan = float("nan")
     for run in runs:
         if "error" in run:
             print(f"{run['name']}: not measured ({run['error']})", file=sys.stderr)
             continue
-        m = run["memory"]
+        m = run.get("memory")
         consts = run.get("process_constants", meta["constants"])
         meas = {
-            "peak_allocated": m["peak_allocated"],
-            "reserved": m["peak_reserved"],
+            "peak_allocated": m["peak_allocated"] if m else nan,
+            "reserved": m["peak_reserved"] if m else nan,
             # device-used at the end of the step, with the caching allocator at its peak reservation
-            "device_used": m["device_used_after_step"] - m["reserved_after_step"] + m["peak_reserved"],
-            "persistent": m["allocated_before_step"],
-            "peak_between": m["peak_between"],
+            "device_used": m["device_used_after_step"] - m["reserved_after_step"] + m["peak_reserved"] if m else nan,
+            "persistent": m["allocated_before_step"] if m else nan,
+            "peak_between": m["peak_between"] if m else ["-", "-"],
             "forward": run["phases_s"]["forward"],
             "backward": run["phases_s"]["backward"],
             "step": run["phases_s"]["step"],
@@ -134,9 +179,12 @@ def main():
                                               "world_size", "rank",
                                               "gas", "keep_output", "ds_config", "params", "param_tensors", "param_modules",
                                               "optimizer_class", "inner_optimizer_class", "memory", "phases_s",
-                                              "iteration_s", "phases_all_s", "skipped_steps") if k in run})
-            keep[-1]["memory"] = {k: v for k, v in run["memory"].items() if k != "at_peak"}
-            keep[-1]["gpu_s"] = {ph: v["gpu_busy_s"] for ph, v in run.get("profile", {}).get("phases", {}).items()}
+                                              "iteration_s", "phases_all_s", "timing", "skipped_steps", "gpu_s")
+                         if k in run})
+            if "memory" in run:
+                keep[-1]["memory"] = {k: v for k, v in run["memory"].items() if k != "at_peak"}
+            if "profile" in run:
+                keep[-1]["gpu_s"] = {ph: v["gpu_busy_s"] for ph, v in run["profile"].get("phases", {}).items()}
         with open(args.write_reference, "w") as f:
             json.dump({"meta": meta, "runs": keep}, f, indent=1)
             f.write("\n")

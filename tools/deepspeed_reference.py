@@ -28,6 +28,8 @@ goes, so a run cut short keeps what it measured.
 Usage: deepspeed_reference.py --matrix tools/deepspeed_matrix.json --out DIR [--only NAME,...]
        mpirun -np N deepspeed_reference.py ... (or torchrun): N ranks, each writing DIR/rankR/;
        on one GPU give each rank its own NCCL_HOSTID (tools/README.md)
+       deepspeed_reference.py ... --time-only --rounds R   (times only, every run once per round, so that
+       the host's drift spreads over all runs; tools/deepspeed_compare.py --timing pools the rounds)
        deepspeed_reference.py --validate-config CFG.json [...]   (DeepSpeedConfig accepts it?)
 """
 import argparse
@@ -468,6 +470,28 @@ def reduce_profile(trace_path):
 # One run
 
 
+def time_steps(one_step, run, torch):
+    """Phase times (a synchronisation between phases; medians) and the iteration time (none; the
+    mean of a block of steps), with the garbage collector collected first and held off."""
+    gc.collect()
+    if not run.get("keep_gc"):
+        gc.disable()
+    try:
+        timed = run.get("timed_steps", 5)
+        phs = [one_step(True) for _ in range(timed)]
+        iters = run.get("iter_steps", 5)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            one_step(False)
+        torch.cuda.synchronize()
+        iteration = (time.perf_counter() - t0) / iters
+    finally:
+        gc.enable()
+    return {"phases_s": {k: statistics.median(p[k] for p in phs) for k in ("forward", "backward", "step")},
+            "phases_all_s": phs, "iteration_s": iteration}
+
+
 def run_one(run, consts, tmpdir):
     import torch
     import deepspeed
@@ -574,6 +598,20 @@ def run_one(run, consts, tmpdir):
         one_step(True)
     torch.cuda.synchronize()
 
+    if run.get("time_only"):
+        # Interleaved repeats (--rounds): only the phase and iteration times. Python's garbage
+        # collector is collected before and held off during the timed steps: its pauses depend
+        # on the training script's objects, not on DeepSpeed, and they land in whichever step
+        # they happen to hit.
+        res.update(time_steps(one_step, run, torch))
+        res["round"] = run.get("round", 0)
+        res["run_seconds"] = time.time() - t_run
+        engine.destroy() if hasattr(engine, "destroy") else None
+        del engine, optimizer
+        gc.collect()
+        torch.cuda.empty_cache()
+        return res
+
     # --- memory: one steady-state step with hooks and the allocator's history
     tracker = PeakTracker(engine.module)
     gc.collect()
@@ -624,17 +662,7 @@ def run_one(run, consts, tmpdir):
         gc.collect()
 
     # --- time: phases with syncs, then iterations without
-    timed = run.get("timed_steps", 5)
-    phs = [one_step(True) for _ in range(timed)]
-    res["phases_s"] = {k: statistics.median(p[k] for p in phs) for k in ("forward", "backward", "step")}
-    res["phases_all_s"] = phs
-    iters = run.get("iter_steps", 5)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        one_step(False)
-    torch.cuda.synchronize()
-    res["iteration_s"] = (time.perf_counter() - t0) / iters
+    res.update(time_steps(one_step, run, torch))
 
     # --- profiler: GPU vs host per phase, DeepSpeed's Python functions
     if run.get("profile", True):
@@ -665,9 +693,17 @@ def main():
     ap.add_argument("--matrix", help="JSON file: {defaults: {...}, runs: [{name, model, stage, dtype, ...}]}")
     ap.add_argument("--out", help="folder for runs.jsonl and meta.json")
     ap.add_argument("--only", default="", help="comma-separated run names (or name prefixes)")
-    ap.add_argument("--exact", action="store_true", help="--only names are exact (no prefixes); no isolation")
+    ap.add_argument("--exact", action="store_true", help="--only names are exact (no prefixes)")
     ap.add_argument("--validate-config", nargs="*", default=None, help="check ds_configs with DeepSpeedConfig")
     ap.add_argument("--world-size", type=int, default=1, help="data-parallel size the configs are checked for")
+    ap.add_argument("--time-only", action="store_true",
+                    help="times only: no memory step, no snapshot, no profile (for repeated rounds)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the whole matrix this many times, one run after another in each round, so that "
+                         "a drift of the host's speed spreads over every run instead of landing on a few")
+    ap.add_argument("--round-index", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--keep-gc", action="store_true",
+                    help="leave Python's garbage collector on during the timed steps (to see what it costs)")
     args = ap.parse_args()
 
     if args.validate_config is not None:
@@ -712,6 +748,15 @@ def main():
     if os.environ.get("ZP_TIMED_STEPS"):  # more timed steps where the host's noise needs them
         for r in runs:
             r["timed_steps"] = int(os.environ["ZP_TIMED_STEPS"])
+    if args.time_only:
+        for r in runs:
+            r.update(time_only=True, snapshot=False, profile=False)
+    for r in runs:
+        r["keep_gc"] = args.keep_gc
+    if args.rounds < 1:
+        sys.exit(f"deepspeed_reference: --rounds {args.rounds}: at least 1")
+    if args.round_index is not None:  # one run of round K, in a process of its own
+        args.rounds = 1
     base = os.path.dirname(os.path.abspath(args.matrix))
     for r in runs:
         if not os.path.isabs(r["model"]):
@@ -724,7 +769,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     consts = init_process()
     meta = {"versions": versions(), "constants": consts, "date": time.strftime("%Y-%m-%d")}
-    if not args.exact:
+    if args.round_index is None:
         with open(os.path.join(args.out, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         log(json.dumps(meta))
@@ -732,44 +777,49 @@ def main():
     tmpdir = tempfile.mkdtemp()
     t0 = time.time()
     budget = float(os.environ.get("ZP_BUDGET_S", "1e9"))
-    for r in runs:
+    for rnd in range(args.rounds):
         if time.time() - t0 > budget:
-            log(f"budget spent: {r['name']} and later runs not run")
             break
-        if r.get("isolate", r["stage"] == 3) and not args.exact:
-            # DeepSpeed's stage 3 keeps references to its engine after destroy(): run it in a
-            # process of its own so that its memory does not stay in the next runs' figures.
-            import subprocess
+        for r in runs:
+            if time.time() - t0 > budget:
+                log(f"budget spent: round {rnd}, {r['name']} and later runs not run")
+                break
+            if r.get("isolate", r["stage"] == 3) and args.round_index is None:
+                # DeepSpeed's stage 3 keeps references to its engine after destroy(): run it in a
+                # process of its own so that its memory does not stay in the next runs' figures.
+                import subprocess
 
+                out.flush()
+                env = dict(os.environ, MASTER_PORT=str(int(os.environ["MASTER_PORT"]) + 1 + rnd * len(runs) + runs.index(r)))
+                parent_out = os.path.dirname(args.out) if world()[1] > 1 else args.out
+                rc = subprocess.call([sys.executable, os.path.abspath(__file__), "--matrix", args.matrix, "--out",
+                                      parent_out, "--only", r["name"], "--exact", "--round-index", str(rnd)]
+                                     + (["--time-only"] if args.time_only else [])
+                                     + (["--keep-gc"] if args.keep_gc else []), env=env)
+                if rc != 0:
+                    out.write(json.dumps({"name": r["name"], "error": f"child exited with status {rc}"}) + "\n")
+                continue
+            try:
+                res = run_one(dict(r, round=rnd if args.round_index is None else args.round_index), consts, tmpdir)
+                m = res.get("memory", {"peak_allocated": float("nan"), "peak_reserved": float("nan")})
+                log(f"{r['name']:<28} r{rnd} peak {m['peak_allocated'] / MiB:9.1f} MiB reserved {m['peak_reserved'] / MiB:9.1f} "
+                    f"fwd {res['phases_s']['forward'] * 1e3:7.1f} bwd {res['phases_s']['backward'] * 1e3:7.1f} "
+                    f"step {res['phases_s']['step'] * 1e3:7.1f} iter {res['iteration_s'] * 1e3:7.1f} ms "
+                    f"[{res['optimizer_class']}] {res['run_seconds']:.1f}s")
+                res["process_constants"] = consts
+            except Exception as e:  # noqa: BLE001
+                res = {"name": r["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+                log(f"{r['name']}: FAILED {res['error']}")
+                if world()[1] > 1:  # the other ranks would wait in this run's collectives: end them all
+                    out.write(json.dumps(res) + "\n")
+                    out.close()
+                    os._exit(1)
+                import torch
+
+                gc.collect()
+                torch.cuda.empty_cache()
+            out.write(json.dumps(res) + "\n")
             out.flush()
-            env = dict(os.environ, MASTER_PORT=str(int(os.environ["MASTER_PORT"]) + 1 + runs.index(r)))
-            parent_out = os.path.dirname(args.out) if world()[1] > 1 else args.out
-            rc = subprocess.call([sys.executable, os.path.abspath(__file__), "--matrix", args.matrix, "--out",
-                                  parent_out, "--only", r["name"], "--exact"], env=env)
-            if rc != 0:
-                out.write(json.dumps({"name": r["name"], "error": f"child exited with status {rc}"}) + "\n")
-            continue
-        try:
-            res = run_one(r, consts, tmpdir)
-            m = res["memory"]
-            log(f"{r['name']:<28} peak {m['peak_allocated'] / MiB:9.1f} MiB reserved {m['peak_reserved'] / MiB:9.1f} "
-                f"fwd {res['phases_s']['forward'] * 1e3:7.1f} bwd {res['phases_s']['backward'] * 1e3:7.1f} "
-                f"step {res['phases_s']['step'] * 1e3:7.1f} iter {res['iteration_s'] * 1e3:7.1f} ms "
-                f"[{res['optimizer_class']}] {res['run_seconds']:.1f}s")
-            res["process_constants"] = consts
-        except Exception as e:  # noqa: BLE001
-            res = {"name": r["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-            log(f"{r['name']}: FAILED {res['error']}")
-            if world()[1] > 1:  # the other ranks would wait in this run's collectives: end them all
-                out.write(json.dumps(res) + "\n")
-                out.close()
-                os._exit(1)
-            import torch
-
-            gc.collect()
-            torch.cuda.empty_cache()
-        out.write(json.dumps(res) + "\n")
-        out.flush()
     out.close()
 
 
