@@ -287,6 +287,8 @@ std::vector<ParamDef> build_registry() {
                       &H::backward_op));
   r.push_back(host_us("grad_hook_us", "DeepSpeed's gradient hook per parameter (stages 1 and 2)",
                       "backward phases of stage 1 or 2 runs beside stage 0 runs of the same model", &H::grad_hook));
+  r.push_back(host_us("bucket_hook_us", "more per gradient hook that copies into an IPG bucket (stage 2; stage 1 with overlap_comm)",
+                      "backward phases of stage 2 runs beside stage 1 runs of the same model", &H::bucket_hook));
   r.push_back(host_us("stage3_module_forward_us", "stage 3's fetch coordinator per module visit in forward",
                       "forward phases of stage 3 runs", &H::stage3_module_forward));
   r.push_back(host_us("stage3_module_backward_us", "stage 3's coordinator per module visit in backward",

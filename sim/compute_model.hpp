@@ -33,6 +33,7 @@ struct HostCosts {
   Seconds forward_op{};             // per forward (or recomputed) op of the graph
   Seconds backward_op{};            // per backward node
   Seconds grad_hook{};              // stages 1/2: DeepSpeed's gradient hook, per parameter
+  Seconds bucket_hook{};            // stages 1/2: more per hook that adds its gradient to an IPG bucket
   Seconds stage3_module_forward{};  // stage 3: coordinator work per module visit in forward
   Seconds stage3_module_backward{}; // stage 3: per module visit in backward
   Seconds stage3_grad_hook{};       // stage 3: reduce_partition_and_remove_grads, per parameter

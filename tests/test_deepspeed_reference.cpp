@@ -3,11 +3,13 @@
 // with the H200 preset and its errors bounded. The table is printed (doctest -s) as
 // docs/deepspeed_fidelity.md shows it.
 //
-// Memory is held to the targets (allocated 3%, reserved 5%) run by run. The time bounds are
-// what the model reaches today, so that it cannot get worse unnoticed; the target (each
-// phase 10%) is in docs/deepspeed_fidelity.md with the runs that miss it and why. The measured phase times themselves vary by about ±15% from
-// one step to the next on that host (phases_all_s in the file), which bounds what a time
-// model can be held to per run; the mean over the runs is held tighter.
+// Memory is held to the targets (allocated 3%, reserved 5%) run by run. The times are pooled
+// over interleaved time-only rounds (tools/deepspeed_reference.py --time-only --rounds); the
+// same run still differs by up to 30% between processes on that host, which bounds what a time
+// model can be held to per run. The mean over the runs is held to the 10% per phase
+// (with a point of margin: the host costs were fitted to these runs, docs/time_model.md gives
+// the held-out figures); each run to what the model reaches today, so that it cannot get worse
+// unnoticed.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -69,6 +71,7 @@ zp::cli::StageResult predict(const json& run, const fs::path& dir) {
 
 struct Row {
   std::string name;
+  bool has_memory = true;
   double alloc = 0, reserved = 0, fwd = 0, bwd = 0, step = 0, iter = 0;  // relative errors
 };
 
@@ -88,10 +91,13 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
     const std::string name = run.at("name");
     CAPTURE(name);
     const auto r = predict(run, dir);
-    const auto& m = run.at("memory");
+    // Runs measured in time-only rounds alone (tools/deepspeed_reference.py --time-only) have no memory.
+    const bool has_memory = run.contains("memory");
+    const json m = has_memory ? run.at("memory") : json{{"peak_allocated", NAN}, {"peak_reserved", NAN}};
     const auto& ph = run.at("phases_s");
     Row row;
     row.name = name;
+    row.has_memory = has_memory;
     row.alloc = rel(static_cast<double>(r.memory.peak_allocated.v), m.at("peak_allocated").get<double>());
     row.reserved = rel(static_cast<double>(r.memory.reserved_peak.v), m.at("peak_reserved").get<double>());
     const auto& t = r.time.report.phases;
@@ -99,7 +105,10 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
     row.bwd = rel(t.backward.v, ph.at("backward").get<double>());
     row.step = rel(t.step.v, ph.at("step").get<double>());
     row.iter = rel(t.iteration.v, run.at("iteration_s").get<double>());
-    auto cell = [](double meas, double pred, double e) { return fmt::format("{:>7.0f}/{:<6.0f}{:+5.1f}%", meas, pred, e * 100); };
+    auto cell = [](double meas, double pred, double e) {
+      if (std::isnan(meas)) return fmt::format("{:>7}/{:<6.0f}{:>6}", "-", pred, "");
+      return fmt::format("{:>7.0f}/{:<6.0f}{:+5.1f}%", meas, pred, e * 100);
+    };
     auto tcell = [](double meas, double pred, double e) { return fmt::format("{:>5.1f}/{:<5.1f}{:+5.0f}%", meas, pred, e * 100); };
     table += fmt::format("{:<28} {} {} {} {} {} {}\n", name,
                          cell(m.at("peak_allocated").get<double>() / 1048576.0, static_cast<double>(r.memory.peak_allocated.v) / 1048576.0, row.alloc),
@@ -117,12 +126,14 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
   double mean_f = 0, mean_b = 0, mean_s = 0, mean_i = 0;
   for (const Row& r : rows) {
     CAPTURE(r.name);
-    CHECK(std::fabs(r.alloc) <= 0.03);     // the targets, met by every run
-    CHECK(std::fabs(r.reserved) <= 0.05);
-    CHECK(std::fabs(r.fwd) <= 0.60);
-    CHECK(std::fabs(r.bwd) <= 0.60);
-    CHECK(std::fabs(r.step) <= 0.80);
-    CHECK(std::fabs(r.iter) <= 0.60);
+    if (r.has_memory) {
+      CHECK(std::fabs(r.alloc) <= 0.03);  // the targets, met by every run
+      CHECK(std::fabs(r.reserved) <= 0.05);
+    }
+    CHECK(std::fabs(r.fwd) <= 0.35);
+    CHECK(std::fabs(r.bwd) <= 0.35);
+    CHECK(std::fabs(r.step) <= 0.45);
+    CHECK(std::fabs(r.iter) <= 0.30);
     mean_f += std::fabs(r.fwd);
     mean_b += std::fabs(r.bwd);
     mean_s += std::fabs(r.step);
@@ -131,10 +142,10 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
   const double n = static_cast<double>(rows.size());
   MESSAGE(fmt::format("mean |error|: forward {:.1f}%, backward {:.1f}%, step {:.1f}%, iteration {:.1f}%",
                       100 * mean_f / n, 100 * mean_b / n, 100 * mean_s / n, 100 * mean_i / n));
-  CHECK(mean_f / n <= 0.20);
-  CHECK(mean_b / n <= 0.20);
-  CHECK(mean_s / n <= 0.25);
-  CHECK(mean_i / n <= 0.20);
+  CHECK(mean_f / n <= 0.11);
+  CHECK(mean_b / n <= 0.11);
+  CHECK(mean_s / n <= 0.11);
+  CHECK(mean_i / n <= 0.09);
 }
 
 TEST_CASE("DeepSpeed 0.19.8 on an H200: the planner ranks each model's stages as DeepSpeed measured them") {

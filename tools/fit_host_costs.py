@@ -12,6 +12,7 @@ on the host stream, so the times are not linear in them), bounded below by 0.
 This is the bootstrap for the defaults; `zeroplan calibrate` fits the same coefficients for a user's host.
 
 Usage: fit_host_costs.py tests/data/deepspeed/h200_deepspeed_0.19.8.json [--zeroplan build/cli/zeroplan]
+       [--fit-runs REGEX]   (fit on the matching runs only; the others are reported as held out)
        [--write]   (put the fitted values into sim/compute_model.cpp's defaults: no, into the printed JSON)
 """
 import argparse
@@ -19,6 +20,7 @@ import concurrent.futures
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,7 +34,8 @@ from deepspeed_compare import ROOT, model_arg  # noqa: E402
 # parameter: (phase it moves, path in the profile's "host" object)
 PARAMS = {
     "forward": [("forward_op_us",), ("stage3_module_forward_us",)],
-    "backward": [("backward_op_us",), ("grad_hook_us",), ("stage3_module_backward_us",), ("stage3_grad_hook_us",)],
+    "backward": [("backward_op_us",), ("grad_hook_us",), ("bucket_hook_us",), ("stage3_module_backward_us",),
+                 ("stage3_grad_hook_us",)],
     "step": [("step", w, k) for w in ("fp16_optimizer", "zero_optimizer", "zero3_optimizer", "plain")
              for k in ("base_us", "per_tensor_us")],
 }
@@ -44,6 +47,8 @@ def informs(path, run):
         return run["stage"] == 3
     if name == "grad_hook_us":
         return run["stage"] in (1, 2)
+    if name == "bucket_hook_us":
+        return run["stage"] == 2 or (run["stage"] == 1 and run["ds_config"]["zero_optimization"].get("overlap_comm"))
     if len(path) == 3:
         return {"fp16_optimizer": "FP16_Optimizer", "zero_optimizer": "DeepSpeedZeroOptimizer",
                 "zero3_optimizer": "DeepSpeedZeroOptimizer_Stage3", "plain": "FusedAdam"}[name] == cls
@@ -98,6 +103,8 @@ def main():
     ap.add_argument("reference")
     ap.add_argument("--zeroplan", default=os.path.join(ROOT, "build", "cli", "zeroplan"))
     ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--fit-runs", default="", help="regular expression: fit on the runs whose names match, and "
+                                                   "report the others as held out")
     args = ap.parse_args()
     # Runs that keep the model's output differ from their twins in memory only.
     runs = [r for r in json.load(open(args.reference))["runs"] if not r.get("keep_output")]
@@ -106,7 +113,7 @@ def main():
     # Start from the profile's current host costs (or nothing).
     profiles = json.load(open(os.path.join(ROOT, "sim", "profiles.json")))
     host = next((copy.deepcopy(p.get("host", {})) for p in profiles["profiles"] if p["device"] == "H200-141GB"), {})
-    start = {"forward_op_us": 60, "stage3_module_forward_us": 500, "backward_op_us": 100, "grad_hook_us": 80,
+    start = {"forward_op_us": 60, "stage3_module_forward_us": 500, "backward_op_us": 100, "grad_hook_us": 80, "bucket_hook_us": 50,
              "stage3_module_backward_us": 600, "stage3_grad_hook_us": 0,
              "step": {w: {"base_us": 5000, "per_tensor_us": 200} for w in ("fp16_optimizer", "zero_optimizer",
                                                                            "zero3_optimizer", "plain")}}
@@ -122,17 +129,18 @@ def main():
     # (weight 1: DeepSpeed's wall_clock_breakdown synchronises between them, so they carry the
     # GPU's tail at each phase end, which the host costs should not absorb).
     weights = np.array([1.0, 1.0, 1.0, 2.0])
+    fit = np.array([bool(re.search(args.fit_runs, r["name"])) for r in runs])
     paths = [p for ps in PARAMS.values() for p in ps]
-    used = [p for p in paths if any(informs(p, r) for r in runs)]
+    used = [p for p in paths if any(informs(p, r) for r, f in zip(runs, fit) if f)]
 
     def residuals(pred):
-        return (((pred - measured) / measured) * weights).ravel()
+        return (((pred - measured) / measured) * weights)[fit].ravel()
 
     with tempfile.TemporaryDirectory() as work:
         for it in range(args.iterations):
             base = predict_all(args.zeroplan, runs, host, work)
             r0 = residuals(base)
-            rel = (base - measured) / measured
+            rel = ((base - measured) / measured)[fit]
             print(f"iteration {it}: mean |error| forward {np.mean(abs(rel[:, 0])) * 100:.1f}%, backward "
                   f"{np.mean(abs(rel[:, 1])) * 100:.1f}%, step {np.mean(abs(rel[:, 2])) * 100:.1f}%, iteration "
                   f"{np.mean(abs(rel[:, 3])) * 100:.1f}%", flush=True)
@@ -157,11 +165,14 @@ def main():
                 delta = delta / 2
         final = predict_all(args.zeroplan, runs, host, work)
     rel = (final - measured) / measured
-    for r, e, f, m in zip(runs, rel, final, measured):
-        print(f"{r['name']:<28} " + "  ".join(f"{ph} {mm * 1e3:7.1f}/{ff * 1e3:7.1f} {ee * 100:+6.1f}%"
+    for r, e, f, m, fitted in zip(runs, rel, final, measured, fit):
+        print(f"{r['name']:<28}{' ' if fitted else '*'}" + "  ".join(f"{ph} {mm * 1e3:7.1f}/{ff * 1e3:7.1f} {ee * 100:+6.1f}%"
                                              for ph, mm, ff, ee in zip(("fwd", "bwd", "step", "iter"), m, f, e)))
-    print("mean |error|: " + ", ".join(f"{ph} {np.mean(abs(rel[:, i])) * 100:.1f}% (max {np.max(abs(rel[:, i])) * 100:.1f}%)"
-                                       for i, ph in enumerate(("forward", "backward", "step", "iteration"))))
+    for what, sel in (("fitted", fit), ("held out (*)", ~fit)):
+        if sel.any():
+            print(f"mean |error|, {what} ({sel.sum()} runs): " + ", ".join(
+                f"{ph} {np.mean(abs(rel[sel, i])) * 100:.1f}% (max {np.max(abs(rel[sel, i])) * 100:.1f}%)"
+                for i, ph in enumerate(("forward", "backward", "step", "iteration"))))
     print(json.dumps({"host": host}, indent=1))
 
 

@@ -234,10 +234,11 @@ void Context::dispatch(Phase ph) {
   at.issued.push_back(static_cast<EventId>(p.events.size()));  // the op's event, begun next
 }
 
-void Context::host_hook(Phase ph) {
+void Context::host_hook(Phase ph, bool to_bucket) {
   if (!opt.host_work) return;
   HostWork& h = host_event(ph, false);
   ++(stage == 3 ? h.stage3_grad_hooks : h.grad_hooks);
+  if (to_bucket && stage != 3) ++h.bucket_hooks;
 }
 
 void Context::host_module_visit(Phase ph) {

@@ -60,9 +60,11 @@ void ZeroOptimizerLowering::grad_produced(MicroState& st, ParamId p, models::OpI
 void ZeroOptimizerLowering::grad_hook(MicroState& st, ParamId p) {
   c_.at.last_grad_event = c_.b.cur_id();  // the backward op that produced the gradient
   if (!hooks_installed()) return;
-  c_.host_hook(Phase::backward);
-  setup_buckets();
+  // Stage 1 without overlap_comm: the hook finds nothing to do (its gradients are reduced
+  // at the boundary); otherwise it runs reduce_independent_p_g_buckets_and_remove_grads.
   const bool reduce_now = c_.stage == 2 || (c_.overlap && c_.at.boundary);
+  c_.host_hook(Phase::backward, reduce_now);
+  setup_buckets();
   if (reduce_now) ipg_add(&st, p, false);
 }
 
