@@ -3,15 +3,15 @@
 #
 #   WHEELS=.whl OUT=/some/dir bash scripts/gpu_deepspeed_reference.sh [FULL_RUNS] [SECONDS]
 #
-# 1. installs DeepSpeed and its pure-Python dependencies from the carried wheels (no internet);
+# 1. installs DeepSpeed and its pure-Python dependencies from wheels copied there (no internet);
 # 2. measures FULL_RUNS (comma-separated names of tools/deepspeed_matrix.json, "" for none) in
 #    full: memory, snapshot, profile and times, into $OUT/ds;
-# 3. spends what is left of SECONDS (default 540) on time-only rounds of the whole matrix into
+# 3. spends what is left of SECONDS (default 540, under a 10-minute job limit) on time-only rounds of the whole matrix into
 #    $OUT/ds_time: every run once per round, so that the host's drift spreads over all runs.
 #    Each round's lines carry "round"; tools/deepspeed_compare.py --timing pools them.
-# TIME_FIRST (names) are timed once before the rounds: what an earlier call did not reach.
+# TIME_FIRST (names) are timed once before the rounds: what an earlier job did not reach.
 # FusedAdam's JIT build is kept in $TORCH_EXTENSIONS_DIR (default .gpu-deps/torch_extensions) and
-# copied to $OUT, so that a later call can carry it instead of building it again.
+# copied to $OUT, so that a later job can bring it along instead of building it again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?OUT must name the output folder}"
@@ -28,7 +28,7 @@ python3 -c 'import deepspeed, transformers, torch; print("deepspeed", deepspeed.
 for name in ${FULL//,/ }; do  # each in a process of its own (stage 3 keeps its engine alive)
   python3 tools/deepspeed_reference.py --matrix tools/deepspeed_matrix.json --out "$OUT/ds" --only "$name" --exact
 done
-if [[ -n "${TIME_FIRST:-}" ]]; then  # these once, before the rounds (what an earlier call did not reach)
+if [[ -n "${TIME_FIRST:-}" ]]; then  # these once, before the rounds (what an earlier job did not reach)
   python3 tools/deepspeed_reference.py --matrix tools/deepspeed_matrix.json --out "$OUT/ds_time" --time-only \
     --only "$TIME_FIRST" --exact
 fi

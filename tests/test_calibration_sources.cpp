@@ -317,6 +317,7 @@ TEST_CASE("cluster profiles: written, read back, applied, and their differences 
   fit.after = fit.before;
   fit.after.device.gemm_max_efficiency = 0.71;
   fit.after.device.host.grad_hook = Seconds{55e-6};
+  fit.after.device.host.bucket_hook = Seconds{81e-6};
   fit.after.collective.bandwidth[sim::CollectiveCoefficients::at(1, 0, 2)] = 0.25;
   fit.after.collective.fill_fraction = 0.2;
   fit.fitted.push_back({find_param("compute.gemm_max_efficiency"), 0.86, 0.71, 0.02, false});
@@ -330,6 +331,7 @@ TEST_CASE("cluster profiles: written, read back, applied, and their differences 
   CHECK(q.cluster.nccl == "2.28.9");
   CHECK(q.device.gemm_max_efficiency == 0.71);
   CHECK(q.device.host.grad_hook.v == doctest::Approx(55e-6));
+  CHECK(q.device.host.bucket_hook.v == doctest::Approx(81e-6));
   CHECK(q.collective == fit.after.collective);
   REQUIRE(q.parameters.size() == 2);
   CHECK(q.parameters[1].name == "collective.inter.bandwidth");

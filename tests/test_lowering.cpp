@@ -1500,3 +1500,39 @@ TEST_CASE("stage 2 with accumulation: the step's norm and flatten read the accum
     CHECK(fl.copy_kernel == (stage == 2 ? zero::CopyKernel::add : zero::CopyKernel::memcpy));
   }
 }
+
+// DeepSpeed's gradient hook (stage_1_and_2.py) runs for every parameter of every micro-step
+// once installed (stage 2, overlap_comm or contiguous_gradients, DeepSpeed's default); it adds
+// the gradient to an IPG bucket (the host's bucket_hooks) at stage 2 on every micro-step, at
+// stage 1 only under overlap_comm and only at the boundary, and stage 3's hooks count apart.
+TEST_CASE("host work: gradient hooks and the hooks that fill a bucket, per stage, overlap and GAS") {
+  struct Case {
+    int stage;
+    bool overlap;
+    std::int64_t gas;
+    std::int64_t hooks_per_param, bucket_per_param;
+  };
+  for (const Case c : {Case{1, false, 1, 1, 0}, Case{1, false, 4, 4, 0}, Case{1, true, 4, 4, 1}, Case{2, false, 1, 1, 1},
+                       Case{2, false, 4, 4, 4}, Case{2, true, 4, 4, 4}, Case{3, false, 2, 0, 0}}) {
+    CAPTURE(c.stage);
+    CAPTURE(c.overlap);
+    CAPTURE(c.gas);
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2},
+                        {"gradient_accumulation_steps", c.gas},
+                        {"bf16", {{"enabled", true}}},
+                        {"zero_optimization", {{"stage", c.stage}, {"overlap_comm", c.overlap}}}};
+    const auto b = build("tiny-gpt2", zero::parse_ds_config("test.json", j), 1, 16);
+    std::int64_t hooks = 0, bucket = 0, stage3 = 0;
+    for (const auto& e : b.p.events)
+      if (e.kind == EventKind::host) {
+        hooks += e.host.grad_hooks;
+        bucket += e.host.bucket_hooks;
+        stage3 += e.host.stage3_grad_hooks;
+        CHECK(e.host.bucket_hooks <= e.host.grad_hooks);
+      }
+    const auto n = static_cast<std::int64_t>(b.g.params.size());
+    CHECK(hooks == c.hooks_per_param * n);
+    CHECK(bucket == c.bucket_per_param * n);
+    CHECK(stage3 == (c.stage == 3 ? c.gas * n : 0));
+  }
+}

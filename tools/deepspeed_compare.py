@@ -76,27 +76,67 @@ def predict(zeroplan, run):
         os.remove(cfg)
 
 
+INPUTS = ("model", "attention", "dtype", "stage", "micro_batch", "seq_len", "gas", "ds_config")
+
+
+def read_runs(path):
+    """The JSON lines of a runs.jsonl; a truncated last line (a job stopped mid-write) is skipped."""
+    runs = []
+    lines = open(path).read().split("\n")
+    for k, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            runs.append(json.loads(line))
+        except json.JSONDecodeError:
+            if k < len(lines) - 2:
+                raise SystemExit(f"deepspeed_compare: {path}:{k + 1}: not a JSON line")
+            print(f"deepspeed_compare: {path}:{k + 1}: truncated last line skipped", file=sys.stderr)
+    return runs
+
+
 def pool_timing(runs, dirs):
-    """Runs with their times replaced by the pooled times of the time-only rounds in dirs."""
+    """Runs with their times pooled over time-only rounds: the rounds an earlier pooling kept
+    (timing.rounds_s of a --base run) and those in dirs. A run's first measurement (a base run
+    without timing) is replaced, not pooled: it was taken in one long process (tools/README.md)."""
     samples = {}
     for d in dirs:
-        for line in open(os.path.join(d, "runs.jsonl")):
-            r = json.loads(line)
+        for r in read_runs(os.path.join(d, "runs.jsonl")):
             if "error" not in r:
                 samples.setdefault(r["name"], []).append(r)
     by_name = {r["name"]: r for r in runs}
     for name, rs in samples.items():
-        if name not in by_name:  # measured only in rounds: its inputs from the first, no memory
+        if name in by_name:
+            base = by_name[name]
+            for r in rs:
+                diff = [k for k in INPUTS if k in base and k in r and base[k] != r[k]]
+                if diff:
+                    raise SystemExit(f"deepspeed_compare: run {name}: the rounds' {', '.join(diff)} differ from the "
+                                     f"base file's: not the same run")
+        else:  # measured only in rounds: its inputs from the first, no memory
             by_name[name] = {k: v for k, v in rs[0].items() if k not in ("phases_s", "phases_all_s", "iteration_s",
                                                                          "round", "run_seconds", "process_constants")}
             runs.append(by_name[name])
-        run = by_name[name]
-        steps = [p for r in rs for p in r["phases_all_s"]]
+    for name, run in by_name.items():
+        earlier = run.get("timing", {}).get("rounds_s", [])
+        new = [{"phases_all_s": r["phases_all_s"], "iteration_s": r["iteration_s"]} for r in samples.get(name, [])]
+        if not new:
+            if dirs and not earlier:
+                print(f"deepspeed_compare: {name}: no time-only round; its times stay the first measurement's",
+                      file=sys.stderr)
+            continue
+        rounds = earlier + new
+        steps = [p for r in rounds for p in r["phases_all_s"]]
         run["phases_s"] = {k: statistics.median(p[k] for p in steps) for k in ("forward", "backward", "step")}
         run["phases_all_s"] = steps
-        run["iteration_s"] = statistics.median(r["iteration_s"] for r in rs)
-        run["timing"] = {"rounds": len(rs), "iteration_rounds_s": [r["iteration_s"] for r in rs],
-                         "phases_rounds_s": [r["phases_s"] for r in rs]}
+        run["iteration_s"] = statistics.median(r["iteration_s"] for r in rounds)
+        run["timing"] = {
+            "rounds": len(rounds),
+            "rounds_s": rounds,
+            "phases_rounds_s": [{k: statistics.median(p[k] for p in r["phases_all_s"]) for k in ("forward", "backward", "step")}
+                                for r in rounds],
+            "iteration_rounds_s": [r["iteration_s"] for r in rounds],
+        }
     return runs
 
 
@@ -121,11 +161,17 @@ def main():
         meta, runs = base["meta"], base["runs"]
     else:
         meta = json.load(open(os.path.join(args.dir, "meta.json")))
-        runs = [json.loads(line) for line in open(os.path.join(args.dir, "runs.jsonl"))]
+        runs = read_runs(os.path.join(args.dir, "runs.jsonl"))
     if args.timing:
         runs = pool_timing(runs, args.timing)
+        dates = set(meta.get("timing_dates", []))
+        for d in args.timing:
+            m = os.path.join(d, "meta.json")
+            if os.path.exists(m):
+                dates.add(json.load(open(m)).get("date", ""))
         meta = dict(meta, timing=("phases: median of every timed step of every time-only round; iteration: "
-                                  "median of the rounds (tools/deepspeed_reference.py --time-only --rounds)"))
+                                  "median of the rounds (tools/deepspeed_reference.py --time-only --rounds)"),
+                    timing_dates=sorted(x for x in dates if x))
     rows = []
     nan = float("nan")
     for run in runs:
@@ -161,15 +207,27 @@ def main():
         cells = []
         for k, scale, unit in (("peak_allocated", MiB, 0), ("reserved", MiB, 0), ("forward", 1e-3, 1), ("backward", 1e-3, 1),
                                ("step", 1e-3, 1), ("iteration", 1e-3, 1)):
+            w = 8 if unit == 0 else 6
+            if m[k] != m[k]:  # not measured (a run timed only)
+                cells.append(f"{'-':>{w}}/{p[k] / scale:<{w}.{unit}f} {'':>6}")
+                continue
             e = err(p[k], m[k])
             worst[k] = max(worst.get(k, 0.0), abs(e))
-            w = 8 if unit == 0 else 6
             cells.append(f"{m[k] / scale:>{w}.{unit}f}/{p[k] / scale:<{w}.{unit}f} {e * 100:+5.1f}%")
         print(f"{r['name']:<28} " + " ".join(cells))
         print(f"{'':<28} peak: measured between {m['peak_between'][0]} and {m['peak_between'][1]}; predicted {p['peak_event']}")
     print("worst |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in worst.items()))
-    if args.json:
-        json.dump({"meta": meta, "rows": rows}, open(args.json, "w"), indent=1)
+    if args.json:  # no measurement (a run timed only) is null, not NaN (which JSON does not have)
+        def finite(v):
+            if isinstance(v, float) and v != v:
+                return None
+            if isinstance(v, dict):
+                return {k: finite(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [finite(x) for x in v]
+            return v
+
+        json.dump(finite({"meta": meta, "rows": rows}), open(args.json, "w"), indent=1)
     if args.write_reference:
         keep = []
         for run in runs:

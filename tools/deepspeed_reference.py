@@ -530,6 +530,7 @@ def run_one(run, consts, tmpdir):
         "ds_config": ds_cfg,
         "world_size": world()[1],
         "rank": world()[0],
+        "round": run.get("round", 0),
         "params": n_params,
         "param_tensors": n_tensors,
         "param_modules": n_modules,
@@ -604,7 +605,7 @@ def run_one(run, consts, tmpdir):
         # on the training script's objects, not on DeepSpeed, and they land in whichever step
         # they happen to hit.
         res.update(time_steps(one_step, run, torch))
-        res["round"] = run.get("round", 0)
+        res["skipped_steps"] = int(getattr(engine, "skipped_steps", 0))  # fp16 overflow steps do no update
         res["run_seconds"] = time.time() - t_run
         engine.destroy() if hasattr(engine, "destroy") else None
         del engine, optimizer
@@ -799,10 +800,11 @@ def main():
                 if rc != 0:
                     out.write(json.dumps({"name": r["name"], "error": f"child exited with status {rc}"}) + "\n")
                 continue
+            this_round = rnd if args.round_index is None else args.round_index
             try:
-                res = run_one(dict(r, round=rnd if args.round_index is None else args.round_index), consts, tmpdir)
+                res = run_one(dict(r, round=this_round), consts, tmpdir)
                 m = res.get("memory", {"peak_allocated": float("nan"), "peak_reserved": float("nan")})
-                log(f"{r['name']:<28} r{rnd} peak {m['peak_allocated'] / MiB:9.1f} MiB reserved {m['peak_reserved'] / MiB:9.1f} "
+                log(f"{r['name']:<28} r{this_round} peak {m['peak_allocated'] / MiB:9.1f} MiB reserved {m['peak_reserved'] / MiB:9.1f} "
                     f"fwd {res['phases_s']['forward'] * 1e3:7.1f} bwd {res['phases_s']['backward'] * 1e3:7.1f} "
                     f"step {res['phases_s']['step'] * 1e3:7.1f} iter {res['iteration_s'] * 1e3:7.1f} ms "
                     f"[{res['optimizer_class']}] {res['run_seconds']:.1f}s")
