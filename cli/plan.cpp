@@ -522,27 +522,29 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
   t += table(pb, fitting, req.top);
   t += "the best candidate of each shape that fits; sizes in elements; mem_GiB: predicted device-used bytes (reserved "
        "+ context) of the heaviest rank; margin: to the memory limit\n";
-  if (!in.profile_file.empty() && pb.objective != planner::Objective::memory) {
-    // A profile's predictions carry an interval: candidates whose iteration-time intervals
-    // overlap the winner's are ties, not a ranking (the global batch is fixed, so iteration
-    // time orders throughput and cost alike).
+  if (!in.uncertainty_source.empty() && pb.objective != planner::Objective::memory) {
+    // A profile's (or a measured preset's) predictions carry an interval: candidates whose
+    // iteration-time intervals overlap the winner's are ties, not a ranking (the global batch
+    // is fixed, so iteration time orders throughput and cost alike).
     const double s = in.profile_rel_sd;
     std::vector<int> ties;
     for (std::size_t i = 1; i < fitting.size() && static_cast<int>(i) < req.top; ++i)
       if (fitting[i].iteration_ms * (1 - s) <= w.iteration_ms * (1 + s)) ties.push_back(static_cast<int>(i) + 1);
-    t += fmt::format("with profile {}: iteration times carry ±{:.1f}% (one standard deviation; {}); the winner's is "
+    t += fmt::format("with {}: iteration times carry ±{:.1f}% (one standard deviation; {}); the winner's is "
                      "{:.1f}-{:.1f} ms\n",
-                     in.profile_file, 100 * s, in.profile_basis, w.iteration_ms * (1 - s), w.iteration_ms * (1 + s));
+                     in.uncertainty_source, 100 * s, in.profile_basis, w.iteration_ms * (1 - s), w.iteration_ms * (1 + s));
     if (ties.empty()) {
-      t += "no other candidate's interval overlaps the winner's: the ranking holds within the profile's error\n";
+      t += "no other candidate's interval overlaps the winner's: the ranking holds within that error\n";
     } else {
       std::string list;
       for (int r : ties) list += fmt::format("{}{}", list.empty() ? "" : ", ", r);
-      t += fmt::format("ties: rank{} {} overlap{} the winner's interval: within the profile's error they are as good "
+      t += fmt::format("ties: rank{} {} overlap{} the winner's interval: within that error they are as good "
                        "as the winner, which is first only by the point estimate\n",
                        ties.size() == 1 ? "" : "s", list, ties.size() == 1 ? "s" : "");
     }
-    j["profile"] = {{"file", in.profile_file}, {"iteration_rel_sd", s}, {"basis", in.profile_basis}};
+    if (!in.profile_file.empty())
+      j["profile"] = {{"file", in.profile_file}, {"iteration_rel_sd", s}, {"basis", in.profile_basis}};
+    j["uncertainty"] = {{"source", in.uncertainty_source}, {"iteration_rel_sd", s}, {"basis", in.profile_basis}};
     j["ties_with_winner"] = ties;
   }
   const zero::DsConfig wcfg = planner::config_of(pb, w.knobs);

@@ -91,6 +91,12 @@ Inputs load_inputs(const SimRequest& req) {
     in.profile_file = req.profile;
     in.profile_rel_sd = cp.uncertainty.iteration_rel_sd;
     in.profile_basis = cp.uncertainty.basis;
+    in.uncertainty_source = "profile " + req.profile;
+  } else if (in.profile.iteration_rel_sd > 0) {
+    // A preset measured against a framework carries that error; others carry none known.
+    in.profile_rel_sd = in.profile.iteration_rel_sd;
+    in.profile_basis = in.profile.uncertainty_basis;
+    in.uncertainty_source = fmt::format("the {} preset", in.device->name);
   }
   in.collectives = std::make_shared<const sim::CollectiveModel>(in.cluster);
   // The host's optimizer throughput is shared by the ranks of a node.
@@ -339,14 +345,16 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   j["results"] = nlohmann::json::array();
   for (const auto& r : rs) {
     j["results"].push_back(result_json(r, full_critical_path));
-    if (!in.profile_file.empty()) {
-      // One standard deviation of the profile's residuals around the iteration time.
+    if (!in.uncertainty_source.empty()) {
+      // One standard deviation of the profile's (or the preset's) residuals around the iteration time.
       const double t = r.time.report.phases.iteration.ms(), s = in.profile_rel_sd;
       j["results"].back()["time"]["iteration_interval_ms"] = {t * (1 - s), t * (1 + s)};
     }
   }
   if (!in.profile_file.empty())
     j["profile"] = {{"file", in.profile_file}, {"iteration_rel_sd", in.profile_rel_sd}, {"basis", in.profile_basis}};
+  if (!in.uncertainty_source.empty())
+    j["uncertainty"] = {{"source", in.uncertainty_source}, {"iteration_rel_sd", in.profile_rel_sd}, {"basis", in.profile_basis}};
   return j;
 }
 
@@ -383,8 +391,8 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
   out += fmt::format("times per optimizer step of {} micro-steps on {} ({}); bwd_ar_ms: backward time the compute "
                      "stream spent not computing (exposed communication); comm_MB: bytes sent per rank\n",
                      first.batch.gas, in.cluster.name, in.profile.source.empty() ? "default profile" : "device profile");
-  if (!in.profile_file.empty()) {
-    out += fmt::format("with profile {}: iteration times carry ±{:.1f}% (one standard deviation; {}):", in.profile_file,
+  if (!in.uncertainty_source.empty()) {
+    out += fmt::format("with {}: iteration times carry ±{:.1f}% (one standard deviation; {}):", in.uncertainty_source,
                        100 * in.profile_rel_sd, in.profile_basis);
     for (const auto& r : rs) {
       const double t = r.time.report.phases.iteration.ms(), s = in.profile_rel_sd;

@@ -65,8 +65,9 @@ struct Inputs {
   std::vector<std::string> warnings;
   // --profile: its file and the relative standard deviation its predictions carry (0: none).
   std::string profile_file;
-  double profile_rel_sd = 0;
+  double profile_rel_sd = 0;     // the profile's (or the preset's, measured) iteration uncertainty
   std::string profile_basis;
+  std::string uncertainty_source;  // "profile FILE" or "the <device> preset"; empty: none known
 };
 
 struct StageResult {

@@ -54,6 +54,8 @@ const std::vector<std::string> kProfileKeys = {
     "host_memcpy_gbps",
     "cpu_adam_params_per_second",
     "comm_compute_interference",
+    "iteration_rel_sd",
+    "uncertainty_basis",
     "source"};
 // Peaks default to the device database; every coefficient must be given.
 const std::vector<std::string> kRequiredKeys = {
@@ -195,6 +197,10 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   p.comm_compute_interference = r.get_double(e, "comm_compute_interference", 0, 0, 10);
   p.host = e.contains("host") ? read_host_costs(r.sub("host"), e.at("host")) : default_host_costs();
   p.fp32_gemm_tf32 = r.get_bool(e, "fp32_gemm_tf32", false);
+  p.iteration_rel_sd = r.get_double(e, "iteration_rel_sd", 0, 0, 10);
+  p.uncertainty_basis = r.get_string(e, "uncertainty_basis", "");
+  if (p.iteration_rel_sd > 0 && p.uncertainty_basis.empty())
+    throw InputError(r.file, r.key_path("uncertainty_basis"), "must say what iteration_rel_sd was measured against");
   p.source = r.get_string(e, "source", "");
   if (p.source.empty()) throw InputError(r.file, r.key_path("source"), "must say where the figures come from");
   return p;

@@ -134,6 +134,11 @@ struct DeviceProfile {
   bool fp32_gemm_tf32 = false;
   HostCosts host;                           // the training host's framework work
   std::string source;
+  // How far this profile's iteration times were measured to be from a real framework's: one
+  // standard deviation of log(predicted / measured), and what it was measured against (0 and
+  // empty where no one measured it). A cluster profile's own uncertainty replaces it.
+  double iteration_rel_sd = 0;
+  std::string uncertainty_basis;
   // The GEMM peak for activations of dtype `act`: the tensor cores for 16-bit, TF32 (half
   // the 16-bit peak) for fp32 where fp32_gemm_tf32, else the fp32 cores. MFU is taken
   // against it too.

@@ -129,6 +129,35 @@ TEST_CASE("simulate --profile: the fitted coefficients and their interval") {
   // The table says it too.
   const Run t = run(base + " --profile " + fixture_profile());
   CHECK(t.out.find("with profile " + fixture_profile() + ": iteration times carry ±") != std::string::npos);
+  // The A100 preset was never measured against a framework: no interval, no uncertainty.
+  CHECK_FALSE(nlohmann::json::parse(plain.out).contains("uncertainty"));
+  CHECK_FALSE(a.contains("iteration_interval_ms"));
+}
+
+// The H200 preset was measured against DeepSpeed (tests/data/deepspeed/): its predictions carry
+// that error without a profile, and a profile's own replaces it.
+TEST_CASE("simulate and plan on the H200 preset: the interval measured against DeepSpeed") {
+  const std::string base = "simulate --model gpt2 --gpus 1 --gpu H200-141GB --micro-batch 8 --seq-len 1024";
+  const Run j = run(base + " --json");
+  REQUIRE(j.status == 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  const double s = doc["uncertainty"]["iteration_rel_sd"].get<double>();
+  CHECK(s == doctest::Approx(0.09));
+  CHECK(doc["uncertainty"]["source"] == "the H200-141GB preset");
+  CHECK(doc["uncertainty"]["basis"].get<std::string>().find("DeepSpeed 0.19.8") != std::string::npos);
+  CHECK_FALSE(doc.contains("profile"));
+  const auto t = doc["results"][0]["time"];
+  CHECK(t["iteration_interval_ms"][0].get<double>() == doctest::Approx(t["iteration_ms"].get<double>() * (1 - s)));
+  const Run table = run(base);
+  CHECK(table.out.find("with the H200-141GB preset: iteration times carry ±9.0%") != std::string::npos);
+  // plan: candidates within the interval of the winner are ties.
+  const Run p = run("plan --model gpt2 --gpus 8 --gpu H200-141GB --global-batch 256 --seq-len 1024 --json");
+  REQUIRE(p.status == 0);
+  const auto pd = nlohmann::json::parse(p.out);
+  CHECK(pd["uncertainty"]["source"] == "the H200-141GB preset");
+  REQUIRE(pd.contains("ties_with_winner"));
+  const Run pt = run("plan --model gpt2 --gpus 8 --gpu H200-141GB --global-batch 256 --seq-len 1024");
+  CHECK(pt.out.find("with the H200-141GB preset: iteration times carry ±9.0%") != std::string::npos);
   // Planned on another GPU: a warning says what differs, and the run goes on.
   const Run other = run("simulate --model gpt2-medium --gpus 8 --gpu H200-141GB --seq-len 1024 --profile " + fixture_profile());
   CHECK(other.status == 0);

@@ -497,6 +497,11 @@ TEST_CASE("load_profile reads a single profile, strictly") {
   CHECK(e.find("source") != std::string::npos);
   e = profile_error(with(kGoodProfile, "\"cpu_adam_params_per_second\": 1.2e9", "\"cpu_adam_params_per_second\": \"fast\""));
   CHECK(e.find("cpu_adam_params_per_second") != std::string::npos);
+  // A measured uncertainty says what it was measured against, and is a fraction, not a percentage.
+  e = profile_error(with(kGoodProfile, "\"source\": \"test\"", "\"source\": \"test\", \"iteration_rel_sd\": 0.1"));
+  CHECK(e.find("uncertainty_basis: must say what iteration_rel_sd was measured against") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"source\": \"test\"", "\"source\": \"test\", \"iteration_rel_sd\": -1, \"uncertainty_basis\": \"x\""));
+  CHECK(e.find("iteration_rel_sd") != std::string::npos);
   CHECK(profile_error("[1, 2]").find("JSON object") != std::string::npos);
   CHECK(profile_error("{\"device\": ").find("malformed") != std::string::npos);
 }
