@@ -109,6 +109,14 @@ class MpiComm final : public Comm {
   [[noreturn]] void abort(const std::string& why) override {
     fmt::print(stderr, "zeroplan: rank {}: {}\n", rank_, why);
     std::fflush(stderr);
+    // The watchdog calls this from its own thread while the collective blocks the main one,
+    // and MPI does not promise that MPI_Abort then returns control to mpirun (it may wait on
+    // what the blocked call holds). Should this process still live 5 s later, it ends without
+    // MPI: mpirun ends the job of a rank that exited without MPI_Finalize.
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      std::_Exit(1);
+    }).detach();
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::abort();
   }

@@ -62,14 +62,22 @@ inline PeerFault fault_peer(const std::string& mpirun_prefix, const std::string&
   const std::filesystem::path sh = log.string() + ".sh";
   const std::string pid1 = log.string() + ".pid1";
   std::filesystem::remove(pid1);
+  std::filesystem::remove(log.string() + ".pid0");
   std::ofstream(sh) << mpirun_prefix << " bash -c 'echo $$ > " << log.string() << ".pid$OMPI_COMM_WORLD_RANK; exec "
                     << rank_cmd << "' > " << log.string() << " 2>&1 &\nM=$!\n"
                     << "for i in $(seq 600); do grep -q '^step *20 ' " << log.string() << " 2>/dev/null && break; sleep 0.1; done\n"
                     << "R1=$(cat " << pid1 << " 2>/dev/null)\n"
                     << "[ -n \"$R1\" ] || { kill $M; echo 'rank 1 not found'; exit 0; }\n"
-                    << "T0=$(date +%s%N)\nkill -" << sig << " $R1\nwait $M\n"
+                    << "T0=$(date +%s%N)\nkill -" << sig << " $R1\n"
+                    // Bounded: a job still running 60 s after the signal is a hang; say what its
+                    // processes were doing, end them, and report it (status 137, > 30 s).
+                    << "for i in $(seq 600); do kill -0 $M 2>/dev/null || break; sleep 0.1; done\n"
+                    << "if kill -0 $M 2>/dev/null; then echo 'still running 60 s after the signal:';\n"
+                    << "  ps -eo pid,stat,wchan:32,args | grep -E 'mpirun|zeroplan' | grep -v grep;\n"
+                    << "  kill -CONT $R1; kill -9 $R1 $(cat " << log.string() << ".pid0 2>/dev/null) $M; fi\n"
+                    << "wait $M\n"
                     << "echo \"status $? ms $(( ($(date +%s%N) - T0) / 1000000 ))\"\n";
-  const ShellRun r = run_shell("timeout 120 bash " + sh.string());
+  const ShellRun r = run_shell("timeout 150 bash " + sh.string());
   PeerFault f;
   std::ifstream in(log);
   f.out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
