@@ -599,70 +599,60 @@ def run_one(run, consts, tmpdir):
         one_step(True)
     torch.cuda.synchronize()
 
-    if run.get("time_only"):
-        # Interleaved repeats (--rounds): only the phase and iteration times. Python's garbage
-        # collector is collected before and held off during the timed steps: its pauses depend
-        # on the training script's objects, not on DeepSpeed, and they land in whichever step
-        # they happen to hit.
-        res.update(time_steps(one_step, run, torch))
-        res["skipped_steps"] = int(getattr(engine, "skipped_steps", 0))  # fp16 overflow steps do no update
-        res["run_seconds"] = time.time() - t_run
-        engine.destroy() if hasattr(engine, "destroy") else None
-        del engine, optimizer
+    # --- memory: one steady-state step with hooks and the allocator's history; not in the
+    # time-only rounds (--rounds), which take the phase and iteration times alone
+    if not run.get("time_only"):
+        tracker = PeakTracker(engine.module)
         gc.collect()
-        torch.cuda.empty_cache()
-        return res
+        torch.cuda.synchronize()
+        before_snap = torch.cuda.memory._snapshot() if use_history else None
+        fence = torch.empty(FENCE_BYTES, dtype=torch.uint8, device="cuda")
+        fence_start = fence.data_ptr()
+        del fence
+        torch.cuda.reset_peak_memory_stats()
+        alloc_before = torch.cuda.memory_allocated()
+        reserved_before = torch.cuda.memory_reserved()
+        tracker.active = True
+        one_step(False, tracker)
+        tracker.active = False
+        torch.cuda.synchronize()
+        fence = torch.empty(FENCE_END_BYTES, dtype=torch.uint8, device="cuda")
+        fence_end = fence.data_ptr()
+        del fence
+        peak_hooks = tracker.peak()
+        free_after = torch.cuda.mem_get_info()[0]
+        # the hooks reset the peak counter at each mark: the interval maximum is the step's
+        peak_alloc = max(m[2] for m in tracker.marks) if tracker.marks else torch.cuda.max_memory_allocated()
+        res["memory"] = {
+            "allocated_before_step": alloc_before,
+            "allocated_after_step": torch.cuda.memory_allocated(),
+            "reserved_before_step": reserved_before,
+            "peak_allocated": peak_alloc,
+            "peak_reserved": torch.cuda.max_memory_reserved(),
+            "reserved_after_step": torch.cuda.memory_reserved(),
+            "device_used_after_step": consts["device_total"] - free_after,
+            "device_used_before_init": consts["device_total"] - free_before_init,
+            "allocated_before_init": alloc_before_init,
+            "peak_between": [peak_hooks[1], peak_hooks[2]],
+            "num_alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0),
+        }
+        tracker.remove()
+        if use_history:
+            after_snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            res["memory"]["segments_after_step"] = segment_summary(after_snap)
+            res["memory"]["segment_allocs"] = segment_allocs(after_snap)
+            comp = peak_composition(before_snap, after_snap, fence_start, fence_end)
+            if comp is not None:
+                p, groups = comp
+                res["memory"]["snapshot_peak"] = p
+                res["memory"]["at_peak"] = sorted(([k, v[0], v[1]] for k, v in groups.items()), key=lambda x: -x[1])[:80]
+            del before_snap, after_snap
+            gc.collect()
 
-    # --- memory: one steady-state step with hooks and the allocator's history
-    tracker = PeakTracker(engine.module)
-    gc.collect()
-    torch.cuda.synchronize()
-    before_snap = torch.cuda.memory._snapshot() if use_history else None
-    fence = torch.empty(FENCE_BYTES, dtype=torch.uint8, device="cuda")
-    fence_start = fence.data_ptr()
-    del fence
-    torch.cuda.reset_peak_memory_stats()
-    alloc_before = torch.cuda.memory_allocated()
-    reserved_before = torch.cuda.memory_reserved()
-    tracker.active = True
-    one_step(False, tracker)
-    tracker.active = False
-    torch.cuda.synchronize()
-    fence = torch.empty(FENCE_END_BYTES, dtype=torch.uint8, device="cuda")
-    fence_end = fence.data_ptr()
-    del fence
-    peak_hooks = tracker.peak()
-    free_after = torch.cuda.mem_get_info()[0]
-    # the hooks reset the peak counter at each mark: the interval maximum is the step's
-    peak_alloc = max(m[2] for m in tracker.marks) if tracker.marks else torch.cuda.max_memory_allocated()
-    res["memory"] = {
-        "allocated_before_step": alloc_before,
-        "allocated_after_step": torch.cuda.memory_allocated(),
-        "reserved_before_step": reserved_before,
-        "peak_allocated": peak_alloc,
-        "peak_reserved": torch.cuda.max_memory_reserved(),
-        "reserved_after_step": torch.cuda.memory_reserved(),
-        "device_used_after_step": consts["device_total"] - free_after,
-        "device_used_before_init": consts["device_total"] - free_before_init,
-        "allocated_before_init": alloc_before_init,
-        "peak_between": [peak_hooks[1], peak_hooks[2]],
-        "num_alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0),
-    }
-    tracker.remove()
-    if use_history:
-        after_snap = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        res["memory"]["segments_after_step"] = segment_summary(after_snap)
-        res["memory"]["segment_allocs"] = segment_allocs(after_snap)
-        comp = peak_composition(before_snap, after_snap, fence_start, fence_end)
-        if comp is not None:
-            p, groups = comp
-            res["memory"]["snapshot_peak"] = p
-            res["memory"]["at_peak"] = sorted(([k, v[0], v[1]] for k, v in groups.items()), key=lambda x: -x[1])[:80]
-        del before_snap, after_snap
-        gc.collect()
-
-    # --- time: phases with syncs, then iterations without
+    # --- time: phases with syncs, then iterations without. Python's garbage collector is
+    # collected before and held off during the timed steps: its pauses depend on the training
+    # script's objects, not on DeepSpeed, and they land in whichever step they happen to hit.
     res.update(time_steps(one_step, run, torch))
 
     # --- profiler: GPU vs host per phase, DeepSpeed's Python functions
