@@ -528,8 +528,10 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     // is fixed, so iteration time orders throughput and cost alike).
     const double s = in.profile_rel_sd;
     std::vector<int> ties;
-    for (std::size_t i = 1; i < fitting.size() && static_cast<int>(i) < req.top; ++i)
-      if (fitting[i].iteration_ms * (1 - s) <= w.iteration_ms * (1 + s)) ties.push_back(static_cast<int>(i) + 1);
+    // Ranks as JSON's `ranked` lists them (what does not fit is no tie).
+    for (std::size_t i = 1; i < res.ranked.size() && static_cast<int>(i) < req.top; ++i)
+      if (const Evaluation& e = res.ranked[i]; e.fits && e.iteration_ms * (1 - s) <= w.iteration_ms * (1 + s))
+        ties.push_back(static_cast<int>(i) + 1);
     t += fmt::format("with {}: iteration times carry ±{:.1f}% (one standard deviation; {}); the winner's is "
                      "{:.1f}-{:.1f} ms\n",
                      in.uncertainty_source, 100 * s, in.profile_basis, w.iteration_ms * (1 - s), w.iteration_ms * (1 + s));

@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -156,6 +157,15 @@ TEST_CASE("simulate and plan on the H200 preset: the interval measured against D
   const auto pd = nlohmann::json::parse(p.out);
   CHECK(pd["uncertainty"]["source"] == "the H200-141GB preset");
   REQUIRE(pd.contains("ties_with_winner"));
+  // Each rank of `ranked` is a tie exactly when it fits and its interval reaches the winner's.
+  const auto& ranked = pd["ranked"];
+  const double w = ranked[0]["time"]["iteration_ms"].get<double>();
+  std::vector<int> expect;
+  for (std::size_t i = 1; i < ranked.size(); ++i)
+    if (ranked[i]["fits"].get<bool>() && ranked[i]["time"]["iteration_ms"].get<double>() * (1 - 0.09) <= w * (1 + 0.09))
+      expect.push_back(static_cast<int>(i) + 1);
+  CHECK(pd["ties_with_winner"].get<std::vector<int>>() == expect);
+  CHECK_FALSE(expect.empty());  // GPT-2's candidates on 8 H200s lie within 9% of each other
   const Run pt = run("plan --model gpt2 --gpus 8 --gpu H200-141GB --global-batch 256 --seq-len 1024");
   CHECK(pt.out.find("with the H200-141GB preset: iteration times carry ±9.0%") != std::string::npos);
   // Planned on another GPU: a warning says what differs, and the run goes on.
