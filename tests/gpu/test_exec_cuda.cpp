@@ -59,10 +59,17 @@ std::string name_of(const Case& c) {
 
 // mpirun for n ranks, each with NCCL_HOSTID=zp<rank> when `hostid` (NCCL over loopback
 // sockets between ranks on one GPU); the command then runs under `bash -c`.
+// mpirun's part of the command line; with `hostid`, NCCL over loopback sockets, for ranks that
+// each claim a host of their own (rank_env gives each its NCCL_HOSTID).
+std::string mpirun_prefix(int n, bool hostid) {
+  const std::string head = fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np {}", n);
+  return hostid ? head + " -x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1" : head;
+}
+const char* const kRankHostId = "env NCCL_HOSTID=zp$OMPI_COMM_WORLD_RANK ";
+
 std::string mpirun(int n, bool hostid, const std::string& cmd) {
-  const std::string head = fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np {} ", n);
-  if (!hostid) return head + cmd;
-  return head + "-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1 bash -c 'NCCL_HOSTID=zp$OMPI_COMM_WORLD_RANK exec " + cmd + "'";
+  if (!hostid) return mpirun_prefix(n, false) + " " + cmd;
+  return mpirun_prefix(n, true) + " bash -c 'exec " + kRankHostId + cmd + "'";
 }
 
 json train(const Case& c, const std::string& device) {
@@ -206,11 +213,10 @@ TEST_CASE("train --device cuda --comm nccl: a hung or dead peer ends the job") {
  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
   for (const std::string fault : {"STOP", "KILL"})
     zp::test::check_peer_fault(
-        zp::test::fault_peer("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 "
-                             "-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1",
-                             fmt::format("env NCCL_HOSTID=zp$OMPI_COMM_WORLD_RANK {} train --model tiny-gpt2 --ds-config {} "
-                                         "--steps 1000000 --seq-len 16 --device cuda --comm nccl --comm-timeout 5",
-                                         bin(), cfg.string()),
+        zp::test::fault_peer(mpirun_prefix(2, true),
+                             fmt::format("{}{} train --model tiny-gpt2 --ds-config {} --steps 1000000 --seq-len 16 "
+                                         "--device cuda --comm nccl --comm-timeout 5",
+                                         kRankHostId, bin(), cfg.string()),
                              fault, dir() / fmt::format("fault-{}.log", fault)),
         fault,
         {"zeroplan: rank 0: NCCL ", " B (", " on group [0,1] did not complete within 5 s of the stream reaching it"}, 5.0);
