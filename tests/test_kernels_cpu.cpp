@@ -13,8 +13,10 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
+#include "kernels/common/gemm_pieces.hpp"
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/bmm.hpp"
@@ -1312,4 +1314,112 @@ TEST_CASE("the H200's accumulating bf16 GEMM rounds the product before adding C"
     CHECK(bf16(p + c[ci]) != got);                              // one rounding would differ
     CHECK(bf16(ref[ci]) == bf16(p + c[ci]));                    // the CPU twin rounds once
   }
+}
+
+// ------------------------------------------------------------------------------------
+// The staged pieces of a product with misaligned rows (kernels/common/gemm_pieces.hpp), run
+// here with plain loops: the pieces must give the product run whole, bit for bit (the
+// same sums in the same order), read and write inside the scratch, and leave every staged
+// row 16-byte aligned.
+// ------------------------------------------------------------------------------------
+namespace {
+
+struct Strided {
+  const std::vector<float>* a;
+  std::int64_t offset, ld;
+};
+
+// C(i, j) (=|+=) sum_p op(A)(i, p) op(B)(p, j), in p's order; A and C at offsets with strides.
+void strided_gemm(std::vector<float>& c, std::int64_t c_offset, std::int64_t ldc, const std::vector<float>& a,
+                  std::int64_t a_offset, std::int64_t lda, const std::vector<float>& b, std::int64_t m, std::int64_t n,
+                  std::int64_t k, bool ta, bool tb, bool acc) {
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (std::int64_t p = 0; p < k; ++p)
+        sum += a.at(static_cast<std::size_t>(a_offset + (ta ? p * lda + i : i * lda + p))) *
+               b.at(static_cast<std::size_t>(tb ? j * k + p : p * n + j));
+      float& out = c.at(static_cast<std::size_t>(c_offset + i * ldc + j));
+      out = acc ? out + sum : sum;
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gemm pieces: staged through scratch with padded rows, the product run whole, bit for bit") {
+  using zp::kernels::GemmBuffer;
+  struct Case {
+    std::int64_t m, n, k;
+    bool ta, tb;
+    const char* kind;  // which operand is staged, or "" when the plan must be empty
+  };
+  const Case cases[] = {
+      {1000, 77, 96, false, true, "C"},  {1000, 77, 96, true, true, "C"},   {1000, 77, 96, true, false, ""},
+      {1000, 96, 45, false, false, "A"}, {1000, 96, 45, false, true, ""},   {301, 96, 200, true, false, "A"},
+      {301, 77, 200, true, true, ""},    {256, 96, 64, false, false, ""},   {77, 301, 64, false, true, "C"},
+  };
+  for (std::int64_t elem : {std::int64_t{2}, std::int64_t{4}})
+    for (std::size_t scratch_bytes : {std::size_t{20} << 10, std::size_t{64} << 10, std::size_t{1} << 20})
+      for (const Case& cs : cases)
+        for (bool acc : {false, true}) {
+          CAPTURE(elem);
+          CAPTURE(scratch_bytes);
+          CAPTURE(cs.m);
+          CAPTURE(cs.n);
+          CAPTURE(cs.k);
+          CAPTURE(cs.ta);
+          CAPTURE(cs.tb);
+          CAPTURE(acc);
+          const std::int64_t m = cs.m, n = cs.n, k = cs.k;
+          const auto pieces = zp::kernels::plan_gemm_pieces(m, n, k, cs.ta, cs.tb, acc, elem, scratch_bytes);
+          const std::string kind = cs.kind;
+          // The cases' odd sizes (77, 45, 301) are misaligned and the even ones aligned in
+          // both element sizes, so a case's kind holds for both.
+          const bool too_small_for_16 =
+              kind == "A" && cs.ta && static_cast<std::int64_t>(scratch_bytes) < 16 * k * elem;
+          if (kind.empty() || too_small_for_16) {
+            CHECK(pieces.empty());
+            continue;
+          }
+          REQUIRE(!pieces.empty());
+          std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+              c0(static_cast<std::size_t>(m * n));
+          for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 7919) % 23) - 11.0f;
+          for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>((i * 104729) % 19) * 0.25f - 2.0f;
+          for (std::size_t i = 0; i < c0.size(); ++i) c0[i] = static_cast<float>(i % 13) - 6.0f;
+          std::vector<float> whole = c0, staged = c0;
+          strided_gemm(whole, 0, n, a, 0, cs.ta ? m : k, b, m, n, k, cs.ta, cs.tb, acc);
+          std::vector<float> scratch(scratch_bytes / static_cast<std::size_t>(elem),
+                                     std::numeric_limits<float>::quiet_NaN());
+          auto buffer = [&](GemmBuffer g) -> std::vector<float>& {
+            return g == GemmBuffer::a ? a : g == GemmBuffer::c ? staged : scratch;
+          };
+          auto copy = [&](const zp::kernels::RowCopy& r) {
+            CHECK(r.src != r.dst);
+            if (r.dst == GemmBuffer::scratch) CHECK(zp::kernels::aligned_rows(r.dst_ld, elem));
+            std::vector<float>& dst = buffer(r.dst);
+            const std::vector<float>& src = buffer(r.src);
+            for (std::int64_t i = 0; i < r.rows; ++i)
+              for (std::int64_t j = 0; j < r.width; ++j)
+                dst.at(static_cast<std::size_t>(r.dst_offset + i * r.dst_ld + j)) =
+                    src.at(static_cast<std::size_t>(r.src_offset + i * r.src_ld + j));
+          };
+          std::int64_t rows = 0;
+          for (const auto& piece : pieces) {
+            for (const auto& r : piece.before) copy(r);
+            CHECK(zp::kernels::aligned_rows(piece.lda, elem));
+            CHECK(zp::kernels::aligned_rows(piece.ldc, elem));
+            CHECK(piece.m >= 1);
+            if (kind == "C") CHECK(piece.c_buffer == GemmBuffer::scratch);
+            if (kind == "A") CHECK(piece.a_buffer == GemmBuffer::scratch);
+            strided_gemm(buffer(piece.c_buffer), piece.c_offset, piece.ldc, buffer(piece.a_buffer), piece.a_offset,
+                         piece.lda, b, piece.m, n, k, cs.ta, cs.tb, acc);
+            for (const auto& r : piece.after) copy(r);
+            rows += piece.m;
+          }
+          CHECK(rows == m);
+          // every piece but the last fills the scratch as far as a piece can
+          if (pieces.size() > 1) CHECK(pieces.back().m <= pieces.front().m);
+          CHECK(staged == whole);
+        }
 }

@@ -26,6 +26,8 @@ struct Matmul {
   const void* bias = nullptr;    // (n), or nullptr; only with batch == 1 and !accumulate
   std::int64_t batch = 1, m = 0, n = 0, k = 0;
   std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements
+  // Row strides (elements) of the stored operands; 0: packed (k or m for A, n or k for B, n for C).
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
   bool trans_a = false, trans_b = false, accumulate = false;
   DType dt = DType::fp32;
 };
@@ -39,14 +41,18 @@ struct MatmulPlan {
   std::size_t workspace = 0;
 };
 
-// (dtype, batch, m, n, k, strides a/b/c, trans a/b, bias, alignments a/b/c, TF32 allowed)
+// (dtype, batch, m, n, k, strides a/b/c, row strides a/b/c, trans a/b, bias, alignments a/b/c,
+// TF32 allowed)
 using MatmulKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                             std::int64_t, bool, bool, bool, int, int, int, int>;
+                             std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, int, int, int,
+                             int>;
 
 struct Context::Impl {
   int device = 0;
   int sm_count = 0;
   bool allow_tf32 = false;
+  double staged_min_work = 0.0;
+  std::uint64_t staged_products = 0;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;

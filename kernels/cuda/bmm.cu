@@ -1,5 +1,7 @@
 #include <string>
+#include <vector>
 
+#include "kernels/common/gemm_pieces.hpp"
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/bmm.cuh"
 #include "kernels/cuda/detail.cuh"
@@ -85,10 +87,12 @@ void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, bool epilog
   const std::uint64_t la_cols = static_cast<std::uint64_t>(mm.trans_b ? mm.n : mm.k);
   const std::uint64_t lb_rows = static_cast<std::uint64_t>(mm.trans_a ? mm.m : mm.k);
   const std::uint64_t lb_cols = static_cast<std::uint64_t>(mm.trans_a ? mm.k : mm.m);
-  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, type, la_rows, la_cols, static_cast<std::int64_t>(la_rows)));
-  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, type, lb_rows, lb_cols, static_cast<std::int64_t>(lb_rows)));
+  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, type, la_rows, la_cols,
+                                             mm.ldb > 0 ? mm.ldb : static_cast<std::int64_t>(la_rows)));
+  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, type, lb_rows, lb_cols,
+                                             mm.lda > 0 ? mm.lda : static_cast<std::int64_t>(lb_rows)));
   ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, type, static_cast<std::uint64_t>(mm.n),
-                                             static_cast<std::uint64_t>(mm.m), mm.n));
+                                             static_cast<std::uint64_t>(mm.m), mm.ldc > 0 ? mm.ldc : mm.n));
   if (mm.batch > 1) {
     const auto count = static_cast<std::int32_t>(mm.batch);
     set_attr(plan.a, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, count);
@@ -159,6 +163,95 @@ MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, bool epilogue_bias, int
   return plan;
 }
 
+// One cuBLASLt call for mm (bias already 16-byte aligned, or nullptr): the plan for its
+// shape, strides and alignments is made once and cached in the Context.
+void launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t stream) {
+  Context::Impl& s = ctx.impl();
+  const std::int64_t elem = dtype_size(mm.dt);
+  const bool epilogue_bias = bias != nullptr;
+  const int align_a = alignment(mm.a, mm.stride_a * elem, mm.batch);
+  const int align_b = alignment(mm.b, mm.stride_b * elem, mm.batch);
+  const int align_c = alignment(mm.c, mm.stride_c * elem, mm.batch);
+  const MatmulKey key{static_cast<int>(mm.dt),
+                      mm.batch,
+                      mm.m,
+                      mm.n,
+                      mm.k,
+                      mm.stride_a,
+                      mm.stride_b,
+                      mm.stride_c,
+                      mm.lda,
+                      mm.ldb,
+                      mm.ldc,
+                      mm.trans_a,
+                      mm.trans_b,
+                      epilogue_bias,
+                      align_a,
+                      align_b,
+                      align_c,
+                      s.allow_tf32 ? 1 : 0};
+  auto it = s.plans.find(key);
+  if (it == s.plans.end()) {
+    MatmulPlan plan = make_plan(s, mm, epilogue_bias, align_a, align_b, align_c);
+    it = s.plans.emplace(key, plan).first;
+  }
+  const MatmulPlan& plan = it->second;
+  if (epilogue_bias) set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  const float alpha = 1.0f, beta = mm.accumulate ? 1.0f : 0.0f;
+  ZP_CUBLAS_CHECK(cublasLtMatmul(s.lt, plan.op, &alpha, mm.b, plan.a, mm.a, plan.b, &beta, mm.c, plan.c, mm.c, plan.c,
+                                 &plan.algo, s.workspace, s.workspace_bytes, stream));
+}
+
+// Rows of `width` elements from src (src_ld apart) to dst (dst_ld apart), on the stream.
+void copy_rows(char* dst, std::int64_t dst_ld, const char* src, std::int64_t src_ld, std::int64_t width,
+               std::int64_t rows, std::int64_t elem, cudaStream_t stream) {
+  ZP_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<std::size_t>(dst_ld * elem), src,
+                                  static_cast<std::size_t>(src_ld * elem), static_cast<std::size_t>(width * elem),
+                                  static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, stream));
+}
+
+// A large product whose rows of A or C are not 16-byte aligned, run in the pieces of
+// kernels/common/gemm_pieces.hpp through the Context's scratch (after the `scratch_used`
+// bytes the bias took). Only batch-1 products of packed operands, of at least
+// ContextOptions::staged_min_work m·n·k. Returns whether it ran the product.
+bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratch_used, cudaStream_t stream) {
+  Context::Impl& s = ctx.impl();
+  if (mm.batch != 1 || mm.lda != 0 || mm.ldb != 0 || mm.ldc != 0) return false;
+  if (static_cast<double>(mm.m) * static_cast<double>(mm.n) * static_cast<double>(mm.k) < s.staged_min_work)
+    return false;
+  const std::size_t total = ctx.scratch_bytes();
+  if (total <= scratch_used) return false;
+  const std::int64_t elem = dtype_size(mm.dt);
+  const std::vector<GemmPiece> pieces =
+      plan_gemm_pieces(mm.m, mm.n, mm.k, mm.trans_a, mm.trans_b, mm.accumulate, elem, total - scratch_used);
+  if (pieces.empty()) return false;
+  char* area = static_cast<char*>(ctx.scratch(total, "staged matmul")) + scratch_used;
+  auto buffer = [&](GemmBuffer b) -> char* {
+    switch (b) {
+      case GemmBuffer::a: return const_cast<char*>(static_cast<const char*>(mm.a));
+      case GemmBuffer::c: return static_cast<char*>(mm.c);
+      default: return area;
+    }
+  };
+  auto copy = [&](const RowCopy& r) {
+    copy_rows(buffer(r.dst) + r.dst_offset * elem, r.dst_ld, buffer(r.src) + r.src_offset * elem, r.src_ld, r.width,
+              r.rows, elem, stream);
+  };
+  for (const GemmPiece& piece : pieces) {
+    for (const RowCopy& r : piece.before) copy(r);
+    Matmul p = mm;
+    p.m = piece.m;
+    p.a = buffer(piece.a_buffer) + piece.a_offset * elem;
+    p.lda = piece.lda;
+    p.c = buffer(piece.c_buffer) + piece.c_offset * elem;
+    p.ldc = piece.ldc;
+    launch(ctx, p, bias, stream);
+    for (const RowCopy& r : piece.after) copy(r);
+  }
+  ++s.staged_products;
+  return true;
+}
+
 }  // namespace
 
 void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
@@ -177,32 +270,18 @@ void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
     }
     return;
   }
-  Context::Impl& s = ctx.impl();
   // The bias always goes through the epilogue (one rounding, as PyTorch's addmm): a bias
-  // that is not 16-byte aligned is copied to the Context's scratch first.
+  // that is not 16-byte aligned is copied to the start of the Context's scratch first.
   const void* bias = mm.bias;
+  std::size_t scratch_used = 0;
   if (bias != nullptr && !detail::aligned16(bias)) {
     void* aligned = ctx.scratch(static_cast<std::size_t>(mm.n * elem), "linear bias");
     ZP_CUDA_CHECK(cudaMemcpyAsync(aligned, bias, static_cast<std::size_t>(mm.n * elem), cudaMemcpyDeviceToDevice,
                                   stream));
     bias = aligned;
+    scratch_used = static_cast<std::size_t>(ceil_div(mm.n * elem, 256) * 256);
   }
-  const bool epilogue_bias = bias != nullptr;
-  const int align_a = alignment(mm.a, mm.stride_a * elem, mm.batch);
-  const int align_b = alignment(mm.b, mm.stride_b * elem, mm.batch);
-  const int align_c = alignment(mm.c, mm.stride_c * elem, mm.batch);
-  const MatmulKey key{static_cast<int>(mm.dt), mm.batch, mm.m, mm.n, mm.k, mm.stride_a, mm.stride_b, mm.stride_c,
-                      mm.trans_a, mm.trans_b, epilogue_bias, align_a, align_b, align_c, s.allow_tf32 ? 1 : 0};
-  auto it = s.plans.find(key);
-  if (it == s.plans.end()) {
-    MatmulPlan plan = make_plan(s, mm, epilogue_bias, align_a, align_b, align_c);
-    it = s.plans.emplace(key, plan).first;
-  }
-  const MatmulPlan& plan = it->second;
-  if (epilogue_bias) set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  const float alpha = 1.0f, beta = mm.accumulate ? 1.0f : 0.0f;
-  ZP_CUBLAS_CHECK(cublasLtMatmul(s.lt, plan.op, &alpha, mm.b, plan.a, mm.a, plan.b, &beta, mm.c, plan.c, mm.c, plan.c,
-                                 &plan.algo, s.workspace, s.workspace_bytes, stream));
+  if (!staged(ctx, mm, bias, scratch_used, stream)) launch(ctx, mm, bias, stream);
 }
 
 void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k,

@@ -41,6 +41,7 @@ Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()
   ZP_CUDA_CHECK(cudaGetDevice(&s.device));
   ZP_CUDA_CHECK(cudaDeviceGetAttribute(&s.sm_count, cudaDevAttrMultiProcessorCount, s.device));
   s.allow_tf32 = options.allow_tf32;
+  s.staged_min_work = options.staged_min_work;
   ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
   if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
   s.workspace_bytes = options.blas_workspace_bytes;
@@ -55,6 +56,7 @@ int Context::sm_count() const { return impl_->sm_count; }
 std::size_t Context::device_bytes() const { return impl_->workspace_bytes + impl_->scratch_bytes; }
 std::size_t Context::scratch_bytes() const { return impl_->scratch_bytes; }
 bool Context::allow_tf32() const { return impl_->allow_tf32; }
+std::uint64_t Context::staged_products() const { return impl_->staged_products; }
 
 void* Context::scratch(std::size_t bytes, const char* what) {
   if (bytes > impl_->scratch_bytes)

@@ -9,6 +9,7 @@
 // A Context serves one stream at a time: launchers that take one reuse its workspace and
 // scratch, so two streams running such kernels concurrently need a Context each.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "kernels/cuda/common.cuh"
@@ -19,6 +20,9 @@ struct ContextOptions {
   std::size_t blas_workspace_bytes = std::size_t{32} << 20;  // cuBLASLt's recommendation for Hopper
   std::size_t scratch_bytes = std::size_t{64} << 20;
   bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (off: exact fp32 products)
+  // A product of at least this many m·n·k whose rows are not 16-byte aligned runs in pieces
+  // staged through the scratch with padded rows (kernels/cuda/bmm.cu); 0: every such product.
+  double staged_min_work = 2147483648.0;
 };
 
 class Context {
@@ -33,6 +37,7 @@ class Context {
   std::size_t device_bytes() const;   // workspace + scratch held on the device
   std::size_t scratch_bytes() const;
   bool allow_tf32() const;
+  std::uint64_t staged_products() const;  // products run in staged pieces so far
 
   // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
   // than scratch_bytes()). Valid until the next launcher that takes this Context runs.

@@ -557,6 +557,75 @@ TEST_CASE("gemm and bmm: every transposition, accumulate, ragged and aligned sha
       }
 }
 
+TEST_CASE("gemm with rows not 16-byte aligned: staged in pieces through the scratch, the CPU's products") {
+  // Every product here is staged (staged_min_work 0) and the scratch holds only a few rows,
+  // so each runs in several pieces with a ragged last one. Odd n, k or m make the rows of
+  // C or A misaligned in every dtype.
+  kg::ContextOptions options;
+  options.staged_min_work = 0;
+  options.scratch_bytes = std::size_t{64} << 10;
+  kg::Context ctx(options);
+  struct Case {
+    const char* name;
+    std::int64_t m, n, k;
+    bool ta, tb, staged;
+  };
+  const Case cases[] = {
+      {"C's rows (the LM head's logits)", 1000, 77, 96, false, true, true},
+      {"C's rows, A stored (k,m)", 1000, 77, 96, true, true, true},
+      {"A's rows (the LM head's dx)", 1000, 96, 45, false, false, true},
+      {"A's columns (the LM head's dw)", 301, 96, 200, true, false, true},
+      {"B's rows too: runs as it is", 200, 77, 96, false, false, false},
+  };
+  for (DType dt : kDtypes)
+    for (const Case& cs : cases)
+      for (bool acc : {false, true}) {
+        CAPTURE(dtype_str(dt));
+        CAPTURE(cs.name);
+        CAPTURE(acc);
+        const std::int64_t m = cs.m, n = cs.n, k = cs.k;
+        const Vec a = rand_vec(m * k, 121, dt), b = rand_vec(k * n, 122, dt), cinit = rand_vec(m * n, 123, dt);
+        auto da = device(a, dt), db = device(b, dt);
+        auto c = acc ? device(cinit, dt) : output(sz(m * n), dt);
+        const std::uint64_t before = ctx.staged_products();
+        kg::gemm(ctx, c->get(), da->get(), db->get(), m, n, k, cs.ta, cs.tb, acc, dt, kStream);
+        CHECK(ctx.staged_products() - before == (cs.staged ? 1u : 0u));
+        Vec r = acc ? cinit : Vec(sz(m * n)), sr = acc ? abs_of(cinit) : Vec(sz(m * n));
+        kc::gemm(r.data(), a.data(), b.data(), m, n, k, cs.ta, cs.tb, acc);
+        kc::gemm(sr.data(), abs_of(a).data(), abs_of(b).data(), m, n, k, cs.ta, cs.tb, acc);
+        expect_dot("staged gemm", download(*c, r.size(), dt), r, sr, k + 1, dt, acc);
+      }
+  // The LM head as the executor runs it: linear forward with a bias (16-byte aligned, or
+  // copied aligned to the scratch's start first) and its backward, all staged.
+  for (DType dt : kDtypes)
+    for (std::size_t bias_offset : {std::size_t{0}, std::size_t{4}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(bias_offset);
+      const std::int64_t M = 700, N = 77, K = 64;
+      const Vec x = rand_vec(M * K, 124, dt), w = rand_vec(N * K, 125, dt), bias = rand_vec(N, 126, dt);
+      auto dxin = device(x, dt), dw = device(w, dt), dbias = device(bias, dt, bias_offset);
+      auto y = output(sz(M * N), dt);
+      const std::uint64_t before = ctx.staged_products();
+      kg::linear_forward(ctx, y->get(), dxin->get(), dw->get(), dbias->get(), M, N, K, dt, kStream);
+      Vec ry(sz(M * N)), sy(sz(M * N));
+      kc::linear_forward(ry.data(), x.data(), w.data(), bias.data(), M, N, K);
+      kc::linear_forward(sy.data(), abs_of(x).data(), abs_of(w).data(), abs_of(bias).data(), M, N, K);
+      expect_dot("staged linear forward", download(*y, ry.size(), dt), ry, sy, K + 1, dt);
+      const Vec dy = rand_vec(M * N, 127, dt);
+      auto ddy = device(dy, dt);
+      auto gx = output(x.size(), dt), gw = output(w.size(), dt);
+      kg::linear_backward(ctx, gx->get(), gw->get(), nullptr, ddy->get(), dxin->get(), dw->get(), M, N, K, false, dt,
+                          kStream);
+      CHECK(ctx.staged_products() - before == 3u);
+      Vec rx(x.size()), rw(w.size()), sx(x.size()), sw(w.size());
+      kc::linear_backward(rx.data(), rw.data(), nullptr, dy.data(), x.data(), w.data(), M, N, K, false);
+      kc::linear_backward(sx.data(), sw.data(), nullptr, abs_of(dy).data(), abs_of(x).data(), abs_of(w).data(), M, N,
+                          K, false);
+      expect_dot("staged linear backward dx", download(*gx, rx.size(), dt), rx, sx, N + 1, dt);
+      expect_dot("staged linear backward dw", download(*gw, rw.size(), dt), rw, sw, M + 1, dt);
+    }
+}
+
 TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied aligned first); backward; bias_backward") {
   kg::Context ctx;
   for (DType dt : kDtypes)
