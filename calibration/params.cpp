@@ -293,6 +293,9 @@ std::vector<ParamDef> build_registry() {
                       "forward phases of stage 3 runs", &H::stage3_module_forward));
   r.push_back(host_us("stage3_module_backward_us", "stage 3's coordinator per module visit in backward",
                       "backward phases of stage 3 runs", &H::stage3_module_backward));
+  r.push_back(host_us("stage3_param_forward_us", "more per parameter of a stage-3 module visit in forward",
+                      "forward phases of stage 3 runs of models with different parameters per module",
+                      &H::stage3_param_forward));
   r.push_back(host_us("stage3_grad_hook_us", "stage 3's gradient hook per parameter",
                       "backward phases of stage 3 runs of models with different numbers of parameter tensors",
                       &H::stage3_grad_hook));

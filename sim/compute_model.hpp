@@ -36,6 +36,7 @@ struct HostCosts {
   Seconds bucket_hook{};            // stages 1/2: more per hook that adds its gradient to an IPG bucket
   Seconds stage3_module_forward{};  // stage 3: coordinator work per module visit in forward
   Seconds stage3_module_backward{}; // stage 3: per module visit in backward
+  Seconds stage3_param_forward{};   // stage 3: more per parameter of a module visit in forward
   Seconds stage3_grad_hook{};       // stage 3: reduce_partition_and_remove_grads, per parameter
   // The optimizer step, by the wrapper DeepSpeed chose: base + per_tensor × parameter tensors.
   struct Step {

@@ -1536,3 +1536,37 @@ TEST_CASE("host work: gradient hooks and the hooks that fill a bucket, per stage
     CHECK(stage3 == (c.stage == 3 ? c.gas * n : 0));
   }
 }
+
+// Stage 3's fetch and release hooks loop over the parameters of the module they visit: each
+// forward visit counts its module's parameters (HostWork::stage3_params), so one forward
+// counts every parameter once and the tied LM head's weight (GPT-2's wte) once more.
+TEST_CASE("host work: stage 3's module visits and the parameters they loop over, per micro-step") {
+  for (std::int64_t gas : {1, 3}) {
+    CAPTURE(gas);
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2},
+                        {"gradient_accumulation_steps", gas},
+                        {"bf16", {{"enabled", true}}},
+                        {"zero_optimization", {{"stage", 3}}}};
+    const auto b = build("tiny-gpt2", zero::parse_ds_config("test.json", j), 1, 16);
+    std::int64_t visits = 0, params = 0, bwd_visits = 0;
+    for (const auto& e : b.p.events)
+      if (e.kind == EventKind::host) {
+        CHECK(e.host.stage3_params >= e.host.module_visits);
+        if (e.phase == zero::Phase::forward) {
+          visits += e.host.module_visits;
+          params += e.host.stage3_params;
+        } else if (e.phase == zero::Phase::backward) {
+          bwd_visits += e.host.module_visits;
+        }
+      }
+    const auto n = static_cast<std::int64_t>(b.g.params.size());
+    CHECK(params == gas * (n + 1));
+    CHECK(visits > 0);
+    CHECK(visits < params);  // modules with a weight and a bias
+    CHECK(bwd_visits == visits);
+  }
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2}, {"bf16", {{"enabled", true}}},
+                      {"zero_optimization", {{"stage", 2}}}};
+  const auto b = build("tiny-gpt2", zero::parse_ds_config("test.json", j), 1, 16);
+  for (const auto& e : b.p.events) CHECK(e.host.stage3_params == 0);
+}

@@ -33,7 +33,7 @@ from deepspeed_compare import ROOT, model_arg  # noqa: E402
 
 # parameter: (phase it moves, path in the profile's "host" object)
 PARAMS = {
-    "forward": [("forward_op_us",), ("stage3_module_forward_us",)],
+    "forward": [("forward_op_us",), ("stage3_module_forward_us",), ("stage3_param_forward_us",)],
     "backward": [("backward_op_us",), ("grad_hook_us",), ("bucket_hook_us",), ("stage3_module_backward_us",),
                  ("stage3_grad_hook_us",)],
     "step": [("step", w, k) for w in ("fp16_optimizer", "zero_optimizer", "zero3_optimizer", "plain")
@@ -114,7 +114,7 @@ def main():
     profiles = json.load(open(os.path.join(ROOT, "sim", "profiles.json")))
     host = next((copy.deepcopy(p.get("host", {})) for p in profiles["profiles"] if p["device"] == "H200-141GB"), {})
     start = {"forward_op_us": 60, "stage3_module_forward_us": 500, "backward_op_us": 100, "grad_hook_us": 80, "bucket_hook_us": 50,
-             "stage3_module_backward_us": 600, "stage3_grad_hook_us": 0,
+             "stage3_module_backward_us": 600, "stage3_param_forward_us": 100, "stage3_grad_hook_us": 0,
              "step": {w: {"base_us": 5000, "per_tensor_us": 200} for w in ("fp16_optimizer", "zero_optimizer",
                                                                            "zero3_optimizer", "plain")}}
     for ph, paths in PARAMS.items():

@@ -65,7 +65,8 @@ const char* event_kind_name(EventKind k);
 // recomputation, or backward nodes, by the event's phase), DeepSpeed's Python in
 // `grad_hooks` gradient hooks (stages 1/2 and BF16_Optimizer; stage 3's in
 // `stage3_grad_hooks`), `bucket_hooks` of which also copy the gradient into an IPG bucket and
-// do its bookkeeping (stage 2; stage 1 under overlap_comm at the boundary), and in stage 3's fetch/release hooks of `module_visits` module visits, and the optimizer step's loop over `tensors` parameter tensors with its .item()
+// do its bookkeeping (stage 2; stage 1 under overlap_comm at the boundary), and in stage 3's fetch/release hooks of `module_visits` module visits
+// (looping over their `stage3_params` parameters), and the optimizer step's loop over `tensors` parameter tensors with its .item()
 // synchronisations (`step`: the wrapper that runs it). sim/ prices it with the profile's
 // HostCosts; the executor does this work itself and treats the event as a marker.
 enum class HostStep : std::uint8_t {
@@ -82,6 +83,7 @@ struct HostWork {
   std::int32_t stage3_grad_hooks = 0;
   std::int32_t bucket_hooks = 0;   // of grad_hooks: those that add the gradient to an IPG bucket
   std::int32_t module_visits = 0;
+  std::int32_t stage3_params = 0;  // the parameters of those visits (their hooks loop over them)
   HostStep step = HostStep::none;
   std::int32_t tensors = 0;        // parameter tensors the step loops over
   bool operator==(const HostWork&) const = default;

@@ -241,9 +241,11 @@ void Context::host_hook(Phase ph, bool to_bucket) {
   if (to_bucket && stage != 3) ++h.bucket_hooks;
 }
 
-void Context::host_module_visit(Phase ph) {
+void Context::host_module_visit(Phase ph, std::int32_t params) {
   if (!opt.host_work) return;
-  ++host_event(ph, false).module_visits;
+  HostWork& h = host_event(ph, false);
+  ++h.module_visits;
+  h.stage3_params += params;
 }
 
 void Context::host_step(HostStep kind, std::int32_t tensors) {

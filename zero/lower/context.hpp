@@ -181,11 +181,11 @@ class Context {
   // event (opening one when needed); the next event begun waits for it.
   void dispatch(Phase ph);
   // DeepSpeed's Python in one gradient hook / one stage-3 module visit (fetch and release
-  // hooks), on the current host event of phase `ph`.
+  // hooks, looping over the module's `params` parameters), on the current host event of phase `ph`.
   // A gradient hook; stage 3's count apart (HostWork::stage3_grad_hooks), and a stage 1/2 hook
   // that adds the gradient to an IPG bucket counts once more (HostWork::bucket_hooks).
   void host_hook(Phase ph, bool to_bucket = false);
-  void host_module_visit(Phase ph);
+  void host_module_visit(Phase ph, std::int32_t params);
   // The optimizer step's host loop over `tensors` parameter tensors, which waits for
   // everything issued so far (its first .item()); the next event begun waits for it.
   void host_step(HostStep kind, std::int32_t tensors);

@@ -193,11 +193,11 @@ void ParamCoordinator::before_op(OpId o, Phase ph) {
   if (vi < 0) return;
   // The submodule's fetch and release hooks (parameter_offload.py pre/post forward and
   // backward hooks, fetch_sub_module, release_sub_module) run whether or not it gathers.
-  c_.host_module_visit(ph);
+  const auto& v = visits_[static_cast<std::size_t>(vi)];
+  c_.host_module_visit(ph, static_cast<std::int32_t>(v.params.size()));
   // Advance the trace to this visit.
   while (trace_pos_ < trace_.size() && !(trace_[trace_pos_].visit == vi && trace_[trace_pos_].phase == ph)) ++trace_pos_;
   if (trace_pos_ >= trace_.size()) return;
-  const auto& v = visits_[static_cast<std::size_t>(vi)];
   std::vector<ParamId> need;
   for (ParamId p : v.params)
     if (!available(p)) need.push_back(p);
