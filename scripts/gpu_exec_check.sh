@@ -3,11 +3,13 @@
 # built elsewhere (the CUDA toolkit compiles and links without a GPU):
 #   test_kernels_cuda (every kernel against its CPU twin), test_exec_cuda (train --device
 #   cuda against --device cpu: 20 steps per family and stage, bytes, driver memory, several
-#   ranks on one GPU), then bench/gpu_vs_torch.sh (tokens/s beside PyTorch eager and
-#   torch.compile).
+#   ranks on one GPU), zeroplan_bench_cuda when the bundle has it (kernel throughput, the
+#   LM head staged and not) beside bench/torch_gemm_probe.py (PyTorch's times for the same
+#   products), then bench/gpu_vs_torch.sh (tokens/s beside PyTorch eager and torch.compile).
 #
 #   cmake --preset ci -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build --preset ci
-#   mkdir -p .gpu-bundle && cp build-ci/cli/zeroplan build-ci/tests/test_{kernels,exec}_cuda .gpu-bundle/
+#   mkdir -p .gpu-bundle && cp build-ci/cli/zeroplan build-ci/tests/test_{kernels,exec}_cuda \
+#       build-ci/bench/zeroplan_bench_cuda .gpu-bundle/
 #   # on the GPU machine (libfmt copied into .gpu-bundle too if it lacks it):
 #   bash scripts/gpu_exec_check.sh [quick]
 #
@@ -28,5 +30,10 @@ if [ "${1:-}" != quick ]; then
 fi
 timeout 400 "$BIN/test_exec_cuda" -s > "$LOGS/test_exec_cuda.txt" 2>&1 || rc=1
 grep -E "worst relative|ERROR|FAILED|test cases|assertions" "$LOGS/test_exec_cuda.txt" | sed 's/^.*MESSAGE: //' | head -60
+if [ -x "$BIN/zeroplan_bench_cuda" ] && [ "${1:-}" != quick ]; then
+  timeout 150 "$BIN/zeroplan_bench_cuda" > "$LOGS/bench_kernels_cuda.txt" 2>&1
+  grep -E "ceiling|lm_head" "$LOGS/bench_kernels_cuda.txt"
+  timeout 120 python3 bench/torch_gemm_probe.py 2>&1 | tee "$LOGS/torch_gemm_probe.txt"
+fi
 ZEROPLAN=$BIN/zeroplan timeout 300 bash bench/gpu_vs_torch.sh ${1:-} | tee "$LOGS/gpu_vs_torch.txt"
 exit $rc
