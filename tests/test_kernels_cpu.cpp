@@ -1409,6 +1409,10 @@ TEST_CASE("gemm pieces: staged through scratch with padded rows, the product run
             for (const auto& r : piece.before) copy(r);
             CHECK(zp::kernels::aligned_rows(piece.lda, elem));
             CHECK(zp::kernels::aligned_rows(piece.ldc, elem));
+            // every piece's A and C start 16 bytes into their buffers (which are aligned)
+            CHECK((piece.a_offset * elem) % 16 == 0);
+            CHECK((piece.c_offset * elem) % 16 == 0);
+            if (pieces.size() > 1 && &piece != &pieces.back()) CHECK(piece.m % 16 == 0);
             CHECK(piece.m >= 1);
             if (kind == "C") CHECK(piece.c_buffer == GemmBuffer::scratch);
             if (kind == "A") CHECK(piece.a_buffer == GemmBuffer::scratch);

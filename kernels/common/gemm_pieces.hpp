@@ -49,6 +49,13 @@ inline std::int64_t padded_rows(std::int64_t ld, std::int64_t elem) { return (ld
 
 inline constexpr std::int64_t kMinGemmPiece = 16;  // rows (or columns) of a piece, at least
 
+// Rows (or columns) per piece from what fits: a multiple of 128 (whole tiles of cuBLASLt's
+// large kernels) when at least 128 fit, else of 16, so a piece's offset into A (by columns
+// when A is stored (k,m)) keeps its 16-byte alignment; 0 when fewer than kMinGemmPiece fit.
+inline std::int64_t gemm_piece_size(std::int64_t fits) {
+  return fits >= 128 ? fits / 128 * 128 : fits / kMinGemmPiece * kMinGemmPiece;
+}
+
 // The pieces of C(m,n) (=|+=) op(A) · op(B), every operand packed, each element `elem` bytes,
 // with `scratch_bytes` of scratch; empty when the product's rows are aligned, when it cannot
 // be staged (B misaligned, A and C both misaligned), or when the scratch holds fewer than
@@ -64,7 +71,7 @@ inline std::vector<GemmPiece> plan_gemm_pieces(std::int64_t m, std::int64_t n, s
   if (!b_ok || (a_ok && c_ok) || (!a_ok && !c_ok)) return pieces;
   const auto room = static_cast<std::int64_t>(scratch_bytes);
   if (!c_ok) {  // C's rows, padded in scratch
-    const std::int64_t ldc = padded_rows(n, elem), piece = room / (ldc * elem);
+    const std::int64_t ldc = padded_rows(n, elem), piece = gemm_piece_size(room / (ldc * elem));
     if (piece < kMinGemmPiece) return pieces;
     for (std::int64_t r0 = 0; r0 < m; r0 += piece) {
       GemmPiece p;
@@ -81,7 +88,7 @@ inline std::vector<GemmPiece> plan_gemm_pieces(std::int64_t m, std::int64_t n, s
     return pieces;
   }
   if (!trans_a) {  // A (m,k): pieces of its rows, padded
-    const std::int64_t lda = padded_rows(k, elem), piece = room / (lda * elem);
+    const std::int64_t lda = padded_rows(k, elem), piece = gemm_piece_size(room / (lda * elem));
     if (piece < kMinGemmPiece) return pieces;
     for (std::int64_t r0 = 0; r0 < m; r0 += piece) {
       GemmPiece p;
@@ -95,8 +102,8 @@ inline std::vector<GemmPiece> plan_gemm_pieces(std::int64_t m, std::int64_t n, s
     }
     return pieces;
   }
-  // A stored (k,m): pieces of its columns (rows of C), a multiple of 16 wide, padded
-  const std::int64_t cols = room / (k * elem) / 16 * 16;
+  // A stored (k,m): pieces of its columns (rows of C), padded
+  const std::int64_t cols = gemm_piece_size(room / (k * elem));
   if (cols < kMinGemmPiece) return pieces;
   for (std::int64_t c0 = 0; c0 < m; c0 += cols) {
     GemmPiece p;
