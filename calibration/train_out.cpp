@@ -75,8 +75,9 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   t.world_size = world;
   t.rank = rank;
   t.activation_checkpointing = ckpt;
-  const models::OpGraph g =
-      models::build_graph(mc, sim::graph_options(cfg, batch, seq, att, models::kDefaultTransformers, t));
+  models::GraphOptions go = sim::graph_options(cfg, batch, seq, att, models::kDefaultTransformers, t);
+  go.fused_gelu = cr.get_bool(c, "fused_gelu", false);  // train --fused-gelu ran the fused variant
+  const models::OpGraph g = models::build_graph(mc, go);
   const sim::Prediction pred = sim::predict(g, cfg, batch, t, false);
   const zero::Program& prog = pred.program;
 

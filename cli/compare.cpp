@@ -247,7 +247,7 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
     differ(P["seq_len"], cfg["seq_len"], std::to_string(P["seq_len"].integer(1)), std::to_string(seq),
            fmt::format("simulate with --seq-len {}", seq));
   // Keys only some versions write: compared when both sides have them.
-  for (const char* k : {"attention", "activation_checkpointing"}) {
+  for (const char* k : {"attention", "activation_checkpointing", "fused_gelu"}) {
     if (!P.has(k) || !cfg.has(k)) continue;
     if (P[k].raw() != cfg[k].raw())
       differ(P[k], cfg[k], ju::printable(P[k].raw().dump()), ju::printable(cfg[k].raw().dump()), "");

@@ -26,6 +26,11 @@ std::string attention_help() {
                      models::attention_name(models::kDefaultAttention));
 }
 
+std::string fused_gelu_help() {
+  return "GPT-2's gelu_new as one fused GELU op saving only its input (zeroplan's kernel variant; DeepSpeed on HF's "
+         "model runs eight ops), for train and for the simulate that predicts it";
+}
+
 std::string transformers_help() {
   return fmt::format("which transformers release's modelling code to follow where releases differ: 5 or 4.46 "
                      "(default: {}; docs/deepspeed_fidelity.md says what differs)",
@@ -111,6 +116,7 @@ Inputs load_inputs(const SimRequest& req) {
   if (!req.attention.empty()) (void)models::parse_attention("--attention", "", req.attention);
   if (!req.transformers.empty()) in.transformers = models::parse_transformers("--transformers", "", req.transformers);
   in.keep_output = req.keep_output;
+  in.fused_gelu = req.fused_gelu;
   in.model = models::load_model(req.model);
   const models::AttentionChoice attention = models::choose_attention(in.model, req.attention);
   in.attention = attention.attention;
@@ -167,7 +173,9 @@ zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int sta
 }
 
 models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch) {
-  return sim::graph_options(cfg, batch, in.seq_len, in.attention, in.transformers, target(in));
+  models::GraphOptions go = sim::graph_options(cfg, batch, in.seq_len, in.attention, in.transformers, target(in));
+  go.fused_gelu = in.fused_gelu;
+  return go;
 }
 
 StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph, bool with_time) {
@@ -175,6 +183,7 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   models::OpGraph local;
   if (!graph || graph->opt.micro_batch != batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype() ||
       graph->opt.attention != in.attention || graph->opt.transformers != in.transformers ||
+      graph->opt.fused_gelu != in.fused_gelu ||
       graph->opt.gradient_checkpointing != in.activation_checkpointing) {
     local = models::build_graph(in.model, graph_options(in, cfg, batch));
     graph = &local;
@@ -338,6 +347,7 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   j["cluster"] = {{"name", in.cluster.name}, {"nodes", in.cluster.nodes}, {"gpus_per_node", in.cluster.gpus_per_node}};
   j["seq_len"] = in.seq_len;
   j["attention"] = models::attention_name(in.attention);
+  j["fused_gelu"] = in.fused_gelu;
   j["warnings"] = in.warnings;
   // The ds_config as read (canonical JSON; {} for DeepSpeed's defaults), so that compare can
   // tell a prediction of another configuration.

@@ -460,6 +460,11 @@ class Builder {
         return y;
       }
       case Act::gelu_new: {
+        if (g_.opt.fused_gelu) {  // GraphOptions::fused_gelu: the same formula as one op
+          const TensorId y = simple(name, OpKind::gelu_tanh, {x}, shape, dt, {x});
+          tag(Fn::gelu_tanh);
+          return y;
+        }
         // NewGELUActivation: 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*pow(x, 3))))
         const TensorId half = simple(name + ".half_x", OpKind::scale, {x}, shape, dt, {});
         tag(Fn::scale, 0.5);

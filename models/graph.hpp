@@ -166,6 +166,11 @@ struct GraphOptions {
   // HF gradient checkpointing (per-layer activation checkpointing): transformers then turns
   // use_cache off, so no KV cache is built. Must match the lowering's activation_checkpointing.
   bool gradient_checkpointing = false;
+  // GPT-2's gelu_new as one fused GELU op (tanh form: the same formula, computed in fp32 and
+  // rounded once) that saves only its input, instead of HF's eight elementwise ops and their
+  // saved tensors. A zeroplan kernel variant (train --fused-gelu and simulate --fused-gelu),
+  // not what DeepSpeed runs on HF's model.
+  bool fused_gelu = false;
 };
 
 

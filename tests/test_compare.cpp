@@ -186,6 +186,10 @@ TEST_CASE("compare: bad input and different runs exit 2 with one line") {
   doc["config"]["seq_len"] = 32;
   bad("--predicted " + p + " --measured " + file("seq.json", doc.dump()), "seq_len: predicted 16 (seq_len), measured 32");
   doc = nlohmann::json::parse(std::ifstream(m));
+  doc["config"]["fused_gelu"] = true;  // train --fused-gelu ran another graph than simulate predicted
+  bad("--predicted " + p + " --measured " + file("fused.json", doc.dump()),
+      "the runs differ in fused_gelu: predicted false (fused_gelu), measured true (config.fused_gelu)");
+  doc = nlohmann::json::parse(std::ifstream(m));
   doc["config"]["model"] = "gpt2";
   bad("--predicted " + p + " --measured " + file("model.json", doc.dump()), "model: predicted tiny-gpt2");
   doc = nlohmann::json::parse(std::ifstream(p));

@@ -74,6 +74,7 @@ struct Case {
   std::string transformers = "5";   // train --transformers
   bool keep_output = false;         // train --keep-output
   std::string workspaces_of = "";   // train --workspaces-of GPU (empty: none)
+  bool fused_gelu = false;          // train --fused-gelu
 };
 
 std::string config_text(const Case& c) {
@@ -96,7 +97,7 @@ std::string name_of(const Case& c) {
                      c.ckpt, c.bucket, c.contiguous, c.dtype, c.hpz, c.reuse, c.prefetch, c.offload, c.attention,
                      std::string(c.fp32_accum ? "-acc32" : "") + (c.offload_param ? "-offp" : "") + "-t" +
                          c.transformers + (c.keep_output ? "-keep" : "") +
-                         (c.workspaces_of.empty() ? "" : "-ws" + c.workspaces_of));
+                         (c.workspaces_of.empty() ? "" : "-ws" + c.workspaces_of) + (c.fused_gelu ? "-fg" : ""));
 }
 
 // Runs the case and returns each rank's measurements.
@@ -105,11 +106,12 @@ std::vector<json> train(const Case& c) {
   const std::string cfg = write(name + ".json", config_text(c));
   const std::string out = (dir() / (name + ".out.json")).string();
   const Run r = sh(mpirun(c.np) + fmt::format("{} train --model {} --ds-config {} --steps {} --seq-len {} --quiet {} --out {} "
-                                              "--attention {} --transformers {}{}{}",
+                                              "--attention {} --transformers {}{}{}{}",
                                               ZEROPLAN_BIN, c.model, cfg, c.steps, c.seq,
                                               c.ckpt ? "--activation-checkpointing" : "", out, c.attention,
                                               c.transformers, c.keep_output ? " --keep-output" : "",
-                                              c.workspaces_of.empty() ? "" : " --workspaces-of " + c.workspaces_of));
+                                              c.workspaces_of.empty() ? "" : " --workspaces-of " + c.workspaces_of,
+                                              c.fused_gelu ? " --fused-gelu" : ""));
   INFO(name, "\n", r.out);
   REQUIRE(r.status == 0);
   std::vector<json> ranks;
@@ -135,6 +137,7 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
   go.attention = zp::models::parse_attention("--attention", "", c.attention);
   go.gradient_checkpointing = c.ckpt;  // transformers turns the KV cache off
   go.transformers = zp::models::parse_transformers("--transformers", "", c.transformers);
+  go.fused_gelu = c.fused_gelu;
   const auto g = zp::models::build_graph(mc, go);
   for (int k = 0; k < c.np; ++k) {
     zp::zero::LowerOptions lo;
@@ -822,6 +825,42 @@ TEST_CASE("--keep-output, --workspaces-of and --transformers 4.46: measured byte
     check_against_prediction(c, v4);
     check_same_losses(losses(v5[0]), losses(v4[0]), 1e-6);
   }
+}
+
+TEST_CASE("--fused-gelu: GPT-2's gelu_new as one op trains to HF's eight ops' losses, saves less, exact bytes") {
+  // The same formula in one kernel (fp32 inside, one rounding): fp32 losses equal the chain's
+  // to 1e-6; in bf16 the chain rounds six intermediates to bf16, so within 2e-3.
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    CAPTURE(dtype);
+    for (int stage : {0, 3}) {
+      CAPTURE(stage);
+      Case c{"tiny-gpt2", stage, 2, 2};
+      c.dtype = dtype;
+      const auto hf = train(c);
+      c.fused_gelu = true;
+      const auto fused = train(c);
+      check_against_prediction(c, fused);
+      CHECK(fused[0]["config"]["fused_gelu"].get<bool>());
+      check_same_losses(losses(hf[0]), losses(fused[0]), dtype == "fp32" ? 1e-6 : 2e-3);
+    }
+  }
+  // What the variant changes in the graph: seven ops fewer per layer (HF writes it in eight),
+  // and of what the activation saved only its input (HF's chain keeps x, 0.5·x, tanh's output
+  // and 1 + tanh).
+  const auto mc = zp::models::load_model("tiny-gpt2");
+  zp::models::GraphOptions go;
+  go.micro_batch = 2;
+  go.seq_len = 16;
+  go.act_dtype = zp::DType::bf16;
+  const auto hf = zp::models::build_graph(mc, go);
+  go.fused_gelu = true;
+  const auto fused = zp::models::build_graph(mc, go);
+  const auto layers = static_cast<std::int64_t>(hf.layers.size());
+  REQUIRE(layers == mc.layers);
+  CHECK(static_cast<std::int64_t>(hf.ops.size() - fused.ops.size()) == 7 * layers);
+  const std::int64_t inner = go.micro_batch * go.seq_len * mc.intermediate * 2;  // one (B, T, 4H) bf16 tensor
+  for (std::int32_t l = 0; l < layers; ++l)
+    CHECK(hf.saved_bytes_of_layer(l).v - fused.saved_bytes_of_layer(l).v == 3 * inner);
 }
 
 TEST_CASE("a bf16 torch_dtype without fp16/bf16 in the ds_config: the model trains in bf16, exact bytes") {
