@@ -23,7 +23,49 @@ __global__ void convert_kernel(Y* __restrict__ y, const X* __restrict__ x, std::
   }
 }
 
+// y[i] = round_Y(y[i] + round_Y(x[i])), the sum in fp32 as copy_accumulate's.
+template <class Y, class X, bool Vec>
+__global__ void convert_accumulate_kernel(Y* __restrict__ y, const X* __restrict__ x, std::int64_t n) {
+  constexpr int W = Vec ? kConvertWidth : 1;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * W;
+  for (std::int64_t j = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * W; j < n; j += stride) {
+    if (j + W <= n) {
+      float v[W], u[W];
+      detail::load_f<X, W>(x + j, v);
+      detail::load_f<Y, W>(y + j, u);
+#pragma unroll
+      for (int k = 0; k < W; ++k) u[k] = __fadd_rn(u[k], detail::to_float(detail::from_float<Y>(v[k])));
+      detail::store_f<Y, W>(y + j, u);
+    } else {
+      for (std::int64_t i = j; i < n; ++i)
+        y[i] = detail::from_float<Y>(
+            __fadd_rn(detail::to_float(y[i]), detail::to_float(detail::from_float<Y>(detail::to_float(x[i])))));
+    }
+  }
+}
+
 }  // namespace
+
+void convert_accumulate(void* y, DType y_dt, const void* x, DType x_dt, std::int64_t n, cudaStream_t stream) {
+  require_float(y_dt, "convert_accumulate");
+  require_float(x_dt, "convert_accumulate");
+  if (n <= 0) return;
+  const bool vec = detail::aligned16(y) && detail::aligned16(x);
+  detail::dispatch(y_dt, "convert_accumulate", [&](auto ytag) {
+    using Y = decltype(ytag);
+    detail::dispatch(x_dt, "convert_accumulate", [&](auto xtag) {
+      using X = decltype(xtag);
+      if (vec)
+        convert_accumulate_kernel<Y, X, true><<<detail::grid_for(detail::ceil_div(n, kConvertWidth), kConvertBlock),
+                                                kConvertBlock, 0, stream>>>(static_cast<Y*>(y),
+                                                                            static_cast<const X*>(x), n);
+      else
+        convert_accumulate_kernel<Y, X, false><<<detail::grid_for(n, kConvertBlock), kConvertBlock, 0, stream>>>(
+            static_cast<Y*>(y), static_cast<const X*>(x), n);
+      ZP_CUDA_CHECK_LAUNCH("convert_accumulate_kernel");
+    });
+  });
+}
 
 void convert(void* y, DType y_dt, const void* x, DType x_dt, std::int64_t n, cudaStream_t stream) {
   require_float(y_dt, "convert");

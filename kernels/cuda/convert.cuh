@@ -15,4 +15,12 @@ void convert(void* y,        // (n) in y_dt
              const void* x,  // (n) in x_dt
              DType x_dt, std::int64_t n, cudaStream_t stream);
 
+// y += x rounded to y's dtype first (n elements): convert into a temporary, then
+// copy_accumulate, in one pass and without the temporary (autograd's cast of a gradient to
+// its input's dtype before accumulating it). The same bits as those two calls.
+void convert_accumulate(void* y,        // (n) in y_dt, accumulated into
+                        DType y_dt,
+                        const void* x,  // (n) in x_dt
+                        DType x_dt, std::int64_t n, cudaStream_t stream);
+
 }  // namespace zp::kernels::cuda

@@ -93,6 +93,13 @@ TEST_CASE("convert: every pair of fp32, bf16, fp16 equals the CPU conversions bi
           if (!same && bad++ < 8) std::printf("  convert: element %zu: got %.9g, expected %.9g\n", i, got[i], ref);
         }
         CHECK(bad == 0);
+        // y += x rounded to y's dtype, in one pass: convert into a temporary, then
+        // copy_accumulate, bit for bit.
+        const Vec init = rounded(rand_vec(n, 12, DType::fp32, -3.0f, 3.0f), to);
+        auto d_acc = device(init, to, offset), d_ref = device(init, to, offset);
+        kg::convert_accumulate(d_acc->get(), to, d_in->get(), from, n, kStream);
+        kg::copy_accumulate(d_ref->get(), d_out->get(), n, true, to, kStream);
+        expect_equal_bits("convert_accumulate", bits(*d_acc), bits(*d_ref));
       }
 }
 
