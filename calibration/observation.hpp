@@ -133,6 +133,7 @@ struct RunConfig {
                                      // the heaviest rank, as simulate predicts it
   bool activation_checkpointing = false;
   bool keep_output = false;          // the caller held the model output (--keep-output)
+  bool fused_gelu = false;           // train --fused-gelu (models::GraphOptions::fused_gelu)
   std::map<std::string, std::string> tags;
 };
 

@@ -173,8 +173,9 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     t.rank = rc.rank;
     t.activation_checkpointing = rc.activation_checkpointing || rc.cfg.activation_checkpointing_present;
     t.keep_output = rc.keep_output;
-    runs_[r].graph = models::build_graph(
-        mc, sim::graph_options(rc.cfg, batch, rc.seq_len, rc.attention, models::kDefaultTransformers, t));
+    models::GraphOptions go = sim::graph_options(rc.cfg, batch, rc.seq_len, rc.attention, models::kDefaultTransformers, t);
+    go.fused_gelu = rc.fused_gelu;
+    runs_[r].graph = models::build_graph(mc, go);
     runs_[r].program = sim::predict(runs_[r].graph, rc.cfg, batch, t, false).program;
   }
   for (std::size_t i = 0; i < n; ++i)

@@ -76,7 +76,8 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   t.rank = rank;
   t.activation_checkpointing = ckpt;
   models::GraphOptions go = sim::graph_options(cfg, batch, seq, att, models::kDefaultTransformers, t);
-  go.fused_gelu = cr.get_bool(c, "fused_gelu", false);  // train --fused-gelu ran the fused variant
+  const bool fused_gelu = cr.get_bool(c, "fused_gelu", false);  // train --fused-gelu ran the fused variant
+  go.fused_gelu = fused_gelu;
   const models::OpGraph g = models::build_graph(mc, go);
   const sim::Prediction pred = sim::predict(g, cfg, batch, t, false);
   const zero::Program& prog = pred.program;
@@ -98,6 +99,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   ds.runs.push_back(make_run(fs::path(path).stem().string(), path, model, cfg, seq, att, world, ckpt));
   ds.runs.back().model_config = mc;
   ds.runs.back().rank = rank;
+  ds.runs.back().fused_gelu = fused_gelu;
   // Per timer phase, the sum of its device events' measured times (the executor runs them one
   // after another, so this is what its phases took).
   std::array<double, kNumPhaseNames> phase_sum{};

@@ -252,6 +252,14 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
     if (P[k].raw() != cfg[k].raw())
       differ(P[k], cfg[k], ju::printable(P[k].raw().dump()), ju::printable(cfg[k].raw().dump()), "");
   }
+  // A file without fused_gelu predates --fused-gelu: it predicted (or ran) HF's chain.
+  const bool p_fused = P.has("fused_gelu") && P["fused_gelu"].raw() == true;
+  const bool m_fused = cfg.has("fused_gelu") && cfg["fused_gelu"].raw() == true;
+  if (p_fused != m_fused)
+    throw InputError(pair, "",
+                     fmt::format("the runs differ in fused_gelu: predicted {}, measured {} (a file without the key "
+                                 "ran HF's chain); simulate {}--fused-gelu",
+                                 p_fused, m_fused, m_fused ? "with " : "without "));
   // The ds_config each side was made from (canonical JSON, written by simulate --json as
   // "ds_config" and by train --out as config.ds_config_json), apart from the keys that
   // --stages and --micro-batch override and that are compared above.

@@ -273,20 +273,23 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
   std::ofstream(s0) << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0}})";
   std::ofstream(s2) << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}})";
   const std::string a = tmp("heldout-gpt2-s0.json"), b = tmp("heldout-gpt2-s2.json"), c = tmp("heldout-llama-s0.json");
-  for (const auto& [model, cfg, out] : {std::tuple{"tiny-gpt2", s0, a}, {"tiny-gpt2", s2, b}, {"tiny-llama", s0, c}}) {
-    const Run t = run(std::string("train --model ") + model + " --ds-config " + cfg + " --steps 3 --seq-len 32 --quiet --out " + out);
+  const std::string d = tmp("heldout-gpt2fg-s0.json");  // --fused-gelu: the run's graph is the fused variant
+  for (const auto& [model, cfg, out, flags] : {std::tuple{"tiny-gpt2", s0, a, ""}, {"tiny-gpt2", s2, b, ""},
+                                               {"tiny-llama", s0, c, ""}, {"tiny-gpt2", s0, d, " --fused-gelu"}}) {
+    const Run t = run(std::string("train --model ") + model + " --ds-config " + cfg +
+                      " --steps 3 --seq-len 32 --quiet" + flags + " --out " + out);
     REQUIRE(t.status == 0);
   }
   // The ds_config file changes after the runs: each file's recorded config is what it ran.
   std::ofstream(s2) << R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0}})";
-  const Run r = run("calibrate --train-out " + a + " --train-out " + b + " --train-out " + c +
+  const Run r = run("calibrate --train-out " + a + " --train-out " + b + " --train-out " + c + " --train-out " + d +
                     " --fit-where 'run=heldout-gpt2-s0' --json");
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
   std::set<std::string> phases;
   for (const auto& p : j["held_out_phases"]) {
     CHECK(p["quantity"] == "events");
-    CHECK(p["runs"].get<int>() == 2);  // the stage-2 run and the other model
+    CHECK(p["runs"].get<int>() == 3);  // the stage-2 run, the other model and the fused variant
     CHECK(p["mape_after"].is_number());
     phases.insert(p["phase"].get<std::string>());
   }
@@ -313,7 +316,7 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
   }
   CHECK(fitted_events > 40);
   CHECK(held_events > 80);
-  CHECK(phase.size() == 12);  // 3 runs x (forward, backward, step, iteration)
+  CHECK(phase.size() == 16);  // 4 runs x (forward, backward, step, iteration)
   for (const auto& [key, p] : phase) {
     if (key.second == "iteration") continue;
     CAPTURE(key.first);
@@ -324,7 +327,7 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
     CHECK(p[1] == doctest::Approx(s[1]).epsilon(1e-6));
     CHECK(p[2] == doctest::Approx(s[2]).epsilon(1e-6));
   }
-  for (const std::string run_name : {"heldout-gpt2-s0", "heldout-gpt2-s2", "heldout-llama-s0"}) {
+  for (const std::string run_name : {"heldout-gpt2-s0", "heldout-gpt2-s2", "heldout-llama-s0", "heldout-gpt2fg-s0"}) {
     const auto it = phase[{run_name, "iteration"}];
     const double sum = phase[{run_name, "forward"}][1] + phase[{run_name, "backward"}][1] + phase[{run_name, "step"}][1];
     CHECK(it[1] == doctest::Approx(sum).epsilon(1e-9));

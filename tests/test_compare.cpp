@@ -189,6 +189,12 @@ TEST_CASE("compare: bad input and different runs exit 2 with one line") {
   doc["config"]["fused_gelu"] = true;  // train --fused-gelu ran another graph than simulate predicted
   bad("--predicted " + p + " --measured " + file("fused.json", doc.dump()),
       "the runs differ in fused_gelu: predicted false (fused_gelu), measured true (config.fused_gelu)");
+  {
+    auto pd = nlohmann::json::parse(std::ifstream(p));  // a prediction from before the key
+    pd.erase("fused_gelu");
+    bad("--predicted " + file("p4old.json", pd.dump()) + " --measured " + file("fused2.json", doc.dump()),
+        "the runs differ in fused_gelu: predicted false, measured true");
+  }
   doc = nlohmann::json::parse(std::ifstream(m));
   doc["config"]["model"] = "gpt2";
   bad("--predicted " + p + " --measured " + file("model.json", doc.dump()), "model: predicted tiny-gpt2");
