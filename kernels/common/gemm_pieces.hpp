@@ -87,32 +87,19 @@ inline std::vector<GemmPiece> plan_gemm_pieces(std::int64_t m, std::int64_t n, s
     }
     return pieces;
   }
-  if (!trans_a) {  // A (m,k): pieces of its rows, padded
-    const std::int64_t lda = padded_rows(k, elem), piece = gemm_piece_size(room / (lda * elem));
-    if (piece < kMinGemmPiece) return pieces;
-    for (std::int64_t r0 = 0; r0 < m; r0 += piece) {
-      GemmPiece p;
-      p.m = std::min(piece, m - r0);
-      p.before.push_back({GemmBuffer::a, GemmBuffer::scratch, r0 * k, k, 0, lda, k, p.m});
-      p.a_buffer = GemmBuffer::scratch;
-      p.lda = lda;
-      p.c_offset = r0 * n;
-      p.ldc = n;
-      pieces.push_back(p);
-    }
-    return pieces;
-  }
-  // A stored (k,m): pieces of its columns (rows of C), padded
-  const std::int64_t cols = gemm_piece_size(room / (k * elem));
-  if (cols < kMinGemmPiece) return pieces;
-  for (std::int64_t c0 = 0; c0 < m; c0 += cols) {
+  // A staged: pieces of its rows (A (m,k): each row padded to lda), or of its columns (A stored
+  // (k,m): the piece's columns are the rows of op(A), each of A's k rows padded to the width).
+  const std::int64_t per_row = trans_a ? k : padded_rows(k, elem);  // elements of scratch per row of op(A)
+  const std::int64_t piece = gemm_piece_size(room / (per_row * elem));
+  if (piece < kMinGemmPiece) return pieces;
+  for (std::int64_t r0 = 0; r0 < m; r0 += piece) {
     GemmPiece p;
-    p.m = std::min(cols, m - c0);
-    const std::int64_t lda = padded_rows(p.m, elem);
-    p.before.push_back({GemmBuffer::a, GemmBuffer::scratch, c0, m, 0, lda, p.m, k});
+    p.m = std::min(piece, m - r0);
+    p.lda = trans_a ? padded_rows(p.m, elem) : per_row;
+    p.before.push_back(trans_a ? RowCopy{GemmBuffer::a, GemmBuffer::scratch, r0, m, 0, p.lda, p.m, k}
+                               : RowCopy{GemmBuffer::a, GemmBuffer::scratch, r0 * k, k, 0, p.lda, k, p.m});
     p.a_buffer = GemmBuffer::scratch;
-    p.lda = lda;
-    p.c_offset = c0 * n;
+    p.c_offset = r0 * n;
     p.ldc = n;
     pieces.push_back(p);
   }

@@ -8,7 +8,8 @@ namespace {
 constexpr int kConvertBlock = 256;
 constexpr int kConvertWidth = 8;  // elements per thread on the aligned path: 16 or 32 bytes
 
-template <class Y, class X, bool Vec>
+// y = round_Y(x), or with Acc y = round_Y(y + round_Y(x)) (the sum in fp32, as copy_accumulate's).
+template <class Y, class X, bool Vec, bool Acc>
 __global__ void convert_kernel(Y* __restrict__ y, const X* __restrict__ x, std::int64_t n) {
   constexpr int W = Vec ? kConvertWidth : 1;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * W;
@@ -16,55 +17,47 @@ __global__ void convert_kernel(Y* __restrict__ y, const X* __restrict__ x, std::
     if (j + W <= n) {
       float v[W];
       detail::load_f<X, W>(x + j, v);
+      if constexpr (Acc) {
+        float u[W];
+        detail::load_f<Y, W>(y + j, u);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = __fadd_rn(u[k], detail::to_float(detail::from_float<Y>(v[k])));
+      }
       detail::store_f<Y, W>(y + j, v);
     } else {
-      for (std::int64_t i = j; i < n; ++i) y[i] = detail::from_float<Y>(detail::to_float(x[i]));
+      for (std::int64_t i = j; i < n; ++i) {
+        const float v = detail::to_float(detail::from_float<Y>(detail::to_float(x[i])));
+        y[i] = detail::from_float<Y>(Acc ? __fadd_rn(detail::to_float(y[i]), v) : v);
+      }
     }
   }
 }
 
-// y[i] = round_Y(y[i] + round_Y(x[i])), the sum in fp32 as copy_accumulate's.
-template <class Y, class X, bool Vec>
-__global__ void convert_accumulate_kernel(Y* __restrict__ y, const X* __restrict__ x, std::int64_t n) {
-  constexpr int W = Vec ? kConvertWidth : 1;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * W;
-  for (std::int64_t j = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * W; j < n; j += stride) {
-    if (j + W <= n) {
-      float v[W], u[W];
-      detail::load_f<X, W>(x + j, v);
-      detail::load_f<Y, W>(y + j, u);
-#pragma unroll
-      for (int k = 0; k < W; ++k) u[k] = __fadd_rn(u[k], detail::to_float(detail::from_float<Y>(v[k])));
-      detail::store_f<Y, W>(y + j, u);
-    } else {
-      for (std::int64_t i = j; i < n; ++i)
-        y[i] = detail::from_float<Y>(
-            __fadd_rn(detail::to_float(y[i]), detail::to_float(detail::from_float<Y>(detail::to_float(x[i])))));
-    }
-  }
+template <bool Acc>
+void launch_convert(void* y, DType y_dt, const void* x, DType x_dt, std::int64_t n, cudaStream_t stream,
+                    const char* what) {
+  require_float(y_dt, what);
+  require_float(x_dt, what);
+  const bool vec = detail::aligned16(y) && detail::aligned16(x);
+  detail::dispatch(y_dt, what, [&](auto ytag) {
+    using Y = decltype(ytag);
+    detail::dispatch(x_dt, what, [&](auto xtag) {
+      using X = decltype(xtag);
+      if (vec)
+        convert_kernel<Y, X, true, Acc><<<detail::grid_for(detail::ceil_div(n, kConvertWidth), kConvertBlock),
+                                          kConvertBlock, 0, stream>>>(static_cast<Y*>(y), static_cast<const X*>(x), n);
+      else
+        convert_kernel<Y, X, false, Acc><<<detail::grid_for(n, kConvertBlock), kConvertBlock, 0, stream>>>(
+            static_cast<Y*>(y), static_cast<const X*>(x), n);
+      ZP_CUDA_CHECK_LAUNCH("convert_kernel");
+    });
+  });
 }
 
 }  // namespace
 
 void convert_accumulate(void* y, DType y_dt, const void* x, DType x_dt, std::int64_t n, cudaStream_t stream) {
-  require_float(y_dt, "convert_accumulate");
-  require_float(x_dt, "convert_accumulate");
-  if (n <= 0) return;
-  const bool vec = detail::aligned16(y) && detail::aligned16(x);
-  detail::dispatch(y_dt, "convert_accumulate", [&](auto ytag) {
-    using Y = decltype(ytag);
-    detail::dispatch(x_dt, "convert_accumulate", [&](auto xtag) {
-      using X = decltype(xtag);
-      if (vec)
-        convert_accumulate_kernel<Y, X, true><<<detail::grid_for(detail::ceil_div(n, kConvertWidth), kConvertBlock),
-                                                kConvertBlock, 0, stream>>>(static_cast<Y*>(y),
-                                                                            static_cast<const X*>(x), n);
-      else
-        convert_accumulate_kernel<Y, X, false><<<detail::grid_for(n, kConvertBlock), kConvertBlock, 0, stream>>>(
-            static_cast<Y*>(y), static_cast<const X*>(x), n);
-      ZP_CUDA_CHECK_LAUNCH("convert_accumulate_kernel");
-    });
-  });
+  if (n > 0) launch_convert<true>(y, y_dt, x, x_dt, n, stream, "convert_accumulate");
 }
 
 void convert(void* y, DType y_dt, const void* x, DType x_dt, std::int64_t n, cudaStream_t stream) {
@@ -77,20 +70,7 @@ void convert(void* y, DType y_dt, const void* x, DType x_dt, std::int64_t n, cud
                                     stream));
     return;
   }
-  const bool vec = detail::aligned16(y) && detail::aligned16(x);
-  detail::dispatch(y_dt, "convert", [&](auto ytag) {
-    using Y = decltype(ytag);
-    detail::dispatch(x_dt, "convert", [&](auto xtag) {
-      using X = decltype(xtag);
-      if (vec)
-        convert_kernel<Y, X, true><<<detail::grid_for(detail::ceil_div(n, kConvertWidth), kConvertBlock),
-                                     kConvertBlock, 0, stream>>>(static_cast<Y*>(y), static_cast<const X*>(x), n);
-      else
-        convert_kernel<Y, X, false><<<detail::grid_for(n, kConvertBlock), kConvertBlock, 0, stream>>>(
-            static_cast<Y*>(y), static_cast<const X*>(x), n);
-      ZP_CUDA_CHECK_LAUNCH("convert_kernel");
-    });
-  });
+  launch_convert<false>(y, y_dt, x, x_dt, n, stream, "convert");
 }
 
 }  // namespace zp::kernels::cuda
