@@ -374,7 +374,8 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
   out += fmt::format("{} on {} x {} ({} memory), micro-batch {}, seq-len {}, {}, {} attention{}\n", in.model.name,
                      in.world_size, in.device->name, human_bytes(in.device->memory), first.batch.micro_batch,
                      in.seq_len, dtype_name(in.cfg.model_dtype()), models::attention_name(in.attention),
-                     in.activation_checkpointing ? ", activation checkpointing" : "");
+                     std::string(in.activation_checkpointing ? ", activation checkpointing" : "") +
+                         (in.fused_gelu ? ", fused GELU (zeroplan's kernel variant, not HF's chain)" : ""));
   out += fmt::format("{:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5}  {}\n",
                      "stage", "gas", "params", "grads", "master", "optim", "comm_buf", "activ", "temps", "peak_alloc",
                      "dev_used", "host", "fits", "peak event");

@@ -108,6 +108,27 @@ TEST_CASE("simulate --rank picks the rank; the default is the heaviest") {
   CHECK(dflt["results"][0]["memory"]["by_category"]["grads"].get<std::int64_t>() == most);
 }
 
+// --fused-gelu is zeroplan's kernel variant (docs/executor.md): the header says so, the JSON
+// records it, and GPT-2's saved activations shrink by three (B, T, 4H) tensors per layer.
+TEST_CASE("simulate --fused-gelu: said in the header and the JSON, three MLP-wide tensors fewer per layer") {
+  // GPT-2 trains in fp32 here (no precision section): the peak is at the loss in backward, with
+  // every saved activation live.
+  const std::string base = "simulate --model gpt2 --gpus 1 --gpu H200-141GB --micro-batch 4 --seq-len 1024 --stages 0";
+  const Run t = run(base + " --fused-gelu");
+  REQUIRE(t.status == 0);
+  CHECK(t.out.find("fused GELU (zeroplan's kernel variant, not HF's chain)") != std::string::npos);
+  const auto hf = nlohmann::json::parse(run(base + " --json").out);
+  const auto fused = nlohmann::json::parse(run(base + " --fused-gelu --json").out);
+  CHECK(hf["fused_gelu"] == false);
+  CHECK(fused["fused_gelu"] == true);
+  const auto at_peak = [](const nlohmann::json& j) {
+    CHECK(j["results"][0]["memory"]["peak_event"] == "ms0/bwd/loss.cross_entropy");
+    return j["results"][0]["memory"]["by_category"]["activations"].get<std::int64_t>();
+  };
+  const std::int64_t per_layer = 3 * std::int64_t{4} * 1024 * 3072 * 4;  // three (B, T, 4H) fp32 tensors
+  CHECK(at_peak(hf) - at_peak(fused) == 12 * per_layer);
+}
+
 TEST_CASE("simulate prints a table and warns about sparse_attention") {
   const Run r = run("simulate --model bert-large-uncased --ds-config " + kExample +
                     " --gpus 4 --gpu V100-16GB --micro-batch 64 --seq-len 128");
