@@ -5,8 +5,9 @@
 #
 #   ZEROPLAN=path/to/zeroplan bash bench/gpu_vs_torch.sh [quick]
 #   ZEROPLAN_BENCH_CASES='bert-large-uncased 64 128 fp16' ...  # some rows only (';' between rows)
-#   ZEROPLAN_BENCH_FLAGS='...'  # zeroplan train's kernel variants (default --fused-gelu: GPT-2's
-#                               # gelu_new as one op, as torch.compile fuses it; '' for HF's chain)
+#   ZEROPLAN_BENCH_FLAGS='...'  # zeroplan train's kernel variants (default --fused-gelu --fused-loss:
+#                               # GPT-2's gelu_new as one op, the loss as one cross entropy on the
+#                               # 16-bit logits, as torch.compile fuses them; '' for HF's graph)
 # The four rows take about eight minutes on an H200 (torch.compile's compilation most of it).
 # MFU counts 6 · params · tokens (the model FLOPs of a training step, without attention's)
 # against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure).
@@ -26,7 +27,7 @@ for c in "${CASES[@]}"; do
   cfg=$OUTDIR/ds_${m}_$dt.json
   echo "{\"train_micro_batch_size_per_gpu\": $mb, \"$dt\": {\"enabled\": true}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, \"zero_optimization\": {\"stage\": 0}}" > "$cfg"
   "$ZP" train --model "$m" --ds-config "$cfg" --seq-len "$seq" --steps 6 --device cuda --attention sdpa --quiet \
-    ${ZEROPLAN_BENCH_FLAGS---fused-gelu} \
+    ${ZEROPLAN_BENCH_FLAGS---fused-gelu --fused-loss} \
     --out "$OUTDIR/zp_${m}_$dt.json" > "$OUTDIR/zp_${m}_$dt.log" 2>&1
   zp=$(python3 -c "import json;d=json.load(open('$OUTDIR/zp_${m}_$dt.json'));print(d['step_seconds'])" 2>/dev/null || echo nan)
   e=$(python3 bench/torch_step.py --model "$m" --micro-batch "$mb" --seq "$seq" --dtype "$dt" --attention sdpa 2>>"$OUTDIR/torch.log" | tail -1)

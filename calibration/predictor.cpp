@@ -175,6 +175,7 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     t.keep_output = rc.keep_output;
     models::GraphOptions go = sim::graph_options(rc.cfg, batch, rc.seq_len, rc.attention, models::kDefaultTransformers, t);
     go.fused_gelu = rc.fused_gelu;
+    go.fused_loss = rc.fused_loss;
     runs_[r].graph = models::build_graph(mc, go);
     runs_[r].program = sim::predict(runs_[r].graph, rc.cfg, batch, t, false).program;
   }

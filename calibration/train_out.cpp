@@ -78,6 +78,8 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   models::GraphOptions go = sim::graph_options(cfg, batch, seq, att, models::kDefaultTransformers, t);
   const bool fused_gelu = cr.get_bool(c, "fused_gelu", false);  // train --fused-gelu ran the fused variant
   go.fused_gelu = fused_gelu;
+  const bool fused_loss = cr.get_bool(c, "fused_loss", false);  // train --fused-loss
+  go.fused_loss = fused_loss;
   const models::OpGraph g = models::build_graph(mc, go);
   const sim::Prediction pred = sim::predict(g, cfg, batch, t, false);
   const zero::Program& prog = pred.program;
@@ -100,6 +102,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   ds.runs.back().model_config = mc;
   ds.runs.back().rank = rank;
   ds.runs.back().fused_gelu = fused_gelu;
+  ds.runs.back().fused_loss = fused_loss;
   // Per timer phase, the sum of its device events' measured times (the executor runs them one
   // after another, so this is what its phases took).
   std::array<double, kNumPhaseNames> phase_sum{};

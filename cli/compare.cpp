@@ -247,19 +247,21 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
     differ(P["seq_len"], cfg["seq_len"], std::to_string(P["seq_len"].integer(1)), std::to_string(seq),
            fmt::format("simulate with --seq-len {}", seq));
   // Keys only some versions write: compared when both sides have them.
-  for (const char* k : {"attention", "activation_checkpointing", "fused_gelu"}) {
+  for (const char* k : {"attention", "activation_checkpointing", "fused_gelu", "fused_loss"}) {
     if (!P.has(k) || !cfg.has(k)) continue;
     if (P[k].raw() != cfg[k].raw())
       differ(P[k], cfg[k], ju::printable(P[k].raw().dump()), ju::printable(cfg[k].raw().dump()), "");
   }
-  // A file without fused_gelu predates --fused-gelu: it predicted (or ran) HF's chain.
-  const bool p_fused = P.has("fused_gelu") && P["fused_gelu"].raw() == true;
-  const bool m_fused = cfg.has("fused_gelu") && cfg["fused_gelu"].raw() == true;
-  if (p_fused != m_fused)
-    throw InputError(pair, "",
-                     fmt::format("the runs differ in fused_gelu: predicted {}, measured {} (a file without the key "
-                                 "ran HF's chain); simulate {}--fused-gelu",
-                                 p_fused, m_fused, m_fused ? "with " : "without "));
+  // A file without a kernel variant's key predates it: it predicted (or ran) HF's graph.
+  for (const auto& [k, flag] : {std::pair{"fused_gelu", "--fused-gelu"}, std::pair{"fused_loss", "--fused-loss"}}) {
+    const bool p_on = P.has(k) && P[k].raw() == true;
+    const bool m_on = cfg.has(k) && cfg[k].raw() == true;
+    if (p_on != m_on)
+      throw InputError(pair, "",
+                       fmt::format("the runs differ in {}: predicted {}, measured {} (a file without the key ran HF's "
+                                   "graph); simulate {}{}",
+                                   k, p_on, m_on, m_on ? "with " : "without ", flag));
+  }
   // The ds_config each side was made from (canonical JSON, written by simulate --json as
   // "ds_config" and by train --out as config.ds_config_json), apart from the keys that
   // --stages and --micro-batch override and that are compared above.

@@ -42,6 +42,7 @@ struct SimRequest {
   std::string transformers;              // 5 | 4.46; empty: models::kDefaultTransformers
   bool keep_output = false;              // the caller keeps the model output until the micro-step ends
   bool fused_gelu = false;               // models::GraphOptions::fused_gelu (zeroplan's kernel variant)
+  bool fused_loss = false;               // models::GraphOptions::fused_loss (zeroplan's kernel variant)
   bool json = false;
   bool critical_path = false;            // --critical-path: the path event by event
   bool check_batch = true;               // false: the caller sets the batch (plan)
@@ -64,6 +65,7 @@ struct Inputs {
   models::Transformers transformers = models::kDefaultTransformers;
   bool keep_output = false;
   bool fused_gelu = false;
+  bool fused_loss = false;
   std::vector<std::string> warnings;
   // --profile: its file and the relative standard deviation its predictions carry (0: none).
   std::string profile_file;
@@ -114,6 +116,7 @@ std::string attention_help();
 // --transformers's and --keep-output's help (one string for every subcommand).
 std::string transformers_help();
 std::string fused_gelu_help();
+std::string fused_loss_help();
 std::string keep_output_help();
 // The files a request reads, as (flag, path) for zp::io::refuse_same_file.
 std::vector<std::pair<std::string, std::string>> input_files(const SimRequest& req, const Inputs& in);

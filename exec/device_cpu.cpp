@@ -216,6 +216,12 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
       act(op.outputs[1])[0] = cpu::nll_loss_forward(act(op.outputs[0]), ids(op.inputs[1]), rows, V);
       break;
     }
+    case Fn::cross_entropy_fused: {  // outputs: the rows' logsumexp, the mean loss
+      const std::int64_t V = shape(op.inputs[0]).back();
+      const std::int64_t rows = numel(op.inputs[0]) / V;
+      act(op.outputs[1])[0] = cpu::cross_entropy_forward(act(op.outputs[0]), in(0), ids(op.inputs[1]), rows, V);
+      break;
+    }
     case Fn::sdpa:
     case Fn::flash_attention: {
       // transformers' sdpa and flash_attention_2 (models::heads_layout): strided heads, k and
@@ -260,7 +266,8 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return graph.tensors[U(t)].shape; };
   // The gradient flowing into this op: d(loss)/d(loss) = 1/GAS (DeepSpeed scales the loss).
   const float loss_grad = ops.loss_grad();
-  const TensorId out_main = op.fn == Fn::cross_entropy ? op.outputs[1] : y;
+  const bool loss_op = op.fn == Fn::cross_entropy || op.fn == Fn::cross_entropy_fused;
+  const TensorId out_main = loss_op ? op.outputs[1] : y;
   const float* dy = nullptr;
   if (out_main == graph.loss) dy = &loss_grad;
   else if (out_main >= 0) dy = grad(out_main);
@@ -446,6 +453,12 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       if (!glogp) throw std::logic_error(fmt::format("op {}: no buffer for the gradient of its log-probabilities", op.name));
       cpu::nll_loss_backward(glogp, ids(op.inputs[1]), rows, V, dy[0]);
       if (dx(0)) cpu::log_softmax_backward(dx(0), act(op.outputs[0]), glogp, rows, V, true);
+      break;
+    }
+    case Fn::cross_entropy_fused: {  // from the saved logits and logsumexp, straight into the logits' gradient
+      const std::int64_t V = shape(op.inputs[0]).back();
+      const std::int64_t rows = numel(op.inputs[0]) / V;
+      if (dx(0)) cpu::cross_entropy_backward(dx(0), x(0), act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], true);
       break;
     }
     case Fn::rope_tables:

@@ -508,6 +508,16 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       if (loss.dt != DType::fp32) cuda::convert(ptr(loss), loss.dt, l, DType::fp32, 1, stream);
       break;
     }
+    case Fn::cross_entropy_fused: {  // outputs: the rows' logsumexp (y), the mean loss, both fp32
+      const Ref logits = in(0);
+      const std::int64_t V = shape(op.inputs[0]).back();
+      const std::int64_t rows = numel(op.inputs[0]) / V;
+      const Ref loss = act(op.outputs[1]);
+      if (yr.dt != DType::fp32 || loss.dt != DType::fp32) fail(op, "its logsumexp and loss must be fp32");
+      cuda::cross_entropy_forward(ctx, static_cast<float*>(ptr(loss)), static_cast<float*>(yp), ptr(logits),
+                                  ids_of(op, in(1)), rows, V, cuda::kIgnoreIndex, dtype({logits}), stream);
+      break;
+    }
     case Fn::sdpa:
     case Fn::flash_attention: FusedAttention(env, op, o).forward(); break;
     case Fn::heads_copy: {
@@ -539,10 +549,11 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
   // The gradient flowing into this op: d(loss)/d(loss) = 1/GAS (DeepSpeed scales the loss).
   // The cross entropy takes it by value; any other op producing the loss reads it as a
   // device scalar in the loss's dtype.
-  const TensorId out_main = op.fn == Fn::cross_entropy ? op.outputs[1] : y;
+  const bool loss_op = op.fn == Fn::cross_entropy || op.fn == Fn::cross_entropy_fused;
+  const TensorId out_main = loss_op ? op.outputs[1] : y;
   const bool from_loss = out_main >= 0 && out_main == graph.loss;
   Ref dy;
-  if (from_loss && op.fn != Fn::cross_entropy) {
+  if (from_loss && !loss_op) {
     const Ref loss = act(graph.loss);
     dy = loss_scalar(env, o.loss_grad(), loss ? loss.dt : graph.tensors[U(graph.loss)].dtype);
   }
@@ -776,6 +787,18 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
         cuda::repeat_kv_backward(h, dyp, B, K, ys[1] / K, T, D, false, dt, stream);
         cuda::split_heads_backward(ptr(gx), h, B, T, K, D, s[2], 0, true, dt, stream);
       }
+      break;
+    }
+    case Fn::cross_entropy_fused: {  // from the saved logits and logsumexp, straight into the logits' gradient
+      const Ref gx = dx(0);
+      if (!gx) break;
+      if (!from_loss) fail(op, "a fused cross entropy must produce the graph's loss");
+      const Ref logits = x(0);
+      const std::int64_t V = shape(op.inputs[0]).back();
+      const std::int64_t rows = numel(op.inputs[0]) / V;
+      cuda::cross_entropy_backward(ctx, ptr(gx), ptr(logits), static_cast<const float*>(ptr(act(op.outputs[0]))),
+                                   ids_of(op, x(1)), rows, V, o.loss_grad(), true, cuda::kIgnoreIndex,
+                                   dtype({logits, gx}), stream);
       break;
     }
     case Fn::cross_entropy: {

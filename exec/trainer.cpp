@@ -242,6 +242,7 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
   if (!opt.transformers.empty()) go.transformers = models::parse_transformers("--transformers", "", opt.transformers);
   go.gradient_checkpointing = opt.activation_checkpointing;
   go.fused_gelu = opt.fused_gelu;
+  go.fused_loss = opt.fused_loss;
   s.graph = std::make_unique<models::OpGraph>(models::build_graph(mcfg, go));
   const models::OpGraph& g = *s.graph;
   zero::LowerOptions lo;
@@ -439,6 +440,7 @@ json train(const TrainOptions& opt, Comm& boot) {
                      {"activation_checkpointing", opt.activation_checkpointing},
                      {"attention", models::attention_name(g.opt.attention)},
                      {"fused_gelu", g.opt.fused_gelu},
+                     {"fused_loss", g.opt.fused_loss},
                      {"backend", fmt::format("{}+{}", device ? "cuda" : "cpu", comm.backend())},
                      {"nccl_version", nccl ? nccl_version() : ""},
                      {"allow_tf32", opt.allow_tf32},

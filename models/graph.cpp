@@ -110,6 +110,7 @@ const char* fn_name(Fn f) {
     case Fn::cross_entropy: return "cross_entropy";
     case Fn::sdpa: return "sdpa";
     case Fn::flash_attention: return "flash_attention";
+    case Fn::cross_entropy_fused: return "cross_entropy_fused";
     case Fn::heads_copy: return "heads_copy";
   }
   return "?";
@@ -645,9 +646,27 @@ class Builder {
     return loss;
   }
 
+  // GraphOptions::fused_loss: one op reads the logits in their dtype, computes in fp32 and
+  // saves them with each row's logsumexp; its backward writes the logits' gradient directly.
+  TensorId cross_entropy_fused(const std::string& name, TensorId logits, TensorId labels, std::int64_t classes) {
+    const std::int64_t rows = numel_of(T(logits).shape) / classes;
+    const TensorId lse = tensor(name + ".logsumexp", {rows}, DType::fp32);
+    const TensorId loss = tensor(name, {}, DType::fp32);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::cross_entropy;
+    op.fn = Fn::cross_entropy_fused;
+    op.inputs = {logits, labels};
+    op.outputs = {lse, loss};
+    op.saved = {logits, lse, labels};
+    emit(std::move(op));
+    return loss;
+  }
+
   // Causal-LM loss as HF's ForCausalLMLoss: logits.float(), labels shifted by padding,
   // cross-entropy over all B*T positions.
   TensorId causal_lm_loss(TensorId logits, TensorId labels, std::int64_t vocab) {
+    if (g_.opt.fused_loss) return cross_entropy_fused("loss.cross_entropy", logits, labels, vocab);
     TensorId l = logits;
     if (T(logits).dtype != DType::fp32)
     {

@@ -98,6 +98,8 @@ enum class Fn : std::uint8_t {
                        // operands and layout: heads_layout()
   flash_attention,     // flash_attn_func as transformers' flash_attention_2 calls it (alpha: dropout_p);
                        // operands and layout: heads_layout()
+  cross_entropy_fused, // outputs the rows' logsumexp (fp32) and the mean loss (fp32) of 16-bit or fp32 logits;
+                       // saves the logits and the logsumexp (GraphOptions::fused_loss)
   heads_copy,          // y(B,X,T,D) contiguous = the head view of x: columns [col[0], col[0] + X·D) of a
                        // (B,T,W) tensor, or a 4-D tensor (the KV cache's torch.cat, matmul's copy of a
                        // strided operand)
@@ -171,6 +173,11 @@ struct GraphOptions {
   // saved tensors. A zeroplan kernel variant (train --fused-gelu and simulate --fused-gelu),
   // not what DeepSpeed runs on HF's model.
   bool fused_gelu = false;
+  // A causal LM's loss as one fused cross entropy on the logits in their own dtype (fp32 inside,
+  // saving the logits and one fp32 logsumexp per row), instead of HF's fp32 upcast of the logits
+  // and log_softmax + nll_loss, which save fp32 log-probabilities of the logits' size. A zeroplan
+  // kernel variant (train --fused-loss, simulate --fused-loss).
+  bool fused_loss = false;
 };
 
 

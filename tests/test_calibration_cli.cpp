@@ -273,9 +273,9 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
   std::ofstream(s0) << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0}})";
   std::ofstream(s2) << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}})";
   const std::string a = tmp("heldout-gpt2-s0.json"), b = tmp("heldout-gpt2-s2.json"), c = tmp("heldout-llama-s0.json");
-  const std::string d = tmp("heldout-gpt2fg-s0.json");  // --fused-gelu: the run's graph is the fused variant
+  const std::string d = tmp("heldout-gpt2fg-s0.json");  // --fused-gelu --fused-loss: the run's graph is the fused variant
   for (const auto& [model, cfg, out, flags] : {std::tuple{"tiny-gpt2", s0, a, ""}, {"tiny-gpt2", s2, b, ""},
-                                               {"tiny-llama", s0, c, ""}, {"tiny-gpt2", s0, d, " --fused-gelu"}}) {
+                                               {"tiny-llama", s0, c, ""}, {"tiny-gpt2", s0, d, " --fused-gelu --fused-loss"}}) {
     const Run t = run(std::string("train --model ") + model + " --ds-config " + cfg +
                       " --steps 3 --seq-len 32 --quiet" + flags + " --out " + out);
     REQUIRE(t.status == 0);

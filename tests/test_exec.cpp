@@ -75,6 +75,7 @@ struct Case {
   bool keep_output = false;         // train --keep-output
   std::string workspaces_of = "";   // train --workspaces-of GPU (empty: none)
   bool fused_gelu = false;          // train --fused-gelu
+  bool fused_loss = false;          // train --fused-loss
 };
 
 std::string config_text(const Case& c) {
@@ -97,7 +98,7 @@ std::string name_of(const Case& c) {
                      c.ckpt, c.bucket, c.contiguous, c.dtype, c.hpz, c.reuse, c.prefetch, c.offload, c.attention,
                      std::string(c.fp32_accum ? "-acc32" : "") + (c.offload_param ? "-offp" : "") + "-t" +
                          c.transformers + (c.keep_output ? "-keep" : "") +
-                         (c.workspaces_of.empty() ? "" : "-ws" + c.workspaces_of) + (c.fused_gelu ? "-fg" : ""));
+                         (c.workspaces_of.empty() ? "" : "-ws" + c.workspaces_of) + (c.fused_gelu ? "-fg" : "") + (c.fused_loss ? "-fl" : ""));
 }
 
 // Runs the case and returns each rank's measurements.
@@ -106,12 +107,12 @@ std::vector<json> train(const Case& c) {
   const std::string cfg = write(name + ".json", config_text(c));
   const std::string out = (dir() / (name + ".out.json")).string();
   const Run r = sh(mpirun(c.np) + fmt::format("{} train --model {} --ds-config {} --steps {} --seq-len {} --quiet {} --out {} "
-                                              "--attention {} --transformers {}{}{}{}",
+                                              "--attention {} --transformers {}{}{}{}{}",
                                               ZEROPLAN_BIN, c.model, cfg, c.steps, c.seq,
                                               c.ckpt ? "--activation-checkpointing" : "", out, c.attention,
                                               c.transformers, c.keep_output ? " --keep-output" : "",
                                               c.workspaces_of.empty() ? "" : " --workspaces-of " + c.workspaces_of,
-                                              c.fused_gelu ? " --fused-gelu" : ""));
+                                              c.fused_gelu ? " --fused-gelu" : "", c.fused_loss ? " --fused-loss" : ""));
   INFO(name, "\n", r.out);
   REQUIRE(r.status == 0);
   std::vector<json> ranks;
@@ -138,6 +139,7 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
   go.gradient_checkpointing = c.ckpt;  // transformers turns the KV cache off
   go.transformers = zp::models::parse_transformers("--transformers", "", c.transformers);
   go.fused_gelu = c.fused_gelu;
+  go.fused_loss = c.fused_loss;
   const auto g = zp::models::build_graph(mc, go);
   for (int k = 0; k < c.np; ++k) {
     zp::zero::LowerOptions lo;
@@ -861,6 +863,47 @@ TEST_CASE("--fused-gelu: GPT-2's gelu_new as one op trains to HF's eight ops' lo
   const std::int64_t inner = go.micro_batch * go.seq_len * mc.intermediate * 2;  // one (B, T, 4H) bf16 tensor
   for (std::int32_t l = 0; l < layers; ++l)
     CHECK(hf.saved_bytes_of_layer(l).v - fused.saved_bytes_of_layer(l).v == 3 * inner);
+}
+
+TEST_CASE("--fused-loss: one cross entropy on the 16-bit logits trains to HF's upcast loss, exact bytes") {
+  // HF's path: logits.float(), log_softmax, nll_loss, all in fp32; the fused op reads the same
+  // logits and computes in fp32 too, and its gradient is rounded to the logits' dtype once, as
+  // the cast's backward rounds HF's. In fp32 there is no upcast: the same maths in one op.
+  for (const std::string model : {"tiny-gpt2", "tiny-llama"})
+    for (const std::string dtype : {"fp32", "bf16"})
+      for (int stage : {0, 3}) {
+        CAPTURE(model);
+        CAPTURE(dtype);
+        CAPTURE(stage);
+        Case c{model, stage, 2, 2};
+        c.dtype = dtype;
+        const auto hf = train(c);
+        c.fused_loss = true;
+        const auto fused = train(c);
+        check_against_prediction(c, fused);
+        CHECK(fused[0]["config"]["fused_loss"].get<bool>());
+        check_same_losses(losses(hf[0]), losses(fused[0]), dtype == "fp32" ? 1e-6 : 2e-3);
+      }
+  // In the graph: bf16 logits are neither upcast nor turned into log-probabilities; the op saves
+  // them with one fp32 logsumexp per row.
+  const auto mc = zp::models::load_model("tiny-gpt2");
+  zp::models::GraphOptions go;
+  go.micro_batch = 2;
+  go.seq_len = 16;
+  go.act_dtype = zp::DType::bf16;
+  const auto hf = zp::models::build_graph(mc, go);
+  go.fused_loss = true;
+  const auto fused = zp::models::build_graph(mc, go);
+  CHECK(hf.ops.size() - fused.ops.size() == 1);  // the upcast
+  const auto& loss_op = fused.ops.back();
+  CHECK(loss_op.fn == zp::models::Fn::cross_entropy_fused);
+  REQUIRE(loss_op.saved.size() == 3);
+  const auto& logits = fused.tensors[static_cast<std::size_t>(loss_op.saved[0])];
+  const auto& lse = fused.tensors[static_cast<std::size_t>(loss_op.saved[1])];
+  CHECK(logits.dtype == zp::DType::bf16);
+  CHECK(lse.dtype == zp::DType::fp32);
+  CHECK(lse.bytes.v == 2 * 16 * 4);
+  CHECK(fused.tensors[static_cast<std::size_t>(fused.loss)].dtype == zp::DType::fp32);
 }
 
 TEST_CASE("a bf16 torch_dtype without fp16/bf16 in the ds_config: the model trains in bf16, exact bytes") {
