@@ -626,23 +626,30 @@ class Builder {
     return y;
   }
 
+  // A loss op over (rows, classes) logits: outputs {per-row or full-size tensor, the scalar loss}.
+  Op& loss_op(const std::string& name, Fn fn, TensorId logits, TensorId labels, TensorId first, TensorId loss,
+              std::vector<TensorId> saved) {
+    Op op;
+    op.name = name;
+    op.kind = OpKind::cross_entropy;
+    op.fn = fn;
+    op.inputs = {logits, labels};
+    op.outputs = {first, loss};
+    op.saved = std::move(saved);
+    emit(std::move(op));
+    return g_.ops.back();
+  }
+
   // F.cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
   TensorId cross_entropy(const std::string& name, TensorId logits, TensorId labels, std::int64_t classes) {
     const DType dt = T(logits).dtype;
     const std::int64_t rows = numel_of(T(logits).shape) / classes;
     const TensorId logp = tensor(name + ".log_softmax", {rows, classes}, dt);
     const TensorId loss = tensor(name, {}, dt);
-    Op op;
-    op.name = name;
-    op.kind = OpKind::cross_entropy;
-    op.fn = Fn::cross_entropy;
-    op.inputs = {logits, labels};
-    op.outputs = {logp, loss};
-    op.saved = {logp, labels};
+    Op& op = loss_op(name, Fn::cross_entropy, logits, labels, logp, loss, {logp, labels});
     op.bwd_grads = {logp};  // nll_loss's backward: the gradient of logp, full size, in its dtype
-    emit(std::move(op));
     // ... which log_softmax's backward reads while it writes the logits' gradient.
-    g_.ops.back().bwd_bytes += Bytes{2 * T(logp).bytes.v};
+    op.bwd_bytes += Bytes{2 * T(logp).bytes.v};
     return loss;
   }
 
@@ -652,14 +659,7 @@ class Builder {
     const std::int64_t rows = numel_of(T(logits).shape) / classes;
     const TensorId lse = tensor(name + ".logsumexp", {rows}, DType::fp32);
     const TensorId loss = tensor(name, {}, DType::fp32);
-    Op op;
-    op.name = name;
-    op.kind = OpKind::cross_entropy;
-    op.fn = Fn::cross_entropy_fused;
-    op.inputs = {logits, labels};
-    op.outputs = {lse, loss};
-    op.saved = {logits, lse, labels};
-    emit(std::move(op));
+    loss_op(name, Fn::cross_entropy_fused, logits, labels, lse, loss, {logits, lse, labels});
     return loss;
   }
 

@@ -829,47 +829,13 @@ TEST_CASE("--keep-output, --workspaces-of and --transformers 4.46: measured byte
   }
 }
 
-TEST_CASE("--fused-gelu: GPT-2's gelu_new as one op trains to HF's eight ops' losses, saves less, exact bytes") {
-  // The same formula in one kernel (fp32 inside, one rounding): fp32 losses equal the chain's
-  // to 1e-6; in bf16 the chain rounds six intermediates to bf16, so within 2e-3.
-  for (const std::string dtype : {"fp32", "bf16"}) {
-    CAPTURE(dtype);
-    for (int stage : {0, 3}) {
-      CAPTURE(stage);
-      Case c{"tiny-gpt2", stage, 2, 2};
-      c.dtype = dtype;
-      const auto hf = train(c);
-      c.fused_gelu = true;
-      const auto fused = train(c);
-      check_against_prediction(c, fused);
-      CHECK(fused[0]["config"]["fused_gelu"].get<bool>());
-      check_same_losses(losses(hf[0]), losses(fused[0]), dtype == "fp32" ? 1e-6 : 2e-3);
-    }
-  }
-  // What the variant changes in the graph: seven ops fewer per layer (HF writes it in eight),
-  // and of what the activation saved only its input (HF's chain keeps x, 0.5·x, tanh's output
-  // and 1 + tanh).
-  const auto mc = zp::models::load_model("tiny-gpt2");
-  zp::models::GraphOptions go;
-  go.micro_batch = 2;
-  go.seq_len = 16;
-  go.act_dtype = zp::DType::bf16;
-  const auto hf = zp::models::build_graph(mc, go);
-  go.fused_gelu = true;
-  const auto fused = zp::models::build_graph(mc, go);
-  const auto layers = static_cast<std::int64_t>(hf.layers.size());
-  REQUIRE(layers == mc.layers);
-  CHECK(static_cast<std::int64_t>(hf.ops.size() - fused.ops.size()) == 7 * layers);
-  const std::int64_t inner = go.micro_batch * go.seq_len * mc.intermediate * 2;  // one (B, T, 4H) bf16 tensor
-  for (std::int32_t l = 0; l < layers; ++l)
-    CHECK(hf.saved_bytes_of_layer(l).v - fused.saved_bytes_of_layer(l).v == 3 * inner);
-}
+namespace {
 
-TEST_CASE("--fused-loss: one cross entropy on the 16-bit logits trains to HF's upcast loss, exact bytes") {
-  // HF's path: logits.float(), log_softmax, nll_loss, all in fp32; the fused op reads the same
-  // logits and computes in fp32 too, and its gradient is rounded to the logits' dtype once, as
-  // the cast's backward rounds HF's. In fp32 there is no upcast: the same maths in one op.
-  for (const std::string model : {"tiny-gpt2", "tiny-llama"})
+// A kernel variant of the graph (`flag`, recorded in train --out as config.`key`) trains each
+// model at stages 0 and 3 to HF's graph's losses (fp32 within 1e-6, bf16 within 2e-3), with
+// exactly the predicted bytes.
+void check_variant_trains(const std::vector<std::string>& models, bool Case::*flag, const char* key) {
+  for (const std::string& model : models)
     for (const std::string dtype : {"fp32", "bf16"})
       for (int stage : {0, 3}) {
         CAPTURE(model);
@@ -878,22 +844,52 @@ TEST_CASE("--fused-loss: one cross entropy on the 16-bit logits trains to HF's u
         Case c{model, stage, 2, 2};
         c.dtype = dtype;
         const auto hf = train(c);
-        c.fused_loss = true;
-        const auto fused = train(c);
-        check_against_prediction(c, fused);
-        CHECK(fused[0]["config"]["fused_loss"].get<bool>());
-        check_same_losses(losses(hf[0]), losses(fused[0]), dtype == "fp32" ? 1e-6 : 2e-3);
+        c.*flag = true;
+        const auto variant = train(c);
+        check_against_prediction(c, variant);
+        CHECK(variant[0]["config"][key].get<bool>());
+        check_same_losses(losses(hf[0]), losses(variant[0]), dtype == "fp32" ? 1e-6 : 2e-3);
       }
-  // In the graph: bf16 logits are neither upcast nor turned into log-probabilities; the op saves
-  // them with one fp32 logsumexp per row.
-  const auto mc = zp::models::load_model("tiny-gpt2");
+}
+
+// tiny-gpt2's graph in bf16 at micro-batch 2, sequence 16: HF's, and with the variant `flag`.
+std::pair<zp::models::OpGraph, zp::models::OpGraph> tiny_gpt2_graphs(bool zp::models::GraphOptions::*flag) {
   zp::models::GraphOptions go;
   go.micro_batch = 2;
   go.seq_len = 16;
   go.act_dtype = zp::DType::bf16;
-  const auto hf = zp::models::build_graph(mc, go);
-  go.fused_loss = true;
-  const auto fused = zp::models::build_graph(mc, go);
+  const auto mc = zp::models::load_model("tiny-gpt2");
+  auto hf = zp::models::build_graph(mc, go);
+  go.*flag = true;
+  return {std::move(hf), zp::models::build_graph(mc, go)};
+}
+
+}  // namespace
+
+TEST_CASE("--fused-gelu: GPT-2's gelu_new as one op trains to HF's eight ops' losses, saves less, exact bytes") {
+  // The same formula in one kernel (fp32 inside, one rounding): in bf16 HF's chain rounds six
+  // intermediates to bf16 on the way.
+  check_variant_trains({"tiny-gpt2"}, &Case::fused_gelu, "fused_gelu");
+  // What the variant changes in the graph: seven ops fewer per layer (HF writes it in eight),
+  // and of what the activation saved only its input (HF's chain keeps x, 0.5·x, tanh's output
+  // and 1 + tanh).
+  const auto [hf, fused] = tiny_gpt2_graphs(&zp::models::GraphOptions::fused_gelu);
+  const auto layers = static_cast<std::int64_t>(hf.layers.size());
+  REQUIRE(layers == hf.cfg.layers);
+  CHECK(static_cast<std::int64_t>(hf.ops.size() - fused.ops.size()) == 7 * layers);
+  const std::int64_t inner = 2 * 16 * hf.cfg.intermediate * 2;  // one (B, T, 4H) bf16 tensor
+  for (std::int32_t l = 0; l < layers; ++l)
+    CHECK(hf.saved_bytes_of_layer(l).v - fused.saved_bytes_of_layer(l).v == 3 * inner);
+}
+
+TEST_CASE("--fused-loss: one cross entropy on the 16-bit logits trains to HF's upcast loss, exact bytes") {
+  // HF's path: logits.float(), log_softmax, nll_loss, all in fp32; the fused op reads the same
+  // logits and computes in fp32 too, and its gradient is rounded to the logits' dtype once, as
+  // the cast's backward rounds HF's. In fp32 there is no upcast: the same maths in one op.
+  check_variant_trains({"tiny-gpt2", "tiny-llama"}, &Case::fused_loss, "fused_loss");
+  // In the graph: bf16 logits are neither upcast nor turned into log-probabilities; the op saves
+  // them with one fp32 logsumexp per row.
+  const auto [hf, fused] = tiny_gpt2_graphs(&zp::models::GraphOptions::fused_loss);
   CHECK(hf.ops.size() - fused.ops.size() == 1);  // the upcast
   const auto& loss_op = fused.ops.back();
   CHECK(loss_op.fn == zp::models::Fn::cross_entropy_fused);
