@@ -659,7 +659,9 @@ class Builder {
     const std::int64_t rows = numel_of(T(logits).shape) / classes;
     const TensorId lse = tensor(name + ".logsumexp", {rows}, DType::fp32);
     const TensorId loss = tensor(name, {}, DType::fp32);
-    loss_op(name, Fn::cross_entropy_fused, logits, labels, lse, loss, {logits, lse, labels});
+    Op& op = loss_op(name, Fn::cross_entropy_fused, logits, labels, lse, loss, {logits, lse, labels});
+    // Its backward adds into the logits' gradient: that buffer is read as well as written.
+    op.bwd_bytes += T(logits).bytes;
     return loss;
   }
 

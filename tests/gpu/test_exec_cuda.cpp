@@ -5,6 +5,7 @@
 // caching-allocator rules, and on the GPU the reserved bytes are real cudaMalloc segments),
 // and the driver's measurements present and consistent; and `zeroplan compare` of each GPU
 // run with the simulator's prediction exact in bytes.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -50,11 +51,14 @@ struct Case {
   // N > 1 only: NCCL between the ranks on the one GPU, each naming its own NCCL_HOSTID
   // (NCCL then takes them for separate hosts and connects them over loopback sockets).
   bool nccl = false;
+  std::string variants = "";  // kernel variants of the graph for train and simulate, e.g. " --fused-loss"
 };
 
 std::string name_of(const Case& c) {
-  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}{}", c.model, c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "", c.np,
-                     c.nccl ? "-nccl" : "");
+  std::string v = c.variants;
+  std::replace(v.begin(), v.end(), ' ', '_');
+  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}{}{}", c.model, c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "",
+                     c.np, c.nccl ? "-nccl" : "", v);
 }
 
 // mpirun for n ranks, each with NCCL_HOSTID=zp<rank> when `hostid` (NCCL over loopback
@@ -85,9 +89,10 @@ json train(const Case& c, const std::string& device) {
   const fs::path out = dir() / (name + ".out.json");
   const fs::path rank0 = c.np == 1 ? out : dir() / (name + ".out.rank0.json");
   const std::string cmd = fmt::format("{} train --model {} --ds-config {} --steps 20 --seq-len 16 --quiet "
-                                      "--attention {} --device {} --workspaces-of H200-141GB --out {}{}{}",
+                                      "--attention {} --device {} --workspaces-of H200-141GB --out {}{}{}{}",
                                       bin(), c.model, cfg.string(), c.attention, device, out.string(),
-                                      c.ckpt ? " --activation-checkpointing" : "", c.nccl && device == "cuda" ? " --comm nccl" : "");
+                                      c.ckpt ? " --activation-checkpointing" : "", c.nccl && device == "cuda" ? " --comm nccl" : "",
+                                      c.variants);
   const auto r = zp::test::run_shell(c.np == 1 ? cmd : mpirun(c.np, c.nccl && device == "cuda", cmd));
   INFO(name, "\n", r.out);
   REQUIRE(r.status == 0);
@@ -109,9 +114,9 @@ void check_compare(const Case& c) {
   const fs::path predicted = dir() / (name_of(c) + ".predicted.json");
   const auto r = zp::test::run_shell(fmt::format(
       "{0} simulate --model {1} --ds-config {2} --cluster 8xH200-141GB-NVSwitch --gpus {3} --rank 0 --seq-len 16 "
-      "--attention {4}{5} --json > {6} && {0} compare --predicted {6} --measured {7} --json",
+      "--attention {4}{5}{8} --json > {6} && {0} compare --predicted {6} --measured {7} --json",
       bin(), c.model, cfg.string(), c.np, c.attention, c.ckpt ? " --activation-checkpointing" : "", predicted.string(),
-      measured.string()), false);
+      measured.string(), c.variants), false);
   INFO(r.out);
   REQUIRE(r.status == 0);
   const json cmp = json::parse(r.out);
@@ -186,6 +191,11 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
   check({"tiny-llama", 3, "fp16"});
   check({"tiny-gpt2", 2, "bf16", 2, "sdpa"});
   check({"tiny-llama", 1, "fp32", 1, "sdpa", true});
+  // zeroplan's kernel variants: GPT-2's GELU as one op, the loss as one cross entropy on the
+  // 16-bit logits (fp16: the loss scale flows through the fused backward).
+  check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss"});
+  check({"tiny-gpt2", 0, "fp16", 2, "eager", false, 1, false, " --fused-gelu --fused-loss"});
+  check({"tiny-llama", 3, "bf16", 2, "sdpa", false, 1, false, " --fused-loss"});
 }
 
 TEST_CASE("train --device cuda: 2 and 4 ranks on one GPU (host-staged collectives)") {
