@@ -133,8 +133,7 @@ struct RunConfig {
                                      // the heaviest rank, as simulate predicts it
   bool activation_checkpointing = false;
   bool keep_output = false;          // the caller held the model output (--keep-output)
-  bool fused_gelu = false;           // train --fused-gelu (models::GraphOptions::fused_gelu)
-  bool fused_loss = false;           // train --fused-loss (models::GraphOptions::fused_loss)
+  models::KernelVariants variants;   // train --fused-gelu, ... (zeroplan's kernel variants)
   std::map<std::string, std::string> tags;
 };
 

@@ -174,8 +174,7 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     t.activation_checkpointing = rc.activation_checkpointing || rc.cfg.activation_checkpointing_present;
     t.keep_output = rc.keep_output;
     models::GraphOptions go = sim::graph_options(rc.cfg, batch, rc.seq_len, rc.attention, models::kDefaultTransformers, t);
-    go.fused_gelu = rc.fused_gelu;
-    go.fused_loss = rc.fused_loss;
+    go.variants = rc.variants;
     runs_[r].graph = models::build_graph(mc, go);
     runs_[r].program = sim::predict(runs_[r].graph, rc.cfg, batch, t, false).program;
   }

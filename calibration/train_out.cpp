@@ -76,10 +76,9 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   t.rank = rank;
   t.activation_checkpointing = ckpt;
   models::GraphOptions go = sim::graph_options(cfg, batch, seq, att, models::kDefaultTransformers, t);
-  const bool fused_gelu = cr.get_bool(c, "fused_gelu", false);  // train --fused-gelu ran the fused variant
-  go.fused_gelu = fused_gelu;
-  const bool fused_loss = cr.get_bool(c, "fused_loss", false);  // train --fused-loss
-  go.fused_loss = fused_loss;
+  // The kernel variants the run trained with (train --fused-gelu, ...): its graph.
+  for (const models::KernelVariantInfo& k : models::kernel_variants())
+    go.variants.*k.member = cr.get_bool(c, k.key, false);
   const models::OpGraph g = models::build_graph(mc, go);
   const sim::Prediction pred = sim::predict(g, cfg, batch, t, false);
   const zero::Program& prog = pred.program;
@@ -101,8 +100,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   ds.runs.push_back(make_run(fs::path(path).stem().string(), path, model, cfg, seq, att, world, ckpt));
   ds.runs.back().model_config = mc;
   ds.runs.back().rank = rank;
-  ds.runs.back().fused_gelu = fused_gelu;
-  ds.runs.back().fused_loss = fused_loss;
+  ds.runs.back().variants = go.variants;
   // Per timer phase, the sum of its device events' measured times (the executor runs them one
   // after another, so this is what its phases took).
   std::array<double, kNumPhaseNames> phase_sum{};

@@ -247,20 +247,20 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
     differ(P["seq_len"], cfg["seq_len"], std::to_string(P["seq_len"].integer(1)), std::to_string(seq),
            fmt::format("simulate with --seq-len {}", seq));
   // Keys only some versions write: compared when both sides have them.
-  for (const char* k : {"attention", "activation_checkpointing", "fused_gelu", "fused_loss"}) {
+  for (const char* k : {"attention", "activation_checkpointing"}) {
     if (!P.has(k) || !cfg.has(k)) continue;
     if (P[k].raw() != cfg[k].raw())
       differ(P[k], cfg[k], ju::printable(P[k].raw().dump()), ju::printable(cfg[k].raw().dump()), "");
   }
   // A file without a kernel variant's key predates it: it predicted (or ran) HF's graph.
-  for (const auto& [k, flag] : {std::pair{"fused_gelu", "--fused-gelu"}, std::pair{"fused_loss", "--fused-loss"}}) {
-    const bool p_on = P.has(k) && P[k].raw() == true;
-    const bool m_on = cfg.has(k) && cfg[k].raw() == true;
+  for (const models::KernelVariantInfo& k : models::kernel_variants()) {
+    const bool p_on = P.has(k.key) && P[k.key].raw() == true;
+    const bool m_on = cfg.has(k.key) && cfg[k.key].raw() == true;
     if (p_on != m_on)
       throw InputError(pair, "",
                        fmt::format("the runs differ in {}: predicted {}, measured {} (a file without the key ran HF's "
                                    "graph); simulate {}{}",
-                                   k, p_on, m_on, m_on ? "with " : "without ", flag));
+                                   k.key, p_on, m_on, m_on ? "with " : "without ", k.flag));
   }
   // The ds_config each side was made from (canonical JSON, written by simulate --json as
   // "ds_config" and by train --out as config.ds_config_json), apart from the keys that

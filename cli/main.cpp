@@ -94,8 +94,7 @@ void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::st
   c->add_option("--attention", r.attention, zp::cli::attention_help());
   c->add_option("--transformers", r.transformers, zp::cli::transformers_help());
   c->add_flag("--keep-output", r.keep_output, zp::cli::keep_output_help());
-  c->add_flag("--fused-gelu", r.fused_gelu, zp::cli::fused_gelu_help());
-  c->add_flag("--fused-loss", r.fused_loss, zp::cli::fused_loss_help());
+  zp::cli::add_variant_flags(c, r.variants);
   c->add_option("--rank", r.rank, "rank to simulate (default: the one with the most rank-dependent bytes)");
 }
 
@@ -178,8 +177,7 @@ int main(int argc, char** argv) {
   train->add_option("--attention", tr.attention, zp::cli::attention_help());
   train->add_option("--transformers", tr.transformers, zp::cli::transformers_help());
   train->add_flag("--keep-output", tr.keep_output, zp::cli::keep_output_help());
-  train->add_flag("--fused-gelu", tr.fused_gelu, zp::cli::fused_gelu_help());
-  train->add_flag("--fused-loss", tr.fused_loss, zp::cli::fused_loss_help());
+  zp::cli::add_variant_flags(train, tr.variants);
   std::string tr_workspaces_of;
   train->add_option("--workspaces-of", tr_workspaces_of,
                     "allocate the cuBLAS/cuBLASLt workspaces PyTorch keeps on this GPU (zeroplan devices), so the "

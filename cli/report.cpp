@@ -379,8 +379,7 @@ CLI::App* add_report_command(CLI::App& app, ReportRequest& req) {
   c->add_option("--attention", r.attention, attention_help());
   c->add_option("--transformers", r.transformers, transformers_help());
   c->add_flag("--keep-output", r.keep_output, keep_output_help());
-  c->add_flag("--fused-gelu", r.fused_gelu, fused_gelu_help());
-  c->add_flag("--fused-loss", r.fused_loss, fused_loss_help());
+  add_variant_flags(c, r.variants);
   c->add_option("--rank", r.rank, "rank to simulate (default: the one with the most rank-dependent bytes)");
   c->add_option("--stages", req.stages, "stages to simulate, e.g. 0,1,2,3 (the default)");
   c->add_option("--stage", req.stage_a, "stage A of views 2 and 3 (default: the config's)");

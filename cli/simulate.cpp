@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "calibration/profile.hpp"
@@ -26,15 +27,17 @@ std::string attention_help() {
                      models::attention_name(models::kDefaultAttention));
 }
 
-std::string fused_loss_help() {
-  return "a causal LM's loss as one fused cross entropy on the logits in their dtype, saving them and a logsumexp "
-         "per row (zeroplan's kernel variant; HF upcasts the logits to fp32 and saves fp32 log-probabilities), for "
-         "train and for the simulate that predicts it";
+// ", fused_gelu, fused_loss (zeroplan's kernel variants)" for the ones on; "" for HF's graph.
+std::string variant_names(const models::KernelVariants& v) {
+  std::string on;
+  for (const models::KernelVariantInfo& k : models::kernel_variants())
+    if (v.*k.member) on += std::string(", ") + k.key;
+  return on.empty() ? on : on + " (zeroplan's kernel variants, not HF's graph)";
 }
 
-std::string fused_gelu_help() {
-  return "GPT-2's gelu_new as one fused GELU op saving only its input (zeroplan's kernel variant; DeepSpeed on HF's "
-         "model runs eight ops), for train and for the simulate that predicts it";
+void add_variant_flags(CLI::App* c, models::KernelVariants& v) {
+  for (const models::KernelVariantInfo& k : models::kernel_variants())
+    c->add_flag(k.flag, v.*k.member, std::string(k.help) + "; simulate predicts what train runs with the same flags");
 }
 
 std::string transformers_help() {
@@ -122,8 +125,7 @@ Inputs load_inputs(const SimRequest& req) {
   if (!req.attention.empty()) (void)models::parse_attention("--attention", "", req.attention);
   if (!req.transformers.empty()) in.transformers = models::parse_transformers("--transformers", "", req.transformers);
   in.keep_output = req.keep_output;
-  in.fused_gelu = req.fused_gelu;
-  in.fused_loss = req.fused_loss;
+  in.variants = req.variants;
   in.model = models::load_model(req.model);
   const models::AttentionChoice attention = models::choose_attention(in.model, req.attention);
   in.attention = attention.attention;
@@ -181,8 +183,7 @@ zero::DsConfig config_for_stage(const Inputs& in, const SimRequest& req, int sta
 
 models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch) {
   models::GraphOptions go = sim::graph_options(cfg, batch, in.seq_len, in.attention, in.transformers, target(in));
-  go.fused_gelu = in.fused_gelu;
-  go.fused_loss = in.fused_loss;
+  go.variants = in.variants;
   return go;
 }
 
@@ -191,7 +192,7 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   models::OpGraph local;
   if (!graph || graph->opt.micro_batch != batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype() ||
       graph->opt.attention != in.attention || graph->opt.transformers != in.transformers ||
-      graph->opt.fused_gelu != in.fused_gelu || graph->opt.fused_loss != in.fused_loss ||
+      graph->opt.variants != in.variants ||
       graph->opt.gradient_checkpointing != in.activation_checkpointing) {
     local = models::build_graph(in.model, graph_options(in, cfg, batch));
     graph = &local;
@@ -355,8 +356,7 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   j["cluster"] = {{"name", in.cluster.name}, {"nodes", in.cluster.nodes}, {"gpus_per_node", in.cluster.gpus_per_node}};
   j["seq_len"] = in.seq_len;
   j["attention"] = models::attention_name(in.attention);
-  j["fused_gelu"] = in.fused_gelu;
-  j["fused_loss"] = in.fused_loss;
+  for (const models::KernelVariantInfo& k : models::kernel_variants()) j[k.key] = in.variants.*k.member;
   j["warnings"] = in.warnings;
   // The ds_config as read (canonical JSON; {} for DeepSpeed's defaults), so that compare can
   // tell a prediction of another configuration.
@@ -384,8 +384,7 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
                      in.world_size, in.device->name, human_bytes(in.device->memory), first.batch.micro_batch,
                      in.seq_len, dtype_name(in.cfg.model_dtype()), models::attention_name(in.attention),
                      std::string(in.activation_checkpointing ? ", activation checkpointing" : "") +
-                         (in.fused_gelu ? ", fused GELU (zeroplan's kernel variant, not HF's chain)" : "") +
-                         (in.fused_loss ? ", fused loss (zeroplan's kernel variant, not HF's fp32 upcast)" : ""));
+                         variant_names(in.variants));
   out += fmt::format("{:>5} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5}  {}\n",
                      "stage", "gas", "params", "grads", "master", "optim", "comm_buf", "activ", "temps", "peak_alloc",
                      "dev_used", "host", "fits", "peak event");

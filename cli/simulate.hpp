@@ -8,6 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 #include "models/graph.hpp"
 #include <memory>
 
@@ -41,8 +45,7 @@ struct SimRequest {
   std::string attention;                 // eager | sdpa | flash_attention_2; empty: the config.json's, else sdpa
   std::string transformers;              // 5 | 4.46; empty: models::kDefaultTransformers
   bool keep_output = false;              // the caller keeps the model output until the micro-step ends
-  bool fused_gelu = false;               // models::GraphOptions::fused_gelu (zeroplan's kernel variant)
-  bool fused_loss = false;               // models::GraphOptions::fused_loss (zeroplan's kernel variant)
+  models::KernelVariants variants;        // zeroplan's fused variants of the graph (all off: HF's)
   bool json = false;
   bool critical_path = false;            // --critical-path: the path event by event
   bool check_batch = true;               // false: the caller sets the batch (plan)
@@ -64,8 +67,7 @@ struct Inputs {
   models::Attention attention = models::kDefaultAttention;
   models::Transformers transformers = models::kDefaultTransformers;
   bool keep_output = false;
-  bool fused_gelu = false;
-  bool fused_loss = false;
+  models::KernelVariants variants;
   std::vector<std::string> warnings;
   // --profile: its file and the relative standard deviation its predictions carry (0: none).
   std::string profile_file;
@@ -115,8 +117,10 @@ nlohmann::json simulate_trace(const std::vector<StageResult>& rs);
 std::string attention_help();
 // --transformers's and --keep-output's help (one string for every subcommand).
 std::string transformers_help();
-std::string fused_gelu_help();
-std::string fused_loss_help();
+// --fused-gelu, --fused-loss, ... (models::kernel_variants()) on a subcommand.
+void add_variant_flags(CLI::App* c, models::KernelVariants& v);
+// The variants that are on, for a heading: ", fused_gelu (zeroplan's kernel variants, ...)".
+std::string variant_names(const models::KernelVariants& v);
 std::string keep_output_help();
 // The files a request reads, as (flag, path) for zp::io::refuse_same_file.
 std::vector<std::pair<std::string, std::string>> input_files(const SimRequest& req, const Inputs& in);

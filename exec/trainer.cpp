@@ -241,8 +241,7 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
   if (!att.note.empty() && rank == 0) std::fprintf(stderr, "warning: %s\n", att.note.c_str());
   if (!opt.transformers.empty()) go.transformers = models::parse_transformers("--transformers", "", opt.transformers);
   go.gradient_checkpointing = opt.activation_checkpointing;
-  go.fused_gelu = opt.fused_gelu;
-  go.fused_loss = opt.fused_loss;
+  go.variants = opt.variants;
   s.graph = std::make_unique<models::OpGraph>(models::build_graph(mcfg, go));
   const models::OpGraph& g = *s.graph;
   zero::LowerOptions lo;
@@ -439,12 +438,12 @@ json train(const TrainOptions& opt, Comm& boot) {
                      {"data", opt.data},
                      {"activation_checkpointing", opt.activation_checkpointing},
                      {"attention", models::attention_name(g.opt.attention)},
-                     {"fused_gelu", g.opt.fused_gelu},
-                     {"fused_loss", g.opt.fused_loss},
                      {"backend", fmt::format("{}+{}", device ? "cuda" : "cpu", comm.backend())},
                      {"nccl_version", nccl ? nccl_version() : ""},
                      {"allow_tf32", opt.allow_tf32},
                      {"cpu_gemm", kernels::cpu::isa_name(kernels::cpu::gemm_isa())}};
+    for (const models::KernelVariantInfo& k : models::kernel_variants())
+      doc["config"][k.key] = g.opt.variants.*k.member;
     if (device) {
       // What the driver saw in use on the GPU (the context, the libraries, the program's
       // segments and the device's own scratch), beside the program's reserved bytes.

@@ -24,8 +24,7 @@ struct TrainOptions {
   std::int64_t seq_len = 0;           // 0: the model's maximum
   std::optional<std::int64_t> micro_batch;  // overrides train_micro_batch_size_per_gpu
   bool activation_checkpointing = false;
-  bool fused_gelu = false;             // models::GraphOptions::fused_gelu
-  bool fused_loss = false;             // models::GraphOptions::fused_loss
+  models::KernelVariants variants;     // zeroplan's fused variants of the graph
   std::string attention;              // eager | sdpa | flash_attention_2; empty: the config.json's, else sdpa
   std::string transformers;           // 5 | 4.46; empty: models::kDefaultTransformers
   bool keep_output = false;           // zero::LowerOptions::keep_output

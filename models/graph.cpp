@@ -72,6 +72,20 @@ std::optional<OpKind> op_kind_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+const std::vector<KernelVariantInfo>& kernel_variants() {
+  static const std::vector<KernelVariantInfo> all = {
+      {"fused_gelu", "--fused-gelu",
+       "GPT-2's gelu_new as one fused GELU op saving only its input (zeroplan's kernel variant; DeepSpeed on HF's "
+       "model runs eight ops)",
+       &KernelVariants::fused_gelu},
+      {"fused_loss", "--fused-loss",
+       "a causal LM's loss as one fused cross entropy on the logits in their dtype, saving them and a logsumexp "
+       "per row (zeroplan's kernel variant; HF upcasts the logits to fp32 and saves fp32 log-probabilities)",
+       &KernelVariants::fused_loss},
+  };
+  return all;
+}
+
 const char* fn_name(Fn f) {
   switch (f) {
     case Fn::none: return "none";
@@ -461,7 +475,7 @@ class Builder {
         return y;
       }
       case Act::gelu_new: {
-        if (g_.opt.fused_gelu) {  // GraphOptions::fused_gelu: the same formula as one op
+        if (g_.opt.variants.fused_gelu) {  // KernelVariants::fused_gelu: the same formula as one op
           const TensorId y = simple(name, OpKind::gelu_tanh, {x}, shape, dt, {x});
           tag(Fn::gelu_tanh);
           return y;
@@ -653,7 +667,7 @@ class Builder {
     return loss;
   }
 
-  // GraphOptions::fused_loss: one op reads the logits in their dtype, computes in fp32 and
+  // KernelVariants::fused_loss: one op reads the logits in their dtype, computes in fp32 and
   // saves them with each row's logsumexp; its backward writes the logits' gradient directly.
   TensorId cross_entropy_fused(const std::string& name, TensorId logits, TensorId labels, std::int64_t classes) {
     const std::int64_t rows = numel_of(T(logits).shape) / classes;
@@ -668,7 +682,7 @@ class Builder {
   // Causal-LM loss as HF's ForCausalLMLoss: logits.float(), labels shifted by padding,
   // cross-entropy over all B*T positions.
   TensorId causal_lm_loss(TensorId logits, TensorId labels, std::int64_t vocab) {
-    if (g_.opt.fused_loss) return cross_entropy_fused("loss.cross_entropy", logits, labels, vocab);
+    if (g_.opt.variants.fused_loss) return cross_entropy_fused("loss.cross_entropy", logits, labels, vocab);
     TensorId l = logits;
     if (T(logits).dtype != DType::fp32)
     {

@@ -99,7 +99,7 @@ enum class Fn : std::uint8_t {
   flash_attention,     // flash_attn_func as transformers' flash_attention_2 calls it (alpha: dropout_p);
                        // operands and layout: heads_layout()
   cross_entropy_fused, // outputs the rows' logsumexp (fp32) and the mean loss (fp32) of 16-bit or fp32 logits;
-                       // saves the logits and the logsumexp (GraphOptions::fused_loss)
+                       // saves the logits and the logsumexp (KernelVariants::fused_loss)
   heads_copy,          // y(B,X,T,D) contiguous = the head view of x: columns [col[0], col[0] + X·D) of a
                        // (B,T,W) tensor, or a 4-D tensor (the KV cache's torch.cat, matmul's copy of a
                        // strided operand)
@@ -156,6 +156,29 @@ struct Op {
   std::int32_t rng_stream = -1;
 };
 
+// zeroplan's kernel variants of HF's graph: fused ops that save less, which its executor runs
+// and `simulate` predicts with the same flags. DeepSpeed runs HF's graph: all off.
+struct KernelVariants {
+  // GPT-2's gelu_new as one fused GELU op (tanh form: the same formula, computed in fp32 and
+  // rounded once) that saves only its input, instead of HF's eight elementwise ops and their
+  // saved tensors.
+  bool fused_gelu = false;
+  // A causal LM's loss as one fused cross entropy on the logits in their own dtype (fp32 inside,
+  // saving the logits and one fp32 logsumexp per row), instead of HF's fp32 upcast of the logits
+  // and log_softmax + nll_loss, which save fp32 log-probabilities of the logits' size.
+  bool fused_loss = false;
+  bool operator==(const KernelVariants&) const = default;
+};
+// Each variant: its key in train --out's config and simulate --json, its command-line flag, its
+// help text, and its member.
+struct KernelVariantInfo {
+  const char* key;
+  const char* flag;
+  const char* help;
+  bool KernelVariants::*member;
+};
+const std::vector<KernelVariantInfo>& kernel_variants();
+
 // How attention is computed (models/attention.hpp: eager, sdpa, flash_attention_2; the
 // default is kDefaultAttention, sdpa, as transformers picks it), and which transformers
 // release's modelling code is followed where releases differ (models/transformers.hpp).
@@ -168,16 +191,7 @@ struct GraphOptions {
   // HF gradient checkpointing (per-layer activation checkpointing): transformers then turns
   // use_cache off, so no KV cache is built. Must match the lowering's activation_checkpointing.
   bool gradient_checkpointing = false;
-  // GPT-2's gelu_new as one fused GELU op (tanh form: the same formula, computed in fp32 and
-  // rounded once) that saves only its input, instead of HF's eight elementwise ops and their
-  // saved tensors. A zeroplan kernel variant (train --fused-gelu and simulate --fused-gelu),
-  // not what DeepSpeed runs on HF's model.
-  bool fused_gelu = false;
-  // A causal LM's loss as one fused cross entropy on the logits in their own dtype (fp32 inside,
-  // saving the logits and one fp32 logsumexp per row), instead of HF's fp32 upcast of the logits
-  // and log_softmax + nll_loss, which save fp32 log-probabilities of the logits' size. A zeroplan
-  // kernel variant (train --fused-loss, simulate --fused-loss).
-  bool fused_loss = false;
+  KernelVariants variants;           // zeroplan's fused variants (all off: HF's graph)
 };
 
 

@@ -116,7 +116,7 @@ TEST_CASE("simulate --fused-gelu: said in the header and the JSON, three MLP-wid
   const std::string base = "simulate --model gpt2 --gpus 1 --gpu H200-141GB --micro-batch 4 --seq-len 1024 --stages 0";
   const Run t = run(base + " --fused-gelu");
   REQUIRE(t.status == 0);
-  CHECK(t.out.find("fused GELU (zeroplan's kernel variant, not HF's chain)") != std::string::npos);
+  CHECK(t.out.find(", fused_gelu (zeroplan's kernel variants, not HF's graph)") != std::string::npos);
   const auto hf = nlohmann::json::parse(run(base + " --json").out);
   const auto fused = nlohmann::json::parse(run(base + " --fused-gelu --json").out);
   CHECK(hf["fused_gelu"] == false);

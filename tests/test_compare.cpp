@@ -188,7 +188,8 @@ TEST_CASE("compare: bad input and different runs exit 2 with one line") {
   doc = nlohmann::json::parse(std::ifstream(m));
   doc["config"]["fused_gelu"] = true;  // train --fused-gelu ran another graph than simulate predicted
   bad("--predicted " + p + " --measured " + file("fused.json", doc.dump()),
-      "the runs differ in fused_gelu: predicted false (fused_gelu), measured true (config.fused_gelu)");
+      "the runs differ in fused_gelu: predicted false, measured true (a file without the key ran HF's graph); "
+      "simulate with --fused-gelu");
   {
     auto pd = nlohmann::json::parse(std::ifstream(p));  // a prediction from before the key
     pd.erase("fused_gelu");

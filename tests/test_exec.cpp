@@ -138,8 +138,8 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
   go.attention = zp::models::parse_attention("--attention", "", c.attention);
   go.gradient_checkpointing = c.ckpt;  // transformers turns the KV cache off
   go.transformers = zp::models::parse_transformers("--transformers", "", c.transformers);
-  go.fused_gelu = c.fused_gelu;
-  go.fused_loss = c.fused_loss;
+  go.variants.fused_gelu = c.fused_gelu;
+  go.variants.fused_loss = c.fused_loss;
   const auto g = zp::models::build_graph(mc, go);
   for (int k = 0; k < c.np; ++k) {
     zp::zero::LowerOptions lo;
@@ -853,14 +853,14 @@ void check_variant_trains(const std::vector<std::string>& models, bool Case::*fl
 }
 
 // tiny-gpt2's graph in bf16 at micro-batch 2, sequence 16: HF's, and with the variant `flag`.
-std::pair<zp::models::OpGraph, zp::models::OpGraph> tiny_gpt2_graphs(bool zp::models::GraphOptions::*flag) {
+std::pair<zp::models::OpGraph, zp::models::OpGraph> tiny_gpt2_graphs(bool zp::models::KernelVariants::*flag) {
   zp::models::GraphOptions go;
   go.micro_batch = 2;
   go.seq_len = 16;
   go.act_dtype = zp::DType::bf16;
   const auto mc = zp::models::load_model("tiny-gpt2");
   auto hf = zp::models::build_graph(mc, go);
-  go.*flag = true;
+  go.variants.*flag = true;
   return {std::move(hf), zp::models::build_graph(mc, go)};
 }
 
@@ -873,7 +873,7 @@ TEST_CASE("--fused-gelu: GPT-2's gelu_new as one op trains to HF's eight ops' lo
   // What the variant changes in the graph: seven ops fewer per layer (HF writes it in eight),
   // and of what the activation saved only its input (HF's chain keeps x, 0.5·x, tanh's output
   // and 1 + tanh).
-  const auto [hf, fused] = tiny_gpt2_graphs(&zp::models::GraphOptions::fused_gelu);
+  const auto [hf, fused] = tiny_gpt2_graphs(&zp::models::KernelVariants::fused_gelu);
   const auto layers = static_cast<std::int64_t>(hf.layers.size());
   REQUIRE(layers == hf.cfg.layers);
   CHECK(static_cast<std::int64_t>(hf.ops.size() - fused.ops.size()) == 7 * layers);
@@ -889,7 +889,7 @@ TEST_CASE("--fused-loss: one cross entropy on the 16-bit logits trains to HF's u
   check_variant_trains({"tiny-gpt2", "tiny-llama"}, &Case::fused_loss, "fused_loss");
   // In the graph: bf16 logits are neither upcast nor turned into log-probabilities; the op saves
   // them with one fp32 logsumexp per row.
-  const auto [hf, fused] = tiny_gpt2_graphs(&zp::models::GraphOptions::fused_loss);
+  const auto [hf, fused] = tiny_gpt2_graphs(&zp::models::KernelVariants::fused_loss);
   CHECK(hf.ops.size() - fused.ops.size() == 1);  // the upcast
   const auto& loss_op = fused.ops.back();
   CHECK(loss_op.fn == zp::models::Fn::cross_entropy_fused);
