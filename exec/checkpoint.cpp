@@ -232,16 +232,24 @@ std::unique_ptr<io::AtomicWriter> write_part(const fs::path& path, const std::st
   f.write(le32(hlen).data(), 4);
   f.write(text);
   f.write(le32(0).data(), 4);  // header CRC, rewritten below
+  std::vector<char> staging;
   for (std::size_t i = 0; i < blobs.size(); ++i) {
     const auto& b = blobs[i];
+    const BlobMemory* memory = b.memory;
+    if (memory) staging.resize(kChunk);
     if (b.bytes > 0 && b.data == nullptr)
       throw std::invalid_argument(fmt::format("checkpoint: {} blob '{}' has {} bytes but no data", part_name(part), b.name, b.bytes));
     boost::crc_32_type crc;
     const char* p = static_cast<const char*>(b.data);
     for (auto left = static_cast<std::size_t>(b.bytes); left > 0;) {
       const std::size_t n = std::min(left, kChunk);
-      crc.process_bytes(p, n);
-      f.write(p, n);
+      const char* h = p;
+      if (memory) {
+        memory->to_host(staging.data(), p, n);
+        h = staging.data();
+      }
+      crc.process_bytes(h, n);
+      f.write(h, n);
       p += n;
       left -= n;
     }
@@ -462,13 +470,18 @@ void check_blobs(const PartFile& f, std::span<const CheckpointBlob> want) {
 
 void restore(const PartFile& f, std::span<const CheckpointBlob> blobs) {
   std::int64_t offset = f.data_start;
+  std::vector<char> staging;
   for (std::size_t i = 0; i < blobs.size(); ++i) {
+    const BlobMemory* memory = blobs[i].memory;
+    if (memory) staging.resize(kChunk);
     boost::crc_32_type crc;
     char* p = static_cast<char*>(blobs[i].data);
     for (auto left = static_cast<std::size_t>(blobs[i].bytes); left > 0;) {
       const std::size_t n = std::min(left, kChunk);
-      read_exact(f, p, n, offset);
-      crc.process_bytes(p, n);
+      char* h = memory ? staging.data() : p;
+      read_exact(f, h, n, offset);
+      crc.process_bytes(h, n);
+      if (memory) memory->from_host(p, h, n);
       p += n;
       offset += static_cast<std::int64_t>(n);
       left -= n;

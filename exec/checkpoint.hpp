@@ -17,7 +17,9 @@
 // header and of each blob, the run's identity, the blob table) and answers any problem
 // with one InputError line naming the file and what is wrong. Resharding to another
 // world size is not supported: such a checkpoint is refused.
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -27,11 +29,20 @@
 
 namespace zp::exec {
 
+// How blob data is reached when the host cannot address it (a GPU's memory): a blob is
+// written and restored in chunks of a few MiB through a host buffer, so a device's state
+// is never copied whole into host memory. Without it, blob data is host memory.
+struct BlobMemory {
+  std::function<void(void* host, const void* data, std::size_t bytes)> to_host;    // data → host
+  std::function<void(void* data, const void* host, std::size_t bytes)> from_host;  // host → data
+};
+
 // A named piece of state to save or restore (a persistent buffer of the step program).
 struct CheckpointBlob {
   std::string name;        // e.g. "master_partition", "optimizer_state", "params"
   void* data = nullptr;    // restored in place on load
   std::int64_t bytes = 0;
+  const BlobMemory* memory = nullptr;  // how `data` is reached; nullptr: host memory
 };
 
 // The identity of the run that wrote a checkpoint, and where it stopped.
@@ -91,7 +102,7 @@ bool has_checkpoint(const std::string& dir);
 // config_digest and model_digest (naming the keys that differ when both sides recorded
 // the config), stage, world_size, rank; blob names, order and sizes against the caller's)
 // before any blob is touched; then the blobs
-// are read in place and their CRC-32 checked. Returns the saved meta (step, seed, extra).
+// are read in place (through their `memory` when they have one) and their CRC-32 checked. Returns the saved meta (step, seed, extra).
 // Any problem → InputError naming the file. After an InputError raised by a blob's CRC
 // mismatch the caller's buffers hold partial data (the run is over anyway).
 CheckpointMeta load_checkpoint(const std::string& dir, const CheckpointMeta& expect,

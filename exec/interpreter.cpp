@@ -55,6 +55,8 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
       p_(expanded_ ? *expanded_ : p),
       cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
   host_ = dev_.host_addressable();
+  device_memory_.to_host = [this](void* host, const void* data, std::size_t n) { dev_.download_bytes(host, data, n); };
+  device_memory_.from_host = [this](void* data, const void* host, std::size_t n) { dev_.upload_bytes(data, host, n); };
   stage_ = p_.info.stage;
   bf16_opt_ = zero::runs_bf16_optimizer(cfg);
   N_ = p_.info.world_size;
@@ -798,6 +800,7 @@ void Interpreter::update_loss_scale() {
 }
 
 std::vector<CheckpointBlob> Interpreter::checkpoint_blobs(CheckpointPart part) const {
+  flush();
   std::vector<CheckpointBlob> out;
   for (zero::EventId id = 0; id < p_.step_begin; ++id)
     for (BufferId b : p_.allocs(p_.events[U(id)])) {
@@ -806,7 +809,8 @@ std::vector<CheckpointBlob> Interpreter::checkpoint_blobs(CheckpointPart part) c
       const bool model = buf.category == zero::Category::params;
       const bool optim = buf.category == zero::Category::master_params || buf.category == zero::Category::optimizer_states;
       if ((part == CheckpointPart::model_states && model) || (part == CheckpointPart::optim_states && optim))
-        out.push_back({p_.buffer_name(b), mem_.data(b), buf.bytes.v});
+        out.push_back({p_.buffer_name(b), mem_.data(b), buf.bytes.v,
+                       buf.placement == zero::Placement::device ? &device_memory_ : nullptr});
     }
   return out;
 }

@@ -93,7 +93,8 @@ class Interpreter : private Operands {
   void set_param_value(models::ParamId p, std::int64_t i, float v);
   // The state a checkpoint holds: the persistent buffers of the program (16-bit params
   // this rank holds; master weights and optimizer states of its partition), and the
-  // fp16 loss scaler. Valid between steps.
+  // fp16 loss scaler. Valid between steps. A blob in the device's memory is read and
+  // restored through the device (in chunks: a GPU's state is never copied whole to the host).
   std::vector<CheckpointBlob> checkpoint_blobs(CheckpointPart part) const;
   nlohmann::json scaler_state() const;
   void set_scaler_state(const nlohmann::json& j);
@@ -144,6 +145,7 @@ class Interpreter : private Operands {
   std::unique_ptr<Device> own_device_;  // the CPU device when none is given
   Device& dev_;
   bool host_ = true;             // the device's memory is the host's (fp32 views may be staged)
+  BlobMemory device_memory_;     // checkpoint blobs in the device's memory, through the device
   void* loss_slots_ = nullptr;
   const std::map<std::string, NamedTensor>* init_ = nullptr;   // each micro-step's loss (fp32, on the device) until the step ends
 

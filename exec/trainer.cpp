@@ -259,8 +259,6 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
     throw InputError("--device", "", fmt::format("must be cpu or cuda, got '{}'", opt.device));
   if (opt.device == "cuda") {
     if (!cuda_device_built()) throw InputError("--device", "", "cuda: this zeroplan was built without CUDA (no toolkit at configure time)");
-    if (!opt.checkpoint_dir.empty())
-      throw InputError("--checkpoint-dir", "", "checkpoints are written by the cpu device only so far; drop --device cuda or --checkpoint-dir");
     if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none || cfg.zero.offload_param.device != zero::OffloadDevice::none)
       throw InputError(opt.ds_config, "zero_optimization.offload_*", "offload is executed by the cpu device only so far; drop --device cuda or the offload");
   }

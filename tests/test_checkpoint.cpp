@@ -150,6 +150,60 @@ TEST_CASE("checkpoint: round trip restores every byte and returns the saved meta
   CHECK(m.world_size == 1);
 }
 
+// Blobs in memory the host must not read directly (a GPU's): here host memory holding each
+// byte XOR 0x5A, reachable only through the blob's BlobMemory, which counts its calls.
+TEST_CASE("checkpoint: blobs in a device's memory are written and restored through it, a chunk at a time") {
+  TempDir d;
+  State plain(3, 1000, 4099, (std::size_t{4} << 20) * 2 + 17);  // three I/O chunks in one blob
+  constexpr unsigned char kMask = 0x5A;
+  std::size_t to_host_calls = 0, from_host_calls = 0, largest = 0;
+  ex::BlobMemory device;
+  device.to_host = [&](void* host, const void* data, std::size_t n) {
+    ++to_host_calls;
+    largest = std::max(largest, n);
+    for (std::size_t i = 0; i < n; ++i)
+      static_cast<unsigned char*>(host)[i] = static_cast<const unsigned char*>(data)[i] ^ kMask;
+  };
+  device.from_host = [&](void* data, const void* host, std::size_t n) {
+    ++from_host_calls;
+    largest = std::max(largest, n);
+    for (std::size_t i = 0; i < n; ++i)
+      static_cast<unsigned char*>(data)[i] = static_cast<const unsigned char*>(host)[i] ^ kMask;
+  };
+  const auto masked = [&](const State& s) {
+    State m = s.zeroed();
+    for (auto [from, to] : {std::pair{&s.params, &m.params}, {&s.master, &m.master}, {&s.optim, &m.optim}})
+      for (std::size_t i = 0; i < from->size(); ++i) (*to)[i] = (*from)[i] ^ kMask;
+    return m;
+  };
+  // The optimizer's blobs on the device, the params in host memory (as offloaded ones are).
+  State on_device = masked(plain);
+  auto optim = on_device.optimizer();
+  for (auto& b : optim) b.memory = &device;
+  ex::save_checkpoint(d.str(), meta_of(4), on_device.model(), optim);
+  ex::write_latest(d.str(), 4);
+  CHECK(to_host_calls == 1 + 3);  // master (one chunk), the state (three)
+  CHECK(largest == std::size_t{4} << 20);
+
+  // What the file holds is the device's values, not its raw bytes: a host-memory load of the
+  // optimizer's blobs gets the plain state; the params were host memory all along.
+  State got = plain.zeroed();
+  load(d, meta_of(0), got);
+  CHECK(got.master == plain.master);
+  CHECK(got.optim == plain.optim);
+  CHECK(got.params == on_device.params);
+
+  // And restored onto the device through it.
+  State back = plain.zeroed();
+  auto optim_back = back.optimizer();
+  for (auto& b : optim_back) b.memory = &device;
+  ex::load_checkpoint(d.str(), meta_of(0), back.model(), optim_back);
+  CHECK(from_host_calls == 1 + 3);
+  CHECK(back.master == on_device.master);
+  CHECK(back.optim == on_device.optim);
+  CHECK(back.params == on_device.params);
+}
+
 TEST_CASE("checkpoint: latest names the newest; an explicit tag loads an older one") {
   TempDir d;
   State a(10), b(20);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -210,6 +211,50 @@ TEST_CASE("train --device cuda --comm nccl: ranks on one GPU, each with its own 
   check({"tiny-gpt2", 2, "fp32", 2, "eager", false, 2, true});
   check({"tiny-llama", 3, "fp32", 2, "eager", false, 2, true});
   check({"tiny-bert", 1, "bf16", 1, "eager", false, 4, true});
+}
+
+// Checkpoints on the GPU: the device's state is written through the device a chunk at a
+// time, and a run resumed from it continues as if never stopped (the same kernels on the
+// same bytes: the losses are bitwise equal); the files are the program's buffers in their
+// storage dtype, so the CPU device resumes a GPU checkpoint too (within the dtype's tolerance).
+TEST_CASE("train --device cuda: checkpoint and resume") {
+  for (const auto& [stage, dtype, np] : {std::tuple{1, "fp32", 1}, std::tuple{3, "bf16", 1}, std::tuple{2, "fp32", 2}}) {
+    const Case c{"tiny-gpt2", stage, dtype};
+    const std::string precision = c.dtype == "fp32" ? "" : fmt::format(R"("{}": {{"enabled": true}},)", c.dtype);
+    const fs::path cfg = dir() / fmt::format("ckpt-s{}-{}.json", stage, dtype);
+    std::ofstream(cfg) << fmt::format(R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, {}
+ "optimizer": {{"type": "AdamW", "params": {{"lr": 0.002}}}}, "zero_optimization": {{"stage": {}}}}})",
+                                      precision, stage);
+    const fs::path ck = dir() / fmt::format("ckpt-s{}-{}-n{}", stage, dtype, np);
+    fs::remove_all(ck);
+    const auto run = [&](const std::string& device, const std::string& extra, const std::string& out) {
+      const std::string cmd = fmt::format("{} train --model tiny-gpt2 --ds-config {} --seq-len 16 --quiet --device {} --out {} {}",
+                                          bin(), cfg.string(), device, (dir() / out).string(), extra);
+      const auto r = zp::test::run_shell(np == 1 ? cmd : mpirun(np, false, cmd));
+      INFO(cmd, "\n", r.out);
+      REQUIRE(r.status == 0);
+      std::ifstream in(dir() / (np == 1 ? out : fs::path(out).stem().string() + ".rank0.json"));
+      REQUIRE(in.good());
+      return json::parse(in)["losses"].get<std::vector<double>>();
+    };
+    const std::string tag = fmt::format("ckpt-s{}-{}-n{}", stage, dtype, np);
+    INFO(tag);
+    const auto full = run("cuda", "--steps 6", tag + "-full.json");
+    run("cuda", fmt::format("--steps 3 --checkpoint-dir {}", ck.string()), tag + "-first.json");
+    CHECK(fs::exists(ck / "latest"));
+    CHECK(fs::exists(ck / "global_step3" / fmt::format("zero_pp_rank_{}_mp_rank_00_optim_states.zpck", np - 1)));
+    const auto resumed = run("cuda", fmt::format("--steps 6 --checkpoint-dir {} --resume", ck.string()), tag + "-resumed.json");
+    REQUIRE(full.size() == 6);
+    CHECK(resumed == full);
+    // The CPU device resumes the GPU's step-6 checkpoint and trains on.
+    const auto cont_gpu = run("cuda", fmt::format("--steps 8 --checkpoint-dir {} --resume", ck.string()), tag + "-gpu8.json");
+    std::ofstream(ck / "latest", std::ios::trunc) << "global_step6";  // back to step 6, for the CPU
+    const auto cont_cpu = run("cpu", fmt::format("--steps 8 --checkpoint-dir {} --resume", ck.string()), tag + "-cpu8.json");
+    REQUIRE(cont_gpu.size() == 8);
+    REQUIRE(cont_cpu.size() == 8);
+    for (std::size_t i = 0; i < 6; ++i) CHECK(cont_cpu[i] == cont_gpu[i]);  // the checkpoint's record of the losses
+    for (std::size_t i = 6; i < 8; ++i) CHECK(std::abs(cont_cpu[i] - cont_gpu[i]) <= tolerance(c.dtype) * std::abs(cont_gpu[i]));
+  }
 }
 
 // A peer stopped (SIGSTOP: hung) or killed mid-training ends every rank, with one line
