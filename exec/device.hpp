@@ -99,6 +99,9 @@ class Device {
   virtual void download(float* dst, Ref src, std::int64_t n) = 0;
   virtual void upload_bytes(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void download_bytes(void* dst, const void* src, std::size_t bytes) = 0;
+  // Returns once everything queued on this device has run (a device that runs each call
+  // as it is made has nothing to wait for).
+  virtual void synchronize() {}
 
   // Event timing: the interpreter brackets each event of a step; step_times returns, for
   // each event bracketed since step_begin, its seconds and its start from the step's

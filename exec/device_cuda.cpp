@@ -278,6 +278,7 @@ class CudaDevice final : public Device {
     ZP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::memcpy(dst, p, bytes);
   }
+  void synchronize() override { ZP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   void step_begin(std::size_t events) override {
     if (events_.size() < 2 * events + 1) {

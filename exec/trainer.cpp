@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +32,7 @@
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
 #include "exec/device_cuda.hpp"
+#include "exec/device_placed.hpp"
 #include "exec/safetensors.hpp"
 #include "sim/device.hpp"
 #include "sim/memory.hpp"
@@ -259,8 +261,6 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
     throw InputError("--device", "", fmt::format("must be cpu or cuda, got '{}'", opt.device));
   if (opt.device == "cuda") {
     if (!cuda_device_built()) throw InputError("--device", "", "cuda: this zeroplan was built without CUDA (no toolkit at configure time)");
-    if (cfg.zero.offload_optimizer.device != zero::OffloadDevice::none || cfg.zero.offload_param.device != zero::OffloadDevice::none)
-      throw InputError(opt.ds_config, "zero_optimization.offload_*", "offload is executed by the cpu device only so far; drop --device cuda or the offload");
   }
   if (!opt.init_weights.empty()) {
     s.init = read_safetensors(opt.init_weights);
@@ -406,8 +406,15 @@ json train(const TrainOptions& opt, Comm& boot) {
   const std::string& out = S.out;
 
   // ---- run (from here a failure on one rank must end every rank)
-  TrackingAllocator mem(prog.buffers.size(), opt.memory_limit, device.get());
-  Interpreter interp(g, prog, cfg, comm, mem, opt.seed, device.get());
+  // A program with host buffers (offload) on a GPU: each call goes where its operands
+  // live, the optimizer of the offloaded partition runs on the CPU (exec/device_placed.hpp).
+  std::unique_ptr<PlacedDevice> placed;
+  if (device && std::any_of(prog.buffers.begin(), prog.buffers.end(),
+                            [](const zero::Buffer& b) { return b.placement == zero::Placement::host; }))
+    placed = std::make_unique<PlacedDevice>(*device);
+  Device* run_on = placed ? static_cast<Device*>(placed.get()) : device.get();
+  TrackingAllocator mem(prog.buffers.size(), opt.memory_limit, run_on);
+  Interpreter interp(g, prog, cfg, comm, mem, opt.seed, run_on);
   if (!S.init.empty()) interp.set_initial_weights(&S.init);
   json losses = json::array(), norms = json::array(), scales = json::array(), skipped = json::array();
   json lrs = json::array();  // the learning rate each step ran with

@@ -3,14 +3,17 @@
 // accumulation rounds the fp32 sum once, and norms add the parts before squaring. The CUDA
 // device implements the same calls (exec/device_cuda.cpp); tests/gpu/test_exec_cuda.cpp
 // checks it through whole training runs against this device.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include <doctest/doctest.h>
 
 #include "exec/device_cpu.hpp"
+#include "exec/device_placed.hpp"
 #include "kernels/cpu/convert.hpp"
 
 namespace {
@@ -130,4 +133,147 @@ TEST_CASE("device optimizer steps: 16-bit params update in fp32 and round once; 
     CHECK(mb[i] == cpu::float_to_bf16(mf[i]));
     CHECK(vb[i] == cpu::float_to_bf16(vf[i]));
   }
+}
+
+namespace {
+
+// Memory the host is told it cannot address (a GPU's, here host memory behind the
+// interface): the data-movement calls run on the CPU device; it counts the drains and the
+// largest transfer, and refuses an optimizer step (the placed device must keep those of host
+// buffers on the host).
+class RemoteDevice final : public zp::exec::Device {
+ public:
+  const char* name() const override { return "remote"; }
+  bool host_addressable() const override { return false; }
+  void* allocate(std::size_t bytes) override { return cpu.allocate(bytes); }
+  void release(void* p) override { cpu.release(p); }
+  void synchronize() override { ++drains; }
+  void forward(const zp::models::Op&, zp::exec::Operands&) override {}
+  void backward(const zp::models::Op&, zp::exec::Operands&) override {}
+  void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t s, const cpu::AdamConfig& c, float f) override {
+    ++updates;
+    cpu.adam_step(p, g, m, v, n, s, c, f);
+  }
+  void sgd_step(Ref, Ref, Ref, std::int64_t, std::int64_t, const cpu::SgdConfig&, float) override { ++updates; }
+  void copy(Ref d, Ref s, std::int64_t n) override { cpu.copy(d, s, n); }
+  void add(Ref d, Ref s, std::int64_t n) override { cpu.add(d, s, n); }
+  void fill(Ref d, std::int64_t n, float v) override { cpu.fill(d, n, v); }
+  void scale(Ref x, std::int64_t n, float f) override { cpu.scale(x, n, f); }
+  void norm_begin() override { cpu.norm_begin(); }
+  void norm_add(std::span<const Ref> parts, std::int64_t n) override { cpu.norm_add(parts, n); }
+  zp::exec::NormStats norm_end() override { return cpu.norm_end(); }
+  void upload(Ref d, const float* s, std::int64_t n) override {
+    largest = std::max(largest, n);
+    cpu.upload(d, s, n);
+  }
+  void download(float* d, Ref s, std::int64_t n) override {
+    largest = std::max(largest, n);
+    cpu.download(d, s, n);
+  }
+  void upload_bytes(void* d, const void* s, std::size_t b) override { cpu.upload_bytes(d, s, b); }
+  void download_bytes(void* d, const void* s, std::size_t b) override { cpu.download_bytes(d, s, b); }
+  void step_begin(std::size_t e) override { cpu.step_begin(e); }
+  void event_begin(std::size_t i) override { cpu.event_begin(i); }
+  void event_end(std::size_t i) override { cpu.event_end(i); }
+  void step_times(std::span<double> s, std::span<double> t) override {
+    cpu.step_times(s, t);
+    for (double& x : s) x = -1.0;  // a device time, told apart from the host's below
+  }
+  zp::exec::CpuDevice cpu;
+  int drains = 0, updates = 0;
+  std::int64_t largest = 0;
+};
+
+}  // namespace
+
+TEST_CASE("placed device: calls go where their operands live; transfers convert once and are chunked") {
+  RemoteDevice remote;
+  zp::exec::PlacedDevice dev(remote);
+  constexpr std::int64_t kN = zp::exec::PlacedDevice::kChunkElements + 1001;  // two transfers
+  const auto x = values(static_cast<std::size_t>(kN));
+  auto* d16 = static_cast<std::uint16_t*>(dev.allocate(static_cast<std::size_t>(kN) * 2));
+  std::vector<float> h32(static_cast<std::size_t>(kN));
+  CHECK(dev.on_device(d16));
+  CHECK(dev.on_device(d16 + kN - 1));
+  CHECK_FALSE(dev.on_device(d16 + kN));
+  CHECK_FALSE(dev.on_device(h32.data()));
+
+  // Host fp32 master -> device bf16 params: one rounding, in chunks no larger than kChunkElements.
+  std::copy(x.begin(), x.end(), h32.begin());
+  dev.copy(Ref{d16, DType::bf16, 0}, Ref{h32.data(), DType::fp32, 0}, kN);
+  CHECK(remote.largest == zp::exec::PlacedDevice::kChunkElements);
+  CHECK(dev.transfers() == 2);
+  bool same = true;
+  for (std::int64_t i = 0; i < kN; ++i) same = same && d16[i] == cpu::float_to_bf16(x[static_cast<std::size_t>(i)]);
+  CHECK(same);
+  // Device bf16 gradients accumulated into a host fp32 partition (gradient accumulation with offload).
+  std::vector<float> acc(static_cast<std::size_t>(kN), 0.25f);
+  dev.add(Ref{acc.data(), DType::fp32, 0}, Ref{d16, DType::bf16, 0}, kN);
+  same = true;
+  for (std::int64_t i = 0; i < kN; ++i) same = same && acc[static_cast<std::size_t>(i)] == 0.25f + cpu::bf16_to_float(d16[i]);
+  CHECK(same);
+  // Device bf16 -> host bf16: a bit copy.
+  std::vector<std::uint16_t> h16(100);
+  dev.copy(Ref{h16.data(), DType::bf16, 0}, Ref{d16, DType::bf16, 7}, 100);
+  CHECK(std::equal(h16.begin(), h16.end(), d16 + 7));
+  // An add of host memory into the device's is not something a program does: said, not guessed.
+  CHECK_THROWS_AS(dev.add(Ref{d16, DType::bf16, 0}, Ref{acc.data(), DType::fp32, 0}, 4), std::logic_error);
+
+  // Adam of host operands runs on the host; of device ones on the device; of both: refused.
+  cpu::AdamConfig c;
+  c.lr = 1e-2;
+  std::vector<float> p(16, 1.0f), g(16, 0.5f), m(16), v(16);
+  const Ref hp{p.data(), DType::fp32, 0}, hg{g.data(), DType::fp32, 0}, hm{m.data(), DType::fp32, 0}, hv{v.data(), DType::fp32, 0};
+  dev.adam_step(hp, hg, hm, hv, 16, 1, c, 1.0f);
+  CHECK(remote.updates == 0);
+  CHECK(p[0] < 1.0f);
+  auto* dp = static_cast<float*>(dev.allocate(16 * 4 * 4));
+  const Ref rp{dp, DType::fp32, 0}, rg{dp, DType::fp32, 16}, rm{dp, DType::fp32, 32}, rv{dp, DType::fp32, 48};
+  dev.adam_step(rp, rg, rm, rv, 16, 1, c, 1.0f);
+  CHECK(remote.updates == 1);
+  CHECK_THROWS_AS(dev.adam_step(rp, hg, rm, rv, 16, 1, c, 1.0f), std::logic_error);
+
+  // Norms: the device's parts and the host's added; a sum of parts on both sides on the host.
+  std::vector<float> a = {1.0f, -2.0f, 3.0f};
+  std::copy(a.begin(), a.end(), dp);
+  dev.norm_begin();
+  const Ref on_dev[] = {Ref{dp, DType::fp32, 0}};
+  const Ref on_host[] = {Ref{a.data(), DType::fp32, 0}};
+  const Ref both[] = {Ref{dp, DType::fp32, 0}, Ref{a.data(), DType::fp32, 0}};
+  dev.norm_add(on_dev, 3);
+  dev.norm_add(on_host, 3);
+  dev.norm_add(both, 3);
+  const auto st = dev.norm_end();
+  CHECK(st.sumsq == 14.0 + 14.0 + 56.0);
+  CHECK_FALSE(st.nonfinite);
+  dev.release(dp);
+  dev.release(d16);
+  CHECK_FALSE(dev.on_device(d16));
+}
+
+TEST_CASE("placed device: an event with host work is timed on the host clock after one drain of the device") {
+  RemoteDevice remote;
+  zp::exec::PlacedDevice dev(remote);
+  std::vector<float> h(8, 1.0f);
+  auto* d = static_cast<float*>(dev.allocate(8 * 4));
+  dev.step_begin(3);
+  dev.event_begin(0);  // device work only
+  dev.fill(Ref{d, DType::fp32, 0}, 8, 2.0f);
+  dev.event_end(0);
+  dev.event_begin(1);  // a transfer and host work: drained once
+  dev.copy(Ref{h.data(), DType::fp32, 0}, Ref{d, DType::fp32, 0}, 8);
+  dev.scale(Ref{h.data(), DType::fp32, 0}, 8, 0.5f);
+  dev.event_end(1);
+  dev.event_begin(2);
+  dev.fill(Ref{h.data(), DType::fp32, 0}, 8, 0.0f);
+  dev.event_end(2);
+  std::vector<double> sec(3), start(3);
+  dev.step_times(sec, start);
+  CHECK(remote.drains == 2);
+  CHECK(sec[0] == -1.0);  // the device's own time
+  CHECK(sec[1] >= 0.0);
+  CHECK(sec[2] >= 0.0);
+  CHECK(start[2] >= start[1]);
+  CHECK(h[0] == 0.0f);
+  dev.release(d);
 }

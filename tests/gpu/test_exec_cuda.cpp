@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -53,13 +54,14 @@ struct Case {
   // (NCCL then takes them for separate hosts and connects them over loopback sockets).
   bool nccl = false;
   std::string variants = "";  // kernel variants of the graph for train and simulate, e.g. " --fused-loss"
+  std::string zero_extra = "";  // more zero_optimization keys, e.g. R"(, "offload_optimizer": {"device": "cpu"})"
 };
 
 std::string name_of(const Case& c) {
   std::string v = c.variants;
   std::replace(v.begin(), v.end(), ' ', '_');
-  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}{}{}", c.model, c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "",
-                     c.np, c.nccl ? "-nccl" : "", v);
+  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}{}{}{}", c.model, c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "",
+                     c.np, c.nccl ? "-nccl" : "", v, c.zero_extra.empty() ? "" : fmt::format("-z{:08x}", std::hash<std::string>{}(c.zero_extra) & 0xffffffffu));
 }
 
 // mpirun for n ranks, each with NCCL_HOSTID=zp<rank> when `hostid` (NCCL over loopback
@@ -85,8 +87,8 @@ json train(const Case& c, const std::string& device) {
       R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {}, {}
  "optimizer": {{"type": "AdamW", "params": {{"lr": 0.002, "weight_decay": 0.01}}}}, "gradient_clipping": 1.0,
  "zero_optimization": {{"stage": {}, "reduce_bucket_size": 5000, "stage3_prefetch_bucket_size": 3000,
-   "stage3_param_persistence_threshold": 100}}}})",
-      c.gas, precision, c.stage);
+   "stage3_param_persistence_threshold": 100{}}}}})",
+      c.gas, precision, c.stage, c.zero_extra);
   const fs::path out = dir() / (name + ".out.json");
   const fs::path rank0 = c.np == 1 ? out : dir() / (name + ".out.rank0.json");
   const std::string cmd = fmt::format("{} train --model {} --ds-config {} --steps 20 --seq-len 16 --quiet "
@@ -197,6 +199,16 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
   check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss"});
   check({"tiny-gpt2", 0, "fp16", 2, "eager", false, 1, false, " --fused-gelu --fused-loss"});
   check({"tiny-llama", 3, "bf16", 2, "sdpa", false, 1, false, " --fused-loss"});
+}
+
+// ZeRO-Offload: the optimizer's partition (and at stage 3 the params' partitions) in host
+// memory, its Adam on the CPU (exec/device_placed.hpp), the same losses and device bytes.
+TEST_CASE("train --device cuda: offload to the CPU") {
+  const std::string opt = R"(, "offload_optimizer": {"device": "cpu"})";
+  check({"tiny-gpt2", 2, "bf16", 2, "eager", false, 1, false, "", opt});
+  check({"tiny-gpt2", 1, "fp16", 1, "eager", false, 1, false, "", opt});
+  check({"tiny-llama", 3, "fp32", 2, "eager", false, 1, false, "", opt + R"(, "offload_param": {"device": "cpu"})"});
+  check({"tiny-bert", 2, "fp32", 2, "eager", false, 2, false, "", opt});
 }
 
 TEST_CASE("train --device cuda: 2 and 4 ranks on one GPU (host-staged collectives)") {
