@@ -10,7 +10,10 @@
 #                               # 16-bit logits, as torch.compile fuses them; '' for HF's graph)
 # The four rows take about eight minutes on an H200 (torch.compile's compilation most of it).
 # MFU counts 6 · params · tokens (the model FLOPs of a training step, without attention's)
-# against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure).
+# against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure). Memory, in
+# GiB as the driver sees it: zeroplan's peak (cudaMemGetInfo after every allocation: context,
+# libraries, reserved segments, scratch) beside PyTorch's device use after its steps (context,
+# libraries and the caching allocator's segments, which it keeps).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ZP=${ZEROPLAN:-build/cli/zeroplan}
@@ -20,7 +23,7 @@ PEAK=989e12
 CASES=("gpt2 16 1024 bf16" "gpt2-medium 16 1024 bf16" "bert-large-uncased 64 128 bf16" "bert-large-uncased 64 128 fp16")
 [ "${1:-}" = quick ] && CASES=("gpt2 16 1024 bf16")
 [ -n "${ZEROPLAN_BENCH_CASES:-}" ] && IFS=';' read -r -a CASES <<< "$ZEROPLAN_BENCH_CASES"
-printf '%-20s %-5s %12s %12s %12s %8s %8s %8s\n' model dtype zeroplan_tok/s eager_tok/s compile_tok/s zp_MFU vs_eager vs_compile
+printf '%-20s %-5s %12s %12s %12s %8s %8s %8s %9s %9s %9s\n' model dtype zeroplan_tok/s eager_tok/s compile_tok/s zp_MFU vs_eager vs_compile zp_GiB eager_GiB comp_GiB
 for c in "${CASES[@]}"; do
   set -- $c
   m=$1 mb=$2 seq=$3 dt=$4
@@ -30,11 +33,12 @@ for c in "${CASES[@]}"; do
     ${ZEROPLAN_BENCH_FLAGS---fused-gelu --fused-loss} \
     --out "$OUTDIR/zp_${m}_$dt.json" > "$OUTDIR/zp_${m}_$dt.log" 2>&1
   zp=$(python3 -c "import json;d=json.load(open('$OUTDIR/zp_${m}_$dt.json'));print(d['step_seconds'])" 2>/dev/null || echo nan)
+  zpmem=$(python3 -c "import json;d=json.load(open('$OUTDIR/zp_${m}_$dt.json'));print(d['driver_memory']['peak'])" 2>/dev/null || echo nan)
   e=$(python3 bench/torch_step.py --model "$m" --micro-batch "$mb" --seq "$seq" --dtype "$dt" --attention sdpa 2>>"$OUTDIR/torch.log" | tail -1)
   k=$(python3 bench/torch_step.py --model "$m" --micro-batch "$mb" --seq "$seq" --dtype "$dt" --attention sdpa --compile 2>>"$OUTDIR/torch.log" | tail -1)
-  python3 - "$m" "$dt" "$mb" "$seq" "$zp" "$e" "$k" "$PEAK" <<'PY'
+  python3 - "$m" "$dt" "$mb" "$seq" "$zp" "$e" "$k" "$PEAK" "$zpmem" <<'PY'
 import json, sys
-m, dt, mb, seq, zp, e, k, peak = sys.argv[1:]
+m, dt, mb, seq, zp, e, k, peak, zpmem = sys.argv[1:]
 tok = int(mb) * int(seq)
 def tps(j):
     try: return json.loads(j)["tokens_per_s"]
@@ -45,6 +49,10 @@ def params(j):
 z = tok / float(zp) if zp not in ("nan", "0", "0.0") else float("nan")
 te, tk = tps(e), tps(k)
 mfu = 6 * params(e) * z / float(peak)
-print(f"{m:<20} {dt:<5} {z:12.0f} {te:12.0f} {tk:12.0f} {100*mfu:7.1f}% {z/te:8.2f} {z/tk:8.2f}")
+def used(j):  # GiB the driver saw in use after PyTorch's steps
+    try: return json.loads(j)["device_used"] / 2**30
+    except Exception: return float("nan")
+zg = float(zpmem) / 2**30 if zpmem != "nan" else float("nan")  # zeroplan: the driver's peak
+print(f"{m:<20} {dt:<5} {z:12.0f} {te:12.0f} {tk:12.0f} {100*mfu:7.1f}% {z/te:8.2f} {z/tk:8.2f} {zg:9.2f} {used(e):9.2f} {used(k):9.2f}")
 PY
 done

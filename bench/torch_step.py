@@ -65,7 +65,11 @@ def main():
     n = sum(p.numel() for p in model.parameters())
     print(json.dumps({"model": a.model, "compile": a.compile, "dtype": a.dtype, "step_seconds": s,
                       "tokens_per_s": a.micro_batch * a.seq / s, "params": n,
-                      "peak_allocated": torch.cuda.max_memory_allocated()}))
+                      "peak_allocated": torch.cuda.max_memory_allocated(),
+                      "peak_reserved": torch.cuda.max_memory_reserved(),
+                      # what the driver sees in use after the steps: the context, the libraries'
+                      # workspaces and the caching allocator's segments (never returned unasked)
+                      "device_used": (lambda f, t: t - f)(*torch.cuda.mem_get_info())}))
 
 
 if __name__ == "__main__":
