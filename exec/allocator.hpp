@@ -64,6 +64,13 @@ class TrackingAllocator {
   // Device memory reserved now (the segments the device holds for the program).
   Bytes reserved_now() const { return cache_.reserved(); }
   const AllocatorReport& report() const { return rep_; }
+  // Where the caching-allocator model placed a live device buffer (its segment and offset:
+  // where a device that is not the host's holds it); nullopt for a host buffer.
+  std::optional<sim::CachingAllocatorModel::Place> place(zero::BufferId id) const {
+    const auto& h = handle_[static_cast<std::size_t>(id)];
+    if (!h) return std::nullopt;
+    return cache_.place(*h);
+  }
 
  private:
   bool segmented() const { return device_ && !device_->host_addressable(); }

@@ -1,5 +1,5 @@
 // NCCL backend (exec/comm.hpp): the program's collectives in place on its device buffers,
-// in the device's stream.
+// in the device's stream of the event that runs it (one per program stream).
 //
 //   all-reduce      ncclAllReduce, in place
 //   reduce-scatter  ncclReduceScatter in place (this rank's block at rank·count) when the
@@ -80,6 +80,7 @@ class NcclComm final : public Comm {
  public:
   NcclComm(Comm& boot, const Device& dev, const std::vector<zero::Group>& groups, const NcclOptions& o)
       : boot_(boot),
+        dev_(dev),
         stream_(static_cast<cudaStream_t>(cuda_stream(dev))),
         ordinal_(cuda_ordinal(dev)),
         timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.timeout_s))),
@@ -112,7 +113,7 @@ class NcclComm final : public Comm {
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     if (aborted_) return;
-    cudaStreamSynchronize(stream_);
+    cudaDeviceSynchronize();  // every stream a collective was queued on
     // Splits first, the world last; finalize (which flushes) then destroy.
     for (auto it = comms_.begin(); it != comms_.end(); ++it)
       if (it->second != world_) finish(it->second);
@@ -145,6 +146,7 @@ class NcclComm final : public Comm {
     ++counters_.calls[k];
     counters_.bytes_sent[k] += zero::collective_bytes_sent(c.kind, c.elements, c.dtype, n, me, c.root).v;
     if (n == 1) return;  // a group of one: the buffer is already the result
+    stream_ = static_cast<cudaStream_t>(cuda_stream(dev_));  // the stream of the event running it
     const auto it = comms_.find(std::vector<int>(c.group.begin(), c.group.end()));
     if (it == comms_.end())
       throw std::logic_error(fmt::format("rank {}: no NCCL communicator for group [{}]", rank(), fmt::join(c.group, ",")));
@@ -365,7 +367,8 @@ class NcclComm final : public Comm {
   }
 
   Comm& boot_;
-  cudaStream_t stream_;
+  const Device& dev_;
+  cudaStream_t stream_;  // the stream of the collective being queued
   int ordinal_;
   Clock::duration timeout_;
   double timeout_s_;

@@ -108,6 +108,15 @@ class Device {
   // start (waiting for the device first). A device that queues its work (CUDA) times it
   // where it runs, not where the host queued it.
   virtual void step_begin(std::size_t events) = 0;
+  // Streams (exec/stream_order.hpp): before event `index` begins, the device stream it runs on
+  // (a zero::Stream) and the earlier events of the step, on other streams, it must wait for;
+  // event_wait adds one while the event runs, before the work that needs it is queued. The
+  // step's work is done on every stream when step_times returns. A device that runs each
+  // call as it is made (the CPU's) has nothing to order.
+  virtual void event_order(std::size_t index, int stream, std::span<const std::int32_t> waits) {
+    (void)index, (void)stream, (void)waits;
+  }
+  virtual void event_wait(std::size_t index) { (void)index; }
   virtual void event_begin(std::size_t index) = 0;
   virtual void event_end(std::size_t index) = 0;
   virtual void step_times(std::span<double> seconds, std::span<double> starts) = 0;

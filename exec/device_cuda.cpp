@@ -21,6 +21,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/reduce.cuh"
+#include "zero/program.hpp"
 
 namespace zp::exec {
 
@@ -103,22 +104,24 @@ class CudaDevice final : public Device {
     ZP_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev_));
     mem_.gpu = prop.name;
     mem_.after_context = used();
-    ZP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    kc::ContextOptions co;
-    co.allow_tf32 = o.allow_tf32;
-    ctx_ = std::make_unique<kc::Context>(co);
+    for (auto& st : streams_) ZP_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    stream_ = streams_[0];
+    ctx_options_.allow_tf32 = o.allow_tf32;
+    ctx_[0] = std::make_unique<kc::Context>(ctx_options_);
     ZP_CUDA_CHECK(cudaMalloc(&norm_, sizeof(double)));
     ZP_CUDA_CHECK(cudaMallocHost(&norm_host_, sizeof(double)));
     mem_.after_init = used();
     mem_.peak = mem_.after_init;
   }
   ~CudaDevice() override {
-    if (stream_) cudaStreamSynchronize(stream_);
+    for (cudaStream_t st : streams_)
+      if (st) cudaStreamSynchronize(st);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (norm_) cudaFree(norm_);
     if (norm_host_) cudaFreeHost(norm_host_);
-    ctx_.reset();
-    if (stream_) cudaStreamDestroy(stream_);
+    for (auto& c : ctx_) c.reset();
+    for (cudaStream_t st : streams_)
+      if (st) cudaStreamDestroy(st);
   }
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
@@ -128,7 +131,10 @@ class CudaDevice final : public Device {
   DriverMemory driver() const {
     DriverMemory m = mem_;
     std::int64_t scratch = 0;  // arenas only grow: their sizes now are their largest
-    for (const Arena& a : scratch_) scratch += static_cast<std::int64_t>(a.size());
+    for (const auto& per_stream : scratch_)
+      for (const Arena& a : per_stream) scratch += static_cast<std::int64_t>(a.size());
+    for (std::size_t k = 1; k < ctx_.size(); ++k)
+      if (ctx_[k]) scratch += static_cast<std::int64_t>(ctx_[k]->device_bytes());
     m.device_scratch = Bytes{scratch};
     return m;
   }
@@ -231,7 +237,7 @@ class CudaDevice final : public Device {
     }
     // One pass: the sum of squares in double is not finite exactly when an element is not
     // (a finite fp32 square is below 1.2e77, so no finite sum overflows).
-    kc::sum_squares(*ctx_, sumsq, x, n, true, dt, stream_);
+    kc::sum_squares(ctx(), sumsq, x, n, true, dt, stream_);
   }
   NormStats norm_end() override {
     ZP_CUDA_CHECK(cudaMemcpyAsync(norm_host_, norm_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
@@ -278,8 +284,12 @@ class CudaDevice final : public Device {
     ZP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::memcpy(dst, p, bytes);
   }
-  void synchronize() override { ZP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    for (cudaStream_t st : streams_) ZP_CUDA_CHECK(cudaStreamSynchronize(st));
+  }
 
+  // One CUDA stream per program stream (zero::Stream); the step starts on every stream after
+  // everything queued before it (the set-up, the previous step's end, on the compute stream).
   void step_begin(std::size_t events) override {
     if (events_.size() < 2 * events + 1) {
       const std::size_t have = events_.size();
@@ -287,7 +297,21 @@ class CudaDevice final : public Device {
       for (std::size_t i = have; i < events_.size(); ++i) ZP_CUDA_CHECK(cudaEventCreate(&events_[i]));
     }
     recorded_.assign(events, false);
+    stream_ = streams_[0];
     ZP_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
+    for (std::size_t k = 1; k < streams_.size(); ++k) ZP_CUDA_CHECK(cudaStreamWaitEvent(streams_[k], events_[0], 0));
+  }
+  void event_order(std::size_t i, int stream, std::span<const std::int32_t> waits) override {
+    if (stream < 0 || static_cast<std::size_t>(stream) >= streams_.size())
+      throw std::logic_error(fmt::format("cuda device: event {} on stream {}", i, stream));
+    stream_ = streams_[static_cast<std::size_t>(stream)];
+    for (const std::int32_t w : waits) event_wait(static_cast<std::size_t>(w));
+    (void)i;
+  }
+  void event_wait(std::size_t w) override {
+    if (w >= recorded_.size() || !recorded_[w])
+      throw std::logic_error(fmt::format("cuda device: a wait for event {}, not run in this step", w));
+    ZP_CUDA_CHECK(cudaStreamWaitEvent(stream_, events_[2 + 2 * w], 0));
   }
   void event_begin(std::size_t i) override { ZP_CUDA_CHECK(cudaEventRecord(events_[1 + 2 * i], stream_)); }
   void event_end(std::size_t i) override {
@@ -295,7 +319,8 @@ class CudaDevice final : public Device {
     recorded_[i] = true;
   }
   void step_times(std::span<double> seconds, std::span<double> starts) override {
-    ZP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    synchronize();
+    stream_ = streams_[0];  // what runs between steps (losses, checkpoints, weights) on the compute stream
     mem_.peak = std::max(mem_.peak, used());  // the device's own scratch grows outside allocate()
     for (std::size_t i = 0; i < recorded_.size() && i < seconds.size(); ++i) {
       if (!recorded_[i]) continue;
@@ -318,11 +343,25 @@ class CudaDevice final : public Device {
     mem_.total = Bytes{static_cast<std::int64_t>(total)};
     return Bytes{static_cast<std::int64_t>(total - free)};
   }
-  void* scratch(std::size_t slot, std::size_t bytes) { return scratch_[slot].get(bytes, stream_); }
+  // Each stream has its own arenas: work queued on two streams never shares scratch.
+  void* scratch(std::size_t slot, std::size_t bytes) { return scratch_[stream_index()][slot].get(bytes, stream_); }
+  std::size_t stream_index() const {
+    for (std::size_t k = 0; k < streams_.size(); ++k)
+      if (streams_[k] == stream_) return k;
+    return 0;
+  }
   static void* scratch_of(void* self, std::size_t slot, std::size_t bytes) {
     return static_cast<CudaDevice*>(self)->scratch(4 + slot, bytes);
   }
-  CudaOpEnv env() { return {ctx_.get(), stream_, &CudaDevice::scratch_of, this}; }
+  CudaOpEnv env() { return {&ctx(), stream_, &CudaDevice::scratch_of, this}; }
+  // The current stream's Context (a Context serves one stream at a time): the compute
+  // stream's is made with the device; another stream's the first time it needs one (its
+  // workspace and scratch then count as the device's scratch).
+  kc::Context& ctx() {
+    auto& c = ctx_[stream_index()];
+    if (!c) c = std::make_unique<kc::Context>(ctx_options_);
+    return *c;
+  }
   // r as fp32 device memory: r itself, or an fp32 copy in scratch slot `slot`.
   float* as_f32(Ref r, std::int64_t n, std::size_t slot) {
     if (r.dt == DType::fp32) return f32(r);
@@ -343,9 +382,11 @@ class CudaDevice final : public Device {
   }
 
   int dev_ = 0;
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<kc::Context> ctx_;
-  std::array<Arena, 8> scratch_;  // 0-3: the device's own; 4-7: the ops'
+  std::array<cudaStream_t, zero::kNumStreams> streams_{};  // compute, reduction, allgather, host
+  cudaStream_t stream_ = nullptr;                          // the current event's
+  kc::ContextOptions ctx_options_;
+  std::array<std::unique_ptr<kc::Context>, zero::kNumStreams> ctx_;  // per stream, made when first needed
+  std::array<std::array<Arena, 8>, zero::kNumStreams> scratch_;  // per stream; 0-3: the device's own; 4-7: the ops'
   Pinned pinned_up_, pinned_down_;
   void* norm_ = nullptr;       // device: the double sum of squares (not finite: a non-finite element)
   void* norm_host_ = nullptr;  // pinned

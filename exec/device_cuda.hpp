@@ -2,8 +2,9 @@
 // The CUDA device (exec/device.hpp on one GPU): the program's buffers in device memory,
 // placed by the caching-allocator model in segments that are each one cudaMalloc
 // (exec/allocator.hpp), every op through kernels/cuda in the dtype the program stores it,
-// event times from CUDA events. Built only with CUDA (ZEROPLAN_HAVE_CUDA); without it,
-// make_cuda_device says so.
+// each program stream a CUDA stream of its own (ordered by CUDA events as
+// exec/stream_order.hpp says), event times from CUDA events. Built only with CUDA
+// (ZEROPLAN_HAVE_CUDA); without it, make_cuda_device says so.
 #include <memory>
 #include <string>
 
@@ -40,8 +41,9 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o);
 DriverMemory driver_memory(const Device* d);
 // Records the driver's figure after the communicator was made (DriverMemory::after_comm).
 void mark_after_comm(Device* d);
-// The CUDA stream (a cudaStream_t) the device runs everything on, its ordinal and its
-// PCI bus id ("0000:19:00.0"), for a communicator on the same GPU.
+// The CUDA stream (a cudaStream_t) of the event being run (the compute stream between steps:
+// one per program stream, exec/stream_order.hpp), the device's ordinal and its PCI bus id
+// ("0000:19:00.0"), for a communicator on the same GPU.
 void* cuda_stream(const Device& d);
 int cuda_ordinal(const Device& d);
 std::string cuda_bus_id(const Device& d);

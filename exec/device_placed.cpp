@@ -230,6 +230,9 @@ void PlacedDevice::event_begin(std::size_t index) {
 }
 
 void PlacedDevice::event_end(std::size_t index) {
+  // A host-timed event ends when the device work it queued after its host part (a
+  // collective on what it copied over, the last chunk's conversion) is done too.
+  if (host_timed_[index]) dev_.synchronize();
   end_[index] = Clock::now();
   dev_.event_end(index);
   current_ = -1;

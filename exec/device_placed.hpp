@@ -15,8 +15,9 @@
 // program does (zero::Buffer::placement), and the allocator follows it.
 //
 // Timing: an event that did host work (a host-routed call or a transfer) is timed on the
-// host's clock: the device is drained first (untimed), so its seconds are the transfer and
-// the CPU's work, and its start is on the same step clock as the device's events.
+// host's clock: the device is drained before its first host work (untimed) and at its end,
+// so its seconds are the transfers, the CPU's work and the device work queued after them;
+// its start is on the same step clock as the device's events.
 #include <chrono>
 #include <cstddef>
 #include <map>
@@ -57,6 +58,10 @@ class PlacedDevice final : public Device {
   void upload_bytes(void* dst, const void* src, std::size_t bytes) override;
   void download_bytes(void* dst, const void* src, std::size_t bytes) override;
   void step_begin(std::size_t events) override;
+  void event_order(std::size_t index, int stream, std::span<const std::int32_t> waits) override {
+    dev_.event_order(index, stream, waits);
+  }
+  void event_wait(std::size_t index) override { dev_.event_wait(index); }
   void event_begin(std::size_t index) override;
   void event_end(std::size_t index) override;
   void step_times(std::span<double> seconds, std::span<double> starts) override;

@@ -53,7 +53,7 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
       g_(g),
       expanded_(p.repeat.copies > 0 ? std::optional<zero::Program>(zero::expand(p)) : std::nullopt),
       p_(expanded_ ? *expanded_ : p),
-      cfg_(cfg), comm_(comm), mem_(mem), seed_(seed) {
+      cfg_(cfg), comm_(comm), mem_(mem), seed_(seed), order_(p_) {
   host_ = dev_.host_addressable();
   device_memory_.to_host = [this](void* host, const void* data, std::size_t n) { dev_.download_bytes(host, data, n); };
   device_memory_.from_host = [this](void* data, const void* host, std::size_t n) { dev_.upload_bytes(data, host, n); };
@@ -129,6 +129,7 @@ float* Interpreter::f32(BufferId b) const {
 float* Interpreter::f32_range(BufferId b, std::int64_t offset, std::int64_t count) const {
   if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
   if (!host_) throw std::logic_error(fmt::format("{} device: fp32 host views of its buffers were asked for", dev_.name()));
+  use(b);
   const auto& buf = p_.buffers[U(b)];
   if (buf.dtype != DType::fp16 && buf.dtype != DType::bf16) return static_cast<float*>(mem_.data(b)) + offset;
   std::int64_t lo = offset, hi = offset + count;
@@ -167,7 +168,31 @@ void Interpreter::flush() const {
 
 Ref Interpreter::ref(BufferId b, std::int64_t off) const {
   if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
+  use(b);
   return {mem_.data(b), p_.buffers[U(b)].dtype, off};
+}
+
+void Interpreter::use(BufferId b) const {
+  if (running_ < 0) return;
+  const auto waits = order_.touch(b);
+  waits_to_device(waits);
+  if (stream_trace_) stream_trace_->events[U(running_)].push_back({false, b});
+}
+
+void Interpreter::allocated(BufferId b, int pool_stream) {
+  if (running_ < 0) return;
+  waits_to_device(order_.allocated(b, pool_stream));
+  if (stream_trace_) {
+    stream_trace_->events[U(running_)].push_back({false, b});
+    stream_trace_->places[U(b)] = mem_.place(b);
+  }
+}
+
+void Interpreter::waits_to_device(std::span<const zero::EventId> waits) const {
+  for (zero::EventId w : waits) {
+    if (stream_trace_) stream_trace_->events[U(running_)].push_back({true, w});
+    dev_.event_wait(U(w));
+  }
 }
 
 float* Interpreter::act(TensorId t) const {
@@ -330,16 +355,28 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
   mem_.reset_peaks();
   const auto t0 = std::chrono::steady_clock::now();
   dev_.step_begin(p_.events.size());
+  order_.step_begin();
+  if (stream_trace_) {
+    stream_trace_->events.assign(p_.events.size(), {});
+    stream_trace_->places.assign(p_.buffers.size(), std::nullopt);
+  }
   for (zero::EventId id = p_.step_begin; id < static_cast<zero::EventId>(p_.events.size()); ++id) {
     const Event& e = p_.events[U(id)];
     micro_ = e.micro_step;
     if (e.kind == EventKind::copy && e.copy_op == CopyOp::load_batch) batch_ = &data[U(e.micro_step)];
     const std::int64_t sent_before = e.kind == EventKind::collective ? total_sent(comm_.counters()) : 0;
+    const auto waits = order_.begin(id);
+    running_ = id;
+    if (stream_trace_)
+      for (zero::EventId w : waits) stream_trace_->events[U(id)].push_back({true, w});
+    dev_.event_order(U(id), static_cast<int>(e.stream), waits);
     dev_.event_begin(U(id));
     run_event(e);
     dev_.event_end(U(id));
+    running_ = -1;
     if (e.kind == EventKind::collective) sent_[U(id)] = total_sent(comm_.counters()) - sent_before;
   }
+  order_.step_end();
   dev_.step_times(seconds_, starts_);
   // The micro-steps' losses, kept on the device until the step ends.
   std::vector<float> losses(U(p_.info.gas));
@@ -358,6 +395,7 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
 void Interpreter::create_first_step_buffers() {
   for (const auto& [b, stream] : first_step_) {
     mem_.allocate(p_.buffers[U(b)], stream);
+    allocated(b, stream);
     bind(b);
   }
   first_step_.clear();
@@ -368,6 +406,7 @@ void Interpreter::run_event(const Event& e) {
   if (e.empty_cache) mem_.empty_cache();
   for (BufferId b : p_.allocs(e)) {
     mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
+    allocated(b, static_cast<int>(e.stream));
     bind(b);
   }
   mem_.after_allocations(e.id);
@@ -394,6 +433,7 @@ void Interpreter::run_event(const Event& e) {
   flush();
   for (BufferId b : p_.frees(e)) {
     unbind(b);
+    if (running_ >= 0) order_.freed(b);
     mem_.release(p_.buffers[U(b)]);
   }
 }
@@ -667,6 +707,10 @@ void Interpreter::collective_event(const Event& e) {
   }
   flush();  // collectives move the buffers' stored bytes
   const auto esz = static_cast<std::int64_t>(dtype_size(e.dtype));
+  use(e.dst_buf);
+  if (p_.buffers[U(e.dst_buf)].placement != zero::Placement::device && !dev_.host_addressable())
+    throw std::logic_error(fmt::format("{}: a collective on a host buffer ({}): the program places collectives' "
+                                       "buffers on the device", p_.event_name(e.id), p_.buffer_name(e.dst_buf)));
   auto* base = static_cast<std::byte*>(mem_.data(e.dst_buf));
   if (e.coll == zero::CollKind::reduce) {
     // Only the part of the packed buffer that lands in the root's partition is reduced.
@@ -831,7 +875,7 @@ void Interpreter::set_param_value(ParamId p, std::int64_t i, float v) {
   const std::int64_t f = layout_.offset[U(p)] + i;
   dev_.upload(ref(params_buf_, f), &v, 1);
   for (const auto& buf : p_.buffers) {
-    if (buf.role != BufferRole::master_partition || !mem_.live(buf.id)) continue;
+    if ((buf.role != BufferRole::master_partition && buf.role != BufferRole::host_master) || !mem_.live(buf.id)) continue;
     const std::int64_t base = stage_ == 0 ? 0 : rank_ * layout_.partition;
     if (f >= base && f < base + buf.elements) dev_.upload(ref(buf.id, f - base), &v, 1);
   }

@@ -19,6 +19,7 @@
 #include "exec/comm.hpp"
 #include "exec/device.hpp"
 #include "exec/safetensors.hpp"
+#include "exec/stream_order.hpp"
 #include "models/graph.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/lower.hpp"
@@ -98,6 +99,21 @@ class Interpreter : private Operands {
   std::vector<CheckpointBlob> checkpoint_blobs(CheckpointPart part) const;
   nlohmann::json scaler_state() const;
   void set_scaler_state(const nlohmann::json& j);
+  // The cross-stream waits the steps so far needed (exec/stream_order.hpp); touch waits are
+  // uses the program's dependencies leave unordered.
+  const StreamOrder::Stats& stream_waits() const { return order_.stats(); }
+  // For tests: what each event of the last step used and waited for, in the order it
+  // happened (an allocation is a use by its event), and where each device buffer the step
+  // allocated was placed.
+  struct StreamTrace {
+    struct Entry {
+      bool wait = false;  // a wait for event `id`, else a use of buffer `id`
+      std::int32_t id = -1;
+    };
+    std::vector<std::vector<Entry>> events;
+    std::vector<std::optional<sim::CachingAllocatorModel::Place>> places;  // per buffer
+  };
+  void trace_streams(StreamTrace* t) { stream_trace_ = t; }
 
  private:
   void run_event(const zero::Event& e);
@@ -184,6 +200,13 @@ class Interpreter : private Operands {
   };
   mutable std::map<zero::BufferId, Staged> staged_;
   void flush_one(zero::BufferId b, const Staged& st) const;
+  // The current event uses buffer b: waits for its uses on other streams (StreamOrder).
+  void use(zero::BufferId b) const;
+  void waits_to_device(std::span<const zero::EventId> waits) const;
+  void allocated(zero::BufferId b, int pool_stream);  // just allocated by the running event
+  mutable StreamOrder order_;
+  StreamTrace* stream_trace_ = nullptr;
+  zero::EventId running_ = -1;  // the event being run (-1: none)
   // fp16 dynamic loss scaling (DeepSpeed's DynamicLossScaler)
   bool fp16_ = false;
   double loss_scale_ = 1.0;

@@ -513,6 +513,13 @@ json train(const TrainOptions& opt, Comm& boot) {
       events.push_back(std::move(ev));
     }
     doc["events"] = events;
+    // The cross-stream waits a device with one stream per program stream needed over the run
+    // (exec/stream_order.hpp): "use" counts buffer uses the program's dependencies left
+    // unordered (0 for a program whose dependencies are complete).
+    const auto& sw = interp.stream_waits();
+    doc["stream_waits"] = {{"dependency", sw.dep_waits}, {"use", sw.touch_waits}, {"reuse", sw.reuse_waits},
+                           {"steps", static_cast<std::int64_t>(losses.size()) - (first - 1)},
+                           {"unordered_uses", sw.unordered}};
     // Seconds per phase of one step (the sum of its events' measured times; events run
     // one at a time on CPU, so phases do not overlap).
     json phases = json::object();

@@ -159,6 +159,10 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
     const auto pred = zp::sim::replay_memory(compact, zp::sim::DeviceSpec{}, zp::sim::MemoryOptions{true, false});
     const json& m = measured[static_cast<std::size_t>(k)];
     INFO(name_of(c), " rank ", k);
+    // Every use of a buffer on two streams is ordered by the program's dependencies (a device
+    // with one stream per program stream needed no wait of its own: exec/stream_order.hpp).
+    INFO(m["stream_waits"].dump());
+    CHECK(m["stream_waits"]["use"].get<std::int64_t>() == 0);
     CHECK(m["memory"]["peak_allocated"].get<std::int64_t>() == pred.peak_allocated.v);
     CHECK(m["memory"]["peak_event"].get<std::string>() == prog.event_name(pred.peak_event));
     CHECK(m["memory"]["reserved_peak"].get<std::int64_t>() == pred.reserved_peak.v);

@@ -4,7 +4,11 @@
 // with learning rate lr, p1 = p0 - lr * g, so g = (p0 - p1) / lr; the loss at p ± h comes
 // from steps run with learning rate 0 (a step reports the loss of its forward pass).
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <initializer_list>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -238,6 +242,94 @@ TEST_CASE("a program storing a repeated micro-step once runs every micro-step, a
   CHECK(rc.reserved_peak == rf.reserved_peak);
 }
 
+namespace {
+// The device behind exec::PlacedDevice in the offload test: the CPU device, holding the placed
+// device to its routing. Every Ref it is handed, and every operand of an op it runs, must lie
+// in memory it allocated itself (a host buffer reaching it is counted as a stray), and it
+// counts optimizer steps (the offloaded partition's must run on the host side).
+class OwnMemoryDevice final : public zp::exec::Device {
+ public:
+  using Ref = zp::exec::Ref;
+  const char* name() const override { return "own-memory"; }
+  bool host_addressable() const override { return true; }
+  void* allocate(std::size_t bytes) override {
+    void* p = cpu.allocate(bytes);
+    held[static_cast<const char*>(p)] = std::max<std::size_t>(bytes, 1);
+    return p;
+  }
+  void release(void* p) override {
+    held.erase(static_cast<const char*>(p));
+    cpu.release(p);
+  }
+  void forward(const zp::models::Op& op, zp::exec::Operands& o) override {
+    for (auto t : op.inputs) need({o.act_ref(t)});
+    for (auto t : op.outputs) need({o.act_ref(t)});
+    for (auto p : op.params) need({o.param_ref(p)});
+    cpu.forward(op, o);
+  }
+  void backward(const zp::models::Op& op, zp::exec::Operands& o) override {
+    for (auto t : op.saved) need({o.act_ref(t)});
+    for (auto t : op.outputs) need({o.grad_ref(t)});
+    for (auto t : op.inputs) need({o.grad_ref(t)});
+    for (auto p : op.params) need({o.param_ref(p)});
+    cpu.backward(op, o);
+  }
+  void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t step, const zp::kernels::cpu::AdamConfig& c,
+                 float f) override {
+    ++updates;
+    need({p, g, m, v});
+    cpu.adam_step(p, g, m, v, n, step, c, f);
+  }
+  void sgd_step(Ref p, Ref g, Ref m, std::int64_t n, std::int64_t step, const zp::kernels::cpu::SgdConfig& c,
+                float f) override {
+    ++updates;
+    need({p, g, m});
+    cpu.sgd_step(p, g, m, n, step, c, f);
+  }
+  void copy(Ref d, Ref s, std::int64_t n) override { need({d, s}), cpu.copy(d, s, n); }
+  void add(Ref d, Ref s, std::int64_t n) override { need({d, s}), cpu.add(d, s, n); }
+  void fill(Ref d, std::int64_t n, float v) override { need({d}), cpu.fill(d, n, v); }
+  void scale(Ref x, std::int64_t n, float f) override { need({x}), cpu.scale(x, n, f); }
+  void norm_begin() override { cpu.norm_begin(); }
+  void norm_add(std::span<const Ref> parts, std::int64_t n) override {
+    for (const Ref& r : parts) need({r});
+    cpu.norm_add(parts, n);
+  }
+  zp::exec::NormStats norm_end() override { return cpu.norm_end(); }
+  void upload(Ref d, const float* s, std::int64_t n) override { need({d}), cpu.upload(d, s, n); }
+  void download(float* d, Ref s, std::int64_t n) override { need({s}), cpu.download(d, s, n); }
+  void upload_bytes(void* d, const void* s, std::size_t b) override {
+    strays += owns(d) ? 0 : 1;
+    cpu.upload_bytes(d, s, b);
+  }
+  void download_bytes(void* d, const void* s, std::size_t b) override {
+    strays += owns(s) ? 0 : 1;
+    cpu.download_bytes(d, s, b);
+  }
+  void step_begin(std::size_t e) override { cpu.step_begin(e); }
+  void event_begin(std::size_t i) override { cpu.event_begin(i); }
+  void event_end(std::size_t i) override { cpu.event_end(i); }
+  void step_times(std::span<double> s, std::span<double> t) override { cpu.step_times(s, t); }
+
+  bool owns(const void* p) const {
+    const auto* c = static_cast<const char*>(p);
+    auto it = held.upper_bound(c);
+    if (it == held.begin()) return false;
+    --it;
+    return c < it->first + it->second;
+  }
+  zp::exec::CpuDevice cpu;
+  std::map<const char*, std::size_t> held;
+  int updates = 0, strays = 0;
+
+ private:
+  void need(std::initializer_list<Ref> refs) {
+    for (const Ref& r : refs)
+      if (r && !owns(r.base)) ++strays;
+  }
+};
+}  // namespace
+
 // ZeRO-Offload on a device the host does not address is run by exec::PlacedDevice: each call
 // goes where its operands live, the offloaded partition's optimizer on the CPU. Here its
 // device is the CPU device (whose allocations it tells apart from the host buffers by
@@ -271,7 +363,7 @@ TEST_CASE("offload through the placed device: host buffers on the host side, res
     REQUIRE(std::any_of(prog.buffers.begin(), prog.buffers.end(),
                         [](const zp::zero::Buffer& b) { return b.placement == zp::zero::Placement::host; }));
     zp::exec::DataSource data("synthetic", g, 7);
-    CountingDevice inner;
+    OwnMemoryDevice inner;
     zp::exec::PlacedDevice placed(inner);
     zp::exec::TrackingAllocator mem_p(prog.buffers.size(), zp::Bytes{0}, &placed), mem_c(prog.buffers.size());
     zp::exec::Interpreter ip(g, prog, cfg, comm(), mem_p, 99, &placed);
@@ -288,9 +380,131 @@ TEST_CASE("offload through the placed device: host buffers on the host side, res
     }
     for (const auto& p : g.params) CHECK(ip.param_values(p.id) == ic.param_values(p.id));
     CHECK(inner.updates == 0);  // every optimizer step ran on the host side
+    CHECK(inner.strays == 0);   // and nothing of the host's reached the device side
     CHECK(placed.host_calls() > 0);
     CHECK(placed.transfers() > 0);
     CHECK(mem_p.report().peak_allocated == mem_c.report().peak_allocated);
     CHECK(mem_p.report().peak_host == mem_c.report().peak_host);
+  }
+}
+
+namespace {
+// An independent check of a step's cross-stream order as a device with one stream per
+// program stream runs it (exec/stream_order.hpp): vector clocks from each stream's order and
+// the waits the interpreter issued, in the order they were issued; then every two uses of the
+// same memory on two streams must be ordered. Memory is the buffer itself, and, for device
+// buffers, the bytes the caching-allocator model placed it at: a buffer placed over one freed
+// earlier in the step inherits its uses (the reuse a stream's pool allows at once).
+std::vector<std::string> stream_races(const zp::zero::Program& p, const zp::exec::Interpreter::StreamTrace& t) {
+  constexpr int kS = zp::zero::kNumStreams;
+  using Clock = std::array<std::int32_t, kS>;
+  const auto n = p.events.size();
+  std::vector<Clock> clock(n, Clock{});
+  std::vector<std::int32_t> seq(n, 0);
+  std::array<Clock, kS> now{};
+  std::array<std::int32_t, kS> count{};
+  std::vector<std::array<zp::zero::EventId, kS>> last(p.buffers.size());
+  for (auto& l : last) l.fill(-1);
+  struct Occupant {
+    std::int64_t segment, lo, hi;
+    zp::zero::BufferId buffer;
+  };
+  std::vector<Occupant> placed;  // device buffers allocated in this step, where they were placed
+  std::vector<std::string> races;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (t.events[i].empty()) continue;  // nothing used or waited for (host events, markers)
+    const int s = static_cast<int>(p.events[i].stream);
+    seq[i] = ++count[static_cast<std::size_t>(s)];
+    Clock& c = now[static_cast<std::size_t>(s)];
+    c[static_cast<std::size_t>(s)] = seq[i];
+    for (const auto& en : t.events[i]) {
+      if (en.wait) {
+        for (int x = 0; x < kS; ++x)
+          c[static_cast<std::size_t>(x)] = std::max(c[static_cast<std::size_t>(x)], clock[static_cast<std::size_t>(en.id)][static_cast<std::size_t>(x)]);
+        continue;
+      }
+      const auto b = static_cast<std::size_t>(en.id);
+      const auto& allocs = p.allocs(p.events[i]);
+      const bool fresh = std::find(allocs.begin(), allocs.end(), en.id) != allocs.end() && last[b][static_cast<std::size_t>(s)] != static_cast<zp::zero::EventId>(i);
+      if (fresh && t.places[b]) {  // placed now: inherit the uses of what lay there before
+        const auto& pl = *t.places[b];
+        const Occupant me{pl.segment, pl.offset, pl.offset + p.buffers[b].bytes.v, en.id};
+        for (const auto& o : placed)
+          if (o.segment == me.segment && o.lo < me.hi && me.lo < o.hi)
+            for (int x = 0; x < kS; ++x)
+              last[b][static_cast<std::size_t>(x)] = std::max(last[b][static_cast<std::size_t>(x)], last[static_cast<std::size_t>(o.buffer)][static_cast<std::size_t>(x)]);
+        placed.push_back(me);
+      }
+      for (int x = 0; x < kS; ++x) {
+        const zp::zero::EventId u = last[b][static_cast<std::size_t>(x)];
+        if (x == s || u < 0 || c[static_cast<std::size_t>(x)] >= seq[static_cast<std::size_t>(u)]) continue;
+        races.push_back(fmt::format("{} uses {} unordered after {}", p.event_name(static_cast<zp::zero::EventId>(i)),
+                                    p.buffer_name(en.id), p.event_name(u)));
+      }
+      last[b][static_cast<std::size_t>(s)] = static_cast<zp::zero::EventId>(i);
+    }
+    clock[i] = c;
+  }
+  return races;
+}
+}  // namespace
+
+// Streams: the waits the interpreter issues order every use of the same memory on two streams
+// (checked independently of exec::StreamOrder, with the caching-allocator model's placements),
+// and the lowering's dependencies alone order every use of the same buffer (no "use" waits):
+// the simulator's overlap is one the executor can run.
+TEST_CASE("streams: every use of the same memory on two streams is ordered; the program's dependencies suffice") {
+  struct Setup {
+    std::string name;
+    const char* dtype;
+    const char* zero;
+    int gas;
+    bool streams = true;  // work on several streams
+  };
+  const Setup setups[] = {
+      {"stage 1 overlap", "bf16", R"("stage": 1, "overlap_comm": true, "reduce_bucket_size": 3000)", 3},
+      {"stage 2 overlap, small buckets", "fp16", R"("stage": 2, "overlap_comm": true, "reduce_bucket_size": 2000)", 2},
+      {"stage 2 no overlap", "bf16", R"("stage": 2, "overlap_comm": false, "reduce_bucket_size": 5000)", 2, false},
+      {"stage 3 overlap", "bf16", R"("stage": 3, "overlap_comm": true, "stage3_prefetch_bucket_size": 3000, "stage3_param_persistence_threshold": 100, "stage3_max_live_parameters": 20000)", 2},
+      {"stage 3 fp16 overlap", "fp16", R"("stage": 3, "overlap_comm": true, "stage3_prefetch_bucket_size": 2000)", 1},
+      {"stage 2 offload", "fp16", R"("stage": 2, "overlap_comm": true, "offload_optimizer": {"device": "cpu"})", 2},
+      {"stage 3 offload params", "fp32", R"("stage": 3, "overlap_comm": true, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})", 2},
+  };
+  for (const auto& su : setups) {
+    INFO(su.name);
+    const std::string precision = std::string(su.dtype) == "fp32" ? "" : fmt::format(R"("{}": {{"enabled": true}},)", su.dtype);
+    const auto cfg = zp::zero::parse_ds_config("streams.json", nlohmann::json::parse(fmt::format(
+        R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {}, {} "gradient_clipping": 1.0,
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.002}}}}, "zero_optimization": {{{}}}}})",
+        su.gas, precision, su.zero)));
+    const auto batch = zp::zero::resolve_batch(cfg, 1);
+    zp::models::GraphOptions go;
+    go.micro_batch = batch.micro_batch;
+    go.seq_len = 8;
+    go.act_dtype = cfg.model_dtype();
+    const auto g = zp::models::build_graph(zp::models::load_model("tiny-llama"), go);
+    zp::zero::LowerOptions lo;
+    const auto prog = zp::zero::expand(zp::zero::lower(g, cfg, batch, lo));
+    zp::exec::DataSource data("synthetic", g, 7);
+    zp::exec::TrackingAllocator mem(prog.buffers.size());
+    zp::exec::Interpreter it(g, prog, cfg, comm(), mem, 99);
+    zp::exec::Interpreter::StreamTrace trace;
+    it.trace_streams(&trace);
+    it.prologue();
+    for (int s = 1; s <= 2; ++s) {
+      std::vector<zp::exec::MicroBatch> mbs;
+      for (int m = 0; m < su.gas; ++m) mbs.push_back(data.batch(s, m, su.gas, 0, 1));
+      it.step(s, mbs);
+      const auto races = stream_races(prog, trace);
+      for (std::size_t k = 0; k < std::min<std::size_t>(races.size(), 5); ++k) MESSAGE(races[k]);
+      CHECK(races.empty());
+    }
+    const auto& w = it.stream_waits();
+    MESSAGE(su.name, ": waits over 2 steps: ", w.dep_waits, " for dependencies, ", w.reuse_waits, " for reuse, ",
+            w.touch_waits, " for uses the dependencies leave unordered");
+    for (const auto& u : w.unordered) MESSAGE(u);
+    CHECK(w.touch_waits == 0);
+    if (su.streams) CHECK(w.dep_waits > 0);  // the program does use several streams here
+    else CHECK(w.dep_waits + w.reuse_waits == 0);
   }
 }

@@ -61,6 +61,8 @@ struct IssueCursor {
   EventId last_grad_event = -1;   // the backward op that produced the gradient being hooked
   EventId last_copy = -1;         // the latest copy into a reduce bucket
   EventId last_reduce = -1;       // the latest event of a bucket reduction (the step waits for it)
+  EventId last_check = -1;        // the step's latest gradient check (norm, overflow): the update reads it
+  EventId last_update = -1;       // the latest copy of updated master weights into the 16-bit params
   int bucket_seq = 0;             // reduce buckets flushed in this micro-step
   EventId host = -1;              // the host event issuing the current ops (-1: none yet)
   int host_micro = -2;            // its micro-step and phase, and the ops it issued so far

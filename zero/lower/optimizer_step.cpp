@@ -23,6 +23,8 @@ void scalar_allreduce(Context& c, Trigger t, ReduceOp op, const char* name, int 
   const LocalRead r = local_read(c, partitions);
   e.mem_bytes = Bytes{r.bytes};
   e.tensors = r.tensors;
+  c.b.dep(c.at.last_reduce);  // it reads the reduced gradients (on the reduction stream under overlap_comm)
+  c.at.last_check = e.id;
 }
 }  // namespace
 
@@ -53,9 +55,13 @@ void optimizer_event(Context& c, std::int64_t elements, Placement where, const s
   e.mem_bytes = Bytes{elements * (2 * 4 + 4 + 2 * k)};
   e.src = e.dst = where;
   c.b.dep(c.at.last_reduce);
+  // The update clips and unscales with the norm (and skips on an overflow): on the host it
+  // runs after the host read them back; on the device's compute stream the order is implied.
+  c.b.dep(c.at.last_check);
 }
 
 void params_from_master(Context& c, Event& e, std::int64_t offset, std::int64_t n) {
+  c.at.last_update = e.id;
   e.copy_op = CopyOp::master_to_params;
   if (c.md != DType::fp32) e.copy_kernel = CopyKernel::cast;
   e.src_buf = c.states.master;
@@ -69,6 +75,7 @@ void post_step_allgather(Context& c, std::int64_t P) {
   c.collective(Stream::compute, Phase::post_step, -1, c.b.label("all_gather.params"), CollKind::all_gather,
                ReduceOp::none, Trigger::post_step, c.dp_group, P * c.N, c.md, 0);
   c.b.cur().dst_buf = c.states.params;
+  c.b.dep(c.at.last_update);  // the updated partition (from the host when offloaded)
 }
 
 }  // namespace zp::zero::lowering

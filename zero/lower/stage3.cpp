@@ -264,6 +264,9 @@ void Stage3Lowering::persistent_allgather() {
   if (ps.empty()) return;
   c_.collective(Stream::compute, Phase::post_step, -1, b.label("all_gather.persistent_params"), CollKind::all_gather,
                 ReduceOp::none, Trigger::post_step, c_.dp_group, gathered, c_.md, -1);
+  // It reads the updated partitions: with the optimizer offloaded they come back from the
+  // host on the host stream (params_to_device.subgroupN, the last of them).
+  b.dep(c_.at.last_update);
   const BufferId flat = b.buffer(Category::comm_buffers, Placement::device, BufferRole::gather_flat, c_.md, gathered,
                                  "all-gather flat buffer persistent params", -1);
   b.alloc(flat);
