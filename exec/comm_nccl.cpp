@@ -120,6 +120,8 @@ class NcclComm final : public Comm {
     finish(world_);
     for (auto& [start, done] : free_)
       cudaEventDestroy(start), cudaEventDestroy(done);
+    for (auto& [comm, e] : order_)
+      if (e) cudaEventDestroy(e);
     if (staging_) cudaFree(staging_);
   }
   NcclComm(const NcclComm&) = delete;
@@ -173,6 +175,12 @@ class NcclComm final : public Comm {
     auto ptr = [&](std::int64_t element) { return p + element * esz; };
     auto cnt = [](std::int64_t v) { return static_cast<std::size_t>(v); };
     auto root = [](std::int64_t v) { return static_cast<int>(v); };
+    // One communicator's operations run in the order they were issued, whichever streams
+    // they are queued on (as PyTorch's one NCCL stream per communicator does): the same order
+    // on every rank, never two at once on one communicator.
+    cudaEvent_t& in_order = order_[comm];
+    if (!in_order) cuda_ok(cudaEventCreateWithFlags(&in_order, cudaEventDisableTiming), "cudaEventCreate");
+    else cuda_ok(cudaStreamWaitEvent(stream_, in_order, 0), "cudaStreamWaitEvent");
     const auto [start, done] = take_events();
     cuda_ok(cudaEventRecord(start, stream_), "cudaEventRecord");
     switch (c.kind) {
@@ -206,6 +214,7 @@ class NcclComm final : public Comm {
       case zero::CollKind::all_to_all: throw std::logic_error("all_to_all is not used by the step program");
     }
     cuda_ok(cudaEventRecord(done, stream_), "cudaEventRecord");
+    cuda_ok(cudaEventRecord(in_order, stream_), "cudaEventRecord");
     {
       std::lock_guard<std::mutex> lk(mu_);
       pending_.push_back({start, done, what, {}, false});
@@ -374,6 +383,7 @@ class NcclComm final : public Comm {
   double timeout_s_;
   ncclComm_t world_ = nullptr;
   std::map<std::vector<int>, ncclComm_t> comms_;  // by the group's world ranks, in order
+  std::map<ncclComm_t, cudaEvent_t> order_;       // per communicator: the end of its latest operation
   void* staging_ = nullptr;
   std::size_t staging_bytes_ = 0;
   std::mutex mu_;
