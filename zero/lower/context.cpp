@@ -187,6 +187,13 @@ void Context::optimizer_states(std::int64_t elements, const std::string& name, s
 Event& Context::collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,
                            GroupId group, std::int64_t elements, DType t, std::int32_t bucket) {
   Event& c = b.begin(EventKind::collective, s, ph, micro, label);
+  // One communicator runs its operations one at a time in the order they were issued,
+  // whichever stream issued them: PyTorch queues every collective of a process group on
+  // that group's one NCCL stream. A collective on another stream than the group's previous
+  // one waits for it (on the same stream the order is the stream's).
+  auto [last, fresh] = at.last_collective.try_emplace(group, -1);
+  if (last->second >= 0 && p.events[static_cast<std::size_t>(last->second)].stream != s) b.dep(last->second);
+  last->second = c.id;
   c.coll = kind;
   c.reduce_op = op;
   c.trigger = why;

@@ -27,6 +27,7 @@
 // the device events they issue wait for them (Context::dispatch and the host_* calls).
 // Places where host work is not yet separated out are marked "host work:".
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,7 @@ struct IssueCursor {
   EventId last_reduce = -1;       // the latest event of a bucket reduction (the step waits for it)
   EventId last_check = -1;        // the step's latest gradient check (norm, overflow): the update reads it
   EventId last_update = -1;       // the latest copy of updated master weights into the 16-bit params
+  std::map<GroupId, EventId> last_collective;  // per rank group (communicator): its latest collective
   int bucket_seq = 0;             // reduce buckets flushed in this micro-step
   EventId host = -1;              // the host event issuing the current ops (-1: none yet)
   int host_micro = -2;            // its micro-step and phase, and the ops it issued so far
