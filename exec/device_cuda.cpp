@@ -1,8 +1,9 @@
-// The CUDA device: one GPU, one stream in program order (the program's issue order
-// respects every stream's order and dependency, as on the CPU device), kernels/cuda for
-// the ops and the movements, CUDA events for the times. Nothing in a step waits for the
-// device except what the host must read: the norm and overflow statistics (DeepSpeed
-// reads them with .item() too) and the losses at the step's end.
+// The CUDA device: one GPU, one CUDA stream per program stream (compute, reduction,
+// allgather, host), ordered by the waits exec/stream_order.hpp derives (cudaStreamWaitEvent
+// on earlier events' end events), kernels/cuda for the ops and the movements, CUDA events for
+// the times. Nothing in a step waits for the device except what the host must read: the
+// norm and overflow statistics (DeepSpeed reads them with .item() too), host-staged
+// collectives, offloaded work, and the losses at the step's end.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -150,7 +151,10 @@ class CudaDevice final : public Device {
       return nullptr;
     }
     ZP_CUDA_CHECK(err);
+    // Zeroed before any stream can use it (a new segment serves its pool's stream, which need
+    // not be the current one): a rare, cold path.
     ZP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    ZP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     mem_.peak = std::max(mem_.peak, used());
     return p;
   }
@@ -358,8 +362,16 @@ class CudaDevice final : public Device {
   // stream's is made with the device; another stream's the first time it needs one (its
   // workspace and scratch then count as the device's scratch).
   kc::Context& ctx() {
-    auto& c = ctx_[stream_index()];
-    if (!c) c = std::make_unique<kc::Context>(ctx_options_);
+    const std::size_t k = stream_index();
+    auto& c = ctx_[k];
+    if (!c) {
+      // Off the compute stream only small reductions need one (a norm's partial sums): no
+      // GEMM workspace, a little scratch (a staged GEMM falls back to the plain one).
+      kc::ContextOptions o = ctx_options_;
+      o.blas_workspace_bytes = 0;
+      o.scratch_bytes = std::size_t{1} << 20;
+      c = std::make_unique<kc::Context>(o);
+    }
     return *c;
   }
   // r as fp32 device memory: r itself, or an fp32 copy in scratch slot `slot`.

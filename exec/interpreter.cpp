@@ -179,13 +179,16 @@ void Interpreter::use(BufferId b) const {
   if (stream_trace_) stream_trace_->events[U(running_)].push_back({false, b});
 }
 
-void Interpreter::allocated(BufferId b, int pool_stream) {
+void Interpreter::before_allocation(BufferId b, int pool_stream) {
+  // The waits first: the allocation may zero-fill the memory on the current stream.
+  const auto waits = order_.allocated(b, pool_stream);
   if (running_ < 0) return;
-  waits_to_device(order_.allocated(b, pool_stream));
-  if (stream_trace_) {
-    stream_trace_->events[U(running_)].push_back({false, b});
-    stream_trace_->places[U(b)] = mem_.place(b);
-  }
+  waits_to_device(waits);
+  if (stream_trace_) stream_trace_->events[U(running_)].push_back({false, b});
+}
+
+void Interpreter::after_allocation(BufferId b) {
+  if (running_ >= 0 && stream_trace_) stream_trace_->places[U(b)] = mem_.place(b);
 }
 
 void Interpreter::waits_to_device(std::span<const zero::EventId> waits) const {
@@ -283,6 +286,7 @@ void Interpreter::prologue() {
         first_step_.emplace_back(b, static_cast<int>(e.stream));
         continue;
       }
+      before_allocation(b, static_cast<int>(e.stream));  // outside a step: its pool only
       mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
       bind(b);
     }
@@ -356,6 +360,14 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
   const auto t0 = std::chrono::steady_clock::now();
   dev_.step_begin(p_.events.size());
   order_.step_begin();
+  // However the step ends (an exception included), later uses are outside any event.
+  struct StepEnd {
+    Interpreter& it;
+    ~StepEnd() {
+      it.running_ = -1;
+      it.order_.step_end();
+    }
+  } step_end{*this};
   if (stream_trace_) {
     stream_trace_->events.assign(p_.events.size(), {});
     stream_trace_->places.assign(p_.buffers.size(), std::nullopt);
@@ -367,6 +379,12 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
     const std::int64_t sent_before = e.kind == EventKind::collective ? total_sent(comm_.counters()) : 0;
     const auto waits = order_.begin(id);
     running_ = id;
+    if (order_.transparent(id)) {
+      // A host event: Python on DeepSpeed's host thread, nothing for the device to run or time.
+      run_event(e);
+      running_ = -1;
+      continue;
+    }
     if (stream_trace_)
       for (zero::EventId w : waits) stream_trace_->events[U(id)].push_back({true, w});
     dev_.event_order(U(id), static_cast<int>(e.stream), waits);
@@ -394,8 +412,9 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
 
 void Interpreter::create_first_step_buffers() {
   for (const auto& [b, stream] : first_step_) {
+    before_allocation(b, stream);
     mem_.allocate(p_.buffers[U(b)], stream);
-    allocated(b, stream);
+    after_allocation(b);
     bind(b);
   }
   first_step_.clear();
@@ -405,8 +424,9 @@ void Interpreter::run_event(const Event& e) {
   if (e.kind == EventKind::optimizer && !first_step_.empty()) create_first_step_buffers();
   if (e.empty_cache) mem_.empty_cache();
   for (BufferId b : p_.allocs(e)) {
+    before_allocation(b, static_cast<int>(e.stream));
     mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
-    allocated(b, static_cast<int>(e.stream));
+    after_allocation(b);
     bind(b);
   }
   mem_.after_allocations(e.id);

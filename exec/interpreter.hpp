@@ -203,7 +203,10 @@ class Interpreter : private Operands {
   // The current event uses buffer b: waits for its uses on other streams (StreamOrder).
   void use(zero::BufferId b) const;
   void waits_to_device(std::span<const zero::EventId> waits) const;
-  void allocated(zero::BufferId b, int pool_stream);  // just allocated by the running event
+  // Around an allocation from the pool of `pool_stream`: the waits reusing its memory needs
+  // (before: the allocation may zero-fill it), and the trace's record of where it went.
+  void before_allocation(zero::BufferId b, int pool_stream);
+  void after_allocation(zero::BufferId b);
   mutable StreamOrder order_;
   StreamTrace* stream_trace_ = nullptr;
   zero::EventId running_ = -1;  // the event being run (-1: none)

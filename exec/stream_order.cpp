@@ -126,6 +126,8 @@ std::span<const zero::EventId> StreamOrder::allocated(zero::BufferId b, int pool
 }
 
 void StreamOrder::freed(zero::BufferId b) {
+  // Host memory is not pooled per stream: nothing reuses it behind a stream's back.
+  if (p_.buffers[U(b)].placement != zero::Placement::device) return;
   const int a = alloc_stream_[U(b)];
   for (int x = 0; x < kStreams; ++x) {
     const zero::EventId t = last_use_[U(b)][U(x)];

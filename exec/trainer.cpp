@@ -520,8 +520,9 @@ json train(const TrainOptions& opt, Comm& boot) {
     doc["stream_waits"] = {{"dependency", sw.dep_waits}, {"use", sw.touch_waits}, {"reuse", sw.reuse_waits},
                            {"steps", static_cast<std::int64_t>(losses.size()) - (first - 1)},
                            {"unordered_uses", sw.unordered}};
-    // Seconds per phase of one step (the sum of its events' measured times; events run
-    // one at a time on CPU, so phases do not overlap).
+    // Seconds per phase of one step: the sum of its events' measured times (the CPU device
+    // runs events one at a time; on a GPU events of different streams may overlap, and a
+    // phase's sum then counts the overlapped time once per stream).
     json phases = json::object();
     for (std::size_t i = static_cast<std::size_t>(prog.step_begin); i < prog.events.size(); ++i) {
       const char* ph = zero::phase_name(prog.events[i].phase);
