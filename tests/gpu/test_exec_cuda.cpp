@@ -174,6 +174,10 @@ void check(const Case& c) {
             (dm["after_comm"].get<std::int64_t>() - dm["after_init"].get<std::int64_t>()) / 1048576, " MiB of device memory");
   }
   CHECK(dm["peak"].get<std::int64_t>() >= dm["after_init"].get<std::int64_t>() + gpu["memory"]["reserved_peak"].get<std::int64_t>());
+  // The program's streams ran as CUDA streams, every use of a buffer across them ordered
+  // by the program's dependencies (exec/stream_order.hpp).
+  CHECK(gpu["stream_waits"]["use"].get<std::int64_t>() == 0);
+  CHECK(gpu["stream_waits"] == cpu["stream_waits"]);
   // Every event of the step was timed on the device.
   double sum = 0.0;
   for (const auto& e : gpu["events"]) sum += e["seconds"].get<double>();
@@ -199,6 +203,17 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
   check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss"});
   check({"tiny-gpt2", 0, "fp16", 2, "eager", false, 1, false, " --fused-gelu --fused-loss"});
   check({"tiny-llama", 3, "bf16", 2, "sdpa", false, 1, false, " --fused-loss"});
+}
+
+// overlap_comm: reductions on the reduction stream, stage 3's fetches on the allgather stream,
+// each a CUDA stream of its own, overlapping the compute stream's work.
+TEST_CASE("train --device cuda: overlap_comm, the program's streams as CUDA streams") {
+  const std::string overlap = R"(, "overlap_comm": true)";
+  check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, "", overlap});
+  check({"tiny-llama", 3, "bf16", 2, "sdpa", false, 1, false, "", overlap});
+  check({"tiny-bert", 1, "fp16", 2, "eager", false, 1, false, "", overlap});
+  check({"tiny-gpt2", 2, "fp32", 2, "eager", false, 2, true, "", overlap});
+  check({"tiny-llama", 3, "fp32", 2, "eager", false, 2, true, "", overlap});
 }
 
 // ZeRO-Offload: the optimizer's partition (and at stage 3 the params' partitions) in host
