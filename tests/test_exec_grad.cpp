@@ -64,6 +64,27 @@ Model make(const std::string& name, double lr, zp::models::Attention attention =
   return m;
 }
 
+// A tiny model's expanded step program at one rank (seq 8) for a ds_config of micro-batch 2,
+// `gas` micro-steps, AdamW, clipping at 1.0, the dtype ("fp32", "fp16" or "bf16") and these
+// zero_optimization keys.
+Model lowered(const std::string& name, const std::string& dtype, int gas, const std::string& zero) {
+  Model m;
+  const std::string precision = dtype == "fp32" ? "" : fmt::format(R"("{}": {{"enabled": true}},)", dtype);
+  m.cfg = zp::zero::parse_ds_config("lowered.json", nlohmann::json::parse(fmt::format(
+      R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {}, {} "gradient_clipping": 1.0,
+          "optimizer": {{"type": "AdamW", "params": {{"lr": 0.002}}}}, "zero_optimization": {{{}}}}})",
+      gas, precision, zero)));
+  const auto batch = zp::zero::resolve_batch(m.cfg, 1);
+  zp::models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = 8;
+  go.act_dtype = m.cfg.model_dtype();
+  m.g = zp::models::build_graph(zp::models::load_model(name), go);
+  zp::zero::LowerOptions lo;
+  m.prog = zp::zero::expand(zp::zero::lower(m.g, m.cfg, batch, lo));
+  return m;
+}
+
 // The loss of one step's forward pass at the current weights, and the weights after it.
 double loss_at(zp::exec::Interpreter& it, const std::vector<zp::exec::MicroBatch>& data) {
   return it.step(1, data).loss;
@@ -346,20 +367,10 @@ TEST_CASE("offload through the placed device: host buffers on the host side, res
   for (const Setup su : {Setup{"fp32", 2, 2, false}, Setup{"bf16", 1, 1, false}, Setup{"fp16", 2, 3, false},
                          Setup{"bf16", 3, 2, true}, Setup{"fp32", 3, 1, false}}) {
     INFO(su.dtype, " stage ", su.stage, " gas ", su.gas, su.offload_param ? " offload_param" : "");
-    const std::string precision = std::string(su.dtype) == "fp32" ? "" : fmt::format(R"("{}": {{"enabled": true}},)", su.dtype);
-    const auto cfg = zp::zero::parse_ds_config("offload.json", nlohmann::json::parse(fmt::format(
-        R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {}, {} "gradient_clipping": 1.0,
-            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.002}}}},
-            "zero_optimization": {{"stage": {}, "reduce_bucket_size": 3000, "offload_optimizer": {{"device": "cpu"}}{}}}}})",
-        su.gas, precision, su.stage, su.offload_param ? R"(, "offload_param": {"device": "cpu"})" : "")));
-    const auto batch = zp::zero::resolve_batch(cfg, 1);
-    zp::models::GraphOptions go;
-    go.micro_batch = batch.micro_batch;
-    go.seq_len = 8;
-    go.act_dtype = cfg.model_dtype();
-    const auto g = zp::models::build_graph(zp::models::load_model("tiny-gpt2"), go);
-    zp::zero::LowerOptions lo;
-    const auto prog = zp::zero::expand(zp::zero::lower(g, cfg, batch, lo));
+    const Model lw = lowered("tiny-gpt2", su.dtype, su.gas,
+                             fmt::format(R"("stage": {}, "reduce_bucket_size": 3000, "offload_optimizer": {{"device": "cpu"}}{})",
+                                         su.stage, su.offload_param ? R"(, "offload_param": {"device": "cpu"})" : ""));
+    const auto& [g, cfg, prog] = lw;
     REQUIRE(std::any_of(prog.buffers.begin(), prog.buffers.end(),
                         [](const zp::zero::Buffer& b) { return b.placement == zp::zero::Placement::host; }));
     zp::exec::DataSource data("synthetic", g, 7);
@@ -472,19 +483,8 @@ TEST_CASE("streams: every use of the same memory on two streams is ordered; the 
   };
   for (const auto& su : setups) {
     INFO(su.name);
-    const std::string precision = std::string(su.dtype) == "fp32" ? "" : fmt::format(R"("{}": {{"enabled": true}},)", su.dtype);
-    const auto cfg = zp::zero::parse_ds_config("streams.json", nlohmann::json::parse(fmt::format(
-        R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {}, {} "gradient_clipping": 1.0,
-            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.002}}}}, "zero_optimization": {{{}}}}})",
-        su.gas, precision, su.zero)));
-    const auto batch = zp::zero::resolve_batch(cfg, 1);
-    zp::models::GraphOptions go;
-    go.micro_batch = batch.micro_batch;
-    go.seq_len = 8;
-    go.act_dtype = cfg.model_dtype();
-    const auto g = zp::models::build_graph(zp::models::load_model("tiny-llama"), go);
-    zp::zero::LowerOptions lo;
-    const auto prog = zp::zero::expand(zp::zero::lower(g, cfg, batch, lo));
+    const Model lw = lowered("tiny-llama", su.dtype, su.gas, su.zero);
+    const auto& [g, cfg, prog] = lw;
     zp::exec::DataSource data("synthetic", g, 7);
     zp::exec::TrackingAllocator mem(prog.buffers.size());
     zp::exec::Interpreter it(g, prog, cfg, comm(), mem, 99);
