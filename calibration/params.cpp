@@ -98,9 +98,10 @@ ParamDef collective_factor(bool bandwidth, int level, int algo, int proto) {
                                ? fmt::format("factor on the bandwidth {} the topology gives, for {}", where, scope)
                                : fmt::format("factor on the latency terms {}, for {}", where, scope);
   std::string by = level == CC::intra
-                       ? "collectives among GPUs of one node (nccl-tests on one node with 2 or more GPUs)"
-                       : "collectives across nodes (nccl-tests on 2 or more nodes, or calibrate --device cuda under mpirun "
-                         "on several nodes)";
+                       ? "collectives among GPUs of one node (nccl-tests, or mpirun -np N zeroplan collectives --measure "
+                         "--out FILE, on one node with 2 or more GPUs)"
+                       : "collectives across nodes (nccl-tests, or mpirun zeroplan collectives --measure --out FILE, on 2 "
+                         "or more nodes)";
   by += bandwidth ? ", at large messages (64 MiB and more)" : ", at small messages (64 KiB and less)";
   if (algo >= 0) by += fmt::format(", of the sizes where the model picks {}", scope);
   ParamDef d;

@@ -2,11 +2,20 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "exec/device.hpp"
+#include "exec/device_cuda.hpp"
 #include "sim/collective_model.hpp"
 
 namespace zp::cli {
@@ -257,6 +266,249 @@ nlohmann::json collectives_json(const sim::ClusterSpec& cluster, int ranks, Byte
   }
   j["collectives"] = std::move(blocks);
   return j;
+}
+
+}  // namespace zp::cli
+
+// ------------------------------------------------------------------ measured
+namespace zp::cli {
+
+namespace {
+
+// nccl-tests' bus bandwidth factor: what each rank's link carries relative to S/t.
+double bus_factor(CollKind k, int n) {
+  if (n <= 1) return 0;
+  if (k == CollKind::all_reduce) return 2.0 * (n - 1) / n;
+  if (k == CollKind::all_gather || k == CollKind::reduce_scatter) return static_cast<double>(n - 1) / n;
+  return 1.0;  // reduce, broadcast
+}
+
+struct Measured {
+  Shape shape;
+  double seconds = 0;  // per call, the slowest rank's
+  sim::CollectiveCost predicted;
+};
+
+std::string nccl_tests_text(const std::vector<std::pair<CollKind, std::vector<Measured>>>& blocks,
+                            const std::vector<std::string>& rank_lines, const std::string& backend, int n, Bytes min,
+                            Bytes max, double factor, int warmup, int iters) {
+  std::string t;
+  const std::string v = exec::nccl_version();
+  if (backend == "nccl" && !v.empty()) {
+    int a = 0, b = 0, c = 0;
+    std::sscanf(v.c_str(), "%d.%d.%d", &a, &b, &c);
+    const int code = a * 10000 + b * 100 + c;
+    t += fmt::format("# nccl-tests version 2.17.1 nccl-headers={} nccl-library={}\n", code, code);
+  }
+  t += fmt::format("# (measured by zeroplan collectives --measure through its {} communicator, not nccl-tests)\n", backend);
+  for (const auto& [kind, rows] : blocks) {
+    const std::string test = fmt::format("{}_perf", zero::coll_kind_name(kind));
+    t += fmt::format("# Collective test starting: {}\n", test);
+    t += fmt::format("# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {:g}(factor) warmup iters: {} iters: {} agg iters: 1 "
+                     "validation: 0 graph: 0\n#\n# Using devices\n",
+                     min.v, max.v, factor, warmup, iters);
+    for (const auto& l : rank_lines) t += l + "\n";
+    t += "#\n";
+    t += "#       size         count      type   redop    root     time   algbw   busbw  #wrong\n";
+    t += "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)        \n";
+    double sum = 0;
+    for (const auto& m : rows) {
+      const double algbw = static_cast<double>(m.shape.bytes.v) / m.seconds / kGiga;
+      sum += algbw * bus_factor(kind, n);
+      t += fmt::format("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {}  {}  {}  {:>6}\n", m.shape.bytes.v, m.shape.count, "float",
+                       redop(kind), root(kind), fit(m.seconds * 1e6, 7), fit(algbw, 6), fit(algbw * bus_factor(kind, n), 6), "N/A");
+    }
+    t += "# Out of bounds values : 0 OK\n";
+    t += fmt::format("# Avg bus bandwidth    : {:.5f}\n#\n", rows.empty() ? 0.0 : sum / static_cast<double>(rows.size()));
+    t += fmt::format("# Collective test concluded: {}\n", test);
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluster, Bytes min, Bytes max, double factor,
+                                const std::vector<zero::CollKind>& kinds, const MeasureOptions& o) {
+  const int n = boot.size(), rank = boot.rank();
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+    throw InputError("--device", "", fmt::format("must be auto, cpu or cuda, got '{}'", o.device));
+  if (o.iters < 1) throw InputError("--iters", "", fmt::format("must be >= 1, got {}", o.iters));
+  if (o.warmup < 0) throw InputError("--warmup", "", fmt::format("must be >= 0, got {}", o.warmup));
+  if (!(o.timeout_s > 0)) throw InputError("--comm-timeout", "", fmt::format("must be > 0 seconds, got {}", o.timeout_s));
+  if (n < 2)
+    throw InputError("--measure", "",
+                     "one rank: a collective of one rank moves nothing; launch it with mpirun -np N (N >= 2), one rank "
+                     "per GPU");
+  if (n > cluster.world_size())
+    throw InputError("--cluster", "", fmt::format("'{}' has {} GPUs, this job {} ranks: give the cluster the job runs on",
+                                                  cluster.name, cluster.world_size(), n));
+  for (CollKind k : kinds)
+    if (k == CollKind::all_to_all)
+      throw InputError("--ops", "", "all_to_all is not a collective zeroplan's communicators run (ZeRO does not use it)");
+  const std::vector<Bytes> sizes = sweep_sizes(min, max, factor);
+  const bool cuda = o.device == "cuda" || (o.device == "auto" && exec::cuda_devices_visible() > 0);
+  if (cuda && !exec::cuda_device_built())
+    throw InputError("--device", "", "cuda: this zeroplan was built without CUDA (no toolkit at configure time)");
+  if (cuda && !exec::nccl_built())
+    throw InputError("--device", "", "cuda: this zeroplan was built without NCCL (nccl.h not found at configure time)");
+
+  // Where each rank runs; NCCL refuses two ranks on one GPU of one host.
+  std::unique_ptr<exec::Device> device;
+  std::string gpu_name, bus;
+  if (cuda) {
+    exec::CudaDeviceOptions co;
+    co.local_rank = exec::local_rank(rank);
+    try {
+      device = exec::make_cuda_device(co);
+    } catch (const std::runtime_error& e) {
+      throw InputError("--device", "", e.what());
+    }
+    gpu_name = exec::driver_memory(device.get()).gpu;
+    bus = exec::cuda_bus_id(*device);
+  }
+  const char* hostid = std::getenv("NCCL_HOSTID");
+  const std::string host = hostid && *hostid ? hostid : exec::host_name();
+  const auto where = boot.gather_for_report(fmt::format("{}|{}|{}", host, bus, gpu_name));
+  std::vector<long> pids;
+  for (const auto& p : boot.gather_for_report(std::to_string(::getpid()))) pids.push_back(std::stol(p));
+  std::vector<std::string> rank_lines;
+  std::vector<std::string> hosts;
+  for (int r = 0; r < n; ++r) {
+    const std::string& w = where[static_cast<std::size_t>(r)];
+    const auto a = w.find('|'), b = w.find('|', a + 1);
+    const std::string h = w.substr(0, a), bs = w.substr(a + 1, b - a - 1), name = w.substr(b + 1);
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+    for (int q = 0; q < r && cuda; ++q)
+      if (where[static_cast<std::size_t>(q)] == w)
+        throw InputError("--device", "",
+                         fmt::format("ranks {} and {} share GPU {} on {}: NCCL needs a GPU per rank (or an NCCL_HOSTID per "
+                                     "rank); --device cpu measures MPI between host buffers",
+                                     q, r, bs, h));
+    rank_lines.push_back(fmt::format("#  Rank {:2d} Group  0 Pid {:6d} on {} device {:2d} [{}] {}", r, pids[static_cast<std::size_t>(r)], h, cuda ? 0 : -1,
+                                     cuda ? bs : "host", cuda ? name : "CPU"));
+  }
+  std::unique_ptr<exec::Comm> nccl;
+  if (cuda) {
+    zero::Group world;
+    world.name = "world";
+    for (int r = 0; r < n; ++r) world.ranks.push_back(r);
+    exec::NcclOptions no;
+    no.timeout_s = o.timeout_s;
+    nccl = exec::make_nccl_comm(boot, *device, {world}, no);
+  }
+  exec::Comm& comm = nccl ? *nccl : boot;
+
+  // One buffer for the largest size, in the device's memory (NCCL) or the host's (MPI).
+  std::int64_t largest = 0;
+  for (CollKind k : kinds)
+    for (Bytes s : sizes) largest = std::max(largest, shape(k, s, n).bytes.v);
+  std::vector<float> host_buf(cuda ? 0 : static_cast<std::size_t>(largest / kFloatBytes) + 1);
+  void* buf = cuda ? device->allocate(static_cast<std::size_t>(largest) + 16) : static_cast<void*>(host_buf.data());
+  if (!buf) throw InputError("--max", "", fmt::format("{} bytes do not fit on the GPU", largest));
+  std::vector<int> group(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) group[static_cast<std::size_t>(r)] = r;
+  const sim::CollectiveModel model(cluster);
+
+  std::vector<std::pair<CollKind, std::vector<Measured>>> blocks;
+  for (CollKind k : kinds) {
+    std::vector<Measured> rows;
+    for (Bytes s : sizes) {
+      Measured m;
+      m.shape = shape(k, s, n);
+      if (m.shape.count == 0) continue;  // smaller than one element per rank
+      exec::CollectiveCall c;
+      c.kind = k;
+      c.buf = buf;
+      c.elements = m.shape.bytes.v / kFloatBytes;
+      c.dtype = DType::fp32;
+      c.op = std::string(redop(k)) == "sum" ? zero::ReduceOp::sum : zero::ReduceOp::none;
+      c.group = group;
+      c.root = 0;
+      c.on_device = cuda;
+      auto drain = [&] {
+        if (device) device->synchronize();
+      };
+      for (int i = 0; i < o.warmup; ++i) comm.run(c);
+      drain();
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < o.iters; ++i) comm.run(c);
+      drain();
+      const double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.iters;
+      double slowest = 0;
+      for (const auto& v : boot.gather_for_report(fmt::format("{:.17g}", mine))) slowest = std::max(slowest, std::stod(v));
+      m.seconds = slowest;
+      m.predicted = model.cost(k, group, m.shape.bytes);
+      rows.push_back(m);
+    }
+    blocks.emplace_back(k, std::move(rows));
+  }
+  if (cuda) device->release(buf);
+  if (rank != 0) return "";
+
+  const std::string backend = comm.backend();
+  if (!o.out.empty())
+    io::write_atomic(o.out, nccl_tests_text(blocks, rank_lines, backend, n, min, max, factor, o.warmup, o.iters), "--out");
+  const int nodes = static_cast<int>(hosts.size());
+  double err_sum = 0;
+  int err_n = 0;
+  for (const auto& [k, rows] : blocks)
+    for (const auto& m : rows) {
+      err_sum += std::abs(m.predicted.time.v / m.seconds - 1.0);
+      ++err_n;
+    }
+  const double mape = err_n ? 100.0 * err_sum / err_n : 0.0;
+  if (o.json) {
+    nlohmann::json j;
+    j["measured"] = true;
+    j["backend"] = backend;
+    j["ranks"] = n;
+    j["nodes"] = nodes;
+    j["gpu"] = gpu_name;
+    j["cluster"] = cluster.name;
+    j["iters"] = o.iters;
+    j["warmup"] = o.warmup;
+    j["time_mape_percent"] = mape;
+    nlohmann::json bj = nlohmann::json::array();
+    for (const auto& [k, rows] : blocks) {
+      nlohmann::json rj = nlohmann::json::array();
+      for (const auto& m : rows) {
+        const double busbw = static_cast<double>(m.shape.bytes.v) / m.seconds * bus_factor(k, n) / kGiga;
+        rj.push_back({{"size_bytes", m.shape.bytes.v},
+                      {"count", m.shape.count},
+                      {"time_us", m.seconds * 1e6},
+                      {"busbw_gbps", busbw},
+                      {"predicted_time_us", m.predicted.time.us()},
+                      {"predicted_busbw_gbps", m.predicted.busbw.v / kGiga},
+                      {"error", m.predicted.time.v / m.seconds - 1.0}});
+      }
+      bj.push_back({{"collective", zero::coll_kind_name(k)}, {"rows", std::move(rj)}});
+    }
+    j["collectives"] = std::move(bj);
+    return j.dump(2) + "\n";
+  }
+  std::string t;
+  t += fmt::format("# zeroplan collectives --measure: {} ranks on {} node{} through {} ({}), {} warm-up and {} timed calls "
+                   "per size, the slowest rank's time\n",
+                   n, nodes, nodes == 1 ? "" : "s", backend, cuda ? gpu_name : "host memory", o.warmup, o.iters);
+  t += fmt::format("# predicted: {} ranks of cluster {}: {}\n", n, cluster.name, sim::describe_cluster(cluster));
+  for (const auto& [k, rows] : blocks) {
+    t += "#\n";
+    t += fmt::format("# Collective: {}\n", zero::coll_kind_name(k));
+    t += fmt::format("# {:>10}  {:>12}  {:>7}  {:>6}  {:>7}  {:>6}  {:>7}\n", "size", "count", "time", "busbw", "pred", "busbw",
+                     "error");
+    t += fmt::format("# {:>10}  {:>12}  {:>7}  {:>6}  {:>7}  {:>6}  {:>7}\n", "(B)", "(elements)", "(us)", "(GB/s)", "(us)",
+                     "(GB/s)", "(time)");
+    for (const auto& m : rows) {
+      const double busbw = static_cast<double>(m.shape.bytes.v) / m.seconds * bus_factor(k, n) / kGiga;
+      t += fmt::format("{:>12}  {:>12}  {}  {}  {}  {}  {:>+6.0f}%\n", m.shape.bytes.v, m.shape.count, fit(m.seconds * 1e6, 7),
+                       fit(busbw, 6), fit(m.predicted.time.us(), 7), fit(m.predicted.busbw.v / kGiga, 6),
+                       100.0 * (m.predicted.time.v / m.seconds - 1.0));
+    }
+  }
+  t += fmt::format("# mean |error| of the predicted time: {:.1f}% over {} sizes{}\n", mape, err_n,
+                   o.out.empty() ? "" : fmt::format("; nccl-tests format in {} (calibrate --nccl-tests reads it)", o.out));
+  return t;
 }
 
 }  // namespace zp::cli

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/units.hpp"
+#include "exec/comm.hpp"
 #include "sim/cluster.hpp"
 #include "zero/program.hpp"
 
@@ -32,5 +33,25 @@ std::string collectives_table(const sim::ClusterSpec& cluster, int ranks, Bytes 
                               const std::vector<zero::CollKind>& kinds);
 nlohmann::json collectives_json(const sim::ClusterSpec& cluster, int ranks, Bytes min, Bytes max, double factor,
                                 const std::vector<zero::CollKind>& kinds);
+
+// `zeroplan collectives --measure`, under `mpirun -np N`: the same sweep run through zeroplan's
+// own communicator between this job's N ranks, each collective over all of them (nccl-tests'
+// method: `warmup` calls, then `iters` calls timed on the host after the device finished, the
+// slowest rank's time), beside the model's prediction for N ranks of `cluster` and its error
+// per size. `device`: "cuda" (NCCL between the ranks' GPUs, one GPU per rank or an
+// NCCL_HOSTID per rank), "cpu" (MPI between host buffers: the executor's CPU ranks), "auto"
+// (cuda when a GPU is visible). `out`: the measurements in nccl-tests' output format, which
+// `calibrate --nccl-tests` reads. Every rank calls it; rank 0 gets the report (text or JSON),
+// the others "".
+struct MeasureOptions {
+  std::string device = "auto";
+  int warmup = 5;
+  int iters = 20;
+  std::string out;
+  double timeout_s = 600.0;
+  bool json = false;
+};
+std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluster, Bytes min, Bytes max, double factor,
+                                const std::vector<zero::CollKind>& kinds, const MeasureOptions& o);
 
 }  // namespace zp::cli

@@ -2,6 +2,7 @@
 // explain them, plan the best configuration, train it for real on CPU ranks and compare.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -161,6 +162,16 @@ int main(int argc, char** argv) {
   coll->add_option("--factor,-f", coll_factor, "size multiplier between steps");
   coll->add_option("--ops", coll_ops, "all, or a comma-separated list: all_reduce,all_gather,reduce_scatter,...");
   coll->add_flag("--json", coll_json, "machine-readable output");
+  bool coll_measure = false;
+  zp::cli::MeasureOptions coll_mo;
+  coll->add_flag("--measure", coll_measure,
+                 "measure the sweep between this job's ranks (mpirun -np N), beside the prediction for N ranks of --cluster");
+  coll->add_option("--device", coll_mo.device, "--measure: cuda (NCCL between the ranks' GPUs), cpu (MPI between host buffers) "
+                                               "or auto (default: cuda when a GPU is visible)");
+  coll->add_option("--iters", coll_mo.iters, "--measure: timed calls per size (default 20)");
+  coll->add_option("--warmup", coll_mo.warmup, "--measure: untimed calls per size first (default 5)");
+  coll->add_option("--out", coll_mo.out, "--measure: also write the measurements in nccl-tests' format (calibrate --nccl-tests reads it)");
+  coll->add_option("--comm-timeout", coll_mo.timeout_s, "--measure: seconds a collective may take before the job is ended (default 600)");
 
   zp::exec::TrainOptions tr;
   std::string tr_seq, tr_limit, tr_micro;
@@ -333,6 +344,35 @@ int main(int argc, char** argv) {
       return zp::kExitBadInput;
     } catch (const zp::exec::RankRefused&) {
       return zp::kExitBadInput;  // the refusing ranks printed why
+    } catch (const std::exception& e) {
+      comm->abort(fmt::format("internal error: {}", e.what()));
+    }
+    return 0;
+  }
+
+  if (*coll && coll_measure) {
+    // Under mpirun: every rank takes part; bad input is reported once, by rank 0.
+    auto comm = zp::exec::make_mpi_comm(&argc, &argv);
+    try {
+      const auto cluster = zp::sim::load_cluster(coll_cluster, coll_nodes, coll_nic);
+      if (coll_ranks && *coll_ranks != comm->size())
+        throw zp::InputError("--ranks", "", fmt::format("--measure runs over this job's {} ranks, got --ranks {}",
+                                                        comm->size(), *coll_ranks));
+      coll_mo.json = coll_json;
+      const auto lo = zp::cli::parse_size("--min", coll_min), hi = zp::cli::parse_size("--max", coll_max);
+      // "all": every collective the communicators run (all_to_all is not one of them).
+      auto kinds = zp::cli::parse_coll_kinds("--ops", coll_ops);
+      if (coll_ops == "all") std::erase(kinds, zp::zero::CollKind::all_to_all);
+      if (!coll_mo.out.empty()) {  // said before the sweep, not after it
+        const std::filesystem::path out(coll_mo.out);
+        const auto dir = out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path();
+        if (std::filesystem::is_directory(out) || !std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
+          throw zp::InputError(coll_mo.out, "", "--out: cannot write the file there (no such directory, not writable, or a directory)");
+      }
+      std::cout << zp::cli::measure_collectives(*comm, cluster, lo, hi, coll_factor, kinds, coll_mo);
+    } catch (const zp::InputError& e) {
+      if (comm->rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
+      return zp::kExitBadInput;
     } catch (const std::exception& e) {
       comm->abort(fmt::format("internal error: {}", e.what()));
     }

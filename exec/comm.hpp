@@ -98,6 +98,11 @@ std::unique_ptr<Comm> make_nccl_comm(Comm& boot, const Device& device, const std
 std::string encode_groups(const std::vector<zero::Group>& groups);
 std::vector<std::vector<std::vector<int>>> split_rounds(const std::vector<std::string>& per_rank,
                                                         const std::vector<int>& world);
+// This rank's index among the ranks of its host (Open MPI and Slurm say; else `rank`), and the
+// host's name.
+int local_rank(int rank);
+std::string host_name();
+
 // Whether this build has the NCCL backend; its version ("2.28.9"), or "".
 bool nccl_built();
 std::string nccl_version();

@@ -1,5 +1,10 @@
-// The communicators a device backend makes for the program's groups (exec/comm.hpp).
+// The communicators a device backend makes for the program's groups, and where a rank runs
+// (exec/comm.hpp).
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 
@@ -9,6 +14,18 @@
 #include "exec/comm.hpp"
 
 namespace zp::exec {
+
+int local_rank(int rank) {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* e = std::getenv(v); e && *e) return std::atoi(e);
+  return rank;
+}
+
+std::string host_name() {
+  std::array<char, 256> buf{};
+  if (::gethostname(buf.data(), buf.size() - 1) != 0) return "?";
+  return buf.data();
+}
 
 std::string encode_groups(const std::vector<zero::Group>& groups) {
   std::string out;

@@ -85,18 +85,6 @@ std::string random_hex() {
   return fmt::format("{:08x}{:08x}", rd(), rd());
 }
 
-// This rank's index among the ranks of its host (Open MPI and Slurm say; else the rank).
-int local_rank(int rank) {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
-    if (const char* e = std::getenv(v); e && *e) return std::atoi(e);
-  return rank;
-}
-
-std::string host_name() {
-  std::array<char, 256> buf{};
-  if (::gethostname(buf.data(), buf.size() - 1) != 0) return "?";
-  return buf.data();
-}
 
 // Bytes this process may still allocate: MemAvailable, bounded by the cgroup's limit when
 // one is set (containers); -1 when unknown.

@@ -10,9 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
 
 namespace {
 
@@ -269,6 +272,78 @@ TEST_CASE("collectives prints an nccl-tests-like sweep") {
   bad("collectives --cluster 8xA100-80GB-NVSwitch --min 1X", "--min");
   bad("simulate --model gpt2 --nodes 2", "--nodes");
   bad("simulate --model gpt2 --cluster 8xA100-80GB-NVSwitch --gpus 9", "--gpus");
+}
+
+// The measured sweep between this job's ranks: here two CPU ranks over MPI (--device cpu; the
+// same code runs NCCL between GPUs, tests/gpu/test_exec_cuda.cpp), beside the prediction, and
+// its nccl-tests-format file read back by calibrate.
+TEST_CASE("collectives --measure: a sweep between the job's ranks, beside the prediction, in nccl-tests format") {
+  const std::string mpi = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np ";
+  const auto dir = std::filesystem::temp_directory_path() / "zeroplan-test-cli";
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "sweep.txt").string();
+  std::filesystem::remove(file);
+  const std::string base = " collectives --measure --min 1K --max 256K --factor 4 --warmup 1";
+  const std::string args = base + " --iters 4 --device cpu --cluster 8xH200-141GB-NVSwitch --ops all_reduce,all_gather,reduce_scatter";
+  const auto r = zp::test::run_shell(mpi + "2 " + std::string(ZEROPLAN_BIN) + args + " --out " + file);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("2 ranks on 1 node through mpi") != std::string::npos);
+  int rows = 0;
+  std::istringstream lines(r.out);
+  for (std::string l; std::getline(lines, l);) {
+    if (l.empty() || l[0] == '#') continue;
+    std::istringstream f(l);
+    double size = 0, count = 0, t = 0, busbw = 0, pred = 0;
+    f >> size >> count >> t >> busbw >> pred;
+    CHECK(t > 0);
+    CHECK(busbw > 0);
+    CHECK(pred > 0);
+    ++rows;
+  }
+  CHECK(rows == 3 * 5);  // 1K, 4K, 16K, 64K, 256K for each collective
+  // The file is nccl-tests' format: calibrate reads 15 collective observations of 2 ranks from it.
+  REQUIRE(std::filesystem::exists(file));
+  const Run cal = run("calibrate --cluster 8xH200-141GB-NVSwitch --nccl-tests " + file + " --json");
+  INFO(cal.out);
+  REQUIRE(cal.status == 0);
+  const auto j = nlohmann::json::parse(cal.out.substr(cal.out.find('{')));
+  REQUIRE(j["observations"].size() == 15);
+  for (const auto& o : j["observations"]) {
+    CHECK(o["label"].get<std::string>().find(" 2 ranks ") != std::string::npos);
+    CHECK(o["measured_s"].get<double>() > 0);
+  }
+  // --json: every size with its measured and predicted time.
+  const auto rj = zp::test::run_shell(mpi + "2 " + std::string(ZEROPLAN_BIN) + args + " --json", false);
+  REQUIRE(rj.status == 0);
+  const auto m = nlohmann::json::parse(rj.out);
+  CHECK(m["measured"] == true);
+  CHECK(m["ranks"] == 2);
+  CHECK(m["backend"] == "mpi");
+  REQUIRE(m["collectives"].size() == 3);
+  for (const auto& b : m["collectives"]) {
+    CHECK(b["rows"].size() == 5);
+    for (const auto& row : b["rows"]) CHECK(row["time_us"].get<double>() > 0);
+  }
+  // Bad input: one line, exit 2, said once.
+  // Bad input: exit 2, and one line from zeroplan (rank 0's; mpirun adds its own report).
+  const auto bad_mpi = [&](const std::string& extra, const std::string& must) {
+    const auto b = zp::test::run_shell(mpi + "2 " + std::string(ZEROPLAN_BIN) + base + " " + extra);
+    INFO(extra, "\n", b.out);
+    CHECK(b.status == 2);
+    CHECK(b.out.find(must) != std::string::npos);
+    int ours = 0;
+    for (std::size_t at = b.out.find("zeroplan: "); at != std::string::npos; at = b.out.find("zeroplan: ", at + 1)) ++ours;
+    CHECK(ours == 1);
+  };
+  const std::string ok = " --cluster 8xH200-141GB-NVSwitch --device cpu";
+  bad_mpi("--device tpu --cluster 8xH200-141GB-NVSwitch", "--device: must be auto, cpu or cuda");
+  bad_mpi(ok + " --iters 0", "--iters");
+  bad_mpi(ok + " --ops all_to_all", "--ops");
+  bad_mpi(ok + " --ranks 3", "--ranks");
+  bad_mpi(ok + " --out /no/such/dir/sweep.txt", "/no/such/dir/sweep.txt");
+  bad_mpi("--device cpu --cluster 1xH200-141GB", "--cluster");
+  bad("collectives --measure --device cpu --cluster 8xH200-141GB-NVSwitch", "mpirun -np N");
 }
 
 TEST_CASE("the command line: what zeroplan is, unknown subcommands, hub ids, attention names") {

@@ -284,6 +284,31 @@ TEST_CASE("train --device cuda: checkpoint and resume") {
   }
 }
 
+// collectives --measure through zeroplan's NCCL communicator between two ranks (on the one
+// GPU, each its own NCCL_HOSTID: NCCL over loopback sockets), beside the model's prediction.
+TEST_CASE("collectives --measure --device cuda: a sweep through the NCCL communicator") {
+  const fs::path file = dir() / "sweep_nccl.txt";
+  fs::remove(file);
+  const auto r = zp::test::run_shell(
+      mpirun(2, true, fmt::format("{} collectives --measure --device cuda --cluster 8xH200-141GB-NVSwitch --min 1K --max 4M "
+                                  "--factor 4 --iters 5 --warmup 2 --out {} --json",
+                                  bin(), file.string())),
+      false);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const json m = json::parse(r.out);
+  CHECK(m["backend"] == "nccl");
+  CHECK(m["ranks"] == 2);
+  CHECK(m["nodes"] == 2);  // two NCCL_HOSTIDs
+  CHECK(m["gpu"].get<std::string>().find("H200") != std::string::npos);
+  for (const auto& b : m["collectives"]) {
+    CHECK(b["rows"].size() == 6);
+    for (const auto& row : b["rows"]) CHECK(row["busbw_gbps"].get<double>() > 0);
+    MESSAGE(b["collective"].get<std::string>(), ": ", b["rows"].back().dump());
+  }
+  CHECK(fs::exists(file));
+}
+
 // A peer stopped (SIGSTOP: hung) or killed mid-training ends every rank, with one line
 // naming the rank and the collective for the hung peer, within the timeout. Which collective
 // rank 0 is waiting in depends on where the peer stopped (the step's scalar all-reduce, or the
