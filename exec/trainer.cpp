@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -35,6 +36,7 @@
 #include "exec/device_placed.hpp"
 #include "exec/safetensors.hpp"
 #include "sim/device.hpp"
+#include "sim/engine.hpp"
 #include "sim/memory.hpp"
 #include "sim/trace.hpp"
 #include "zero/ds_config.hpp"
@@ -408,6 +410,7 @@ json train(const TrainOptions& opt, Comm& boot) {
   json lrs = json::array();  // the learning rate each step ran with
   std::vector<double> event_sum(prog.events.size(), 0.0);
   double timed = 0.0;
+  sim::PhaseTimes phase_sum;  // Σ over the timed steps
   std::int64_t timed_steps = 0;
   std::int64_t first = 1;
   // The measurements document (also written, with "error", when a run fails midway).
@@ -518,6 +521,15 @@ json train(const TrainOptions& opt, Comm& boot) {
       phases[ph] = phases.value(ph, 0.0) + v;
     }
     doc["phases"] = phases;
+    // The same step by the simulator's phase definitions (sim::PhaseTimes: forward and
+    // backward intervals per micro-step, the step after the last, the whole makespan), so
+    // that compare lays it beside the prediction phase by phase; mean over the timed steps.
+    const double per = 1.0 / static_cast<double>(std::max<std::int64_t>(1, timed_steps));
+    doc["phase_times"] = {{"forward", phase_sum.forward.v * per},
+                          {"backward", phase_sum.backward.v * per},
+                          {"backward_exposed_comm", phase_sum.backward_allreduce.v * per},
+                          {"step", phase_sum.step.v * per},
+                          {"iteration", phase_sum.iteration.v * per}};
     return doc;
   };
   auto write_partial = [&](const std::string& error) {
@@ -613,6 +625,20 @@ json train(const TrainOptions& opt, Comm& boot) {
         timed += r.seconds;
         ++timed_steps;
         for (std::size_t i = 0; i < event_sum.size(); ++i) event_sum[i] += interp.event_seconds()[i];
+        // The step's phases by the simulator's definitions (intervals of the timeline: events
+        // of several streams overlap on a GPU); host events are not run here, so not timed.
+        std::vector<double> st(prog.events.size()), en(prog.events.size());
+        for (std::size_t i = 0; i < st.size(); ++i) {
+          const bool untimed = prog.events[i].kind == zero::EventKind::host;
+          st[i] = untimed ? std::nan("") : interp.event_starts()[i];
+          en[i] = untimed ? std::nan("") : interp.event_starts()[i] + interp.event_seconds()[i];
+        }
+        const sim::PhaseTimes ph = sim::phases_of_timeline(prog, st, en);
+        phase_sum.forward += ph.forward;
+        phase_sum.backward += ph.backward;
+        phase_sum.backward_allreduce += ph.backward_allreduce;
+        phase_sum.step += ph.step;
+        phase_sum.iteration += ph.iteration;
       }
       if (rank == 0 && !opt.quiet)
         std::printf("step %4lld  loss %.6f  %.1f ms%s\n", static_cast<long long>(s), loss, r.seconds * 1e3,

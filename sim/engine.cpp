@@ -392,6 +392,48 @@ CriticalPath critical_path(const Run& run, std::int64_t last) {
 
 }  // namespace
 
+PhaseTimes phases_of_timeline(const zero::Program& p, std::span<const double> start, std::span<const double> end) {
+  if (p.repeat.copies > 0) throw std::invalid_argument("phases_of_timeline: the program must store every micro-step");
+  if (start.size() != p.events.size() || end.size() != p.events.size())
+    throw std::invalid_argument(fmt::format("phases_of_timeline: {} starts and {} ends for {} events", start.size(),
+                                            end.size(), p.events.size()));
+  auto ns = [](double t) { return to_ns(Seconds{t}); };
+  PhaseAccumulator acc;
+  Nanos begin_all = std::numeric_limits<Nanos>::max(), end_all = 0;
+  auto e = static_cast<std::size_t>(p.step_begin);
+  while (e < p.events.size()) {  // maximal runs of one micro-step, as phases() takes them
+    const int ms = p.events[e].micro_step;
+    MicroAgg a;
+    std::size_t z = e;
+    for (; z < p.events.size() && p.events[z].micro_step == ms; ++z) {
+      if (!std::isfinite(start[z])) continue;
+      const Event& ev = p.events[z];
+      const Nanos st = ns(start[z]), en = ns(end[z]);
+      begin_all = std::min(begin_all, st);
+      end_all = std::max(end_all, en);
+      a.end = std::max(a.end, en);
+      if (ev.phase == zero::Phase::forward) {
+        if (!a.has_fwd) a.fwd_begin = st;
+        a.has_fwd = true;
+        a.fwd_end = std::max(a.fwd_end, en);
+      } else if (ev.stream == Stream::compute && ev.kind == EventKind::compute) {
+        a.bwd_compute += en - st;
+      }
+    }
+    if (ms >= 0) acc.push(a);
+    e = z;
+  }
+  acc.finish();
+  if (begin_all == std::numeric_limits<Nanos>::max()) begin_all = 0;
+  PhaseTimes ph;
+  ph.forward = to_seconds(acc.forward());
+  ph.backward = to_seconds(acc.backward());
+  ph.backward_allreduce = to_seconds(acc.backward_allreduce());
+  ph.iteration = to_seconds(end_all - begin_all);
+  ph.step = to_seconds(std::max<Nanos>(0, end_all - std::max(acc.end_micro(), begin_all)));
+  return ph;
+}
+
 TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration, const EngineOptions& opt) {
   if (duration.size() != p.events.size())
     throw std::invalid_argument(fmt::format("run_events: {} durations for {} events", duration.size(), p.events.size()));

@@ -126,6 +126,12 @@ struct TimeReport {
 // event's time by its id. For consumers that index times by event; it grows with GAS.
 TimeReport expand_times(const zero::Program& p, const TimeReport& t);
 
+// The phases of a step whose event times were measured (an executor's), by the definitions
+// run_events uses (PhaseTimes): `start[e]`, `end[e]` in seconds for every event of `p`, which
+// must store every micro-step (zero::expand); the prologue's events and events with a
+// non-finite start (not timed: the host events an executor does not run) are left out.
+PhaseTimes phases_of_timeline(const zero::Program& p, std::span<const double> start, std::span<const double> end);
+
 // `duration[e]`: the cost of stored event e at full rate (from the cost models); the copies
 // of a repeated block cost what the block costs.
 TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration, const EngineOptions& opt = {});
