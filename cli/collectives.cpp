@@ -285,7 +285,7 @@ double bus_factor(CollKind k, int n) {
 
 struct Measured {
   Shape shape;
-  double seconds = 0;  // per call, the slowest rank's
+  double seconds = 0;  // per call, the mean over ranks
   sim::CollectiveCost predicted;
 };
 
@@ -293,14 +293,11 @@ std::string nccl_tests_text(const std::vector<std::pair<CollKind, std::vector<Me
                             const std::vector<std::string>& rank_lines, const std::string& backend, int n, Bytes min,
                             Bytes max, double factor, int warmup, int iters) {
   std::string t;
-  const std::string v = exec::nccl_version();
-  if (backend == "nccl" && !v.empty()) {
-    int a = 0, b = 0, c = 0;
-    std::sscanf(v.c_str(), "%d.%d.%d", &a, &b, &c);
-    const int code = a * 10000 + b * 100 + c;
-    t += fmt::format("# nccl-tests version 2.17.1 nccl-headers={} nccl-library={}\n", code, code);
-  }
-  t += fmt::format("# (measured by zeroplan collectives --measure through its {} communicator, not nccl-tests)\n", backend);
+  t += fmt::format("# zeroplan collectives --measure through its {} communicator (nccl-tests' output format; not "
+                   "nccl-tests)\n",
+                   backend);
+  // The NCCL version as NCCL_DEBUG=INFO prints it, which calibrate reads.
+  if (const std::string v = exec::nccl_version(); backend == "nccl" && !v.empty()) t += fmt::format("# NCCL INFO NCCL version {}\n", v);
   for (const auto& [kind, rows] : blocks) {
     const std::string test = fmt::format("{}_perf", zero::coll_kind_name(kind));
     t += fmt::format("# Collective test starting: {}\n", test);
@@ -327,6 +324,14 @@ std::string nccl_tests_text(const std::vector<std::pair<CollKind, std::vector<Me
 
 }  // namespace
 
+void agree_on_refusals(exec::Comm& boot, const std::string& mine) {
+  const auto all = boot.gather_for_report(mine);
+  const auto first = std::find_if(all.begin(), all.end(), [](const std::string& v) { return !v.empty(); });
+  if (first == all.end()) return;
+  if (std::all_of(all.begin(), all.end(), [&](const std::string& v) { return v == *first; })) throw InputError(*first);
+  throw InputError(fmt::format("rank {}: {}", first - all.begin(), *first));
+}
+
 std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluster, Bytes min, Bytes max, double factor,
                                 const std::vector<zero::CollKind>& kinds, const MeasureOptions& o) {
   const int n = boot.size(), rank = boot.rank();
@@ -346,46 +351,71 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
     if (k == CollKind::all_to_all)
       throw InputError("--ops", "", "all_to_all is not a collective zeroplan's communicators run (ZeRO does not use it)");
   const std::vector<Bytes> sizes = sweep_sizes(min, max, factor);
-  const bool cuda = o.device == "cuda" || (o.device == "auto" && exec::cuda_devices_visible() > 0);
+  // The device: what rank 0 sees decides for `auto`; every rank must see the same.
+  bool cuda = o.device == "cuda" || (o.device == "auto" && exec::cuda_devices_visible() > 0);
+  {
+    const auto seen = boot.gather_for_report(cuda ? "1" : "0");
+    if (std::any_of(seen.begin(), seen.end(), [&](const std::string& v) { return v != seen.front(); }))
+      throw InputError("--device", "", "auto: some ranks see a GPU and some do not; give --device cuda or --device cpu");
+  }
   if (cuda && !exec::cuda_device_built())
     throw InputError("--device", "", "cuda: this zeroplan was built without CUDA (no toolkit at configure time)");
   if (cuda && !exec::nccl_built())
     throw InputError("--device", "", "cuda: this zeroplan was built without NCCL (nccl.h not found at configure time)");
 
-  // Where each rank runs; NCCL refuses two ranks on one GPU of one host.
+  // Where each rank runs; NCCL refuses two ranks on one GPU of one host (unless each names
+  // its own NCCL_HOSTID, and then it talks over sockets between them).
   std::unique_ptr<exec::Device> device;
   std::string gpu_name, bus;
+  int ordinal = -1;
   if (cuda) {
     exec::CudaDeviceOptions co;
     co.local_rank = exec::local_rank(rank);
+    std::string refused;
     try {
       device = exec::make_cuda_device(co);
+      gpu_name = exec::driver_memory(device.get()).gpu;
+      bus = exec::cuda_bus_id(*device);
+      ordinal = exec::cuda_ordinal(*device);
     } catch (const std::runtime_error& e) {
-      throw InputError("--device", "", e.what());
+      refused = e.what();
     }
-    gpu_name = exec::driver_memory(device.get()).gpu;
-    bus = exec::cuda_bus_id(*device);
+    agree_on_refusals(boot, refused);  // a rank with no usable GPU stops every rank, not just itself
   }
-  const char* hostid = std::getenv("NCCL_HOSTID");
-  const std::string host = hostid && *hostid ? hostid : exec::host_name();
-  const auto where = boot.gather_for_report(fmt::format("{}|{}|{}", host, bus, gpu_name));
-  std::vector<long> pids;
-  for (const auto& p : boot.gather_for_report(std::to_string(::getpid()))) pids.push_back(std::stol(p));
+  const char* hostid_env = std::getenv("NCCL_HOSTID");
+  const std::string hostid = hostid_env ? hostid_env : "";
+  const auto where = boot.gather_for_report(
+      fmt::format("{}|{}|{}|{}|{}|{}", exec::host_name(), bus, hostid, ordinal, ::getpid(), gpu_name));
   std::vector<std::string> rank_lines;
   std::vector<std::string> hosts;
+  bool shared_gpu = false;
+  std::vector<std::vector<std::string>> fields;
+  for (const auto& w : where) {
+    std::vector<std::string> f;
+    std::size_t at = 0;
+    for (int k = 0; k < 5; ++k) {
+      const std::size_t bar = w.find('|', at);
+      f.push_back(w.substr(at, bar - at));
+      at = bar + 1;
+    }
+    f.push_back(w.substr(at));  // the GPU's name (may hold anything but comes last)
+    fields.push_back(std::move(f));
+  }
   for (int r = 0; r < n; ++r) {
-    const std::string& w = where[static_cast<std::size_t>(r)];
-    const auto a = w.find('|'), b = w.find('|', a + 1);
-    const std::string h = w.substr(0, a), bs = w.substr(a + 1, b - a - 1), name = w.substr(b + 1);
-    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
-    for (int q = 0; q < r && cuda; ++q)
-      if (where[static_cast<std::size_t>(q)] == w)
+    const auto& f = fields[static_cast<std::size_t>(r)];
+    if (std::find(hosts.begin(), hosts.end(), f[0]) == hosts.end()) hosts.push_back(f[0]);
+    for (int q = 0; q < r && cuda; ++q) {
+      const auto& g = fields[static_cast<std::size_t>(q)];
+      if (g[0] != f[0] || g[1] != f[1]) continue;
+      if (g[2] == f[2])
         throw InputError("--device", "",
                          fmt::format("ranks {} and {} share GPU {} on {}: NCCL needs a GPU per rank (or an NCCL_HOSTID per "
                                      "rank); --device cpu measures MPI between host buffers",
-                                     q, r, bs, h));
-    rank_lines.push_back(fmt::format("#  Rank {:2d} Group  0 Pid {:6d} on {} device {:2d} [{}] {}", r, pids[static_cast<std::size_t>(r)], h, cuda ? 0 : -1,
-                                     cuda ? bs : "host", cuda ? name : "CPU"));
+                                     q, r, f[1], f[0]));
+      shared_gpu = true;
+    }
+    rank_lines.push_back(fmt::format("#  Rank {:2d} Group  0 Pid {:>6} on {} device {:>2} [{}] {}", r, f[4], f[0],
+                                     cuda ? f[3] : "-1", cuda ? f[1] : "host", cuda ? f[5] : "CPU"));
   }
   std::unique_ptr<exec::Comm> nccl;
   if (cuda) {
@@ -395,6 +425,8 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
     exec::NcclOptions no;
     no.timeout_s = o.timeout_s;
     nccl = exec::make_nccl_comm(boot, *device, {world}, no);
+  } else {
+    boot.set_timeout(o.timeout_s);
   }
   exec::Comm& comm = nccl ? *nccl : boot;
 
@@ -403,8 +435,13 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
   for (CollKind k : kinds)
     for (Bytes s : sizes) largest = std::max(largest, shape(k, s, n).bytes.v);
   std::vector<float> host_buf(cuda ? 0 : static_cast<std::size_t>(largest / kFloatBytes) + 1);
-  void* buf = cuda ? device->allocate(static_cast<std::size_t>(largest) + 16) : static_cast<void*>(host_buf.data());
-  if (!buf) throw InputError("--max", "", fmt::format("{} bytes do not fit on the GPU", largest));
+  const auto release = [&](void* p) {
+    if (cuda && p) device->release(p);
+  };
+  std::unique_ptr<void, decltype(release)> held(
+      cuda ? device->allocate(static_cast<std::size_t>(largest) + 16) : static_cast<void*>(host_buf.data()), release);
+  void* buf = held.get();
+  agree_on_refusals(boot, buf ? "" : fmt::format("--max: {} bytes do not fit on the GPU", largest));
   std::vector<int> group(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) group[static_cast<std::size_t>(r)] = r;
   const sim::CollectiveModel model(cluster);
@@ -435,15 +472,13 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
       for (int i = 0; i < o.iters; ++i) comm.run(c);
       drain();
       const double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.iters;
-      double slowest = 0;
-      for (const auto& v : boot.gather_for_report(fmt::format("{:.17g}", mine))) slowest = std::max(slowest, std::stod(v));
-      m.seconds = slowest;
+      m.seconds = boot.sum_for_report(mine) / n;  // the mean over ranks, as nccl-tests reports by default (-a 1)
       m.predicted = model.cost(k, group, m.shape.bytes);
       rows.push_back(m);
     }
     blocks.emplace_back(k, std::move(rows));
   }
-  if (cuda) device->release(buf);
+  held.reset();
   if (rank != 0) return "";
 
   const std::string backend = comm.backend();
@@ -489,8 +524,11 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
   }
   std::string t;
   t += fmt::format("# zeroplan collectives --measure: {} ranks on {} node{} through {} ({}), {} warm-up and {} timed calls "
-                   "per size, the slowest rank's time\n",
-                   n, nodes, nodes == 1 ? "" : "s", backend, cuda ? gpu_name : "host memory", o.warmup, o.iters);
+                   "per size, the mean over ranks as nccl-tests' default{}\n",
+                   n, nodes, nodes == 1 ? "" : "s", backend, cuda ? gpu_name : "host memory", o.warmup, o.iters,
+                   shared_gpu ? "\n# note: ranks share a GPU (an NCCL_HOSTID each): NCCL talks over sockets between them; "
+                                "these times say nothing of NVLink"
+                              : "");
   t += fmt::format("# predicted: {} ranks of cluster {}: {}\n", n, cluster.name, sim::describe_cluster(cluster));
   for (const auto& [k, rows] : blocks) {
     t += "#\n";

@@ -1,6 +1,7 @@
 // zeroplan: predict the memory and time of DeepSpeed ZeRO training before spending GPU hours,
 // explain them, plan the best configuration, train it for real on CPU ranks and compare.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -351,25 +352,39 @@ int main(int argc, char** argv) {
   }
 
   if (*coll && coll_measure) {
-    // Under mpirun: every rank takes part; bad input is reported once, by rank 0.
+    // Under mpirun: every rank takes part. What one rank finds wrong (a cluster file it cannot
+    // read, an output it cannot write) is agreed on before any rank goes on, so every rank
+    // stops with exit 2 and rank 0 prints the one line.
     auto comm = zp::exec::make_mpi_comm(&argc, &argv);
     try {
-      const auto cluster = zp::sim::load_cluster(coll_cluster, coll_nodes, coll_nic);
-      if (coll_ranks && *coll_ranks != comm->size())
-        throw zp::InputError("--ranks", "", fmt::format("--measure runs over this job's {} ranks, got --ranks {}",
-                                                        comm->size(), *coll_ranks));
-      coll_mo.json = coll_json;
-      const auto lo = zp::cli::parse_size("--min", coll_min), hi = zp::cli::parse_size("--max", coll_max);
-      // "all": every collective the communicators run (all_to_all is not one of them).
-      auto kinds = zp::cli::parse_coll_kinds("--ops", coll_ops);
-      if (coll_ops == "all") std::erase(kinds, zp::zero::CollKind::all_to_all);
-      if (!coll_mo.out.empty()) {  // said before the sweep, not after it
-        const std::filesystem::path out(coll_mo.out);
-        const auto dir = out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path();
-        if (std::filesystem::is_directory(out) || !std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
-          throw zp::InputError(coll_mo.out, "", "--out: cannot write the file there (no such directory, not writable, or a directory)");
+      std::string refused;
+      std::optional<zp::sim::ClusterSpec> cluster;
+      std::vector<zp::zero::CollKind> kinds;
+      zp::Bytes lo{0}, hi{0};
+      try {
+        cluster = zp::sim::load_cluster(coll_cluster, coll_nodes, coll_nic);
+        if (coll_ranks && *coll_ranks != comm->size())
+          throw zp::InputError("--ranks", "", fmt::format("--measure runs over this job's {} ranks, got --ranks {}",
+                                                          comm->size(), *coll_ranks));
+        lo = zp::cli::parse_size("--min", coll_min);
+        hi = zp::cli::parse_size("--max", coll_max);
+        // "all": every collective the communicators run (all_to_all is not one of them).
+        kinds = zp::cli::parse_coll_kinds("--ops", coll_ops);
+        std::string ops = coll_ops;
+        std::transform(ops.begin(), ops.end(), ops.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+        if (ops == "all") std::erase(kinds, zp::zero::CollKind::all_to_all);
+        if (!coll_mo.out.empty() && comm->rank() == 0) {  // rank 0 writes it; said before the sweep, not after
+          const std::filesystem::path out(coll_mo.out);
+          const auto dir = out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path();
+          if (std::filesystem::is_directory(out) || !std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
+            throw zp::InputError(coll_mo.out, "", "--out: cannot write the file there (no such directory, not writable, or a directory)");
+        }
+      } catch (const zp::InputError& e) {
+        refused = e.what();
       }
-      std::cout << zp::cli::measure_collectives(*comm, cluster, lo, hi, coll_factor, kinds, coll_mo);
+      zp::cli::agree_on_refusals(*comm, refused);
+      coll_mo.json = coll_json;
+      std::cout << zp::cli::measure_collectives(*comm, *cluster, lo, hi, coll_factor, kinds, coll_mo);
     } catch (const zp::InputError& e) {
       if (comm->rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
       return zp::kExitBadInput;
@@ -415,6 +430,8 @@ int main(int argc, char** argv) {
       else std::cout << o.text;
       return o.exit_code;
     } else if (*coll) {
+      for (const char* flag : {"--device", "--iters", "--warmup", "--out", "--comm-timeout"})
+        if (coll->count(flag) > 0) throw zp::InputError(flag, "", "needs --measure (the measured sweep under mpirun)");
       const auto cluster = zp::sim::load_cluster(coll_cluster, coll_nodes, coll_nic);
       const int ranks = coll_ranks.value_or(cluster.nodes * cluster.gpus_per_node);
       const auto lo = zp::cli::parse_size("--min", coll_min), hi = zp::cli::parse_size("--max", coll_max);

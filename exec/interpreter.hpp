@@ -113,7 +113,12 @@ class Interpreter : private Operands {
     std::vector<std::vector<Entry>> events;
     std::vector<std::optional<sim::CachingAllocatorModel::Place>> places;  // per buffer
   };
-  void trace_streams(StreamTrace* t) { stream_trace_ = t; }
+  // `reuse_waits` false leaves out the waits a freed buffer's reuse needs (so that tests can
+  // see their check find the races those waits prevent); never for real runs.
+  void trace_streams(StreamTrace* t, bool reuse_waits = true) {
+    stream_trace_ = t;
+    order_.set_reuse_waits(reuse_waits);
+  }
 
  private:
   void run_event(const zero::Event& e);

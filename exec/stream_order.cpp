@@ -126,6 +126,7 @@ std::span<const zero::EventId> StreamOrder::allocated(zero::BufferId b, int pool
 }
 
 void StreamOrder::freed(zero::BufferId b) {
+  if (!reuse_waits_) return;
   // Host memory is not pooled per stream: nothing reuses it behind a stream's back.
   if (p_.buffers[U(b)].placement != zero::Placement::device) return;
   const int a = alloc_stream_[U(b)];

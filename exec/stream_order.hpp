@@ -56,6 +56,7 @@ class StreamOrder {
   void freed(zero::BufferId b);  // at the end of the current event
   void step_end();               // after the step's last event: uses outside events are not tracked
   const Stats& stats() const { return stats_; }
+  void set_reuse_waits(bool on) { reuse_waits_ = on; }  // tests only: see Interpreter::trace_streams
   // Whether event `e` runs nothing on the device (a host event).
   bool transparent(zero::EventId e) const;
 
@@ -81,6 +82,7 @@ class StreamOrder {
   int cur_stream_ = 0;
   std::vector<zero::EventId> out_;
   Stats stats_;
+  bool reuse_waits_ = true;
 };
 
 }  // namespace zp::exec

@@ -404,9 +404,11 @@ PhaseTimes phases_of_timeline(const zero::Program& p, std::span<const double> st
   while (e < p.events.size()) {  // maximal runs of one micro-step, as phases() takes them
     const int ms = p.events[e].micro_step;
     MicroAgg a;
+    bool timed = false;
     std::size_t z = e;
     for (; z < p.events.size() && p.events[z].micro_step == ms; ++z) {
       if (!std::isfinite(start[z])) continue;
+      timed = true;
       const Event& ev = p.events[z];
       const Nanos st = ns(start[z]), en = ns(end[z]);
       begin_all = std::min(begin_all, st);
@@ -420,7 +422,7 @@ PhaseTimes phases_of_timeline(const zero::Program& p, std::span<const double> st
         a.bwd_compute += en - st;
       }
     }
-    if (ms >= 0) acc.push(a);
+    if (ms >= 0 && timed) acc.push(a);  // a stretch with nothing timed says nothing of its micro-step
     e = z;
   }
   acc.finish();

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
@@ -313,6 +314,16 @@ TEST_CASE("collectives --measure: a sweep between the job's ranks, beside the pr
     CHECK(o["label"].get<std::string>().find(" 2 ranks ") != std::string::npos);
     CHECK(o["measured_s"].get<double>() > 0);
   }
+  // Three ranks (blocks of uneven shapes, every collective the communicators run).
+  const auto r3 = zp::test::run_shell(mpi + "3 " + std::string(ZEROPLAN_BIN) +
+                                      " collectives --measure --min 1K --max 16K --factor 4 --warmup 1 --iters 2 --device cpu "
+                                      "--cluster 8xH200-141GB-NVSwitch");
+  INFO(r3.out);
+  REQUIRE(r3.status == 0);
+  CHECK(r3.out.find("3 ranks on 1 node") != std::string::npos);
+  for (const char* k : {"all_reduce", "reduce", "reduce_scatter", "all_gather", "broadcast"})
+    CHECK(r3.out.find(fmt::format("# Collective: {}\n", k)) != std::string::npos);
+  CHECK(r3.out.find("all_to_all") == std::string::npos);
   // --json: every size with its measured and predicted time.
   const auto rj = zp::test::run_shell(mpi + "2 " + std::string(ZEROPLAN_BIN) + args + " --json", false);
   REQUIRE(rj.status == 0);
@@ -325,7 +336,6 @@ TEST_CASE("collectives --measure: a sweep between the job's ranks, beside the pr
     CHECK(b["rows"].size() == 5);
     for (const auto& row : b["rows"]) CHECK(row["time_us"].get<double>() > 0);
   }
-  // Bad input: one line, exit 2, said once.
   // Bad input: exit 2, and one line from zeroplan (rank 0's; mpirun adds its own report).
   const auto bad_mpi = [&](const std::string& extra, const std::string& must) {
     const auto b = zp::test::run_shell(mpi + "2 " + std::string(ZEROPLAN_BIN) + base + " " + extra);
@@ -344,6 +354,8 @@ TEST_CASE("collectives --measure: a sweep between the job's ranks, beside the pr
   bad_mpi(ok + " --out /no/such/dir/sweep.txt", "/no/such/dir/sweep.txt");
   bad_mpi("--device cpu --cluster 1xH200-141GB", "--cluster");
   bad("collectives --measure --device cpu --cluster 8xH200-141GB-NVSwitch", "mpirun -np N");
+  bad("collectives --cluster 8xH200-141GB-NVSwitch --iters 3", "--iters: needs --measure");
+  bad("collectives --cluster 8xH200-141GB-NVSwitch --out x.txt", "--out: needs --measure");
 }
 
 TEST_CASE("the command line: what zeroplan is, unknown subcommands, hub ids, attention names") {

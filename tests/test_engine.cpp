@@ -346,12 +346,14 @@ TEST_CASE("on real programs: phases add up to at most the iteration, exposed tim
 TEST_CASE("phases of a timeline: the engine's definitions, reproduced from its event times") {
   for (int stage = 0; stage <= 3; ++stage) {
     for (bool overlap : {false, true}) {
-      nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 4},
+      // 8 micro-steps: the program stores one and the engine takes its periodic path.
+      nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 8},
                            {"bf16", {{"enabled", true}}},
                            {"zero_optimization", {{"stage", stage}, {"overlap_comm", overlap}, {"reduce_bucket_size", 2000000}}}};
       const auto r = simulate_config("gpt2", ds, 8, "A100-80GB", 256);
       CAPTURE(stage);
       CAPTURE(overlap);
+      CHECK(r.program.repeat.copies > 0);
       const zero::Program full = zero::expand(r.program);
       const sim::TimeReport t = sim::expand_times(r.program, r.time.report);
       REQUIRE(t.events.size() == full.events.size());

@@ -356,7 +356,9 @@ class OwnMemoryDevice final : public zp::exec::Device {
 // device is the CPU device (whose allocations it tells apart from the host buffers by
 // address), so the run must equal the plain CPU run bit for bit: every loss, norm and
 // parameter, with the optimizer steps and the copies across run by the host side and the
-// transfers, and none of the optimizer's work on the device.
+// transfers, and none of the optimizer's work on the device. That device says the host
+// addresses its memory, so the interpreter takes its host path (fp32 views, no segments):
+// what is checked is the routing, not the GPU-only paths (test_exec_cuda runs those).
 TEST_CASE("offload through the placed device: host buffers on the host side, results bit for bit") {
   struct Setup {
     const char* dtype;
@@ -498,6 +500,19 @@ TEST_CASE("streams: every use of the same memory on two streams is ordered; the 
       const auto races = stream_races(prog, trace);
       for (std::size_t k = 0; k < std::min<std::size_t>(races.size(), 5); ++k) MESSAGE(races[k]);
       CHECK(races.empty());
+    }
+    // The check has teeth: without the reuse waits it finds the races they prevent (where
+    // the program reuses memory across streams at all).
+    if (su.streams && it.stream_waits().reuse_waits > 0) {
+      zp::exec::TrackingAllocator mem2(prog.buffers.size());
+      zp::exec::Interpreter bare(g, prog, cfg, comm(), mem2, 99);
+      zp::exec::Interpreter::StreamTrace t2;
+      bare.trace_streams(&t2, false);
+      bare.prologue();
+      std::vector<zp::exec::MicroBatch> mbs;
+      for (int m = 0; m < su.gas; ++m) mbs.push_back(data.batch(1, m, su.gas, 0, 1));
+      bare.step(1, mbs);
+      CHECK_FALSE(stream_races(prog, t2).empty());
     }
     const auto& w = it.stream_waits();
     MESSAGE(su.name, ": waits over 2 steps: ", w.dep_waits, " for dependencies, ", w.reuse_waits, " for reuse, ",

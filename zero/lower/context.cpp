@@ -191,7 +191,7 @@ Event& Context::collective(Stream s, Phase ph, int micro, std::int32_t label, Co
   // whichever stream issued them: PyTorch queues every collective of a process group on
   // that group's one NCCL stream. A collective on another stream than the group's previous
   // one waits for it (on the same stream the order is the stream's).
-  auto [last, fresh] = at.last_collective.try_emplace(group, -1);
+  const auto last = at.last_collective.try_emplace(group, -1).first;
   if (last->second >= 0 && p.events[static_cast<std::size_t>(last->second)].stream != s) b.dep(last->second);
   last->second = c.id;
   c.coll = kind;
