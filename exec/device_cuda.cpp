@@ -204,11 +204,8 @@ class CudaDevice final : public Device {
       kc::copy_accumulate(at(dst), at(src), n, true, dst.dt, stream_);
       return;
     }
-    // Mixed: in fp32, one rounding into dst.
-    float* s = as_f32(src, n, 0);
-    float* d = as_f32(dst, n, 1);
-    kc::copy_accumulate(d, s, n, true, DType::fp32, stream_);
-    back(dst, d, n);
+    // Mixed: in fp32, one rounding into dst, in one pass.
+    kc::add_mixed(at(dst), dst.dt, at(src), src.dt, n, stream_);
   }
   void fill(Ref dst, std::int64_t n, float value) override {
     if (n <= 0) return;

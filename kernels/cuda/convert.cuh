@@ -23,4 +23,12 @@ void convert_accumulate(void* y,        // (n) in y_dt, accumulated into
                         const void* x,  // (n) in x_dt
                         DType x_dt, std::int64_t n, cudaStream_t stream);
 
+// y += x with the sum of the two values in fp32 and one rounding into y's dtype (exec's
+// Device::add between dtypes): the same bits as converting both to fp32, copy_accumulate in
+// fp32 and converting back, in one pass and without the two fp32 temporaries.
+void add_mixed(void* y,        // (n) in y_dt, accumulated into
+               DType y_dt,
+               const void* x,  // (n) in x_dt
+               DType x_dt, std::int64_t n, cudaStream_t stream);
+
 }  // namespace zp::kernels::cuda

@@ -100,6 +100,15 @@ TEST_CASE("convert: every pair of fp32, bf16, fp16 equals the CPU conversions bi
         kg::convert_accumulate(d_acc->get(), to, d_in->get(), from, n, kStream);
         kg::copy_accumulate(d_ref->get(), d_out->get(), n, true, to, kStream);
         expect_equal_bits("convert_accumulate", bits(*d_acc), bits(*d_ref));
+        // y += x with the sum in fp32 and one rounding (Device::add between dtypes): the same
+        // bits as both converted to fp32, added, and converted back.
+        auto d_mix = device(init, to, offset);
+        kg::add_mixed(d_mix->get(), to, d_in->get(), from, n, kStream);
+        auto d_y32 = device(init, DType::fp32, offset), d_x32 = device(in, DType::fp32, offset);
+        kg::copy_accumulate(d_y32->get(), d_x32->get(), n, true, DType::fp32, kStream);
+        auto d_back = output(sz(n), to, offset);
+        kg::convert(d_back->get(), to, d_y32->get(), DType::fp32, n, kStream);
+        expect_equal_bits("add_mixed", bits(*d_mix), bits(*d_back));
       }
 }
 
