@@ -164,10 +164,17 @@ class PhaseAccumulator {
     if (pending_) close(*pending_, std::nullopt);
     pending_.reset();
   }
-  Nanos forward() const { return sums_.forward; }
-  Nanos backward() const { return sums_.backward; }
-  Nanos backward_allreduce() const { return sums_.backward_allreduce; }
-  Nanos end_micro() const { return end_micro_; }
+  // The phases once every micro-step was pushed, for a step from begin_all to end_all.
+  PhaseTimes times(Nanos begin_all, Nanos end_all) {
+    finish();
+    PhaseTimes ph;
+    ph.forward = to_seconds(sums_.forward);
+    ph.backward = to_seconds(sums_.backward);
+    ph.backward_allreduce = to_seconds(sums_.backward_allreduce);
+    ph.iteration = to_seconds(end_all - begin_all);
+    ph.step = to_seconds(std::max<Nanos>(0, end_all - std::max(end_micro_, begin_all)));
+    return ph;
+  }
 
  private:
   struct Micro {
@@ -234,14 +241,7 @@ PhaseTimes phases(const Run& run, const zero::Program& p, Nanos begin_all, Nanos
     acc.push(micro_agg(run, l.logical(k, 0), l.logical(k, l.d)));
   }
   stored_micros(l.c, l.S, static_cast<std::int64_t>(l.K) * l.d);
-  acc.finish();
-  PhaseTimes ph;
-  ph.forward = to_seconds(acc.forward());
-  ph.backward = to_seconds(acc.backward());
-  ph.backward_allreduce = to_seconds(acc.backward_allreduce());
-  ph.iteration = to_seconds(end_all - begin_all);
-  ph.step = to_seconds(std::max<Nanos>(0, end_all - std::max(acc.end_micro(), begin_all)));
-  return ph;
+  return acc.times(begin_all, end_all);
 }
 
 // Exposed communication of the compute stream's gap before L (its predecessor on the
@@ -425,15 +425,8 @@ PhaseTimes phases_of_timeline(const zero::Program& p, std::span<const double> st
     if (ms >= 0 && timed) acc.push(a);  // a stretch with nothing timed says nothing of its micro-step
     e = z;
   }
-  acc.finish();
   if (begin_all == std::numeric_limits<Nanos>::max()) begin_all = 0;
-  PhaseTimes ph;
-  ph.forward = to_seconds(acc.forward());
-  ph.backward = to_seconds(acc.backward());
-  ph.backward_allreduce = to_seconds(acc.backward_allreduce());
-  ph.iteration = to_seconds(end_all - begin_all);
-  ph.step = to_seconds(std::max<Nanos>(0, end_all - std::max(acc.end_micro(), begin_all)));
-  return ph;
+  return acc.times(begin_all, end_all);
 }
 
 TimeReport run_events(const zero::Program& p, std::span<const Seconds> duration, const EngineOptions& opt) {
