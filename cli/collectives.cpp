@@ -275,19 +275,16 @@ namespace zp::cli {
 
 namespace {
 
-// nccl-tests' bus bandwidth factor: what each rank's link carries relative to S/t.
-double bus_factor(CollKind k, int n) {
-  if (n <= 1) return 0;
-  if (k == CollKind::all_reduce) return 2.0 * (n - 1) / n;
-  if (k == CollKind::all_gather || k == CollKind::reduce_scatter) return static_cast<double>(n - 1) / n;
-  return 1.0;  // reduce, broadcast
-}
-
 struct Measured {
   Shape shape;
   double seconds = 0;  // per call, the mean over ranks
   sim::CollectiveCost predicted;
 };
+
+// nccl-tests' bus bandwidth of a measured row, GB/s.
+double busbw_gbps(CollKind k, int n, const Measured& m) {
+  return static_cast<double>(m.shape.bytes.v) / m.seconds * sim::CollectiveModel::busbw_factor(k, n) / kGiga;
+}
 
 std::string nccl_tests_text(const std::vector<std::pair<CollKind, std::vector<Measured>>>& blocks,
                             const std::vector<std::string>& rank_lines, const std::string& backend, int n, Bytes min,
@@ -310,10 +307,10 @@ std::string nccl_tests_text(const std::vector<std::pair<CollKind, std::vector<Me
     t += "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)        \n";
     double sum = 0;
     for (const auto& m : rows) {
-      const double algbw = static_cast<double>(m.shape.bytes.v) / m.seconds / kGiga;
-      sum += algbw * bus_factor(kind, n);
+      const double algbw = static_cast<double>(m.shape.bytes.v) / m.seconds / kGiga, busbw = busbw_gbps(kind, n, m);
+      sum += busbw;
       t += fmt::format("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {}  {}  {}  {:>6}\n", m.shape.bytes.v, m.shape.count, "float",
-                       redop(kind), root(kind), fit(m.seconds * 1e6, 7), fit(algbw, 6), fit(algbw * bus_factor(kind, n), 6), "N/A");
+                       redop(kind), root(kind), fit(m.seconds * 1e6, 7), fit(algbw, 6), fit(busbw, 6), "N/A");
     }
     t += "# Out of bounds values : 0 OK\n";
     t += fmt::format("# Avg bus bandwidth    : {:.5f}\n#\n", rows.empty() ? 0.0 : sum / static_cast<double>(rows.size()));
@@ -324,13 +321,7 @@ std::string nccl_tests_text(const std::vector<std::pair<CollKind, std::vector<Me
 
 }  // namespace
 
-void agree_on_refusals(exec::Comm& boot, const std::string& mine) {
-  const auto all = boot.gather_for_report(mine);
-  const auto first = std::find_if(all.begin(), all.end(), [](const std::string& v) { return !v.empty(); });
-  if (first == all.end()) return;
-  if (std::all_of(all.begin(), all.end(), [&](const std::string& v) { return v == *first; })) throw InputError(*first);
-  throw InputError(fmt::format("rank {}: {}", first - all.begin(), *first));
-}
+
 
 std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluster, Bytes min, Bytes max, double factor,
                                 const std::vector<zero::CollKind>& kinds, const MeasureOptions& o) {
@@ -380,7 +371,7 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
     } catch (const std::runtime_error& e) {
       refused = e.what();
     }
-    agree_on_refusals(boot, refused);  // a rank with no usable GPU stops every rank, not just itself
+    exec::agree_on_refusals(boot, refused, "its GPU");  // a rank with no usable GPU stops every rank
   }
   const char* hostid_env = std::getenv("NCCL_HOSTID");
   const std::string hostid = hostid_env ? hostid_env : "";
@@ -441,7 +432,7 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
   std::unique_ptr<void, decltype(release)> held(
       cuda ? device->allocate(static_cast<std::size_t>(largest) + 16) : static_cast<void*>(host_buf.data()), release);
   void* buf = held.get();
-  agree_on_refusals(boot, buf ? "" : fmt::format("--max: {} bytes do not fit on the GPU", largest));
+  exec::agree_on_refusals(boot, buf ? "" : fmt::format("--max: {} bytes do not fit on the GPU", largest), "the buffer");
   std::vector<int> group(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) group[static_cast<std::size_t>(r)] = r;
   const sim::CollectiveModel model(cluster);
@@ -508,7 +499,7 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
     for (const auto& [k, rows] : blocks) {
       nlohmann::json rj = nlohmann::json::array();
       for (const auto& m : rows) {
-        const double busbw = static_cast<double>(m.shape.bytes.v) / m.seconds * bus_factor(k, n) / kGiga;
+        const double busbw = busbw_gbps(k, n, m);
         rj.push_back({{"size_bytes", m.shape.bytes.v},
                       {"count", m.shape.count},
                       {"time_us", m.seconds * 1e6},
@@ -538,7 +529,7 @@ std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluste
     t += fmt::format("# {:>10}  {:>12}  {:>7}  {:>6}  {:>7}  {:>6}  {:>7}\n", "(B)", "(elements)", "(us)", "(GB/s)", "(us)",
                      "(GB/s)", "(time)");
     for (const auto& m : rows) {
-      const double busbw = static_cast<double>(m.shape.bytes.v) / m.seconds * bus_factor(k, n) / kGiga;
+      const double busbw = busbw_gbps(k, n, m);
       t += fmt::format("{:>12}  {:>12}  {}  {}  {}  {}  {:>+6.0f}%\n", m.shape.bytes.v, m.shape.count, fit(m.seconds * 1e6, 7),
                        fit(busbw, 6), fit(m.predicted.time.us(), 7), fit(m.predicted.busbw.v / kGiga, 6),
                        100.0 * (m.predicted.time.v / m.seconds - 1.0));

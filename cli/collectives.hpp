@@ -42,8 +42,8 @@ nlohmann::json collectives_json(const sim::ClusterSpec& cluster, int ranks, Byte
 // per rank or an NCCL_HOSTID per rank), "cpu" (MPI between host buffers: the executor's CPU
 // ranks), "auto" (cuda when a GPU is visible). `out`: the measurements in nccl-tests' output
 // format, which `calibrate --nccl-tests` reads. Every rank calls it; rank 0 gets the report
-// (text or JSON), the others "". A refusal found on some ranks only is agreed on first, so
-// every rank throws it (no rank is left in a collective).
+// (text or JSON), the others "". A refusal found on some ranks only is agreed on first
+// (exec::agree_on_refusals), so no rank is left waiting in a collective.
 struct MeasureOptions {
   std::string device = "auto";
   int warmup = 5;
@@ -54,9 +54,5 @@ struct MeasureOptions {
 };
 std::string measure_collectives(exec::Comm& boot, const sim::ClusterSpec& cluster, Bytes min, Bytes max, double factor,
                                 const std::vector<zero::CollKind>& kinds, const MeasureOptions& o);
-// Every rank's refusal (`mine`, "" for none), gathered: when any rank refused, every rank throws
-// it as one InputError (the same line on all ranks: rank 0 prints it; refusals that differ name
-// the first refusing rank).
-void agree_on_refusals(exec::Comm& boot, const std::string& mine);
 
 }  // namespace zp::cli

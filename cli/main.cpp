@@ -382,12 +382,14 @@ int main(int argc, char** argv) {
       } catch (const zp::InputError& e) {
         refused = e.what();
       }
-      zp::cli::agree_on_refusals(*comm, refused);
+      zp::exec::agree_on_refusals(*comm, refused, "its input");
       coll_mo.json = coll_json;
       std::cout << zp::cli::measure_collectives(*comm, *cluster, lo, hi, coll_factor, kinds, coll_mo);
     } catch (const zp::InputError& e) {
       if (comm->rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
       return zp::kExitBadInput;
+    } catch (const zp::exec::RankRefused&) {
+      return zp::kExitBadInput;  // the refusing ranks printed why
     } catch (const std::exception& e) {
       comm->abort(fmt::format("internal error: {}", e.what()));
     }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,22 @@ std::unique_ptr<Comm> make_nccl_comm(Comm& boot, const Device& device, const std
 std::string encode_groups(const std::vector<zero::Group>& groups);
 std::vector<std::vector<std::vector<int>>> split_rounds(const std::vector<std::string>& per_rank,
                                                         const std::vector<int>& world);
+// A refusal that only some ranks saw (a damaged checkpoint file of one rank, a GPU one rank
+// cannot use): those ranks have printed their message; every rank ends with exit status 2.
+class RankRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Every rank's refusal ("" for none), in rank order, as gathered: nothing when none refused;
+// the same refusal on every rank → InputError (rank 0 prints it once); refusals of some ranks
+// only → each rank prints one line (its own refusal, or that it stopped because of ranks R
+// refusing `what`) and throws RankRefused. Every rank decides alike, so none is left waiting in
+// a collective.
+void stop_if_refused(const std::vector<std::string>& refusals, int rank, const std::string& what);
+// The same after gathering `mine` over `comm` (a refusal found on this rank only).
+void agree_on_refusals(Comm& comm, const std::string& mine, const std::string& what = "");
+
 // This rank's index among the ranks of its host (Open MPI and Slurm say; else `rank`), and the
 // host's name.
 int local_rank(int rank);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <stdexcept>
@@ -11,9 +12,33 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/error.hpp"
 #include "exec/comm.hpp"
 
 namespace zp::exec {
+
+void stop_if_refused(const std::vector<std::string>& refusals, int rank, const std::string& what) {
+  std::vector<int> who;
+  for (std::size_t r = 0; r < refusals.size(); ++r)
+    if (!refusals[r].empty()) who.push_back(static_cast<int>(r));
+  if (who.empty()) return;
+  const std::string& first = refusals[static_cast<std::size_t>(who.front())];
+  if (std::all_of(refusals.begin(), refusals.end(), [&](const std::string& v) { return v == first; }))
+    throw InputError(first);
+  const std::string& own = refusals[static_cast<std::size_t>(rank)];
+  if (!own.empty()) {
+    std::fprintf(stderr, "zeroplan: rank %d: %s\n", rank, own.c_str());
+  } else {
+    std::fprintf(stderr, "zeroplan: rank %d: stopped: rank%s %s refused %s: %s\n", rank, who.size() > 1 ? "s" : "",
+                 fmt::format("{}", fmt::join(who, ", ")).c_str(), what.empty() ? "its input" : what.c_str(),
+                 first.c_str());
+  }
+  throw RankRefused("refused");
+}
+
+void agree_on_refusals(Comm& comm, const std::string& mine, const std::string& what) {
+  stop_if_refused(comm.gather_for_report(mine), comm.rank(), what);
+}
 
 int local_rank(int rank) {
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})

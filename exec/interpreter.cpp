@@ -394,7 +394,6 @@ StepResult Interpreter::step(std::int64_t step, const std::vector<MicroBatch>& d
     running_ = -1;
     if (e.kind == EventKind::collective) sent_[U(id)] = total_sent(comm_.counters()) - sent_before;
   }
-  order_.step_end();
   dev_.step_times(seconds_, starts_);
   // The micro-steps' losses, kept on the device until the step ends.
   std::vector<float> losses(U(p_.info.gas));

@@ -113,28 +113,11 @@ std::int64_t available_memory() {
 
 std::string gb(std::int64_t b) { return fmt::format("{:.1f} GB", static_cast<double>(b) / 1e9); }
 
-// After the gather of every rank's refusal ("refused": "" for none): when any rank refused,
-// every rank stops. The same refusal on every rank is reported once, by rank 0 (an
-// InputError); refusals of some ranks only are printed by each rank, one line each.
-void stop_if_refused(const std::vector<json>& all, int rank, const std::string& what) {
-  std::vector<int> who;
-  for (std::size_t r = 0; r < all.size(); ++r)
-    if (!all[r]["refused"].get<std::string>().empty()) who.push_back(static_cast<int>(r));
-  if (who.empty()) return;
-  const std::string first = all[static_cast<std::size_t>(who.front())]["refused"].get<std::string>();
-  bool same = who.size() == all.size();
-  for (const auto& a : all) same = same && a["refused"].get<std::string>() == first;
-  if (same) throw InputError(first);
-  const std::string own = all[static_cast<std::size_t>(rank)]["refused"].get<std::string>();
-  if (!own.empty()) {
-    std::fprintf(stderr, "zeroplan: rank %d: %s\n", rank, own.c_str());
-  } else {
-    std::string ranks;
-    for (int r : who) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
-    std::fprintf(stderr, "zeroplan: rank %d: stopped: rank%s %s refused %s: %s\n", rank, who.size() > 1 ? "s" : "",
-                 ranks.c_str(), what.empty() ? "its input" : what.c_str(), first.c_str());
-  }
-  throw RankRefused("refused");
+// Each rank's "refused" of the gathered agreement documents.
+std::vector<std::string> refusals_of(const std::vector<json>& all) {
+  std::vector<std::string> r;
+  for (const auto& a : all) r.push_back(a["refused"].get<std::string>());
+  return r;
 }
 
 // Every host's ranks together must fit in the memory that host has available: a run that
@@ -353,7 +336,7 @@ json train(const TrainOptions& opt, Comm& boot) {
                {"gpu", device ? cuda_bus_id(*device) : ""}, {"nccl_hostid", hostid ? hostid : ""}};
   std::vector<json> all;
   for (const auto& t : boot.gather_for_report(mine.dump())) all.push_back(json::parse(t));
-  stop_if_refused(all, rank, "");
+  stop_if_refused(refusals_of(all), rank, "");
   check_host_memory(all, *setup);
 
   // ---- the communicator: NCCL on the GPUs when every rank has its own (NCCL refuses
@@ -570,7 +553,7 @@ json train(const TrainOptions& opt, Comm& boot) {
                         {"run_id", got.run_id},  {"seed", got.seed}};
     std::vector<json> states;
     for (const auto& t : comm.gather_for_report(state.dump())) states.push_back(json::parse(t));
-    stop_if_refused(states, rank, "the checkpoint");
+    stop_if_refused(refusals_of(states), rank, "the checkpoint");
     if (const auto why = checkpoint_disagreement(states, opt.checkpoint_dir); !why.empty()) {
       std::fprintf(stderr, "zeroplan: rank %d: %s\n", rank, why.c_str());
       throw RankRefused("checkpoint refused");

@@ -53,13 +53,6 @@ struct TrainOptions {
 // end the job on every rank through Comm::abort.
 nlohmann::json train(const TrainOptions& opt, Comm& comm);
 
-// A refusal that only some ranks saw (a damaged checkpoint file of one rank): those ranks
-// have printed their message; every rank ends with exit status 2.
-class RankRefused : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 // The --out path of a rank: FILE.json for one rank, FILE.rankR.json for several.
 std::string rank_path(const std::string& out, int rank, int world);
 

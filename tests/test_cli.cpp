@@ -336,22 +336,25 @@ TEST_CASE("collectives --measure: a sweep between the job's ranks, beside the pr
     CHECK(b["rows"].size() == 5);
     for (const auto& row : b["rows"]) CHECK(row["time_us"].get<double>() > 0);
   }
-  // Bad input: exit 2, and one line from zeroplan (rank 0's; mpirun adds its own report).
-  const auto bad_mpi = [&](const std::string& extra, const std::string& must) {
+  // Bad input: exit 2, and one line from zeroplan (rank 0's; mpirun adds its own report); a
+  // refusal of some ranks only (the output, which rank 0 writes): one line per rank, the others
+  // saying which rank refused (exec::stop_if_refused, as train does).
+  const auto bad_mpi = [&](const std::string& extra, const std::string& must, int expect_lines = 1) {
     const auto b = zp::test::run_shell(mpi + "2 " + std::string(ZEROPLAN_BIN) + base + " " + extra);
     INFO(extra, "\n", b.out);
     CHECK(b.status == 2);
     CHECK(b.out.find(must) != std::string::npos);
     int ours = 0;
     for (std::size_t at = b.out.find("zeroplan: "); at != std::string::npos; at = b.out.find("zeroplan: ", at + 1)) ++ours;
-    CHECK(ours == 1);
+    CHECK(ours == expect_lines);
   };
   const std::string ok = " --cluster 8xH200-141GB-NVSwitch --device cpu";
   bad_mpi("--device tpu --cluster 8xH200-141GB-NVSwitch", "--device: must be auto, cpu or cuda");
   bad_mpi(ok + " --iters 0", "--iters");
   bad_mpi(ok + " --ops all_to_all", "--ops");
   bad_mpi(ok + " --ranks 3", "--ranks");
-  bad_mpi(ok + " --out /no/such/dir/sweep.txt", "/no/such/dir/sweep.txt");
+  bad_mpi(ok + " --out /no/such/dir/sweep.txt", "/no/such/dir/sweep.txt", 2);
+  bad_mpi(ok + " --out /no/such/dir/sweep.txt", "rank 1: stopped: rank 0 refused its input", 2);
   bad_mpi("--device cpu --cluster 1xH200-141GB", "--cluster");
   bad("collectives --measure --device cpu --cluster 8xH200-141GB-NVSwitch", "mpirun -np N");
   bad("collectives --cluster 8xH200-141GB-NVSwitch --iters 3", "--iters: needs --measure");

@@ -14,6 +14,7 @@
 
 #include "exec/device_cpu.hpp"
 #include "exec/device_placed.hpp"
+#include "forwarding_device.hpp"
 #include "kernels/cpu/convert.hpp"
 
 namespace {
@@ -139,47 +140,30 @@ namespace {
 
 // Memory the host is told it cannot address (a GPU's, here host memory behind the
 // interface): the data-movement calls run on the CPU device; it counts the drains and the
-// largest transfer, and refuses an optimizer step (the placed device must keep those of host
+// largest transfer, and counts optimizer steps (the placed device must keep those of host
 // buffers on the host).
-class RemoteDevice final : public zp::exec::Device {
+class RemoteDevice final : public zp::test::ForwardingDevice {
  public:
+  RemoteDevice() : ForwardingDevice(false) {}
   const char* name() const override { return "remote"; }
-  bool host_addressable() const override { return false; }
-  void* allocate(std::size_t bytes) override { return cpu.allocate(bytes); }
-  void release(void* p) override { cpu.release(p); }
   void synchronize() override { ++drains; }
-  void forward(const zp::models::Op&, zp::exec::Operands&) override {}
-  void backward(const zp::models::Op&, zp::exec::Operands&) override {}
   void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t s, const cpu::AdamConfig& c, float f) override {
     ++updates;
-    cpu.adam_step(p, g, m, v, n, s, c, f);
+    this->cpu.adam_step(p, g, m, v, n, s, c, f);
   }
   void sgd_step(Ref, Ref, Ref, std::int64_t, std::int64_t, const cpu::SgdConfig&, float) override { ++updates; }
-  void copy(Ref d, Ref s, std::int64_t n) override { cpu.copy(d, s, n); }
-  void add(Ref d, Ref s, std::int64_t n) override { cpu.add(d, s, n); }
-  void fill(Ref d, std::int64_t n, float v) override { cpu.fill(d, n, v); }
-  void scale(Ref x, std::int64_t n, float f) override { cpu.scale(x, n, f); }
-  void norm_begin() override { cpu.norm_begin(); }
-  void norm_add(std::span<const Ref> parts, std::int64_t n) override { cpu.norm_add(parts, n); }
-  zp::exec::NormStats norm_end() override { return cpu.norm_end(); }
   void upload(Ref d, const float* s, std::int64_t n) override {
     largest = std::max(largest, n);
-    cpu.upload(d, s, n);
+    this->cpu.upload(d, s, n);
   }
   void download(float* d, Ref s, std::int64_t n) override {
     largest = std::max(largest, n);
-    cpu.download(d, s, n);
+    this->cpu.download(d, s, n);
   }
-  void upload_bytes(void* d, const void* s, std::size_t b) override { cpu.upload_bytes(d, s, b); }
-  void download_bytes(void* d, const void* s, std::size_t b) override { cpu.download_bytes(d, s, b); }
-  void step_begin(std::size_t e) override { cpu.step_begin(e); }
-  void event_begin(std::size_t i) override { cpu.event_begin(i); }
-  void event_end(std::size_t i) override { cpu.event_end(i); }
   void step_times(std::span<double> s, std::span<double> t) override {
-    cpu.step_times(s, t);
+    this->cpu.step_times(s, t);
     for (double& x : s) x = -1.0;  // a device time, told apart from the host's below
   }
-  zp::exec::CpuDevice cpu;
   int drains = 0, updates = 0;
   std::int64_t largest = 0;
 };

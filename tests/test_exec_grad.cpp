@@ -19,6 +19,7 @@
 #include "exec/data.hpp"
 #include "exec/device_cpu.hpp"
 #include "exec/device_placed.hpp"
+#include "forwarding_device.hpp"
 #include "exec/interpreter.hpp"
 #include "models/graph.hpp"
 #include "models/model_config.hpp"
@@ -148,7 +149,7 @@ TEST_CASE("whole-model gradients of the tiny models match finite differences of 
 namespace {
 // A device that counts what it is asked to do and has the CPU device do it: the
 // interpreter must reach the device only through exec/device.hpp.
-class CountingDevice final : public zp::exec::Device {
+class CountingDevice final : public zp::test::ForwardingDevice {
  public:
   const char* name() const override { return "counting"; }
   void forward(const zp::models::Op& op, zp::exec::Operands& o) override {
@@ -159,7 +160,6 @@ class CountingDevice final : public zp::exec::Device {
     ++backward_calls;
     cpu.backward(op, o);
   }
-  using Ref = zp::exec::Ref;
   void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t step, const zp::kernels::cpu::AdamConfig& c,
                  float f) override {
     ++updates;
@@ -170,25 +170,8 @@ class CountingDevice final : public zp::exec::Device {
     ++updates;
     cpu.sgd_step(p, g, m, n, step, c, f);
   }
-  bool host_addressable() const override { return true; }
-  void* allocate(std::size_t bytes) override { return cpu.allocate(bytes); }
-  void release(void* p) override { cpu.release(p); }
   void copy(Ref d, Ref s, std::int64_t n) override { ++moves, cpu.copy(d, s, n); }
   void add(Ref d, Ref s, std::int64_t n) override { ++moves, cpu.add(d, s, n); }
-  void fill(Ref d, std::int64_t n, float v) override { cpu.fill(d, n, v); }
-  void scale(Ref x, std::int64_t n, float f) override { cpu.scale(x, n, f); }
-  void norm_begin() override { cpu.norm_begin(); }
-  void norm_add(std::span<const Ref> parts, std::int64_t n) override { cpu.norm_add(parts, n); }
-  zp::exec::NormStats norm_end() override { return cpu.norm_end(); }
-  void upload(Ref d, const float* s, std::int64_t n) override { cpu.upload(d, s, n); }
-  void download(float* d, Ref s, std::int64_t n) override { cpu.download(d, s, n); }
-  void upload_bytes(void* d, const void* s, std::size_t b) override { cpu.upload_bytes(d, s, b); }
-  void download_bytes(void* d, const void* s, std::size_t b) override { cpu.download_bytes(d, s, b); }
-  void step_begin(std::size_t e) override { cpu.step_begin(e); }
-  void event_begin(std::size_t i) override { cpu.event_begin(i); }
-  void event_end(std::size_t i) override { cpu.event_end(i); }
-  void step_times(std::span<double> s, std::span<double> t) override { cpu.step_times(s, t); }
-  zp::exec::CpuDevice cpu;
   int forward_calls = 0, backward_calls = 0, updates = 0, moves = 0;
 };
 }  // namespace
@@ -268,11 +251,9 @@ namespace {
 // device to its routing. Every Ref it is handed, and every operand of an op it runs, must lie
 // in memory it allocated itself (a host buffer reaching it is counted as a stray), and it
 // counts optimizer steps (the offloaded partition's must run on the host side).
-class OwnMemoryDevice final : public zp::exec::Device {
+class OwnMemoryDevice final : public zp::test::ForwardingDevice {
  public:
-  using Ref = zp::exec::Ref;
   const char* name() const override { return "own-memory"; }
-  bool host_addressable() const override { return true; }
   void* allocate(std::size_t bytes) override {
     void* p = cpu.allocate(bytes);
     held[static_cast<const char*>(p)] = std::max<std::size_t>(bytes, 1);
@@ -311,12 +292,10 @@ class OwnMemoryDevice final : public zp::exec::Device {
   void add(Ref d, Ref s, std::int64_t n) override { need({d, s}), cpu.add(d, s, n); }
   void fill(Ref d, std::int64_t n, float v) override { need({d}), cpu.fill(d, n, v); }
   void scale(Ref x, std::int64_t n, float f) override { need({x}), cpu.scale(x, n, f); }
-  void norm_begin() override { cpu.norm_begin(); }
   void norm_add(std::span<const Ref> parts, std::int64_t n) override {
     for (const Ref& r : parts) need({r});
     cpu.norm_add(parts, n);
   }
-  zp::exec::NormStats norm_end() override { return cpu.norm_end(); }
   void upload(Ref d, const float* s, std::int64_t n) override { need({d}), cpu.upload(d, s, n); }
   void download(float* d, Ref s, std::int64_t n) override { need({s}), cpu.download(d, s, n); }
   void upload_bytes(void* d, const void* s, std::size_t b) override {
@@ -327,10 +306,6 @@ class OwnMemoryDevice final : public zp::exec::Device {
     strays += owns(s) ? 0 : 1;
     cpu.download_bytes(d, s, b);
   }
-  void step_begin(std::size_t e) override { cpu.step_begin(e); }
-  void event_begin(std::size_t i) override { cpu.event_begin(i); }
-  void event_end(std::size_t i) override { cpu.event_end(i); }
-  void step_times(std::span<double> s, std::span<double> t) override { cpu.step_times(s, t); }
 
   bool owns(const void* p) const {
     const auto* c = static_cast<const char*>(p);
@@ -339,7 +314,6 @@ class OwnMemoryDevice final : public zp::exec::Device {
     --it;
     return c < it->first + it->second;
   }
-  zp::exec::CpuDevice cpu;
   std::map<const char*, std::size_t> held;
   int updates = 0, strays = 0;
 

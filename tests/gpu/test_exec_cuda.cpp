@@ -279,7 +279,6 @@ TEST_CASE("train --device cuda: checkpoint and resume") {
     const auto cont_cpu = run("cpu", fmt::format("--steps 8 --checkpoint-dir {} --resume", ck.string()), tag + "-cpu8.json");
     REQUIRE(cont_gpu.size() == 8);
     REQUIRE(cont_cpu.size() == 8);
-    for (std::size_t i = 0; i < 6; ++i) CHECK(cont_cpu[i] == cont_gpu[i]);  // the checkpoint's record of the losses
     for (std::size_t i = 6; i < 8; ++i) CHECK(std::abs(cont_cpu[i] - cont_gpu[i]) <= tolerance(c.dtype) * std::abs(cont_gpu[i]));
   }
 }
