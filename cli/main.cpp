@@ -123,6 +123,24 @@ void print_warnings(const std::vector<std::string>& ws) {
 
 }  // namespace
 
+// A command every rank runs under mpirun (train, collectives --measure): bad input that every
+// rank saw is reported once, by rank 0, a refusal of some ranks only by those ranks (both exit
+// status 2 on every rank); any other failure ends every rank through the communicator.
+template <class Body>
+int on_every_rank(zp::exec::Comm& comm, Body&& body) {
+  try {
+    body();
+  } catch (const zp::InputError& e) {
+    if (comm.rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
+    return zp::kExitBadInput;
+  } catch (const zp::exec::RankRefused&) {
+    return zp::kExitBadInput;  // the refusing ranks printed why
+  } catch (const std::exception& e) {
+    comm.abort(fmt::format("internal error: {}", e.what()));
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"zeroplan: predicts the memory and time of DeepSpeed ZeRO training (stages 0-3, offload, buckets) on a "
                "cluster from a Hugging Face config.json and a ds_config, explains the difference between two "
@@ -324,7 +342,7 @@ int main(int argc, char** argv) {
     // MPI starts here (singleton runs work without mpirun). Bad input is reported once,
     // by rank 0, with exit status 2 on every rank; failures later abort every rank.
     auto comm = zp::exec::make_mpi_comm(&argc, &argv);
-    try {
+    return on_every_rank(*comm, [&] {
       if (!tr_seq.empty()) tr.seq_len = parse_positive("--seq-len", tr_seq);
       if (!tr_micro.empty()) tr.micro_batch = parse_positive("--micro-batch", tr_micro);
       if (!tr_limit.empty()) tr.memory_limit = zp::cli::parse_size("--memory-limit", tr_limit);
@@ -340,15 +358,7 @@ int main(int argc, char** argv) {
                                          "time); train a config.json without rope_scaling",
                                          m.rope_type));
       zp::exec::train(tr, *comm);
-    } catch (const zp::InputError& e) {
-      if (comm->rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
-      return zp::kExitBadInput;
-    } catch (const zp::exec::RankRefused&) {
-      return zp::kExitBadInput;  // the refusing ranks printed why
-    } catch (const std::exception& e) {
-      comm->abort(fmt::format("internal error: {}", e.what()));
-    }
-    return 0;
+    });
   }
 
   if (*coll && coll_measure) {
@@ -356,7 +366,7 @@ int main(int argc, char** argv) {
     // read, an output it cannot write) is agreed on before any rank goes on, so every rank
     // stops with exit 2 and rank 0 prints the one line.
     auto comm = zp::exec::make_mpi_comm(&argc, &argv);
-    try {
+    return on_every_rank(*comm, [&] {
       std::string refused;
       std::optional<zp::sim::ClusterSpec> cluster;
       std::vector<zp::zero::CollKind> kinds;
@@ -385,15 +395,7 @@ int main(int argc, char** argv) {
       zp::exec::agree_on_refusals(*comm, refused, "its input");
       coll_mo.json = coll_json;
       std::cout << zp::cli::measure_collectives(*comm, *cluster, lo, hi, coll_factor, kinds, coll_mo);
-    } catch (const zp::InputError& e) {
-      if (comm->rank() == 0) std::fprintf(stderr, "zeroplan: %s\n", e.what());
-      return zp::kExitBadInput;
-    } catch (const zp::exec::RankRefused&) {
-      return zp::kExitBadInput;  // the refusing ranks printed why
-    } catch (const std::exception& e) {
-      comm->abort(fmt::format("internal error: {}", e.what()));
-    }
-    return 0;
+    });
   }
 
   try {
