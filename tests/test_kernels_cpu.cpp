@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/common/gemm_pieces.hpp"
+#include "kernels/common/philox.hpp"
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/bmm.hpp"
@@ -1163,6 +1164,44 @@ TEST_CASE("uniform / normal: reproducible, offset-addressed, right moments") {
   CHECK(z2[2] == 1.0f + 0.02f * z[2]);
 }
 
+TEST_CASE("attention dropout: one draw per probability, one Philox block per thread's 8 of a tile, right keep rate") {
+  namespace ad = zp::kernels::philox::attention_dropout;
+  // Every (head, query, key) of a few heads, T not a multiple of 16, maps to its own (block,
+  // word, half); the draws are the blocks' 16-bit halves.
+  for (const std::int64_t T : {5, 16, 37}) {
+    CAPTURE(T);
+    std::vector<std::uint64_t> where;
+    for (std::int64_t bh = 0; bh < 3; ++bh)
+      for (std::int64_t i = 0; i < T; ++i)
+        for (std::int64_t j = 0; j < T; ++j) {
+          const std::uint64_t patch = static_cast<std::uint64_t>((bh * ad::groups(T) + ad::group(i)) * ad::groups(T) +
+                                                                 ad::group(j));
+          const std::uint32_t qp = ad::place(i), kp = ad::place(j);
+          where.push_back(((2 * patch + (qp & 1u)) * 4 + 2 * (qp >> 1) + (kp >> 1)) * 2 + (kp & 1u));
+          const zp::kernels::philox::Block b = ad::block(42, 8, bh, T, ad::group(i), ad::group(j), qp & 1u);
+          CHECK(ad::uniform(42, 8, bh, T, i, j) == ad::unit(ad::draw(b, qp, kp)));
+          CHECK(ad::uniform(42, 8, bh, T, i, j) == ad::unit(ad::draw(zp::kernels::philox::block_at(42, 2 + where.back() / 8, 0u), qp, kp)));
+        }
+    std::sort(where.begin(), where.end());
+    CHECK(std::adjacent_find(where.begin(), where.end()) == where.end());
+  }
+  // The mma.sync layout's thread (lane g·4 + t) of a 16 x 16 tile holds queries {g, g+8} and
+  // keys {2t, 2t+1, 2t+8, 2t+9}: one group each, and the queries one parity, so one block.
+  for (std::int64_t base : {0, 48})
+    for (std::int64_t g = 0; g < 8; ++g)
+      for (std::int64_t t = 0; t < 4; ++t) {
+        CHECK(ad::group(base + g) == ad::group(base + g + 8));
+        CHECK((ad::place(base + g) & 1u) == (ad::place(base + g + 8) & 1u));
+        for (std::int64_t d : {1, 8, 9}) CHECK(ad::group(base + 2 * t + d) == ad::group(base + 2 * t));
+      }
+  // The keep rate over a 1024 x 1024 causal head.
+  const std::int64_t T = 1024;
+  std::int64_t kept = 0, total = 0;
+  for (std::int64_t i = 0; i < T; ++i)
+    for (std::int64_t j = 0; j <= i; ++j, ++total) kept += ad::uniform(7, 1ull << 32, 1, T, i, j) < 0.9f ? 1 : 0;
+  CHECK(std::abs(static_cast<double>(kept) / static_cast<double>(total) - 0.9) < 0.002);
+}
+
 // ------------------------------------------------------------------------------------
 // Fused attention
 // ------------------------------------------------------------------------------------
@@ -1199,7 +1238,7 @@ TEST_CASE("sdpa: forward equals the eager chain (scale, mask, softmax, dropout, 
           for (std::int64_t j = 0; j < T; ++j) {
             if (std::isinf(s[sz(j)])) continue;
             double pr = std::exp(s[sz(j)] - m) / l;
-            if (p > 0) pr = kc::uniform(42, 7 + static_cast<std::uint64_t>((bh * T + i) * T + j)) < 1.0f - p ? pr / (1 - p) : 0.0;
+            if (p > 0) pr = zp::kernels::philox::attention_dropout::uniform(42, 7, bh, T, i, j) < 1.0f - p ? pr / (1 - p) : 0.0;
             acc += pr * v[sz((bh * T + j) * D + x)];
           }
           worst = std::max(worst, std::abs(acc - o[sz((bh * T + i) * D + x)]));

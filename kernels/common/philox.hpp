@@ -69,6 +69,49 @@ ZP_HOST_DEVICE float uniform(std::uint64_t seed, std::uint64_t offset) { return 
 // Dropout: element at `offset` is kept when uniform(seed, offset) < 1 - p.
 ZP_HOST_DEVICE bool keep(std::uint64_t seed, std::uint64_t offset, float p) { return uniform(seed, offset) < 1.0f - p; }
 
+// Attention's dropout (the sdpa kernels of both backends): a 16-bit uniform per probability
+// (bh, i, j) (query i, key j of head bh, a T x T matrix), drawn in patches laid out for the
+// mma.sync accumulator layout, where a thread holds queries {x, x+8} and keys {y, y+1, y+8,
+// y+9} of a 16 x 16 tile (or, in the key-major backward, the same with the roles swapped):
+// every coordinate x has a group (x / 16) * 4 + (x % 8) / 2, shared by x, x+1, x+8, x+9 (x
+// even), and a place 2 * ((x / 8) % 2) + x % 2 in [0, 4). A patch (query group, key group)
+// holds 16 probabilities in two Philox blocks: the queries of even place in the first, odd in
+// the second; in a block, word 2 * (query place / 2) + key place / 2, half key place % 2 (the
+// low half first). So a thread draws one block per 8 probabilities, where one per element
+// (or pair) was drawn before. Block numbers start at offset / 4 (offsets are multiples of 4).
+namespace attention_dropout {
+
+ZP_HOST_DEVICE std::int64_t group(std::int64_t x) { return (x >> 4) * 4 + ((x & 7) >> 1); }
+ZP_HOST_DEVICE std::uint32_t place(std::int64_t x) { return static_cast<std::uint32_t>(((x >> 3) & 1) * 2 + (x & 1)); }
+ZP_HOST_DEVICE std::int64_t groups(std::int64_t T) { return (T + 15) / 16 * 4; }
+
+// The block of patch (query group gi, key group gj) of head bh holding the queries whose
+// place has parity `parity`.
+ZP_HOST_DEVICE Block block(std::uint64_t seed, std::uint64_t offset, std::int64_t bh, std::int64_t T, std::int64_t gi,
+                           std::int64_t gj, std::uint32_t parity) {
+  const std::int64_t G = groups(T);
+  const auto patch = static_cast<std::uint64_t>((bh * G + gi) * G + gj);
+  return block_at(seed, (offset >> 2) + 2 * patch + parity, 0u);
+}
+
+// The 16-bit draw of (query place qp, key place kp) from its block (the one of parity qp % 2).
+ZP_HOST_DEVICE std::uint32_t draw(const Block& b, std::uint32_t qp, std::uint32_t kp) {
+  const std::uint32_t w = word(b, 2 * (qp >> 1) + (kp >> 1));
+  return (kp & 1u) != 0 ? w >> 16 : w & 0xFFFFu;
+}
+
+// A 16-bit draw as a uniform in [0, 1) (exact in fp32).
+ZP_HOST_DEVICE float unit(std::uint32_t u16) { return static_cast<float>(u16) * 0x1p-16f; }
+
+// The uniform of probability (bh, i, j): kept when it is below 1 - p.
+ZP_HOST_DEVICE float uniform(std::uint64_t seed, std::uint64_t offset, std::int64_t bh, std::int64_t T, std::int64_t i,
+                             std::int64_t j) {
+  const Block b = block(seed, offset, bh, T, group(i), group(j), place(i) & 1u);
+  return unit(draw(b, place(i), place(j)));
+}
+
+}  // namespace attention_dropout
+
 // Standard normal at (seed, offset): Box-Muller in double on words 0 and 1 of block
 // (offset, stream 1).
 ZP_HOST_DEVICE float normal(std::uint64_t seed, std::uint64_t offset) {

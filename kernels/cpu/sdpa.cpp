@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/rng.hpp"
+#include "kernels/common/philox.hpp"
 
 namespace zp::kernels::cpu {
 
@@ -25,10 +25,14 @@ std::int64_t row_scores(double* s, const float* qi, const float* kh, std::int64_
   return n;
 }
 
-// The dropout factor of probability (b·H + h, i, j): 1/(1 - p) when kept, 0 when dropped.
-double keep_factor(std::uint64_t seed, std::uint64_t offset, std::int64_t index, float p) {
+// The dropout factor of probability (bh = b·H + h, i, j): 1/(1 - p) when kept, 0 when
+// dropped (kernels/common/philox.hpp, attention_dropout: the CUDA kernels' draws).
+double keep_factor(std::uint64_t seed, std::uint64_t offset, std::int64_t bh, std::int64_t T, std::int64_t i,
+                   std::int64_t j, float p) {
   if (p <= 0.0f) return 1.0;
-  return uniform(seed, offset + static_cast<std::uint64_t>(index)) < 1.0f - p ? 1.0 / (1.0 - static_cast<double>(p)) : 0.0;
+  return philox::attention_dropout::uniform(seed, offset, bh, T, i, j) < 1.0f - p
+             ? 1.0 / (1.0 - static_cast<double>(p))
+             : 0.0;
 }
 
 }  // namespace
@@ -56,7 +60,7 @@ void attention_forward(float* o, HeadStrides so, float* lse, const float* q, Hea
         lse[bh * T + i] = static_cast<float>(L);
         std::fill(acc.begin(), acc.end(), 0.0);
         for (std::int64_t j = 0; j < n; ++j) {
-          const double pij = std::exp(s[static_cast<std::size_t>(j)] - L) * keep_factor(seed, offset, (bh * T + i) * T + j, p);
+          const double pij = std::exp(s[static_cast<std::size_t>(j)] - L) * keep_factor(seed, offset, bh, T, i, j, p);
           const float* vj = vh + j * sv.t;
           for (std::int64_t d = 0; d < D; ++d) acc[static_cast<std::size_t>(d)] += pij * static_cast<double>(vj[d]);
         }
@@ -90,7 +94,7 @@ void attention_backward(float* dq, HeadStrides sdq, float* dk, HeadStrides sdk, 
         for (std::int64_t j = 0; j < n; ++j) {
           const auto u = static_cast<std::size_t>(j);
           P[u] = std::exp(s[u] - L);
-          const double keep = keep_factor(seed, offset, (bh * T + i) * T + j, p);
+          const double keep = keep_factor(seed, offset, bh, T, i, j, p);
           // O = (P ∘ keep) V: dV += (P ∘ keep)ᵀ dO; d(P ∘ keep) = dO Vᵀ.
           const float* vj = vh + j * sv.t;
           float* dvj = dvh + j * sdv.t;

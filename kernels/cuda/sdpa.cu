@@ -173,18 +173,23 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Dropout factors (1/(1-p) kept, 0 dropped) of stream positions pos and pos + 1.
-__device__ __forceinline__ void keep_pair(std::uint64_t seed, std::uint64_t pos, float thresh, float drop_scale,
-                                          float& k0, float& k1) {
-  const philox::Block blk = philox::block_at(seed, pos >> 2, 0u);
-  const auto w = static_cast<std::uint32_t>(pos & 3u);
-  const std::uint32_t u0 = philox::word(blk, w);
-  const std::uint32_t u1 = w < 3u ? philox::word(blk, w + 1u) : philox::block_at(seed, (pos >> 2) + 1u, 0u).w[0];
-  k0 = philox::to_unit(u0) < thresh ? drop_scale : 0.0f;
-  k1 = philox::to_unit(u1) < thresh ? drop_scale : 0.0f;
+// Attention's dropout draws (kernels/common/philox.hpp, attention_dropout): a thread's
+// probabilities of one 16 x 16 tile come from one Philox block of their patch (forward and
+// dQ: the queries' parity is the thread's; dK/dV: both parities, the other block from the
+// lane holding the neighbouring key, 4 lanes away).
+namespace ad = philox::attention_dropout;
+
+__device__ __forceinline__ float keep_factor(const philox::Block& b, std::uint32_t qp, std::uint32_t kp, float thresh,
+                                             float drop_scale) {
+  return ad::unit(ad::draw(b, qp, kp)) < thresh ? drop_scale : 0.0f;
 }
-__device__ __forceinline__ float keep_one(std::uint64_t seed, std::uint64_t pos, float thresh, float drop_scale) {
-  return philox::uniform(seed, pos) < thresh ? drop_scale : 0.0f;
+
+// The partner lane's block (lane ^ 4: the same queries, the key of the other parity).
+__device__ __forceinline__ philox::Block partner_block(const philox::Block& own) {
+  philox::Block other;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) other.w[w] = __shfl_xor_sync(0xffffffffu, own.w[w], 4);
+  return other;
 }
 
 struct Args {
@@ -303,17 +308,18 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 
     // Dropout on P (the normaliser l above is taken before it, as the CPU's P).
     if (args.p > 0.0f) {
+      const std::int64_t gi = ad::group(rows[0]);  // rows[1] = rows[0] + 8: the same group
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int m = 0; m < 4; ++m) {  // the tile's 16-key groups: n-tiles 2m, 2m + 1
+        const std::int64_t j0 = k0 + m * 16 + 2 * t;
+        const philox::Block blk = ad::block(args.seed, args.offset, bh, T_, gi, ad::group(j0), ad::place(rows[0]) & 1u);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float k0f, k1f;
-          const std::uint64_t pos =
-              args.offset + static_cast<std::uint64_t>((bh * T_ + rows[half]) * T_ + k0 + nt * 8 + 2 * t);
-          keep_pair(args.seed, pos, args.thresh, args.drop_scale, k0f, k1f);
-          s[nt][2 * half] *= k0f;
-          s[nt][2 * half + 1] *= k1f;
-        }
+        for (int n2 = 0; n2 < 2; ++n2)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[2 * m + n2][e] *= keep_factor(blk, ad::place(rows[e >> 1]), ad::place(j0 + n2 * 8 + (e & 1)),
+                                            args.thresh, args.drop_scale);
+      }
     }
     if constexpr (kTensor<T>) {
 #pragma unroll
@@ -448,6 +454,10 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
           }
         }
       // dS in place of S.
+      philox::Block blk{};
+      if (args.p > 0.0f)
+        blk = ad::block(args.seed, args.offset, bh, T_, ad::group(rows[0]), ad::group(k0 + kc + 2 * t),
+                        ad::place(rows[0]) & 1u);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -456,8 +466,9 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
           const std::int64_t i = rows[half], j = k0 + col;
           float kf[2] = {1.0f, 1.0f};
           if (args.p > 0.0f)
-            keep_pair(args.seed, args.offset + static_cast<std::uint64_t>((bh * T_ + i) * T_ + j), args.thresh,
-                      args.drop_scale, kf[0], kf[1]);
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2)
+              kf[e2] = keep_factor(blk, ad::place(i), ad::place(j + e2), args.thresh, args.drop_scale);
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
             const std::int64_t jj = j + e2;
@@ -598,7 +609,14 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
           }
         }
       }
-      // Pᵀ ∘ keep in place of Sᵀ, dSᵀ in place of dPᵀ.
+      // Pᵀ ∘ keep in place of Sᵀ, dSᵀ in place of dPᵀ. The block of the queries of this
+      // lane's key parity, and (from the partner lane) the other parity's.
+      philox::Block own{}, other{};
+      if (args.p > 0.0f) {
+        own = ad::block(args.seed, args.offset, bh, T_, ad::group(q0 + qc + 2 * t), ad::group(keys[0]),
+                        static_cast<std::uint32_t>(g & 1));
+        other = partner_block(own);
+      }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -609,9 +627,9 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
           const float x = st[nt][e] * args.scale + mk[half];
           const float P = valid ? expf(x - ls[cl]) : 0.0f;
           float kf1 = 1.0f;
-          if (args.p > 0.0f && valid)
-            kf1 = keep_one(args.seed, args.offset + static_cast<std::uint64_t>((bh * T_ + i) * T_ + j), args.thresh,
-                           args.drop_scale);
+          if (args.p > 0.0f)
+            kf1 = keep_factor((ad::place(i) & 1u) == static_cast<std::uint32_t>(g & 1) ? own : other, ad::place(i),
+                              ad::place(j), args.thresh, args.drop_scale);
           st[nt][e] = P * kf1;
           dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]) * args.scale;
         }
