@@ -92,12 +92,18 @@ __device__ __forceinline__ void frag_a(std::uint32_t (&a)[4], const T* s, int ld
   a[3] = ld32(s + (g + 8) * ld + 2 * t + 8);
 }
 
-// B fragment of a 16 (k) × 8 (n) block stored [n][k] at s (the rows of K, V, Q or dO).
+// B fragments of two adjacent 16 (k) × 8 (n) blocks stored [n][k] at s (16 rows of K, V, Q
+// or dO): the first n-tile's in r[0], r[1], the next's in r[2], r[3]; one ldmatrix for what
+// would take two 32-bit loads per n-tile and lane.
 template <class T>
-__device__ __forceinline__ void frag_b_nk(std::uint32_t (&b)[2], const T* s, int ld) {
-  const int g = lane_g(), t = lane_t();
-  b[0] = ld32(s + g * ld + 2 * t);
-  b[1] = ld32(s + g * ld + 2 * t + 8);
+__device__ __forceinline__ void frag_b_nk2(std::uint32_t (&r)[4], const T* s, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31), mi = lane >> 3;
+  const T* row = s + ((mi >> 1) * 8 + (lane & 7)) * ld + (mi & 1) * 8;
+  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
 }
 
 // B fragments of two adjacent 16 (k) × 8 (n) blocks stored [k][n] at s: the first in r[0],
@@ -261,13 +267,16 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < 8; nt += 2) {
         if constexpr (kTensor<T>) {
-          std::uint32_t bf[2];
-          frag_b_nk(bf, ks + (nt * 8) * LD + kk * 16, LD);
+          std::uint32_t bf[4];
+          frag_b_nk2(bf, ks + (nt * 8) * LD + kk * 16, LD);
           mma<T>(s[nt], qf[kk], bf[0], bf[1]);
+          mma<T>(s[nt + 1], qf[kk], bf[2], bf[3]);
         } else {
-          fma_tile<true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (nt * 8) * LD + kk * 16, LD);
+#pragma unroll
+          for (int n2 = nt; n2 < nt + 2; ++n2)
+            fma_tile<true>(s[n2], qs + (warp * 16) * LD + kk * 16, LD, ks + (n2 * 8) * LD + kk * 16, LD);
         }
       }
 
@@ -310,14 +319,14 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
     if (args.p > 0.0f) {
       const std::int64_t gi = ad::group(rows[0]);  // rows[1] = rows[0] + 8: the same group
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {  // the tile's 16-key groups: n-tiles 2m, 2m + 1
-        const std::int64_t j0 = k0 + m * 16 + 2 * t;
+      for (int kg = 0; kg < 4; ++kg) {  // the tile's 16-key groups: n-tiles 2kg, 2kg + 1
+        const std::int64_t j0 = k0 + kg * 16 + 2 * t;
         const philox::Block blk = ad::block(args.seed, args.offset, bh, T_, gi, ad::group(j0), ad::place(rows[0]) & 1u);
 #pragma unroll
         for (int n2 = 0; n2 < 2; ++n2)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            s[2 * m + n2][e] *= keep_factor(blk, ad::place(rows[e >> 1]), ad::place(j0 + n2 * 8 + (e & 1)),
+            s[2 * kg + n2][e] *= keep_factor(blk, ad::place(rows[e >> 1]), ad::place(j0 + n2 * 8 + (e & 1)),
                                             args.thresh, args.drop_scale);
       }
     }
@@ -439,20 +448,23 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk)
+      for (int kk = 0; kk < KS; ++kk) {
+        if constexpr (kTensor<T>) {
+          std::uint32_t bf[4];
+          frag_b_nk2(bf, ks + kc * LD + kk * 16, LD);
+          mma<T>(s[0], qf[kk], bf[0], bf[1]);
+          mma<T>(s[1], qf[kk], bf[2], bf[3]);
+          frag_b_nk2(bf, vs + kc * LD + kk * 16, LD);
+          mma<T>(dp[0], dof[kk], bf[0], bf[1]);
+          mma<T>(dp[1], dof[kk], bf[2], bf[3]);
+        } else {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          if constexpr (kTensor<T>) {
-            std::uint32_t bf[2];
-            frag_b_nk(bf, ks + (kc + nt * 8) * LD + kk * 16, LD);
-            mma<T>(s[nt], qf[kk], bf[0], bf[1]);
-            frag_b_nk(bf, vs + (kc + nt * 8) * LD + kk * 16, LD);
-            mma<T>(dp[nt], dof[kk], bf[0], bf[1]);
-          } else {
+          for (int nt = 0; nt < 2; ++nt) {
             fma_tile<true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (kc + nt * 8) * LD + kk * 16, LD);
             fma_tile<true>(dp[nt], dos + (warp * 16) * LD + kk * 16, LD, vs + (kc + nt * 8) * LD + kk * 16, LD);
           }
         }
+      }
       // dS in place of S.
       philox::Block blk{};
       if (args.p > 0.0f)
@@ -593,14 +605,13 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
             frag_a(ka, ks + (warp * 16) * LD + kk * 16, LD);
             frag_a(va, vs + (warp * 16) * LD + kk * 16, LD);
           }
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            std::uint32_t bf[2];
-            frag_b_nk(bf, qs + (qc + nt * 8) * LD + kk * 16, LD);
-            mma<T>(st[nt], ka, bf[0], bf[1]);
-            frag_b_nk(bf, dos + (qc + nt * 8) * LD + kk * 16, LD);
-            mma<T>(dpt[nt], va, bf[0], bf[1]);
-          }
+          std::uint32_t bf[4];
+          frag_b_nk2(bf, qs + qc * LD + kk * 16, LD);
+          mma<T>(st[0], ka, bf[0], bf[1]);
+          mma<T>(st[1], ka, bf[2], bf[3]);
+          frag_b_nk2(bf, dos + qc * LD + kk * 16, LD);
+          mma<T>(dpt[0], va, bf[0], bf[1]);
+          mma<T>(dpt[1], va, bf[2], bf[3]);
         } else {
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
