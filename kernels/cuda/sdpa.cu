@@ -622,11 +622,17 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
       }
       // Pᵀ ∘ keep in place of Sᵀ, dSᵀ in place of dPᵀ. The block of the queries of this
       // lane's key parity, and (from the partner lane) the other parity's.
-      philox::Block own{}, other{};
+      philox::Block par[2]{};  // the blocks of the even and the odd query places
       if (args.p > 0.0f) {
-        own = ad::block(args.seed, args.offset, bh, T_, ad::group(q0 + qc + 2 * t), ad::group(keys[0]),
-                        static_cast<std::uint32_t>(g & 1));
-        other = partner_block(own);
+        const philox::Block own = ad::block(args.seed, args.offset, bh, T_, ad::group(q0 + qc + 2 * t),
+                                            ad::group(keys[0]), static_cast<std::uint32_t>(g & 1));
+        const philox::Block other = partner_block(own);
+        const bool odd = (g & 1) != 0;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {  // word by word: a run-time pick of a whole Block goes to local memory
+          par[0].w[w] = odd ? other.w[w] : own.w[w];
+          par[1].w[w] = odd ? own.w[w] : other.w[w];
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -639,8 +645,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
           const float P = valid ? expf(x - ls[cl]) : 0.0f;
           float kf1 = 1.0f;
           if (args.p > 0.0f)
-            kf1 = keep_factor((ad::place(i) & 1u) == static_cast<std::uint32_t>(g & 1) ? own : other, ad::place(i),
-                              ad::place(j), args.thresh, args.drop_scale);
+            kf1 = keep_factor(par[e & 1], ad::place(i), ad::place(j), args.thresh,  // i's parity is e's
+                              args.drop_scale);
           st[nt][e] = P * kf1;
           dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]) * args.scale;
         }
