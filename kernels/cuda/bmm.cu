@@ -55,26 +55,6 @@ __global__ void add_bias_kernel(T* __restrict__ c, const T* __restrict__ bias, s
     c[i] = detail::from_float<T>(detail::to_float(c[i]) + detail::to_float(bias[i % n]));
 }
 
-// Rows of C (ldc apart) set to the bias: c[i, j] = bias[j] for j < n.
-template <class T>
-__global__ void fill_bias_kernel(T* __restrict__ c, std::int64_t ldc, const T* __restrict__ bias, std::int64_t rows,
-                                 std::int64_t n) {
-  const std::int64_t total = rows * n;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    c[(i / n) * ldc + i % n] = bias[i % n];
-}
-
-void fill_bias(void* c, std::int64_t ldc, const void* bias, std::int64_t rows, std::int64_t n, DType dt,
-               cudaStream_t stream) {
-  detail::dispatch(dt, "staged bias", [&](auto tag) {
-    using T = decltype(tag);
-    fill_bias_kernel<T><<<detail::grid_for(rows * n, 256), 256, 0, stream>>>(static_cast<T*>(c), ldc,
-                                                                               static_cast<const T*>(bias), rows, n);
-    ZP_CUDA_CHECK_LAUNCH("fill_bias_kernel");
-  });
-}
-
 void add_bias(const Matmul& mm, cudaStream_t stream) {
   detail::dispatch(mm.dt, "linear bias", [&](auto tag) {
     using T = decltype(tag);
@@ -225,8 +205,8 @@ void launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t strea
                                  &plan.algo, s.workspace, s.workspace_bytes, stream));
 }
 
-// Rows of `width` elements from src (src_ld apart) to dst (dst_ld apart), on the stream, by a
-// coalesced kernel. With cudaMemcpy2DAsync, GPT-2's staged LM head forward took 15.2 ms on the
+// Rows of `width` elements from src (src_ld apart; 0: one row for all) to dst (dst_ld apart),
+// on the stream, by a coalesced kernel. With cudaMemcpy2DAsync, GPT-2's staged LM head forward took 15.2 ms on the
 // H200 (13.3 unstaged) where its products need about 2: the 2D copies between pitches that are
 // not multiples of 16 bytes (one side always is here; 1.6 GB of logits rows per product) are
 // the suspect, at about 130 GB/s if they take the rest (inferred, not timed apart).
@@ -296,8 +276,8 @@ bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratc
     // epilogue: on the H200 the bias epilogue of these padded-row bf16 products rounded
     // twice (the BERT-style 700x77x64 check: relative L2 error 2.3e-3, 12% of the elements
     // past the one-rounding bound), while beta-accumulated products round once.
-    if (bias != nullptr) {
-      fill_bias(p.c, p.ldc, bias, p.m, p.n, mm.dt, stream);
+    if (bias != nullptr) {  // every row of the piece's C from the one bias row (source stride 0)
+      copy_rows(static_cast<char*>(p.c), p.ldc, static_cast<const char*>(bias), 0, p.n, p.m, elem, stream);
       p.accumulate = true;
     }
     launch(ctx, p, nullptr, stream);
