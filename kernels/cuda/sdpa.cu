@@ -170,6 +170,59 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, std::int64_t row0, s
   }
 }
 
+// The same tile by cp.async (16-byte copies that bypass the registers and land while the
+// warps compute on the other buffer; rows past the sequence's end are zero-filled), on the
+// vectorised path; element by element otherwise (visible after the next __syncthreads).
+// Committed as one group by the caller.
+__device__ __forceinline__ void cp_async16(void* s, const void* g, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(s));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(g), "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  *static_cast<uint4*>(s) = valid ? *static_cast<const uint4*>(g) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+template <class T, int D>
+__device__ __forceinline__ void load_tile_async(T* s, const T* g, std::int64_t row0, std::int64_t T_, bool vec) {
+  if (!vec) {
+    load_tile<T, D>(s, g, row0, T_, false);
+    return;
+  }
+  constexpr int LD = kLd<T, D>;
+  constexpr int E = static_cast<int>(16 / sizeof(T));
+  constexpr int kPerRow = D / E;
+  for (int c = static_cast<int>(threadIdx.x); c < kTile * kPerRow; c += static_cast<int>(blockDim.x)) {
+    const int r = c / kPerRow, cc = (c % kPerRow) * E;
+    const bool valid = row0 + r < T_;
+    cp_async16(s + r * LD + cc, valid ? g + (row0 + r) * D + cc : g, valid);
+  }
+}
+
+// e^x as 2^(x·log2 e) on the special-function unit (ex2.approx: about 2 ulp, subnormal
+// results flushed to 0), where expf costs several instructions more per probability. The
+// argument is always a difference (score − running max or logsumexp), so the masks'
+// dtype-lowest values never overflow the product.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float exp_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * kLog2e));
+  return y;
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -208,19 +261,53 @@ struct Args {
 template <class T>
 constexpr bool kTensor = !std::is_same_v<T, float>;  // 16-bit: tensor cores, operands in registers
 
-// Shared memory of each kernel (bytes): floats first, then the tiles.
+// Shared memory of each kernel (bytes): floats first, then the tiles. The tiles streamed
+// over the loop (K and V forward and for dQ; Q and dO for dK/dV) and their per-key or
+// per-query floats are double-buffered: the next tile's copies are in flight while the
+// warps compute on the current one.
 template <class T, int D>
 constexpr std::size_t kForwardSmem =
-    kTile * sizeof(float) + (3 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kPLd<T>)) * sizeof(T);
+    2 * kTile * sizeof(float) + (5 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kPLd<T>)) * sizeof(T);
 template <class T, int D>
 constexpr std::size_t kDqSmem =
-    kTile * sizeof(float) + (4 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kCLd<T>)) * sizeof(T);
+    2 * kTile * sizeof(float) + (6 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kCLd<T>)) * sizeof(T);
 template <class T, int D>
 constexpr std::size_t kDkDvSmem =
-    2 * kTile * sizeof(float) + (4 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 2 * 16 * kCLd<T>)) * sizeof(T);
+    4 * kTile * sizeof(float) + (6 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 2 * 16 * kCLd<T>)) * sizeof(T);
+
+// The grid is (batch · head, tile): consecutive blocks are the same tile of different heads,
+// so that under a causal mask every head's longest tiles (the last queries forward and for
+// dQ, the first keys for dK/dV) start first and the short ones fill the tail.
+__device__ __forceinline__ int tile_of_block(bool longest_last, bool causal) {
+  const int y = static_cast<int>(blockIdx.y);
+  return causal && longest_last ? static_cast<int>(gridDim.y) - 1 - y : y;
+}
+
+// Scores of one tile in place: s · scale (+ the key's mask), −inf where the key is past the
+// sequence or (causal) after the query. Only a tile that crosses the diagonal or the
+// sequence's end checks positions (kEdge); the others are a multiply (and an add).
+template <bool kEdge, bool kMask, int N>
+__device__ __forceinline__ void score_tile(float (&s)[N][4], const float* mask_s, int col0, float scale, int k0,
+                                           const int (&rows)[2], int T_, bool causal, float (&mx)[2]) {
+  const int t = lane_t();
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = col0 + nt * 8 + 2 * t + (e & 1);
+      float x = s[nt][e] * scale;
+      if constexpr (kMask) x += mask_s[col];
+      if constexpr (kEdge) {
+        const int j = k0 + col;
+        if (j >= T_ || (causal && j > rows[e >> 1])) x = -INFINITY;
+      }
+      s[nt][e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+}
 
 // ------------------------------------------------------------------ forward
-// Block (query tile x, head y); warp w owns rows q0 + 16w .. q0 + 16w + 15. Online softmax
+// Block (head x, query tile y); warp w owns rows q0 + 16w .. q0 + 16w + 15. Online softmax
 // over 64-key tiles: running max m and sum l per row, O rescaled when the max moves.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ o, float* __restrict__ lse,
@@ -229,15 +316,29 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
                                                                Args args) {
   constexpr int LD = kLd<T, D>, PLD = kPLd<T>, NT = D / 8, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* mask_s = reinterpret_cast<float*>(smem);
-  T* qs = reinterpret_cast<T*>(smem + kTile * sizeof(float));
-  T* ks = qs + kTile * LD;
-  T* vs = ks + kTile * LD;
-  [[maybe_unused]] T* pw = vs + kTile * LD + (threadIdx.x >> 5) * 16 * PLD;  // fp32 path: this warp's P
+  float* mask_s = reinterpret_cast<float*>(smem);  // [2][kTile]
+  T* qs = reinterpret_cast<T*>(smem + 2 * kTile * sizeof(float));
+  T* kvs = qs + kTile * LD;  // [2][K, V]
+  [[maybe_unused]] T* pw = kvs + 4 * kTile * LD + (threadIdx.x >> 5) * 16 * PLD;  // fp32 path: this warp's P
   const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
-  const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
-  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const std::int64_t head = bh * T_ * D;
+  const int T_ = static_cast<int>(args.T);
+  const std::int64_t bh = blockIdx.x, b = bh / args.H;
+  const int q0 = tile_of_block(true, args.causal) * kTile;
+  const std::int64_t head = bh * args.T * D;
+  const bool has_mask = mask != nullptr;
+  auto issue = [&](int kb) {  // K, V and the mask of key tile kb into buffer kb & 1
+    const int k0 = kb * kTile;
+    T* ks = kvs + (kb & 1) * 2 * kTile * LD;
+    load_tile_async<T, D>(ks, k + head, k0, T_, args.vec);
+    load_tile_async<T, D>(ks + kTile * LD, v + head, k0, T_, args.vec);
+    cp_async_commit();
+    if (has_mask)
+      for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
+        mask_s[(kb & 1) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
+  };
+  const int key_end = args.causal ? min(q0 + kTile, T_) : T_;
+  const int tiles = (key_end + kTile - 1) / kTile;
+  issue(0);
   load_tile<T, D>(qs, q + head, q0, T_, args.vec);
   __syncthreads();
   [[maybe_unused]] std::uint32_t qf[kTensor<T> ? KS : 1][4];
@@ -245,21 +346,23 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) frag_a(qf[kk], qs + (warp * 16) * LD + kk * 16, LD);
   }
-  const std::int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  const std::int64_t key_end = args.causal ? (q0 + kTile < T_ ? q0 + kTile : T_) : T_;
-  const std::int64_t tiles = (key_end + kTile - 1) / kTile;
-  for (std::int64_t kb = 0; kb < tiles; ++kb) {
-    const std::int64_t k0 = kb * kTile;
-    __syncthreads();  // every warp is done with the previous K, V tiles
-    load_tile<T, D>(ks, k + head, k0, T_, args.vec);
-    load_tile<T, D>(vs, v + head, k0, T_, args.vec);
-    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
-      mask_s[c] = mask != nullptr && k0 + c < T_ ? to_float(mask[b * T_ + k0 + c]) : 0.0f;
-    __syncthreads();
+  for (int kb = 0; kb < tiles; ++kb) {
+    const int k0 = kb * kTile;
+    if (kb + 1 < tiles) {
+      issue(kb + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile kb has landed for every thread's copies
+    const T* ks = kvs + (kb & 1) * 2 * kTile * LD;
+    const T* vs = ks + kTile * LD;
+    const float* mk = mask_s + (kb & 1) * kTile;
 
     float s[8][4];
 #pragma unroll
@@ -281,30 +384,27 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
       }
 
     float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + 2 * t + (e & 1);
-        const std::int64_t j = k0 + col, i = rows[e >> 1];
-        float x = s[nt][e] * args.scale + mask_s[col];
-        if (j >= T_ || (args.causal && j > i)) x = -INFINITY;
-        s[nt][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
+    const bool edge = (args.causal && k0 + kTile > q0) || k0 + kTile > T_;
+    if (edge) {
+      if (has_mask) score_tile<true, true>(s, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
+      else score_tile<true, false>(s, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
+    } else {
+      if (has_mask) score_tile<false, true>(s, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
+      else score_tile<false, false>(s, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
+    }
     float alpha[2], mu[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float m_new = fmaxf(m[r], quad_max(mx[r]));
       mu[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet stays at 0
-      alpha[r] = expf(m[r] - mu[r]);
+      alpha[r] = exp_fast(m[r] - mu[r]);
       m[r] = m_new;
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pe = expf(s[nt][e] - mu[e >> 1]);
+        const float pe = exp_fast(s[nt][e] - mu[e >> 1]);
         rs[e >> 1] += pe;
         s[nt][e] = pe;
       }
@@ -321,7 +421,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 #pragma unroll
       for (int kg = 0; kg < 4; ++kg) {  // the tile's 16-key groups: n-tiles 2kg, 2kg + 1
         const std::int64_t j0 = k0 + kg * 16 + 2 * t;
-        const philox::Block blk = ad::block(args.seed, args.offset, bh, T_, gi, ad::group(j0), ad::place(rows[0]) & 1u);
+        const philox::Block blk = ad::block(args.seed, args.offset, bh, args.T, gi, ad::group(j0),
+                                            ad::place(rows[0]) & 1u);
 #pragma unroll
         for (int n2 = 0; n2 < 2; ++n2)
 #pragma unroll
@@ -358,20 +459,21 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
         for (int nt = 0; nt < NT; ++nt) fma_tile<false>(acc[nt], pw + kk * 16, PLD, vs + (kk * 16) * LD + nt * 8, LD);
       __syncwarp();
     }
+    __syncthreads();  // every warp is done with buffer kb & 1 before tile kb + 2 is copied into it
   }
 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const std::int64_t i = rows[half];
+    const int i = rows[half];
     if (i >= T_) continue;
     const float inv = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      T* dst = o + head + i * D + nt * 8 + 2 * t;
+      T* dst = o + head + static_cast<std::int64_t>(i) * D + nt * 8 + 2 * t;
       dst[0] = from_float<T>(acc[nt][2 * half] * inv);
       dst[1] = from_float<T>(acc[nt][2 * half + 1] * inv);
     }
-    if (t == 0) lse[bh * T_ + i] = m[half] + logf(l[half]);
+    if (t == 0) lse[bh * args.T + i] = m[half] + logf(l[half]);
   }
 }
 
@@ -389,8 +491,9 @@ __global__ void row_terms_kernel(float* __restrict__ dvec, const T* __restrict__
   if (lane == 0) dvec[row] = s;
 }
 
-// dQ: block (query tile x, head y), warp w owns 16 query rows; over 64-key tiles in
-// 16-key steps: S and dP recomputed, dS = P ∘ (dP ∘ keep - dvec) · scale, dQ += dS K.
+// dQ: block (head x, query tile y), warp w owns 16 query rows; over 64-key tiles in 16-key
+// steps: S and dP recomputed, dS = P ∘ (dP ∘ keep − dvec), dQ += scale · dS K (the scale
+// applied once to the sum).
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout,
                                                           const T* __restrict__ q, const T* __restrict__ k,
@@ -399,16 +502,30 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
                                                           Args args) {
   constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* mask_s = reinterpret_cast<float*>(smem);
-  T* qs = reinterpret_cast<T*>(smem + kTile * sizeof(float));
+  float* mask_s = reinterpret_cast<float*>(smem);  // [2][kTile]
+  T* qs = reinterpret_cast<T*>(smem + 2 * kTile * sizeof(float));
   T* dos = qs + kTile * LD;
-  T* ks = dos + kTile * LD;
-  T* vs = ks + kTile * LD;
-  [[maybe_unused]] T* dsw = vs + kTile * LD + (threadIdx.x >> 5) * 16 * CLD;  // fp32 path: this warp's dS
+  T* kvs = dos + kTile * LD;  // [2][K, V]
+  [[maybe_unused]] T* dsw = kvs + 4 * kTile * LD + (threadIdx.x >> 5) * 16 * CLD;  // fp32 path: this warp's dS
   const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
-  const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
-  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const std::int64_t head = bh * T_ * D;
+  const int T_ = static_cast<int>(args.T);
+  const std::int64_t bh = blockIdx.x, b = bh / args.H;
+  const int q0 = tile_of_block(true, args.causal) * kTile;
+  const std::int64_t head = bh * args.T * D;
+  const bool has_mask = mask != nullptr;
+  auto issue = [&](int kb) {
+    const int k0 = kb * kTile;
+    T* ks = kvs + (kb & 1) * 2 * kTile * LD;
+    load_tile_async<T, D>(ks, k + head, k0, T_, args.vec);
+    load_tile_async<T, D>(ks + kTile * LD, v + head, k0, T_, args.vec);
+    cp_async_commit();
+    if (has_mask)
+      for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
+        mask_s[(kb & 1) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
+  };
+  const int key_end = args.causal ? min(q0 + kTile, T_) : T_;
+  const int tiles = (key_end + kTile - 1) / kTile;
+  issue(0);
   load_tile<T, D>(qs, q + head, q0, T_, args.vec);
   load_tile<T, D>(dos, dout + head, q0, T_, args.vec);
   __syncthreads();
@@ -420,26 +537,29 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
       frag_a(dof[kk], dos + (warp * 16) * LD + kk * 16, LD);
     }
   }
-  const std::int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float L[2], Dv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    L[r] = rows[r] < T_ ? lse[bh * T_ + rows[r]] : 0.0f;
-    Dv[r] = rows[r] < T_ ? dvec[bh * T_ + rows[r]] : 0.0f;
+    L[r] = rows[r] < T_ ? lse[bh * args.T + rows[r]] : 0.0f;
+    Dv[r] = rows[r] < T_ ? dvec[bh * args.T + rows[r]] : 0.0f;
   }
   float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  const std::int64_t key_end = args.causal ? (q0 + kTile < T_ ? q0 + kTile : T_) : T_;
-  const std::int64_t tiles = (key_end + kTile - 1) / kTile;
-  for (std::int64_t kb = 0; kb < tiles; ++kb) {
-    const std::int64_t k0 = kb * kTile;
+  for (int kb = 0; kb < tiles; ++kb) {
+    const int k0 = kb * kTile;
+    if (kb + 1 < tiles) {
+      issue(kb + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    load_tile<T, D>(ks, k + head, k0, T_, args.vec);
-    load_tile<T, D>(vs, v + head, k0, T_, args.vec);
-    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
-      mask_s[c] = mask != nullptr && k0 + c < T_ ? to_float(mask[b * T_ + k0 + c]) : 0.0f;
-    __syncthreads();
+    const T* ks = kvs + (kb & 1) * 2 * kTile * LD;
+    const T* vs = ks + kTile * LD;
+    const float* mk = mask_s + (kb & 1) * kTile;
+    const bool edge = (args.causal && k0 + kTile > q0) || k0 + kTile > T_;
     for (int kc = 0; kc < kTile; kc += kChunk) {
       if (args.causal && k0 + kc > q0 + warp * 16 + 15) continue;  // the whole step is above the diagonal
       float s[2][4], dp[2][4];
@@ -465,31 +585,33 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
           }
         }
       }
-      // dS in place of S.
-      philox::Block blk{};
-      if (args.p > 0.0f)
-        blk = ad::block(args.seed, args.offset, bh, T_, ad::group(rows[0]), ad::group(k0 + kc + 2 * t),
-                        ad::place(rows[0]) & 1u);
+      // Scores (−inf where masked out), then dS in place of S.
+      float unused[2] = {-INFINITY, -INFINITY};
+      if (edge) {
+        if (has_mask) score_tile<true, true>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
+        else score_tile<true, false>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
+      } else {
+        if (has_mask) score_tile<false, true>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
+        else score_tile<false, false>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
+      }
+      if (args.p > 0.0f) {
+        const philox::Block blk = ad::block(args.seed, args.offset, bh, args.T, ad::group(rows[0]),
+                                            ad::group(k0 + kc + 2 * t), ad::place(rows[0]) & 1u);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int col = kc + nt * 8 + 2 * t;
-          const std::int64_t i = rows[half], j = k0 + col;
-          float kf[2] = {1.0f, 1.0f};
-          if (args.p > 0.0f)
-#pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2)
-              kf[e2] = keep_factor(blk, ad::place(i), ad::place(j + e2), args.thresh, args.drop_scale);
-#pragma unroll
-          for (int e2 = 0; e2 < 2; ++e2) {
-            const std::int64_t jj = j + e2;
-            const bool valid = jj < T_ && !(args.causal && jj > i);
-            const float x = s[nt][2 * half + e2] * args.scale + mask_s[col + e2];
-            const float P = valid ? expf(x - L[half]) : 0.0f;
-            s[nt][2 * half + e2] = P * (dp[nt][2 * half + e2] * kf[e2] - Dv[half]) * args.scale;
+          for (int e = 0; e < 4; ++e) {
+            const int j = k0 + kc + nt * 8 + 2 * t + (e & 1);
+            const float P = exp_fast(s[nt][e] - L[e >> 1]);
+            const float kf = keep_factor(blk, ad::place(rows[e >> 1]), ad::place(j), args.thresh, args.drop_scale);
+            s[nt][e] = P * (dp[nt][e] * kf - Dv[e >> 1]);
           }
-        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] = exp_fast(s[nt][e] - L[e >> 1]) * (dp[nt][e] - Dv[e >> 1]);
+      }
       if constexpr (kTensor<T>) {
         std::uint32_t da[4];
         c_to_a<T>(da, s[0], s[1]);
@@ -511,24 +633,25 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
         __syncwarp();
       }
     }
+    __syncthreads();  // buffer kb & 1 is free for tile kb + 2
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const std::int64_t i = rows[half];
+    const int i = rows[half];
     if (i >= T_) continue;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
-        T* dst = dq + head + i * D + nt * 8 + 2 * t + e2;
-        *dst = from_float<T>(to_float(*dst) + acc[nt][2 * half + e2]);
+        T* dst = dq + head + static_cast<std::int64_t>(i) * D + nt * 8 + 2 * t + e2;
+        *dst = from_float<T>(to_float(*dst) + args.scale * acc[nt][2 * half + e2]);
       }
   }
 }
 
-// dK, dV: block (key tile x, head y), warp w owns 16 key rows; over 64-query tiles in
+// dK, dV: block (head x, key tile y), warp w owns 16 key rows; over 64-query tiles in
 // 16-query steps: Sᵀ and dPᵀ recomputed with the keys as rows, dV += (P ∘ keep)ᵀ dO,
-// dK += dSᵀ Q.
+// dK += scale · dSᵀ Q (the scale applied once to the sum).
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv,
                                                             const T* __restrict__ dout, const T* __restrict__ q,
@@ -540,18 +663,32 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
   // The block's own K and V as A fragments in registers, where registers allow.
   constexpr bool kCache = kTensor<T> && D <= 64;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* ls = reinterpret_cast<float*>(smem);
-  float* dvs = ls + kTile;
-  T* ks = reinterpret_cast<T*>(smem + 2 * kTile * sizeof(float));
+  float* rowf = reinterpret_cast<float*>(smem);  // [2][logsumexp, dvec][kTile]
+  T* ks = reinterpret_cast<T*>(smem + 4 * kTile * sizeof(float));
   T* vs = ks + kTile * LD;
-  T* qs = vs + kTile * LD;
-  T* dos = qs + kTile * LD;
-  [[maybe_unused]] T* ptw = dos + kTile * LD + (threadIdx.x >> 5) * 2 * 16 * CLD;  // fp32 path: Pᵀ, dSᵀ
+  T* qdos = vs + kTile * LD;  // [2][Q, dO]
+  [[maybe_unused]] T* ptw = qdos + 4 * kTile * LD + (threadIdx.x >> 5) * 2 * 16 * CLD;  // fp32 path: Pᵀ, dSᵀ
   [[maybe_unused]] T* dstw = ptw + 16 * CLD;
   const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
-  const std::int64_t T_ = args.T, bh = blockIdx.y, b = bh / args.H;
-  const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const std::int64_t head = bh * T_ * D;
+  const int T_ = static_cast<int>(args.T);
+  const std::int64_t bh = blockIdx.x, b = bh / args.H;
+  const int k0 = tile_of_block(false, args.causal) * kTile;
+  const std::int64_t head = bh * args.T * D;
+  auto issue = [&](int qb) {  // Q, dO, logsumexp and dvec of query tile qb into buffer qb & 1
+    const int q0 = qb * kTile;
+    T* qs = qdos + (qb & 1) * 2 * kTile * LD;
+    load_tile_async<T, D>(qs, q + head, q0, T_, args.vec);
+    load_tile_async<T, D>(qs + kTile * LD, dout + head, q0, T_, args.vec);
+    cp_async_commit();
+    float* f = rowf + (qb & 1) * 2 * kTile;
+    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x)) {
+      f[c] = q0 + c < T_ ? lse[bh * args.T + q0 + c] : 0.0f;
+      f[kTile + c] = q0 + c < T_ ? dvec[bh * args.T + q0 + c] : 0.0f;
+    }
+  };
+  const int first = args.causal ? k0 / kTile : 0;
+  const int tiles = (T_ + kTile - 1) / kTile;
+  issue(first);
   load_tile<T, D>(ks, k + head, k0, T_, args.vec);
   load_tile<T, D>(vs, v + head, k0, T_, args.vec);
   __syncthreads();
@@ -563,27 +700,30 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
       frag_a(vf[kk], vs + (warp * 16) * LD + kk * 16, LD);
     }
   }
-  const std::int64_t keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
   float mk[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) mk[r] = mask != nullptr && keys[r] < T_ ? to_float(mask[b * T_ + keys[r]]) : 0.0f;
+  for (int r = 0; r < 2; ++r) mk[r] = mask != nullptr && keys[r] < T_ ? to_float(mask[b * args.T + keys[r]]) : 0.0f;
   float dk_acc[NT][4], dv_acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[nt][e] = dv_acc[nt][e] = 0.0f;
-  const std::int64_t first = args.causal ? k0 / kTile : 0;
-  const std::int64_t tiles = (T_ + kTile - 1) / kTile;
-  for (std::int64_t qb = first; qb < tiles; ++qb) {
-    const std::int64_t q0 = qb * kTile;
-    __syncthreads();
-    load_tile<T, D>(qs, q + head, q0, T_, args.vec);
-    load_tile<T, D>(dos, dout + head, q0, T_, args.vec);
-    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x)) {
-      ls[c] = q0 + c < T_ ? lse[bh * T_ + q0 + c] : 0.0f;
-      dvs[c] = q0 + c < T_ ? dvec[bh * T_ + q0 + c] : 0.0f;
+  for (int qb = first; qb < tiles; ++qb) {
+    const int q0 = qb * kTile;
+    if (qb + 1 < tiles) {
+      issue(qb + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
+    const T* qs = qdos + (qb & 1) * 2 * kTile * LD;
+    const T* dos = qs + kTile * LD;
+    const float* ls = rowf + (qb & 1) * 2 * kTile;
+    const float* dvs = ls + kTile;
+    // Only a tile on the diagonal or at the sequence's end checks positions.
+    const bool edge = (args.causal && q0 < k0 + kTile) || q0 + kTile > T_ || k0 + kTile > T_;
     for (int qc = 0; qc < kTile; qc += kChunk) {
       if (args.causal && k0 + warp * 16 > q0 + qc + 15) continue;  // every key after every query of the step
       float st[2][4], dpt[2][4];
@@ -624,7 +764,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
       // lane's key parity, and (from the partner lane) the other parity's.
       philox::Block par[2]{};  // the blocks of the even and the odd query places
       if (args.p > 0.0f) {
-        const philox::Block own = ad::block(args.seed, args.offset, bh, T_, ad::group(q0 + qc + 2 * t),
+        const philox::Block own = ad::block(args.seed, args.offset, bh, args.T, ad::group(q0 + qc + 2 * t),
                                             ad::group(keys[0]), static_cast<std::uint32_t>(g & 1));
         const philox::Block other = partner_block(own);
         const bool odd = (g & 1) != 0;
@@ -639,16 +779,16 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int half = e >> 1, cl = qc + nt * 8 + 2 * t + (e & 1);
-          const std::int64_t j = keys[half], i = q0 + cl;
-          const bool valid = i < T_ && j < T_ && !(args.causal && j > i);
-          const float x = st[nt][e] * args.scale + mk[half];
-          const float P = valid ? expf(x - ls[cl]) : 0.0f;
+          const int j = keys[half], i = q0 + cl;
+          float x = st[nt][e] * args.scale + mk[half];
+          if (edge && (i >= T_ || j >= T_ || (args.causal && j > i))) x = -INFINITY;
+          const float P = exp_fast(x - ls[cl]);
           float kf1 = 1.0f;
           if (args.p > 0.0f)
             kf1 = keep_factor(par[e & 1], ad::place(i), ad::place(j), args.thresh,  // i's parity is e's
                               args.drop_scale);
           st[nt][e] = P * kf1;
-          dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]) * args.scale;
+          dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]);
         }
       if constexpr (kTensor<T>) {
         std::uint32_t pa[4], da[4];
@@ -682,17 +822,18 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
         __syncwarp();
       }
     }
+    __syncthreads();  // buffer qb & 1 is free for tile qb + 2
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const std::int64_t j = keys[half];
+    const int j = keys[half];
     if (j >= T_) continue;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
-        const std::int64_t at = head + j * D + nt * 8 + 2 * t + e2;
-        dk[at] = from_float<T>(to_float(dk[at]) + dk_acc[nt][2 * half + e2]);
+        const std::int64_t at = head + static_cast<std::int64_t>(j) * D + nt * 8 + 2 * t + e2;
+        dk[at] = from_float<T>(to_float(dk[at]) + args.scale * dk_acc[nt][2 * half + e2]);
         dv[at] = from_float<T>(to_float(dv[at]) + dv_acc[nt][2 * half + e2]);
       }
   }
@@ -732,10 +873,15 @@ Args make_args(std::int64_t H, std::int64_t T, bool causal, float scale, float p
   return a;
 }
 
+// The grid is (B·H, tiles of 64 positions): at most 2^31 − 1 (batch, head) pairs and 65535
+// tiles, so sequences up to 65535·64 positions.
+constexpr std::int64_t kMaxT = std::int64_t{65535} * kTile;
 void check_shape(std::int64_t B, std::int64_t H, std::int64_t T, const char* what) {
-  if (B * H > 65535)
-    throw std::invalid_argument(std::string(what) + ": more than 65535 (batch, head) pairs in one call");
-  if (T > (std::int64_t{1} << 24)) throw std::invalid_argument(std::string(what) + ": sequence longer than 2^24");
+  if (B * H > std::int64_t{0x7fffffff})
+    throw std::invalid_argument(std::string(what) + ": more than 2^31 - 1 (batch, head) pairs in one call");
+  if (T > kMaxT)
+    throw std::invalid_argument(std::string(what) + ": sequence of " + std::to_string(T) + " positions, longer than " +
+                                std::to_string(kMaxT));
 }
 
 bool all_aligned(std::initializer_list<const void*> ptrs) {
@@ -761,7 +907,7 @@ void sdpa_forward(void* o, float* lse, const void* q, const void* k, const void*
       constexpr int Dc = decltype(dim)::value;
       const std::size_t bytes = kForwardSmem<E, Dc>;
       allow_smem(sdpa_forward_kernel<E, Dc>, bytes);
-      const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
+      const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kTile - 1) / kTile));
       sdpa_forward_kernel<E, Dc><<<grid, kThreads, bytes, stream>>>(
           static_cast<E*>(o), lse, static_cast<const E*>(q), static_cast<const E*>(k), static_cast<const E*>(v),
           static_cast<const E*>(mask), args);
@@ -781,7 +927,7 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
   const std::int64_t rows = B * H * T;
   auto* dvec = static_cast<float*>(ctx.scratch(sizeof(float) * static_cast<std::size_t>(rows), "sdpa_backward"));
   const Args args = make_args(H, T, causal, scale, p, seed, offset, all_aligned({dq, dk, dv, dout, q, k, v}));
-  const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * H));
+  const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kTile - 1) / kTile));
   detail::dispatch(dt, "sdpa_backward", [&](auto tag) {
     using E = decltype(tag);
     dispatch_head_dim(D, [&](auto dim) {
