@@ -263,17 +263,39 @@ constexpr bool kTensor = !std::is_same_v<T, float>;  // 16-bit: tensor cores, op
 
 // Shared memory of each kernel (bytes): floats first, then the tiles. The tiles streamed
 // over the loop (K and V forward and for dQ; Q and dO for dK/dV) and their per-key or
-// per-query floats are double-buffered: the next tile's copies are in flight while the
-// warps compute on the current one.
-template <class T, int D>
-constexpr std::size_t kForwardSmem =
-    2 * kTile * sizeof(float) + (5 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kPLd<T>)) * sizeof(T);
-template <class T, int D>
-constexpr std::size_t kDqSmem =
-    2 * kTile * sizeof(float) + (6 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kCLd<T>)) * sizeof(T);
-template <class T, int D>
-constexpr std::size_t kDkDvSmem =
-    4 * kTile * sizeof(float) + (6 * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 2 * 16 * kCLd<T>)) * sizeof(T);
+// per-query floats have S buffers: with S = 2 the next tile's copies are in flight while the
+// warps compute on the current one; S = 1 where two buffers exceed what the GPU gives a
+// block (fp32, and D = 128 below Hopper).
+template <class T, int D, int S>
+constexpr std::size_t kForwardSmem = S * kTile * sizeof(float) +
+                                     ((1 + 2 * S) * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kPLd<T>)) *
+                                         sizeof(T);
+template <class T, int D, int S>
+constexpr std::size_t kDqSmem = S * kTile * sizeof(float) +
+                                ((2 + 2 * S) * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 16 * kCLd<T>)) *
+                                    sizeof(T);
+template <class T, int D, int S>
+constexpr std::size_t kDkDvSmem = 2 * S * kTile * sizeof(float) +
+                                  ((2 + 2 * S) * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 2 * 16 * kCLd<T>)) *
+                                      sizeof(T);
+
+// The top of a pipelined loop over tiles first .. tiles - 1: with two buffers, tile kb + 1's
+// copies are issued and tile kb's awaited; with one, tile kb's are issued (the previous
+// iteration's closing __syncthreads freed the buffer) and awaited. The caller issued tile
+// `first` before the loop and syncs after this.
+template <int S, class Issue>
+__device__ __forceinline__ void next_tile(int kb, int first, int tiles, Issue&& issue) {
+  if constexpr (S == 2) {
+    if (kb + 1 < tiles) {
+      issue(kb + 1);
+      cp_async_wait<1>();
+      return;
+    }
+  } else {
+    if (kb > first) issue(kb);
+  }
+  cp_async_wait<0>();
+}
 
 // The grid is (batch · head, tile): consecutive blocks are the same tile of different heads,
 // so that under a causal mask every head's longest tiles (the last queries forward and for
@@ -309,32 +331,32 @@ __device__ __forceinline__ void score_tile(float (&s)[N][4], const float* mask_s
 // ------------------------------------------------------------------ forward
 // Block (head x, query tile y); warp w owns rows q0 + 16w .. q0 + 16w + 15. Online softmax
 // over 64-key tiles: running max m and sum l per row, O rescaled when the max moves.
-template <class T, int D>
+template <class T, int D, int S>
 __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ o, float* __restrict__ lse,
                                                                const T* __restrict__ q, const T* __restrict__ k,
                                                                const T* __restrict__ v, const T* __restrict__ mask,
                                                                Args args) {
   constexpr int LD = kLd<T, D>, PLD = kPLd<T>, NT = D / 8, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* mask_s = reinterpret_cast<float*>(smem);  // [2][kTile]
-  T* qs = reinterpret_cast<T*>(smem + 2 * kTile * sizeof(float));
-  T* kvs = qs + kTile * LD;  // [2][K, V]
-  [[maybe_unused]] T* pw = kvs + 4 * kTile * LD + (threadIdx.x >> 5) * 16 * PLD;  // fp32 path: this warp's P
+  float* mask_s = reinterpret_cast<float*>(smem);  // [S][kTile]
+  T* qs = reinterpret_cast<T*>(smem + S * kTile * sizeof(float));
+  T* kvs = qs + kTile * LD;  // [S][K, V]
+  [[maybe_unused]] T* pw = kvs + 2 * S * kTile * LD + (threadIdx.x >> 5) * 16 * PLD;  // fp32 path: this warp's P
   const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
   const int T_ = static_cast<int>(args.T);
   const std::int64_t bh = blockIdx.x, b = bh / args.H;
   const int q0 = tile_of_block(true, args.causal) * kTile;
   const std::int64_t head = bh * args.T * D;
   const bool has_mask = mask != nullptr;
-  auto issue = [&](int kb) {  // K, V and the mask of key tile kb into buffer kb & 1
+  auto issue = [&](int kb) {  // K, V and the mask of key tile kb into buffer kb % S
     const int k0 = kb * kTile;
-    T* ks = kvs + (kb & 1) * 2 * kTile * LD;
+    T* ks = kvs + (kb % S) * 2 * kTile * LD;
     load_tile_async<T, D>(ks, k + head, k0, T_, args.vec);
     load_tile_async<T, D>(ks + kTile * LD, v + head, k0, T_, args.vec);
     cp_async_commit();
     if (has_mask)
       for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
-        mask_s[(kb & 1) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
+        mask_s[(kb % S) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
   };
   const int key_end = args.causal ? min(q0 + kTile, T_) : T_;
   const int tiles = (key_end + kTile - 1) / kTile;
@@ -353,16 +375,11 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   for (int kb = 0; kb < tiles; ++kb) {
     const int k0 = kb * kTile;
-    if (kb + 1 < tiles) {
-      issue(kb + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_tile<S>(kb, 0, tiles, issue);
     __syncthreads();  // tile kb has landed for every thread's copies
-    const T* ks = kvs + (kb & 1) * 2 * kTile * LD;
+    const T* ks = kvs + (kb % S) * 2 * kTile * LD;
     const T* vs = ks + kTile * LD;
-    const float* mk = mask_s + (kb & 1) * kTile;
+    const float* mk = mask_s + (kb % S) * kTile;
 
     float s[8][4];
 #pragma unroll
@@ -459,7 +476,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
         for (int nt = 0; nt < NT; ++nt) fma_tile<false>(acc[nt], pw + kk * 16, PLD, vs + (kk * 16) * LD + nt * 8, LD);
       __syncwarp();
     }
-    __syncthreads();  // every warp is done with buffer kb & 1 before tile kb + 2 is copied into it
+    __syncthreads();  // every warp is done with buffer kb % S before tile kb + S is copied into it
   }
 
 #pragma unroll
@@ -478,6 +495,9 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 }
 
 // ------------------------------------------------------------------ backward
+template <class T>
+constexpr bool DsScaled = std::is_same_v<T, detail::fp16>;
+
 // dvec[row] = sum_d dO[row, d] · O[row, d] (= sum_j P_ij dP_ij), one warp per row.
 template <class T, int D>
 __global__ void row_terms_kernel(float* __restrict__ dvec, const T* __restrict__ dout, const T* __restrict__ o,
@@ -493,8 +513,8 @@ __global__ void row_terms_kernel(float* __restrict__ dvec, const T* __restrict__
 
 // dQ: block (head x, query tile y), warp w owns 16 query rows; over 64-key tiles in 16-key
 // steps: S and dP recomputed, dS = P ∘ (dP ∘ keep − dvec), dQ += scale · dS K (the scale
-// applied once to the sum).
-template <class T, int D>
+// applied once to the sum, or to dS in fp16).
+template <class T, int D, int S>
 __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout,
                                                           const T* __restrict__ q, const T* __restrict__ k,
                                                           const T* __restrict__ v, const float* __restrict__ lse,
@@ -502,26 +522,29 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
                                                           Args args) {
   constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* mask_s = reinterpret_cast<float*>(smem);  // [2][kTile]
-  T* qs = reinterpret_cast<T*>(smem + 2 * kTile * sizeof(float));
+  float* mask_s = reinterpret_cast<float*>(smem);  // [S][kTile]
+  T* qs = reinterpret_cast<T*>(smem + S * kTile * sizeof(float));
   T* dos = qs + kTile * LD;
-  T* kvs = dos + kTile * LD;  // [2][K, V]
-  [[maybe_unused]] T* dsw = kvs + 4 * kTile * LD + (threadIdx.x >> 5) * 16 * CLD;  // fp32 path: this warp's dS
+  T* kvs = dos + kTile * LD;  // [S][K, V]
+  [[maybe_unused]] T* dsw = kvs + 2 * S * kTile * LD + (threadIdx.x >> 5) * 16 * CLD;  // fp32 path: this warp's dS
   const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
   const int T_ = static_cast<int>(args.T);
   const std::int64_t bh = blockIdx.x, b = bh / args.H;
   const int q0 = tile_of_block(true, args.causal) * kTile;
   const std::int64_t head = bh * args.T * D;
   const bool has_mask = mask != nullptr;
+  // bf16 and fp32 apply the scale once to the sums; fp16 keeps it in dS, whose range it
+  // needs (unscaled, dS is 1/scale larger and would overflow 65504 sooner).
+  const float ds_scale = DsScaled<T> ? args.scale : 1.0f, sum_scale = DsScaled<T> ? 1.0f : args.scale;
   auto issue = [&](int kb) {
     const int k0 = kb * kTile;
-    T* ks = kvs + (kb & 1) * 2 * kTile * LD;
+    T* ks = kvs + (kb % S) * 2 * kTile * LD;
     load_tile_async<T, D>(ks, k + head, k0, T_, args.vec);
     load_tile_async<T, D>(ks + kTile * LD, v + head, k0, T_, args.vec);
     cp_async_commit();
     if (has_mask)
       for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
-        mask_s[(kb & 1) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
+        mask_s[(kb % S) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
   };
   const int key_end = args.causal ? min(q0 + kTile, T_) : T_;
   const int tiles = (key_end + kTile - 1) / kTile;
@@ -549,16 +572,11 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   for (int kb = 0; kb < tiles; ++kb) {
     const int k0 = kb * kTile;
-    if (kb + 1 < tiles) {
-      issue(kb + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_tile<S>(kb, 0, tiles, issue);
     __syncthreads();
-    const T* ks = kvs + (kb & 1) * 2 * kTile * LD;
+    const T* ks = kvs + (kb % S) * 2 * kTile * LD;
     const T* vs = ks + kTile * LD;
-    const float* mk = mask_s + (kb & 1) * kTile;
+    const float* mk = mask_s + (kb % S) * kTile;
     const bool edge = (args.causal && k0 + kTile > q0) || k0 + kTile > T_;
     for (int kc = 0; kc < kTile; kc += kChunk) {
       if (args.causal && k0 + kc > q0 + warp * 16 + 15) continue;  // the whole step is above the diagonal
@@ -604,13 +622,14 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
             const int j = k0 + kc + nt * 8 + 2 * t + (e & 1);
             const float P = exp_fast(s[nt][e] - L[e >> 1]);
             const float kf = keep_factor(blk, ad::place(rows[e >> 1]), ad::place(j), args.thresh, args.drop_scale);
-            s[nt][e] = P * (dp[nt][e] * kf - Dv[e >> 1]);
+            s[nt][e] = P * (dp[nt][e] * kf - Dv[e >> 1]) * ds_scale;
           }
       } else {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] = exp_fast(s[nt][e] - L[e >> 1]) * (dp[nt][e] - Dv[e >> 1]);
+          for (int e = 0; e < 4; ++e)
+            s[nt][e] = exp_fast(s[nt][e] - L[e >> 1]) * (dp[nt][e] - Dv[e >> 1]) * ds_scale;
       }
       if constexpr (kTensor<T>) {
         std::uint32_t da[4];
@@ -633,7 +652,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
         __syncwarp();
       }
     }
-    __syncthreads();  // buffer kb & 1 is free for tile kb + 2
+    __syncthreads();  // buffer kb % S is free for tile kb + S
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -644,15 +663,15 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
         T* dst = dq + head + static_cast<std::int64_t>(i) * D + nt * 8 + 2 * t + e2;
-        *dst = from_float<T>(to_float(*dst) + args.scale * acc[nt][2 * half + e2]);
+        *dst = from_float<T>(to_float(*dst) + sum_scale * acc[nt][2 * half + e2]);
       }
   }
 }
 
 // dK, dV: block (head x, key tile y), warp w owns 16 key rows; over 64-query tiles in
 // 16-query steps: Sᵀ and dPᵀ recomputed with the keys as rows, dV += (P ∘ keep)ᵀ dO,
-// dK += scale · dSᵀ Q (the scale applied once to the sum).
-template <class T, int D>
+// dK += scale · dSᵀ Q (the scale applied once to the sum, or to dS in fp16).
+template <class T, int D, int S>
 __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv,
                                                             const T* __restrict__ dout, const T* __restrict__ q,
                                                             const T* __restrict__ k, const T* __restrict__ v,
@@ -663,24 +682,27 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
   // The block's own K and V as A fragments in registers, where registers allow.
   constexpr bool kCache = kTensor<T> && D <= 64;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* rowf = reinterpret_cast<float*>(smem);  // [2][logsumexp, dvec][kTile]
-  T* ks = reinterpret_cast<T*>(smem + 4 * kTile * sizeof(float));
+  float* rowf = reinterpret_cast<float*>(smem);  // [S][logsumexp, dvec][kTile]
+  T* ks = reinterpret_cast<T*>(smem + 2 * S * kTile * sizeof(float));
   T* vs = ks + kTile * LD;
-  T* qdos = vs + kTile * LD;  // [2][Q, dO]
-  [[maybe_unused]] T* ptw = qdos + 4 * kTile * LD + (threadIdx.x >> 5) * 2 * 16 * CLD;  // fp32 path: Pᵀ, dSᵀ
+  T* qdos = vs + kTile * LD;  // [S][Q, dO]
+  [[maybe_unused]] T* ptw = qdos + 2 * S * kTile * LD + (threadIdx.x >> 5) * 2 * 16 * CLD;  // fp32 path: Pᵀ, dSᵀ
   [[maybe_unused]] T* dstw = ptw + 16 * CLD;
   const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
   const int T_ = static_cast<int>(args.T);
   const std::int64_t bh = blockIdx.x, b = bh / args.H;
   const int k0 = tile_of_block(false, args.causal) * kTile;
   const std::int64_t head = bh * args.T * D;
-  auto issue = [&](int qb) {  // Q, dO, logsumexp and dvec of query tile qb into buffer qb & 1
+  // bf16 and fp32 apply the scale once to the sums; fp16 keeps it in dS, whose range it
+  // needs (unscaled, dS is 1/scale larger and would overflow 65504 sooner).
+  const float ds_scale = DsScaled<T> ? args.scale : 1.0f, sum_scale = DsScaled<T> ? 1.0f : args.scale;
+  auto issue = [&](int qb) {  // Q, dO, logsumexp and dvec of query tile qb into buffer qb % S
     const int q0 = qb * kTile;
-    T* qs = qdos + (qb & 1) * 2 * kTile * LD;
+    T* qs = qdos + (qb % S) * 2 * kTile * LD;
     load_tile_async<T, D>(qs, q + head, q0, T_, args.vec);
     load_tile_async<T, D>(qs + kTile * LD, dout + head, q0, T_, args.vec);
     cp_async_commit();
-    float* f = rowf + (qb & 1) * 2 * kTile;
+    float* f = rowf + (qb % S) * 2 * kTile;
     for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x)) {
       f[c] = q0 + c < T_ ? lse[bh * args.T + q0 + c] : 0.0f;
       f[kTile + c] = q0 + c < T_ ? dvec[bh * args.T + q0 + c] : 0.0f;
@@ -711,16 +733,11 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
     for (int e = 0; e < 4; ++e) dk_acc[nt][e] = dv_acc[nt][e] = 0.0f;
   for (int qb = first; qb < tiles; ++qb) {
     const int q0 = qb * kTile;
-    if (qb + 1 < tiles) {
-      issue(qb + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_tile<S>(qb, first, tiles, issue);
     __syncthreads();
-    const T* qs = qdos + (qb & 1) * 2 * kTile * LD;
+    const T* qs = qdos + (qb % S) * 2 * kTile * LD;
     const T* dos = qs + kTile * LD;
-    const float* ls = rowf + (qb & 1) * 2 * kTile;
+    const float* ls = rowf + (qb % S) * 2 * kTile;
     const float* dvs = ls + kTile;
     // Only a tile on the diagonal or at the sequence's end checks positions.
     const bool edge = (args.causal && q0 < k0 + kTile) || q0 + kTile > T_ || k0 + kTile > T_;
@@ -780,15 +797,16 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
         for (int e = 0; e < 4; ++e) {
           const int half = e >> 1, cl = qc + nt * 8 + 2 * t + (e & 1);
           const int j = keys[half], i = q0 + cl;
-          float x = st[nt][e] * args.scale + mk[half];
-          if (edge && (i >= T_ || j >= T_ || (args.causal && j > i))) x = -INFINITY;
-          const float P = exp_fast(x - ls[cl]);
+          // Outside the sequence or the causal triangle P is 0, not exp(x − lse): a row
+          // whose every key is masked by −inf has lse −inf.
+          const bool outside = edge && (i >= T_ || j >= T_ || (args.causal && j > i));
+          const float P = outside ? 0.0f : exp_fast(st[nt][e] * args.scale + mk[half] - ls[cl]);
           float kf1 = 1.0f;
           if (args.p > 0.0f)
             kf1 = keep_factor(par[e & 1], ad::place(i), ad::place(j), args.thresh,  // i's parity is e's
                               args.drop_scale);
           st[nt][e] = P * kf1;
-          dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]);
+          dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]) * ds_scale;
         }
       if constexpr (kTensor<T>) {
         std::uint32_t pa[4], da[4];
@@ -822,7 +840,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
         __syncwarp();
       }
     }
-    __syncthreads();  // buffer qb & 1 is free for tile qb + 2
+    __syncthreads();  // buffer qb % S is free for tile qb + S
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -833,7 +851,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
         const std::int64_t at = head + static_cast<std::int64_t>(j) * D + nt * 8 + 2 * t + e2;
-        dk[at] = from_float<T>(to_float(dk[at]) + args.scale * dk_acc[nt][2 * half + e2]);
+        dk[at] = from_float<T>(to_float(dk[at]) + sum_scale * dk_acc[nt][2 * half + e2]);
         dv[at] = from_float<T>(to_float(dv[at]) + dv_acc[nt][2 * half + e2]);
       }
   }
@@ -855,6 +873,27 @@ void dispatch_head_dim(std::int64_t D, F&& f) {
 template <class K>
 void allow_smem(K kernel, std::size_t bytes) {
   ZP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// Shared memory a block may opt into on the current device.
+std::size_t smem_optin() {
+  int dev = 0, bytes = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return static_cast<std::size_t>(bytes);
+}
+
+// f(std::integral_constant<int, S>) with two tile buffers where their `double_bytes` of shared
+// memory fit a block on any GPU (99 KB: sm_86, sm_89, sm_120) or on this one; else one.
+constexpr std::size_t kSmemAnyGpu = 99 * 1024;
+template <std::size_t double_bytes, class F>
+void with_stages(F&& f) {
+  if constexpr (double_bytes <= kSmemAnyGpu) {
+    f(std::integral_constant<int, 2>{});
+  } else {
+    if (double_bytes <= smem_optin()) f(std::integral_constant<int, 2>{});
+    else f(std::integral_constant<int, 1>{});
+  }
 }
 
 Args make_args(std::int64_t H, std::int64_t T, bool causal, float scale, float p, std::uint64_t seed,
@@ -905,13 +944,16 @@ void sdpa_forward(void* o, float* lse, const void* q, const void* k, const void*
     using E = decltype(tag);
     dispatch_head_dim(D, [&](auto dim) {
       constexpr int Dc = decltype(dim)::value;
-      const std::size_t bytes = kForwardSmem<E, Dc>;
-      allow_smem(sdpa_forward_kernel<E, Dc>, bytes);
       const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kTile - 1) / kTile));
-      sdpa_forward_kernel<E, Dc><<<grid, kThreads, bytes, stream>>>(
-          static_cast<E*>(o), lse, static_cast<const E*>(q), static_cast<const E*>(k), static_cast<const E*>(v),
-          static_cast<const E*>(mask), args);
-      ZP_CUDA_CHECK_LAUNCH("sdpa_forward_kernel");
+      with_stages<kForwardSmem<E, Dc, 2>>([&](auto stages) {
+        constexpr int S = decltype(stages)::value;
+        const std::size_t bytes = kForwardSmem<E, Dc, S>;
+        allow_smem(sdpa_forward_kernel<E, Dc, S>, bytes);
+        sdpa_forward_kernel<E, Dc, S><<<grid, kThreads, bytes, stream>>>(
+            static_cast<E*>(o), lse, static_cast<const E*>(q), static_cast<const E*>(k), static_cast<const E*>(v),
+            static_cast<const E*>(mask), args);
+        ZP_CUDA_CHECK_LAUNCH("sdpa_forward_kernel");
+      });
     });
   });
 }
@@ -937,19 +979,24 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
           dvec, static_cast<const E*>(dout), static_cast<const E*>(o), rows);
       ZP_CUDA_CHECK_LAUNCH("row_terms_kernel");
 
-      const std::size_t dq_bytes = kDqSmem<E, Dc>;
-      allow_smem(sdpa_dq_kernel<E, Dc>, dq_bytes);
-      sdpa_dq_kernel<E, Dc><<<grid, kThreads, dq_bytes, stream>>>(
-          static_cast<E*>(dq), static_cast<const E*>(dout), static_cast<const E*>(q), static_cast<const E*>(k),
-          static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
-      ZP_CUDA_CHECK_LAUNCH("sdpa_dq_kernel");
-
-      const std::size_t kv_bytes = kDkDvSmem<E, Dc>;
-      allow_smem(sdpa_dkdv_kernel<E, Dc>, kv_bytes);
-      sdpa_dkdv_kernel<E, Dc><<<grid, kThreads, kv_bytes, stream>>>(
-          static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
-          static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
-      ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
+      with_stages<kDqSmem<E, Dc, 2>>([&](auto stages) {
+        constexpr int S = decltype(stages)::value;
+        const std::size_t bytes = kDqSmem<E, Dc, S>;
+        allow_smem(sdpa_dq_kernel<E, Dc, S>, bytes);
+        sdpa_dq_kernel<E, Dc, S><<<grid, kThreads, bytes, stream>>>(
+            static_cast<E*>(dq), static_cast<const E*>(dout), static_cast<const E*>(q), static_cast<const E*>(k),
+            static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
+        ZP_CUDA_CHECK_LAUNCH("sdpa_dq_kernel");
+      });
+      with_stages<kDkDvSmem<E, Dc, 2>>([&](auto stages) {
+        constexpr int S = decltype(stages)::value;
+        const std::size_t bytes = kDkDvSmem<E, Dc, S>;
+        allow_smem(sdpa_dkdv_kernel<E, Dc, S>, bytes);
+        sdpa_dkdv_kernel<E, Dc, S><<<grid, kThreads, bytes, stream>>>(
+            static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
+            static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
+        ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
+      });
     });
   });
 }
