@@ -1,3 +1,6 @@
+#include <cstdint>
+#include <type_traits>
+
 #include "kernels/cuda/detail.cuh"
 #include "kernels/cuda/loss.cuh"
 
@@ -7,22 +10,40 @@ namespace {
 
 using detail::block_max;
 using detail::block_sum;
-using detail::kWidth;
 using detail::load_f;
 using detail::to_float;
 
 constexpr int kMeanBlock = 1024;
 
-#define ZP_ROW_LOOP(j, W, C) for (std::int64_t j = static_cast<std::int64_t>(threadIdx.x) * (W); j < (C); j += static_cast<std::int64_t>(blockDim.x) * (W))
+// Calls f(j, std::integral_constant<int, W>) over a row of V elements, the block's threads
+// taking turns: with Vec, whole 16-byte groups (W = kPack) between the row's first and last
+// 16-byte boundaries (of `anchor`, the row in memory: any row of any width, GPT-2's 50257
+// included, and every operand whose base is congruent to it modulo 16 bytes), the few
+// elements before and after singly (W = 1); without, every element singly.
+template <class T, bool Vec, class F>
+__device__ __forceinline__ void for_row(const T* anchor, std::int64_t V, F&& f) {
+  constexpr int P = detail::kPack<T>;
+  std::int64_t head = V, end = V;
+  if constexpr (Vec) {
+    const auto mis = static_cast<std::int64_t>((reinterpret_cast<std::uintptr_t>(anchor) & 15u) / sizeof(T));
+    head = (P - mis) % P < V ? (P - mis) % P : V;
+    end = head + (V - head) / P * P;
+  }
+  const std::int64_t t = threadIdx.x, n = blockDim.x;
+  for (std::int64_t j = t; j < head; j += n) f(j, std::integral_constant<int, 1>{});
+  for (std::int64_t j = head + t * P; j < end; j += n * P) f(j, std::integral_constant<int, P>{});
+  for (std::int64_t j = end + t; j < V; j += n) f(j, std::integral_constant<int, 1>{});
+}
 
 // logsumexp of one row, every thread of the block taking part (online max and sum per
 // thread, then merged in a fixed tree). NaN when the row holds a NaN or is -inf
 // everywhere; a +inf logit gives NaN as well (inf - inf), as the CPU twin.
-template <class T, int W>
+template <class T, bool Vec>
 __device__ float row_logsumexp(const T* x, std::int64_t V, float* sm) {
   float m = -INFINITY, s = 0.0f;
   bool nan = false;
-  ZP_ROW_LOOP(j, W, V) {
+  for_row<T, Vec>(x, V, [&](std::int64_t j, auto width) {
+    constexpr int W = decltype(width)::value;
     float v[W];
     load_f<T, W>(x + j, v);
     float cm = -INFINITY;
@@ -39,7 +60,7 @@ __device__ float row_logsumexp(const T* x, std::int64_t V, float* sm) {
 #pragma unroll
       for (int k = 0; k < W; ++k) s += expf(v[k] - m);
     }
-  }
+  });
   const float M = block_max(m, sm);
   const float any_nan = block_max(nan ? 1.0f : 0.0f, sm);
   const float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sm);
@@ -55,7 +76,7 @@ __global__ void ce_forward_kernel(float* __restrict__ row_loss, float* __restric
   __shared__ float sm[33];
   for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const T* x = logits + row * V;
-    const float l = row_logsumexp<T, kWidth<T, Vec>>(x, V, sm);
+    const float l = row_logsumexp<T, Vec>(x, V, sm);
     if (threadIdx.x == 0) {
       if (lse != nullptr) lse[row] = l;
       const std::int64_t t = targets[row];
@@ -67,17 +88,17 @@ __global__ void ce_forward_kernel(float* __restrict__ row_loss, float* __restric
 template <class T, bool Vec>
 __global__ void log_softmax_kernel(T* logp, const T* logits, std::int64_t N, std::int64_t V) {
   __shared__ float sm[33];
-  constexpr int W = kWidth<T, Vec>;
   for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const T* x = logits + row * V;
-    const float l = row_logsumexp<T, W>(x, V, sm);
-    ZP_ROW_LOOP(j, W, V) {
+    const float l = row_logsumexp<T, Vec>(x, V, sm);
+    for_row<T, Vec>(x, V, [&](std::int64_t j, auto width) {
+      constexpr int W = decltype(width)::value;
       float v[W];
       load_f<T, W>(x + j, v);
 #pragma unroll
       for (int k = 0; k < W; ++k) v[k] -= l;
       detail::store_f<T, W>(logp + row * V + j, v);
-    }
+    });
   }
 }
 
@@ -118,7 +139,6 @@ __global__ void ce_backward_kernel(T* d, const T* x, const float* __restrict__ l
                                    std::int64_t N, std::int64_t V, float dloss, bool accumulate,
                                    std::int64_t ignore_index) {
   __shared__ float sm[33];
-  constexpr int W = kWidth<T, Vec>;
   const float cnt = count[0];
   const float scale = cnt > 0.0f ? dloss / cnt : 0.0f;
   for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
@@ -127,18 +147,20 @@ __global__ void ce_backward_kernel(T* d, const T* x, const float* __restrict__ l
     const T* xr = x + row * V;
     if (t == ignore_index) {
       if (!accumulate) {
-        ZP_ROW_LOOP(j, W, V) {
+        for_row<T, Vec>(xr, V, [&](std::int64_t j, auto width) {
+          constexpr int W = decltype(width)::value;
           float o[W];
 #pragma unroll
           for (int k = 0; k < W; ++k) o[k] = 0.0f;
           detail::store_f<T, W>(dr + j, o);
-        }
+        });
       }
       continue;
     }
     float l = 0.0f;
-    if (!FromLogp) l = lse != nullptr ? lse[row] : row_logsumexp<T, W>(xr, V, sm);
-    ZP_ROW_LOOP(j, W, V) {
+    if (!FromLogp) l = lse != nullptr ? lse[row] : row_logsumexp<T, Vec>(xr, V, sm);
+    for_row<T, Vec>(xr, V, [&](std::int64_t j, auto width) {
+      constexpr int W = decltype(width)::value;
       float v[W], o[W];
       load_f<T, W>(xr + j, v);
       if (accumulate) load_f<T, W>(dr + j, o);
@@ -149,13 +171,16 @@ __global__ void ce_backward_kernel(T* d, const T* x, const float* __restrict__ l
         if (j + k == t) o[k] = __fsub_rn(o[k], scale);
       }
       detail::store_f<T, W>(dr + j, o);
-    }
+    });
   }
 }
 
+// Whole 16-byte groups in every row (for_row) when the operands' bases are congruent modulo
+// 16 bytes (in place, or both aligned): the rows then share their boundaries whatever V is.
 template <class T>
 bool rows_vec(std::int64_t V, const void* a, const void* b) {
-  return V % detail::kPack<T> == 0 && detail::aligned16(a) && (b == nullptr || detail::aligned16(b));
+  const auto mod = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) & 15u; };
+  return V >= detail::kPack<T> && (b == nullptr || mod(a) == mod(b)) && mod(a) % sizeof(T) == 0;
 }
 
 template <class T>
