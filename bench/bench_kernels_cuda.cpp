@@ -344,6 +344,9 @@ int main(int argc, char** argv) {
                             {"gpt2-medium causal", 16 / scale, 16, 1024, 64, true, false, 0.0f},
                             {"bert-large mask dropout 0.1", 64 / scale, 16, 128, 64, false, true, 0.1f},
                             {"llama causal D=128", 4 / (opt.quick ? 2 : 1), 32, 2048, 128, true, false, 0.0f}};
+      kg::ContextOptions chunk32_options;  // the backward in steps of 32 positions (ContextOptions)
+      chunk32_options.sdpa_backward_chunk = 32;
+      kg::Context chunk32(chunk32_options);
       for (DType dt : {DType::bf16, DType::fp16}) {
         for (const Attn& a : attns) {
           const std::int64_t n = a.B * a.H * a.T * a.D, rows_n = a.B * a.H * a.T;
@@ -375,6 +378,12 @@ int main(int argc, char** argv) {
           // 5 products of the forward's size (S and dP recomputed twice: counted once, as FA2 reports).
           report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name, shape, ms,
                  2.5 * fwd_flops, true, gemm_ceiling);
+          ms = time_ms(opt, [&] {
+            kg::sdpa_backward(chunk32, dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(), v.get(), o.get(),
+                              lse.as<float>(), mp, a.B, a.H, a.T, a.D, a.causal, sc, a.p, 7, 0, dt, nullptr);
+          });
+          report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", steps of 32", shape,
+                 ms, 2.5 * fwd_flops, true, gemm_ceiling);
         }
       }
     }

@@ -52,6 +52,7 @@ struct Context::Impl {
   int sm_count = 0;
   bool allow_tf32 = false;
   double staged_min_work = 0.0;
+  int sdpa_backward_chunk = 16;
   std::uint64_t staged_products = 0;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;

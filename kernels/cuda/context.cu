@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/blas.cuh"
@@ -42,6 +43,10 @@ Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()
   ZP_CUDA_CHECK(cudaDeviceGetAttribute(&s.sm_count, cudaDevAttrMultiProcessorCount, s.device));
   s.allow_tf32 = options.allow_tf32;
   s.staged_min_work = options.staged_min_work;
+  if (options.sdpa_backward_chunk != 16 && options.sdpa_backward_chunk != 32)
+    throw std::invalid_argument("ContextOptions::sdpa_backward_chunk is " + std::to_string(options.sdpa_backward_chunk) +
+                                "; allowed: 16, 32");
+  s.sdpa_backward_chunk = options.sdpa_backward_chunk;
   ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
   if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
   s.workspace_bytes = options.blas_workspace_bytes;
@@ -57,6 +62,7 @@ std::size_t Context::device_bytes() const { return impl_->workspace_bytes + impl
 std::size_t Context::scratch_bytes() const { return impl_->scratch_bytes; }
 bool Context::allow_tf32() const { return impl_->allow_tf32; }
 std::uint64_t Context::staged_products() const { return impl_->staged_products; }
+int Context::sdpa_backward_chunk() const { return impl_->sdpa_backward_chunk; }
 
 void* Context::scratch(std::size_t bytes, const char* what) {
   if (bytes > impl_->scratch_bytes)

@@ -23,6 +23,9 @@ struct ContextOptions {
   // A product of at least this many m·n·k whose rows are not 16-byte aligned runs in pieces
   // staged through the scratch with padded rows (kernels/cuda/bmm.cu); 0: every such product.
   double staged_min_work = 2147483648.0;
+  // Positions per inner step of the 16-bit attention backward (kernels/cuda/sdpa.cu): 16 or
+  // 32 (twice the independent products per step for twice the registers). fp32 always 16.
+  int sdpa_backward_chunk = 16;
 };
 
 class Context {
@@ -38,6 +41,7 @@ class Context {
   std::size_t scratch_bytes() const;
   bool allow_tf32() const;
   std::uint64_t staged_products() const;  // products run in staged pieces so far
+  int sdpa_backward_chunk() const;
 
   // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
   // than scratch_bytes()). Valid until the next launcher that takes this Context runs.

@@ -514,13 +514,14 @@ __global__ void row_terms_kernel(float* __restrict__ dvec, const T* __restrict__
 // dQ: block (head x, query tile y), warp w owns 16 query rows; over 64-key tiles in 16-key
 // steps: S and dP recomputed, dS = P ∘ (dP ∘ keep − dvec), dQ += scale · dS K (the scale
 // applied once to the sum, or to dS in fp16).
-template <class T, int D, int S>
+template <class T, int D, int S, int C>
 __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout,
                                                           const T* __restrict__ q, const T* __restrict__ k,
                                                           const T* __restrict__ v, const float* __restrict__ lse,
                                                           const float* __restrict__ dvec, const T* __restrict__ mask,
                                                           Args args) {
-  constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16;
+  constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16, NC = C / 8;
+  static_assert(C == kChunk || (kTensor<T> && C == 2 * kChunk), "steps of 16, or 32 on the tensor cores");
   extern __shared__ __align__(16) unsigned char smem[];
   float* mask_s = reinterpret_cast<float*>(smem);  // [S][kTile]
   T* qs = reinterpret_cast<T*>(smem + S * kTile * sizeof(float));
@@ -578,26 +579,29 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
     const T* vs = ks + kTile * LD;
     const float* mk = mask_s + (kb % S) * kTile;
     const bool edge = (args.causal && k0 + kTile > q0) || k0 + kTile > T_;
-    for (int kc = 0; kc < kTile; kc += kChunk) {
+    for (int kc = 0; kc < kTile; kc += C) {
       if (args.causal && k0 + kc > q0 + warp * 16 + 15) continue;  // the whole step is above the diagonal
-      float s[2][4], dp[2][4];
+      float s[NC][4], dp[NC][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NC; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) {
         if constexpr (kTensor<T>) {
-          std::uint32_t bf[4];
-          frag_b_nk2(bf, ks + kc * LD + kk * 16, LD);
-          mma<T>(s[0], qf[kk], bf[0], bf[1]);
-          mma<T>(s[1], qf[kk], bf[2], bf[3]);
-          frag_b_nk2(bf, vs + kc * LD + kk * 16, LD);
-          mma<T>(dp[0], dof[kk], bf[0], bf[1]);
-          mma<T>(dp[1], dof[kk], bf[2], bf[3]);
+#pragma unroll
+          for (int nt = 0; nt < NC; nt += 2) {
+            std::uint32_t bf[4];
+            frag_b_nk2(bf, ks + (kc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(s[nt], qf[kk], bf[0], bf[1]);
+            mma<T>(s[nt + 1], qf[kk], bf[2], bf[3]);
+            frag_b_nk2(bf, vs + (kc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(dp[nt], dof[kk], bf[0], bf[1]);
+            mma<T>(dp[nt + 1], dof[kk], bf[2], bf[3]);
+          }
         } else {
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
+          for (int nt = 0; nt < NC; ++nt) {
             fma_tile<true>(s[nt], qs + (warp * 16) * LD + kk * 16, LD, ks + (kc + nt * 8) * LD + kk * 16, LD);
             fma_tile<true>(dp[nt], dos + (warp * 16) * LD + kk * 16, LD, vs + (kc + nt * 8) * LD + kk * 16, LD);
           }
@@ -613,37 +617,43 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
         else score_tile<false, false>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
       }
       if (args.p > 0.0f) {
-        const philox::Block blk = ad::block(args.seed, args.offset, bh, args.T, ad::group(rows[0]),
-                                            ad::group(k0 + kc + 2 * t), ad::place(rows[0]) & 1u);
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int kg = 0; kg < NC / 2; ++kg) {  // the step's 16-key groups: n-tiles 2kg, 2kg + 1
+          const philox::Block blk = ad::block(args.seed, args.offset, bh, args.T, ad::group(rows[0]),
+                                              ad::group(k0 + kc + kg * 16 + 2 * t), ad::place(rows[0]) & 1u);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = k0 + kc + nt * 8 + 2 * t + (e & 1);
-            const float P = exp_fast(s[nt][e] - L[e >> 1]);
-            const float kf = keep_factor(blk, ad::place(rows[e >> 1]), ad::place(j), args.thresh, args.drop_scale);
-            s[nt][e] = P * (dp[nt][e] * kf - Dv[e >> 1]) * ds_scale;
-          }
+          for (int n2 = 0; n2 < 2; ++n2)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int nt = 2 * kg + n2, j = k0 + kc + nt * 8 + 2 * t + (e & 1);
+              const float P = exp_fast(s[nt][e] - L[e >> 1]);
+              const float kf = keep_factor(blk, ad::place(rows[e >> 1]), ad::place(j), args.thresh, args.drop_scale);
+              s[nt][e] = P * (dp[nt][e] * kf - Dv[e >> 1]) * ds_scale;
+            }
+        }
       } else {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < NC; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             s[nt][e] = exp_fast(s[nt][e] - L[e >> 1]) * (dp[nt][e] - Dv[e >> 1]) * ds_scale;
       }
       if constexpr (kTensor<T>) {
-        std::uint32_t da[4];
-        c_to_a<T>(da, s[0], s[1]);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt += 2) {
-          std::uint32_t bf[4];
-          frag_b_kn2(bf, ks + kc * LD + nt * 8, LD);
-          mma<T>(acc[nt], da, bf[0], bf[1]);
-          mma<T>(acc[nt + 1], da, bf[2], bf[3]);
+        for (int kg = 0; kg < NC / 2; ++kg) {  // dQ += dS K, one 16-key k-step per group
+          std::uint32_t da[4];
+          c_to_a<T>(da, s[2 * kg], s[2 * kg + 1]);
+#pragma unroll
+          for (int nt = 0; nt < NT; nt += 2) {
+            std::uint32_t bf[4];
+            frag_b_kn2(bf, ks + (kc + kg * 16) * LD + nt * 8, LD);
+            mma<T>(acc[nt], da, bf[0], bf[1]);
+            mma<T>(acc[nt + 1], da, bf[2], bf[3]);
+          }
         }
       } else {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < NC; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) dsw[(g + 8 * (e >> 1)) * CLD + nt * 8 + 2 * t + (e & 1)] = s[nt][e];
         __syncwarp();
@@ -671,14 +681,15 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
 // dK, dV: block (head x, key tile y), warp w owns 16 key rows; over 64-query tiles in
 // 16-query steps: Sᵀ and dPᵀ recomputed with the keys as rows, dV += (P ∘ keep)ᵀ dO,
 // dK += scale · dSᵀ Q (the scale applied once to the sum, or to dS in fp16).
-template <class T, int D, int S>
+template <class T, int D, int S, int C>
 __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv,
                                                             const T* __restrict__ dout, const T* __restrict__ q,
                                                             const T* __restrict__ k, const T* __restrict__ v,
                                                             const float* __restrict__ lse,
                                                             const float* __restrict__ dvec,
                                                             const T* __restrict__ mask, Args args) {
-  constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16;
+  constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16, NC = C / 8;
+  static_assert(C == kChunk || (kTensor<T> && C == 2 * kChunk), "steps of 16, or 32 on the tensor cores");
   // The block's own K and V as A fragments in registers, where registers allow.
   constexpr bool kCache = kTensor<T> && D <= 64;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -741,11 +752,11 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
     const float* dvs = ls + kTile;
     // Only a tile on the diagonal or at the sequence's end checks positions.
     const bool edge = (args.causal && q0 < k0 + kTile) || q0 + kTile > T_ || k0 + kTile > T_;
-    for (int qc = 0; qc < kTile; qc += kChunk) {
-      if (args.causal && k0 + warp * 16 > q0 + qc + 15) continue;  // every key after every query of the step
-      float st[2][4], dpt[2][4];
+    for (int qc = 0; qc < kTile; qc += C) {
+      if (args.causal && k0 + warp * 16 > q0 + qc + C - 1) continue;  // every key after every query of the step
+      float st[NC][4], dpt[NC][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NC; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
 #pragma unroll
@@ -762,69 +773,79 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
             frag_a(ka, ks + (warp * 16) * LD + kk * 16, LD);
             frag_a(va, vs + (warp * 16) * LD + kk * 16, LD);
           }
-          std::uint32_t bf[4];
-          frag_b_nk2(bf, qs + qc * LD + kk * 16, LD);
-          mma<T>(st[0], ka, bf[0], bf[1]);
-          mma<T>(st[1], ka, bf[2], bf[3]);
-          frag_b_nk2(bf, dos + qc * LD + kk * 16, LD);
-          mma<T>(dpt[0], va, bf[0], bf[1]);
-          mma<T>(dpt[1], va, bf[2], bf[3]);
+#pragma unroll
+          for (int nt = 0; nt < NC; nt += 2) {
+            std::uint32_t bf[4];
+            frag_b_nk2(bf, qs + (qc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(st[nt], ka, bf[0], bf[1]);
+            mma<T>(st[nt + 1], ka, bf[2], bf[3]);
+            frag_b_nk2(bf, dos + (qc + nt * 8) * LD + kk * 16, LD);
+            mma<T>(dpt[nt], va, bf[0], bf[1]);
+            mma<T>(dpt[nt + 1], va, bf[2], bf[3]);
+          }
         } else {
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
+          for (int nt = 0; nt < NC; ++nt) {
             fma_tile<true>(st[nt], ks + (warp * 16) * LD + kk * 16, LD, qs + (qc + nt * 8) * LD + kk * 16, LD);
             fma_tile<true>(dpt[nt], vs + (warp * 16) * LD + kk * 16, LD, dos + (qc + nt * 8) * LD + kk * 16, LD);
           }
         }
       }
-      // Pᵀ ∘ keep in place of Sᵀ, dSᵀ in place of dPᵀ. The block of the queries of this
-      // lane's key parity, and (from the partner lane) the other parity's.
-      philox::Block par[2]{};  // the blocks of the even and the odd query places
-      if (args.p > 0.0f) {
-        const philox::Block own = ad::block(args.seed, args.offset, bh, args.T, ad::group(q0 + qc + 2 * t),
-                                            ad::group(keys[0]), static_cast<std::uint32_t>(g & 1));
-        const philox::Block other = partner_block(own);
-        const bool odd = (g & 1) != 0;
+      // Pᵀ ∘ keep in place of Sᵀ, dSᵀ in place of dPᵀ, per 16-query group of the step. The
+      // block of the group's queries of this lane's key parity, and (from the partner lane)
+      // the other parity's.
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {  // word by word: a run-time pick of a whole Block goes to local memory
-          par[0].w[w] = odd ? other.w[w] : own.w[w];
-          par[1].w[w] = odd ? own.w[w] : other.w[w];
+      for (int qg = 0; qg < NC / 2; ++qg) {
+        philox::Block par[2]{};  // the blocks of the even and the odd query places
+        if (args.p > 0.0f) {
+          const philox::Block own = ad::block(args.seed, args.offset, bh, args.T, ad::group(q0 + qc + qg * 16 + 2 * t),
+                                              ad::group(keys[0]), static_cast<std::uint32_t>(g & 1));
+          const philox::Block other = partner_block(own);
+          const bool odd = (g & 1) != 0;
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {  // word by word: a run-time pick of a whole Block goes to local memory
+            par[0].w[w] = odd ? other.w[w] : own.w[w];
+            par[1].w[w] = odd ? own.w[w] : other.w[w];
+          }
         }
+#pragma unroll
+        for (int n2 = 0; n2 < 2; ++n2)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int nt = 2 * qg + n2, half = e >> 1, cl = qc + nt * 8 + 2 * t + (e & 1);
+            const int j = keys[half], i = q0 + cl;
+            // Outside the sequence or the causal triangle P is 0, not exp(x − lse): a row
+            // whose every key is masked by −inf has lse −inf.
+            const bool outside = edge && (i >= T_ || j >= T_ || (args.causal && j > i));
+            const float P = outside ? 0.0f : exp_fast(st[nt][e] * args.scale + mk[half] - ls[cl]);
+            float kf1 = 1.0f;
+            if (args.p > 0.0f)
+              kf1 = keep_factor(par[e & 1], ad::place(i), ad::place(j), args.thresh,  // i's parity is e's
+                                args.drop_scale);
+            st[nt][e] = P * kf1;
+            dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]) * ds_scale;
+          }
       }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int half = e >> 1, cl = qc + nt * 8 + 2 * t + (e & 1);
-          const int j = keys[half], i = q0 + cl;
-          // Outside the sequence or the causal triangle P is 0, not exp(x − lse): a row
-          // whose every key is masked by −inf has lse −inf.
-          const bool outside = edge && (i >= T_ || j >= T_ || (args.causal && j > i));
-          const float P = outside ? 0.0f : exp_fast(st[nt][e] * args.scale + mk[half] - ls[cl]);
-          float kf1 = 1.0f;
-          if (args.p > 0.0f)
-            kf1 = keep_factor(par[e & 1], ad::place(i), ad::place(j), args.thresh,  // i's parity is e's
-                              args.drop_scale);
-          st[nt][e] = P * kf1;
-          dpt[nt][e] = P * (dpt[nt][e] * kf1 - dvs[cl]) * ds_scale;
-        }
       if constexpr (kTensor<T>) {
-        std::uint32_t pa[4], da[4];
-        c_to_a<T>(pa, st[0], st[1]);
-        c_to_a<T>(da, dpt[0], dpt[1]);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt += 2) {
-          std::uint32_t bf[4];
-          frag_b_kn2(bf, dos + qc * LD + nt * 8, LD);
-          mma<T>(dv_acc[nt], pa, bf[0], bf[1]);
-          mma<T>(dv_acc[nt + 1], pa, bf[2], bf[3]);
-          frag_b_kn2(bf, qs + qc * LD + nt * 8, LD);
-          mma<T>(dk_acc[nt], da, bf[0], bf[1]);
-          mma<T>(dk_acc[nt + 1], da, bf[2], bf[3]);
+        for (int qg = 0; qg < NC / 2; ++qg) {  // one 16-query k-step per group
+          std::uint32_t pa[4], da[4];
+          c_to_a<T>(pa, st[2 * qg], st[2 * qg + 1]);
+          c_to_a<T>(da, dpt[2 * qg], dpt[2 * qg + 1]);
+#pragma unroll
+          for (int nt = 0; nt < NT; nt += 2) {
+            std::uint32_t bf[4];
+            frag_b_kn2(bf, dos + (qc + qg * 16) * LD + nt * 8, LD);
+            mma<T>(dv_acc[nt], pa, bf[0], bf[1]);
+            mma<T>(dv_acc[nt + 1], pa, bf[2], bf[3]);
+            frag_b_kn2(bf, qs + (qc + qg * 16) * LD + nt * 8, LD);
+            mma<T>(dk_acc[nt], da, bf[0], bf[1]);
+            mma<T>(dk_acc[nt + 1], da, bf[2], bf[3]);
+          }
         }
       } else {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < NC; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int at = (g + 8 * (e >> 1)) * CLD + nt * 8 + 2 * t + (e & 1);
@@ -979,24 +1000,36 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
           dvec, static_cast<const E*>(dout), static_cast<const E*>(o), rows);
       ZP_CUDA_CHECK_LAUNCH("row_terms_kernel");
 
-      with_stages<kDqSmem<E, Dc, 2>>([&](auto stages) {
-        constexpr int S = decltype(stages)::value;
-        const std::size_t bytes = kDqSmem<E, Dc, S>;
-        allow_smem(sdpa_dq_kernel<E, Dc, S>, bytes);
-        sdpa_dq_kernel<E, Dc, S><<<grid, kThreads, bytes, stream>>>(
-            static_cast<E*>(dq), static_cast<const E*>(dout), static_cast<const E*>(q), static_cast<const E*>(k),
-            static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
-        ZP_CUDA_CHECK_LAUNCH("sdpa_dq_kernel");
-      });
-      with_stages<kDkDvSmem<E, Dc, 2>>([&](auto stages) {
-        constexpr int S = decltype(stages)::value;
-        const std::size_t bytes = kDkDvSmem<E, Dc, S>;
-        allow_smem(sdpa_dkdv_kernel<E, Dc, S>, bytes);
-        sdpa_dkdv_kernel<E, Dc, S><<<grid, kThreads, bytes, stream>>>(
-            static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
-            static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
-        ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
-      });
+      // Backward steps of 16 positions, or 32 on the tensor cores when the Context asks.
+      constexpr std::size_t dq_double = kDqSmem<E, Dc, 2>, dkdv_double = kDkDvSmem<E, Dc, 2>;
+      auto run = [&](auto chunk) {
+        constexpr int C = decltype(chunk)::value;
+        with_stages<dq_double>([&](auto stages) {
+          constexpr int S = decltype(stages)::value;
+          const std::size_t bytes = kDqSmem<E, Dc, S>;
+          allow_smem(sdpa_dq_kernel<E, Dc, S, C>, bytes);
+          sdpa_dq_kernel<E, Dc, S, C><<<grid, kThreads, bytes, stream>>>(
+              static_cast<E*>(dq), static_cast<const E*>(dout), static_cast<const E*>(q), static_cast<const E*>(k),
+              static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
+          ZP_CUDA_CHECK_LAUNCH("sdpa_dq_kernel");
+        });
+        with_stages<dkdv_double>([&](auto stages) {
+          constexpr int S = decltype(stages)::value;
+          const std::size_t bytes = kDkDvSmem<E, Dc, S>;
+          allow_smem(sdpa_dkdv_kernel<E, Dc, S, C>, bytes);
+          sdpa_dkdv_kernel<E, Dc, S, C><<<grid, kThreads, bytes, stream>>>(
+              static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
+              static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
+          ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
+        });
+      };
+      if constexpr (kTensor<E>) {
+        if (ctx.sdpa_backward_chunk() == 2 * kChunk) {
+          run(std::integral_constant<int, 2 * kChunk>{});
+          return;
+        }
+      }
+      run(std::integral_constant<int, kChunk>{});
     });
   });
 }

@@ -1360,89 +1360,100 @@ double max_row_l1(const Vec& v, std::int64_t D) {
 }  // namespace
 
 TEST_CASE("sdpa: flash forward (O, logsumexp) and deterministic backward against the CPU twin, causal, masks, dropout") {
-  kg::Context ctx;
-  struct Case {
-    std::int64_t B, H, T, D;
-    bool causal, mask;
-    float p;
-  };
-  const Case cases[] = {{2, 2, 130, 64, true, false, 0.0f},  {2, 2, 130, 64, true, false, 0.1f},
-                        {2, 3, 130, 64, false, true, 0.1f},  {1, 2, 37, 16, false, true, 0.0f},
-                        {1, 2, 96, 128, true, false, 0.1f},  {2, 1, 1, 32, false, false, 0.0f},
-                        {1, 1, 200, 32, true, true, 0.2f}};
-  for (DType dt : kDtypes)
-    for (const Case& c : cases) {
-      CAPTURE(dtype_str(dt));
-      CAPTURE(c.T);
-      CAPTURE(c.D);
-      CAPTURE(c.causal);
-      CAPTURE(c.mask);
-      CAPTURE(c.p);
-      const std::int64_t n = c.B * c.H * c.T * c.D, rows = c.B * c.H * c.T;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-      const std::uint64_t seed = 4242, offset = std::uint64_t{9} << 32;
-      const Vec q = rand_vec(n, 221, dt, -2.0f, 2.0f), k = rand_vec(n, 222, dt, -2.0f, 2.0f), v = rand_vec(n, 223, dt);
-      Vec mask(sz(c.B * c.T), 0.0f);
-      for (std::int64_t b = 0; b < c.B; ++b)
-        for (std::int64_t j = std::max<std::int64_t>(1, c.T - 3 * (b + 1)); j < c.T; ++j) mask[sz(b * c.T + j)] = kg::mask_value(dt);
-      auto dq_in = device(q, dt), dk_in = device(k, dt), dv_in = device(v, dt), dmask = device(mask, dt);
-      const void* mp = c.mask ? dmask->get() : nullptr;
-      const float* cmp = c.mask ? mask.data() : nullptr;
-      auto o = output(sz(n), dt);
-      Dev lse(sz(rows) * 4);
-      lse.poison();
-      kg::sdpa_forward(o->get(), lse.as<float>(), dq_in->get(), dk_in->get(), dv_in->get(), mp, c.B, c.H, c.T, c.D,
-                       c.causal, scale, c.p, seed, offset, dt, kStream);
-      Vec ro(sz(n)), rlse(sz(rows));
-      kc::sdpa_forward(ro.data(), rlse.data(), q.data(), k.data(), v.data(), cmp, c.B, c.H, c.T, c.D, c.causal, scale,
-                       c.p, seed, offset);
-      const Vec go = download(*o, sz(n), dt);
-      // P is rounded to dt before P·V (as flash-attention does): a few ulps of dt on average.
-      expect_close("sdpa_forward O", go, ro,
-                   Tol{dt == DType::fp32 ? 1e-5 : 0.2 * eps(dt), eps(dt) + 16 * 0x1p-23, band(dt)});
-      expect_close("sdpa_forward lse", download(lse, sz(rows), DType::fp32), rlse, Tol{1e-5, 1e-5, 0.0});
+  // The backward in steps of 16 positions (the default) and of 32 (ContextOptions).
+  for (int chunk : {16, 32}) {
+    CAPTURE(chunk);
+    kg::ContextOptions options;
+    options.sdpa_backward_chunk = chunk;
+    kg::Context ctx(options);
+    struct Case {
+      std::int64_t B, H, T, D;
+      bool causal, mask;
+      float p;
+    };
+    const Case cases[] = {{2, 2, 130, 64, true, false, 0.0f},  {2, 2, 130, 64, true, false, 0.1f},
+                          {2, 3, 130, 64, false, true, 0.1f},  {1, 2, 37, 16, false, true, 0.0f},
+                          {1, 2, 96, 128, true, false, 0.1f},  {2, 1, 1, 32, false, false, 0.0f},
+                          {1, 1, 200, 32, true, true, 0.2f}};
+    for (DType dt : kDtypes)
+      for (const Case& c : cases) {
+        CAPTURE(dtype_str(dt));
+        CAPTURE(c.T);
+        CAPTURE(c.D);
+        CAPTURE(c.causal);
+        CAPTURE(c.mask);
+        CAPTURE(c.p);
+        const std::int64_t n = c.B * c.H * c.T * c.D, rows = c.B * c.H * c.T;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+        const std::uint64_t seed = 4242, offset = std::uint64_t{9} << 32;
+        const Vec q = rand_vec(n, 221, dt, -2.0f, 2.0f), k = rand_vec(n, 222, dt, -2.0f, 2.0f), v = rand_vec(n, 223, dt);
+        Vec mask(sz(c.B * c.T), 0.0f);
+        for (std::int64_t b = 0; b < c.B; ++b)
+          for (std::int64_t j = std::max<std::int64_t>(1, c.T - 3 * (b + 1)); j < c.T; ++j) mask[sz(b * c.T + j)] = kg::mask_value(dt);
+        auto dq_in = device(q, dt), dk_in = device(k, dt), dv_in = device(v, dt), dmask = device(mask, dt);
+        const void* mp = c.mask ? dmask->get() : nullptr;
+        const float* cmp = c.mask ? mask.data() : nullptr;
+        auto o = output(sz(n), dt);
+        Dev lse(sz(rows) * 4);
+        lse.poison();
+        kg::sdpa_forward(o->get(), lse.as<float>(), dq_in->get(), dk_in->get(), dv_in->get(), mp, c.B, c.H, c.T, c.D,
+                         c.causal, scale, c.p, seed, offset, dt, kStream);
+        Vec ro(sz(n)), rlse(sz(rows));
+        kc::sdpa_forward(ro.data(), rlse.data(), q.data(), k.data(), v.data(), cmp, c.B, c.H, c.T, c.D, c.causal, scale,
+                         c.p, seed, offset);
+        const Vec go = download(*o, sz(n), dt);
+        // P is rounded to dt before P·V (as flash-attention does): a few ulps of dt on average.
+        expect_close("sdpa_forward O", go, ro,
+                     Tol{dt == DType::fp32 ? 1e-5 : 0.2 * eps(dt), eps(dt) + 16 * 0x1p-23, band(dt)});
+        expect_close("sdpa_forward lse", download(lse, sz(rows), DType::fp32), rlse, Tol{1e-5, 1e-5, 0.0});
 
-      const Vec dout = rand_vec(n, 224, dt);
-      const Vec qi = rand_vec(n, 225, dt, -0.01f, 0.01f), ki = rand_vec(n, 226, dt, -0.01f, 0.01f),
-                vi = rand_vec(n, 227, dt, -0.01f, 0.01f);
-      auto ddout = device(dout, dt);
-      Vec rdq = qi, rdk = ki, rdv = vi;
-      kc::sdpa_backward(rdq.data(), rdk.data(), rdv.data(), dout.data(), q.data(), k.data(), v.data(), rlse.data(),
-                        cmp, c.B, c.H, c.T, c.D, c.causal, scale, c.p, seed, offset);
-      std::vector<unsigned char> first[3];
-      for (int run = 0; run < 2; ++run) {
-        auto gdq = device(qi, dt), gdk = device(ki, dt), gdv = device(vi, dt);
-        kg::sdpa_backward(ctx, gdq->get(), gdk->get(), gdv->get(), ddout->get(), dq_in->get(), dk_in->get(),
-                          dv_in->get(), o->get(), lse.as<float>(), mp, c.B, c.H, c.T, c.D, c.causal, scale, c.p, seed,
-                          offset, dt, kStream);
-        if (run == 0) {
-          // dS is rounded to dt before its products, and O (in dt) gives the row terms.
-          const double b = dt == DType::fp32 ? 1e-4 : 2.0 * band(dt);
-          double floor = dt == DType::fp32 ? 1e-6 : 1e-4;
-          if (c.T == 1 && c.p == 0.0f) {
-            // A single key: P = 1 and O = V, so dS = dP − rowsum(dO∘O) vanishes in exact
-            // arithmetic and dQ = scale·dS·K, dK = scale·dS·Q are what rounding leaves: each
-            // of the two length-D fp32 dot products errs by at most γ_D·‖dO_row‖₁·max|V|
-            // (γ_D ≈ D·2^-24, Higham §3.1), so |dS| <= 2γ_D·‖dO_row‖₁·max|V| on each side, and
-            // GPU and CPU differ by at most twice scale·max|Q, K| times that. (On the H200 at
-            // D = 32 the fp32 difference was 3e-8 rms.)
-            const double gamma = static_cast<double>(c.D) * 0x1p-24;
-            floor = std::max(floor, 2.0 * 2.0 * gamma * static_cast<double>(scale) * std::max(max_abs(q), max_abs(k)) *
-                                        max_row_l1(dout, c.D) * max_abs(v));
+        const Vec dout = rand_vec(n, 224, dt);
+        const Vec qi = rand_vec(n, 225, dt, -0.01f, 0.01f), ki = rand_vec(n, 226, dt, -0.01f, 0.01f),
+                  vi = rand_vec(n, 227, dt, -0.01f, 0.01f);
+        auto ddout = device(dout, dt);
+        Vec rdq = qi, rdk = ki, rdv = vi;
+        kc::sdpa_backward(rdq.data(), rdk.data(), rdv.data(), dout.data(), q.data(), k.data(), v.data(), rlse.data(),
+                          cmp, c.B, c.H, c.T, c.D, c.causal, scale, c.p, seed, offset);
+        std::vector<unsigned char> first[3];
+        for (int run = 0; run < 2; ++run) {
+          auto gdq = device(qi, dt), gdk = device(ki, dt), gdv = device(vi, dt);
+          kg::sdpa_backward(ctx, gdq->get(), gdk->get(), gdv->get(), ddout->get(), dq_in->get(), dk_in->get(),
+                            dv_in->get(), o->get(), lse.as<float>(), mp, c.B, c.H, c.T, c.D, c.causal, scale, c.p, seed,
+                            offset, dt, kStream);
+          if (run == 0) {
+            // dS is rounded to dt before its products, and O (in dt) gives the row terms.
+            const double b = dt == DType::fp32 ? 1e-4 : 2.0 * band(dt);
+            double floor = dt == DType::fp32 ? 1e-6 : 1e-4;
+            if (c.T == 1 && c.p == 0.0f) {
+              // A single key: P = 1 and O = V, so dS = dP − rowsum(dO∘O) vanishes in exact
+              // arithmetic and dQ = scale·dS·K, dK = scale·dS·Q are what rounding leaves: each
+              // of the two length-D fp32 dot products errs by at most γ_D·‖dO_row‖₁·max|V|
+              // (γ_D ≈ D·2^-24, Higham §3.1), so |dS| <= 2γ_D·‖dO_row‖₁·max|V| on each side, and
+              // GPU and CPU differ by at most twice scale·max|Q, K| times that. (On the H200 at
+              // D = 32 the fp32 difference was 3e-8 rms.)
+              const double gamma = static_cast<double>(c.D) * 0x1p-24;
+              floor = std::max(floor, 2.0 * 2.0 * gamma * static_cast<double>(scale) * std::max(max_abs(q), max_abs(k)) *
+                                          max_row_l1(dout, c.D) * max_abs(v));
+            }
+            expect_added("sdpa_backward dq", download(*gdq, sz(n), dt), rdq, qi, b, floor, dt);
+            expect_added("sdpa_backward dk", download(*gdk, sz(n), dt), rdk, ki, b, floor, dt);
+            expect_added("sdpa_backward dv", download(*gdv, sz(n), dt), rdv, vi, b, floor, dt);
+            first[0] = bits(*gdq);
+            first[1] = bits(*gdk);
+            first[2] = bits(*gdv);
+          } else {
+            expect_equal_bits("sdpa_backward dq", first[0], bits(*gdq));
+            expect_equal_bits("sdpa_backward dk", first[1], bits(*gdk));
+            expect_equal_bits("sdpa_backward dv", first[2], bits(*gdv));
           }
-          expect_added("sdpa_backward dq", download(*gdq, sz(n), dt), rdq, qi, b, floor, dt);
-          expect_added("sdpa_backward dk", download(*gdk, sz(n), dt), rdk, ki, b, floor, dt);
-          expect_added("sdpa_backward dv", download(*gdv, sz(n), dt), rdv, vi, b, floor, dt);
-          first[0] = bits(*gdq);
-          first[1] = bits(*gdk);
-          first[2] = bits(*gdv);
-        } else {
-          expect_equal_bits("sdpa_backward dq", first[0], bits(*gdq));
-          expect_equal_bits("sdpa_backward dk", first[1], bits(*gdk));
-          expect_equal_bits("sdpa_backward dv", first[2], bits(*gdv));
         }
       }
-    }
+  }
+  CHECK_THROWS_AS([] {
+    kg::ContextOptions bad;
+    bad.sdpa_backward_chunk = 24;
+    kg::Context c(bad);
+  }(), std::invalid_argument);
   // Head dims the kernels are not built for are refused by name.
   Dev dummy(64);
   CHECK_FALSE(kg::sdpa_supports(48));
