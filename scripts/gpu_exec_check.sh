@@ -8,9 +8,8 @@
 #   products), then bench/gpu_vs_torch.sh (tokens/s beside PyTorch eager and torch.compile).
 #
 #   cmake --preset ci -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build --preset ci
-#   mkdir -p .gpu-bundle && cp build-ci/cli/zeroplan build-ci/tests/test_{kernels,exec}_cuda \
-#       build-ci/bench/zeroplan_bench_cuda .gpu-bundle/
-#   # on the GPU machine (libfmt copied into .gpu-bundle too if it lacks it):
+#   bash scripts/gpu_bundle.sh        # .gpu-bundle/bundle.tgz: the binaries and libfmt
+#   # on the GPU machine (the bundle is unpacked into .gpu-bundle when its binaries are not there):
 #   bash scripts/gpu_exec_check.sh [quick]
 #
 # ZEROPLAN_GPU_BIN=DIR (default .gpu-bundle) holds the binaries; logs go to $OUT (else
@@ -22,7 +21,9 @@ cd "$(dirname "$0")/.."
 BIN=$(cd "${ZEROPLAN_GPU_BIN:-.gpu-bundle}" && pwd)
 LOGS=${OUT:-$BIN/logs}
 mkdir -p "$LOGS"
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
+if [ ! -x "$BIN/zeroplan" ] && [ -f "$BIN/bundle.tgz" ]; then tar xzf "$BIN/bundle.tgz" -C "$BIN"; fi
+BUNDLE=$BIN
+. scripts/gpu_bundle_env.sh || exit 1
 export ZEROPLAN_BIN=$BIN/zeroplan OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi -L
 rc=0
@@ -37,7 +38,9 @@ grep -E "worst relative|ERROR|FAILED|test cases|assertions" "$LOGS/test_exec_cud
 if [ -x "$BIN/zeroplan_bench_cuda" ] && [ "${1:-}" != quick ]; then
   timeout 150 "$BIN/zeroplan_bench_cuda" > "$LOGS/bench_kernels_cuda.txt" 2>&1
   grep -E "ceiling|lm_head" "$LOGS/bench_kernels_cuda.txt"
-  timeout 120 python3 bench/torch_gemm_probe.py 2>&1 | tee "$LOGS/torch_gemm_probe.txt"
+  grep -E "sdpa (fwd|bwd) bf16|cross_entropy" "$LOGS/bench_kernels_cuda.txt"
+  (cd bench && timeout 120 python3 torch_gemm_probe.py && timeout 120 python3 torch_sdpa_probe.py) 2>&1 |
+    tee "$LOGS/torch_probes.txt"
 fi
 ZEROPLAN=$BIN/zeroplan timeout 300 bash bench/gpu_vs_torch.sh ${1:-} | tee "$LOGS/gpu_vs_torch.txt"
 exit $rc
