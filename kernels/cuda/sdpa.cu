@@ -328,6 +328,36 @@ __device__ __forceinline__ void score_tile(float (&s)[N][4], const float* mask_s
     }
 }
 
+// score_tile with its position checks and mask chosen per tile (both are uniform over it).
+template <int N>
+__device__ __forceinline__ void scores(float (&s)[N][4], bool edge, bool has_mask, const float* mask_s, int col0,
+                                       float scale, int k0, const int (&rows)[2], int T_, bool causal,
+                                       float (&mx)[2]) {
+  if (edge) {
+    if (has_mask) score_tile<true, true>(s, mask_s, col0, scale, k0, rows, T_, causal, mx);
+    else score_tile<true, false>(s, mask_s, col0, scale, k0, rows, T_, causal, mx);
+  } else {
+    if (has_mask) score_tile<false, true>(s, mask_s, col0, scale, k0, rows, T_, causal, mx);
+    else score_tile<false, false>(s, mask_s, col0, scale, k0, rows, T_, causal, mx);
+  }
+}
+
+// The forward's and dQ's copies of key tile kb: K and V into buffer kb % S of `kvs` ([S][K, V]
+// tiles) by cp.async (committed as one group), the keys' mask floats into mask_s[kb % S].
+template <class T, int D, int S>
+__device__ __forceinline__ void issue_kv(T* kvs, float* mask_s, const T* k, const T* v, const T* mask,
+                                         std::int64_t head, std::int64_t b, int kb, const Args& args) {
+  constexpr int LD = kLd<T, D>;
+  const int k0 = kb * kTile, T_ = static_cast<int>(args.T);
+  T* ks = kvs + (kb % S) * 2 * kTile * LD;
+  load_tile_async<T, D>(ks, k + head, k0, T_, args.vec);
+  load_tile_async<T, D>(ks + kTile * LD, v + head, k0, T_, args.vec);
+  cp_async_commit();
+  if (mask != nullptr)
+    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
+      mask_s[(kb % S) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
+}
+
 // ------------------------------------------------------------------ forward
 // Block (head x, query tile y); warp w owns rows q0 + 16w .. q0 + 16w + 15. Online softmax
 // over 64-key tiles: running max m and sum l per row, O rescaled when the max moves.
@@ -348,16 +378,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
   const int q0 = tile_of_block(true, args.causal) * kTile;
   const std::int64_t head = bh * args.T * D;
   const bool has_mask = mask != nullptr;
-  auto issue = [&](int kb) {  // K, V and the mask of key tile kb into buffer kb % S
-    const int k0 = kb * kTile;
-    T* ks = kvs + (kb % S) * 2 * kTile * LD;
-    load_tile_async<T, D>(ks, k + head, k0, T_, args.vec);
-    load_tile_async<T, D>(ks + kTile * LD, v + head, k0, T_, args.vec);
-    cp_async_commit();
-    if (has_mask)
-      for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
-        mask_s[(kb % S) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
-  };
+  auto issue = [&](int kb) { issue_kv<T, D, S>(kvs, mask_s, k, v, mask, head, b, kb, args); };
   const int key_end = args.causal ? min(q0 + kTile, T_) : T_;
   const int tiles = (key_end + kTile - 1) / kTile;
   issue(0);
@@ -402,13 +423,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 
     float mx[2] = {-INFINITY, -INFINITY};
     const bool edge = (args.causal && k0 + kTile > q0) || k0 + kTile > T_;
-    if (edge) {
-      if (has_mask) score_tile<true, true>(s, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
-      else score_tile<true, false>(s, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
-    } else {
-      if (has_mask) score_tile<false, true>(s, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
-      else score_tile<false, false>(s, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
-    }
+    scores(s, edge, has_mask, mk, 0, args.scale, k0, rows, T_, args.causal, mx);
     float alpha[2], mu[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -537,16 +552,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
   // bf16 and fp32 apply the scale once to the sums; fp16 keeps it in dS, whose range it
   // needs (unscaled, dS is 1/scale larger and would overflow 65504 sooner).
   const float ds_scale = DsScaled<T> ? args.scale : 1.0f, sum_scale = DsScaled<T> ? 1.0f : args.scale;
-  auto issue = [&](int kb) {
-    const int k0 = kb * kTile;
-    T* ks = kvs + (kb % S) * 2 * kTile * LD;
-    load_tile_async<T, D>(ks, k + head, k0, T_, args.vec);
-    load_tile_async<T, D>(ks + kTile * LD, v + head, k0, T_, args.vec);
-    cp_async_commit();
-    if (has_mask)
-      for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x))
-        mask_s[(kb % S) * kTile + c] = k0 + c < T_ ? to_float(mask[b * args.T + k0 + c]) : 0.0f;
-  };
+  auto issue = [&](int kb) { issue_kv<T, D, S>(kvs, mask_s, k, v, mask, head, b, kb, args); };
   const int key_end = args.causal ? min(q0 + kTile, T_) : T_;
   const int tiles = (key_end + kTile - 1) / kTile;
   issue(0);
@@ -609,13 +615,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
       }
       // Scores (−inf where masked out), then dS in place of S.
       float unused[2] = {-INFINITY, -INFINITY};
-      if (edge) {
-        if (has_mask) score_tile<true, true>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
-        else score_tile<true, false>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
-      } else {
-        if (has_mask) score_tile<false, true>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
-        else score_tile<false, false>(s, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
-      }
+      scores(s, edge, has_mask, mk, kc, args.scale, k0, rows, T_, args.causal, unused);
       if (args.p > 0.0f) {
 #pragma unroll
         for (int kg = 0; kg < NC / 2; ++kg) {  // the step's 16-key groups: n-tiles 2kg, 2kg + 1
