@@ -148,6 +148,17 @@ __device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], 
   mma16816<T>(c, a[0], a[1], a[2], a[3], b0, b1);
 }
 
+// c0 += a · (the first 8 columns of the 16 × 16 B block at s), c1 += a · (the next 8): B
+// stored [n][k] (NK: rows of K, V, Q or dO against their transpose) or [k][n].
+template <class T, bool NK>
+__device__ __forceinline__ void mma2(float (&c0)[4], float (&c1)[4], const std::uint32_t (&a)[4], const T* s, int ld) {
+  std::uint32_t b[4];
+  if constexpr (NK) frag_b_nk2(b, s, ld);
+  else frag_b_kn2(b, s, ld);
+  mma<T>(c0, a, b[0], b[1]);
+  mma<T>(c1, a, b[2], b[3]);
+}
+
 // ------------------------------------------------------------------ helpers
 // s[r][0, D) = g[(row0 + r)·D + ...] for r < kTile, zeros past the sequence's end.
 template <class T, int D>
@@ -410,10 +421,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
 #pragma unroll
       for (int nt = 0; nt < 8; nt += 2) {
         if constexpr (kTensor<T>) {
-          std::uint32_t bf[4];
-          frag_b_nk2(bf, ks + (nt * 8) * LD + kk * 16, LD);
-          mma<T>(s[nt], qf[kk], bf[0], bf[1]);
-          mma<T>(s[nt + 1], qf[kk], bf[2], bf[3]);
+          mma2<T, true>(s[nt], s[nt + 1], qf[kk], ks + (nt * 8) * LD + kk * 16, LD);
         } else {
 #pragma unroll
           for (int n2 = nt; n2 < nt + 2; ++n2)
@@ -470,10 +478,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_forward_kernel(T* __restrict__ 
         c_to_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
         for (int nt = 0; nt < NT; nt += 2) {
-          std::uint32_t bf[4];
-          frag_b_kn2(bf, vs + (kk * 16) * LD + nt * 8, LD);
-          mma<T>(acc[nt], pa, bf[0], bf[1]);
-          mma<T>(acc[nt + 1], pa, bf[2], bf[3]);
+          mma2<T, false>(acc[nt], acc[nt + 1], pa, vs + (kk * 16) * LD + nt * 8, LD);
         }
       }
     } else {
@@ -597,13 +602,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
         if constexpr (kTensor<T>) {
 #pragma unroll
           for (int nt = 0; nt < NC; nt += 2) {
-            std::uint32_t bf[4];
-            frag_b_nk2(bf, ks + (kc + nt * 8) * LD + kk * 16, LD);
-            mma<T>(s[nt], qf[kk], bf[0], bf[1]);
-            mma<T>(s[nt + 1], qf[kk], bf[2], bf[3]);
-            frag_b_nk2(bf, vs + (kc + nt * 8) * LD + kk * 16, LD);
-            mma<T>(dp[nt], dof[kk], bf[0], bf[1]);
-            mma<T>(dp[nt + 1], dof[kk], bf[2], bf[3]);
+            mma2<T, true>(s[nt], s[nt + 1], qf[kk], ks + (kc + nt * 8) * LD + kk * 16, LD);
+            mma2<T, true>(dp[nt], dp[nt + 1], dof[kk], vs + (kc + nt * 8) * LD + kk * 16, LD);
           }
         } else {
 #pragma unroll
@@ -645,10 +645,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
           c_to_a<T>(da, s[2 * kg], s[2 * kg + 1]);
 #pragma unroll
           for (int nt = 0; nt < NT; nt += 2) {
-            std::uint32_t bf[4];
-            frag_b_kn2(bf, ks + (kc + kg * 16) * LD + nt * 8, LD);
-            mma<T>(acc[nt], da, bf[0], bf[1]);
-            mma<T>(acc[nt + 1], da, bf[2], bf[3]);
+            mma2<T, false>(acc[nt], acc[nt + 1], da, ks + (kc + kg * 16) * LD + nt * 8, LD);
           }
         }
       } else {
@@ -775,13 +772,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
           }
 #pragma unroll
           for (int nt = 0; nt < NC; nt += 2) {
-            std::uint32_t bf[4];
-            frag_b_nk2(bf, qs + (qc + nt * 8) * LD + kk * 16, LD);
-            mma<T>(st[nt], ka, bf[0], bf[1]);
-            mma<T>(st[nt + 1], ka, bf[2], bf[3]);
-            frag_b_nk2(bf, dos + (qc + nt * 8) * LD + kk * 16, LD);
-            mma<T>(dpt[nt], va, bf[0], bf[1]);
-            mma<T>(dpt[nt + 1], va, bf[2], bf[3]);
+            mma2<T, true>(st[nt], st[nt + 1], ka, qs + (qc + nt * 8) * LD + kk * 16, LD);
+            mma2<T, true>(dpt[nt], dpt[nt + 1], va, dos + (qc + nt * 8) * LD + kk * 16, LD);
           }
         } else {
 #pragma unroll
@@ -834,13 +826,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
           c_to_a<T>(da, dpt[2 * qg], dpt[2 * qg + 1]);
 #pragma unroll
           for (int nt = 0; nt < NT; nt += 2) {
-            std::uint32_t bf[4];
-            frag_b_kn2(bf, dos + (qc + qg * 16) * LD + nt * 8, LD);
-            mma<T>(dv_acc[nt], pa, bf[0], bf[1]);
-            mma<T>(dv_acc[nt + 1], pa, bf[2], bf[3]);
-            frag_b_kn2(bf, qs + (qc + qg * 16) * LD + nt * 8, LD);
-            mma<T>(dk_acc[nt], da, bf[0], bf[1]);
-            mma<T>(dk_acc[nt + 1], da, bf[2], bf[3]);
+            mma2<T, false>(dv_acc[nt], dv_acc[nt + 1], pa, dos + (qc + qg * 16) * LD + nt * 8, LD);
+            mma2<T, false>(dk_acc[nt], dk_acc[nt + 1], da, qs + (qc + qg * 16) * LD + nt * 8, LD);
           }
         }
       } else {
