@@ -1,3 +1,7 @@
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "kernels/common/philox.hpp"
@@ -883,12 +887,20 @@ void allow_smem(K kernel, std::size_t bytes) {
   ZP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// Shared memory a block may opt into on the current device.
+// Shared memory a block may opt into on the current device, or less: ZEROPLAN_SDPA_SMEM_LIMIT
+// (bytes) stands in for a GPU with less (the tests run the one-buffer kernels on Hopper so).
 std::size_t smem_optin() {
   int dev = 0, bytes = 0;
   ZP_CUDA_CHECK(cudaGetDevice(&dev));
   ZP_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return static_cast<std::size_t>(bytes);
+  auto limit = static_cast<std::size_t>(bytes);
+  if (const char* cap = std::getenv("ZEROPLAN_SDPA_SMEM_LIMIT"); cap != nullptr && *cap != '\0') {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(cap, &end, 10);
+    if (*end != '\0') throw std::invalid_argument(std::string("ZEROPLAN_SDPA_SMEM_LIMIT is '") + cap + "', not a byte count");
+    limit = std::min<std::size_t>(limit, static_cast<std::size_t>(v));
+  }
+  return limit;
 }
 
 // f(std::integral_constant<int, S>) with two tile buffers where their `double_bytes` of shared

@@ -13,6 +13,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <string>
@@ -1472,6 +1473,44 @@ TEST_CASE("sdpa: flash forward (O, logsumexp) and deterministic backward against
   CHECK_THROWS_AS(kg::sdpa_forward(dummy.get(), dummy.as<float>(), dummy.get(), dummy.get(), dummy.get(), nullptr, 1, 1,
                                    1, 48, false, 1.0f, 0.0f, 0, 0, DType::bf16, kStream),
                   std::invalid_argument);
+}
+
+// Where two tile buffers do not fit a block (a GPU with 99 KB per block: sm_86, sm_89,
+// sm_120; fp32 on A100), the kernels stream through one: the same products in the same order.
+// ZEROPLAN_SDPA_SMEM_LIMIT stands in for such a GPU.
+TEST_CASE("sdpa: the one-buffer kernels give the two-buffer kernels' bits (head dim 128; fp32 at 64)") {
+  kg::Context ctx;
+  struct Case {
+    DType dt;
+    std::int64_t D;
+  };
+  for (const Case c : {Case{DType::bf16, 128}, Case{DType::fp16, 128}, Case{DType::fp32, 64}, Case{DType::fp32, 128}}) {
+    CAPTURE(dtype_str(c.dt));
+    CAPTURE(c.D);
+    const std::int64_t B = 1, H = 2, T = 150, n = B * H * T * c.D;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+    auto q = device(rand_vec(n, 301, c.dt, -2.0f, 2.0f), c.dt), k = device(rand_vec(n, 302, c.dt, -2.0f, 2.0f), c.dt),
+         v = device(rand_vec(n, 303, c.dt), c.dt), dout = device(rand_vec(n, 304, c.dt), c.dt);
+    std::vector<unsigned char> out[2][5];
+    for (int single = 0; single < 2; ++single) {
+      if (single != 0) ::setenv("ZEROPLAN_SDPA_SMEM_LIMIT", "101376", 1);
+      auto o = output(sz(n), c.dt);
+      Dev lse(sz(B * H * T) * 4);
+      kg::sdpa_forward(o->get(), lse.as<float>(), q->get(), k->get(), v->get(), nullptr, B, H, T, c.D, true, scale, 0.1f,
+                       11, 0, c.dt, kStream);
+      auto dq = device(Vec(sz(n), 0.0f), c.dt), dk = device(Vec(sz(n), 0.0f), c.dt), dv = device(Vec(sz(n), 0.0f), c.dt);
+      kg::sdpa_backward(ctx, dq->get(), dk->get(), dv->get(), dout->get(), q->get(), k->get(), v->get(), o->get(),
+                        lse.as<float>(), nullptr, B, H, T, c.D, true, scale, 0.1f, 11, 0, c.dt, kStream);
+      out[single][0] = bits(*o);
+      out[single][1] = bits(lse);
+      out[single][2] = bits(*dq);
+      out[single][3] = bits(*dk);
+      out[single][4] = bits(*dv);
+      ::unsetenv("ZEROPLAN_SDPA_SMEM_LIMIT");
+    }
+    const char* names[] = {"O", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; ++i) expect_equal_bits(names[i], out[0][i], out[1][i]);
+  }
 }
 
 TEST_CASE("kernels refuse storage dtypes other than fp32, bf16, fp16 by name") {
