@@ -877,16 +877,22 @@ TEST_CASE("RMSNorm: HF's decomposition (rms_rsqrt, mul_rowscale, mul_weight) and
 // ------------------------------------------------------------------------------------
 TEST_CASE("cross entropy: fused forward (mean loss, lse) and backward, ignored rows, in place, deterministic") {
   kg::Context ctx;
+  // Rows in 16-byte groups from each row's first boundary when the logits and their gradient
+  // are congruent modulo 16 bytes (aligned, or both 2 elements past), element by element when
+  // not (logits 2 elements past, the gradient aligned); rows narrower than a group.
   for (DType dt : kDtypes)
-    for (std::int64_t V : {std::int64_t{1024}, std::int64_t{50257}}) {
+    for (std::int64_t V : {std::int64_t{5}, std::int64_t{1024}, std::int64_t{50257}})
+    for (int layout = 0; layout < 3; ++layout) {
       CAPTURE(dtype_str(dt));
       CAPTURE(V);
+      CAPTURE(layout);
+      const std::size_t two = 2 * sz(dtype_size(dt)), xo = layout == 0 ? 0 : two, go = layout == 1 ? two : 0;
       const std::int64_t N = 19;
       const Vec x = rand_vec(N * V, 141, dt, -6.0f, 6.0f);
       std::vector<std::int64_t> tg(sz(N));
       for (std::int64_t i = 0; i < N; ++i)
         tg[sz(i)] = i % 5 == 2 ? kc::kIgnoreIndex : static_cast<std::int64_t>(kc::random_u32(142, sz(i)) % V);
-      auto dxin = device(x, dt);
+      auto dxin = device(x, dt, xo);
       auto dtg = device_raw(tg);
       Dev loss(4), loss2(4), lse(sz(N) * 4);
       loss.poison();
@@ -905,7 +911,7 @@ TEST_CASE("cross entropy: fused forward (mean loss, lse) and backward, ignored r
         for (bool acc : {false, true}) {
           CAPTURE(with_lse);
           CAPTURE(acc);
-          auto g = acc ? device(init, dt) : output(x.size(), dt);
+          auto g = acc ? device(init, dt, go) : output(x.size(), dt, go);
           kg::cross_entropy_backward(ctx, g->get(), dxin->get(), with_lse ? lse.as<float>() : nullptr,
                                      dtg->as<std::int64_t>(), N, V, 0.7f, acc, kg::kIgnoreIndex, dt, kStream);
           Vec r = acc ? init : Vec(x.size());
@@ -913,7 +919,7 @@ TEST_CASE("cross entropy: fused forward (mean loss, lse) and backward, ignored r
           expect_close("cross_entropy_backward", download(*g, r.size(), dt), r, tol_math(dt, 1e-8));
         }
       // In place: dlogits over the logits themselves.
-      auto inplace = device(x, dt);
+      auto inplace = device(x, dt, xo);
       kg::cross_entropy_backward(ctx, inplace->get(), inplace->get(), lse.as<float>(), dtg->as<std::int64_t>(), N, V,
                                  0.7f, false, kg::kIgnoreIndex, dt, kStream);
       Vec r(x.size());
