@@ -53,12 +53,15 @@ struct Context::Impl {
   bool allow_tf32 = false;
   double staged_min_work = 0.0;
   int sdpa_backward_chunk = 16;
+  bool sdpa_backward_one_pass = false;
   std::uint64_t staged_products = 0;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   void* scratch = nullptr;
   std::size_t scratch_bytes = 0;
+  void* buffer = nullptr;
+  std::size_t buffer_bytes = 0;
   std::map<MatmulKey, MatmulPlan> plans;
   ~Impl();
 };

@@ -35,6 +35,7 @@ Context::Impl::~Impl() {
   if (lt != nullptr) cublasLtDestroy(lt);
   if (workspace != nullptr) cudaFree(workspace);
   if (scratch != nullptr) cudaFree(scratch);
+  if (buffer != nullptr) cudaFree(buffer);
 }
 
 Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()) {
@@ -47,6 +48,7 @@ Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()
     throw std::invalid_argument("ContextOptions::sdpa_backward_chunk is " + std::to_string(options.sdpa_backward_chunk) +
                                 "; allowed: 16, 32");
   s.sdpa_backward_chunk = options.sdpa_backward_chunk;
+  s.sdpa_backward_one_pass = options.sdpa_backward_one_pass;
   ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
   if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
   s.workspace_bytes = options.blas_workspace_bytes;
@@ -58,11 +60,28 @@ Context::~Context() = default;
 
 int Context::device() const { return impl_->device; }
 int Context::sm_count() const { return impl_->sm_count; }
-std::size_t Context::device_bytes() const { return impl_->workspace_bytes + impl_->scratch_bytes; }
+std::size_t Context::device_bytes() const {
+  return impl_->workspace_bytes + impl_->scratch_bytes + impl_->buffer_bytes;
+}
 std::size_t Context::scratch_bytes() const { return impl_->scratch_bytes; }
 bool Context::allow_tf32() const { return impl_->allow_tf32; }
 std::uint64_t Context::staged_products() const { return impl_->staged_products; }
 int Context::sdpa_backward_chunk() const { return impl_->sdpa_backward_chunk; }
+bool Context::sdpa_backward_one_pass() const { return impl_->sdpa_backward_one_pass; }
+
+void* Context::buffer(std::size_t bytes) {
+  Impl& s = *impl_;
+  if (bytes > s.buffer_bytes) {
+    if (s.buffer != nullptr) {
+      ZP_CUDA_CHECK(cudaFree(s.buffer));  // synchronises: no queued kernel still uses it
+      s.buffer = nullptr;
+      s.buffer_bytes = 0;
+    }
+    ZP_CUDA_CHECK(cudaMalloc(&s.buffer, bytes));
+    s.buffer_bytes = bytes;
+  }
+  return s.buffer;
+}
 
 void* Context::scratch(std::size_t bytes, const char* what) {
   if (bytes > impl_->scratch_bytes)

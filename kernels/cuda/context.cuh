@@ -26,6 +26,11 @@ struct ContextOptions {
   // Positions per inner step of the 16-bit attention backward (kernels/cuda/sdpa.cu): 16 or
   // 32 (twice the independent products per step for twice the registers). fp32 always 16.
   int sdpa_backward_chunk = 16;
+  // The 16-bit attention backward at head dims up to 64 in one pass: dQ summed from the dK/dV
+  // kernel's dS in a fixed order (the key tiles ascending, through a counter per query tile)
+  // in an fp32 buffer of the Context (B·H·T·D floats), instead of a second kernel recomputing
+  // S and dP. Deterministic, but not the two-pass kernels' bits for dQ.
+  bool sdpa_backward_one_pass = false;
 };
 
 class Context {
@@ -42,10 +47,14 @@ class Context {
   bool allow_tf32() const;
   std::uint64_t staged_products() const;  // products run in staged pieces so far
   int sdpa_backward_chunk() const;
+  bool sdpa_backward_one_pass() const;
 
   // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
   // than scratch_bytes()). Valid until the next launcher that takes this Context runs.
   void* scratch(std::size_t bytes, const char* what);
+  // A second area, grown (freed and allocated again, synchronising the device) when a launcher
+  // needs more than it holds; counted in device_bytes(). Valid until the next call.
+  void* buffer(std::size_t bytes);
 
   struct Impl;  // cuBLASLt state (kernels/cuda/blas.cuh)
   Impl& impl() { return *impl_; }

@@ -123,6 +123,19 @@ __device__ __forceinline__ void frag_b_kn2(std::uint32_t (&r)[4], const T* s, in
                : "memory");
 }
 
+// The A fragment of the 16 (m) × 16 (k) block stored [k][m] at s (dS of 16 queries × 16 keys
+// where it is stored key-major): four 8 × 8 matrices, transposed on the way.
+template <class T>
+__device__ __forceinline__ void frag_a_trans(std::uint32_t (&a)[4], const T* s, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31), mi = lane >> 3;
+  const T* row = s + ((mi >> 1) * 8 + (lane & 7)) * ld + (mi & 1) * 8;
+  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr)
+               : "memory");
+}
+
 // Two fp32 values rounded to T and packed (lo in the low half), as an mma operand register.
 template <class T>
 __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
@@ -293,6 +306,12 @@ template <class T, int D, int S>
 constexpr std::size_t kDkDvSmem = 2 * S * kTile * sizeof(float) +
                                   ((2 + 2 * S) * kTile * kLd<T, D> + (kTensor<T> ? 0 : kWarps * 2 * 16 * kCLd<T>)) *
                                       sizeof(T);
+
+// The one-pass backward's dSᵀ tile (64 keys × 64 queries, key-major), after the dK/dV kernel's.
+template <class T>
+constexpr int kDsLd = kTile + kPad<T>;
+template <class T>
+constexpr std::size_t kDsSmem = kTile * kDsLd<T> * sizeof(T);
 
 // The top of a pipelined loop over tiles first .. tiles - 1: with two buffers, tile kb + 1's
 // copies are issued and tile kb's awaited; with one, tile kb's are issued (the previous
@@ -682,15 +701,17 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
 // dK, dV: block (head x, key tile y), warp w owns 16 key rows; over 64-query tiles in
 // 16-query steps: Sᵀ and dPᵀ recomputed with the keys as rows, dV += (P ∘ keep)ᵀ dO,
 // dK += scale · dSᵀ Q (the scale applied once to the sum, or to dS in fp16).
-template <class T, int D, int S, int C>
+template <class T, int D, int S, int C, bool OnePass>
 __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv,
                                                             const T* __restrict__ dout, const T* __restrict__ q,
                                                             const T* __restrict__ k, const T* __restrict__ v,
                                                             const float* __restrict__ lse,
                                                             const float* __restrict__ dvec,
-                                                            const T* __restrict__ mask, Args args) {
-  constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16, NC = C / 8;
+                                                            const T* __restrict__ mask, Args args,
+                                                            float* __restrict__ dq_acc, unsigned* __restrict__ sem) {
+  constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16, NC = C / 8, DLD = kDsLd<T>;
   static_assert(C == kChunk || (kTensor<T> && C == 2 * kChunk), "steps of 16, or 32 on the tensor cores");
+  static_assert(!OnePass || (kTensor<T> && D <= 64), "one pass: 16-bit, head dims up to 64");
   // The block's own K and V as A fragments in registers, where registers allow.
   constexpr bool kCache = kTensor<T> && D <= 64;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -700,6 +721,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
   T* qdos = vs + kTile * LD;  // [S][Q, dO]
   [[maybe_unused]] T* ptw = qdos + 2 * S * kTile * LD + (threadIdx.x >> 5) * 2 * 16 * CLD;  // fp32 path: Pᵀ, dSᵀ
   [[maybe_unused]] T* dstw = ptw + 16 * CLD;
+  [[maybe_unused]] T* dsts = qdos + 2 * S * kTile * LD;  // one pass: the tile's dSᵀ [key][query]
   const int warp = static_cast<int>(threadIdx.x >> 5), g = lane_g(), t = lane_t();
   const int T_ = static_cast<int>(args.T);
   const std::int64_t bh = blockIdx.x, b = bh / args.H;
@@ -754,7 +776,12 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
     // Only a tile on the diagonal or at the sequence's end checks positions.
     const bool edge = (args.causal && q0 < k0 + kTile) || q0 + kTile > T_ || k0 + kTile > T_;
     for (int qc = 0; qc < kTile; qc += C) {
-      if (args.causal && k0 + warp * 16 > q0 + qc + C - 1) continue;  // every key after every query of the step
+      if (args.causal && k0 + warp * 16 > q0 + qc + C - 1) {  // every key after every query of the step
+        if constexpr (OnePass)  // dSᵀ is 0 there
+          for (int w = static_cast<int>(threadIdx.x & 31); w < 16 * C / 2; w += 32)
+            *reinterpret_cast<std::uint32_t*>(dsts + (warp * 16 + w / (C / 2)) * DLD + qc + 2 * (w % (C / 2))) = 0u;
+        continue;
+      }
       float st[NC][4], dpt[NC][4];
 #pragma unroll
       for (int nt = 0; nt < NC; ++nt)
@@ -833,6 +860,13 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
             mma2<T, false>(dv_acc[nt], dv_acc[nt + 1], pa, dos + (qc + qg * 16) * LD + nt * 8, LD);
             mma2<T, false>(dk_acc[nt], dk_acc[nt + 1], da, qs + (qc + qg * 16) * LD + nt * 8, LD);
           }
+          if constexpr (OnePass) {  // dSᵀ as the A fragment holds it: keys g, g + 8; queries 2t, 2t + 8
+            T* at = dsts + (warp * 16 + g) * DLD + qc + qg * 16 + 2 * t;
+            *reinterpret_cast<std::uint32_t*>(at) = da[0];
+            *reinterpret_cast<std::uint32_t*>(at + 8 * DLD) = da[1];
+            *reinterpret_cast<std::uint32_t*>(at + 8) = da[2];
+            *reinterpret_cast<std::uint32_t*>(at + 8 * DLD + 8) = da[3];
+          }
         }
       } else {
 #pragma unroll
@@ -852,6 +886,53 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
         __syncwarp();
       }
     }
+    if constexpr (OnePass) {
+      // dQ of this query tile from every warp's dSᵀ: warp w the queries q0 + 16w .. + 15, over
+      // the tile's 64 keys, added to the fp32 sum in the key tiles' order (this block is
+      // contributor k0 / 64 of query tile qb: tile 0 writes, the others wait their turn). In
+      // two halves of D, to hold half the accumulators.
+      __syncthreads();
+      const unsigned turn = static_cast<unsigned>(k0 / kTile);
+      unsigned* counter = sem + bh * tiles + qb;
+      if (threadIdx.x == 0) {
+        while (*static_cast<volatile unsigned*>(counter) != turn) __nanosleep(64);
+        __threadfence();
+      }
+      __syncthreads();
+      constexpr int NH = NT / 2 > 2 ? NT / 2 : NT;  // n-tiles per half (whole pairs)
+#pragma unroll
+      for (int n0 = 0; n0 < NT; n0 += NH) {
+        float qacc[NH][4];
+#pragma unroll
+        for (int nt = 0; nt < NH; ++nt) qacc[nt][0] = qacc[nt][1] = qacc[nt][2] = qacc[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; ++kk) {
+          std::uint32_t a[4];
+          frag_a_trans(a, dsts + (kk * 16) * DLD + warp * 16, DLD);
+#pragma unroll
+          for (int nt = 0; nt < NH; nt += 2)
+            mma2<T, false>(qacc[nt], qacc[nt + 1], a, ks + (kk * 16) * LD + (n0 + nt) * 8, LD);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = q0 + warp * 16 + g + 8 * half;
+          if (i >= T_) continue;
+#pragma unroll
+          for (int nt = 0; nt < NH; ++nt) {
+            auto* at = reinterpret_cast<float2*>(dq_acc + (bh * args.T + i) * D + (n0 + nt) * 8 + 2 * t);
+            float2 v = make_float2(qacc[nt][2 * half], qacc[nt][2 * half + 1]);
+            if (turn != 0) {  // from L2, not this SM's L1: another block wrote it
+              const float2 o = __ldcg(at);
+              v = make_float2(o.x + v.x, o.y + v.y);
+            }
+            __stcg(at, v);
+          }
+        }
+      }
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) atomicAdd(counter, 1u);
+    }
     __syncthreads();  // buffer qb % S is free for tile qb + S
   }
 #pragma unroll
@@ -867,6 +948,14 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
         dv[at] = from_float<T>(to_float(dv[at]) + dv_acc[nt][2 * half + e2]);
       }
   }
+}
+
+// The one-pass backward's last step: dq += (scale ·) the fp32 dQ sums, rounded once.
+template <class T>
+__global__ void dq_finish_kernel(T* __restrict__ dq, const float* __restrict__ acc, std::int64_t n, float scale) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    dq[i] = from_float<T>(to_float(dq[i]) + scale * acc[i]);
 }
 
 // ------------------------------------------------------------------ launch
@@ -999,10 +1088,42 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
           dvec, static_cast<const E*>(dout), static_cast<const E*>(o), rows);
       ZP_CUDA_CHECK_LAUNCH("row_terms_kernel");
 
-      // Backward steps of 16 positions, or 32 on the tensor cores when the Context asks.
+      // Backward steps of 16 positions, or 32 on the tensor cores when the Context asks; in one
+      // pass (dQ from the dK/dV kernel's dS) when it asks and the kernels have one.
       constexpr std::size_t dq_double = kDqSmem<E, Dc, 2>, dkdv_double = kDkDvSmem<E, Dc, 2>;
+      auto dkdv_kernel = [&](auto chunk, auto one_pass, float* dq_acc, unsigned* sem) {
+        constexpr int C = decltype(chunk)::value;
+        constexpr bool OnePass = decltype(one_pass)::value;
+        with_stages<dkdv_double + (OnePass ? kDsSmem<E> : 0)>([&](auto stages) {
+          constexpr int S = decltype(stages)::value;
+          const std::size_t bytes = kDkDvSmem<E, Dc, S> + (OnePass ? kDsSmem<E> : 0);
+          allow_smem(sdpa_dkdv_kernel<E, Dc, S, C, OnePass>, bytes);
+          sdpa_dkdv_kernel<E, Dc, S, C, OnePass><<<grid, kThreads, bytes, stream>>>(
+              static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
+              static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args, dq_acc,
+              sem);
+          ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
+        });
+      };
       auto run = [&](auto chunk) {
         constexpr int C = decltype(chunk)::value;
+        if constexpr (kTensor<E> && Dc <= 64) {
+          if (ctx.sdpa_backward_one_pass()) {
+            // The counters (one per (batch, head, query tile)), then the fp32 dQ sums.
+            const std::int64_t tiles = (T + kTile - 1) / kTile;
+            const std::size_t sem_bytes = static_cast<std::size_t>(detail::ceil_div(B * H * tiles * 4, 256) * 256);
+            char* area = static_cast<char*>(ctx.buffer(sem_bytes + static_cast<std::size_t>(B * H * T * Dc) * 4));
+            auto* sem = reinterpret_cast<unsigned*>(area);
+            auto* dq_acc = reinterpret_cast<float*>(area + sem_bytes);
+            ZP_CUDA_CHECK(cudaMemsetAsync(sem, 0, sem_bytes, stream));
+            dkdv_kernel(chunk, std::true_type{}, dq_acc, sem);
+            const std::int64_t n = B * H * T * Dc;
+            dq_finish_kernel<E><<<detail::grid_for(n, 256), 256, 0, stream>>>(static_cast<E*>(dq), dq_acc, n,
+                                                                                DsScaled<E> ? 1.0f : scale);
+            ZP_CUDA_CHECK_LAUNCH("dq_finish_kernel");
+            return;
+          }
+        }
         with_stages<dq_double>([&](auto stages) {
           constexpr int S = decltype(stages)::value;
           const std::size_t bytes = kDqSmem<E, Dc, S>;
@@ -1012,15 +1133,7 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
               static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
           ZP_CUDA_CHECK_LAUNCH("sdpa_dq_kernel");
         });
-        with_stages<dkdv_double>([&](auto stages) {
-          constexpr int S = decltype(stages)::value;
-          const std::size_t bytes = kDkDvSmem<E, Dc, S>;
-          allow_smem(sdpa_dkdv_kernel<E, Dc, S, C>, bytes);
-          sdpa_dkdv_kernel<E, Dc, S, C><<<grid, kThreads, bytes, stream>>>(
-              static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
-              static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args);
-          ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
-        });
+        dkdv_kernel(chunk, std::false_type{}, nullptr, nullptr);
       };
       if constexpr (kTensor<E>) {
         if (ctx.sdpa_backward_chunk() == 2 * kChunk) {
