@@ -96,6 +96,23 @@ __device__ __forceinline__ void frag_a(std::uint32_t (&a)[4], const T* s, int ld
   a[3] = ld32(s + (g + 8) * ld + 2 * t + 8);
 }
 
+// Four 8 × 8 matrices of 16-bit elements from shared memory, each lane giving the address of
+// one row (lanes 8i .. 8i + 7: matrix i), transposed on the way when Trans.
+template <bool Trans, class T>
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const T* row) {
+  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 // B fragments of two adjacent 16 (k) × 8 (n) blocks stored [n][k] at s (16 rows of K, V, Q
 // or dO): the first n-tile's in r[0], r[1], the next's in r[2], r[3]; one ldmatrix for what
 // would take two 32-bit loads per n-tile and lane.
@@ -103,11 +120,7 @@ template <class T>
 __device__ __forceinline__ void frag_b_nk2(std::uint32_t (&r)[4], const T* s, int ld) {
   const int lane = static_cast<int>(threadIdx.x & 31), mi = lane >> 3;
   const T* row = s + ((mi >> 1) * 8 + (lane & 7)) * ld + (mi & 1) * 8;
-  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
+  ldmatrix_x4<false>(r, row);
 }
 
 // B fragments of two adjacent 16 (k) × 8 (n) blocks stored [k][n] at s: the first in r[0],
@@ -116,11 +129,7 @@ template <class T>
 __device__ __forceinline__ void frag_b_kn2(std::uint32_t (&r)[4], const T* s, int ld) {
   const int lane = static_cast<int>(threadIdx.x & 31), mi = lane >> 3;
   const T* row = s + ((mi & 1) * 8 + (lane & 7)) * ld + (mi >> 1) * 8;
-  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
+  ldmatrix_x4<true>(r, row);
 }
 
 // The A fragment of the 16 (m) × 16 (k) block stored [k][m] at s (dS of 16 queries × 16 keys
@@ -129,11 +138,7 @@ template <class T>
 __device__ __forceinline__ void frag_a_trans(std::uint32_t (&a)[4], const T* s, int ld) {
   const int lane = static_cast<int>(threadIdx.x & 31), mi = lane >> 3;
   const T* row = s + ((mi >> 1) * 8 + (lane & 7)) * ld + (mi & 1) * 8;
-  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr)
-               : "memory");
+  ldmatrix_x4<true>(a, row);
 }
 
 // Two fp32 values rounded to T and packed (lo in the low half), as an mma operand register.
