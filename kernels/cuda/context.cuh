@@ -52,8 +52,12 @@ class Context {
   // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
   // than scratch_bytes()). Valid until the next launcher that takes this Context runs.
   void* scratch(std::size_t bytes, const char* what);
-  // A second area, grown (freed and allocated again, synchronising the device) when a launcher
-  // needs more than it holds; counted in device_bytes(). Valid until the next call.
+  // A second area, grown (freed and allocated again, synchronising the device, so not while a
+  // CUDA graph is being captured) when a launcher needs more than it holds; counted in
+  // device_bytes(). Valid until the next call. Like the scratch, it belongs to one launcher
+  // at a time: launchers sharing a Context must not run concurrently on different streams
+  // (the one-pass attention backward keeps its ordering counters here, and a second call's
+  // reset of them would stall the first).
   void* buffer(std::size_t bytes);
 
   struct Impl;  // cuBLASLt state (kernels/cuda/blas.cuh)

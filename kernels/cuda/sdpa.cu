@@ -894,8 +894,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
     if constexpr (OnePass) {
       // dQ of this query tile from every warp's dSᵀ: warp w the queries q0 + 16w .. + 15, over
       // the tile's 64 keys, added to the fp32 sum in the key tiles' order (this block is
-      // contributor k0 / 64 of query tile qb: tile 0 writes, the others wait their turn). In
-      // two halves of D, to hold half the accumulators.
+      // contributor k0 / 64 of query tile qb: tile 0 writes, the others wait their turn). At
+      // D = 64 in two halves of D, to hold half the accumulators.
       __syncthreads();
       const unsigned turn = static_cast<unsigned>(k0 / kTile);
       unsigned* counter = sem + bh * tiles + qb;

@@ -1487,6 +1487,45 @@ TEST_CASE("sdpa: flash forward (O, logsumexp) and deterministic backward against
                   std::invalid_argument);
 }
 
+// The one-pass backward orders its dQ sums with a counter per query tile: key tile k waits
+// until tiles 0 .. k - 1 have added theirs. Here the grid (64 heads × 32 key tiles) is far
+// larger than what the GPU holds at once, so blocks wait on blocks that started earlier and
+// some start only when others finish: it must neither hang nor differ from the two passes by
+// more than the order of an fp32 sum (dK, dV: the same bits).
+TEST_CASE("sdpa: the one-pass backward on a grid larger than the GPU holds: the two passes' results") {
+  kg::ContextOptions one;
+  one.sdpa_backward_one_pass = true;
+  kg::Context two_pass, one_pass(one);
+  const std::int64_t B = 4, H = 16, T = 2048, D = 64, n = B * H * T * D;
+  const float scale = 0.125f;
+  for (DType dt : {DType::bf16, DType::fp16})
+    for (bool causal : {true, false}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(causal);
+      const float p = causal ? 0.1f : 0.0f;
+      auto q = device(rand_vec(n, 311, dt, -2.0f, 2.0f), dt), k = device(rand_vec(n, 312, dt, -2.0f, 2.0f), dt),
+           v = device(rand_vec(n, 313, dt), dt), dout = device(rand_vec(n, 314, dt), dt);
+      auto o = output(sz(n), dt);
+      Dev lse(sz(B * H * T) * 4);
+      kg::sdpa_forward(o->get(), lse.as<float>(), q->get(), k->get(), v->get(), nullptr, B, H, T, D, causal, scale, p, 5,
+                       0, dt, kStream);
+      std::vector<unsigned char> dk_bits[2], dv_bits[2];
+      Vec dq[2];
+      for (int pass = 0; pass < 2; ++pass) {
+        auto gdq = device(Vec(sz(n), 0.0f), dt), gdk = device(Vec(sz(n), 0.0f), dt), gdv = device(Vec(sz(n), 0.0f), dt);
+        kg::sdpa_backward(pass == 0 ? two_pass : one_pass, gdq->get(), gdk->get(), gdv->get(), dout->get(), q->get(),
+                          k->get(), v->get(), o->get(), lse.as<float>(), nullptr, B, H, T, D, causal, scale, p, 5, 0, dt,
+                          kStream);
+        dq[pass] = download(*gdq, sz(n), dt);
+        dk_bits[pass] = bits(*gdk);
+        dv_bits[pass] = bits(*gdv);
+      }
+      expect_close("one-pass dq against two passes", dq[1], dq[0], Tol{eps(dt) * max_abs(dq[0]), 2 * eps(dt), band(dt)});
+      expect_equal_bits("one-pass dk against two passes", dk_bits[0], dk_bits[1]);
+      expect_equal_bits("one-pass dv against two passes", dv_bits[0], dv_bits[1]);
+    }
+}
+
 // Where two tile buffers do not fit a block (a GPU with 99 KB per block: sm_86, sm_89,
 // sm_120; fp32 on A100), the kernels stream through one: the same products in the same order.
 // ZEROPLAN_SDPA_SMEM_LIMIT stands in for such a GPU.
