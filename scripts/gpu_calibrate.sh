@@ -6,13 +6,13 @@
 #
 #   bash scripts/gpu_calibrate.sh                     # build here, test, calibrate GPT-2
 #   ZEROPLAN_CALIBRATE_ARGS='--model gpt2-medium --seq-len 1024 --budget 5' bash scripts/gpu_calibrate.sh
-#   bash scripts/gpu_calibrate.sh --bundle            # on a build machine: .gpu-bundle/ for a GPU machine
+#   bash scripts/gpu_calibrate.sh --bundle            # on a build machine: .gpu-bundle/bundle.tgz for a GPU machine
 #   ZEROPLAN_GPU_BUNDLE=.gpu-bundle bash scripts/gpu_calibrate.sh   # on the GPU machine: run the bundle
 #
-# The bundle is the zeroplan binary, its GPU test and the non-system libraries they link (fmt,
-# OpenMPI), for a GPU machine without the CLI's build dependencies; NCCL, cuBLASLt and the CUDA
-# runtime are taken from that machine (the CUDA toolkit, or the nvidia-* Python wheels PyTorch
-# brings). NVLink multicast stays off (NCCL_NVLS_ENABLE=0) unless the caller sets it.
+# The bundle (scripts/gpu_bundle.sh) is the zeroplan binary, its GPU test and the non-system
+# libraries they link (fmt, OpenMPI), for a GPU machine without the CLI's build dependencies;
+# NCCL, cuBLASLt and the CUDA runtime are taken from that machine (the CUDA toolkit, or the
+# nvidia-* Python wheels PyTorch brings). NVLink multicast stays off (NCCL_NVLS_ENABLE=0) unless the caller sets it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${ZEROPLAN_GPU_BUILD:-build-gpu-cli}
@@ -29,15 +29,8 @@ build() {
 if [ "${1:-}" = "--bundle" ]; then
   mkdir -p .gpu-bundle
   build .gpu-bundle || { tail -n 40 .gpu-bundle/build.log; exit 1; }
-  cp "$BUILD/cli/zeroplan" "$BUILD/tests/test_calibration_cuda" .gpu-bundle/
-  # Libraries outside glibc and the CUDA stack: fmt, OpenMPI and what it links.
-  ldd "$BUILD/cli/zeroplan" | awk '/=> \// {print $3}' |
-    grep -v -E 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl\.so|librt\.so|libcuda|libcudart|libcublas|libnccl' |
-    xargs -r -I{} cp -L {} .gpu-bundle/
   rm -f .gpu-bundle/build.log
-  # The binary reads its data (models/catalog, sim/*.json) from the source folder it was built in.
-  echo "$PWD" > .gpu-bundle/data_dir
-  du -sh .gpu-bundle
+  bash scripts/gpu_bundle.sh "$BUILD" .gpu-bundle/bundle.tgz || exit 1
   echo "gpu_calibrate: bundle in .gpu-bundle (carry it and the repository; run with ZEROPLAN_GPU_BUNDLE=.gpu-bundle)"
   exit 0
 fi

@@ -8,7 +8,7 @@
 #   products), then bench/gpu_vs_torch.sh (tokens/s beside PyTorch eager and torch.compile).
 #
 #   cmake --preset ci -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build --preset ci
-#   bash scripts/gpu_bundle.sh        # .gpu-bundle/bundle.tgz: the binaries and libfmt
+#   bash scripts/gpu_bundle.sh        # .gpu-bundle/bundle.tgz: the binaries and their libraries
 #   # on the GPU machine (the bundle is unpacked into .gpu-bundle when its binaries are not there):
 #   bash scripts/gpu_exec_check.sh [quick]
 #
@@ -21,7 +21,6 @@ cd "$(dirname "$0")/.."
 BIN=$(cd "${ZEROPLAN_GPU_BIN:-.gpu-bundle}" && pwd)
 LOGS=${OUT:-$BIN/logs}
 mkdir -p "$LOGS"
-if [ ! -x "$BIN/zeroplan" ] && [ -f "$BIN/bundle.tgz" ]; then tar xzf "$BIN/bundle.tgz" -C "$BIN"; fi
 BUNDLE=$BIN
 . scripts/gpu_bundle_env.sh || exit 1
 export ZEROPLAN_BIN=$BIN/zeroplan OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
