@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "exec/cuda_scratch.hpp"
 #include "exec/numeric.hpp"
 
 #include "kernels/cpu/convert.hpp"
@@ -36,35 +37,13 @@ using models::TensorId;
 namespace {
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 
-// Scratch slots: an op's own temporaries are carved from slot 0; dtype conversions on the
-// way into a gradient use slot 1; the loss gradient as a device scalar lives in slot 3.
-constexpr std::size_t kTempSlot = 0;
-constexpr std::size_t kConvertSlot = 1;
-constexpr std::size_t kLossSlot = 3;
-
 // The first element of a Ref (nullptr when not bound).
 void* ptr(const Ref& r) { return r ? static_cast<char*>(r.base) + r.off * dtype_size(r.dt) : nullptr; }
 std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n * dtype_size(dt)); }
 
-bool is_float(DType dt) { return dt == DType::fp32 || dt == DType::bf16 || dt == DType::fp16; }
 
-[[noreturn]] void fail(const models::Op& op, const std::string& what) {
-  throw std::logic_error(fmt::format("cuda device: op {} ({}): {}", op.name, models::fn_name(op.fn), what));
-}
-
-// The one float dtype of an op's bound operands: each launcher takes a single dtype.
-DType float_dtype(const models::Op& op, std::initializer_list<Ref> refs) {
-  const Ref* first = nullptr;
-  for (const Ref& r : refs) {
-    if (!r) continue;
-    if (!is_float(r.dt)) fail(op, fmt::format("a {} operand where a float one is expected", dtype_name(r.dt)));
-    if (!first) first = &r;
-    else if (r.dt != first->dt)
-      fail(op, fmt::format("operands of mixed dtypes {} and {}", dtype_name(first->dt), dtype_name(r.dt)));
-  }
-  if (!first) fail(op, "no bound float operand");
-  return first->dt;
-}
+[[noreturn]] void fail(const models::Op& op, const std::string& what) { cuda_op_fail(op, what); }
+DType float_dtype(const models::Op& op, std::initializer_list<Ref> refs) { return cuda_op_dtype(op, refs); }
 
 const std::int64_t* ids_of(const models::Op& op, const Ref& r) {
   if (r.dt != DType::i64) fail(op, fmt::format("token ids stored as {}, not i64", dtype_name(r.dt)));
@@ -79,23 +58,28 @@ std::uint8_t* mask_of(const models::Op& op, const Ref& r) {
   return static_cast<std::uint8_t*>(ptr(r));
 }
 
-// Device temporaries of one op from one scratch slot: a part per size (nullptr for 0), each
-// 256-byte aligned so the launchers take their vectorised paths.
-template <std::size_t N>
-std::array<void*, N> parts(const CudaOpEnv& env, std::size_t slot, const std::size_t (&bytes)[N]) {
-  constexpr std::size_t kAlign = 256;
-  std::array<std::size_t, N> at{};
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < N; ++i) {
-    at[i] = total;
-    total += (bytes[i] + kAlign - 1) / kAlign * kAlign;
-  }
-  std::array<void*, N> p{};
+// Device temporaries of one op from the temporary slot: the parts its rule gives
+// (exec/cuda_scratch.hpp), in order, each kScratchAlign-aligned (nullptr for a part of 0).
+std::vector<void*> carve(const CudaOpEnv& env, const std::vector<std::size_t>& bytes) {
+  std::vector<void*> p(bytes.size(), nullptr);
+  const std::size_t total = scratch_parts_total(bytes);
   if (total == 0) return p;
-  char* base = static_cast<char*>(env.get_scratch(slot, total));
-  for (std::size_t i = 0; i < N; ++i) p[i] = bytes[i] ? base + at[i] : nullptr;
+  char* base = static_cast<char*>(env.get_scratch(kTempSlot, total));
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i]) p[i] = base + at;
+    at += (bytes[i] + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+  }
   return p;
 }
+// Part i of a carving, null where the op's rule gave it 0 bytes (`need`: it must have some).
+void* part(const models::Op& op, const std::vector<void*>& parts, std::size_t i, bool need = true) {
+  if (i >= parts.size() || (need && !parts[i]))
+    throw std::logic_error(fmt::format("cuda device: op {} ({}): scratch part {} of {} missing from its rule "
+                                       "(exec/cuda_scratch.cpp)", op.name, models::fn_name(op.fn), i, parts.size()));
+  return parts[i];
+}
+void* maybe(const models::Op& op, const std::vector<void*>& parts, std::size_t i) { return part(op, parts, i, false); }
 
 void zero(void* p, std::size_t bytes, cudaStream_t stream) {
   if (p && bytes) ZP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
@@ -115,7 +99,7 @@ void write_bytes(void* dst, const void* src, std::size_t n, cudaStream_t stream)
 }
 
 // d(loss)/d(loss) as one element of dt in device scratch, rounded as the host rounds it.
-Ref loss_scalar(const CudaOpEnv& env, float v, DType dt) {
+Ref loss_scalar(const CudaOpEnv& env, const OpScratch& sc, float v, DType dt) {
   unsigned char b[4] = {};
   if (dt == DType::fp32) {
     std::memcpy(b, &v, 4);
@@ -123,15 +107,17 @@ Ref loss_scalar(const CudaOpEnv& env, float v, DType dt) {
     const std::uint16_t h = dt == DType::bf16 ? kernels::cpu::float_to_bf16(v) : kernels::cpu::float_to_fp16(v);
     std::memcpy(b, &h, 2);
   }
-  void* p = env.get_scratch(kLossSlot, 4);
+  void* p = env.get_scratch(kLossSlot, sc.loss);
   write_bytes(p, b, nbytes(1, dt), env.stream);
   return {p, dt, 0};
 }
 
-// src (n of src_dt) as dt: itself, or converted into the conversion slot.
-const void* as_dtype(const CudaOpEnv& env, const void* src, DType src_dt, std::int64_t n, DType dt) {
+// src (n of src_dt) as dt: itself, or converted into the conversion slot (its rule's size).
+const void* as_dtype(const CudaOpEnv& env, const OpScratch& sc, const void* src, DType src_dt, std::int64_t n,
+                     DType dt) {
   if (src_dt == dt) return src;
-  void* t = env.get_scratch(kConvertSlot, nbytes(n, dt));
+  if (sc.convert < nbytes(n, dt)) throw std::logic_error("cuda device: a conversion larger than its rule's");
+  void* t = env.get_scratch(kConvertSlot, sc.convert);
   cuda::convert(t, dt, src, src_dt, n, env.stream);
   return t;
 }
@@ -177,22 +163,16 @@ class FusedAttention {
     k_ = o.act_ref(f_.k.tensor);
     v_ = o.act_ref(f_.v.tensor);
     out_ = o.act_ref(f_.o.tensor);
-    dt_ = float_dtype(op, {q_, k_, v_, out_});
-    hv_ = f_.B * f_.H * f_.T * f_.D;
-    kvn_ = f_.B * f_.K * f_.T * f_.D;
-    for (const auto* h : {&f_.q, &f_.k, &f_.v, &f_.o}) {
-      const std::int64_t X = h == &f_.k || h == &f_.v ? f_.K : f_.H;
-      if (!contiguous(*h, X) && !columns(*h)) fail(op, "an attention operand in a layout the CUDA device cannot read");
-    }
-    if (!columns(f_.o) || f_.o.st != f_.H * f_.D) fail(op, "an attention output that is not (B, T, H*D)");
+    dt_ = float_dtype(op, {q_, k_, v_, out_});  // its layouts were checked by its scratch rule
     seed_ = o.dropout_seed();
     offset_ = static_cast<std::uint64_t>(op.rng_stream) << 32;
   }
 
-  void forward() {
-    auto [qc, kc, kh, vc, vh, oh] = parts(env_, kTempSlot,
-                                          {copy_bytes(f_.q, f_.H), copy_bytes(f_.k, f_.K), repeat_bytes(),
-                                           copy_bytes(f_.v, f_.K), repeat_bytes(), nbytes(hv_, dt_)});
+  // `sc`: cuda_forward_scratch's parts (q, k and its repeat, v and its repeat, the output heads).
+  void forward(const OpScratch& sc) {
+    const std::vector<void*> t = carve(env_, sc.temp);
+    void *qc = maybe(op_, t, 0), *kc = maybe(op_, t, 1), *kh = maybe(op_, t, 2), *vc = maybe(op_, t, 3),
+         *vh = maybe(op_, t, 4), *oh = part(op_, t, 5);
     const void* q = heads(f_.q, q_, f_.H, qc, nullptr);
     const void* k = heads(f_.k, k_, f_.K, kc, kh);
     const void* v = heads(f_.v, v_, f_.K, vc, vh);
@@ -208,23 +188,19 @@ class FusedAttention {
 
   // The seed and offset are the forward's (this micro-step's stream and the op's), not read
   // back from rng_state, which lives on the device.
-  void backward(const Ref& dy) {
+  // `sc`: cuda_backward_scratch's parts: the forward's operands, the output and its gradient
+  // as heads, then a (B, H, T, D) gradient for each of q, k, v the kernel cannot accumulate
+  // into in place (none: in place), then k's and v's summed over their query heads.
+  void backward(const Ref& dy, const OpScratch& sc) {
     const Ref gq = o_.grad_ref(f_.q.tensor), gk = o_.grad_ref(f_.k.tensor), gv = o_.grad_ref(f_.v.tensor);
     if (!gq && !gk && !gv) return;
-    float_dtype(op_, {q_, dy, gq, gk, gv});
-    // A gradient the kernel can accumulate into in place: contiguous heads, no kv repetition.
-    const bool q_direct = gq && contiguous(f_.q, f_.H);
-    const bool k_direct = gk && f_.K == f_.H && contiguous(f_.k, f_.K);
-    const bool v_direct = gv && f_.K == f_.H && contiguous(f_.v, f_.K);
-    auto kv_copy = [&](const Ref& g, const models::HeadsOperand& h) {
-      return g && f_.K < f_.H && !contiguous(h, f_.K) ? nbytes(kvn_, dt_) : std::size_t{0};
-    };
-    const std::size_t heads_bytes = nbytes(hv_, dt_);
-    auto [qc, kc, kh, vc, vh, oh, doh, dqh, dkh, dvh, dkc, dvc] =
-        parts(env_, kTempSlot,
-              {copy_bytes(f_.q, f_.H), copy_bytes(f_.k, f_.K), repeat_bytes(), copy_bytes(f_.v, f_.K),
-               repeat_bytes(), heads_bytes, heads_bytes, q_direct ? 0 : heads_bytes, k_direct ? 0 : heads_bytes,
-               v_direct ? 0 : heads_bytes, kv_copy(gk, f_.k), kv_copy(gv, f_.v)});
+    const std::vector<void*> t = carve(env_, sc.temp);
+    void *qc = maybe(op_, t, 0), *kc = maybe(op_, t, 1), *kh = maybe(op_, t, 2), *vc = maybe(op_, t, 3),
+         *vh = maybe(op_, t, 4);
+    void *oh = part(op_, t, 5), *doh = part(op_, t, 6), *dqh = maybe(op_, t, 7), *dkh = maybe(op_, t, 8),
+         *dvh = maybe(op_, t, 9), *dkc = maybe(op_, t, 10), *dvc = maybe(op_, t, 11);
+    const std::size_t heads_bytes = nbytes(f_.B * f_.H * f_.T * f_.D, dt_);
+    const bool q_direct = !dqh, k_direct = !dkh, v_direct = !dvh;
     const void* q = heads(f_.q, q_, f_.H, qc, nullptr);
     const void* k = heads(f_.k, k_, f_.K, kc, kh);
     const void* v = heads(f_.v, v_, f_.K, vc, vh);
@@ -246,15 +222,7 @@ class FusedAttention {
   }
 
  private:
-  // (B, X, T, D) contiguous, or heads as column blocks of a (B, T, W) tensor.
-  bool contiguous(const models::HeadsOperand& h, std::int64_t X) const {
-    return h.st == f_.D && h.sh == f_.T * f_.D && h.sb == X * f_.T * f_.D;
-  }
-  bool columns(const models::HeadsOperand& h) const { return h.sh == f_.D && h.sb == f_.T * h.st; }
-  std::size_t copy_bytes(const models::HeadsOperand& h, std::int64_t X) const {
-    return contiguous(h, X) ? 0 : nbytes(f_.B * X * f_.T * f_.D, dt_);
-  }
-  std::size_t repeat_bytes() const { return f_.K < f_.H ? nbytes(hv_, dt_) : 0; }
+  bool contiguous(const models::HeadsOperand& h, std::int64_t X) const { return heads_contiguous(f_, h, X); }
   float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(f_.D))); }
   float p() const { return static_cast<float>(op_.alpha); }
 
@@ -292,7 +260,6 @@ class FusedAttention {
   models::HeadsLayout f_;
   Ref q_, k_, v_, out_;
   DType dt_ = DType::fp32;
-  std::int64_t hv_ = 0, kvn_ = 0;
   std::uint64_t seed_ = 0, offset_ = 0;
 };
 
@@ -314,6 +281,7 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
   auto in = [&](std::size_t i) { return act(op.inputs[i]); };
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return graph.tensors[U(t)].shape; };
   const float alpha = static_cast<float>(op.alpha);
+  const OpScratch sc = cuda_forward_scratch(op, o);  // its temporaries' sizes (exec/cuda_scratch.hpp)
   switch (op.fn) {
     case Fn::embedding: {
       const Ref w = param(op.params[0]);
@@ -337,7 +305,7 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const void* x = ptr(in(0));
       if (op.fn == Fn::linear_first_token) {
         const auto& xs = shape(op.inputs[0]);
-        auto [sel] = parts(env, kTempSlot, {nbytes(xs[0] * K, dt)});
+        void* sel = part(op, carve(env, sc.temp), 0);
         cuda::select_token_forward(sel, x, xs[0], xs[1], K, 0, dt, stream);
         x = sel;
       }
@@ -352,12 +320,13 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const TensorId t0 = op.inputs[0], t1 = op.inputs[std::min<std::size_t>(1, op.inputs.size() - 1)];
       const DType dt = dtype({yr, act(t0), act(t1)});
       auto is4 = [&](TensorId t) { return shape(t).size() == 4; };
-      const std::size_t hv = nbytes(d.B * d.H * d.T * d.D, dt);
       const bool scores = op.fn == Fn::attn_scores;
-      auto [h0, h1] = parts(env, kTempSlot, {scores && !is4(t0) ? hv : 0, !is4(t1) ? hv : 0});
+      const std::vector<void*> h = carve(env, sc.temp);
+      void *h0 = maybe(op, h, 0), *h1 = maybe(op, h, 1);
       // Operand i as (B, H, T, D): a head view of a (B, T, W) tensor, or a 4-D tensor.
       auto operand = [&](std::size_t i, TensorId t, void* tmp) -> const void* {
         if (is4(t)) return ptr(act(t));
+        part(op, h, i);
         cuda::split_heads_forward(tmp, ptr(act(t)), d.B, d.T, d.H, d.D, shape(t)[2], op.col[i], dt, stream);
         return tmp;
       };
@@ -401,7 +370,7 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const DType dt = dtype({yr});
       const void* x = ptr(in(0));
       if (in(0).dt != dt) {
-        auto [t] = parts(env, kTempSlot, {nbytes(n, dt)});
+        void* t = part(op, carve(env, sc.temp), 0);
         cuda::convert(t, dt, x, in(0).dt, n, stream);
         x = t;
       }
@@ -458,7 +427,7 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
     case Fn::rope: {
       const auto& s = shape(y);  // (B, H, T, D) from a (B, T, H*D) projection
       const DType dt = dtype({yr, in(0), in(1), in(2)});
-      auto [x] = parts(env, kTempSlot, {nbytes(n, dt)});
+      void* x = part(op, carve(env, sc.temp), 0);
       cuda::split_heads_forward(x, ptr(in(0)), s[0], s[2], s[1], s[3], s[1] * s[3], 0, dt, stream);
       cuda::rope_forward(yp, x, ptr(in(1)), ptr(in(2)), s[0], s[1], s[2], s[3], dt, stream);
       break;
@@ -476,7 +445,7 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const DType dt = dtype({yr, in(0)});
       const void* x = ptr(in(0));
       if (s.size() == 3) {
-        auto [h] = parts(env, kTempSlot, {nbytes(B * K * T * D, dt)});
+        void* h = part(op, carve(env, sc.temp), 0);
         cuda::split_heads_forward(h, x, B, T, K, D, s[2], 0, dt, stream);
         x = h;
       }
@@ -502,8 +471,8 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const DType dt = dtype({yr, in(0)});
       cuda::log_softmax_forward(yp, ptr(in(0)), rows, V, dt, stream);
       // The kernel writes an fp32 loss: a loss of another dtype goes through scratch.
-      auto [l32] = parts(env, kTempSlot, {loss.dt == DType::fp32 ? 0 : nbytes(1, DType::fp32)});
-      float* l = loss.dt == DType::fp32 ? static_cast<float*>(ptr(loss)) : static_cast<float*>(l32);
+      float* l = loss.dt == DType::fp32 ? static_cast<float*>(ptr(loss))
+                                        : static_cast<float*>(part(op, carve(env, sc.temp), 0));
       cuda::nll_loss_forward(l, yp, ids_of(op, in(1)), rows, V, cuda::kIgnoreIndex, dt, stream);
       if (loss.dt != DType::fp32) cuda::convert(ptr(loss), loss.dt, l, DType::fp32, 1, stream);
       break;
@@ -519,7 +488,7 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       break;
     }
     case Fn::sdpa:
-    case Fn::flash_attention: FusedAttention(env, op, o).forward(); break;
+    case Fn::flash_attention: FusedAttention(env, op, o).forward(sc); break;
     case Fn::heads_copy: {
       // (B, X, T, D) from a 4-D tensor (a copy) or from columns [col, col + X·D) of a (B, T, W) one
       const auto& ys = shape(y);
@@ -549,13 +518,12 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
   // The gradient flowing into this op: d(loss)/d(loss) = 1/GAS (DeepSpeed scales the loss).
   // The cross entropy takes it by value; any other op producing the loss reads it as a
   // device scalar in the loss's dtype.
-  const bool loss_op = op.fn == Fn::cross_entropy || op.fn == Fn::cross_entropy_fused;
-  const TensorId out_main = loss_op ? op.outputs[1] : y;
-  const bool from_loss = out_main >= 0 && out_main == graph.loss;
+  const auto [loss_op, from_loss, out_main] = cuda_loss_flow(graph, op);
+  const OpScratch sc = cuda_backward_scratch(op, o);  // its temporaries' sizes (exec/cuda_scratch.hpp)
   Ref dy;
   if (from_loss && !loss_op) {
     const Ref loss = act(graph.loss);
-    dy = loss_scalar(env, o.loss_grad(), loss ? loss.dt : graph.tensors[U(graph.loss)].dtype);
+    dy = loss_scalar(env, sc, o.loss_grad(), loss ? loss.dt : graph.tensors[U(graph.loss)].dtype);
   }
   else if (!from_loss && out_main >= 0) dy = grad(out_main);
   if (!from_loss && !dy) return;  // nothing flows back through this op
@@ -596,7 +564,9 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       // then added into the input's rows.
       const auto& xs = shape(op.inputs[0]);
       const std::int64_t B = xs[0], T = xs[1];
-      auto [sel, dsel] = parts(env, kTempSlot, {nbytes(B * K, dt), gx ? nbytes(B * K, dt) : 0});
+      const std::vector<void*> t = carve(env, sc.temp);
+      void* sel = part(op, t, 0);
+      void* dsel = gx ? part(op, t, 1) : nullptr;
       cuda::select_token_forward(sel, ptr(x(0)), B, T, K, 0, dt, stream);
       if (gw || gb) gemms(nullptr, ptr(gw), ptr(gb), sel, true);
       if (gx) {
@@ -614,14 +584,13 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       if (!g0 && !g1) break;
       const DType dt = dtype({dy, act(t0), act(t1), g0, g1});
       auto is4 = [&](TensorId t) { return shape(t).size() == 4; };
-      const std::size_t hv = nbytes(d.B * d.H * d.T * d.D, dt);
       const bool scores = op.fn == Fn::attn_scores;
       // Head views of (B, T, W) operands, and their gradients before they go back to the columns.
-      auto [h0, h1, d0, d1] = parts(env, kTempSlot,
-                                    {scores && !is4(t0) ? hv : 0, !is4(t1) ? hv : 0,
-                                     g0 && !is4(t0) ? hv : 0, g1 && !is4(t1) ? hv : 0});
+      const std::vector<void*> h = carve(env, sc.temp);
+      void *h0 = maybe(op, h, 0), *h1 = maybe(op, h, 1), *d0 = maybe(op, h, 2), *d1 = maybe(op, h, 3);
       auto operand = [&](std::size_t i, TensorId t, void* tmp) -> const void* {
         if (is4(t)) return ptr(act(t));
+        part(op, h, i);
         cuda::split_heads_forward(tmp, ptr(act(t)), d.B, d.T, d.H, d.D, shape(t)[2], op.col[i], dt, stream);
         return tmp;
       };
@@ -632,7 +601,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       // is written to scratch and added into its columns.
       auto give_back = [&](std::size_t i, TensorId t, const Ref& g, void* tmp) {
         if (!g) return;
-        void* target = is4(t) ? ptr(g) : tmp;
+        void* target = is4(t) ? ptr(g) : part(op, h, 2 + i);
         cuda::bmm_backward(ctx, i == 0 ? target : nullptr, i == 1 ? target : nullptr, dyp, a, b, d.B * d.H, m, nn, k,
                            false, scores, is4(t), dt, stream);
         if (!is4(t))
@@ -685,7 +654,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       if (gx.dt == dt) {
         cuda::softmax_backward(ptr(gx), ptr(yr), dyp, n / c, c, true, dt, stream);
       } else {
-        auto [t] = parts(env, kTempSlot, {nbytes(n, dt)});
+        void* t = part(op, carve(env, sc.temp), 0);
         cuda::softmax_backward(t, ptr(yr), dyp, n / c, c, false, dt, stream);
         accumulate(env, gx, t, dt, n);
       }
@@ -762,7 +731,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const Ref gx = dx(0);
       if (!gx) break;
       const DType dt = dtype({gx, dy, x(1), x(2)});
-      auto [dxh] = parts(env, kTempSlot, {nbytes(n, dt)});
+      void* dxh = part(op, carve(env, sc.temp), 0);
       cuda::rope_backward(dxh, dyp, ptr(x(1)), ptr(x(2)), s[0], s[1], s[2], s[3], false, dt, stream);
       cuda::split_heads_backward(ptr(gx), dxh, s[0], s[2], s[1], s[3], s[1] * s[3], 0, true, dt, stream);
       break;
@@ -783,7 +752,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       if (s.size() == 4) {
         cuda::repeat_kv_backward(ptr(gx), dyp, B, K, ys[1] / K, T, D, true, dt, stream);
       } else {
-        auto [h] = parts(env, kTempSlot, {nbytes(B * K * T * D, dt)});
+        void* h = part(op, carve(env, sc.temp), 0);
         cuda::repeat_kv_backward(h, dyp, B, K, ys[1] / K, T, D, false, dt, stream);
         cuda::split_heads_backward(ptr(gx), h, B, T, K, D, s[2], 0, true, dt, stream);
       }
@@ -819,11 +788,11 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       // the buffer the program gives the gradient of logp (op.bwd_grads), then scaled by
       // dloss as it accumulates into the logits' gradient.
       const Ref glogp = grad(op.outputs[0]);
-      auto [own] = parts(env, kTempSlot, {glogp && glogp.dt == dt ? 0 : nbytes(rows * V, dt)});
+      void* own = maybe(op, carve(env, sc.temp), 0);
       void* g = own ? own : ptr(glogp);
       cuda::log_softmax_nll_backward(ctx, g, ptr(logp), targets, rows, V, 1.0f, false, cuda::kIgnoreIndex, dt,
                                      stream);
-      const void* dloss = as_dtype(env, dyp, dy.dt, 1, dt);
+      const void* dloss = as_dtype(env, sc, dyp, dy.dt, 1, dt);
       cuda::mul_rowscale_backward(ptr(gx), nullptr, g, nullptr, dloss, 1, rows * V, true, dt, stream);
       break;
     }
@@ -831,7 +800,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
     case Fn::extended_mask:
     case Fn::causal_mask: break;  // no gradient
     case Fn::sdpa:
-    case Fn::flash_attention: FusedAttention(env, op, o).backward(dy); break;
+    case Fn::flash_attention: FusedAttention(env, op, o).backward(dy, sc); break;
     case Fn::heads_copy: {
       const Ref gx = dx(0);
       if (!gx) break;

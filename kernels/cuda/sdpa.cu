@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kernels/common/philox.hpp"
+#include "kernels/common/sdpa_dims.hpp"
 #include "kernels/cuda/detail.cuh"
 #include "kernels/cuda/sdpa.cuh"
 
@@ -1045,7 +1046,7 @@ bool all_aligned(std::initializer_list<const void*> ptrs) {
 
 }  // namespace
 
-bool sdpa_supports(std::int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128; }
+bool sdpa_supports(std::int64_t D) { return sdpa_head_dim_supported(D); }
 
 void sdpa_forward(void* o, float* lse, const void* q, const void* k, const void* v, const void* mask, std::int64_t B,
                   std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
