@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "exec/cuda_memory.hpp"
+#include "exec/cuda_scratch.hpp"
 #include "exec/device_cuda.hpp"
 #include "exec/device_cuda_ops.hpp"
 #include "kernels/cuda/context.cuh"
@@ -49,7 +51,7 @@ class Arena {
       ZP_CUDA_CHECK(cudaStreamSynchronize(s));  // the work queued on the old memory is done
       ZP_CUDA_CHECK(cudaFree(p_));
     }
-    size_ = std::max(bytes, std::size_t{1} << 20);
+    size_ = std::max(bytes, kArenaMinBytes);  // exec/cuda_memory.cpp predicts these sizes
     ZP_CUDA_CHECK(cudaMalloc(&p_, size_));
     return p_;
   }
@@ -109,6 +111,9 @@ class CudaDevice final : public Device {
     stream_ = streams_[0];
     ctx_options_.allow_tf32 = o.allow_tf32;
     ctx_[0] = std::make_unique<kc::Context>(ctx_options_);
+    if (ctx_[0]->device_bytes() != kComputeContextBytes)  // exec/cuda_memory.hpp predicts it so
+      throw std::logic_error(fmt::format("cuda device: the kernels' Context holds {} bytes, exec/cuda_memory.hpp "
+                                         "assumes {}", ctx_[0]->device_bytes(), kComputeContextBytes));
     ZP_CUDA_CHECK(cudaMalloc(&norm_, sizeof(double)));
     ZP_CUDA_CHECK(cudaMallocHost(&norm_host_, sizeof(double)));
     mem_.after_init = used();
@@ -136,6 +141,9 @@ class CudaDevice final : public Device {
       for (const Arena& a : per_stream) scratch += static_cast<std::int64_t>(a.size());
     for (std::size_t k = 1; k < ctx_.size(); ++k)
       if (ctx_[k]) scratch += static_cast<std::int64_t>(ctx_[k]->device_bytes());
+    // The compute stream's Context beyond what it held at init (its buffer, grown by the
+    // one-pass attention backward, ContextOptions::sdpa_backward_one_pass).
+    scratch += static_cast<std::int64_t>(ctx_[0]->device_bytes() - kComputeContextBytes);
     m.device_scratch = Bytes{scratch};
     return m;
   }
@@ -352,7 +360,7 @@ class CudaDevice final : public Device {
     return 0;
   }
   static void* scratch_of(void* self, std::size_t slot, std::size_t bytes) {
-    return static_cast<CudaDevice*>(self)->scratch(4 + slot, bytes);
+    return static_cast<CudaDevice*>(self)->scratch(kCudaOpSlot + slot, bytes);
   }
   CudaOpEnv env() { return {&ctx(), stream_, &CudaDevice::scratch_of, this}; }
   // The current stream's Context (a Context serves one stream at a time): the compute
@@ -366,7 +374,7 @@ class CudaDevice final : public Device {
       // GEMM workspace, a little scratch (a staged GEMM falls back to the plain one).
       kc::ContextOptions o = ctx_options_;
       o.blas_workspace_bytes = 0;
-      o.scratch_bytes = std::size_t{1} << 20;
+      o.scratch_bytes = kStreamContextBytes;
       c = std::make_unique<kc::Context>(o);
     }
     return *c;
@@ -395,7 +403,8 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr;                          // the current event's
   kc::ContextOptions ctx_options_;
   std::array<std::unique_ptr<kc::Context>, zero::kNumStreams> ctx_;  // per stream, made when first needed
-  std::array<std::array<Arena, 8>, zero::kNumStreams> scratch_;  // per stream; 0-3: the device's own; 4-7: the ops'
+  // Per stream; 0-3: the device's own; 4-7: the ops' (kCudaOpSlot + exec/cuda_scratch.hpp's slots).
+  std::array<std::array<Arena, kCudaDeviceSlots>, zero::kNumStreams> scratch_;
   Pinned pinned_up_, pinned_down_;
   void* norm_ = nullptr;       // device: the double sum of squares (not finite: a non-finite element)
   void* norm_host_ = nullptr;  // pinned

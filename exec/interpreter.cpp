@@ -302,8 +302,10 @@ void Interpreter::prologue() {
   // The params every stage starts from.
   for (const auto& prm : g_.params) {
     std::vector<float> v(U(prm.numel));
-    if (init_) v = init_->at(prm.name).values;
-    else init_param(prm, seed_, v.data());
+    if (!skip_values_) {
+      if (init_) v = init_->at(prm.name).values;
+      else init_param(prm, seed_, v.data());
+    }
     const auto i = U(prm.id);
     const std::int64_t s = ceil_div(prm.numel, N_);
     const std::int64_t shard = std::clamp<std::int64_t>(prm.numel - rank_ * s, 0, s);  // this rank's shard

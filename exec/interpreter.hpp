@@ -63,6 +63,9 @@ class Interpreter : private Operands {
   // Initial values by param name (train --init-weights), checked by the caller to hold
   // every param at its shape; set before prologue(). Default: the seeded random init.
   void set_initial_weights(const std::map<std::string, NamedTensor>* w) { init_ = w; }
+  // The prologue uploads zeros instead of drawing the initial values (a run whose values
+  // nobody reads: exec/cuda_memory.hpp's prediction).
+  void skip_initial_values() { skip_values_ = true; }
   // One optimizer step (all micro-steps); `step` counts from 1.
   StepResult step(std::int64_t step, const std::vector<MicroBatch>& data);
   // Allocates the buffers DeepSpeed creates during the first step (zero::Buffer::first_step;
@@ -168,6 +171,7 @@ class Interpreter : private Operands {
   bool host_ = true;             // the device's memory is the host's (fp32 views may be staged)
   BlobMemory device_memory_;     // checkpoint blobs in the device's memory, through the device
   void* loss_slots_ = nullptr;
+  bool skip_values_ = false;
   const std::map<std::string, NamedTensor>* init_ = nullptr;   // each micro-step's loss (fp32, on the device) until the step ends
 
   const models::OpGraph& g_;

@@ -24,7 +24,8 @@ std::string lower(std::string_view s) {
 const std::vector<std::string> kEntryKeys = {
     "name",           "aliases",         "arch",    "memory_bytes", "peak_tensor_tflops",
     "peak_fp32_tflops", "hbm_gbps",      "nvlink_gbps", "context_overhead_bytes", "cublas_workspace_bytes",
-    "cublaslt_workspace_bytes", "bf16",  "source"};
+    "cublaslt_workspace_bytes", "bf16",  "source", "executor_cuda"};
+const std::vector<std::string> kExecutorKeys = {"context_bytes", "library_bytes", "nccl_one_rank_bytes", "source"};
 const std::vector<std::string> kRequiredKeys = {
     "name",     "arch",        "memory_bytes",           "peak_tensor_tflops", "peak_fp32_tflops",
     "hbm_gbps", "nvlink_gbps", "context_overhead_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
@@ -58,6 +59,19 @@ Entry read_entry(const json::Reader& r, const json::json& e) {
   d.cublas_workspace = Bytes{r.get_int(e, "cublas_workspace_bytes", 0, 0, d.memory.v)};
   d.cublaslt_workspace = Bytes{r.get_int(e, "cublaslt_workspace_bytes", 0, 0, d.memory.v)};
   d.bf16 = r.get_bool(e, "bf16", true);
+  if (auto it = e.find("executor_cuda"); it != e.end()) {
+    if (!it->is_object()) throw InputError(r.file, r.key_path("executor_cuda"), "must be an object");
+    const json::Reader x = r.sub("executor_cuda");
+    x.reject_unknown(*it, kExecutorKeys);
+    for (const auto& k : kExecutorKeys)
+      if (!it->contains(k)) throw InputError(x.file, x.key_path(k), "missing required key");
+    d.executor.measured = true;
+    d.executor.context = Bytes{x.get_int(*it, "context_bytes", 0, 0, d.memory.v)};
+    d.executor.libraries = Bytes{x.get_int(*it, "library_bytes", 0, 0, d.memory.v)};
+    d.executor.nccl_one_rank = Bytes{x.get_int(*it, "nccl_one_rank_bytes", 0, 0, d.memory.v)};
+    d.executor.source = x.get_string(*it, "source", "");
+    if (d.executor.source.empty()) throw InputError(x.file, x.key_path("source"), "must say where the figures come from");
+  }
   if (r.get_string(e, "source", "").empty())
     throw InputError(r.file, r.key_path("source"), "must say where the figures come from");
   if (auto it = e.find("aliases"); it != e.end()) {

@@ -21,6 +21,17 @@ struct DeviceSpec {
   Bytes cublas_workspace{};          // PyTorch's cuBLAS workspace per (handle, stream), through the allocator
   Bytes cublaslt_workspace{};        // and cuBLASLt's
   bool bf16 = true;                  // V100 has no bf16 tensor cores
+  // zeroplan's own CUDA executor (train --device cuda) on this GPU, as its driver figures
+  // measured it (measured false: never measured here): the CUDA context; what the kernels'
+  // libraries hold besides their Context's workspace and scratch (cuBLASLt's handle, driver
+  // pages); one rank's NCCL communicator. exec/cuda_memory.hpp adds the rest.
+  struct ExecutorMemory {
+    bool measured = false;
+    Bytes context{};
+    Bytes libraries{};
+    Bytes nccl_one_rank{};
+    std::string source;
+  } executor;
 };
 
 // All devices, from ZEROPLAN_DATA_DIR/sim/devices.json.

@@ -2,17 +2,26 @@
 // device's case, exercised here without a GPU): buffers are placed where the
 // caching-allocator model places them, in segments that are each one allocation of the
 // device, so the bytes the device holds are the model's reserved bytes at every moment,
-// empty_cache() really returns segments, and live buffers never overlap.
+// empty_cache() really returns segments, and live buffers never overlap. And the CUDA
+// device's own memory as exec/cuda_memory.hpp predicts it.
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "exec/allocator.hpp"
+#include "exec/cuda_memory.hpp"
+#include "exec/cuda_scratch.hpp"
 #include "exec/device_cpu.hpp"
 #include "kernels/cpu/rng.hpp"
+#include "models/model_config.hpp"
+#include "sim/device.hpp"
+#include "zero/lower.hpp"
 
 namespace {
 
@@ -130,4 +139,117 @@ TEST_CASE("segmented device memory: held bytes equal the model's reserved bytes;
     CHECK(dev.held_bytes() == 0);
   }
   CHECK(dev.held.empty());  // the allocator's destructor returns every segment
+}
+
+// ---- the CUDA device's own memory, predicted without a GPU (exec/cuda_memory.hpp)
+
+namespace {
+
+struct Probe {
+  zp::models::OpGraph g;
+  zp::zero::DsConfig cfg;
+  zp::zero::Program p;
+};
+
+// GPT-2 (124M) at micro-batch B, sequence T, in `dtype`, sdpa attention, stage `stage`.
+Probe gpt2_program(std::int64_t B, std::int64_t T, const char* dtype, int stage) {
+  Probe r;
+  r.cfg = zp::zero::parse_ds_config("gpt2.json", nlohmann::json::parse(fmt::format(
+      R"({{"train_micro_batch_size_per_gpu": {}, "zero_optimization": {{"stage": {}}}{}}})", B, stage,
+      std::string(dtype) == "fp32" ? "" : fmt::format(R"(, "{}": {{"enabled": true}})", dtype))));
+  const auto mc = zp::models::load_model("gpt2");
+  const auto batch = zp::zero::resolve_batch(r.cfg, 1);
+  zp::models::GraphOptions go;
+  go.micro_batch = batch.micro_batch;
+  go.seq_len = T;
+  go.act_dtype = r.cfg.model_dtype();
+  go.attention = zp::models::Attention::sdpa;
+  r.g = zp::models::build_graph(mc, go);
+  r.p = zp::zero::lower(r.g, r.cfg, batch, zp::zero::LowerOptions{});
+  return r;
+}
+
+const zp::exec::CudaArena* arena(const zp::exec::CudaScratchPrediction& s, int stream, std::size_t slot) {
+  for (const auto& a : s.arenas)
+    if (a.stream == stream && a.slot == slot) return &a;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("cuda scratch: the arenas of GPT-2's program follow the CUDA device's rules") {
+  const std::int64_t B = 2, T = 256, H = 12, D = 64, V = 50257, C = 768;
+  for (const std::string dtype : {"bf16", "fp32"}) {
+    CAPTURE(dtype);
+    const auto pr = gpt2_program(B, T, dtype.c_str(), 1);
+    const auto s = zp::exec::predict_cuda_scratch(pr.g, pr.p, pr.cfg);
+    const std::int64_t esz = dtype == "fp32" ? 4 : 2;
+    // The ops' temporaries (slot 4): the attention backward's four (B, H, T, D) head tensors:
+    // q copied out of c_attn's columns, the output and its gradient as heads, and dq, which
+    // the kernel cannot add into columns in place. k and v are contiguous heads already (HF's
+    // KV-cache copies), so their gradients accumulate in place.
+    const auto* ops = arena(s, 0, zp::exec::kCudaOpSlot + zp::exec::kTempSlot);
+    REQUIRE(ops != nullptr);
+    CHECK(ops->bytes.v == 4 * B * H * T * D * esz);
+    CHECK(ops->largest_by.find("attn.sdpa") != std::string::npos);
+    // The device's own slot 0: a 16-bit parameter is uploaded through an fp32 copy, the
+    // largest being the token embedding; fp32 parameters go straight to their buffer.
+    const auto* up = arena(s, 0, 0);
+    if (esz == 2) {
+      REQUIRE(up != nullptr);
+      CHECK(up->bytes.v == V * C * 4);
+      CHECK(up->largest_by == "upload (between steps)");
+    } else {
+      CHECK(up == nullptr);
+    }
+    // No op produces the loss other than the cross entropy, which takes its gradient by value.
+    CHECK(arena(s, 0, zp::exec::kCudaOpSlot + zp::exec::kLossSlot) == nullptr);
+    std::int64_t sum = s.stream_contexts.v;
+    for (const auto& a : s.arenas) sum += a.bytes.v;
+    CHECK(s.total.v == sum);
+  }
+}
+
+TEST_CASE("cuda scratch: the device-used figure adds the GPU's measured parts and rounds allocations to pages") {
+  const auto pr = gpt2_program(2, 256, "bf16", 0);
+  const auto s = zp::exec::predict_cuda_scratch(pr.g, pr.p, pr.cfg);
+  const auto& h200 = zp::sim::find_device("h200");
+  REQUIRE(h200.executor.measured);
+  const zp::Bytes reserved{10LL << 30};
+  const auto u = zp::exec::predict_cuda_device_used(h200, reserved, s, true);
+  CHECK(u.known);
+  CHECK(u.context == h200.executor.context);
+  CHECK(u.libraries.v == static_cast<std::int64_t>(zp::exec::kComputeContextBytes) + h200.executor.libraries.v);
+  CHECK(u.communicator == h200.executor.nccl_one_rank);
+  CHECK(u.scratch == s.total);
+  std::int64_t pages = 0;
+  for (const auto& a : s.arenas) pages += (-a.bytes.v) & ((2LL << 20) - 1);
+  CHECK(u.pages.v == pages);
+  CHECK(u.total.v == u.context.v + u.libraries.v + u.communicator.v + reserved.v + u.scratch.v + u.pages.v);
+  // --comm mpi: no NCCL communicator.
+  CHECK(zp::exec::predict_cuda_device_used(h200, reserved, s, false).communicator.v == 0);
+  // A GPU never measured: the parts outside the program are unknown, not guessed.
+  const auto a100 = zp::exec::predict_cuda_device_used(zp::sim::find_device("a100"), reserved, s, true);
+  CHECK_FALSE(a100.known);
+  CHECK(a100.context.v == 0);
+}
+
+TEST_CASE("cuda scratch: with the optimizer offloaded, its update and states take no device scratch") {
+  Probe pr = gpt2_program(2, 128, "bf16", 2);
+  pr.cfg = zp::zero::parse_ds_config("offload.json", nlohmann::json::parse(R"({"train_micro_batch_size_per_gpu": 2,
+      "bf16": {"enabled": true}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})"));
+  pr.p = zp::zero::lower(pr.g, pr.cfg, zp::zero::resolve_batch(pr.cfg, 1), zp::zero::LowerOptions{});
+  REQUIRE(std::any_of(pr.p.buffers.begin(), pr.p.buffers.end(),
+                      [](const zp::zero::Buffer& b) { return b.placement == zp::zero::Placement::host; }));
+  const auto s = zp::exec::predict_cuda_scratch(pr.g, pr.p, pr.cfg);
+  for (const auto& a : s.arenas) {
+    CAPTURE(a.largest_by);
+    CHECK(a.slot != 1);  // the fp32 views of params and states: the CPU's Adam works on host memory
+    CHECK(a.slot != 2);
+    CHECK(a.slot != 3);
+  }
+  // The 16-bit gradients go to the host partition as fp32 through the device, in chunks.
+  const auto* up = arena(s, 0, 0);
+  REQUIRE(up != nullptr);
+  CHECK(up->bytes.v == 50257 * 768 * 4);  // the largest of those, as before: the embedding's upload
 }
