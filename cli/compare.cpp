@@ -85,6 +85,11 @@ class Node {
     return v_->get<double>();
   }
 
+  bool boolean() const {
+    if (!v_->is_boolean()) fail(fmt::format("must be true or false, got {}", shown()));
+    return v_->get<bool>();
+  }
+
   std::string string() const {
     if (!v_->is_string()) fail(fmt::format("must be a string, got {}", shown()));
     return v_->get<std::string>();
@@ -342,28 +347,62 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
                  {"peak_event", {{"predicted", pev}, {"measured", mev}, {"same", same_event}}}};
   if (mem.size() > ncat + 2) j["memory"]["host_peak"] = mem[ncat + 2].to_json();
   if (M.has("driver_memory")) {
-    // A GPU run: the whole device as the driver saw it at the peak, part by part. Only the
-    // program's reserved segments are predicted; the rest is the executor's own.
+    // A GPU run: the whole device as the driver saw it at the peak, part by part, beside
+    // what `simulate --executor cuda` predicted for it (exec/cuda_memory.hpp); without that,
+    // only the program's reserved segments are predicted.
     const Node dm = M["driver_memory"];
     const std::int64_t ctx = dm["after_context"].integer(0), init = dm["after_init"].integer(0);
     const std::int64_t comm = dm["after_comm"].integer(0), peak = dm["peak"].integer(0);
     const std::int64_t scratch = dm["device_scratch"].integer(0), reserved = mm["reserved_peak"].integer(0);
     const std::int64_t nccl = comm > init ? comm - init : 0;
     const std::int64_t rest = peak - ctx - (init - ctx) - nccl - reserved - scratch;
-    const std::pair<const char*, std::int64_t> parts[] = {{"CUDA context", ctx},
-                                                          {"libraries (cuBLASLt, kernels)", init - ctx},
-                                                          {"communicator (NCCL)", nccl},
-                                                          {"program's reserved segments", reserved},
-                                                          {"device scratch", scratch},
-                                                          {"unexplained", rest}};
-    t += "  the GPU as the driver saw it at the peak (measured; only the reserved segments are predicted)\n";
+    const bool ex = R.has("executor");
+    std::optional<Node> pu;
+    if (ex) pu = R["executor"]["device_used"];
+    const bool known = ex && (*pu)["known"].boolean();
+    const std::optional<std::int64_t> pr_reserved = pm["reserved_bytes"].integer(0);
+    auto pred = [&](const char* key) -> std::optional<std::int64_t> {
+      if (!ex || (!known && std::string_view(key) != "reserved_bytes" && std::string_view(key) != "scratch_bytes" &&
+                  std::string_view(key) != "pages_bytes"))
+        return std::nullopt;
+      return (*pu)[key].integer(0);
+    };
+    struct Part {
+      const char* name;
+      std::int64_t measured;
+      std::optional<std::int64_t> predicted;
+    };
+    const Part parts[] = {{"CUDA context", ctx, pred("context_bytes")},
+                          {"libraries (cuBLASLt, kernels)", init - ctx, pred("libraries_bytes")},
+                          {"communicator (NCCL)", nccl, pred("communicator_bytes")},
+                          {"program's reserved segments", reserved, ex ? pred("reserved_bytes") : pr_reserved},
+                          {"device scratch", scratch, pred("scratch_bytes")},
+                          {ex ? "pages / unexplained" : "unexplained", rest, pred("pages_bytes")},
+                          {"= driver's peak", peak, known ? pred("total_bytes") : std::nullopt}};
+    auto mib = [](std::int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b) / 1048576.0); };
+    t += fmt::format("  the GPU as the driver saw it at the peak, MiB{}\n    {:<32}{:>12} {:>12} {:>9}\n",
+                     ex ? "" : " (only the reserved segments are predicted: simulate --executor cuda predicts the rest)",
+                     "", "predicted", "measured", "diff %");
     json jd = json::object();
-    for (const auto& [name, bytes] : parts) {
-      t += fmt::format("    {:<32}{:>12.1f} MiB\n", name, static_cast<double>(bytes) / 1048576.0);
-      jd[name] = bytes;
+    for (const Part& q : parts) {
+      const std::string d = q.predicted && q.measured != 0
+                                ? fmt::format("{:+.2f}%", 100.0 * static_cast<double>(*q.predicted - q.measured) /
+                                                              static_cast<double>(q.measured))
+                                : std::string();
+      t += fmt::format("    {:<32}{:>12} {:>12} {:>9}\n", q.name, q.predicted ? mib(*q.predicted) : "-", mib(q.measured), d);
+      jd[q.name] = {{"measured", q.measured}, {"predicted", q.predicted ? json(*q.predicted) : json(nullptr)}};
     }
-    t += fmt::format("    {:<32}{:>12.1f} MiB\n", "= driver's peak", static_cast<double>(peak) / 1048576.0);
-    jd["driver's peak"] = peak;
+    if (known && peak > 0) {
+      const double off = static_cast<double>((*pu)["total_bytes"].integer(0) - peak) / static_cast<double>(peak);
+      c.device_used_within_1pct = std::abs(off) <= 0.01;
+      t += fmt::format("device used: predicted {} the driver's peak ({:+.2f}%)\n",
+                       *c.device_used_within_1pct ? "within 1% of" : "more than 1% away from", 100.0 * off);
+      jd["device_used_diff"] = off;
+      jd["device_used_within_1pct"] = *c.device_used_within_1pct;
+    } else if (ex) {
+      t += "device used: not predicted (the GPU's context, libraries and communicator were never measured: "
+           "sim/devices.json executor_cuda)\n";
+    }
     j["driver_memory"] = jd;
   }
 

@@ -2,6 +2,7 @@
 // `zeroplan compare`: lays a prediction (`simulate --json`) beside a measurement
 // (`train --out`) of the same configuration: memory per category at the peak, bytes per
 // collective kind, and time per phase.
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,9 @@ struct CompareRequest {
 struct Comparison {
   bool exact_memory = false;  // every category at the peak, the peak, reserved, host and the peak event agree
   bool exact_comm = false;    // bytes and calls of every collective kind agree
+  // A GPU run predicted with `simulate --executor cuda` on a GPU whose figures are measured:
+  // whether the predicted device-used bytes are within 1% of the driver's peak.
+  std::optional<bool> device_used_within_1pct;
   std::string text;           // the report people read
   nlohmann::json json;        // the same, machine-readable
 };

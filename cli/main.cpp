@@ -156,6 +156,9 @@ int main(int argc, char** argv) {
   sim->add_option("--trace", sim_req.trace, "write a Chrome trace (Perfetto, chrome://tracing) of each stage");
   sim->add_flag("--critical-path", sim_req.critical_path,
                 "show the critical path: its longest events (table), every event on it (--json)");
+  sim->add_option("--executor", sim_req.executor,
+                  "also predict the device memory of zeroplan's own executor on this program: cuda (train --device "
+                  "cuda, NCCL) or cuda-mpi (--comm mpi): its scratch and the device-used bytes its driver reports");
 
   zp::cli::ExplainRequest ex_req;
   std::string ex_micro, ex_seq;

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/file_io.hpp"
 #include "core/json_util.hpp"
+#include "exec/interpreter.hpp"
 #include "sim/collective_model.hpp"
 #include "sim/compute_model.hpp"
 #include "sim/trace.hpp"
@@ -79,6 +80,9 @@ Inputs load_inputs(const SimRequest& req) {
     if (s < 0 || s > 3) throw InputError("--stages", "", fmt::format("stage must be one of 0, 1, 2, 3, got {}", s));
   if (req.micro_batch && *req.micro_batch < 1)
     throw InputError("--micro-batch", "", fmt::format("must be an integer >= 1, got {}", *req.micro_batch));
+  if (!req.executor.empty() && req.executor != "cuda" && req.executor != "cuda-mpi")
+    throw InputError("--executor", "", fmt::format("must be cuda (train --device cuda, NCCL) or cuda-mpi (--comm mpi), "
+                                                   "got '{}'", req.executor));
   Inputs in;
   if (!req.cluster.empty()) {
     in.cluster = sim::load_cluster(req.cluster, req.nodes, req.nic_gbps, req.gpu);
@@ -187,13 +191,37 @@ models::GraphOptions graph_options(const Inputs& in, const zero::DsConfig& cfg, 
   return go;
 }
 
+namespace {
+// Whether `graph` is the one this configuration needs (else it is built again).
+bool graph_fits(const models::OpGraph* graph, const Inputs& in, const zero::DsConfig& cfg, const zero::Batch& batch) {
+  return graph && graph->opt.micro_batch == batch.micro_batch && graph->opt.act_dtype == cfg.model_dtype() &&
+         graph->opt.attention == in.attention && graph->opt.transformers == in.transformers &&
+         graph->opt.variants == in.variants && graph->opt.gradient_checkpointing == in.activation_checkpointing;
+}
+
+// The executor's device memory for one result (--executor): its scratch, by running the
+// program on exec/cuda_memory.hpp's probe, and the driver's device-used figure.
+ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const zero::DsConfig& cfg,
+                               const models::OpGraph& g, const StageResult& r) {
+  if (const auto why = exec::unsupported_reason(g, r.program, cfg); !why.empty())
+    throw InputError("--executor", "", fmt::format("{}: zeroplan's executor cannot run stage {} of this configuration: {}",
+                                                   req.executor, r.stage, why));
+  ExecutorMemory m;
+  m.nccl = req.executor == "cuda";
+  try {
+    m.scratch = exec::predict_cuda_scratch(g, r.program, cfg);
+  } catch (const std::logic_error& e) {  // an op the CUDA device refuses (a layout, a dtype)
+    throw InputError("--executor", "", fmt::format("{}: {}", req.executor, e.what()));
+  }
+  m.used = exec::predict_cuda_device_used(*in.device, r.memory.reserved_peak, m.scratch, m.nccl);
+  return m;
+}
+}  // namespace
+
 StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const models::OpGraph* graph, bool with_time) {
   const zero::Batch batch = zero::resolve_batch(cfg, in.world_size);
   models::OpGraph local;
-  if (!graph || graph->opt.micro_batch != batch.micro_batch || graph->opt.act_dtype != cfg.model_dtype() ||
-      graph->opt.attention != in.attention || graph->opt.transformers != in.transformers ||
-      graph->opt.variants != in.variants ||
-      graph->opt.gradient_checkpointing != in.activation_checkpointing) {
+  if (!graph_fits(graph, in, cfg, batch)) {
     local = models::build_graph(in.model, graph_options(in, cfg, batch));
     graph = &local;
   }
@@ -240,11 +268,13 @@ std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req) {
   bool have_graph = false;
   for (int s : stages) {
     const zero::DsConfig c = config_for_stage(in, req, s);
-    if (!have_graph) {
-      graph = models::build_graph(in.model, graph_options(in, c, zero::resolve_batch(c, in.world_size)));
+    const zero::Batch batch = zero::resolve_batch(c, in.world_size);
+    if (!have_graph || !graph_fits(&graph, in, c, batch)) {
+      graph = models::build_graph(in.model, graph_options(in, c, batch));
       have_graph = true;
     }
     out.push_back(simulate_one(in, c, &graph));
+    if (!req.executor.empty()) out.back().executor = executor_memory(in, req, c, graph, out.back());
   }
   return out;
 }
@@ -345,6 +375,30 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
                      {"allocated_bytes", q.allocated.v},
                      {"segment_sizes", q.sizes}});
   j["memory"]["reserved_by_pool"] = std::move(pools);
+  if (r.executor) {
+    const ExecutorMemory& x = *r.executor;
+    auto arenas = nlohmann::json::array();
+    for (const auto& a : x.scratch.arenas)
+      arenas.push_back({{"stream", zero::stream_name(static_cast<zero::Stream>(a.stream))},
+                        {"slot", a.slot},
+                        {"bytes", a.bytes.v},
+                        {"largest_by", a.largest_by}});
+    const auto& u = x.used;
+    nlohmann::json used = {{"known", u.known},
+                           {"context_bytes", u.context.v},
+                           {"libraries_bytes", u.libraries.v},
+                           {"communicator_bytes", u.communicator.v},
+                           {"reserved_bytes", u.reserved.v},
+                           {"scratch_bytes", u.scratch.v},
+                           {"pages_bytes", u.pages.v},
+                           {"total_bytes", u.total.v}};
+    j["executor"] = {{"device", "cuda"},
+                     {"comm", x.nccl ? "nccl" : "mpi"},
+                     {"device_scratch_bytes", x.scratch.total.v},
+                     {"stream_contexts_bytes", x.scratch.stream_contexts.v},
+                     {"arenas", std::move(arenas)},
+                     {"device_used", std::move(used)}};
+  }
   return j;
 }
 
@@ -377,6 +431,42 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   return j;
 }
 
+namespace {
+// --executor: zeroplan's CUDA executor's device memory, part by part as its driver reports it.
+std::string executor_table(const Inputs& in, const std::vector<StageResult>& rs) {
+  const bool nccl = rs.front().executor->nccl;
+  std::string out = fmt::format("\nzeroplan train --device cuda{} on this program: device used at the peak, as the "
+                                "driver reports it (MiB)\n",
+                                nccl ? "" : " --comm mpi");
+  out += fmt::format("{:>5} {:>9} {:>10} {:>9} {:>10} {:>9} {:>7} {:>10}  {}\n", "stage", "context", "libraries",
+                     nccl ? "nccl" : "comm", "reserved", "scratch", "pages", "dev_used", "largest scratch");
+  auto mb = [](Bytes b) { return fmt::format("{:.0f}", b.mib()); };
+  for (const auto& r : rs) {
+    const ExecutorMemory& x = *r.executor;
+    const exec::CudaArena* big = nullptr;
+    for (const auto& a : x.scratch.arenas)
+      if (!big || a.bytes > big->bytes) big = &a;
+    const auto& u = x.used;
+    out += fmt::format("{:>5} {:>9} {:>10} {:>9} {:>10} {:>9} {:>7} {:>10}  {}\n", r.stage,
+                       u.known ? mb(u.context) : "?", u.known ? mb(u.libraries) : "?",
+                       u.known ? mb(u.communicator) : "?", mb(u.reserved), mb(u.scratch), mb(u.pages),
+                       u.known ? mb(u.total) : "?",
+                       big ? fmt::format("{} M, {}", mb(big->bytes), big->largest_by) : std::string("-"));
+  }
+  const auto& e = in.device->executor;
+  if (!e.measured)
+    out += fmt::format("?: not measured on {} (sim/devices.json has no executor_cuda entry for it; a train --device cuda "
+                       "--out run on it reports them under driver_memory)\n", in.device->name);
+  else
+    out += fmt::format("context, libraries{}: measured on {} ({}); scratch: the executor's own arenas (exec/cuda_memory.hpp); "
+                       "pages: their rounding to 2 MiB\n",
+                       nccl ? ", nccl (one rank's communicator)" : "", in.device->name, e.source);
+  if (nccl && in.world_size > 1)
+    out += "note: NCCL's buffers grow with its peers and channels; the nccl column is one rank's communicator\n";
+  return out;
+}
+}  // namespace
+
 std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs, bool critical_path) {
   std::string out;
   const auto& first = rs.front();
@@ -399,6 +489,7 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
   }
   out += fmt::format("sizes in MiB (M = 2^20 B) at the peak; dev_used = reserved (caching allocator) + {} context\n",
                      human_bytes(in.device->context_overhead));
+  if (first.executor) out += executor_table(in, rs);
   out += fmt::format("\n{:>5} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>8} {:>6} {:>10}\n", "stage", "fwd_ms", "bwd_ms",
                      "bwd_ar_ms", "step_ms", "iter_ms", "samples/s", "tflops", "mfu", "comm_MB");
   for (const auto& r : rs) {

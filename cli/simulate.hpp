@@ -12,8 +12,10 @@ namespace CLI {
 class App;
 }  // namespace CLI
 
-#include "models/graph.hpp"
 #include <memory>
+
+#include "exec/cuda_memory.hpp"
+#include "models/graph.hpp"
 
 #include "sim/cluster.hpp"
 #include "sim/collective_model.hpp"
@@ -50,6 +52,7 @@ struct SimRequest {
   bool critical_path = false;            // --critical-path: the path event by event
   bool check_batch = true;               // false: the caller sets the batch (plan)
   std::string profile;                   // --profile: a cluster profile (zeroplan calibrate --out)
+  std::string executor;                  // --executor: cuda | cuda-mpi (zeroplan's own executor's device memory); empty: none
 };
 
 // Everything one configuration's prediction needs, loaded and validated once.
@@ -76,6 +79,14 @@ struct Inputs {
   std::string uncertainty_source;  // "profile FILE" or "the <device> preset"; empty: none known
 };
 
+// `--executor cuda`: the device memory of `zeroplan train --device cuda` on this program
+// (exec/cuda_memory.hpp): what its own scratch takes, and its device-used figure.
+struct ExecutorMemory {
+  bool nccl = true;  // the communicator: NCCL (train's default on GPUs), else MPI (--comm mpi)
+  exec::CudaScratchPrediction scratch;
+  exec::CudaDeviceUsed used;
+};
+
 struct StageResult {
   int stage = 0;
   int rank = 0;
@@ -83,6 +94,7 @@ struct StageResult {
   zero::Program program;
   sim::MemoryReport memory;
   sim::TimeSummary time;
+  std::optional<ExecutorMemory> executor;
 };
 
 // Validates flags (N >= 1, stages in 0..3, micro-batch >= 1, seq-len within the model's

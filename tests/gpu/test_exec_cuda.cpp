@@ -110,21 +110,33 @@ json train(const Case& c, const std::string& device) {
 double tolerance(const std::string& dtype) { return dtype == "fp32" ? 2e-4 : 3e-2; }
 
 // zeroplan compare of rank 0's GPU measurement with the simulator's prediction for it:
-// allocated bytes per category, reserved bytes and every collective kind exact.
+// allocated bytes per category, reserved bytes and every collective kind exact; the
+// device's own scratch exact (simulate --executor, exec/cuda_memory.hpp); and, for one
+// process on an H200 (whose context, libraries and NCCL figures sim/devices.json holds),
+// the driver's device-used peak within 1% of the prediction.
 void check_compare(const Case& c) {
   const fs::path cfg = dir() / (name_of(c) + ".json");
   const fs::path measured = dir() / (name_of(c) + "-cuda.out" + (c.np == 1 ? ".json" : ".rank0.json"));
   const fs::path predicted = dir() / (name_of(c) + ".predicted.json");
   const auto r = zp::test::run_shell(fmt::format(
       "{0} simulate --model {1} --ds-config {2} --cluster 8xH200-141GB-NVSwitch --gpus {3} --rank 0 --seq-len 16 "
-      "--attention {4}{5}{8} --json > {6} && {0} compare --predicted {6} --measured {7} --json",
+      "--attention {4}{5}{8} --executor {9} --json > {6} && {0} compare --predicted {6} --measured {7} --json",
       bin(), c.model, cfg.string(), c.np, c.attention, c.ckpt ? " --activation-checkpointing" : "", predicted.string(),
-      measured.string(), c.variants), false);
+      measured.string(), c.variants, c.np == 1 || c.nccl ? "cuda" : "cuda-mpi"), false);
   INFO(r.out);
   REQUIRE(r.status == 0);
   const json cmp = json::parse(r.out);
   CHECK(cmp["exact_memory"] == true);
   CHECK(cmp["exact_comm"] == true);
+  const auto& dm = cmp["driver_memory"];
+  CHECK(dm["device scratch"]["predicted"] == dm["device scratch"]["measured"]);
+  const json m = json::parse(std::ifstream(measured));
+  if (c.np == 1 && m["config"]["gpu"] == "NVIDIA H200") {
+    MESSAGE(name_of(c), ": device used predicted ", dm["= driver's peak"]["predicted"].get<std::int64_t>() >> 20,
+            " MiB, measured ", dm["= driver's peak"]["measured"].get<std::int64_t>() >> 20, " MiB (",
+            100.0 * dm["device_used_diff"].get<double>(), "%)");
+    CHECK(dm["device_used_within_1pct"] == true);
+  }
 }
 
 void check(const Case& c) {
