@@ -367,6 +367,18 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
         return std::nullopt;
       return (*pu)[key].integer(0);
     };
+    // Ranks sharing the GPU (train --comm mpi on one GPU): the driver's figures are all of
+    // theirs, so the peak is held against the sum of their predictions (simulate
+    // --ranks-per-gpu K), not this rank's.
+    const std::int64_t on_gpu = cfg.has("ranks_on_gpu") ? cfg["ranks_on_gpu"].integer(1) : 1;
+    std::optional<std::int64_t> whole = known ? pred("total_bytes") : std::nullopt;
+    if (on_gpu > 1) {
+      whole.reset();
+      const bool have = ex && R["executor"].has("gpu_shared") &&
+                        R["executor"]["gpu_shared"]["ranks"].integer(1) == on_gpu &&
+                        R["executor"]["gpu_shared"]["known"].boolean();
+      if (have) whole = R["executor"]["gpu_shared"]["total_bytes"].integer(0);
+    }
     struct Part {
       const char* name;
       std::int64_t measured;
@@ -378,7 +390,7 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
                           {"program's reserved segments", reserved, ex ? pred("reserved_bytes") : pr_reserved},
                           {"device scratch", scratch, pred("scratch_bytes")},
                           {ex ? "pages / unexplained" : "unexplained", rest, pred("pages_bytes")},
-                          {"= driver's peak", peak, known ? pred("total_bytes") : std::nullopt}};
+                          {on_gpu > 1 ? "= driver's peak (the GPU's)" : "= driver's peak", peak, whole}};
     auto mib = [](std::int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b) / 1048576.0); };
     t += fmt::format("  the GPU as the driver saw it at the peak, MiB{}\n    {:<32}{:>12} {:>12} {:>9}\n",
                      ex ? "" : " (only the reserved segments are predicted: simulate --executor cuda predicts the rest)",
@@ -392,13 +404,20 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
       t += fmt::format("    {:<32}{:>12} {:>12} {:>9}\n", q.name, q.predicted ? mib(*q.predicted) : "-", mib(q.measured), d);
       jd[q.name] = {{"measured", q.measured}, {"predicted", q.predicted ? json(*q.predicted) : json(nullptr)}};
     }
-    if (known && peak > 0) {
-      const double off = static_cast<double>((*pu)["total_bytes"].integer(0) - peak) / static_cast<double>(peak);
+    if (on_gpu > 1)
+      t += fmt::format("    the driver's figures are the GPU's, which {} ranks share{}\n", on_gpu,
+                       whole ? fmt::format(": predicted for the {} of them, {} MiB", on_gpu, mib(*whole))
+                             : fmt::format(" (simulate --executor cuda-mpi --ranks-per-gpu {} predicts them)", on_gpu));
+    if (whole && peak > 0) {
+      const double off = static_cast<double>(*whole - peak) / static_cast<double>(peak);
       c.device_used_within_1pct = std::abs(off) <= 0.01;
       t += fmt::format("device used: predicted {} the driver's peak ({:+.2f}%)\n",
                        *c.device_used_within_1pct ? "within 1% of" : "more than 1% away from", 100.0 * off);
       jd["device_used_diff"] = off;
       jd["device_used_within_1pct"] = *c.device_used_within_1pct;
+      jd["device_used_predicted"] = *whole;
+    } else if (on_gpu > 1) {
+      t += "device used: not predicted for the whole GPU\n";
     } else if (ex) {
       t += "device used: not predicted (the GPU's context, libraries and communicator were never measured: "
            "sim/devices.json executor_cuda)\n";

@@ -83,6 +83,11 @@ Inputs load_inputs(const SimRequest& req) {
   if (!req.executor.empty() && req.executor != "cuda" && req.executor != "cuda-mpi")
     throw InputError("--executor", "", fmt::format("must be cuda (train --device cuda, NCCL) or cuda-mpi (--comm mpi), "
                                                    "got '{}'", req.executor));
+  if (req.ranks_per_gpu < 1)
+    throw InputError("--ranks-per-gpu", "", fmt::format("must be an integer >= 1, got {}", req.ranks_per_gpu));
+  if (req.ranks_per_gpu > 1 && req.executor != "cuda-mpi")
+    throw InputError("--ranks-per-gpu", "", "needs --executor cuda-mpi (NCCL refuses two ranks on one GPU; "
+                                            "train --comm mpi stages their collectives through the host)");
   Inputs in;
   if (!req.cluster.empty()) {
     in.cluster = sim::load_cluster(req.cluster, req.nodes, req.nic_gbps, req.gpu);
@@ -214,6 +219,19 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
     throw InputError("--executor", "", fmt::format("{}: {}", req.executor, e.what()));
   }
   m.used = exec::predict_cuda_device_used(*in.device, r.memory.reserved_peak, m.scratch, m.nccl);
+  // Ranks sharing the GPU: each one's program (lowered for it) and scratch, summed.
+  for (int k = 0; k < req.ranks_per_gpu && req.ranks_per_gpu > 1; ++k) {
+    exec::CudaDeviceUsed u = m.used;
+    if (k != r.rank) {
+      sim::Target t = target(in);
+      t.rank = k;
+      const sim::Prediction p = sim::predict(g, cfg, r.batch, t, false);
+      u = exec::predict_cuda_device_used(*in.device, p.memory.reserved_peak, exec::predict_cuda_scratch(g, p.program, cfg),
+                                         m.nccl);
+    }
+    m.gpu_total += u.total;
+    m.gpu_ranks.push_back(u);
+  }
   return m;
 }
 }  // namespace
@@ -398,6 +416,13 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
                      {"stream_contexts_bytes", x.scratch.stream_contexts.v},
                      {"arenas", std::move(arenas)},
                      {"device_used", std::move(used)}};
+    if (!x.gpu_ranks.empty()) {
+      auto ranks = nlohmann::json::array();
+      for (const auto& g : x.gpu_ranks)
+        ranks.push_back({{"reserved_bytes", g.reserved.v}, {"scratch_bytes", g.scratch.v}, {"total_bytes", g.total.v}});
+      j["executor"]["gpu_shared"] = {{"ranks", x.gpu_ranks.size()}, {"known", u.known}, {"total_bytes", x.gpu_total.v},
+                                     {"per_rank", std::move(ranks)}};
+    }
   }
   return j;
 }
@@ -463,6 +488,12 @@ std::string executor_table(const Inputs& in, const std::vector<StageResult>& rs)
                        nccl ? ", nccl (one rank's communicator)" : "", in.device->name, e.source);
   if (nccl && in.world_size > 1)
     out += "note: NCCL's buffers grow with its peers and channels; the nccl column is one rank's communicator\n";
+  for (const auto& r : rs)
+    if (!r.executor->gpu_ranks.empty())
+      out += fmt::format("stage {}: ranks 0-{} on the one GPU use {} MiB of it together (each its own context, "
+                         "libraries, program and scratch)\n",
+                         r.stage, r.executor->gpu_ranks.size() - 1,
+                         r.executor->used.known ? fmt::format("{:.0f}", r.executor->gpu_total.mib()) : std::string("?"));
   return out;
 }
 }  // namespace

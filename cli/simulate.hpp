@@ -53,6 +53,7 @@ struct SimRequest {
   bool check_batch = true;               // false: the caller sets the batch (plan)
   std::string profile;                   // --profile: a cluster profile (zeroplan calibrate --out)
   std::string executor;                  // --executor: cuda | cuda-mpi (zeroplan's own executor's device memory); empty: none
+  int ranks_per_gpu = 1;                 // --ranks-per-gpu: ranks 0..K-1 share GPU 0 (--executor cuda-mpi): its whole figure
 };
 
 // Everything one configuration's prediction needs, loaded and validated once.
@@ -85,6 +86,10 @@ struct ExecutorMemory {
   bool nccl = true;  // the communicator: NCCL (train's default on GPUs), else MPI (--comm mpi)
   exec::CudaScratchPrediction scratch;
   exec::CudaDeviceUsed used;
+  // --ranks-per-gpu K > 1: ranks 0..K-1 on the one GPU, each with its own context, libraries,
+  // program and scratch: the device-used bytes of each and of the whole GPU (their sum).
+  std::vector<exec::CudaDeviceUsed> gpu_ranks;
+  Bytes gpu_total{};
 };
 
 struct StageResult {

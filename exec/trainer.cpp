@@ -365,6 +365,10 @@ json train(const TrainOptions& opt, Comm& boot) {
     }
   }
   Comm& comm = nccl ? *nccl : boot;
+  // The ranks on this rank's GPU (itself included): the driver's figures are theirs together.
+  const auto ranks_on_gpu = std::count_if(all.begin(), all.end(), [&](const json& a) {
+    return a["host"] == mine["host"] && a["gpu"] == mine["gpu"];
+  });
   if (!nccl) boot.set_timeout(opt.comm_timeout);
 
   Setup& S = *setup;
@@ -428,6 +432,7 @@ json train(const TrainOptions& opt, Comm& boot) {
       // segments and the device's own scratch), beside the program's reserved bytes.
       const DriverMemory dm = driver_memory(device.get());
       doc["config"]["gpu"] = dm.gpu;
+      doc["config"]["ranks_on_gpu"] = ranks_on_gpu;  // the driver's figures are this GPU's, all of them
       doc["driver_memory"] = {{"total", dm.total.v},
                               {"after_context", dm.after_context.v},
                               {"after_init", dm.after_init.v},

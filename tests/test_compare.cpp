@@ -268,6 +268,49 @@ TEST_CASE("compare: a GPU measurement's device memory, part by part") {
   CHECK_FALSE(nlohmann::json::parse(c.out).contains("driver_memory"));
 }
 
+// Ranks sharing one GPU (train --comm mpi): the driver's figures are the GPU's, so compare
+// holds the peak against the sum of every sharing rank's prediction (simulate --ranks-per-gpu).
+TEST_CASE("compare: ranks sharing one GPU are held against the sum of their predictions") {
+  const std::string ds = file("ds.json", kConfig);
+  REQUIRE(sh(kMpirun + bin() + "train --model tiny-gpt2 --ds-config " + ds +
+             " --seq-len 16 --steps 1 --workspaces-of H200 --quiet --out " + path("m5.json")).status == 0);
+  auto m = nlohmann::json::parse(std::ifstream(path("m5.rank0.json")));
+  const std::string px = predict("p5.json", "--gpus 2 --rank 0 --executor cuda-mpi --ranks-per-gpu 2");
+  const auto x = nlohmann::json::parse(std::ifstream(px))["results"][0]["executor"];
+  REQUIRE(x.contains("gpu_shared"));
+  CHECK(x["comm"] == "mpi");
+  CHECK(x["device_used"]["communicator_bytes"] == 0);
+  const auto& shared = x["gpu_shared"];
+  CHECK(shared["ranks"] == 2);
+  REQUIRE(shared["per_rank"].size() == 2);
+  const std::int64_t total = shared["total_bytes"].get<std::int64_t>();
+  CHECK(total == shared["per_rank"][0]["total_bytes"].get<std::int64_t>() + shared["per_rank"][1]["total_bytes"].get<std::int64_t>());
+  CHECK(shared["per_rank"][0]["total_bytes"] == x["device_used"]["total_bytes"]);
+  const std::int64_t MiB = 1 << 20;
+  m["config"]["ranks_on_gpu"] = 2;
+  m["driver_memory"] = {{"after_context", 1100 * MiB}, {"after_init", 1300 * MiB}, {"after_comm", 0},
+                        {"device_scratch", x["device_scratch_bytes"]}, {"peak", total + total / 200}};
+  const std::string mfile = file("m5gpu.json", m.dump());
+  const Run j = sh(bin() + "compare --json --predicted " + px + " --measured " + mfile);
+  REQUIRE(j.status == 0);
+  const auto d = nlohmann::json::parse(j.out)["driver_memory"];
+  CHECK(d["= driver's peak (the GPU's)"]["predicted"] == total);
+  CHECK(d["device_used_within_1pct"] == true);  // 0.5% under the measured peak
+  // This rank's prediction alone says nothing of the GPU's figure.
+  const std::string p1 = predict("p5one.json", "--gpus 2 --rank 0 --executor cuda-mpi");
+  const Run t = sh(bin() + "compare --predicted " + p1 + " --measured " + mfile);
+  REQUIRE(t.status == 0);
+  CHECK(t.out.find("which 2 ranks share (simulate --executor cuda-mpi --ranks-per-gpu 2 predicts them)") != std::string::npos);
+  CHECK(t.out.find("device used: not predicted for the whole GPU") != std::string::npos);
+  // Bad input.
+  const Run b1 = sh(bin() + "simulate --model tiny-gpt2 --gpus 2 --executor cuda --ranks-per-gpu 2");
+  CHECK(b1.status == 2);
+  CHECK(b1.out.find("--ranks-per-gpu: needs --executor cuda-mpi") != std::string::npos);
+  const Run b2 = sh(bin() + "simulate --model tiny-gpt2 --gpus 2 --executor cuda-mpi --ranks-per-gpu 0");
+  CHECK(b2.status == 2);
+  CHECK(b2.out == "zeroplan: --ranks-per-gpu: must be an integer >= 1, got 0\n");
+}
+
 // `simulate --executor cuda` against the 14 runs of zeroplan's CUDA executor recorded on an
 // H200 (tests/data/calibration/h200_executor): the scratch its arenas measured, and the
 // driver's device-used peak. Those runs predate e134d4d, which removed one arena: the 16-bit
