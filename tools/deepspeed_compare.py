@@ -243,6 +243,9 @@ def main():
                 keep[-1]["memory"] = {k: v for k, v in run["memory"].items() if k != "at_peak"}
             if "profile" in run:
                 keep[-1]["gpu_s"] = {ph: v["gpu_busy_s"] for ph, v in run["profile"].get("phases", {}).items()}
+                classes = {ph: v["by_class_s"] for ph, v in run["profile"].get("phases", {}).items() if "by_class_s" in v}
+                if classes:
+                    keep[-1]["gpu_by_class_s"] = classes
         with open(args.write_reference, "w") as f:
             json.dump({"meta": meta, "runs": keep}, f, indent=1)
             f.write("\n")

@@ -151,6 +151,13 @@ def versions():
     except Exception:  # noqa: BLE001
         v["host_cpu"] = ""
     v["host_cores"] = os.cpu_count()
+    # Whether fp32 products ran on TF32 tensor cores (the compute model prices fp32 GEMMs on
+    # the fp32 cores unless its profile says otherwise).
+    v["tf32"] = {
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+    }
     return v
 
 
@@ -396,6 +403,27 @@ def peak_composition(before_snap, after_snap, fence_addr_start, fence_addr_end):
 # Profiler trace: GPU busy vs host wall per phase, DeepSpeed's Python hot spots
 
 
+# The classes the compute model prices kernels by (sim/compute_model.cpp), told by the kernel's
+# name: cuBLAS/cuBLASLt GEMMs (nvjet, cutlass, xmma, gemm), fused attention (flash, fmha, PyTorch's
+# efficient attention), NCCL, the optimizer's multi-tensor kernels, copies; the rest elementwise.
+KERNEL_CLASSES = (
+    ("collective", ("nccl",)),
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "splitk")),
+    ("optimizer", ("adam", "multi_tensor", "multitensor")),
+)
+
+
+def kernel_class(name, cat):
+    if cat in ("gpu_memcpy", "gpu_memset"):
+        return "copy"
+    n = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in n for k in keys):
+            return cls
+    return "elementwise"
+
+
 def reduce_profile(trace_path):
     with open(trace_path) as f:
         tr = json.load(f)
@@ -417,7 +445,7 @@ def reduce_profile(trace_path):
                 launches[corr] = (e["ts"], name)
         elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             corr = (e.get("args") or {}).get("correlation")
-            gpu.setdefault(corr, []).append((e["ts"], e["ts"] + e.get("dur", 0), cat))
+            gpu.setdefault(corr, []).append((e["ts"], e["ts"] + e.get("dur", 0), cat, name))
         elif cat == "python_function":
             pass
     phases = {}
@@ -426,6 +454,8 @@ def reduce_profile(trace_path):
         ivs = []
         n_kernels = 0
         syncs = 0
+        by_class = {}
+        by_kernel = {}
         for corr, (ts, rname) in launches.items():
             if any(a <= ts <= b for a, b in ws):
                 if "Synchronize" in rname or rname in ("cudaMemcpy", "cudaMemcpyAsync"):
@@ -433,6 +463,12 @@ def reduce_profile(trace_path):
                 for iv in gpu.get(corr, []):
                     ivs.append(iv[:2])
                     n_kernels += 1
+                    dur = (iv[1] - iv[0]) * 1e-6
+                    cls = kernel_class(iv[3], iv[2])
+                    by_class[cls] = by_class.get(cls, 0.0) + dur
+                    k = by_kernel.setdefault(iv[3][:160], [cls, 0, 0.0])
+                    k[1] += 1
+                    k[2] += dur
         ivs.sort()
         busy, end = 0.0, -1e30
         first, last = None, None
@@ -451,6 +487,10 @@ def reduce_profile(trace_path):
             "gpu_span_s": ((last - first) * 1e-6) if first is not None else 0.0,
             "kernels": n_kernels,
             "sync_calls": syncs,
+            # GPU time per kernel class (summed durations) and the kernels that took the most,
+            # so the compute model is checked class by class, not only phase by phase.
+            "by_class_s": by_class,
+            "top_kernels": sorted(([n, c, k, t] for n, (c, k, t) in by_kernel.items()), key=lambda x: -x[3])[:25],
         }
     # Python functions of DeepSpeed (with_stack profiles record them as python_function).
     for e in evs:
