@@ -151,6 +151,7 @@ def versions():
     except Exception:  # noqa: BLE001
         v["host_cpu"] = ""
     v["host_cores"] = os.cpu_count()
+    v["cpu_affinity"] = sorted(os.sched_getaffinity(0))
     # Whether fp32 products ran on TF32 tensor cores (the compute model prices fp32 GEMMs on
     # the fp32 cores unless its profile says otherwise).
     v["tf32"] = {
@@ -735,7 +736,22 @@ def main():
     ap.add_argument("--round-index", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--keep-gc", action="store_true",
                     help="leave Python's garbage collector on during the timed steps (to see what it costs)")
+    ap.add_argument("--cpus", default="",
+                    help="pin the process to these CPUs (e.g. 2,3 or 2-5): DeepSpeed's host work is single-threaded "
+                         "Python, and the same run's times moved 1.2-1.9x between unpinned processes")
     args = ap.parse_args()
+    if args.cpus:
+        cpus = set()
+        for part in args.cpus.split(","):
+            a, _, b = part.partition("-")
+            try:
+                cpus.update(range(int(a), int(b or a) + 1))
+            except ValueError:
+                sys.exit(f"deepspeed_reference: --cpus {args.cpus}: a list of CPU numbers or ranges (2,3 or 2-5)")
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as e:
+            sys.exit(f"deepspeed_reference: --cpus {args.cpus}: {e}")
 
     if args.validate_config is not None:
         # Config validation needs no GPU and no process group: on a machine without CUDA,
