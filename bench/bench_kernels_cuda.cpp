@@ -24,6 +24,7 @@
 #include "kernels/cuda/bmm.cuh"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/dropout.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/linear.cuh"
@@ -259,6 +260,19 @@ int main(int argc, char** argv) {
         report("gelu_tanh bwd " + tn, dims({R, C}), ms, 3.0 * rc, false, copy_ceiling);
         ms = time_ms(opt, [&] { kg::add_forward(y.get(), x.get(), dy.get(), R * C, dt, nullptr); });
         report("add fwd " + tn, dims({R, C}), ms, 3.0 * rc, false, copy_ceiling);
+        // Dropout p = 0.1 (GPT-2's residual and embedding dropouts): x read, y and the byte mask
+        // written; the backward reads dy and the mask and writes dx.
+        Buffer mask(static_cast<std::size_t>(R * C));
+        const double mb = static_cast<double>(R * C);
+        ms = time_ms(opt, [&] {
+          kg::dropout_forward(y.get(), mask.as<std::uint8_t>(), x.get(), R * C, 0.1f, 1234, std::uint64_t{7} << 32, dt,
+                              nullptr);
+        });
+        report("dropout fwd " + tn, dims({R, C}), ms, 2.0 * rc + mb, false, copy_ceiling);
+        ms = time_ms(opt, [&] {
+          kg::dropout_backward(dx.get(), mask.as<std::uint8_t>(), dy.get(), R * C, 0.1f, false, dt, nullptr);
+        });
+        report("dropout bwd " + tn, dims({R, C}), ms, 2.0 * rc + mb, false, copy_ceiling);
       }
       {  // eager softmax over GPT-2 attention scores (B·H·T rows of T)
         const std::int64_t R = 16 * 12 * 1024 / scale, n = 1024;

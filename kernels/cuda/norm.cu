@@ -127,6 +127,135 @@ __global__ void layernorm_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy
   }
 }
 
+// The same two as one warp per row with the row held in registers (P 16-byte packs per lane):
+// x (and dy) read from memory once, the sums reduced by warp shuffles with no block barrier,
+// several rows per block. For rows of whole packs up to 32·P packs. The statistics are the
+// block kernels' (the mean, then the mean square of the deviations), summed in another order.
+constexpr int kWarpRowsPerBlock = 4;
+
+template <class T, int P>
+__global__ void layernorm_forward_warp_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
+                                              const T* __restrict__ x, const T* __restrict__ w,
+                                              const T* __restrict__ b, std::int64_t rows, std::int64_t C, float eps) {
+  constexpr int W = detail::kPack<T>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const float fc = static_cast<float>(C);
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kWarpRowsPerBlock;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32; row < rows;
+       row += step) {
+    const T* xr = x + row * C;
+    float v[P][W];
+    float s = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+      if (j < C) {
+        load_f<T, W>(xr + j, v[p]);
+#pragma unroll
+        for (int k = 0; k < W; ++k) s += v[p][k];
+      }
+    }
+    const float mu = detail::warp_sum(s) / fc;
+    float q = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (static_cast<std::int64_t>(p * 32 + lane) * W < C) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          const float d = v[p][k] - mu;
+          q += d * d;
+        }
+      }
+    }
+    const float rs = 1.0f / sqrtf(detail::warp_sum(q) / fc + eps);
+    if (lane == 0) {
+      mean[row] = mu;
+      rstd[row] = rs;
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+      if (j >= C) continue;
+      float wv[W], bv[W], o[W];
+      if (w != nullptr) load_f<T, W>(w + j, wv);
+      if (b != nullptr) load_f<T, W>(b + j, bv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        o[k] = (v[p][k] - mu) * rs;
+        if (w != nullptr) o[k] *= wv[k];
+        if (b != nullptr) o[k] += bv[k];
+      }
+      detail::store_f<T, W>(y + row * C + j, o);
+    }
+  }
+}
+
+template <class T, int P>
+__global__ void layernorm_dx_warp_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                                         const float* __restrict__ mean, const float* __restrict__ rstd,
+                                         const T* __restrict__ w, std::int64_t rows, std::int64_t C, bool accumulate) {
+  constexpr int W = detail::kPack<T>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const float fc = static_cast<float>(C);
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kWarpRowsPerBlock;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32; row < rows;
+       row += step) {
+    const float mu = mean[row], rs = rstd[row];
+    float g[P][W], xh[P][W];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+      if (j >= C) continue;
+      float wv[W];
+      load_f<T, W>(dy + row * C + j, g[p]);
+      load_f<T, W>(x + row * C + j, xh[p]);
+      if (w != nullptr) load_f<T, W>(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        if (w != nullptr) g[p][k] = g[p][k] * wv[k];
+        xh[p][k] = (xh[p][k] - mu) * rs;
+        sg += g[p][k];
+        sgx += g[p][k] * xh[p][k];
+      }
+    }
+    const float mean_g = detail::warp_sum(sg) / fc;
+    const float mean_gx = detail::warp_sum(sgx) / fc;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+      if (j >= C) continue;
+      float o[W];
+#pragma unroll
+      for (int k = 0; k < W; ++k) o[k] = rs * (g[p][k] - mean_g - xh[p][k] * mean_gx);
+      detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
+    }
+  }
+}
+
+// Packs per lane of the warp kernels for rows of C elements (0: too long, the block kernels).
+template <class T>
+int warp_row_packs(std::int64_t C, int most) {
+  const std::int64_t per_lane = detail::ceil_div(C / detail::kPack<T>, 32);
+  for (int p = 1; p <= most; p *= 2)
+    if (per_lane <= p) return p;
+  return 0;
+}
+
+// kernel<T, P> for P = packs (1, 2, 4 or 8): one warp per row, kWarpRowsPerBlock rows per block.
+#define ZP_LAUNCH_WARP_ROWS(kernel, packs, rows, ...)                                                    \
+  do {                                                                                                   \
+    const unsigned grid_ = detail::grid_for((rows), kWarpRowsPerBlock);                                 \
+    const unsigned block_ = 32 * kWarpRowsPerBlock;                                                      \
+    switch (packs) {                                                                                     \
+      case 1: kernel<T, 1><<<grid_, block_, 0, stream>>>(__VA_ARGS__); break;                            \
+      case 2: kernel<T, 2><<<grid_, block_, 0, stream>>>(__VA_ARGS__); break;                            \
+      case 4: kernel<T, 4><<<grid_, block_, 0, stream>>>(__VA_ARGS__); break;                            \
+      default: kernel<T, 8><<<grid_, block_, 0, stream>>>(__VA_ARGS__); break;                           \
+    }                                                                                                    \
+    ZP_CUDA_CHECK_LAUNCH(#kernel);                                                                       \
+  } while (0)
+
 template <class T>
 struct LayerNormParamGrads {
   const T* dy;
@@ -341,6 +470,11 @@ void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const v
   detail::dispatch(dt, "layernorm_forward", [&](auto tag) {
     using T = decltype(tag);
     const bool vec = rows_vec<T>(C, {y, x, w, b});
+    if (const int packs = vec ? warp_row_packs<T>(C, 8) : 0; packs > 0) {
+      ZP_LAUNCH_WARP_ROWS(layernorm_forward_warp_kernel, packs, rows, static_cast<T*>(y), mean, rstd,
+                          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), rows, C, eps);
+      return;
+    }
     ZP_LAUNCH_ROWS(layernorm_forward_kernel, vec, rows, C, static_cast<T*>(y), mean, rstd, static_cast<const T*>(x),
                    static_cast<const T*>(w), static_cast<const T*>(b), rows, C, eps);
   });
@@ -354,8 +488,12 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
     using T = decltype(tag);
     if (dx != nullptr && rows > 0) {
       const bool vec = rows_vec<T>(C, {dx, dy, x, w});
-      ZP_LAUNCH_ROWS(layernorm_dx_kernel, vec, rows, C, static_cast<T*>(dx), static_cast<const T*>(dy),
-                     static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate);
+      if (const int packs = vec ? warp_row_packs<T>(C, 4) : 0; packs > 0)
+        ZP_LAUNCH_WARP_ROWS(layernorm_dx_warp_kernel, packs, rows, static_cast<T*>(dx), static_cast<const T*>(dy),
+                            static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate);
+      else
+        ZP_LAUNCH_ROWS(layernorm_dx_kernel, vec, rows, C, static_cast<T*>(dx), static_cast<const T*>(dy),
+                       static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate);
     }
     if (dw != nullptr || db != nullptr)
       detail::column_reduce<T, 2>(

@@ -372,35 +372,47 @@ TEST_CASE("layout: split/merge heads (fused qkv columns), repeat_kv, select_toke
 // dropout and the shared generator
 // ------------------------------------------------------------------------------------
 TEST_CASE("dropout: the same mask as the CPU for every (seed, offset), kept values scaled exactly") {
+  // Offsets a multiple of 4 with aligned buffers take the 16-byte path (8 elements and two
+  // Philox blocks per thread); other offsets, or buffers 2 elements off alignment, the
+  // element path. n leaves a tail of 7 on the 16-byte path.
   const std::int64_t n = 10007;
   for (DType dt : kDtypes)
     for (float p : {0.0f, 0.1f, 0.5f, 1.0f})
-      for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{3}, (std::uint64_t{17} << 32) + 5}) {
-        CAPTURE(dtype_str(dt));
-        CAPTURE(p);
-        CAPTURE(offset);
-        const std::uint64_t seed = 0x9E3779B97F4A7C15ull ^ 1234u;
-        const Vec x = rand_vec(n, 61, dt), dy = rand_vec(n, 62, dt);
-        auto dxin = device(x, dt), ddy = device(dy, dt);
-        auto y = output(sz(n), dt);
-        Dev mask(sz(n));
-        mask.poison();
-        kg::dropout_forward(y->get(), mask.as<std::uint8_t>(), dxin->get(), n, p, seed, offset, dt, kStream);
-        Vec ry(sz(n));
-        std::vector<std::uint8_t> rmask(sz(n));
-        kc::dropout_forward(ry.data(), rmask.data(), x.data(), n, p, seed, offset);
-        CHECK(download_raw<std::uint8_t>(mask, sz(n)) == rmask);
-        expect_close("dropout_forward", download(*y, sz(n), dt), stored(ry, dt), Tol{});
-        auto dx = output(sz(n), dt);
-        kg::dropout_backward(dx->get(), mask.as<std::uint8_t>(), ddy->get(), n, p, false, dt, kStream);
-        Vec rdx(sz(n));
-        kc::dropout_backward(rdx.data(), rmask.data(), dy.data(), n, p, false);
-        expect_close("dropout_backward", download(*dx, sz(n), dt), stored(rdx, dt), Tol{});
-        if (p == 0.1f) {
-          const auto kept = std::count(rmask.begin(), rmask.end(), std::uint8_t{1});
-          CHECK(std::abs(static_cast<double>(kept) / static_cast<double>(n) - 0.9) < 0.02);
+      for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{17} << 32, (std::uint64_t{17} << 32) + 5})
+        for (int misaligned : {0, 1}) {
+          CAPTURE(dtype_str(dt));
+          CAPTURE(p);
+          CAPTURE(offset);
+          CAPTURE(misaligned);
+          const std::size_t off = misaligned ? 2 * sz(dtype_size(dt)) : 0;
+          const std::uint64_t seed = 0x9E3779B97F4A7C15ull ^ 1234u;
+          const Vec x = rand_vec(n, 61, dt), dy = rand_vec(n, 62, dt), init = rand_vec(n, 63, dt);
+          auto dxin = device(x, dt, off), ddy = device(dy, dt, off);
+          auto y = output(sz(n), dt, off);
+          Dev mask(sz(n), misaligned ? 3 : 0);
+          mask.poison();
+          kg::dropout_forward(y->get(), mask.as<std::uint8_t>(), dxin->get(), n, p, seed, offset, dt, kStream);
+          Vec ry(sz(n));
+          std::vector<std::uint8_t> rmask(sz(n));
+          kc::dropout_forward(ry.data(), rmask.data(), x.data(), n, p, seed, offset);
+          CHECK(download_raw<std::uint8_t>(mask, sz(n)) == rmask);
+          expect_close("dropout_forward", download(*y, sz(n), dt), stored(ry, dt), Tol{});
+          auto dx = output(sz(n), dt, off);
+          kg::dropout_backward(dx->get(), mask.as<std::uint8_t>(), ddy->get(), n, p, false, dt, kStream);
+          Vec rdx(sz(n));
+          kc::dropout_backward(rdx.data(), rmask.data(), dy.data(), n, p, false);
+          expect_close("dropout_backward", download(*dx, sz(n), dt), stored(rdx, dt), Tol{});
+          // Accumulated into initial values: the sum in fp32, rounded once.
+          auto acc = device(init, dt, off);
+          kg::dropout_backward(acc->get(), mask.as<std::uint8_t>(), ddy->get(), n, p, true, dt, kStream);
+          Vec racc = init;
+          kc::dropout_backward(racc.data(), rmask.data(), dy.data(), n, p, true);
+          expect_close("dropout_backward accumulated", download(*acc, sz(n), dt), stored(racc, dt), Tol{});
+          if (p == 0.1f) {
+            const auto kept = std::count(rmask.begin(), rmask.end(), std::uint8_t{1});
+            CHECK(std::abs(static_cast<double>(kept) / static_cast<double>(n) - 0.9) < 0.02);
+          }
         }
-      }
 }
 
 TEST_CASE("rng: uniform_fill equals the CPU bit for bit, normal_fill to the last fp32 bit or so") {
@@ -730,7 +742,9 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
 TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (deterministic), with and without affine") {
   kg::Context ctx;
   for (DType dt : kDtypes)
-    for (std::int64_t C : {std::int64_t{768}, std::int64_t{100}})
+    // 768: one warp per row (packs per lane 3 in 16 bits, 6 in fp32: the forward's warp kernel,
+    // fp32's dx the block kernel); 4096: the block kernels on 16-byte packs; 100: element by element.
+    for (std::int64_t C : {std::int64_t{768}, std::int64_t{100}, std::int64_t{4096}})
       for (bool affine : {true, false}) {
         CAPTURE(dtype_str(dt));
         CAPTURE(C);
