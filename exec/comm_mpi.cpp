@@ -79,14 +79,20 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
 
+  // The reporting calls are bounded like the program's collectives: a peer that hangs
+  // between a step's collectives and its report (the loss's sum, every step) ends the job too.
   double sum_for_report(double v) override {
     double out = 0.0;
+    Armed armed(*this, [&] { return fmt::format("all_reduce of 8 B (1 x fp64, the step's report) on {}", world_group()); });
     ZP_MPI(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
     return out;
   }
   std::vector<std::string> gather_for_report(const std::string& text) override {
     if (text.size() > static_cast<std::size_t>(kMaxMessage)) throw std::length_error("gather_for_report: text too long");
     const int mine = static_cast<int>(text.size());
+    Armed armed(*this, [&] {
+      return fmt::format("all_gather of {} B (the ranks' reports) on {}", text.size(), world_group());
+    });
     std::vector<int> lens(static_cast<std::size_t>(size_)), offsets(static_cast<std::size_t>(size_));
     ZP_MPI(MPI_Allgather(&mine, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD));
     std::int64_t total = 0;
@@ -105,7 +111,10 @@ class MpiComm final : public Comm {
                                static_cast<std::size_t>(lens[static_cast<std::size_t>(r)])));
     return out;
   }
-  void barrier() override { ZP_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
+  void barrier() override {
+    Armed armed(*this, [&] { return fmt::format("barrier of 0 B (between steps) on {}", world_group()); });
+    ZP_MPI(MPI_Barrier(MPI_COMM_WORLD));
+  }
   [[noreturn]] void abort(const std::string& why) override {
     fmt::print(stderr, "zeroplan: rank {}: {}\n", rank_, why);
     std::fflush(stderr);
@@ -131,7 +140,11 @@ class MpiComm final : public Comm {
     const auto k = static_cast<std::size_t>(c.kind);
     ++counters_.calls[k];
     if (n == 1) return;  // a group of one: the buffer is already the result (avg: /1)
-    Armed armed(*this, c);
+    Armed armed(*this, [&] {
+      return fmt::format("{} of {} B ({} x {}) on group [{}]", zero::coll_kind_name(c.kind),
+                         c.elements * static_cast<std::int64_t>(dtype_size(c.dtype)), c.elements, dtype_name(c.dtype),
+                         fmt::join(c.group, ","));
+    });
     switch (c.kind) {
       case zero::CollKind::all_reduce:
         reduce_scatter(c, n, me);
@@ -225,15 +238,23 @@ class MpiComm final : public Comm {
     if (pos < n - 1) send(c, c.buf, bytes, world(c, (me + 1) % n));
   }
 
-  // The collective in progress, for the watchdog (set for the call's duration).
+  // "group [0,1,...]": every rank of the world.
+  std::string world_group() const {
+    std::string g;
+    for (int r = 0; r < size_; ++r) g += fmt::format("{}{}", r ? "," : "", r);
+    return fmt::format("group [{}]", g);
+  }
+
+  // The call in progress, for the watchdog (set for the call's duration; `what` names it in the
+  // line that ends the job, and is only made when a watchdog runs).
   struct Armed {
     MpiComm& m;
-    Armed(MpiComm& comm, const CollectiveCall& c) : m(comm) {
+    template <class What>
+    Armed(MpiComm& comm, What&& what) : m(comm) {
       if (!m.watchdog_.joinable()) return;
+      std::string w = what();
       std::lock_guard<std::mutex> lk(m.mu_);
-      m.what_ = fmt::format("{} of {} B ({} x {}) on group [{}]", zero::coll_kind_name(c.kind),
-                            c.elements * static_cast<std::int64_t>(dtype_size(c.dtype)), c.elements, dtype_name(c.dtype),
-                            fmt::join(c.group, ","));
+      m.what_ = std::move(w);
       m.since_ = std::chrono::steady_clock::now();
       m.armed_ = true;
     }

@@ -10,6 +10,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -54,6 +55,16 @@ std::string rank_path(const std::string& out, int rank, int world) {
 }
 
 namespace {
+
+// A hang between a step's collectives and its report, on purpose, for the failure tests
+// (tests/test_failure_ranks.cpp): ZEROPLAN_TEST_STOP_BEFORE_REPORT=RANK:STEP makes that rank
+// stop itself (SIGSTOP) there, with its sockets open, as a peer that hangs would.
+void stop_for_test(int rank, std::int64_t step) {
+  const char* v = std::getenv("ZEROPLAN_TEST_STOP_BEFORE_REPORT");
+  int r = -1;
+  long long k = -1;
+  if (v != nullptr && std::sscanf(v, "%d:%lld", &r, &k) == 2 && r == rank && k == step) std::raise(SIGSTOP);
+}
 
 json categories(const std::array<Bytes, zero::kNumCategories>& c) {
   json j = json::object();
@@ -369,7 +380,9 @@ json train(const TrainOptions& opt, Comm& boot) {
   const auto ranks_on_gpu = std::count_if(all.begin(), all.end(), [&](const json& a) {
     return a["host"] == mine["host"] && a["gpu"] == mine["gpu"];
   });
-  if (!nccl) boot.set_timeout(opt.comm_timeout);
+  // The MPI communicator bounds its calls too when NCCL carries the program's collectives: the
+  // step's reports (the loss) and the checkpoints' barriers still go through it.
+  boot.set_timeout(opt.comm_timeout);
 
   Setup& S = *setup;
   const models::OpGraph& g = *S.graph;
@@ -603,6 +616,7 @@ json train(const TrainOptions& opt, Comm& boot) {
         io::write_atomic(opt.save_batch, jb.dump() + "\n", "--save-batch");
       }
       const auto r = interp.step(s, mbs);
+      stop_for_test(rank, s);
       const double loss = comm.sum_for_report(r.loss) / N;
       losses.push_back(loss);
       norms.push_back(r.grad_norm);

@@ -4,6 +4,7 @@
 // status 2, never a hang (each run is under `timeout`: status 124 would be a hang).
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -168,4 +169,26 @@ TEST_CASE("a hung or dead peer ends every rank within --comm-timeout") {
         {"zeroplan: rank 0: MPI ", " B (",
          " on group [0,1] did not complete within 3 s: a peer died or hangs (--comm-timeout)"},
         3.0);
+}
+
+// A peer that hangs between a step's collectives and the step's report (the loss's sum over
+// the ranks, an MPI call outside the program): the report is bounded by --comm-timeout like
+// the collectives, so rank 0 ends the job instead of waiting for ever. The hang is made by
+// ZEROPLAN_TEST_STOP_BEFORE_REPORT (rank 1 stops itself there; exec/trainer.cpp).
+TEST_CASE("a peer hung before a step's report ends every rank within --comm-timeout") {
+  const std::string cfg = write("report.json", kCfg);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = zp::test::run_shell(fmt::format(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun --oversubscribe -np 2 "
+      "-x ZEROPLAN_TEST_STOP_BEFORE_REPORT=1:3 {} train --model tiny-gpt2 --ds-config {} --seq-len 16 --steps 10 "
+      "--comm-timeout 3 --quiet",
+      ZEROPLAN_BIN, cfg));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.out);
+  MESSAGE("rank 1 stopped before step 3's report: mpirun status ", r.status, " after ", seconds, " s");
+  CHECK(r.status != 0);
+  CHECK(r.status != 124);  // not ended by the test's own timeout
+  CHECK(seconds < 30.0);
+  CHECK(r.out.find("zeroplan: rank 0: MPI all_reduce of 8 B (1 x fp64, the step's report) on group [0,1] did not "
+                   "complete within 3 s: a peer died or hangs (--comm-timeout)") != std::string::npos);
 }
