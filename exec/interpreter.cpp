@@ -301,11 +301,14 @@ void Interpreter::prologue() {
   mem_.reset_peaks();
   // The params every stage starts from.
   for (const auto& prm : g_.params) {
-    std::vector<float> v(U(prm.numel));
+    std::vector<float> v;
     if (!skip_values_) {
+      v.resize(U(prm.numel));
       if (init_) v = init_->at(prm.name).values;
       else init_param(prm, seed_, v.data());
     }
+    // The values from element k (none where they are skipped: the device reads nothing).
+    auto values_at = [&](std::int64_t k) -> const float* { return v.empty() ? nullptr : v.data() + k; };
     const auto i = U(prm.id);
     const std::int64_t s = ceil_div(prm.numel, N_);
     const std::int64_t shard = std::clamp<std::int64_t>(prm.numel - rank_ * s, 0, s);  // this rank's shard
@@ -313,21 +316,21 @@ void Interpreter::prologue() {
       if (!mem_.live(buf.id)) continue;
       const Ref d = ref(buf.id);
       switch (buf.role) {
-        case BufferRole::flat_params16: dev_.upload(d.at(layout_.offset[i]), v.data(), prm.numel); break;
-        case BufferRole::param_partition16: dev_.upload(d.at(part_off_[i]), v.data() + rank_ * s, shard); break;
+        case BufferRole::flat_params16: dev_.upload(d.at(layout_.offset[i]), values_at(0), prm.numel); break;
+        case BufferRole::param_partition16: dev_.upload(d.at(part_off_[i]), values_at(rank_ * s), shard); break;
         case BufferRole::param_full16:
-          if (buf.ref < 0 && persist_off_[i] >= 0) dev_.upload(d.at(persist_off_[i]), v.data(), prm.numel);
+          if (buf.ref < 0 && persist_off_[i] >= 0) dev_.upload(d.at(persist_off_[i]), values_at(0), prm.numel);
           break;
         case BufferRole::master_partition:
         case BufferRole::host_master:  // offload_optimizer: the same partition, in host memory
           if (stage_ == 3) {
-            dev_.upload(d.at(part_off_[i]), v.data() + rank_ * s, shard);
+            dev_.upload(d.at(part_off_[i]), values_at(rank_ * s), shard);
           } else if (stage_ == 0) {
-            dev_.upload(d.at(layout_.offset[i]), v.data(), prm.numel);
+            dev_.upload(d.at(layout_.offset[i]), values_at(0), prm.numel);
           } else {
             const std::int64_t lo = rank_ * layout_.partition, a = layout_.offset[i];
             const std::int64_t from = std::max(a, lo), to = std::min(a + prm.numel, lo + layout_.partition);
-            if (to > from) dev_.upload(d.at(from - lo), v.data() + (from - a), to - from);
+            if (to > from) dev_.upload(d.at(from - lo), values_at(from - a), to - from);
           }
           break;
         default: break;
