@@ -126,16 +126,18 @@ void dropout_forward(void* y, std::uint8_t* mask, const void* x, std::int64_t n,
     if (p <= 0.0f) {
       dropout_identity_kernel<T><<<detail::grid_for(n, kDropoutBlock), kDropoutBlock, 0, stream>>>(
           static_cast<T*>(y), mask, static_cast<const T*>(x), n);
+      ZP_CUDA_CHECK_LAUNCH("dropout_identity_kernel");
     } else if (offset % 4 == 0 && detail::aligned16(y) && detail::aligned16(x) && aligned8(mask)) {
       dropout_forward_vec_kernel<T><<<detail::grid_for(detail::ceil_div(n, 8), kDropoutBlock), kDropoutBlock, 0, stream>>>(
           static_cast<T*>(y), mask, static_cast<const T*>(x), n, 1.0f - p, keep_scale(p), seed, offset);
+      ZP_CUDA_CHECK_LAUNCH("dropout_forward_vec_kernel");
     } else {
       const std::int64_t blocks =
           static_cast<std::int64_t>(((offset + static_cast<std::uint64_t>(n) - 1) >> 2) - (offset >> 2) + 1);
       dropout_forward_kernel<T><<<detail::grid_for(blocks, kDropoutBlock), kDropoutBlock, 0, stream>>>(
           static_cast<T*>(y), mask, static_cast<const T*>(x), n, 1.0f - p, keep_scale(p), seed, offset);
+      ZP_CUDA_CHECK_LAUNCH("dropout_forward_kernel");
     }
-    ZP_CUDA_CHECK_LAUNCH("dropout_forward_kernel");
   });
 }
 
@@ -145,13 +147,15 @@ void dropout_backward(void* dx, const std::uint8_t* mask, const void* dy, std::i
   const float scale = p <= 0.0f ? 1.0f : keep_scale(p);
   detail::dispatch(dt, "dropout_backward", [&](auto tag) {
     using T = decltype(tag);
-    if (detail::aligned16(dx) && detail::aligned16(dy) && aligned8(mask))
+    if (detail::aligned16(dx) && detail::aligned16(dy) && aligned8(mask)) {
       dropout_backward_vec_kernel<T><<<detail::grid_for(detail::ceil_div(n, 8), kDropoutBlock), kDropoutBlock, 0, stream>>>(
           static_cast<T*>(dx), mask, static_cast<const T*>(dy), n, scale, accumulate);
-    else
+      ZP_CUDA_CHECK_LAUNCH("dropout_backward_vec_kernel");
+    } else {
       dropout_backward_kernel<T><<<detail::grid_for(n, kDropoutBlock), kDropoutBlock, 0, stream>>>(
           static_cast<T*>(dx), mask, static_cast<const T*>(dy), n, scale, accumulate);
-    ZP_CUDA_CHECK_LAUNCH("dropout_backward_kernel");
+      ZP_CUDA_CHECK_LAUNCH("dropout_backward_kernel");
+    }
   });
 }
 

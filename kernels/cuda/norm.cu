@@ -1,4 +1,7 @@
 #include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "kernels/cuda/columns.cuh"
 #include "kernels/cuda/detail.cuh"
@@ -133,16 +136,23 @@ __global__ void layernorm_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy
 // block kernels' (the mean, then the mean square of the deviations), summed in another order.
 constexpr int kWarpRowsPerBlock = 4;
 
+// f(row, lane) for every row of this warp: one warp per row, grid-stride over the rows.
+template <class F>
+__device__ __forceinline__ void for_warp_rows(std::int64_t rows, F&& f) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kWarpRowsPerBlock;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32; row < rows;
+       row += step)
+    f(row, lane);
+}
+
 template <class T, int P>
 __global__ void layernorm_forward_warp_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
                                               const T* __restrict__ x, const T* __restrict__ w,
                                               const T* __restrict__ b, std::int64_t rows, std::int64_t C, float eps) {
   constexpr int W = detail::kPack<T>;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
   const float fc = static_cast<float>(C);
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kWarpRowsPerBlock;
-  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32; row < rows;
-       row += step) {
+  for_warp_rows(rows, [&](std::int64_t row, int lane) {
     const T* xr = x + row * C;
     float v[P][W];
     float s = 0.0f;
@@ -187,7 +197,7 @@ __global__ void layernorm_forward_warp_kernel(T* __restrict__ y, float* __restri
       }
       detail::store_f<T, W>(y + row * C + j, o);
     }
-  }
+  });
 }
 
 template <class T, int P>
@@ -195,11 +205,8 @@ __global__ void layernorm_dx_warp_kernel(T* __restrict__ dx, const T* __restrict
                                          const float* __restrict__ mean, const float* __restrict__ rstd,
                                          const T* __restrict__ w, std::int64_t rows, std::int64_t C, bool accumulate) {
   constexpr int W = detail::kPack<T>;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
   const float fc = static_cast<float>(C);
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kWarpRowsPerBlock;
-  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32; row < rows;
-       row += step) {
+  for_warp_rows(rows, [&](std::int64_t row, int lane) {
     const float mu = mean[row], rs = rstd[row];
     float g[P][W], xh[P][W];
     float sg = 0.0f, sgx = 0.0f;
@@ -230,7 +237,7 @@ __global__ void layernorm_dx_warp_kernel(T* __restrict__ dx, const T* __restrict
       for (int k = 0; k < W; ++k) o[k] = rs * (g[p][k] - mean_g - xh[p][k] * mean_gx);
       detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
     }
-  }
+  });
 }
 
 // Packs per lane of the warp kernels for rows of C elements (0: too long, the block kernels).
@@ -242,19 +249,24 @@ int warp_row_packs(std::int64_t C, int most) {
   return 0;
 }
 
-// kernel<T, P> for P = packs (1, 2, 4 or 8): one warp per row, kWarpRowsPerBlock rows per block.
-#define ZP_LAUNCH_WARP_ROWS(kernel, packs, rows, ...)                                                    \
-  do {                                                                                                   \
-    const unsigned grid_ = detail::grid_for((rows), kWarpRowsPerBlock);                                 \
-    const unsigned block_ = 32 * kWarpRowsPerBlock;                                                      \
-    switch (packs) {                                                                                     \
-      case 1: kernel<T, 1><<<grid_, block_, 0, stream>>>(__VA_ARGS__); break;                            \
-      case 2: kernel<T, 2><<<grid_, block_, 0, stream>>>(__VA_ARGS__); break;                            \
-      case 4: kernel<T, 4><<<grid_, block_, 0, stream>>>(__VA_ARGS__); break;                            \
-      default: kernel<T, 8><<<grid_, block_, 0, stream>>>(__VA_ARGS__); break;                           \
-    }                                                                                                    \
-    ZP_CUDA_CHECK_LAUNCH(#kernel);                                                                       \
-  } while (0)
+// launch(P) with P = packs as a compile-time constant (1, 2, 4 ... Most): the warp kernels'
+// instances, one warp per row, kWarpRowsPerBlock rows per block.
+template <int Most, class Launch>
+void with_packs(int packs, Launch&& launch) {
+  switch (packs) {
+    case 1: launch(std::integral_constant<int, 1>{}); return;
+    case 2: launch(std::integral_constant<int, 2>{}); return;
+    case 4: launch(std::integral_constant<int, 4>{}); return;
+    case 8:
+      if constexpr (Most >= 8) {
+        launch(std::integral_constant<int, 8>{});
+        return;
+      }
+      break;
+    default: break;
+  }
+  throw std::logic_error("norm: no warp kernel for " + std::to_string(packs) + " packs per lane");
+}
 
 template <class T>
 struct LayerNormParamGrads {
@@ -471,8 +483,13 @@ void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const v
     using T = decltype(tag);
     const bool vec = rows_vec<T>(C, {y, x, w, b});
     if (const int packs = vec ? warp_row_packs<T>(C, 8) : 0; packs > 0) {
-      ZP_LAUNCH_WARP_ROWS(layernorm_forward_warp_kernel, packs, rows, static_cast<T*>(y), mean, rstd,
-                          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), rows, C, eps);
+      with_packs<8>(packs, [&](auto P) {
+        layernorm_forward_warp_kernel<T, decltype(P)::value>
+            <<<detail::grid_for(rows, kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, 0, stream>>>(
+                static_cast<T*>(y), mean, rstd, static_cast<const T*>(x), static_cast<const T*>(w),
+                static_cast<const T*>(b), rows, C, eps);
+      });
+      ZP_CUDA_CHECK_LAUNCH("layernorm_forward_warp_kernel");
       return;
     }
     ZP_LAUNCH_ROWS(layernorm_forward_kernel, vec, rows, C, static_cast<T*>(y), mean, rstd, static_cast<const T*>(x),
@@ -488,12 +505,18 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
     using T = decltype(tag);
     if (dx != nullptr && rows > 0) {
       const bool vec = rows_vec<T>(C, {dx, dy, x, w});
-      if (const int packs = vec ? warp_row_packs<T>(C, 4) : 0; packs > 0)
-        ZP_LAUNCH_WARP_ROWS(layernorm_dx_warp_kernel, packs, rows, static_cast<T*>(dx), static_cast<const T*>(dy),
-                            static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate);
-      else
+      if (const int packs = vec ? warp_row_packs<T>(C, 4) : 0; packs > 0) {
+        with_packs<4>(packs, [&](auto P) {
+          layernorm_dx_warp_kernel<T, decltype(P)::value>
+              <<<detail::grid_for(rows, kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, 0, stream>>>(
+                  static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
+                  static_cast<const T*>(w), rows, C, accumulate);
+        });
+        ZP_CUDA_CHECK_LAUNCH("layernorm_dx_warp_kernel");
+      } else {
         ZP_LAUNCH_ROWS(layernorm_dx_kernel, vec, rows, C, static_cast<T*>(dx), static_cast<const T*>(dy),
                        static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate);
+      }
     }
     if (dw != nullptr || db != nullptr)
       detail::column_reduce<T, 2>(

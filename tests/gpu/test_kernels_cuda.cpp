@@ -373,23 +373,25 @@ TEST_CASE("layout: split/merge heads (fused qkv columns), repeat_kv, select_toke
 // ------------------------------------------------------------------------------------
 TEST_CASE("dropout: the same mask as the CPU for every (seed, offset), kept values scaled exactly") {
   // Offsets a multiple of 4 with aligned buffers take the 16-byte path (8 elements and two
-  // Philox blocks per thread); other offsets, or buffers 2 elements off alignment, the
-  // element path. n leaves a tail of 7 on the 16-byte path.
+  // Philox blocks per thread); other offsets, buffers 2 elements off alignment (misaligned 1)
+  // or a mask 4 bytes off (misaligned 2), the element path. n leaves a tail of 7 on the
+  // 16-byte path; the last offset's blocks carry into the counter's high word.
   const std::int64_t n = 10007;
   for (DType dt : kDtypes)
     for (float p : {0.0f, 0.1f, 0.5f, 1.0f})
-      for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{17} << 32, (std::uint64_t{17} << 32) + 5})
-        for (int misaligned : {0, 1}) {
+      for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{17} << 32,
+                                   (std::uint64_t{17} << 32) + 5, (std::uint64_t{1} << 34) - 16})
+        for (int misaligned : {0, 1, 2}) {
           CAPTURE(dtype_str(dt));
           CAPTURE(p);
           CAPTURE(offset);
           CAPTURE(misaligned);
-          const std::size_t off = misaligned ? 2 * sz(dtype_size(dt)) : 0;
+          const std::size_t off = misaligned == 1 ? 2 * sz(dtype_size(dt)) : 0;
           const std::uint64_t seed = 0x9E3779B97F4A7C15ull ^ 1234u;
           const Vec x = rand_vec(n, 61, dt), dy = rand_vec(n, 62, dt), init = rand_vec(n, 63, dt);
           auto dxin = device(x, dt, off), ddy = device(dy, dt, off);
           auto y = output(sz(n), dt, off);
-          Dev mask(sz(n), misaligned ? 3 : 0);
+          Dev mask(sz(n), misaligned == 1 ? 3 : misaligned == 2 ? 4 : 0);
           mask.poison();
           kg::dropout_forward(y->get(), mask.as<std::uint8_t>(), dxin->get(), n, p, seed, offset, dt, kStream);
           Vec ry(sz(n));
@@ -742,9 +744,10 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
 TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (deterministic), with and without affine") {
   kg::Context ctx;
   for (DType dt : kDtypes)
-    // 768: one warp per row (packs per lane 3 in 16 bits, 6 in fp32: the forward's warp kernel,
-    // fp32's dx the block kernel); 4096: the block kernels on 16-byte packs; 100: element by element.
-    for (std::int64_t C : {std::int64_t{768}, std::int64_t{100}, std::int64_t{4096}})
+    // One warp per row where rows are whole 16-byte packs: 768 (packs per lane 3 in 16 bits,
+    // so 4; 6 in fp32, so 8 forward and the block kernel for dx), 512 (2 in 16 bits, 4 in
+    // fp32), 100 (1 in fp32; 16 bits go element by element); 4096: the block kernels on packs.
+    for (std::int64_t C : {std::int64_t{768}, std::int64_t{100}, std::int64_t{512}, std::int64_t{4096}})
       for (bool affine : {true, false}) {
         CAPTURE(dtype_str(dt));
         CAPTURE(C);
