@@ -56,6 +56,7 @@ void merge(Dataset& into, Dataset from) {
     if (o.kind == ObsKind::kernel && o.kernel.run >= 0) o.kernel.run += offset;
     into.obs.push_back(std::move(o));
   }
+  for (auto& d : from.driver) into.driver.push_back(std::move(d));
   for (auto& w : from.warnings) into.warnings.push_back(std::move(w));
   for (auto& f : from.files) into.files.push_back(std::move(f));
   // Environment: fill what is unknown; warn where two sources disagree.

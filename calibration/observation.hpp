@@ -148,9 +148,18 @@ struct Environment {
   std::map<std::string, std::string> origin;
 };
 
+// What the driver reported of a `train --device cuda --out` run on a GPU of its own (its
+// driver_memory): the CUDA context, what the kernels' libraries held beyond their Context's
+// workspace and scratch, and NCCL's communicator (-1: the run had none).
+struct DriverFigures {
+  std::string file, gpu_name;
+  std::int64_t context = 0, libraries = 0, nccl = -1;
+};
+
 struct Dataset {
   std::vector<Observation> obs;
   std::vector<RunConfig> runs;
+  std::vector<DriverFigures> driver;  // train --out runs of one rank per GPU with driver_memory
   Environment env;
   std::vector<std::string> warnings;
   std::vector<std::string> files;    // every source read

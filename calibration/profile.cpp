@@ -94,6 +94,14 @@ json::json profile_to_json(const ClusterProfile& p) {
   j["uncertainty"] = {{"iteration_rel_sd", p.uncertainty.iteration_rel_sd},
                       {"basis", p.uncertainty.basis},
                       {"by_class", p.uncertainty.by_class}};
+  if (p.executor_memory.measured) {
+    const auto& e = p.executor_memory;
+    j["executor_memory"] = {{"context_bytes", e.context.v},
+                            {"library_bytes", e.libraries.v},
+                            {"nccl_one_rank_bytes", e.nccl_measured ? json::json(e.nccl_one_rank.v) : json::json(nullptr)},
+                            {"runs", p.executor_runs},
+                            {"source", e.source}};
+  }
   j["sources"] = p.sources;
   j["curves"] = p.curves;
   j["residuals"] = p.residuals;
@@ -110,9 +118,25 @@ ClusterProfile profile_from_json(const std::string& file, const json::json& doc)
                                  "sim/profiles.json is not one)",
                                  kProfileFormat));
   r.reject_unknown(doc, {"format", "version", "created", "cluster", "device_profile", "collective", "parameters", "refused",
-                         "uncertainty", "sources", "curves", "residuals", "description"});
+                         "uncertainty", "executor_memory", "sources", "curves", "residuals", "description"});
   ClusterProfile p;
   p.file = file;
+  if (auto it = doc.find("executor_memory"); it != doc.end()) {
+    const json::Reader er = r.sub("executor_memory");
+    er.require_object(*it, "executor_memory");
+    er.reject_unknown(*it, {"context_bytes", "library_bytes", "nccl_one_rank_bytes", "runs", "source"});
+    for (const char* k : {"context_bytes", "library_bytes", "nccl_one_rank_bytes", "runs"})
+      if (!it->contains(k)) throw InputError(file, er.key_path(k), "missing required key");
+    const std::int64_t big = std::int64_t{1} << 50;
+    auto& e = p.executor_memory;
+    e.measured = true;
+    e.context = Bytes{er.get_int(*it, "context_bytes", 0, 0, big)};
+    e.libraries = Bytes{er.get_int(*it, "library_bytes", 0, 0, big)};
+    e.nccl_measured = !it->at("nccl_one_rank_bytes").is_null();
+    if (e.nccl_measured) e.nccl_one_rank = Bytes{er.get_int(*it, "nccl_one_rank_bytes", 0, 0, big)};
+    p.executor_runs = static_cast<int>(er.get_int(*it, "runs", 0, 1, 1 << 20));
+    e.source = er.get_string(*it, "source", "");
+  }
   p.version = static_cast<int>(r.get_int(doc, "version", 0, 0, 1 << 20));
   if (p.version > kProfileVersion)
     throw InputError(file, "version",

@@ -10,6 +10,7 @@
 //    "parameters": [{"name", "unit", "initial", "value", "sd", "status"}],
 //    "refused": [{"name", "reason"}],
 //    "uncertainty": {"iteration_rel_sd", "basis", "by_class": {...}},
+//    "executor_memory": {"context_bytes", "library_bytes", "nccl_one_rank_bytes", "runs", "source"},
 //    "sources": [...], "curves": [...], "residuals": [...]}
 //
 // docs/calibration.md describes every key.
@@ -22,6 +23,7 @@
 #include "calibration/fit.hpp"
 #include "sim/cluster.hpp"
 #include "sim/compute_model.hpp"
+#include "sim/device.hpp"
 
 namespace zp::calibration {
 
@@ -64,6 +66,10 @@ struct ClusterProfile {
   std::vector<ProfileParam> parameters;
   std::vector<Refusal> refused;
   ProfileUncertainty uncertainty;
+  // zeroplan's CUDA executor on this GPU (train --device cuda --out runs of one rank per GPU):
+  // the driver's context, library and one-rank NCCL figures, medians over `executor_runs`.
+  sim::DeviceSpec::ExecutorMemory executor_memory;
+  int executor_runs = 0;
   nlohmann::json sources = nlohmann::json::array();
   nlohmann::json curves = nlohmann::json::array();
   nlohmann::json residuals = nlohmann::json::array();

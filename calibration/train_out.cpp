@@ -14,6 +14,7 @@
 #include "core/json_util.hpp"
 #include "models/model_config.hpp"
 #include "calibration/predictor.hpp"
+#include "exec/cuda_memory.hpp"
 #include "sim/predict.hpp"
 
 namespace zp::calibration {
@@ -94,6 +95,30 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   Dataset ds;
   ds.files.push_back(path);
   const std::string backend = cr.get_string(c, "backend", "");
+  // The driver's figures of a GPU this rank had to itself (sharing ranks' are the GPU's).
+  if (doc.contains("driver_memory") && cr.get_int(c, "ranks_on_gpu", world == 1 ? 1 : 0, 0, 1 << 20) == 1) {
+    const auto& dm = doc.at("driver_memory");
+    const json::Reader dr = root.sub("driver_memory");
+    dr.require_object(dm, "driver_memory");
+    const std::int64_t big = std::int64_t{1} << 50;
+    const std::int64_t ctx = dr.get_int(dm, "after_context", 0, 1, big), init = dr.get_int(dm, "after_init", 0, 1, big);
+    const std::int64_t comm = dr.get_int(dm, "after_comm", 0, 0, big);
+    const auto own = static_cast<std::int64_t>(exec::kComputeContextBytes);
+    if (init < ctx + own)
+      throw InputError(path, dr.key_path("after_init"),
+                       fmt::format("{} B, less than the context's {} B and the kernels' {} B of workspace and scratch", init,
+                                   ctx, own));
+    DriverFigures f;
+    f.file = path;
+    f.gpu_name = cr.get_string(c, "gpu", "");
+    f.context = ctx;
+    f.libraries = init - ctx - own;
+    if (backend == "cuda+nccl") {
+      if (comm < init) throw InputError(path, dr.key_path("after_comm"), fmt::format("{} B, less than after_init's {} B", comm, init));
+      f.nccl = comm - init;
+    }
+    ds.driver.push_back(f);
+  }
   const bool tf32 = cr.get_bool(c, "allow_tf32", false);  // train --allow-tf32
   // The run (rank 0's configuration of its world size) its events and phases belong to, named
   // by the file.

@@ -385,6 +385,23 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
                                     later)
                 : fit(predict, data.obs, start, fo);
   out.profile = make_profile(data, out.fit, cluster, now_utc());
+  if (data.driver.size() > 1) {  // the same GPU and driver give the same figures run after run
+    auto spread = [&](auto get) {
+      std::int64_t lo = INT64_MAX, hi = INT64_MIN;
+      for (const auto& d : data.driver) {
+        lo = std::min(lo, get(d));
+        hi = std::max(hi, get(d));
+      }
+      return hi - lo;
+    };
+    const std::int64_t c = spread([](const DriverFigures& d) { return d.context; });
+    const std::int64_t l = spread([](const DriverFigures& d) { return d.libraries; });
+    if (c > (1 << 20) || l > (1 << 20))
+      data.warnings.push_back(fmt::format("the train --out runs' driver figures differ by up to {:.1f} MiB (context) and "
+                                          "{:.1f} MiB (libraries): other GPUs or drivers among them? the profile keeps "
+                                          "their medians",
+                                          static_cast<double>(c) / 1048576.0, static_cast<double>(l) / 1048576.0));
+  }
 
   out.warnings = data.warnings;
   out.text = summary_text(data, out.fit, cluster);
@@ -392,6 +409,13 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   const auto& u = out.profile.uncertainty;
   out.text += fmt::format("\npredictions with this profile carry ±{:.1f}% (one standard deviation; {})\n",
                           100 * u.iteration_rel_sd, u.basis);
+  if (const auto& e = out.profile.executor_memory; e.measured)
+    out.text += fmt::format("zeroplan's CUDA executor on this GPU ({} train --out run{}; simulate --executor reads them): "
+                            "context {:.1f} MiB, libraries {:.1f} MiB beyond the kernels' 96 MiB, one rank's NCCL "
+                            "communicator {}\n",
+                            out.profile.executor_runs, out.profile.executor_runs == 1 ? "" : "s", e.context.mib(),
+                            e.libraries.mib(),
+                            e.nccl_measured ? fmt::format("{:.1f} MiB", e.nccl_one_rank.mib()) : std::string("not measured"));
   out.json = calibration_json(data, out.fit, cluster);
   out.json["uncertainty"] = {{"iteration_rel_sd", u.iteration_rel_sd}, {"basis", u.basis}, {"by_class", u.by_class}};
   if (!req.out.empty()) {

@@ -105,11 +105,14 @@ Inputs load_inputs(const SimRequest& req) {
   if (req.rank && (*req.rank < 0 || *req.rank >= in.world_size))
     throw InputError("--rank", "", fmt::format("must be in [0, {}] for {} ranks, got {}", in.world_size - 1, in.world_size, *req.rank));
   in.profile = sim::default_profile(*in.device);
+  in.executor_memory = in.device->executor;
   std::vector<std::string> profile_warnings;
   if (!req.profile.empty()) {
-    // A cluster profile's coefficients replace the defaults (compute, host, collective).
+    // A cluster profile's coefficients replace the defaults (compute, host, collective), and
+    // its executor figures the device database's.
     const calibration::ClusterProfile cp = calibration::load_cluster_profile(req.profile);
     calibration::apply_profile(cp, *in.device, in.profile, in.cluster);
+    if (cp.executor_memory.measured) in.executor_memory = cp.executor_memory;
     profile_warnings = calibration::compatibility_warnings(cp, in.cluster, in.world_size, calibration::local_nccl_version());
     in.profile_file = req.profile;
     in.profile_rel_sd = cp.uncertainty.iteration_rel_sd;
@@ -218,7 +221,7 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
   } catch (const std::logic_error& e) {  // an op the CUDA device refuses (a layout, a dtype)
     throw InputError("--executor", "", fmt::format("{}: {}", req.executor, e.what()));
   }
-  m.used = exec::predict_cuda_device_used(*in.device, r.memory.reserved_peak, m.scratch, m.nccl);
+  m.used = exec::predict_cuda_device_used(in.executor_memory, r.memory.reserved_peak, m.scratch, m.nccl);
   // Ranks sharing the GPU: each one's program (lowered for it) and scratch, summed.
   for (int k = 0; k < req.ranks_per_gpu && req.ranks_per_gpu > 1; ++k) {
     exec::CudaDeviceUsed u = m.used;
@@ -226,7 +229,7 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
       sim::Target t = target(in);
       t.rank = k;
       const sim::Prediction p = sim::predict(g, cfg, r.batch, t, false);
-      u = exec::predict_cuda_device_used(*in.device, p.memory.reserved_peak, exec::predict_cuda_scratch(g, p.program, cfg),
+      u = exec::predict_cuda_device_used(in.executor_memory, p.memory.reserved_peak, exec::predict_cuda_scratch(g, p.program, cfg),
                                          m.nccl);
     }
     m.gpu_total += u.total;
@@ -478,10 +481,12 @@ std::string executor_table(const Inputs& in, const std::vector<StageResult>& rs)
                        u.known ? mb(u.total) : "?",
                        big ? fmt::format("{} M, {}", mb(big->bytes), big->largest_by) : std::string("-"));
   }
-  const auto& e = in.device->executor;
+  const auto& e = in.executor_memory;
   if (!e.measured)
-    out += fmt::format("?: not measured on {} (sim/devices.json has no executor_cuda entry for it; a train --device cuda "
-                       "--out run on it reports them under driver_memory)\n", in.device->name);
+    out += fmt::format("?: not measured on {} (sim/devices.json has no executor_cuda entry for it: calibrate --train-out "
+                       "on train --device cuda --out runs of it measures them into a profile)\n", in.device->name);
+  else if (nccl && !e.nccl_measured)
+    out += fmt::format("?: the communicator's memory was not measured ({} has no NCCL run)\n", e.source);
   else
     out += fmt::format("context, libraries{}: measured on {} ({}); scratch: the executor's own arenas (exec/cuda_memory.hpp); "
                        "pages: their rounding to 2 MiB\n",

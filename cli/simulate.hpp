@@ -61,6 +61,8 @@ struct Inputs {
   models::ModelConfig model;
   zero::DsConfig cfg;
   const sim::DeviceSpec* device = nullptr;
+  // zeroplan's CUDA executor's figures on this GPU: the device database's, or --profile's.
+  sim::DeviceSpec::ExecutorMemory executor_memory;
   sim::ClusterSpec cluster;
   std::shared_ptr<const sim::CollectiveModel> collectives;  // built once from `cluster`
   sim::DeviceProfile profile;

@@ -257,14 +257,14 @@ std::int64_t page_rounding(std::size_t bytes) {
 }
 }  // namespace
 
-CudaDeviceUsed predict_cuda_device_used(const sim::DeviceSpec& d, Bytes reserved_peak, const CudaScratchPrediction& s,
-                                        bool nccl) {
+CudaDeviceUsed predict_cuda_device_used(const sim::DeviceSpec::ExecutorMemory& figures, Bytes reserved_peak,
+                                        const CudaScratchPrediction& s, bool nccl) {
   CudaDeviceUsed u;
-  u.known = d.executor.measured;
+  u.known = figures.measured && (!nccl || figures.nccl_measured);
   if (u.known) {
-    u.context = d.executor.context;
-    u.libraries = Bytes{static_cast<std::int64_t>(kComputeContextBytes)} + d.executor.libraries;
-    u.communicator = nccl ? d.executor.nccl_one_rank : Bytes{0};
+    u.context = figures.context;
+    u.libraries = Bytes{static_cast<std::int64_t>(kComputeContextBytes)} + figures.libraries;
+    u.communicator = nccl ? figures.nccl_one_rank : Bytes{0};
   }
   u.reserved = reserved_peak;
   u.scratch = s.total;

@@ -53,7 +53,8 @@ inline constexpr std::size_t kDevicePageBytes = std::size_t{2} << 20;
 // exec::DriverMemory), part by part: the program's reserved segments (sim/'s prediction),
 // the scratch above with the pages its allocations round up to, and what the GPU's entry in
 // sim/devices.json measured for the context, the libraries and one rank's NCCL
-// communicator. `known` is false where that entry has no executor figures (those parts 0).
+// communicator (or a cluster profile's). `known` is false where there are no such figures, or
+// no communicator figure for a run that has one (those parts 0).
 struct CudaDeviceUsed {
   bool known = false;
   Bytes context{};       // DriverMemory::after_context
@@ -68,7 +69,7 @@ struct CudaDeviceUsed {
 // rank each). The communicator's figure is one rank's; with more ranks NCCL's buffers grow
 // with its peers and channels, which is not modelled (CudaDeviceUsed::known stays true; the
 // caller says so).
-CudaDeviceUsed predict_cuda_device_used(const sim::DeviceSpec& d, Bytes reserved_peak, const CudaScratchPrediction& s,
-                                        bool nccl);
+CudaDeviceUsed predict_cuda_device_used(const sim::DeviceSpec::ExecutorMemory& figures, Bytes reserved_peak,
+                                        const CudaScratchPrediction& s, bool nccl);
 
 }  // namespace zp::exec

@@ -69,6 +69,7 @@ Entry read_entry(const json::Reader& r, const json::json& e) {
     d.executor.context = Bytes{x.get_int(*it, "context_bytes", 0, 0, d.memory.v)};
     d.executor.libraries = Bytes{x.get_int(*it, "library_bytes", 0, 0, d.memory.v)};
     d.executor.nccl_one_rank = Bytes{x.get_int(*it, "nccl_one_rank_bytes", 0, 0, d.memory.v)};
+    d.executor.nccl_measured = true;
     d.executor.source = x.get_string(*it, "source", "");
     if (d.executor.source.empty()) throw InputError(x.file, x.key_path("source"), "must say where the figures come from");
   }

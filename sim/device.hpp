@@ -25,11 +25,13 @@ struct DeviceSpec {
   // measured it (measured false: never measured here): the CUDA context; what the kernels'
   // libraries hold besides their Context's workspace and scratch (cuBLASLt's handle, driver
   // pages); one rank's NCCL communicator. exec/cuda_memory.hpp adds the rest.
+  // A cluster profile (zeroplan calibrate on train --device cuda runs) measures them for its GPU.
   struct ExecutorMemory {
     bool measured = false;
     Bytes context{};
     Bytes libraries{};
     Bytes nccl_one_rank{};
+    bool nccl_measured = false;  // a profile of MPI runs only has no communicator figure
     std::string source;
   } executor;
 };

@@ -530,3 +530,56 @@ TEST_CASE("calibrate: each model's micro-benchmarks fit attention's sequence cur
     }
   CHECK(fitted);
 }
+
+// The executor's memory outside the program, measured by train --device cuda's driver figures,
+// goes into the profile, and simulate --executor takes it from there over the device
+// database's (for a GPU the database never measured, the only source).
+TEST_CASE("calibrate --train-out: the CUDA executor's context, library and NCCL figures into the profile") {
+  const std::string dir = std::string(ZEROPLAN_SHARED_DIR) + "/tests/data/calibration/h200_executor/";
+  const std::string prof = tmp("executor_profile.json");
+  const Run r = run("calibrate --cluster 1xH200-141GB --train-out " + dir + "gpt2-s0.json --train-out " + dir +
+                    "gpt2-s1.json --train-out " + dir + "bertl-s0.json --out " + prof);
+  CAPTURE(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("zeroplan's CUDA executor on this GPU (3 train --out runs; simulate --executor reads them): context "
+                   "526.9 MiB, libraries 4.0 MiB beyond the kernels' 96 MiB, one rank's NCCL communicator 578.0 MiB") !=
+        std::string::npos);
+  auto doc = nlohmann::json::parse(std::ifstream(prof));
+  const auto& e = doc["executor_memory"];
+  CHECK(e["context_bytes"] == 552468480);  // each run's after_context
+  CHECK(e["library_bytes"] == 4194304);    // after_init - after_context - 96 MiB
+  CHECK(e["nccl_one_rank_bytes"] == 606076928);
+  CHECK(e["runs"] == 3);
+  // simulate --executor with the profile: its figures, not the database's.
+  doc["executor_memory"]["context_bytes"] = 1LL << 30;
+  const std::string edited = tmp("executor_profile_edited.json");
+  std::ofstream(edited) << doc.dump();
+  const std::string ds = tmp("executor_ds.json");
+  std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}})";
+  const Run with = run("simulate --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --gpus 1 --gpu h200 --executor cuda "
+                       "--json --profile " + edited);
+  REQUIRE(with.status == 0);
+  const Run without = run("simulate --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --gpus 1 --gpu h200 --executor cuda --json");
+  REQUIRE(without.status == 0);
+  const auto uw = nlohmann::json::parse(with.out)["results"][0]["executor"]["device_used"];
+  const auto uo = nlohmann::json::parse(without.out)["results"][0]["executor"]["device_used"];
+  CHECK(uw["context_bytes"] == 1LL << 30);
+  CHECK(uo["context_bytes"] == 552468480);
+  // A profile of MPI runs only has no communicator figure: unknown for NCCL, known for MPI.
+  doc["executor_memory"]["nccl_one_rank_bytes"] = nullptr;
+  std::ofstream(edited) << doc.dump();
+  const auto mpi_only = [&](const char* executor) {
+    const Run m = run("simulate --model tiny-gpt2 --ds-config " + ds + " --seq-len 16 --gpus 1 --gpu h200 --executor " +
+                      executor + " --json --profile " + edited);
+    REQUIRE(m.status == 0);
+    return nlohmann::json::parse(m.out)["results"][0]["executor"]["device_used"]["known"].get<bool>();
+  };
+  CHECK_FALSE(mpi_only("cuda"));
+  CHECK(mpi_only("cuda-mpi"));
+  // A profile whose executor figures lack a key is refused.
+  doc["executor_memory"].erase("library_bytes");
+  std::ofstream(edited) << doc.dump();
+  const Run bad = run("simulate --model tiny-gpt2 --gpus 1 --gpu h200 --profile " + edited);
+  CHECK(bad.status == 2);
+  CHECK(bad.err.find("executor_memory.library_bytes: missing required key") != std::string::npos);
+}

@@ -216,7 +216,7 @@ TEST_CASE("cuda scratch: the device-used figure adds the GPU's measured parts an
   const auto& h200 = zp::sim::find_device("h200");
   REQUIRE(h200.executor.measured);
   const zp::Bytes reserved{10LL << 30};
-  const auto u = zp::exec::predict_cuda_device_used(h200, reserved, s, true);
+  const auto u = zp::exec::predict_cuda_device_used(h200.executor, reserved, s, true);
   CHECK(u.known);
   CHECK(u.context == h200.executor.context);
   CHECK(u.libraries.v == static_cast<std::int64_t>(zp::exec::kComputeContextBytes) + h200.executor.libraries.v);
@@ -227,11 +227,16 @@ TEST_CASE("cuda scratch: the device-used figure adds the GPU's measured parts an
   CHECK(u.pages.v == pages);
   CHECK(u.total.v == u.context.v + u.libraries.v + u.communicator.v + reserved.v + u.scratch.v + u.pages.v);
   // --comm mpi: no NCCL communicator.
-  CHECK(zp::exec::predict_cuda_device_used(h200, reserved, s, false).communicator.v == 0);
+  CHECK(zp::exec::predict_cuda_device_used(h200.executor, reserved, s, false).communicator.v == 0);
   // A GPU never measured: the parts outside the program are unknown, not guessed.
-  const auto a100 = zp::exec::predict_cuda_device_used(zp::sim::find_device("a100"), reserved, s, true);
+  const auto a100 = zp::exec::predict_cuda_device_used(zp::sim::find_device("a100").executor, reserved, s, true);
   CHECK_FALSE(a100.known);
   CHECK(a100.context.v == 0);
+  // Figures without a communicator's (a profile of MPI runs): known for --comm mpi only.
+  auto mpi_only = h200.executor;
+  mpi_only.nccl_measured = false;
+  CHECK(zp::exec::predict_cuda_device_used(mpi_only, reserved, s, false).known);
+  CHECK_FALSE(zp::exec::predict_cuda_device_used(mpi_only, reserved, s, true).known);
 }
 
 TEST_CASE("cuda scratch: with the optimizer offloaded, its update and states take no device scratch") {
