@@ -101,6 +101,8 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
     const json::Reader dr = root.sub("driver_memory");
     dr.require_object(dm, "driver_memory");
     const std::int64_t big = std::int64_t{1} << 50;
+    for (const char* k : {"after_context", "after_init", "after_comm"})
+      if (!dm.contains(k)) throw InputError(path, dr.key_path(k), "missing required key");
     const std::int64_t ctx = dr.get_int(dm, "after_context", 0, 1, big), init = dr.get_int(dm, "after_init", 0, 1, big);
     const std::int64_t comm = dr.get_int(dm, "after_comm", 0, 0, big);
     const auto own = static_cast<std::int64_t>(exec::kComputeContextBytes);
@@ -113,7 +115,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
     f.gpu_name = cr.get_string(c, "gpu", "");
     f.context = ctx;
     f.libraries = init - ctx - own;
-    if (backend == "cuda+nccl") {
+    if (backend == "cuda+nccl" && world == 1) {  // one rank's communicator (more peers: more buffers)
       if (comm < init) throw InputError(path, dr.key_path("after_comm"), fmt::format("{} B, less than after_init's {} B", comm, init));
       f.nccl = comm - init;
     }

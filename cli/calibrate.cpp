@@ -396,11 +396,21 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
     };
     const std::int64_t c = spread([](const DriverFigures& d) { return d.context; });
     const std::int64_t l = spread([](const DriverFigures& d) { return d.libraries; });
-    if (c > (1 << 20) || l > (1 << 20))
-      data.warnings.push_back(fmt::format("the train --out runs' driver figures differ by up to {:.1f} MiB (context) and "
-                                          "{:.1f} MiB (libraries): other GPUs or drivers among them? the profile keeps "
-                                          "their medians",
-                                          static_cast<double>(c) / 1048576.0, static_cast<double>(l) / 1048576.0));
+    std::vector<DriverFigures> with_nccl;
+    for (const auto& d : data.driver)
+      if (d.nccl >= 0) with_nccl.push_back(d);
+    std::int64_t nc = 0;
+    if (with_nccl.size() > 1) {
+      const auto [lo, hi] = std::minmax_element(with_nccl.begin(), with_nccl.end(),
+                                                [](const DriverFigures& a, const DriverFigures& b) { return a.nccl < b.nccl; });
+      nc = hi->nccl - lo->nccl;
+    }
+    if (c > (1 << 20) || l > (1 << 20) || nc > (1 << 20))
+      data.warnings.push_back(fmt::format("the train --out runs' driver figures differ by up to {:.1f} MiB (context), "
+                                          "{:.1f} MiB (libraries) and {:.1f} MiB (NCCL): other GPUs, drivers or NCCL "
+                                          "versions among them? the profile keeps their medians",
+                                          static_cast<double>(c) / 1048576.0, static_cast<double>(l) / 1048576.0,
+                                          static_cast<double>(nc) / 1048576.0));
   }
 
   out.warnings = data.warnings;

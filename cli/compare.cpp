@@ -359,6 +359,13 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
     const bool ex = R.has("executor");
     std::optional<Node> pu;
     if (ex) pu = R["executor"]["device_used"];
+    const std::string mb = cfg.has("backend") ? cfg["backend"].string() : std::string();
+    if (ex && mb.rfind("cuda+", 0) == 0) {  // the communicator predicted is the one the run used
+      const std::string pc = R["executor"]["comm"].string(), mc = mb.substr(5);
+      if (pc != mc)
+        differ(R["executor"]["comm"], cfg["backend"], pc, mb,
+               fmt::format("predict it with simulate --executor {}", mc == "mpi" ? "cuda-mpi" : "cuda"));
+    }
     const bool known = ex && (*pu)["known"].boolean();
     const std::optional<std::int64_t> pr_reserved = pm["reserved_bytes"].integer(0);
     auto pred = [&](const char* key) -> std::optional<std::int64_t> {
@@ -379,18 +386,21 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
                         R["executor"]["gpu_shared"]["known"].boolean();
       if (have) whole = R["executor"]["gpu_shared"]["total_bytes"].integer(0);
     }
+    // `key` names the part in --json whatever the inputs; `name` in the table.
     struct Part {
+      const char* key;
       const char* name;
       std::int64_t measured;
       std::optional<std::int64_t> predicted;
     };
-    const Part parts[] = {{"CUDA context", ctx, pred("context_bytes")},
-                          {"libraries (cuBLASLt, kernels)", init - ctx, pred("libraries_bytes")},
-                          {"communicator (NCCL)", nccl, pred("communicator_bytes")},
-                          {"program's reserved segments", reserved, ex ? pred("reserved_bytes") : pr_reserved},
-                          {"device scratch", scratch, pred("scratch_bytes")},
-                          {ex ? "pages / unexplained" : "unexplained", rest, pred("pages_bytes")},
-                          {on_gpu > 1 ? "= driver's peak (the GPU's)" : "= driver's peak", peak, whole}};
+    const Part parts[] = {
+        {"CUDA context", "CUDA context", ctx, pred("context_bytes")},
+        {"libraries (cuBLASLt, kernels)", "libraries (cuBLASLt, kernels)", init - ctx, pred("libraries_bytes")},
+        {"communicator (NCCL)", "communicator (NCCL)", nccl, pred("communicator_bytes")},
+        {"program's reserved segments", "program's reserved segments", reserved, ex ? pred("reserved_bytes") : pr_reserved},
+        {"device scratch", "device scratch", scratch, pred("scratch_bytes")},
+        {"unexplained", ex ? "pages / unexplained" : "unexplained", rest, pred("pages_bytes")},
+        {"driver's peak", on_gpu > 1 ? "= driver's peak (the GPU's)" : "= driver's peak", peak, whole}};
     auto mib = [](std::int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b) / 1048576.0); };
     t += fmt::format("  the GPU as the driver saw it at the peak, MiB{}\n    {:<32}{:>12} {:>12} {:>9}\n",
                      ex ? "" : " (only the reserved segments are predicted: simulate --executor cuda predicts the rest)",
@@ -402,7 +412,7 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
                                                               static_cast<double>(q.measured))
                                 : std::string();
       t += fmt::format("    {:<32}{:>12} {:>12} {:>9}\n", q.name, q.predicted ? mib(*q.predicted) : "-", mib(q.measured), d);
-      jd[q.name] = {{"measured", q.measured}, {"predicted", q.predicted ? json(*q.predicted) : json(nullptr)}};
+      jd[q.key] = {{"measured", q.measured}, {"predicted", q.predicted ? json(*q.predicted) : json(nullptr)}};
     }
     if (on_gpu > 1)
       t += fmt::format("    the driver's figures are the GPU's, which {} ranks share{}\n", on_gpu,

@@ -102,6 +102,9 @@ Inputs load_inputs(const SimRequest& req) {
     in.cluster = sim::single_node(in.device->name, *req.gpus);
     in.world_size = *req.gpus;
   }
+  if (req.ranks_per_gpu > in.world_size)
+    throw InputError("--ranks-per-gpu", "", fmt::format("must be at most the {} ranks simulated, got {}", in.world_size,
+                                                        req.ranks_per_gpu));
   if (req.rank && (*req.rank < 0 || *req.rank >= in.world_size))
     throw InputError("--rank", "", fmt::format("must be in [0, {}] for {} ranks, got {}", in.world_size - 1, in.world_size, *req.rank));
   in.profile = sim::default_profile(*in.device);

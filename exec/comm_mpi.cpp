@@ -112,7 +112,7 @@ class MpiComm final : public Comm {
     return out;
   }
   void barrier() override {
-    Armed armed(*this, [&] { return fmt::format("barrier of 0 B (between steps) on {}", world_group()); });
+    Armed armed(*this, [&] { return fmt::format("barrier of 0 B (around a checkpoint's save) on {}", world_group()); });
     ZP_MPI(MPI_Barrier(MPI_COMM_WORLD));
   }
   [[noreturn]] void abort(const std::string& why) override {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 
@@ -95,7 +96,7 @@ class ProbeDevice final : public Device {
   // the states in slots 1-3. On host buffers: the CPU's.
   void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t, const kernels::cpu::AdamConfig&,
                  float) override {
-    if (n <= 0 || !dev(p)) return;
+    if (n <= 0 || !same_side(p, {g, m, v}, "adam step")) return;
     view(g, n, 0, "adam_step");
     view(p, n, 1, "adam_step");
     view(m, n, 2, "adam_step");
@@ -103,7 +104,7 @@ class ProbeDevice final : public Device {
   }
   void sgd_step(Ref p, Ref g, Ref momentum, std::int64_t n, std::int64_t, const kernels::cpu::SgdConfig&,
                 float) override {
-    if (n <= 0 || !dev(p)) return;
+    if (n <= 0 || !same_side(p, {g, momentum}, "sgd step")) return;
     view(g, n, 0, "sgd_step");
     view(p, n, 1, "sgd_step");
     if (momentum) view(momentum, n, 2, "sgd_step");
@@ -117,6 +118,7 @@ class ProbeDevice final : public Device {
     chunks(dd ? dst : src, n, dd ? "upload" : "download");
   }
   void add(Ref dst, Ref src, std::int64_t n) override {
+    if (dev(dst) && src && !dev(src)) throw std::logic_error("add of host memory into device memory");
     if (!dev(dst) && dev(src) && n > 0) chunks(src, n, "download");
   }
   void fill(Ref, std::int64_t, float) override {}
@@ -211,6 +213,14 @@ class ProbeDevice final : public Device {
     view(r, std::min(n, PlacedDevice::kChunkElements), 0, what);
   }
   bool dev(const Ref& r) const { return r && range_.holds(r.base); }
+  // Whether an update runs on the device (every operand there) or the host (none there);
+  // operands on both sides are refused, as PlacedDevice refuses them.
+  bool same_side(const Ref& p, std::initializer_list<Ref> others, const char* what) const {
+    const bool on = dev(p);
+    for (const Ref& r : others)
+      if (r && dev(r) != on) throw std::logic_error(fmt::format("{} with operands on both sides", what));
+    return on;
+  }
   void context() { contexts_[static_cast<std::size_t>(stream_)] = true; }
   void ops(const models::Op& op, const char* pass, const OpScratch& s) {
     context();  // an op runs with its stream's Context

@@ -18,6 +18,11 @@ std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n * dtype_size(dt)); }
 bool is_float(DType dt) { return dt == DType::fp32 || dt == DType::bf16 || dt == DType::fp16; }
 
+// Heads as column blocks of a (B, T, W) tensor.
+bool heads_columns(const models::HeadsLayout& f, const models::HeadsOperand& h) {
+  return h.sh == f.D && h.sb == f.T * h.st;
+}
+
 // The fused attention's operands (sdpa, flash_attention), as its launcher reads them.
 struct Fused {
   models::HeadsLayout f;
@@ -82,9 +87,6 @@ LossFlow cuda_loss_flow(const models::OpGraph& g, const models::Op& op) {
 
 bool heads_contiguous(const models::HeadsLayout& f, const models::HeadsOperand& h, std::int64_t X) {
   return h.st == f.D && h.sh == f.T * f.D && h.sb == X * f.T * f.D;
-}
-bool heads_columns(const models::HeadsLayout& f, const models::HeadsOperand& h) {
-  return h.sh == f.D && h.sb == f.T * h.st;
 }
 
 OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o) {

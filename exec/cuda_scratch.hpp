@@ -61,9 +61,8 @@ struct LossFlow {
   models::TensorId out_main = -1;
 };
 LossFlow cuda_loss_flow(const models::OpGraph& g, const models::Op& op);
-// A fused attention operand: (B, X, T, D) contiguous, or heads as column blocks of a
-// (B, T, W) tensor.
+// A fused attention operand as (B, X, T, D) contiguous heads (else column blocks of a
+// (B, T, W) tensor).
 bool heads_contiguous(const models::HeadsLayout& f, const models::HeadsOperand& h, std::int64_t X);
-bool heads_columns(const models::HeadsLayout& f, const models::HeadsOperand& h);
 
 }  // namespace zp::exec

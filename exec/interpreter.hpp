@@ -63,8 +63,8 @@ class Interpreter : private Operands {
   // Initial values by param name (train --init-weights), checked by the caller to hold
   // every param at its shape; set before prologue(). Default: the seeded random init.
   void set_initial_weights(const std::map<std::string, NamedTensor>* w) { init_ = w; }
-  // The prologue uploads zeros instead of drawing the initial values (a run whose values
-  // nobody reads: exec/cuda_memory.hpp's prediction).
+  // The prologue draws no initial values and passes the device no source for them: only for a
+  // device that reads none (exec/cuda_memory.hpp's probe, a run whose values nobody reads).
   void skip_initial_values() { skip_values_ = true; }
   // One optimizer step (all micro-steps); `step` counts from 1.
   StepResult step(std::int64_t step, const std::vector<MicroBatch>& data);

@@ -248,6 +248,7 @@ TEST_CASE("compare: a GPU measurement's device memory, part by part") {
   const std::int64_t scratch = x["device_scratch_bytes"].get<std::int64_t>(), pages = x["device_used"]["pages_bytes"].get<std::int64_t>();
   CHECK(scratch > 0);
   // A run that measured what was predicted, to the page...
+  m["config"]["backend"] = "cuda+nccl";
   m["driver_memory"] = {{"after_context", 552468480}, {"after_init", 552468480 + 100 * MiB},
                         {"after_comm", 552468480 + 100 * MiB + 606076928}, {"device_scratch", scratch},
                         {"peak", 552468480 + 100 * MiB + 606076928 + reserved + scratch + pages}};
@@ -256,8 +257,16 @@ TEST_CASE("compare: a GPU measurement's device memory, part by part") {
   const auto ed = nlohmann::json::parse(e.out)["driver_memory"];
   CHECK(ed["device scratch"]["predicted"] == scratch);
   CHECK(ed["CUDA context"]["predicted"] == 552468480);
-  CHECK(ed["= driver's peak"]["predicted"] == ed["= driver's peak"]["measured"]);
+  CHECK(ed["driver's peak"]["predicted"] == ed["driver's peak"]["measured"]);
   CHECK(ed["device_used_within_1pct"] == true);
+  // A prediction for another communicator than the run's is refused.
+  {
+    auto mpi = m;
+    mpi["config"]["backend"] = "cuda+mpi";
+    bad("--predicted " + px + " --measured " + file("m4mpi.json", mpi.dump()),
+        "the runs differ in backend: predicted nccl (results[0].executor.comm), measured cuda+mpi (config.backend); "
+        "predict it with simulate --executor cuda-mpi");
+  }
   // ... and one whose driver saw 2% more.
   m["driver_memory"]["peak"] = m["driver_memory"]["peak"].get<std::int64_t>() * 102 / 100;
   const Run f = sh(bin() + "compare --predicted " + px + " --measured " + file("m4gpu3.json", m.dump()));
@@ -294,7 +303,7 @@ TEST_CASE("compare: ranks sharing one GPU are held against the sum of their pred
   const Run j = sh(bin() + "compare --json --predicted " + px + " --measured " + mfile);
   REQUIRE(j.status == 0);
   const auto d = nlohmann::json::parse(j.out)["driver_memory"];
-  CHECK(d["= driver's peak (the GPU's)"]["predicted"] == total);
+  CHECK(d["driver's peak"]["predicted"] == total);
   CHECK(d["device_used_within_1pct"] == true);  // 0.5% under the measured peak
   // This rank's prediction alone says nothing of the GPU's figure.
   const std::string p1 = predict("p5one.json", "--gpus 2 --rank 0 --executor cuda-mpi");
@@ -309,6 +318,9 @@ TEST_CASE("compare: ranks sharing one GPU are held against the sum of their pred
   const Run b2 = sh(bin() + "simulate --model tiny-gpt2 --gpus 2 --executor cuda-mpi --ranks-per-gpu 0");
   CHECK(b2.status == 2);
   CHECK(b2.out == "zeroplan: --ranks-per-gpu: must be an integer >= 1, got 0\n");
+  const Run b3 = sh(bin() + "simulate --model tiny-gpt2 --gpus 2 --executor cuda-mpi --ranks-per-gpu 4");
+  CHECK(b3.status == 2);
+  CHECK(b3.out == "zeroplan: --ranks-per-gpu: must be at most the 2 ranks simulated, got 4\n");
 }
 
 // `simulate --executor cuda` against the 14 runs of zeroplan's CUDA executor recorded on an

@@ -18,6 +18,7 @@
 #include "exec/cuda_memory.hpp"
 #include "exec/cuda_scratch.hpp"
 #include "exec/device_cpu.hpp"
+#include "exec/device_placed.hpp"
 #include "kernels/cpu/rng.hpp"
 #include "models/model_config.hpp"
 #include "sim/device.hpp"
@@ -253,8 +254,14 @@ TEST_CASE("cuda scratch: with the optimizer offloaded, its update and states tak
     CHECK(a.slot != 2);
     CHECK(a.slot != 3);
   }
-  // The 16-bit gradients go to the host partition as fp32 through the device, in chunks.
+  // The updated partition comes back to the 16-bit params through the device in chunks of
+  // PlacedDevice::kChunkElements fp32 values, on the stream its event runs on (the host's).
+  const auto* back = arena(s, static_cast<int>(zp::zero::Stream::host), 0);
+  REQUIRE(back != nullptr);
+  CHECK(back->bytes.v == zp::exec::PlacedDevice::kChunkElements * 4);
+  CHECK(back->largest_by == "upload in step/params_to_device");
+  // The compute stream's slot 0: the embedding's upload at the start, as without offload.
   const auto* up = arena(s, 0, 0);
   REQUIRE(up != nullptr);
-  CHECK(up->bytes.v == 50257 * 768 * 4);  // the largest of those, as before: the embedding's upload
+  CHECK(up->bytes.v == 50257 * 768 * 4);
 }

@@ -747,11 +747,13 @@ def main():
             try:
                 cpus.update(range(int(a), int(b or a) + 1))
             except ValueError:
-                sys.exit(f"deepspeed_reference: --cpus {args.cpus}: a list of CPU numbers or ranges (2,3 or 2-5)")
+                print(f"deepspeed_reference: --cpus {args.cpus}: a list of CPU numbers or ranges (2,3 or 2-5)", file=sys.stderr)
+                sys.exit(2)
         try:
             os.sched_setaffinity(0, cpus)
         except OSError as e:
-            sys.exit(f"deepspeed_reference: --cpus {args.cpus}: {e}")
+            print(f"deepspeed_reference: --cpus {args.cpus}: {e}", file=sys.stderr)
+            sys.exit(2)
 
     if args.validate_config is not None:
         # Config validation needs no GPU and no process group: on a machine without CUDA,
@@ -801,7 +803,8 @@ def main():
     for r in runs:
         r["keep_gc"] = args.keep_gc
     if args.rounds < 1:
-        sys.exit(f"deepspeed_reference: --rounds {args.rounds}: at least 1")
+        print(f"deepspeed_reference: --rounds {args.rounds}: at least 1", file=sys.stderr)
+        sys.exit(2)
     if args.round_index is not None:  # one run of round K, in a process of its own
         args.rounds = 1
     base = os.path.dirname(os.path.abspath(args.matrix))
