@@ -1,5 +1,7 @@
 #include "calibration/observation.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace zp::calibration {
@@ -46,6 +48,25 @@ const char* quantity_name(Quantity q) {
     case Quantity::events: return "events";
   }
   return "?";
+}
+
+DriverSummary summarize(const std::vector<DriverFigures>& runs) {
+  DriverSummary r;
+  r.runs = static_cast<int>(runs.size());
+  // The median and the spread of one figure over the runs that have it (v >= 0).
+  auto stat = [&](std::int64_t DriverFigures::*m, std::int64_t& median, std::int64_t& spread) {
+    std::vector<std::int64_t> v;
+    for (const auto& d : runs)
+      if (d.*m >= 0) v.push_back(d.*m);
+    if (v.empty()) return;
+    std::sort(v.begin(), v.end());
+    median = v[v.size() / 2];
+    spread = v.back() - v.front();
+  };
+  stat(&DriverFigures::context, r.context, r.context_spread);
+  stat(&DriverFigures::libraries, r.libraries, r.libraries_spread);
+  stat(&DriverFigures::nccl, r.nccl, r.nccl_spread);
+  return r;
 }
 
 void merge(Dataset& into, Dataset from) {

@@ -156,6 +156,15 @@ struct DriverFigures {
   std::int64_t context = 0, libraries = 0, nccl = -1;
 };
 
+// The figures of several runs: medians (what a profile keeps) and spreads (max - min), NCCL
+// over the runs that had it (nccl -1: none did).
+struct DriverSummary {
+  int runs = 0;
+  std::int64_t context = 0, libraries = 0, nccl = -1;
+  std::int64_t context_spread = 0, libraries_spread = 0, nccl_spread = 0;
+};
+DriverSummary summarize(const std::vector<DriverFigures>& runs);
+
 struct Dataset {
   std::vector<Observation> obs;
   std::vector<RunConfig> runs;

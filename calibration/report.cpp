@@ -332,25 +332,16 @@ ClusterProfile make_profile(const Dataset& data, const FitResult& fit, const sim
   p.device.source = fmt::format("zeroplan calibrate, {} ({})", created, cluster.name);
   // The executor's memory outside the program: the runs' driver figures (medians).
   if (!data.driver.empty()) {
-    auto median = [](std::vector<std::int64_t> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    std::vector<std::int64_t> ctx, lib, nccl;
-    for (const auto& d : data.driver) {
-      ctx.push_back(d.context);
-      lib.push_back(d.libraries);
-      if (d.nccl >= 0) nccl.push_back(d.nccl);
-    }
+    const DriverSummary d = summarize(data.driver);
     auto& e = p.executor_memory;
     e.measured = true;
-    e.context = Bytes{median(ctx)};
-    e.libraries = Bytes{median(lib)};
-    e.nccl_measured = !nccl.empty();
-    if (e.nccl_measured) e.nccl_one_rank = Bytes{median(nccl)};
-    p.executor_runs = static_cast<int>(data.driver.size());
-    e.source = fmt::format("cudaMemGetInfo in {} train --device cuda run{} ({}), medians; calibrate {}", data.driver.size(),
-                           data.driver.size() == 1 ? "" : "s", data.driver.front().gpu_name, created);
+    e.context = Bytes{d.context};
+    e.libraries = Bytes{d.libraries};
+    e.nccl_measured = d.nccl >= 0;
+    if (e.nccl_measured) e.nccl_one_rank = Bytes{d.nccl};
+    p.executor_runs = d.runs;
+    e.source = fmt::format("cudaMemGetInfo in {} train --device cuda run{} ({}), medians; calibrate {}", d.runs,
+                           d.runs == 1 ? "" : "s", data.driver.front().gpu_name, created);
   }
   p.collective = fit.after.collective;
   for (const auto& f : fit.fitted)

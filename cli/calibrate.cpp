@@ -385,33 +385,15 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
                                     later)
                 : fit(predict, data.obs, start, fo);
   out.profile = make_profile(data, out.fit, cluster, now_utc());
-  if (data.driver.size() > 1) {  // the same GPU and driver give the same figures run after run
-    auto spread = [&](auto get) {
-      std::int64_t lo = INT64_MAX, hi = INT64_MIN;
-      for (const auto& d : data.driver) {
-        lo = std::min(lo, get(d));
-        hi = std::max(hi, get(d));
-      }
-      return hi - lo;
-    };
-    const std::int64_t c = spread([](const DriverFigures& d) { return d.context; });
-    const std::int64_t l = spread([](const DriverFigures& d) { return d.libraries; });
-    std::vector<DriverFigures> with_nccl;
-    for (const auto& d : data.driver)
-      if (d.nccl >= 0) with_nccl.push_back(d);
-    std::int64_t nc = 0;
-    if (with_nccl.size() > 1) {
-      const auto [lo, hi] = std::minmax_element(with_nccl.begin(), with_nccl.end(),
-                                                [](const DriverFigures& a, const DriverFigures& b) { return a.nccl < b.nccl; });
-      nc = hi->nccl - lo->nccl;
-    }
-    if (c > (1 << 20) || l > (1 << 20) || nc > (1 << 20))
-      data.warnings.push_back(fmt::format("the train --out runs' driver figures differ by up to {:.1f} MiB (context), "
-                                          "{:.1f} MiB (libraries) and {:.1f} MiB (NCCL): other GPUs, drivers or NCCL "
-                                          "versions among them? the profile keeps their medians",
-                                          static_cast<double>(c) / 1048576.0, static_cast<double>(l) / 1048576.0,
-                                          static_cast<double>(nc) / 1048576.0));
-  }
+  if (const DriverSummary d = summarize(data.driver);
+      d.context_spread > (1 << 20) || d.libraries_spread > (1 << 20) || d.nccl_spread > (1 << 20))
+    // The same GPU, driver and NCCL give the same figures run after run.
+    data.warnings.push_back(fmt::format("the train --out runs' driver figures differ by up to {:.1f} MiB (context), "
+                                        "{:.1f} MiB (libraries) and {:.1f} MiB (NCCL): other GPUs, drivers or NCCL "
+                                        "versions among them? the profile keeps their medians",
+                                        static_cast<double>(d.context_spread) / 1048576.0,
+                                        static_cast<double>(d.libraries_spread) / 1048576.0,
+                                        static_cast<double>(d.nccl_spread) / 1048576.0));
 
   out.warnings = data.warnings;
   out.text = summary_text(data, out.fit, cluster);

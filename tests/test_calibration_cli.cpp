@@ -576,6 +576,22 @@ TEST_CASE("calibrate --train-out: the CUDA executor's context, library and NCCL 
   };
   CHECK_FALSE(mpi_only("cuda"));
   CHECK(mpi_only("cuda-mpi"));
+  // Runs whose figures differ (here one's context 8 MiB larger) are warned about, and their
+  // medians kept.
+  {
+    auto other = nlohmann::json::parse(std::ifstream(dir + "gpt2-s1.json"));
+    for (const char* k : {"after_context", "after_init", "after_comm"})
+      other["driver_memory"][k] = other["driver_memory"][k].get<std::int64_t>() + (8 << 20);
+    const std::string moved = tmp("executor_moved_run.json");
+    std::ofstream(moved) << other.dump();
+    const std::string p2 = tmp("executor_profile2.json");
+    const Run w = run("calibrate --cluster 1xH200-141GB --train-out " + dir + "gpt2-s0.json --train-out " + moved +
+                      " --train-out " + dir + "bertl-s0.json --out " + p2);
+    REQUIRE(w.status == 0);
+    CHECK(w.err.find("the train --out runs' driver figures differ by up to 8.0 MiB (context), 0.0 MiB (libraries) and "
+                     "0.0 MiB (NCCL)") != std::string::npos);
+    CHECK(nlohmann::json::parse(std::ifstream(p2))["executor_memory"]["context_bytes"] == 552468480);  // the median
+  }
   // A profile whose executor figures lack a key is refused.
   doc["executor_memory"].erase("library_bytes");
   std::ofstream(edited) << doc.dump();
