@@ -144,6 +144,26 @@ def err(pred, meas):
     return (pred - meas) / meas if meas else float("nan")
 
 
+def round_range(run, phase):
+    """The lowest and highest of a run's round medians for a phase (forward, backward, step,
+    iteration), or None with fewer than two rounds: the host's own spread, against which a
+    time's error has to be read (tools/README.md, "Times")."""
+    rounds = run.get("timing", {}).get("rounds_s", [])
+    if len(rounds) < 2:
+        return None
+    if phase == "iteration":
+        meds = [r["iteration_s"] for r in rounds]
+    else:
+        meds = [statistics.median(p[phase] for p in r["phases_all_s"]) for r in rounds]
+    return min(meds), max(meds)
+
+
+def outside(pred, rng):
+    """How far a prediction lies outside the rounds' range, relative to the nearer end (0 inside)."""
+    lo, hi = rng
+    return (pred - hi) / hi if pred > hi else (pred - lo) / lo if pred < lo else 0.0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", nargs="?")
@@ -191,6 +211,7 @@ def main():
             "backward": run["phases_s"]["backward"],
             "step": run["phases_s"]["step"],
             "iteration": run["iteration_s"],
+            "rounds_range": {k: round_range(run, k) for k in ("forward", "backward", "step", "iteration")},
         }
         pred = predict(args.zeroplan, run)
         rows.append({"name": run["name"], "measured": meas, "predicted": pred, "constants": consts})
@@ -199,6 +220,8 @@ def main():
            f"{'fwd ms':>13} {'err':>6} {'bwd ms':>13} {'err':>6} {'step ms':>13} {'err':>6} {'iter ms':>13} {'err':>6}")
     print(hdr)
     worst = {}
+    beyond = {}  # by how much the predicted time lies outside the range of the rounds' medians
+    inside = [0, 0]
     for r in rows:
         m, p = r["measured"], r["predicted"]
         if "error" in p:
@@ -213,10 +236,22 @@ def main():
                 continue
             e = err(p[k], m[k])
             worst[k] = max(worst.get(k, 0.0), abs(e))
+            rng = m["rounds_range"].get(k) if unit else None
+            if rng:
+                o = outside(p[k], rng)
+                beyond[k] = max(beyond.get(k, 0.0), abs(o))
+                inside[0] += o == 0.0
+                inside[1] += 1
             cells.append(f"{m[k] / scale:>{w}.{unit}f}/{p[k] / scale:<{w}.{unit}f} {e * 100:+5.1f}%")
         print(f"{r['name']:<28} " + " ".join(cells))
         print(f"{'':<28} peak: measured between {m['peak_between'][0]} and {m['peak_between'][1]}; predicted {p['peak_event']}")
+        spread = [f"{k[:4]} {lo * 1e3:.1f}-{hi * 1e3:.1f}" for k, v in m["rounds_range"].items() if v for lo, hi in [v]]
+        if spread:
+            print(f"{'':<28} rounds' medians (ms): " + ", ".join(spread))
     print("worst |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in worst.items()))
+    if inside[1]:
+        print(f"times inside the range of their rounds' medians: {inside[0]} of {inside[1]}; worst distance outside it: "
+              + ", ".join(f"{k} {v * 100:.1f}%" for k, v in beyond.items()))
     if args.json:  # no measurement (a run timed only) is null, not NaN (which JSON does not have)
         def finite(v):
             if isinstance(v, float) and v != v:
