@@ -302,7 +302,7 @@ HostCosts default_host_costs() {
   // differs from its twin in memory only), timed in interleaved time-only rounds: the H200
   // machine's host (Intel Xeon, 16 cores), torch 2.11, transformers 5.17, DeepSpeed 0.19.8.
   // Mean |error| in sample, over the 40 fitted runs: forward 9.7%, backward 9.5%, step 9.2%,
-  // iteration 7.1%; over all 41 (tests/test_deepspeed_reference.cpp): 9.7 / 9.3 / 9.6 / 7.2%
+  // iteration 7.1%; over all 41 (tests/test_deepspeed_reference.cpp): 9.7 / 9.3 / 9.7 / 7.2%
   // (docs/time_model.md, with the held-out figures). bf16_optimizer was not measured
   // (zero_optimizer's values); `plain` rests on one run.
   HostCosts c;
