@@ -22,6 +22,7 @@ Usage: deepspeed_compare.py DIR [--zeroplan build/cli/zeroplan] [--write-referen
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -164,6 +165,38 @@ def outside(pred, rng):
     return (pred - hi) / hi if pred > hi else (pred - lo) / lo if pred < lo else 0.0
 
 
+def print_stage_ranking(rows):
+    """For each model, dtype and attention measured at several stages (runs named ...-sN with no
+    other knob), the stages in order of measured and of predicted iteration time: what the
+    planner ranks. Where the orders differ, says whether the stages swapped have overlapping
+    ranges of round medians (the host's spread cannot order them)."""
+    groups = {}
+    for r in rows:
+        m = re.fullmatch(r"(.+)-s(\d)", r["name"])
+        if m and "error" not in r["predicted"] and r["measured"]["iteration"] == r["measured"]["iteration"]:
+            groups.setdefault(m.group(1), {})[int(m.group(2))] = r
+    same = 0
+    for g, st in groups.items():
+        if len(st) < 2:
+            continue
+        measured = sorted(st, key=lambda k: st[k]["measured"]["iteration"])
+        predicted = sorted(st, key=lambda k: st[k]["predicted"]["iteration"])
+        if measured == predicted:
+            same += 1
+            print(f"stage ranking {g}: {measured} measured and predicted")
+            continue
+        swapped = [(a, b) for i, a in enumerate(measured) for b in measured[i + 1:] if predicted.index(a) > predicted.index(b)]
+
+        def overlap(a, b):
+            ra, rb = st[a]["measured"]["rounds_range"].get("iteration"), st[b]["measured"]["rounds_range"].get("iteration")
+            return bool(ra and rb and ra[0] <= rb[1] and rb[0] <= ra[1])
+
+        why = ", ".join(f"s{a}/s{b} {'rounds overlap' if overlap(a, b) else 'rounds apart'}" for a, b in swapped)
+        print(f"stage ranking {g}: measured {measured}, predicted {predicted} ({why})")
+    if groups:
+        print(f"stage ranking equal to the measured one for {same} of {sum(len(v) > 1 for v in groups.values())} models")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", nargs="?")
@@ -252,6 +285,7 @@ def main():
     if inside[1]:
         print(f"times inside the range of their rounds' medians: {inside[0]} of {inside[1]}; worst distance outside it: "
               + ", ".join(f"{k} {v * 100:.1f}%" for k, v in beyond.items()))
+    print_stage_ranking(rows)
     if args.json:  # no measurement (a run timed only) is null, not NaN (which JSON does not have)
         def finite(v):
             if isinstance(v, float) and v != v:
