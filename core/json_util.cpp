@@ -259,7 +259,7 @@ std::string Reader::get_string(const json& obj, std::string_view key, const std:
 }
 
 std::string Reader::get_enum(const json& obj, std::string_view key, const std::string& dflt,
-                             const std::vector<std::string>& allowed) const {
+                             const std::vector<std::string>& allowed, bool exact_case) const {
   auto it = obj.find(std::string(key));
   std::string joined;
   for (const auto& a : allowed) joined += (joined.empty() ? "" : ", ") + a;
@@ -269,8 +269,9 @@ std::string Reader::get_enum(const json& obj, std::string_view key, const std::s
   const std::string s = it->get<std::string>();
   for (const auto& a : allowed) {
     if (a.size() == s.size() &&
-        std::equal(a.begin(), a.end(), s.begin(), [](char x, char y) {
-          return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+        std::equal(a.begin(), a.end(), s.begin(), [exact_case](char x, char y) {
+          return exact_case ? x == y
+                            : std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
         }))
       return a;
   }

@@ -80,9 +80,10 @@ struct Reader {
                                           std::int64_t hi) const;
   double get_double(const json& obj, std::string_view key, double dflt, double lo, double hi) const;
   std::string get_string(const json& obj, std::string_view key, const std::string& dflt) const;
-  // A string from an allowed set (case-insensitive match, returns the canonical spelling).
+  // A string from an allowed set (case-insensitive match, returns the canonical spelling;
+  // exact_case: only the spelling given, as a pydantic enum field matches).
   std::string get_enum(const json& obj, std::string_view key, const std::string& dflt,
-                       const std::vector<std::string>& allowed) const;
+                       const std::vector<std::string>& allowed, bool exact_case = false) const;
   Reader sub(std::string_view key) const;
 };
 

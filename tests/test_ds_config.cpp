@@ -318,9 +318,10 @@ TEST_CASE("misspelled keys get the closest known key") {
   CHECK(m == "cfg.json: completely_unrelated_thing_xyz: unknown key");
 }
 
-TEST_CASE("bucket sizes are integers >= 1") {
-  for (const char* key : {"reduce_bucket_size", "allgather_bucket_size", "sub_group_size",
-                          "stage3_prefetch_bucket_size", "prefetch_bucket_size"}) {
+TEST_CASE("bucket sizes: integers within DeepSpeedZeroConfig's bounds") {
+  // reduce_bucket_size is gt=0 there; allgather_bucket_size, sub_group_size, prefetch_bucket_size
+  // and zero_hpz_partition_size ge=0.
+  for (const char* key : {"reduce_bucket_size"}) {
     for (const char* bad : {"0", "-1", "1.5", "\"big\"", "true", "[1]", "1e300"}) {
       const std::string m =
           error_of(std::string(R"({"zero_optimization": {"stage": 3, ")") + key + "\": " + bad + "}}");
@@ -328,8 +329,30 @@ TEST_CASE("bucket sizes are integers >= 1") {
       CHECK(has(m, std::string("cfg.json: zero_optimization.") + key + ": must be an integer >= 1, got "));
     }
   }
+  for (const char* key : {"allgather_bucket_size", "sub_group_size", "stage3_prefetch_bucket_size",
+                          "prefetch_bucket_size", "zero_hpz_partition_size"}) {
+    for (const char* bad : {"-1", "1.5", "\"big\"", "true", "[1]", "1e300"}) {
+      const std::string m =
+          error_of(std::string(R"({"zero_optimization": {"stage": 3, ")") + key + "\": " + bad + "}}");
+      INFO(m);
+      CHECK(has(m, std::string("cfg.json: zero_optimization.") + key + ": must be an integer >= 0, got "));
+    }
+  }
   CHECK(parse(R"({"zero_optimization": {"reduce_bucket_size": 2e8}})").zero.reduce_bucket_size == 200000000);
   CHECK(parse(R"({"zero_optimization": {"reduce_bucket_size": 1}})").zero.reduce_bucket_size == 1);
+  // 0 is DeepSpeed's: no prefetch, a sub-group per parameter, hpZ off.
+  const DsConfig z = parse(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0,
+      "sub_group_size": 0, "zero_hpz_partition_size": 0, "allgather_bucket_size": 0}})");
+  CHECK(z.zero.stage3_prefetch_bucket_size == 0);
+  CHECK(z.zero.sub_group_size == 0);
+  CHECK(z.zero.zero_hpz_partition_size == 0);
+  CHECK(z.zero.allgather_bucket_size == 0);
+  // Stages 1 and 2: DeepSpeedZeroOptimizer asserts an even allgather_bucket_size (0 included).
+  CHECK(parse(R"({"zero_optimization": {"stage": 2, "allgather_bucket_size": 0}})").zero.allgather_bucket_size == 0);
+  std::string m = error_of(R"({"zero_optimization": {"stage": 1, "allgather_bucket_size": 500000001}})");
+  CHECK(m == "cfg.json: zero_optimization.allgather_bucket_size: must be a multiple of 2 at stages 1 and 2, got "
+             "500000001 (DeepSpeedZeroOptimizer asserts it is a multiple of its nccl_start_alignment_factor, 2)");
+  CHECK(parse(R"({"zero_optimization": {"stage": 3, "allgather_bucket_size": 3}})").zero.allgather_bucket_size == 3);
   // Thresholds may be 0.
   const DsConfig t = parse(R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
       "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0, "stage3_model_persistence_threshold": 0}})");
@@ -337,10 +360,8 @@ TEST_CASE("bucket sizes are integers >= 1") {
   CHECK(t.zero.stage3_max_live_parameters == 0);
   CHECK(t.zero.stage3_max_reuse_distance == 0);
   CHECK(t.zero.stage3_model_persistence_threshold == 0);
-  std::string m = error_of(R"({"zero_optimization": {"stage3_param_persistence_threshold": -1}})");
+  m = error_of(R"({"zero_optimization": {"stage3_param_persistence_threshold": -1}})");
   CHECK(m == "cfg.json: zero_optimization.stage3_param_persistence_threshold: must be an integer >= 0, got -1");
-  m = error_of(R"({"zero_optimization": {"zero_hpz_partition_size": 0}})");
-  CHECK(m == "cfg.json: zero_optimization.zero_hpz_partition_size: must be an integer >= 1, got 0");
 }
 
 TEST_CASE("bad values name the file, the key and what is allowed") {
@@ -381,6 +402,16 @@ TEST_CASE("bad values name the file, the key and what is allowed") {
   CHECK(has(m, "cfg.json: zero_optimization.offload_optimizer.ratio: partial offload"));
   m = error_of(R"({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})");
   CHECK(has(m, "cfg.json: zero_optimization.cpu_offload: deprecated"));
+  // Whatever the deprecated key's value (DeepSpeedConfigModel refuses the pair).
+  m = error_of(R"({"zero_optimization": {"cpu_offload": false, "offload_optimizer": {"device": "cpu"}}})");
+  CHECK(m == "cfg.json: zero_optimization.cpu_offload: deprecated; cannot be given together with offload_optimizer "
+             "(keep offload_optimizer)");
+  m = error_of(R"({"zero_optimization": {"stage": 3, "cpu_offload_param": false, "offload_param": {"device": "cpu"}}})");
+  CHECK(m == "cfg.json: zero_optimization.cpu_offload_param: deprecated; cannot be given together with offload_param "
+             "(keep offload_param)");
+  // OffloadDeviceEnum is matched as spelt.
+  m = error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "CPU"}}})");
+  CHECK(m == "cfg.json: zero_optimization.offload_optimizer.device: must be one of none, cpu, nvme, got \"CPU\"");
 
   m = error_of(R"({"gradient_clipping": -1})");
   CHECK(has(m, "cfg.json: gradient_clipping: must be a number in [0, "));
@@ -481,10 +512,15 @@ TEST_CASE("DeepSpeed's alias and legacy spellings are accepted") {
   CHECK(o.optimizer.type_name == "adamw");
   CHECK(o.communication_data_type() == DType::fp32);
   CHECK(o.model_dtype() == DType::fp16);
-  CHECK(parse(R"({"zero_optimization": {"offload_optimizer": {"device": "CPU"}}})").zero.offload_optimizer.device ==
+  CHECK(parse(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})").zero.offload_optimizer.device ==
         OffloadDevice::cpu);
   CHECK(parse(R"({"zero_optimization": {"stage": 1}, "bf16": {"enabled": true},
       "data_types": {"grad_accum_dtype": "torch.float32"}})").grad_accum_dtype == DType::fp32);
+  // "bf16" and the old "bfloat16" together: DeepSpeed reads "bf16" and ignores the other.
+  const DsConfig both = parse(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": false, "no_such_key": 1}})");
+  CHECK(both.model_dtype() == DType::bf16);
+  REQUIRE(both.warnings.size() == 1);
+  CHECK(both.warnings[0] == "cfg.json: bfloat16: ignored, as DeepSpeed ignores it when \"bf16\" is given too; keep one");
   // The legacy grad_hooks of the published BERT example.
   CHECK(parse(R"({"zero_optimization": {"grad_hooks": true}})").zero.stage == 0);
 }

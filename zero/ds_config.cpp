@@ -483,9 +483,12 @@ void read_precision(const json& doc, const Reader& root, DsConfig& cfg) {
   // bf16 (DeepSpeed reads "bf16", and the old "bfloat16" only when "bf16" is absent)
   std::string bkey = "bf16";
   if (has(doc, "bfloat16")) {
-    if (has(doc, "bf16"))
-      throw InputError(root.file, "bfloat16", "given together with \"bf16\"; keep one (DeepSpeed reads only \"bf16\")");
-    bkey = "bfloat16";
+    if (has(doc, "bf16"))  // precision_config.py: "bfloat16" is read only when "bf16" is absent
+      cfg.warnings.push_back(fmt::format("{}: bfloat16: ignored, as DeepSpeed ignores it when \"bf16\" is given too; "
+                                         "keep one",
+                                         display_file(cfg)));
+    else
+      bkey = "bfloat16";
   }
   const Reader br = root.sub(bkey);
   const json bf = section(doc, bkey, root, cfg, kBf16Keys);
@@ -531,7 +534,8 @@ OffloadConfig read_offload(const json& z, std::string_view key, bool is_param, c
   o.buffer_count = is_param ? 5 : 4;   // DeepSpeedZeroOffloadParamConfig / ...OptimizerConfig
   const Reader r = zr.sub(key);
   const json s = section(z, key, zr, cfg, is_param ? kOffloadParamKeys : kOffloadOptimizerKeys);
-  const std::string dev = r.get_enum(s, "device", "none", {"none", "cpu", "nvme"});
+  // OffloadDeviceEnum: pydantic matches its values as spelt ("CPU" is refused).
+  const std::string dev = r.get_enum(s, "device", "none", {"none", "cpu", "nvme"}, true);
   o.device = dev == "cpu" ? OffloadDevice::cpu : (dev == "nvme" ? OffloadDevice::nvme : OffloadDevice::none);
   o.nvme_path = r.get_string(s, "nvme_path", "");
   if (o.device == OffloadDevice::nvme && o.nvme_path.empty())
@@ -574,15 +578,22 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
   zc.contiguous_gradients = r.get_bool(z, "contiguous_gradients", d.contiguous_gradients);
   zc.reduce_scatter = r.get_bool(z, "reduce_scatter", d.reduce_scatter);
   zc.reduce_bucket_size = r.get_int(z, "reduce_bucket_size", d.reduce_bucket_size, 1, kMaxI64);
-  zc.allgather_bucket_size = r.get_int(z, "allgather_bucket_size", d.allgather_bucket_size, 1, kMaxI64);
+  // DeepSpeedZeroConfig bounds it at >= 0; the ZeRO 1/2 optimizer asserts at construction that
+  // it is a multiple of its NCCL start alignment (2 elements: 4 bytes of 16-bit values).
+  zc.allgather_bucket_size = r.get_int(z, "allgather_bucket_size", d.allgather_bucket_size, 0, kMaxI64);
+  if (zc.allgather_bucket_size % 2 != 0 && (zc.stage == 1 || zc.stage == 2))
+    throw InputError(r.file, r.key_path("allgather_bucket_size"),
+                     fmt::format("must be a multiple of 2 at stages 1 and 2, got {} (DeepSpeedZeroOptimizer asserts "
+                                 "it is a multiple of its nccl_start_alignment_factor, 2)",
+                                 zc.allgather_bucket_size));
   if (has(z, "overlap_comm")) zc.overlap_comm = r.get_bool(z, "overlap_comm", false);
   zc.allgather_partitions = r.get_bool(z, "allgather_partitions", d.allgather_partitions);
   zc.round_robin_gradients = r.get_bool(z, "round_robin_gradients", d.round_robin_gradients);
   zc.use_multi_rank_bucket_allreduce =
       r.get_bool(z, "use_multi_rank_bucket_allreduce", d.use_multi_rank_bucket_allreduce);
-  zc.sub_group_size = r.get_int(z, "sub_group_size", d.sub_group_size, 1, kMaxI64);
+  zc.sub_group_size = r.get_int(z, "sub_group_size", d.sub_group_size, 0, kMaxI64);  // 0: a sub-group per param
   zc.stage3_prefetch_bucket_size =
-      r.get_int(z, aliased(z, kZeroAliases[0], r), d.stage3_prefetch_bucket_size, 1, kMaxI64);
+      r.get_int(z, aliased(z, kZeroAliases[0], r), d.stage3_prefetch_bucket_size, 0, kMaxI64);  // 0: no prefetch
   zc.stage3_param_persistence_threshold =
       r.get_int(z, aliased(z, kZeroAliases[1], r), d.stage3_param_persistence_threshold, 0, kMaxI64);
   zc.stage3_model_persistence_threshold =
@@ -611,7 +622,8 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
     warn_not_modelled(cfg, r.key_path(aliased(z, kZeroAliases[8], r)),
                       "per-parameter sequential all-gathers without a flat buffer");
 
-  zc.zero_hpz_partition_size = r.get_int(z, "zero_hpz_partition_size", d.zero_hpz_partition_size, 1, kMaxI64);
+  // 0 and 1 both leave hpZ off (DeepSpeed tests > 1).
+  zc.zero_hpz_partition_size = r.get_int(z, "zero_hpz_partition_size", d.zero_hpz_partition_size, 0, kMaxI64);
   zc.zero_quantized_weights = r.get_bool(z, "zero_quantized_weights", false);
   zc.zero_quantized_gradients = r.get_bool(z, "zero_quantized_gradients", false);
   if (zc.zero_quantized_weights)
@@ -647,6 +659,13 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
   // Offload, with the deprecated boolean spellings.
   zc.offload_optimizer = read_offload(z, "offload_optimizer", false, r, cfg);
   zc.offload_param = read_offload(z, "offload_param", true, r, cfg);
+  // DeepSpeedConfigModel refuses a deprecated key given together with its new one, whatever
+  // its value (config_utils.py).
+  for (const auto& [old_key, new_key] : {std::pair{"cpu_offload", "offload_optimizer"},
+                                         std::pair{"cpu_offload_param", "offload_param"}})
+    if (has(z, old_key) && !z.at(old_key).is_null() && has(z, new_key))
+      throw InputError(r.file, r.key_path(old_key),
+                       fmt::format("deprecated; cannot be given together with {} (keep {})", new_key, new_key));
   if (r.get_bool(z, "cpu_offload", false)) {
     if (has(z, "offload_optimizer"))
       throw InputError(r.file, r.key_path("cpu_offload"),
