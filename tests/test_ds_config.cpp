@@ -347,12 +347,11 @@ TEST_CASE("bucket sizes: integers within DeepSpeedZeroConfig's bounds") {
   CHECK(z.zero.sub_group_size == 0);
   CHECK(z.zero.zero_hpz_partition_size == 0);
   CHECK(z.zero.allgather_bucket_size == 0);
-  // Stages 1 and 2: DeepSpeedZeroOptimizer asserts an even allgather_bucket_size (0 included).
   CHECK(parse(R"({"zero_optimization": {"stage": 2, "allgather_bucket_size": 0}})").zero.allgather_bucket_size == 0);
-  std::string m = error_of(R"({"zero_optimization": {"stage": 1, "allgather_bucket_size": 500000001}})");
-  CHECK(m == "cfg.json: zero_optimization.allgather_bucket_size: must be a multiple of 2 at stages 1 and 2, got "
-             "500000001 (DeepSpeedZeroOptimizer asserts it is a multiple of its nccl_start_alignment_factor, 2)");
-  CHECK(parse(R"({"zero_optimization": {"stage": 3, "allgather_bucket_size": 3}})").zero.allgather_bucket_size == 3);
+  // The legacy form's allgather_size too.
+  CHECK(parse(R"({"zero_optimization": true, "allgather_size": 0})").zero.allgather_bucket_size == 0);
+  std::string m = error_of(R"({"zero_optimization": true, "allgather_size": -1})");
+  CHECK(m == "cfg.json: allgather_size: must be an integer >= 0, got -1");
   // Thresholds may be 0.
   const DsConfig t = parse(R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
       "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0, "stage3_model_persistence_threshold": 0}})");

@@ -1570,3 +1570,39 @@ TEST_CASE("host work: stage 3's module visits and the parameters they loop over,
   const auto b = build("tiny-gpt2", zero::parse_ds_config("test.json", j), 1, 16);
   for (const auto& e : b.p.events) CHECK(e.host.stage3_params == 0);
 }
+
+// stage3.py _create_fp16_sub_groups: params in order, a group closed by the param that brings
+// it to sub_group_size partition elements or past it; 0 makes a group of every param.
+TEST_CASE("stage 3 sub-groups are DeepSpeed's: closed once they reach the size") {
+  const int N = 2;
+  auto sizes_of = [&](std::int64_t sub_group_size) {
+    auto c = config(3, 2, 1);
+    c.zero.sub_group_size = sub_group_size;
+    const auto b = build("tiny-gpt2", c, N, 16);
+    std::vector<std::int64_t> got;
+    for (const auto& e : b.p.events)  // its fp16 gradients read and written: 2 · 2 bytes an element
+      if (e.label >= 0 && b.p.labels[static_cast<std::size_t>(e.label)].find("flatten_grads.subgroup") != std::string::npos)
+        got.push_back(e.mem_bytes.v / 4);
+    std::vector<std::int64_t> want;  // the rule, over the graph's params
+    std::int64_t cur = 0;
+    for (const auto& p : b.g.params) {
+      cur += (p.numel + N - 1) / N;
+      if (cur >= sub_group_size) {
+        want.push_back(cur);
+        cur = 0;
+      }
+    }
+    if (cur > 0) want.push_back(cur);
+    return std::pair{got, want};
+  };
+  const auto [one_got, one_want] = sizes_of(1000000000);
+  CHECK(one_got.size() == 1);
+  CHECK(one_got == one_want);
+  // A size smaller than most params: groups may exceed it by their last param.
+  const auto [small_got, small_want] = sizes_of(1000);
+  CHECK(small_got == small_want);
+  CHECK(small_got.size() > 2);
+  CHECK(std::any_of(small_got.begin(), small_got.end(), [](std::int64_t s) { return s > 1000; }));
+  const auto [zero_got, zero_want] = sizes_of(0);
+  CHECK(zero_got == zero_want);
+}

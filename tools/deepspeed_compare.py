@@ -162,7 +162,11 @@ def round_range(run, phase):
 def outside(pred, rng):
     """How far a prediction lies outside the rounds' range, relative to the nearer end (0 inside)."""
     lo, hi = rng
-    return (pred - hi) / hi if pred > hi else (pred - lo) / lo if pred < lo else 0.0
+    if pred > hi:
+        return (pred - hi) / hi if hi > 0 else float("inf")
+    if pred < lo:
+        return (pred - lo) / lo if lo > 0 else float("inf")
+    return 0.0
 
 
 def print_stage_ranking(rows):
@@ -173,7 +177,9 @@ def print_stage_ranking(rows):
     groups = {}
     for r in rows:
         m = re.fullmatch(r"(.+)-s(\d)", r["name"])
-        if m and "error" not in r["predicted"] and r["measured"]["iteration"] == r["measured"]["iteration"]:
+        # One rank's times of a several-rank run come from ranks sharing one GPU: not a ranking.
+        if (m and "error" not in r["predicted"] and r["measured"]["iteration"] == r["measured"]["iteration"]
+                and r.get("world_size", 1) == 1):
             groups.setdefault(m.group(1), {})[int(m.group(2))] = r
     same = 0
     for g, st in groups.items():
@@ -189,9 +195,11 @@ def print_stage_ranking(rows):
 
         def overlap(a, b):
             ra, rb = st[a]["measured"]["rounds_range"].get("iteration"), st[b]["measured"]["rounds_range"].get("iteration")
-            return bool(ra and rb and ra[0] <= rb[1] and rb[0] <= ra[1])
+            if not ra or not rb:
+                return "no rounds to tell"
+            return "rounds overlap" if ra[0] <= rb[1] and rb[0] <= ra[1] else "rounds apart"
 
-        why = ", ".join(f"s{a}/s{b} {'rounds overlap' if overlap(a, b) else 'rounds apart'}" for a, b in swapped)
+        why = ", ".join(f"s{a}/s{b} {overlap(a, b)}" for a, b in swapped)
         print(f"stage ranking {g}: measured {measured}, predicted {predicted} ({why})")
     if groups:
         print(f"stage ranking equal to the measured one for {same} of {sum(len(v) > 1 for v in groups.values())} models")
@@ -247,7 +255,8 @@ def main():
             "rounds_range": {k: round_range(run, k) for k in ("forward", "backward", "step", "iteration")},
         }
         pred = predict(args.zeroplan, run)
-        rows.append({"name": run["name"], "measured": meas, "predicted": pred, "constants": consts})
+        rows.append({"name": run["name"], "world_size": run.get("world_size", 1), "measured": meas, "predicted": pred,
+                     "constants": consts})
 
     hdr = (f"{'run':<28} {'alloc MiB meas/pred':>21} {'err':>6} {'reserved meas/pred':>20} {'err':>6} "
            f"{'fwd ms':>13} {'err':>6} {'bwd ms':>13} {'err':>6} {'step ms':>13} {'err':>6} {'iter ms':>13} {'err':>6}")

@@ -566,7 +566,7 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
   // Legacy form: "zero_optimization": true → stage 1, allgather size from "allgather_size".
   if (it->is_boolean()) {
     zc.stage = it->get<bool>() ? 1 : 0;
-    if (zc.stage > 0) zc.allgather_bucket_size = root.get_int(doc, "allgather_size", zc.allgather_bucket_size, 1, kMaxI64);
+    if (zc.stage > 0) zc.allgather_bucket_size = root.get_int(doc, "allgather_size", zc.allgather_bucket_size, 0, kMaxI64);
     return;
   }
   const Reader r = root.sub("zero_optimization");
@@ -578,14 +578,10 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
   zc.contiguous_gradients = r.get_bool(z, "contiguous_gradients", d.contiguous_gradients);
   zc.reduce_scatter = r.get_bool(z, "reduce_scatter", d.reduce_scatter);
   zc.reduce_bucket_size = r.get_int(z, "reduce_bucket_size", d.reduce_bucket_size, 1, kMaxI64);
-  // DeepSpeedZeroConfig bounds it at >= 0; the ZeRO 1/2 optimizer asserts at construction that
-  // it is a multiple of its NCCL start alignment (2 elements: 4 bytes of 16-bit values).
+  // DeepSpeedZeroConfig bounds it at >= 0. (DeepSpeedZeroOptimizer, the ZeRO 1/2 wrapper unless
+  // BF16_Optimizer runs, also asserts an even value at construction; that depends on the stage
+  // and precision the planner may change after reading, so it is not checked here.)
   zc.allgather_bucket_size = r.get_int(z, "allgather_bucket_size", d.allgather_bucket_size, 0, kMaxI64);
-  if (zc.allgather_bucket_size % 2 != 0 && (zc.stage == 1 || zc.stage == 2))
-    throw InputError(r.file, r.key_path("allgather_bucket_size"),
-                     fmt::format("must be a multiple of 2 at stages 1 and 2, got {} (DeepSpeedZeroOptimizer asserts "
-                                 "it is a multiple of its nccl_start_alignment_factor, 2)",
-                                 zc.allgather_bucket_size));
   if (has(z, "overlap_comm")) zc.overlap_comm = r.get_bool(z, "overlap_comm", false);
   zc.allgather_partitions = r.get_bool(z, "allgather_partitions", d.allgather_partitions);
   zc.round_robin_gradients = r.get_bool(z, "round_robin_gradients", d.round_robin_gradients);
@@ -660,24 +656,14 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
   zc.offload_optimizer = read_offload(z, "offload_optimizer", false, r, cfg);
   zc.offload_param = read_offload(z, "offload_param", true, r, cfg);
   // DeepSpeedConfigModel refuses a deprecated key given together with its new one, whatever
-  // its value (config_utils.py).
+  // its value (config_utils.py; an explicit null is taken as absent here).
   for (const auto& [old_key, new_key] : {std::pair{"cpu_offload", "offload_optimizer"},
                                          std::pair{"cpu_offload_param", "offload_param"}})
-    if (has(z, old_key) && !z.at(old_key).is_null() && has(z, new_key))
+    if (has(z, old_key) && has(z, new_key))
       throw InputError(r.file, r.key_path(old_key),
                        fmt::format("deprecated; cannot be given together with {} (keep {})", new_key, new_key));
-  if (r.get_bool(z, "cpu_offload", false)) {
-    if (has(z, "offload_optimizer"))
-      throw InputError(r.file, r.key_path("cpu_offload"),
-                       "deprecated; cannot be given together with offload_optimizer (keep offload_optimizer)");
-    zc.offload_optimizer.device = OffloadDevice::cpu;
-  }
-  if (r.get_bool(z, "cpu_offload_param", false)) {
-    if (has(z, "offload_param"))
-      throw InputError(r.file, r.key_path("cpu_offload_param"),
-                       "deprecated; cannot be given together with offload_param (keep offload_param)");
-    zc.offload_param.device = OffloadDevice::cpu;
-  }
+  if (r.get_bool(z, "cpu_offload", false)) zc.offload_optimizer.device = OffloadDevice::cpu;
+  if (r.get_bool(z, "cpu_offload_param", false)) zc.offload_param.device = OffloadDevice::cpu;
   if (zc.offload_optimizer.ratio < 1.0 && zc.stage != 3)
     throw InputError(r.file, r.key_path("offload_optimizer.ratio"),
                      "partial offload (ratio < 1) needs zero_optimization.stage 3");

@@ -159,18 +159,18 @@ void Stage3Lowering::end_of_backward() {
   coord_.end_pass();
 }
 
-// Whole params packed in order while the group stays within sub_group_size elements (a
-// larger param is a group of its own); sizes in partition elements (Σ ceil(numel/N)).
+// Whole params packed in order, a group closed by the param that brings it to sub_group_size
+// elements or past it (stage3.py's _create_fp16_sub_groups: a group may exceed the size by its
+// last param; 0: a group per param); sizes in partition elements (Σ ceil(numel/N)).
 std::vector<std::int64_t> Stage3Lowering::sub_groups() const {
   std::vector<std::int64_t> sizes;
   std::int64_t cur = 0;
   for (const auto& prm : c_.g.params) {
-    const std::int64_t n = ceil_div(prm.numel, c_.N);
-    if (cur > 0 && cur + n > c_.cfg.zero.sub_group_size) {
+    cur += ceil_div(prm.numel, c_.N);
+    if (cur >= c_.cfg.zero.sub_group_size) {
       sizes.push_back(cur);
       cur = 0;
     }
-    cur += n;
   }
   if (cur > 0) sizes.push_back(cur);
   return sizes;
