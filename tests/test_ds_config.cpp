@@ -340,25 +340,22 @@ TEST_CASE("bucket sizes: integers within DeepSpeedZeroConfig's bounds") {
   }
   CHECK(parse(R"({"zero_optimization": {"reduce_bucket_size": 2e8}})").zero.reduce_bucket_size == 200000000);
   CHECK(parse(R"({"zero_optimization": {"reduce_bucket_size": 1}})").zero.reduce_bucket_size == 1);
-  // 0 is DeepSpeed's: no prefetch, a sub-group per parameter, hpZ off.
+  // 0 is DeepSpeed's (no prefetch, a sub-group per parameter, hpZ off), and thresholds may be 0.
   const DsConfig z = parse(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0,
-      "sub_group_size": 0, "zero_hpz_partition_size": 0, "allgather_bucket_size": 0}})");
-  CHECK(z.zero.stage3_prefetch_bucket_size == 0);
-  CHECK(z.zero.sub_group_size == 0);
-  CHECK(z.zero.zero_hpz_partition_size == 0);
-  CHECK(z.zero.allgather_bucket_size == 0);
+      "sub_group_size": 0, "zero_hpz_partition_size": 0, "allgather_bucket_size": 0,
+      "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0,
+      "stage3_model_persistence_threshold": 0}})");
+  for (std::int64_t ZeroConfig::*f :
+       {&ZeroConfig::stage3_prefetch_bucket_size, &ZeroConfig::sub_group_size,
+        &ZeroConfig::zero_hpz_partition_size, &ZeroConfig::allgather_bucket_size,
+        &ZeroConfig::stage3_param_persistence_threshold, &ZeroConfig::stage3_max_live_parameters,
+        &ZeroConfig::stage3_max_reuse_distance, &ZeroConfig::stage3_model_persistence_threshold})
+    CHECK(z.zero.*f == 0);
   CHECK(parse(R"({"zero_optimization": {"stage": 2, "allgather_bucket_size": 0}})").zero.allgather_bucket_size == 0);
   // The legacy form's allgather_size too.
   CHECK(parse(R"({"zero_optimization": true, "allgather_size": 0})").zero.allgather_bucket_size == 0);
   std::string m = error_of(R"({"zero_optimization": true, "allgather_size": -1})");
   CHECK(m == "cfg.json: allgather_size: must be an integer >= 0, got -1");
-  // Thresholds may be 0.
-  const DsConfig t = parse(R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-      "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0, "stage3_model_persistence_threshold": 0}})");
-  CHECK(t.zero.stage3_param_persistence_threshold == 0);
-  CHECK(t.zero.stage3_max_live_parameters == 0);
-  CHECK(t.zero.stage3_max_reuse_distance == 0);
-  CHECK(t.zero.stage3_model_persistence_threshold == 0);
   m = error_of(R"({"zero_optimization": {"stage3_param_persistence_threshold": -1}})");
   CHECK(m == "cfg.json: zero_optimization.stage3_param_persistence_threshold: must be an integer >= 0, got -1");
 }
