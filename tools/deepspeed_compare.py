@@ -149,14 +149,10 @@ def round_range(run, phase):
     """The lowest and highest of a run's round medians for a phase (forward, backward, step,
     iteration), or None with fewer than two rounds: the host's own spread, against which a
     time's error has to be read (tools/README.md, "Times")."""
-    rounds = run.get("timing", {}).get("rounds_s", [])
-    if len(rounds) < 2:
-        return None
-    if phase == "iteration":
-        meds = [r["iteration_s"] for r in rounds]
-    else:
-        meds = [statistics.median(p[phase] for p in r["phases_all_s"]) for r in rounds]
-    return min(meds), max(meds)
+    timing = run.get("timing", {})  # pool_timing's per-round medians
+    meds = (timing.get("iteration_rounds_s", []) if phase == "iteration"
+            else [r[phase] for r in timing.get("phases_rounds_s", [])])
+    return (min(meds), max(meds)) if len(meds) >= 2 else None
 
 
 def outside(pred, rng):
