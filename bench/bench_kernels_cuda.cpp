@@ -225,6 +225,32 @@ int main(int argc, char** argv) {
       const Lin head{"gpt2 lm_head fwd", M, 50257, 768, false};
       run(direct, head, "gpt2 lm_head, not staged");
       run(large, head, "gpt2 lm_head, 256 MiB scratch");
+      // The head's two backward products apart, staged (default) and as they are, and with
+      // the vocabulary padded: dx = dlogits·W (k = V) and dW = dlogitsᵀ·x (m = V).
+      for (const std::int64_t V : {std::int64_t{50257}, std::int64_t{50304}}) {
+        const std::int64_t H = 768;
+        Buffer dlogits(static_cast<std::size_t>(M * V) * 2), w(static_cast<std::size_t>(V * H) * 2),
+            x(static_cast<std::size_t>(M * H) * 2), dx(static_cast<std::size_t>(M * H) * 2),
+            dw(static_cast<std::size_t>(V * H) * 2);
+        fill(dlogits, M * V, DType::bf16, 21);
+        fill(w, V * H, DType::bf16, 22);
+        fill(x, M * H, DType::bf16, 23);
+        for (kg::Context* c : {&ctx, &direct}) {
+          const std::string how = c == &ctx ? "" : ", not staged";
+          if (V % 8 == 0 && c != &ctx) continue;
+          const std::string tag = "V " + std::to_string(V) + how;
+          const double dx_ms = time_ms(opt, [&] {
+            kg::gemm(*c, dx.get(), dlogits.get(), w.get(), M, H, V, false, false, false, DType::bf16, nullptr);
+          });
+          report("gemm bf16 lm_head dx, " + tag, dims({M, H, V}), dx_ms, 2.0 * f(M) * f(H) * f(V), true,
+                 gemm_ceiling);
+          const double dw_ms = time_ms(opt, [&] {
+            kg::gemm(*c, dw.get(), dlogits.get(), x.get(), V, H, M, true, false, false, DType::bf16, nullptr);
+          });
+          report("gemm bf16 lm_head dW, " + tag, dims({V, H, M}), dw_ms, 2.0 * f(M) * f(H) * f(V), true,
+                 gemm_ceiling);
+        }
+      }
     }
 
     // ---------------------------------------------------------------- memory-bound kernels

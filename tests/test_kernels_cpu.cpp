@@ -1356,28 +1356,24 @@ TEST_CASE("the H200's accumulating bf16 GEMM rounds the product before adding C"
 }
 
 // ------------------------------------------------------------------------------------
-// The staged pieces of a product with misaligned rows (kernels/common/gemm_pieces.hpp), run
-// here with plain loops: the pieces must give the product run whole, bit for bit (the
-// same sums in the same order), read and write inside the scratch, and leave every staged
-// row 16-byte aligned.
+// The staged plan of a product with misaligned rows (kernels/common/gemm_pieces.hpp), run
+// here with plain loops. The data are small integers and quarters, so every fp32 sum is
+// exact in any order and the plan's result must equal the product run whole bit for bit.
+// The plan must also read and write inside the scratch, give every product aligned
+// operands and strides, and leave odd only the thin remainders of the odd dimension.
 // ------------------------------------------------------------------------------------
 namespace {
 
-struct Strided {
-  const std::vector<float>* a;
-  std::int64_t offset, ld;
-};
-
-// C(i, j) (=|+=) sum_p op(A)(i, p) op(B)(p, j), in p's order; A and C at offsets with strides.
+// C(i, j) (=|+=) sum_p op(A)(i, p) op(B)(p, j), in p's order; A, B, C at offsets with strides.
 void strided_gemm(std::vector<float>& c, std::int64_t c_offset, std::int64_t ldc, const std::vector<float>& a,
-                  std::int64_t a_offset, std::int64_t lda, const std::vector<float>& b, std::int64_t m, std::int64_t n,
-                  std::int64_t k, bool ta, bool tb, bool acc) {
+                  std::int64_t a_offset, std::int64_t lda, const std::vector<float>& b, std::int64_t b_offset,
+                  std::int64_t ldb, std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb, bool acc) {
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) {
       float sum = 0.0f;
       for (std::int64_t p = 0; p < k; ++p)
         sum += a.at(static_cast<std::size_t>(a_offset + (ta ? p * lda + i : i * lda + p))) *
-               b.at(static_cast<std::size_t>(tb ? j * k + p : p * n + j));
+               b.at(static_cast<std::size_t>(b_offset + (tb ? j * ldb + p : p * ldb + j)));
       float& out = c.at(static_cast<std::size_t>(c_offset + i * ldc + j));
       out = acc ? out + sum : sum;
     }
@@ -1385,84 +1381,132 @@ void strided_gemm(std::vector<float>& c, std::int64_t c_offset, std::int64_t ldc
 
 }  // namespace
 
-TEST_CASE("gemm pieces: staged through scratch with padded rows, the product run whole, bit for bit") {
+TEST_CASE("gemm pieces: aligned products staged through scratch give the product run whole, bit for bit") {
   using zp::kernels::GemmBuffer;
+  using zp::kernels::GemmStep;
+  using zp::kernels::aligned_rows;
   struct Case {
     std::int64_t m, n, k;
     bool ta, tb;
-    const char* kind;  // which operand is staged, or "" when the plan must be empty
+    const char* kind;  // C: C's rows staged; K: A's rows, k in parts; A: A's columns; "": not planned
   };
   const Case cases[] = {
-      {1000, 77, 96, false, true, "C"},  {1000, 77, 96, true, true, "C"},   {1000, 77, 96, true, false, ""},
-      {1000, 96, 45, false, false, "A"}, {1000, 96, 45, false, true, ""},   {301, 96, 200, true, false, "A"},
-      {301, 77, 200, true, true, ""},    {256, 96, 64, false, false, ""},   {77, 301, 64, false, true, "C"},
+      {1000, 77, 96, false, true, "C"},  {1000, 77, 96, true, true, "C"},     {1000, 77, 96, true, false, ""},
+      {1000, 96, 45, false, false, "K"}, {300, 64, 1001, false, false, "K"}, {1000, 96, 45, false, true, ""},
+      {301, 96, 200, true, false, "A"},  {301, 77, 200, true, true, ""},      {256, 96, 64, false, false, ""},
+      {77, 301, 64, false, true, "C"},   {77, 5, 64, false, true, "C"},       {40, 64, 3, false, false, "K"},
   };
   for (std::int64_t elem : {std::int64_t{2}, std::int64_t{4}})
     for (std::size_t scratch_bytes : {std::size_t{20} << 10, std::size_t{64} << 10, std::size_t{1} << 20})
       for (const Case& cs : cases)
-        for (bool acc : {false, true}) {
-          CAPTURE(elem);
-          CAPTURE(scratch_bytes);
-          CAPTURE(cs.m);
-          CAPTURE(cs.n);
-          CAPTURE(cs.k);
-          CAPTURE(cs.ta);
-          CAPTURE(cs.tb);
-          CAPTURE(acc);
-          const std::int64_t m = cs.m, n = cs.n, k = cs.k;
-          const auto pieces = zp::kernels::plan_gemm_pieces(m, n, k, cs.ta, cs.tb, acc, elem, scratch_bytes);
-          const std::string kind = cs.kind;
-          // The cases' odd sizes (77, 45, 301) are misaligned and the even ones aligned in
-          // both element sizes, so a case's kind holds for both.
-          const bool too_small_for_16 =
-              kind == "A" && cs.ta && static_cast<std::int64_t>(scratch_bytes) < 16 * k * elem;
-          if (kind.empty() || too_small_for_16) {
-            CHECK(pieces.empty());
-            continue;
+        for (bool acc : {false, true})
+          for (bool bias : {false, true}) {
+            if (acc && bias) continue;  // a bias never comes with accumulate
+            CAPTURE(elem);
+            CAPTURE(scratch_bytes);
+            CAPTURE(cs.m);
+            CAPTURE(cs.n);
+            CAPTURE(cs.k);
+            CAPTURE(cs.ta);
+            CAPTURE(cs.tb);
+            CAPTURE(acc);
+            CAPTURE(bias);
+            const std::int64_t m = cs.m, n = cs.n, k = cs.k, unit = 16 / elem;
+            const std::int64_t ld_a = cs.ta ? m : k, ld_b = cs.tb ? k : n;
+            const auto plan =
+                zp::kernels::plan_gemm_pieces(m, n, k, cs.ta, cs.tb, acc, bias, elem, scratch_bytes);
+            const std::string kind = cs.kind;
+            // The cases' odd sizes are misaligned and the others aligned in both element
+            // sizes, so a case's kind holds for both.
+            const bool too_small_for_16 = kind == "A" && static_cast<std::int64_t>(scratch_bytes) < 16 * k * elem;
+            if (kind.empty() || too_small_for_16) {
+              CHECK(plan.empty());
+              continue;
+            }
+            REQUIRE(!plan.empty());
+            CHECK(plan.acc_bytes % zp::kernels::kAccumulatorAlign == 0);
+            CHECK(plan.acc_bytes + plan.scratch_elems * elem <= static_cast<std::int64_t>(scratch_bytes));
+            CHECK((kind == "K") == (plan.acc_bytes > 0));
+            std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+                c0(static_cast<std::size_t>(m * n)), brow(static_cast<std::size_t>(n));
+            for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 7919) % 23) - 11.0f;
+            for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>((i * 104729) % 19) * 0.25f - 2.0f;
+            for (std::size_t i = 0; i < c0.size(); ++i) c0[i] = static_cast<float>(i % 13) - 6.0f;
+            for (std::size_t i = 0; i < brow.size(); ++i) brow[i] = static_cast<float>(i % 7) - 3.0f;
+            std::vector<float> whole = c0;
+            strided_gemm(whole, 0, n, a, 0, ld_a, b, 0, ld_b, m, n, k, cs.ta, cs.tb, acc);
+            if (bias)
+              for (std::int64_t i = 0; i < m; ++i)
+                for (std::int64_t j = 0; j < n; ++j) whole[static_cast<std::size_t>(i * n + j)] += brow[static_cast<std::size_t>(j)];
+            // Every element the plan does not write stays NaN and fails the comparison.
+            const float nan = std::numeric_limits<float>::quiet_NaN();
+            std::vector<float> staged = acc ? c0 : std::vector<float>(c0.size(), nan);
+            std::vector<float> scratch(static_cast<std::size_t>(plan.scratch_elems), nan),
+                accum(static_cast<std::size_t>(plan.acc_bytes / 4), nan);
+            auto buffer = [&](GemmBuffer g) -> std::vector<float>& {
+              switch (g) {
+                case GemmBuffer::a: return a;
+                case GemmBuffer::b: return b;
+                case GemmBuffer::c: return staged;
+                case GemmBuffer::bias: return brow;
+                case GemmBuffer::acc: return accum;
+                default: return scratch;
+              }
+            };
+            std::int64_t products = 0;
+            for (const GemmStep& step : plan.steps) {
+              if (step.kind == GemmStep::Kind::copy) {
+                const auto& r = step.copy;
+                CHECK(r.src != r.dst);
+                CHECK((r.src_ld == 0) == (r.src == GemmBuffer::bias));
+                if (r.dst == GemmBuffer::scratch) CHECK(aligned_rows(r.dst_ld, elem));
+                std::vector<float>& dst = buffer(r.dst);
+                const std::vector<float>& src = buffer(r.src);
+                for (std::int64_t i = 0; i < r.rows; ++i)
+                  for (std::int64_t j = 0; j < r.width; ++j)
+                    dst.at(static_cast<std::size_t>(r.dst_offset + i * r.dst_ld + j)) =
+                        src.at(static_cast<std::size_t>(r.src_offset + i * r.src_ld + j));
+              } else if (step.kind == GemmStep::Kind::product) {
+                const auto& p = step.product;
+                ++products;
+                const std::int64_t c_elem = p.c_buffer == GemmBuffer::acc ? 4 : elem;
+                // aligned operands and strides: A's own, B's as the whole product's, C's
+                CHECK(aligned_rows(p.lda, elem));
+                CHECK(aligned_rows(p.ldc, c_elem));
+                CHECK((p.a_offset * elem) % 16 == 0);
+                CHECK((p.b_offset * elem) % 16 == 0);
+                CHECK((p.c_offset * c_elem) % 16 == 0);
+                CHECK(p.m >= 1);
+                CHECK(p.n >= 1);
+                CHECK(p.k >= 1);
+                if (kind == "C") {  // the odd n only in a thin remainder; k whole
+                  CHECK(p.c_buffer == GemmBuffer::scratch);
+                  CHECK((aligned_rows(p.n, elem) || p.n < unit));
+                  CHECK(p.k == k);
+                } else if (kind == "K") {  // the odd k only in a thin remainder; n whole
+                  CHECK(p.c_buffer == GemmBuffer::acc);
+                  CHECK(p.a_buffer == GemmBuffer::scratch);
+                  CHECK((aligned_rows(p.k, elem) || p.k < unit));
+                  CHECK(p.n == n);
+                } else {
+                  CHECK(p.a_buffer == GemmBuffer::scratch);
+                  CHECK(p.c_buffer == GemmBuffer::c);
+                  CHECK(p.k == k);
+                }
+                strided_gemm(buffer(p.c_buffer), p.c_offset, p.ldc, buffer(p.a_buffer), p.a_offset, p.lda, b,
+                             p.b_offset, ld_b, p.m, p.n, p.k, cs.ta, cs.tb, p.accumulate);
+              } else {
+                const auto& f = step.finish;
+                for (std::int64_t i = 0; i < f.rows; ++i)
+                  for (std::int64_t j = 0; j < n; ++j) {
+                    float v = accum.at(static_cast<std::size_t>(f.acc_offset + i * n + j));
+                    if (bias) v += brow[static_cast<std::size_t>(j)];
+                    float& out = staged.at(static_cast<std::size_t>(f.c_offset + i * n + j));
+                    out = acc ? v + out : v;
+                  }
+              }
+            }
+            CHECK(products == plan.products);
+            CHECK(staged == whole);
           }
-          REQUIRE(!pieces.empty());
-          std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
-              c0(static_cast<std::size_t>(m * n));
-          for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 7919) % 23) - 11.0f;
-          for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>((i * 104729) % 19) * 0.25f - 2.0f;
-          for (std::size_t i = 0; i < c0.size(); ++i) c0[i] = static_cast<float>(i % 13) - 6.0f;
-          std::vector<float> whole = c0, staged = c0;
-          strided_gemm(whole, 0, n, a, 0, cs.ta ? m : k, b, m, n, k, cs.ta, cs.tb, acc);
-          std::vector<float> scratch(scratch_bytes / static_cast<std::size_t>(elem),
-                                     std::numeric_limits<float>::quiet_NaN());
-          auto buffer = [&](GemmBuffer g) -> std::vector<float>& {
-            return g == GemmBuffer::a ? a : g == GemmBuffer::c ? staged : scratch;
-          };
-          auto copy = [&](const zp::kernels::RowCopy& r) {
-            CHECK(r.src != r.dst);
-            if (r.dst == GemmBuffer::scratch) CHECK(zp::kernels::aligned_rows(r.dst_ld, elem));
-            std::vector<float>& dst = buffer(r.dst);
-            const std::vector<float>& src = buffer(r.src);
-            for (std::int64_t i = 0; i < r.rows; ++i)
-              for (std::int64_t j = 0; j < r.width; ++j)
-                dst.at(static_cast<std::size_t>(r.dst_offset + i * r.dst_ld + j)) =
-                    src.at(static_cast<std::size_t>(r.src_offset + i * r.src_ld + j));
-          };
-          std::int64_t rows = 0;
-          for (const auto& piece : pieces) {
-            for (const auto& r : piece.before) copy(r);
-            CHECK(zp::kernels::aligned_rows(piece.lda, elem));
-            CHECK(zp::kernels::aligned_rows(piece.ldc, elem));
-            // every piece's A and C start 16 bytes into their buffers (which are aligned)
-            CHECK((piece.a_offset * elem) % 16 == 0);
-            CHECK((piece.c_offset * elem) % 16 == 0);
-            if (pieces.size() > 1 && &piece != &pieces.back()) CHECK(piece.m % 16 == 0);
-            CHECK(piece.m >= 1);
-            if (kind == "C") CHECK(piece.c_buffer == GemmBuffer::scratch);
-            if (kind == "A") CHECK(piece.a_buffer == GemmBuffer::scratch);
-            strided_gemm(buffer(piece.c_buffer), piece.c_offset, piece.ldc, buffer(piece.a_buffer), piece.a_offset,
-                         piece.lda, b, piece.m, n, k, cs.ta, cs.tb, acc);
-            for (const auto& r : piece.after) copy(r);
-            rows += piece.m;
-          }
-          CHECK(rows == m);
-          // every piece but the last fills the scratch as far as a piece can
-          if (pieces.size() > 1) CHECK(pieces.back().m <= pieces.front().m);
-          CHECK(staged == whole);
-        }
 }

@@ -1,18 +1,26 @@
 #pragma once
-// Pieces of a large product whose rows are not 16-byte aligned, staged through a scratch
-// area with padded rows (kernels/cuda/bmm.cu runs them; tests/test_kernels_cpu.cpp runs the
-// same plan on the CPU and checks it gives the product).
+// A large product whose rows are not 16-byte aligned, run as aligned products staged
+// through a scratch area (kernels/cuda/bmm.cu runs the plan; tests/test_kernels_cpu.cpp runs
+// the same plan on the CPU and checks it gives the product).
 //
 // cuBLASLt's fastest tensor-core kernels load whole 16-byte vectors, so an operand whose row
-// stride is not a multiple of 16 bytes sends it to slower kernels: GPT-2's LM head (logits
-// of 50257 columns) ran 5-8x slower than the same product with 50304 columns on an H200,
-// in bf16, in PyTorch as in zeroplan (13.3 ms against 1.8 for the forward). The plan cuts
-// the product into pieces along m (rows of C), never along k, so every output element stays
-// one fp32 sum over the whole k with one rounding, as in the product run whole:
-//   C's rows misaligned (n):      each piece is computed into scratch, then copied to C
-//                                 (C's old rows copied in first when accumulating);
-//   A (m,k) misaligned (k):       each piece of A's rows is copied into scratch first;
-//   A stored (k,m) misaligned:    each piece of A's columns is copied into scratch first.
+// stride is not a multiple of 16 bytes sends it to slower kernels, and so does an odd
+// dimension even when every stride is aligned: GPT-2's LM head (logits of 50257 columns)
+// ran 5-8x slower than the same product with 50304 columns on an H200, in bf16, in PyTorch
+// as in zeroplan (13.3 ms against 1.8 for the forward), and padding only the strides left
+// it as slow (14.9 ms). So the plan pads strides and cuts the odd dimension into an aligned
+// part and a thin remainder:
+//   C's rows misaligned (n odd):  pieces of C's rows computed into scratch rows of padded
+//                                 stride, as two products: the first n8 columns (n8 the
+//                                 largest multiple of 16 bytes) and the remaining few; each
+//                                 element is one fp32 sum over the whole k, rounded once;
+//   A (m,k) misaligned (k odd):   pieces of A's rows and columns copied into scratch with
+//                                 aligned rows, the product's k in aligned parts (and a
+//                                 thin remainder) summed in an fp32 accumulator in scratch,
+//                                 rounded into C once at the end (with the bias and C's old
+//                                 values: one rounding, as the product run whole);
+//   A stored (k,m) misaligned:    pieces of A's columns copied into scratch with aligned
+//                                 rows; the products run whole over k.
 // B is never staged: a product whose B has misaligned rows, or whose A and C both do, is
 // not planned (it runs as it is).
 #include <algorithm>
@@ -22,24 +30,46 @@
 
 namespace zp::kernels {
 
-// The buffers a piece reads or writes.
-enum class GemmBuffer { a, c, scratch };
+// The buffers a step reads or writes: the operands, the bias row, the scratch (elements of
+// the operands' type, after the accumulator), and the fp32 accumulator at the scratch's start.
+enum class GemmBuffer { a, b, c, bias, scratch, acc };
 
-// Rows [0, rows) of `width` elements: from src + src_offset (src_ld elements apart) to
-// dst + dst_offset (dst_ld apart). Offsets and strides in elements.
+// Rows [0, rows) of `width` elements: from src + src_offset (src_ld elements apart; 0: the
+// same row for all) to dst + dst_offset (dst_ld apart). Offsets and strides in elements.
 struct RowCopy {
   GemmBuffer src = GemmBuffer::a, dst = GemmBuffer::scratch;
   std::int64_t src_offset = 0, src_ld = 0, dst_offset = 0, dst_ld = 0, width = 0, rows = 0;
 };
 
-// One product of `m` rows of C: op(A) read from a_buffer + a_offset with row stride lda, C
-// written to c_buffer + c_offset with row stride ldc; B and k as in the whole product.
-struct GemmPiece {
-  std::vector<RowCopy> before;  // run before the product
-  std::int64_t m = 0;
+// C' (=|+=) op(A') · op(B'), (m, n, k): A' at a_buffer + a_offset with row stride lda (A' is
+// stored (k,m) when the whole product's A is), B' at B + b_offset with B's own stride, C' at
+// c_buffer + c_offset with row stride ldc (fp32 when c_buffer is acc); `accumulate`: beta 1.
+struct GemmProduct {
+  std::int64_t m = 0, n = 0, k = 0;
   GemmBuffer a_buffer = GemmBuffer::a, c_buffer = GemmBuffer::c;
-  std::int64_t a_offset = 0, lda = 0, c_offset = 0, ldc = 0;
-  std::vector<RowCopy> after;  // run after it
+  std::int64_t a_offset = 0, lda = 0, b_offset = 0, c_offset = 0, ldc = 0;
+  bool accumulate = false;
+};
+
+// Rows [0, rows) of the accumulator (n fp32 columns, packed, from acc_offset) rounded once
+// into C's rows from c_offset: C = acc (+ bias) (+ C's old value when accumulating).
+struct GemmFinish {
+  std::int64_t acc_offset = 0, c_offset = 0, rows = 0;
+};
+
+struct GemmStep {
+  enum class Kind { copy, product, finish } kind = Kind::copy;
+  RowCopy copy;
+  GemmProduct product;
+  GemmFinish finish;
+};
+
+struct GemmPlan {
+  std::vector<GemmStep> steps;   // in order, on one stream
+  std::int64_t acc_bytes = 0;    // the fp32 accumulator's bytes at the scratch's start
+  std::int64_t scratch_elems = 0;  // elements of the scratch used after it
+  std::int64_t products = 0;
+  bool empty() const { return steps.empty(); }
 };
 
 // Whether rows of `ld` elements of `elem` bytes keep every row 16-byte aligned, and the
@@ -48,6 +78,7 @@ inline bool aligned_rows(std::int64_t ld, std::int64_t elem) { return (ld * elem
 inline std::int64_t padded_rows(std::int64_t ld, std::int64_t elem) { return (ld * elem + 15) / 16 * 16 / elem; }
 
 inline constexpr std::int64_t kMinGemmPiece = 16;  // rows (or columns) of a piece, at least
+inline constexpr std::int64_t kAccumulatorAlign = 256;  // bytes: where the scratch's elements start
 
 // Rows (or columns) per piece from what fits: a multiple of 128 (whole tiles of cuBLASLt's
 // large kernels) when at least 128 fit, else of 16, so a piece's offset into A (by columns
@@ -56,54 +87,162 @@ inline std::int64_t gemm_piece_size(std::int64_t fits) {
   return fits >= 128 ? fits / 128 * 128 : fits / kMinGemmPiece * kMinGemmPiece;
 }
 
-// The pieces of C(m,n) (=|+=) op(A) · op(B), every operand packed, each element `elem` bytes,
-// with `scratch_bytes` of scratch; empty when the product's rows are aligned, when it cannot
-// be staged (B misaligned, A and C both misaligned), or when the scratch holds fewer than
-// kMinGemmPiece rows of a piece. A (m,k) is stored (k,m) when trans_a; B (k,n) is (n,k) when
-// trans_b.
-inline std::vector<GemmPiece> plan_gemm_pieces(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a,
-                                               bool trans_b, bool accumulate, std::int64_t elem,
-                                               std::size_t scratch_bytes) {
-  std::vector<GemmPiece> pieces;
-  if (m <= 0 || n <= 0 || k <= 0 || elem <= 0) return pieces;
-  const std::int64_t ld_a = trans_a ? m : k, ld_b = trans_b ? k : n;
-  const bool a_ok = aligned_rows(ld_a, elem), b_ok = aligned_rows(ld_b, elem), c_ok = aligned_rows(n, elem);
-  if (!b_ok || (a_ok && c_ok) || (!a_ok && !c_ok)) return pieces;
-  const auto room = static_cast<std::int64_t>(scratch_bytes);
-  if (!c_ok) {  // C's rows, padded in scratch
-    const std::int64_t ldc = padded_rows(n, elem), piece = gemm_piece_size(room / (ldc * elem));
-    if (piece < kMinGemmPiece) return pieces;
-    for (std::int64_t r0 = 0; r0 < m; r0 += piece) {
-      GemmPiece p;
-      p.m = std::min(piece, m - r0);
-      p.a_offset = trans_a ? r0 : r0 * k;
-      p.lda = ld_a;
-      p.c_buffer = GemmBuffer::scratch;
-      p.ldc = ldc;
-      const RowCopy out{GemmBuffer::scratch, GemmBuffer::c, 0, ldc, r0 * n, n, n, p.m};
-      if (accumulate) p.before.push_back({GemmBuffer::c, GemmBuffer::scratch, r0 * n, n, 0, ldc, n, p.m});
-      p.after.push_back(out);
-      pieces.push_back(p);
+// `piece` (a multiple of `unit`) made as even as it can be over `total`: the fewest pieces
+// of at most `piece`, each rounded up to `unit` (never past `piece`).
+inline std::int64_t even_piece(std::int64_t total, std::int64_t piece, std::int64_t unit) {
+  if (piece >= total) return total;
+  const std::int64_t count = (total + piece - 1) / piece, share = (total + count - 1) / count;
+  return std::min(piece, (share + unit - 1) / unit * unit);
+}
+
+namespace gemm_plan_detail {
+
+inline GemmStep copy_step(const RowCopy& r) {
+  GemmStep s;
+  s.kind = GemmStep::Kind::copy;
+  s.copy = r;
+  return s;
+}
+inline GemmStep product_step(const GemmProduct& p) {
+  GemmStep s;
+  s.kind = GemmStep::Kind::product;
+  s.product = p;
+  return s;
+}
+inline GemmStep finish_step(const GemmFinish& f) {
+  GemmStep s;
+  s.kind = GemmStep::Kind::finish;
+  s.finish = f;
+  return s;
+}
+
+// C's rows misaligned (B stored (n,k) with aligned rows, A aligned): pieces of C's rows in
+// scratch with a padded stride, each as the aligned columns' product and the rest's.
+inline GemmPlan c_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool accumulate, bool bias,
+                       std::int64_t elem, std::int64_t room) {
+  GemmPlan plan;
+  const std::int64_t ldc = padded_rows(n, elem), unit = 16 / elem, n8 = n / unit * unit;
+  const std::int64_t piece = gemm_piece_size(room / (ldc * elem));
+  if (piece < kMinGemmPiece) return plan;
+  const std::int64_t rows_per = even_piece(m, piece, piece >= 128 ? 128 : kMinGemmPiece);
+  for (std::int64_t r0 = 0; r0 < m; r0 += rows_per) {
+    const std::int64_t pm = std::min(rows_per, m - r0);
+    if (accumulate) plan.steps.push_back(copy_step({GemmBuffer::c, GemmBuffer::scratch, r0 * n, n, 0, ldc, n, pm}));
+    if (bias) plan.steps.push_back(copy_step({GemmBuffer::bias, GemmBuffer::scratch, 0, 0, 0, ldc, n, pm}));
+    GemmProduct p;
+    p.m = pm;
+    p.k = k;
+    p.a_offset = trans_a ? r0 : r0 * k;
+    p.lda = trans_a ? m : k;
+    p.c_buffer = GemmBuffer::scratch;
+    p.ldc = ldc;
+    p.accumulate = accumulate || bias;
+    for (const bool rest : {false, true}) {  // the aligned columns, then the rest
+      const std::int64_t c0 = rest ? n8 : 0;
+      p.n = rest ? n - n8 : n8;
+      if (p.n <= 0) continue;
+      p.b_offset = c0 * k;  // B stored (n,k)
+      p.c_offset = c0;
+      plan.steps.push_back(product_step(p));
+      ++plan.products;
     }
-    return pieces;
+    plan.steps.push_back(copy_step({GemmBuffer::scratch, GemmBuffer::c, 0, ldc, r0 * n, n, n, pm}));
   }
-  // A staged: pieces of its rows (A (m,k): each row padded to lda), or of its columns (A stored
-  // (k,m): the piece's columns are the rows of op(A), each of A's k rows padded to the width).
-  const std::int64_t per_row = trans_a ? k : padded_rows(k, elem);  // elements of scratch per row of op(A)
-  const std::int64_t piece = gemm_piece_size(room / (per_row * elem));
-  if (piece < kMinGemmPiece) return pieces;
+  plan.scratch_elems = std::min(rows_per, m) * ldc;
+  return plan;
+}
+
+// A (m,k) with misaligned rows (B stored (k,n) with aligned rows, C aligned): blocks of A's
+// rows, each summed over k in aligned parts (plus the thin remainder) into an fp32
+// accumulator, then rounded into C once.
+inline GemmPlan k_parts(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t elem, std::int64_t room) {
+  GemmPlan plan;  // (the finish adds the bias and, when accumulating, C's old values)
+  const std::int64_t unit = 16 / elem, k8 = k / unit * unit, tail = k - k8;
+  // The accumulator takes a quarter of the scratch (half when that is under a piece): rows
+  // as many as fit, so the products are tall; the parts of k take the rest.
+  std::int64_t fits = room / 4 / (n * 4);
+  if (fits < kMinGemmPiece && fits < m) fits = room / 2 / (n * 4);
+  std::int64_t rows = fits >= m ? m : gemm_piece_size(fits);
+  if (rows < kMinGemmPiece && rows < m) return plan;
+  rows = even_piece(m, rows, rows >= 128 ? 128 : kMinGemmPiece);
+  plan.acc_bytes = (rows * n * 4 + kAccumulatorAlign - 1) / kAccumulatorAlign * kAccumulatorAlign;
+  const std::int64_t left = (room - plan.acc_bytes) / (rows * elem);  // columns of A per part
+  std::int64_t part = left >= 64 ? left / 64 * 64 : left / unit * unit;
+  if (part < unit) return GemmPlan{};
+  if (k8 > 0) part = even_piece(k8, part, unit);
+  for (std::int64_t r0 = 0; r0 < m; r0 += rows) {
+    const std::int64_t pm = std::min(rows, m - r0);
+    bool first = true;
+    for (std::int64_t k0 = 0; k0 < k;) {
+      const std::int64_t width = k0 < k8 ? std::min(part, k8 - k0) : tail, ld = padded_rows(width, elem);
+      plan.steps.push_back(copy_step({GemmBuffer::a, GemmBuffer::scratch, r0 * k + k0, k, 0, ld, width, pm}));
+      GemmProduct p;
+      p.m = pm;
+      p.n = n;
+      p.k = width;
+      p.a_buffer = GemmBuffer::scratch;
+      p.lda = ld;
+      p.b_offset = k0 * n;  // B's rows k0.. (stored (k,n))
+      p.c_buffer = GemmBuffer::acc;
+      p.ldc = n;
+      p.accumulate = !first;
+      plan.steps.push_back(product_step(p));
+      ++plan.products;
+      plan.scratch_elems = std::max(plan.scratch_elems, pm * ld);
+      first = false;
+      k0 += width;
+    }
+    plan.steps.push_back(finish_step({0, r0 * n, pm}));
+  }
+  return plan;
+}
+
+// A stored (k,m) with misaligned rows (B and C aligned): pieces of A's columns (the rows of
+// op(A)), each of A's k rows padded to the piece's width; the products run whole over k.
+inline GemmPlan a_columns(std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate, bool bias,
+                          std::int64_t elem, std::int64_t room) {
+  GemmPlan plan;
+  const std::int64_t piece = gemm_piece_size(room / (k * elem));
+  if (piece < kMinGemmPiece) return plan;
   for (std::int64_t r0 = 0; r0 < m; r0 += piece) {
-    GemmPiece p;
-    p.m = std::min(piece, m - r0);
-    p.lda = trans_a ? padded_rows(p.m, elem) : per_row;
-    p.before.push_back(trans_a ? RowCopy{GemmBuffer::a, GemmBuffer::scratch, r0, m, 0, p.lda, p.m, k}
-                               : RowCopy{GemmBuffer::a, GemmBuffer::scratch, r0 * k, k, 0, p.lda, k, p.m});
+    const std::int64_t pm = std::min(piece, m - r0), ld = padded_rows(pm, elem);
+    plan.steps.push_back(copy_step({GemmBuffer::a, GemmBuffer::scratch, r0, m, 0, ld, pm, k}));
+    if (bias) plan.steps.push_back(copy_step({GemmBuffer::bias, GemmBuffer::c, 0, 0, r0 * n, n, n, pm}));
+    GemmProduct p;
+    p.m = pm;
+    p.n = n;
+    p.k = k;
     p.a_buffer = GemmBuffer::scratch;
+    p.lda = ld;
     p.c_offset = r0 * n;
     p.ldc = n;
-    pieces.push_back(p);
+    p.accumulate = accumulate || bias;
+    plan.steps.push_back(product_step(p));
+    ++plan.products;
+    plan.scratch_elems = std::max(plan.scratch_elems, k * ld);
   }
-  return pieces;
+  return plan;
+}
+
+}  // namespace gemm_plan_detail
+
+// The plan for C(m,n) (=|+=) op(A) · op(B) (+ a bias row when `bias`; never with
+// accumulate), every operand packed, each element `elem` (2 or 4) bytes, with `scratch_bytes`
+// of scratch; empty when the product's rows are aligned, when it cannot be staged (B
+// misaligned, A and C both misaligned), or when the scratch holds too little. A (m,k) is
+// stored (k,m) when trans_a; B (k,n) is (n,k) when trans_b.
+inline GemmPlan plan_gemm_pieces(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b,
+                                 bool accumulate, bool bias, std::int64_t elem, std::size_t scratch_bytes) {
+  if (m <= 0 || n <= 0 || k <= 0 || (elem != 2 && elem != 4)) return {};
+  const std::int64_t ld_a = trans_a ? m : k, ld_b = trans_b ? k : n;
+  const bool a_ok = aligned_rows(ld_a, elem), b_ok = aligned_rows(ld_b, elem), c_ok = aligned_rows(n, elem);
+  if (!b_ok || (a_ok && c_ok) || (!a_ok && !c_ok)) return {};
+  const auto room = static_cast<std::int64_t>(scratch_bytes);
+  // B aligned while C is not means B is stored (n,k); B aligned while A (m,k) is not means
+  // B is stored (k,n): the plans below rely on it.
+  if (!c_ok) return gemm_plan_detail::c_rows(m, n, k, trans_a, accumulate, bias, elem, room);
+  if (!trans_a) return gemm_plan_detail::k_parts(m, n, k, elem, room);
+  return gemm_plan_detail::a_columns(m, n, k, accumulate, bias, elem, room);
 }
 
 }  // namespace zp::kernels

@@ -30,6 +30,7 @@ struct Matmul {
   std::int64_t lda = 0, ldb = 0, ldc = 0;
   bool trans_a = false, trans_b = false, accumulate = false;
   DType dt = DType::fp32;
+  bool c_fp32 = false;  // C is fp32 whatever dt (A and B in dt): an accumulator of staged parts
 };
 void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream);
 
@@ -42,10 +43,10 @@ struct MatmulPlan {
 };
 
 // (dtype, batch, m, n, k, strides a/b/c, row strides a/b/c, trans a/b, bias, alignments a/b/c,
-// TF32 allowed)
+// TF32 allowed, C in fp32)
 using MatmulKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                              std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, int, int, int,
-                             int>;
+                             int, bool>;
 
 struct Context::Impl {
   int device = 0;

@@ -94,7 +94,7 @@ void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, bool epilog
                                              mm.ldb > 0 ? mm.ldb : static_cast<std::int64_t>(la_rows)));
   ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, type, lb_rows, lb_cols,
                                              mm.lda > 0 ? mm.lda : static_cast<std::int64_t>(lb_rows)));
-  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, type, static_cast<std::uint64_t>(mm.n),
+  ZP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, mm.c_fp32 ? CUDA_R_32F : type, static_cast<std::uint64_t>(mm.n),
                                              static_cast<std::uint64_t>(mm.m), mm.ldc > 0 ? mm.ldc : mm.n));
   if (mm.batch > 1) {
     const auto count = static_cast<std::int32_t>(mm.batch);
@@ -192,7 +192,8 @@ void launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t strea
                       align_a,
                       align_b,
                       align_c,
-                      s.allow_tf32 ? 1 : 0};
+                      s.allow_tf32 ? 1 : 0,
+                      mm.c_fp32};
   auto it = s.plans.find(key);
   if (it == s.plans.end()) {
     MatmulPlan plan = make_plan(s, mm, epilogue_bias, align_a, align_b, align_c);
@@ -257,51 +258,92 @@ void copy_rows(char* dst, std::int64_t dst_ld, const char* src, std::int64_t src
   ZP_CUDA_CHECK_LAUNCH("copy_rows_kernel");
 }
 
-// A large product whose rows of A or C are not 16-byte aligned, run in the pieces of
+// Rows of the fp32 accumulator rounded once into C (n columns, packed):
+// C = acc (+ bias[j]) (+ C's old value when accumulating).
+template <class T>
+__global__ void finish_kernel(T* __restrict__ c, const float* __restrict__ acc, const T* __restrict__ bias,
+                              std::int64_t rows, std::int64_t n, bool accumulate) {
+  const std::int64_t total = rows * n;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float v = acc[i];
+    if (bias != nullptr) v += detail::to_float(bias[i % n]);
+    if (accumulate) v += detail::to_float(c[i]);
+    c[i] = detail::from_float<T>(v);
+  }
+}
+
+// A large product whose rows of A or C are not 16-byte aligned, run as the plan of
 // kernels/common/gemm_pieces.hpp through the Context's scratch (after the `scratch_used`
 // bytes the bias took). Only batch-1 products of packed operands, of at least
 // ContextOptions::staged_min_work m·n·k. Returns whether it ran the product.
 bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratch_used, cudaStream_t stream) {
   Context::Impl& s = ctx.impl();
-  if (mm.batch != 1 || mm.lda != 0 || mm.ldb != 0 || mm.ldc != 0) return false;
+  if (mm.batch != 1 || mm.lda != 0 || mm.ldb != 0 || mm.ldc != 0 || mm.c_fp32) return false;
   if (static_cast<double>(mm.m) * static_cast<double>(mm.n) * static_cast<double>(mm.k) < s.staged_min_work)
     return false;
   const std::size_t total = ctx.scratch_bytes();
   if (total <= scratch_used) return false;
   const std::int64_t elem = dtype_size(mm.dt);
-  const std::vector<GemmPiece> pieces =
-      plan_gemm_pieces(mm.m, mm.n, mm.k, mm.trans_a, mm.trans_b, mm.accumulate, elem, total - scratch_used);
-  if (pieces.empty()) return false;
+  const GemmPlan plan = plan_gemm_pieces(mm.m, mm.n, mm.k, mm.trans_a, mm.trans_b, mm.accumulate, bias != nullptr,
+                                         elem, total - scratch_used);
+  if (plan.empty()) return false;
   char* area = static_cast<char*>(ctx.scratch(total, "staged matmul")) + scratch_used;
-  auto buffer = [&](GemmBuffer b) -> char* {
-    switch (b) {
+  auto buffer = [&](GemmBuffer g) -> char* {
+    switch (g) {
       case GemmBuffer::a: return const_cast<char*>(static_cast<const char*>(mm.a));
+      case GemmBuffer::b: return const_cast<char*>(static_cast<const char*>(mm.b));
       case GemmBuffer::c: return static_cast<char*>(mm.c);
-      default: return area;
+      case GemmBuffer::bias: return const_cast<char*>(static_cast<const char*>(bias));
+      case GemmBuffer::acc: return area;
+      default: return area + plan.acc_bytes;
     }
   };
-  auto copy = [&](const RowCopy& r) {
-    copy_rows(buffer(r.dst) + r.dst_offset * elem, r.dst_ld, buffer(r.src) + r.src_offset * elem, r.src_ld, r.width,
-              r.rows, elem, stream);
-  };
-  for (const GemmPiece& piece : pieces) {
-    for (const RowCopy& r : piece.before) copy(r);
-    Matmul p = mm;
-    p.m = piece.m;
-    p.a = buffer(piece.a_buffer) + piece.a_offset * elem;
-    p.lda = piece.lda;
-    p.c = buffer(piece.c_buffer) + piece.c_offset * elem;
-    p.ldc = piece.ldc;
-    // A piece's bias is C's initial value (beta 1: the sum in fp32, rounded once), not the
-    // epilogue: on the H200 the bias epilogue of these padded-row bf16 products rounded
-    // twice (the BERT-style 700x77x64 check: relative L2 error 2.3e-3, 12% of the elements
-    // past the one-rounding bound), while beta-accumulated products round once.
-    if (bias != nullptr) {  // every row of the piece's C from the one bias row (source stride 0)
-      copy_rows(static_cast<char*>(p.c), p.ldc, static_cast<const char*>(bias), 0, p.n, p.m, elem, stream);
-      p.accumulate = true;
+  // Offsets count elements of the operands' type, or fp32 ones in the accumulator.
+  auto at = [&](GemmBuffer g, std::int64_t offset) { return buffer(g) + offset * (g == GemmBuffer::acc ? 4 : elem); };
+  for (const GemmStep& step : plan.steps) {
+    switch (step.kind) {
+      case GemmStep::Kind::copy: {
+        const RowCopy& r = step.copy;
+        copy_rows(at(r.dst, r.dst_offset), r.dst_ld, at(r.src, r.src_offset), r.src_ld, r.width, r.rows, elem, stream);
+        break;
+      }
+      case GemmStep::Kind::product: {
+        // The bias is never the epilogue here: the plan puts it in C first (beta 1: the sum
+        // in fp32, rounded once) or adds it in the finish. On the H200 the bias epilogue of
+        // padded-row bf16 products rounded twice (the BERT-style 700x77x64 check: relative
+        // L2 error 2.3e-3, 12% of the elements past the one-rounding bound), while
+        // beta-accumulated products round once.
+        const GemmProduct& g = step.product;
+        Matmul p = mm;
+        p.m = g.m;
+        p.n = g.n;
+        p.k = g.k;
+        p.a = at(g.a_buffer, g.a_offset);
+        p.lda = g.lda;
+        p.b = at(GemmBuffer::b, g.b_offset);
+        p.ldb = mm.trans_b ? mm.k : mm.n;
+        p.c = at(g.c_buffer, g.c_offset);
+        p.ldc = g.ldc;
+        p.accumulate = g.accumulate;
+        p.c_fp32 = g.c_buffer == GemmBuffer::acc;
+        p.bias = nullptr;
+        launch(ctx, p, nullptr, stream);
+        break;
+      }
+      case GemmStep::Kind::finish: {
+        const GemmFinish& f = step.finish;
+        detail::dispatch(mm.dt, "staged matmul", [&](auto tag) {
+          using T = decltype(tag);
+          finish_kernel<T><<<detail::grid_for(f.rows * mm.n, 256), 256, 0, stream>>>(
+              reinterpret_cast<T*>(at(GemmBuffer::c, f.c_offset)),
+              reinterpret_cast<const float*>(at(GemmBuffer::acc, f.acc_offset)), static_cast<const T*>(bias), f.rows,
+              mm.n, mm.accumulate);
+          ZP_CUDA_CHECK_LAUNCH("finish_kernel");
+        });
+        break;
+      }
     }
-    launch(ctx, p, nullptr, stream);
-    for (const RowCopy& r : piece.after) copy(r);
   }
   ++s.staged_products;
   return true;

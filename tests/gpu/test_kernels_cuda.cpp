@@ -608,6 +608,8 @@ TEST_CASE("gemm with rows not 16-byte aligned: staged in pieces through the scra
       {"C's rows (the LM head's logits)", 1000, 77, 96, false, true, true},
       {"C's rows, A stored (k,m)", 1000, 77, 96, true, true, true},
       {"A's rows (the LM head's dx)", 1000, 96, 45, false, false, true},
+      {"A's rows, k in several parts and a remainder", 300, 64, 1001, false, false, true},
+      {"C's rows, fewer columns than one aligned group", 200, 5, 96, false, true, true},
       {"A's columns (the LM head's dw)", 301, 96, 200, true, false, true},
       {"B's rows too: runs as it is", 200, 77, 96, false, false, false},
   };
