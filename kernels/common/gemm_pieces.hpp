@@ -13,7 +13,10 @@
 //   C's rows misaligned (n odd):  pieces of C's rows computed into scratch rows of padded
 //                                 stride, as two products: the first n8 columns (n8 the
 //                                 largest multiple of 16 bytes) and the remaining few; each
-//                                 element is one fp32 sum over the whole k, rounded once;
+//                                 element is one fp32 sum over the whole k, rounded once
+//                                 (with a bias: into fp32 rows, the bias added as they are
+//                                 rounded into C, since Hopper's fast kernels round the
+//                                 product before adding C when beta is 1);
 //   A (m,k) misaligned (k odd):   pieces of A's rows and columns copied into scratch with
 //                                 aligned rows, the product's k in aligned parts (and a
 //                                 thin remainder) summed in an fp32 accumulator in scratch,
@@ -22,7 +25,9 @@
 //   A stored (k,m) misaligned:    pieces of A's columns copied into scratch with aligned
 //                                 rows; the products run whole over k.
 // B is never staged: a product whose B has misaligned rows, or whose A and C both do, is
-// not planned (it runs as it is).
+// not planned (it runs as it is); nor is a bias with A stored (k,m) (no model has one).
+// Accumulating (beta 1) into 16-bit C rounds the product first on the fast kernels, as
+// PyTorch's gradient accumulation does (tests/gpu/harness.hpp's bound allows it).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -30,12 +35,12 @@
 
 namespace zp::kernels {
 
-// The buffers a step reads or writes: the operands, the bias row, the scratch (elements of
-// the operands' type, after the accumulator), and the fp32 accumulator at the scratch's start.
-enum class GemmBuffer { a, b, c, bias, scratch, acc };
+// The buffers a step reads or writes: the operands, the scratch (elements of the operands'
+// type, after the accumulator), and the fp32 accumulator at the scratch's start.
+enum class GemmBuffer { a, b, c, scratch, acc };
 
-// Rows [0, rows) of `width` elements: from src + src_offset (src_ld elements apart; 0: the
-// same row for all) to dst + dst_offset (dst_ld apart). Offsets and strides in elements.
+// Rows [0, rows) of `width` elements: from src + src_offset (src_ld elements apart) to
+// dst + dst_offset (dst_ld apart). Offsets and strides in elements.
 struct RowCopy {
   GemmBuffer src = GemmBuffer::a, dst = GemmBuffer::scratch;
   std::int64_t src_offset = 0, src_ld = 0, dst_offset = 0, dst_ld = 0, width = 0, rows = 0;
@@ -51,10 +56,10 @@ struct GemmProduct {
   bool accumulate = false;
 };
 
-// Rows [0, rows) of the accumulator (n fp32 columns, packed, from acc_offset) rounded once
-// into C's rows from c_offset: C = acc (+ bias) (+ C's old value when accumulating).
+// Rows [0, rows) of the accumulator (n fp32 columns, rows acc_ld apart, from acc_offset)
+// rounded once into C's rows from c_offset: C = acc (+ bias) (+ C's old value when accumulating).
 struct GemmFinish {
-  std::int64_t acc_offset = 0, c_offset = 0, rows = 0;
+  std::int64_t acc_offset = 0, acc_ld = 0, c_offset = 0, rows = 0;
 };
 
 struct GemmStep {
@@ -117,26 +122,28 @@ inline GemmStep finish_step(const GemmFinish& f) {
 }
 
 // C's rows misaligned (B stored (n,k) with aligned rows, A aligned): pieces of C's rows in
-// scratch with a padded stride, each as the aligned columns' product and the rest's.
+// scratch with a padded stride, each as the aligned columns' product and the rest's; with a
+// bias the rows are fp32 in the accumulator and the finish adds the bias as it rounds them.
 inline GemmPlan c_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool accumulate, bool bias,
                        std::int64_t elem, std::int64_t room) {
   GemmPlan plan;
-  const std::int64_t ldc = padded_rows(n, elem), unit = 16 / elem, n8 = n / unit * unit;
-  const std::int64_t piece = gemm_piece_size(room / (ldc * elem));
+  const std::int64_t row_elem = bias ? 4 : elem, ldc = padded_rows(n, row_elem), unit = 16 / elem;
+  const std::int64_t n8 = n / unit * unit;
+  const std::int64_t piece = gemm_piece_size(room / (ldc * row_elem));
   if (piece < kMinGemmPiece) return plan;
   const std::int64_t rows_per = even_piece(m, piece, piece >= 128 ? 128 : kMinGemmPiece);
+  const GemmBuffer rows_in = bias ? GemmBuffer::acc : GemmBuffer::scratch;
   for (std::int64_t r0 = 0; r0 < m; r0 += rows_per) {
     const std::int64_t pm = std::min(rows_per, m - r0);
     if (accumulate) plan.steps.push_back(copy_step({GemmBuffer::c, GemmBuffer::scratch, r0 * n, n, 0, ldc, n, pm}));
-    if (bias) plan.steps.push_back(copy_step({GemmBuffer::bias, GemmBuffer::scratch, 0, 0, 0, ldc, n, pm}));
     GemmProduct p;
     p.m = pm;
     p.k = k;
     p.a_offset = trans_a ? r0 : r0 * k;
     p.lda = trans_a ? m : k;
-    p.c_buffer = GemmBuffer::scratch;
+    p.c_buffer = rows_in;
     p.ldc = ldc;
-    p.accumulate = accumulate || bias;
+    p.accumulate = accumulate;
     for (const bool rest : {false, true}) {  // the aligned columns, then the rest
       const std::int64_t c0 = rest ? n8 : 0;
       p.n = rest ? n - n8 : n8;
@@ -146,9 +153,15 @@ inline GemmPlan c_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool tran
       plan.steps.push_back(product_step(p));
       ++plan.products;
     }
-    plan.steps.push_back(copy_step({GemmBuffer::scratch, GemmBuffer::c, 0, ldc, r0 * n, n, n, pm}));
+    if (bias)
+      plan.steps.push_back(finish_step({0, ldc, r0 * n, pm}));
+    else
+      plan.steps.push_back(copy_step({GemmBuffer::scratch, GemmBuffer::c, 0, ldc, r0 * n, n, n, pm}));
   }
-  plan.scratch_elems = std::min(rows_per, m) * ldc;
+  if (bias)
+    plan.acc_bytes = (std::min(rows_per, m) * ldc * 4 + kAccumulatorAlign - 1) / kAccumulatorAlign * kAccumulatorAlign;
+  else
+    plan.scratch_elems = std::min(rows_per, m) * ldc;
   return plan;
 }
 
@@ -192,22 +205,21 @@ inline GemmPlan k_parts(std::int64_t m, std::int64_t n, std::int64_t k, std::int
       first = false;
       k0 += width;
     }
-    plan.steps.push_back(finish_step({0, r0 * n, pm}));
+    plan.steps.push_back(finish_step({0, n, r0 * n, pm}));
   }
   return plan;
 }
 
 // A stored (k,m) with misaligned rows (B and C aligned): pieces of A's columns (the rows of
 // op(A)), each of A's k rows padded to the piece's width; the products run whole over k.
-inline GemmPlan a_columns(std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate, bool bias,
-                          std::int64_t elem, std::int64_t room) {
+inline GemmPlan a_columns(std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate, std::int64_t elem,
+                          std::int64_t room) {
   GemmPlan plan;
   const std::int64_t piece = gemm_piece_size(room / (k * elem));
   if (piece < kMinGemmPiece) return plan;
   for (std::int64_t r0 = 0; r0 < m; r0 += piece) {
     const std::int64_t pm = std::min(piece, m - r0), ld = padded_rows(pm, elem);
     plan.steps.push_back(copy_step({GemmBuffer::a, GemmBuffer::scratch, r0, m, 0, ld, pm, k}));
-    if (bias) plan.steps.push_back(copy_step({GemmBuffer::bias, GemmBuffer::c, 0, 0, r0 * n, n, n, pm}));
     GemmProduct p;
     p.m = pm;
     p.n = n;
@@ -216,7 +228,7 @@ inline GemmPlan a_columns(std::int64_t m, std::int64_t n, std::int64_t k, bool a
     p.lda = ld;
     p.c_offset = r0 * n;
     p.ldc = n;
-    p.accumulate = accumulate || bias;
+    p.accumulate = accumulate;
     plan.steps.push_back(product_step(p));
     ++plan.products;
     plan.scratch_elems = std::max(plan.scratch_elems, k * ld);
@@ -242,7 +254,8 @@ inline GemmPlan plan_gemm_pieces(std::int64_t m, std::int64_t n, std::int64_t k,
   // B is stored (k,n): the plans below rely on it.
   if (!c_ok) return gemm_plan_detail::c_rows(m, n, k, trans_a, accumulate, bias, elem, room);
   if (!trans_a) return gemm_plan_detail::k_parts(m, n, k, elem, room);
-  return gemm_plan_detail::a_columns(m, n, k, accumulate, bias, elem, room);
+  if (bias) return {};
+  return gemm_plan_detail::a_columns(m, n, k, accumulate, elem, room);
 }
 
 }  // namespace zp::kernels

@@ -258,18 +258,37 @@ void copy_rows(char* dst, std::int64_t dst_ld, const char* src, std::int64_t src
   ZP_CUDA_CHECK_LAUNCH("copy_rows_kernel");
 }
 
-// Rows of the fp32 accumulator rounded once into C (n columns, packed):
-// C = acc (+ bias[j]) (+ C's old value when accumulating).
+// Rows of the fp32 accumulator (acc_ld apart) rounded once into C's rows (n columns,
+// packed, at any alignment): C = acc (+ bias[j]) (+ C's old value when accumulating). A
+// block per row, each thread storing whole 16-byte groups of C's row (the few elements
+// before its first 16-byte boundary and after its last one singly), as copy_rows_kernel.
 template <class T>
-__global__ void finish_kernel(T* __restrict__ c, const float* __restrict__ acc, const T* __restrict__ bias,
-                              std::int64_t rows, std::int64_t n, bool accumulate) {
-  const std::int64_t total = rows * n;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float v = acc[i];
-    if (bias != nullptr) v += detail::to_float(bias[i % n]);
-    if (accumulate) v += detail::to_float(c[i]);
-    c[i] = detail::from_float<T>(v);
+__global__ void finish_rows_kernel(T* __restrict__ c, const float* __restrict__ acc, std::int64_t acc_ld,
+                                   const T* __restrict__ bias, std::int64_t rows, std::int64_t n, bool accumulate) {
+  constexpr int V = detail::kPack<T>;
+  const std::int64_t step = blockDim.x;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T* d = c + r * n;
+    const float* s = acc + r * acc_ld;
+    auto value = [&](std::int64_t j) {
+      float v = s[j];
+      if (bias != nullptr) v += detail::to_float(bias[j]);
+      if (accumulate) v += detail::to_float(d[j]);
+      return v;
+    };
+    const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(d) & 15u);
+    const std::int64_t to_boundary = ((16 - misalign) & 15) / static_cast<std::int64_t>(sizeof(T));
+    const std::int64_t head = to_boundary < n ? to_boundary : n;
+    const std::int64_t groups = (n - head) / V, tail = head + groups * V;
+    for (std::int64_t j = threadIdx.x; j < head; j += step) d[j] = detail::from_float<T>(value(j));
+    for (std::int64_t gi = threadIdx.x; gi < groups; gi += step) {
+      const std::int64_t j = head + gi * V;
+      float v[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[e] = value(j + e);
+      detail::store_f<T, V>(d + j, v);
+    }
+    for (std::int64_t j = tail + threadIdx.x; j < n; j += step) d[j] = detail::from_float<T>(value(j));
   }
 }
 
@@ -294,7 +313,6 @@ bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratc
       case GemmBuffer::a: return const_cast<char*>(static_cast<const char*>(mm.a));
       case GemmBuffer::b: return const_cast<char*>(static_cast<const char*>(mm.b));
       case GemmBuffer::c: return static_cast<char*>(mm.c);
-      case GemmBuffer::bias: return const_cast<char*>(static_cast<const char*>(bias));
       case GemmBuffer::acc: return area;
       default: return area + plan.acc_bytes;
     }
@@ -309,11 +327,11 @@ bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratc
         break;
       }
       case GemmStep::Kind::product: {
-        // The bias is never the epilogue here: the plan puts it in C first (beta 1: the sum
-        // in fp32, rounded once) or adds it in the finish. On the H200 the bias epilogue of
-        // padded-row bf16 products rounded twice (the BERT-style 700x77x64 check: relative
-        // L2 error 2.3e-3, 12% of the elements past the one-rounding bound), while
-        // beta-accumulated products round once.
+        // The bias is never the epilogue here, nor C's initial value: the finish adds it to
+        // the fp32 sums as it rounds them. On the H200 the bias epilogue of these padded-row
+        // bf16 products rounded twice (the BERT-style 700x77x64 check: relative L2 error
+        // 2.3e-3, 12% of the elements past the one-rounding bound), and so did beta 1 over a
+        // C holding the bias once the columns were split into aligned products.
         const GemmProduct& g = step.product;
         Matmul p = mm;
         p.m = g.m;
@@ -335,11 +353,12 @@ bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratc
         const GemmFinish& f = step.finish;
         detail::dispatch(mm.dt, "staged matmul", [&](auto tag) {
           using T = decltype(tag);
-          finish_kernel<T><<<detail::grid_for(f.rows * mm.n, 256), 256, 0, stream>>>(
-              reinterpret_cast<T*>(at(GemmBuffer::c, f.c_offset)),
-              reinterpret_cast<const float*>(at(GemmBuffer::acc, f.acc_offset)), static_cast<const T*>(bias), f.rows,
-              mm.n, mm.accumulate);
-          ZP_CUDA_CHECK_LAUNCH("finish_kernel");
+          const auto grid = static_cast<unsigned>(std::min<std::int64_t>(f.rows, std::int64_t{1} << 20));
+          finish_rows_kernel<T><<<grid, 256, 0, stream>>>(reinterpret_cast<T*>(at(GemmBuffer::c, f.c_offset)),
+                                                          reinterpret_cast<const float*>(at(GemmBuffer::acc, f.acc_offset)),
+                                                          f.acc_ld, static_cast<const T*>(bias), f.rows, mm.n,
+                                                          mm.accumulate);
+          ZP_CUDA_CHECK_LAUNCH("finish_rows_kernel");
         });
         break;
       }
