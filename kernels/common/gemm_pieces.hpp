@@ -108,11 +108,13 @@ inline GemmStep copy_step(const RowCopy& r) {
   s.copy = r;
   return s;
 }
-inline GemmStep product_step(const GemmProduct& p) {
+// Appends a product to the plan.
+inline void add_product(GemmPlan& plan, const GemmProduct& p) {
   GemmStep s;
   s.kind = GemmStep::Kind::product;
   s.product = p;
-  return s;
+  plan.steps.push_back(s);
+  ++plan.products;
 }
 inline GemmStep finish_step(const GemmFinish& f) {
   GemmStep s;
@@ -136,22 +138,13 @@ inline GemmPlan c_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool tran
   for (std::int64_t r0 = 0; r0 < m; r0 += rows_per) {
     const std::int64_t pm = std::min(rows_per, m - r0);
     if (accumulate) plan.steps.push_back(copy_step({GemmBuffer::c, GemmBuffer::scratch, r0 * n, n, 0, ldc, n, pm}));
-    GemmProduct p;
-    p.m = pm;
-    p.k = k;
-    p.a_offset = trans_a ? r0 : r0 * k;
-    p.lda = trans_a ? m : k;
-    p.c_buffer = rows_in;
-    p.ldc = ldc;
-    p.accumulate = accumulate;
     for (const bool rest : {false, true}) {  // the aligned columns, then the rest
-      const std::int64_t c0 = rest ? n8 : 0;
-      p.n = rest ? n - n8 : n8;
-      if (p.n <= 0) continue;
-      p.b_offset = c0 * k;  // B stored (n,k)
-      p.c_offset = c0;
-      plan.steps.push_back(product_step(p));
-      ++plan.products;
+      const std::int64_t c0 = rest ? n8 : 0, width = rest ? n - n8 : n8;
+      if (width <= 0) continue;
+      add_product(plan, {.m = pm, .n = width, .k = k, .a_buffer = GemmBuffer::a, .c_buffer = rows_in,
+                         .a_offset = trans_a ? r0 : r0 * k, .lda = trans_a ? m : k,
+                         .b_offset = c0 * k,  // B stored (n,k)
+                         .c_offset = c0, .ldc = ldc, .accumulate = accumulate});
     }
     if (bias)
       plan.steps.push_back(finish_step({0, ldc, r0 * n, pm}));
@@ -189,18 +182,10 @@ inline GemmPlan k_parts(std::int64_t m, std::int64_t n, std::int64_t k, std::int
     for (std::int64_t k0 = 0; k0 < k;) {
       const std::int64_t width = k0 < k8 ? std::min(part, k8 - k0) : tail, ld = padded_rows(width, elem);
       plan.steps.push_back(copy_step({GemmBuffer::a, GemmBuffer::scratch, r0 * k + k0, k, 0, ld, width, pm}));
-      GemmProduct p;
-      p.m = pm;
-      p.n = n;
-      p.k = width;
-      p.a_buffer = GemmBuffer::scratch;
-      p.lda = ld;
-      p.b_offset = k0 * n;  // B's rows k0.. (stored (k,n))
-      p.c_buffer = GemmBuffer::acc;
-      p.ldc = n;
-      p.accumulate = !first;
-      plan.steps.push_back(product_step(p));
-      ++plan.products;
+      add_product(plan, {.m = pm, .n = n, .k = width, .a_buffer = GemmBuffer::scratch, .c_buffer = GemmBuffer::acc,
+                         .a_offset = 0, .lda = ld,
+                         .b_offset = k0 * n,  // B's rows k0.. (stored (k,n))
+                         .c_offset = 0, .ldc = n, .accumulate = !first});
       plan.scratch_elems = std::max(plan.scratch_elems, pm * ld);
       first = false;
       k0 += width;
@@ -220,17 +205,9 @@ inline GemmPlan a_columns(std::int64_t m, std::int64_t n, std::int64_t k, bool a
   for (std::int64_t r0 = 0; r0 < m; r0 += piece) {
     const std::int64_t pm = std::min(piece, m - r0), ld = padded_rows(pm, elem);
     plan.steps.push_back(copy_step({GemmBuffer::a, GemmBuffer::scratch, r0, m, 0, ld, pm, k}));
-    GemmProduct p;
-    p.m = pm;
-    p.n = n;
-    p.k = k;
-    p.a_buffer = GemmBuffer::scratch;
-    p.lda = ld;
-    p.c_offset = r0 * n;
-    p.ldc = n;
-    p.accumulate = accumulate;
-    plan.steps.push_back(product_step(p));
-    ++plan.products;
+    add_product(plan, {.m = pm, .n = n, .k = k, .a_buffer = GemmBuffer::scratch, .c_buffer = GemmBuffer::c,
+                       .a_offset = 0, .lda = ld, .b_offset = 0, .c_offset = r0 * n, .ldc = n,
+                       .accumulate = accumulate});
     plan.scratch_elems = std::max(plan.scratch_elems, k * ld);
   }
   return plan;
