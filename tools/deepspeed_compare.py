@@ -54,8 +54,9 @@ def predict(zeroplan, run):
         # NVLink, which ranks sharing one GPU over sockets do not have).
         cluster = ["--cluster", "1xH200-141GB"] if n == 1 else ["--cluster", "8xH200-141GB-NVSwitch", "--gpus", str(n),
                                                                 "--rank", str(run.get("rank", 0))]
+        trace = cfg + ".trace.json"
         cmd = [zeroplan, "simulate", "--model", model_arg(run["model"]), "--ds-config", cfg, *cluster,
-               "--seq-len", str(run["seq_len"]), "--attention", run["attention"], "--json"]
+               "--seq-len", str(run["seq_len"]), "--attention", run["attention"], "--json", "--trace", trace]
         if run.get("keep_output"):
             cmd.append("--keep-output")
         p = subprocess.run(cmd, capture_output=True, text=True)
@@ -72,9 +73,45 @@ def predict(zeroplan, run):
             "backward": r["time"]["backward_ms"] * 1e-3,
             "step": r["time"]["step_ms"] * 1e-3,
             "iteration": r["time"]["iteration_ms"] * 1e-3,
+            "gpu": device_busy(trace),
         }
     finally:
         os.remove(cfg)
+        if os.path.exists(trace):
+            os.remove(trace)
+
+
+# The program's phases as the reference's profile names them (the reduction's events are
+# backward's: DeepSpeed's hooks run them inside loss.backward()).
+TRACE_PHASES = {"fwd": "forward", "bwd": "backward", "reduce": "backward", "step": "step"}
+
+
+def device_busy(trace_path):
+    """Seconds per phase during which the predicted trace keeps the GPU busy: the union of the
+    intervals of its device streams' events (not the host thread's), as the profiler's GPU busy
+    time (profile.phases.*.gpu_busy_s of deepspeed_reference.py) counts kernels."""
+    t = json.load(open(trace_path))
+    events = t["traceEvents"] if isinstance(t, dict) else t
+    host = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
+            and e.get("args", {}).get("name") == "host"}
+    spans = {}
+    for e in events:
+        phase = TRACE_PHASES.get(e.get("args", {}).get("phase"))
+        if e.get("ph") != "X" or e.get("tid") in host or phase is None or e.get("dur", 0) <= 0:
+            continue
+        spans.setdefault(phase, []).append((e["ts"], e["ts"] + e["dur"]))
+    busy = {}
+    for phase, iv in spans.items():
+        iv.sort()
+        total, lo, hi = 0.0, None, None
+        for a, b in iv:
+            if hi is None or a > hi:
+                total += (hi - lo) if hi is not None else 0.0
+                lo, hi = a, b
+            else:
+                hi = max(hi, b)
+        busy[phase] = (total + (hi - lo if hi is not None else 0.0)) * 1e-6  # the trace's microseconds
+    return busy
 
 
 INPUTS = ("model", "attention", "dtype", "stage", "micro_batch", "seq_len", "gas", "ds_config")
@@ -201,6 +238,30 @@ def print_stage_ranking(rows):
         print(f"stage ranking equal to the measured one for {same} of {sum(len(v) > 1 for v in groups.values())} models")
 
 
+def print_device_busy(rows, runs):
+    """The GPU's busy time per phase, measured by the profiler (a run measured in full) and
+    predicted: the compute model's error apart from the host's (docs/deepspeed_fidelity.md)."""
+    gpu = {run["name"]: run["gpu_s"] for run in runs if run.get("gpu_s") and run.get("world_size", 1) == 1}
+    table = [(r["name"], gpu[r["name"]], r["predicted"]["gpu"]) for r in rows
+             if r["name"] in gpu and "error" not in r["predicted"]]
+    if not table:
+        return
+    print(f"\nGPU busy per phase, profiler / predicted (ms): the compute model's error without the host's")
+    errors = {}
+    for name, m, p in table:
+        cells = []
+        for k in ("forward", "backward", "step"):
+            if k not in m or k not in p:
+                cells.append(f"{k[:4]} {'-':>17}")
+                continue
+            e = err(p[k], m[k])
+            errors.setdefault(k, []).append(e)
+            cells.append(f"{k[:4]} {m[k] * 1e3:6.1f}/{p[k] * 1e3:<6.1f} {e * 100:+4.0f}%")
+        print(f"{name:<28} " + "  ".join(cells))
+    print("mean |error| of the GPU busy time: " + ", ".join(
+        f"{k} {100 * sum(map(abs, v)) / len(v):.1f}% (worst {100 * max(map(abs, v)):.0f}%)" for k, v in errors.items()))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", nargs="?")
@@ -291,6 +352,7 @@ def main():
         print(f"times inside the range of their rounds' medians: {inside[0]} of {inside[1]}; worst distance outside it: "
               + ", ".join(f"{k} {v * 100:.1f}%" for k, v in beyond.items()))
     print_stage_ranking(rows)
+    print_device_busy(rows, runs)
     if args.json:  # no measurement (a run timed only) is null, not NaN (which JSON does not have)
         def finite(v):
             if isinstance(v, float) and v != v:
