@@ -48,13 +48,13 @@ def predict(zeroplan, run):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(run["ds_config"], f)
         cfg = f.name
+    trace = cfg + ".trace.json"
     try:
         n = run.get("world_size", 1)
         # Several ranks: that rank of an N-GPU H200 node (memory is per rank; the times assume
         # NVLink, which ranks sharing one GPU over sockets do not have).
         cluster = ["--cluster", "1xH200-141GB"] if n == 1 else ["--cluster", "8xH200-141GB-NVSwitch", "--gpus", str(n),
                                                                 "--rank", str(run.get("rank", 0))]
-        trace = cfg + ".trace.json"
         cmd = [zeroplan, "simulate", "--model", model_arg(run["model"]), "--ds-config", cfg, *cluster,
                "--seq-len", str(run["seq_len"]), "--attention", run["attention"], "--json", "--trace", trace]
         if run.get("keep_output"):
@@ -81,17 +81,22 @@ def predict(zeroplan, run):
             os.remove(trace)
 
 
-# The program's phases as the reference's profile names them (the reduction's events are
-# backward's: DeepSpeed's hooks run them inside loss.backward()).
-TRACE_PHASES = {"fwd": "forward", "bwd": "backward", "reduce": "backward", "step": "step"}
+# The program's phases as the reference's profile names them: the reduction's events and
+# recomputation are backward's (DeepSpeed's hooks and checkpointing run them inside
+# loss.backward()), the work after the step (stage 3's persistent parameters) is step()'s.
+TRACE_PHASES = {"fwd": "forward", "bwd": "backward", "reduce": "backward", "recompute": "backward", "step": "step",
+                "post_step": "step"}
 
 
 def device_busy(trace_path):
     """Seconds per phase during which the predicted trace keeps the GPU busy: the union of the
     intervals of its device streams' events (not the host thread's), as the profiler's GPU busy
     time (profile.phases.*.gpu_busy_s of deepspeed_reference.py) counts kernels."""
-    t = json.load(open(trace_path))
+    with open(trace_path) as f:
+        t = json.load(f)
     events = t["traceEvents"] if isinstance(t, dict) else t
+    if any(e.get("cat") == "repeated" for e in events):
+        return {}  # micro-steps the trace folds into one slice have no phase: not comparable
     host = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
             and e.get("args", {}).get("name") == "host"}
     spans = {}
