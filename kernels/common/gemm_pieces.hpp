@@ -222,11 +222,12 @@ inline GemmPlan a_columns(std::int64_t m, std::int64_t n, std::int64_t k, bool a
 // stored (k,m) when trans_a; B (k,n) is (n,k) when trans_b.
 inline GemmPlan plan_gemm_pieces(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b,
                                  bool accumulate, bool bias, std::int64_t elem, std::size_t scratch_bytes) {
-  if (m <= 0 || n <= 0 || k <= 0 || (elem != 2 && elem != 4)) return {};
+  if (m <= 0 || n <= 0 || k <= 0 || (elem != 2 && elem != 4) || (bias && accumulate)) return {};
   const std::int64_t ld_a = trans_a ? m : k, ld_b = trans_b ? k : n;
   const bool a_ok = aligned_rows(ld_a, elem), b_ok = aligned_rows(ld_b, elem), c_ok = aligned_rows(n, elem);
   if (!b_ok || (a_ok && c_ok) || (!a_ok && !c_ok)) return {};
-  const auto room = static_cast<std::int64_t>(scratch_bytes);
+  // Whole 256-byte units, so that the accumulator's rounded size stays inside.
+  const auto room = static_cast<std::int64_t>(scratch_bytes) / kAccumulatorAlign * kAccumulatorAlign;
   // B aligned while C is not means B is stored (n,k); B aligned while A (m,k) is not means
   // B is stored (k,n): the plans below rely on it.
   if (!c_ok) return gemm_plan_detail::c_rows(m, n, k, trans_a, accumulate, bias, elem, room);

@@ -330,8 +330,8 @@ bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratc
         // The bias is never the epilogue here, nor C's initial value: the finish adds it to
         // the fp32 sums as it rounds them. On the H200 the bias epilogue of these padded-row
         // bf16 products rounded twice (the BERT-style 700x77x64 check: relative L2 error
-        // 2.3e-3, 12% of the elements past the one-rounding bound), and so did beta 1 over a
-        // C holding the bias once the columns were split into aligned products.
+        // 2.3e-3, 12% of the elements past the one-rounding bound), and on an H100 so did
+        // beta 1 over a C holding the bias once the columns were split into aligned products.
         const GemmProduct& g = step.product;
         Matmul p = mm;
         p.m = g.m;
@@ -375,6 +375,7 @@ void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
   if (mm.m < 0 || mm.n < 0 || mm.k < 0 || mm.batch < 0) throw std::invalid_argument("matmul: negative dimension");
   if (mm.bias != nullptr && (mm.batch != 1 || mm.accumulate))
     throw std::invalid_argument("matmul: a bias needs batch 1 and accumulate == false");
+  if (mm.c_fp32) throw std::invalid_argument("matmul: an fp32 C is the staged products' own (staged() sets it)");
   if (mm.m == 0 || mm.n == 0 || mm.batch == 0) return;
   const std::int64_t elem = dtype_size(mm.dt);
   if (mm.k == 0) {  // an empty sum: C = 0 (+ bias), or C unchanged when accumulating

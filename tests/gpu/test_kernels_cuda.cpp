@@ -660,6 +660,22 @@ TEST_CASE("gemm with rows not 16-byte aligned: staged in pieces through the scra
       expect_dot("staged linear backward dx", download(*gx, rx.size(), dt), rx, sx, N + 1, dt);
       expect_dot("staged linear backward dw", download(*gw, rw.size(), dt), rw, sw, M + 1, dt);
     }
+  // Conv1D (weight stored (K, N)) with an odd K: A's rows misaligned, k in parts summed in the
+  // fp32 accumulator, the bias added by the finish in the one rounding.
+  for (DType dt : kDtypes) {
+    CAPTURE(dtype_str(dt));
+    const std::int64_t M = 300, N = 64, K = 1001;
+    const Vec x = rand_vec(M * K, 128, dt), w = rand_vec(K * N, 129, dt), bias = rand_vec(N, 130, dt);
+    auto dxin = device(x, dt), dw = device(w, dt), dbias = device(bias, dt);
+    auto y = output(sz(M * N), dt);
+    const std::uint64_t before = ctx.staged_products();
+    kg::conv1d_forward(ctx, y->get(), dxin->get(), dw->get(), dbias->get(), M, N, K, dt, kStream);
+    CHECK(ctx.staged_products() - before == 1u);
+    Vec ry(sz(M * N)), sy(sz(M * N));
+    kc::conv1d_forward(ry.data(), x.data(), w.data(), bias.data(), M, N, K);
+    kc::conv1d_forward(sy.data(), abs_of(x).data(), abs_of(w).data(), abs_of(bias).data(), M, N, K);
+    expect_dot("staged conv1d forward", download(*y, ry.size(), dt), ry, sy, K + 1, dt);
+  }
 }
 
 TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied aligned first); backward; bias_backward") {
