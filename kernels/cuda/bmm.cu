@@ -206,38 +206,44 @@ void launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t strea
                                  &plan.algo, s.workspace, s.workspace_bytes, stream));
 }
 
+// Row d of `width` elements written by the block, value(j) at j: each thread stores whole
+// 16-byte groups of the row (its few elements before the first 16-byte boundary and after
+// the last one singly), whatever d's alignment. The staged GEMMs' copies and finish write
+// rows whose pitch is not a multiple of 16 bytes this way. The first copy kernel stored one
+// element per thread with blocks of 512 bytes; on the H200 it made GPT-2's staged LM head
+// forward 17.6 ms (13.4 ms unstaged, 1.7 ms for the aligned product alone), and
+// cudaMemcpy2DAsync before it 15.2 ms.
+template <class E, class F>
+__device__ __forceinline__ void store_row(E* d, std::int64_t width, F value) {  // d not restrict: value may read it
+  constexpr int V = static_cast<int>(16 / sizeof(E));
+  const std::int64_t step = blockDim.x;
+  const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(d) & 15u);
+  const std::int64_t to_boundary = ((16 - misalign) & 15) / static_cast<std::int64_t>(sizeof(E));
+  const std::int64_t head = to_boundary < width ? to_boundary : width;
+  const std::int64_t groups = (width - head) / V, tail = head + groups * V;
+  for (std::int64_t c = threadIdx.x; c < head; c += step) d[c] = value(c);
+  for (std::int64_t gi = threadIdx.x; gi < groups; gi += step) {
+    const std::int64_t c = head + gi * V;
+    E e[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) e[k] = value(c + k);
+    uint4 raw;
+    memcpy(&raw, e, 16);
+    *reinterpret_cast<uint4*>(d + c) = raw;
+  }
+  for (std::int64_t c = tail + threadIdx.x; c < width; c += step) d[c] = value(c);
+}
+
 // Rows of `width` elements from src (src_ld apart; 0: one row for all) to dst (dst_ld apart),
-// on the stream: a block per row, each thread storing whole 16-byte groups of the destination
-// row (its few elements before the first 16-byte boundary and after the last one singly),
-// gathered from the source by element loads at any alignment (a warp's eight loads of one
-// group step touch the same 512 bytes: the first brings them into L1, the rest hit it).
-// The first version stored one element per thread with blocks of 512 bytes; on the H200 it
-// made GPT-2's staged LM head forward 17.6 ms (13.4 ms unstaged, 1.7 ms for the aligned
-// product alone), and cudaMemcpy2DAsync before it 15.2 ms.
+// a block per row (store_row), gathered from the source by element loads at any alignment (a
+// warp's eight loads of one group step touch the same 512 bytes: the first brings them into
+// L1, the rest hit it).
 template <class E>
 __global__ void copy_rows_kernel(E* __restrict__ dst, std::int64_t dst_ld, const E* __restrict__ src,
                                  std::int64_t src_ld, std::int64_t width, std::int64_t rows) {
-  constexpr int V = static_cast<int>(16 / sizeof(E));
-  const std::int64_t step = blockDim.x;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    E* d = dst + r * dst_ld;
     const E* s = src + r * src_ld;
-    const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(d) & 15u);
-    const std::int64_t to_boundary = ((16 - misalign) & 15) / static_cast<std::int64_t>(sizeof(E));
-    const std::int64_t head = to_boundary < width ? to_boundary : width;
-    const std::int64_t groups = (width - head) / V, tail = head + groups * V;
-    for (std::int64_t c = threadIdx.x; c < head; c += step) d[c] = s[c];
-    for (std::int64_t gi = threadIdx.x; gi < groups; gi += step) {
-      const std::int64_t c = head + gi * V;
-      union {
-        uint4 u;
-        E e[V];
-      } v;
-#pragma unroll
-      for (int k = 0; k < V; ++k) v.e[k] = s[c + k];
-      *reinterpret_cast<uint4*>(d + c) = v.u;
-    }
-    for (std::int64_t c = tail + threadIdx.x; c < width; c += step) d[c] = s[c];
+    store_row(dst + r * dst_ld, width, [&](std::int64_t c) { return s[c]; });
   }
 }
 
@@ -259,36 +265,20 @@ void copy_rows(char* dst, std::int64_t dst_ld, const char* src, std::int64_t src
 }
 
 // Rows of the fp32 accumulator (acc_ld apart) rounded once into C's rows (n columns,
-// packed, at any alignment): C = acc (+ bias[j]) (+ C's old value when accumulating). A
-// block per row, each thread storing whole 16-byte groups of C's row (the few elements
-// before its first 16-byte boundary and after its last one singly), as copy_rows_kernel.
+// packed, at any alignment), a block per row (store_row): C = acc (+ bias[j]) (+ C's old value
+// when accumulating; each thread reads the old values of the elements it then stores).
 template <class T>
 __global__ void finish_rows_kernel(T* __restrict__ c, const float* __restrict__ acc, std::int64_t acc_ld,
                                    const T* __restrict__ bias, std::int64_t rows, std::int64_t n, bool accumulate) {
-  constexpr int V = detail::kPack<T>;
-  const std::int64_t step = blockDim.x;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     T* d = c + r * n;
     const float* s = acc + r * acc_ld;
-    auto value = [&](std::int64_t j) {
+    store_row(d, n, [&](std::int64_t j) {
       float v = s[j];
       if (bias != nullptr) v += detail::to_float(bias[j]);
       if (accumulate) v += detail::to_float(d[j]);
-      return v;
-    };
-    const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(d) & 15u);
-    const std::int64_t to_boundary = ((16 - misalign) & 15) / static_cast<std::int64_t>(sizeof(T));
-    const std::int64_t head = to_boundary < n ? to_boundary : n;
-    const std::int64_t groups = (n - head) / V, tail = head + groups * V;
-    for (std::int64_t j = threadIdx.x; j < head; j += step) d[j] = detail::from_float<T>(value(j));
-    for (std::int64_t gi = threadIdx.x; gi < groups; gi += step) {
-      const std::int64_t j = head + gi * V;
-      float v[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) v[e] = value(j + e);
-      detail::store_f<T, V>(d + j, v);
-    }
-    for (std::int64_t j = tail + threadIdx.x; j < n; j += step) d[j] = detail::from_float<T>(value(j));
+      return detail::from_float<T>(v);
+    });
   }
 }
 
