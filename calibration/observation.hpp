@@ -134,6 +134,12 @@ struct RunConfig {
   bool activation_checkpointing = false;
   bool keep_output = false;          // the caller held the model output (--keep-output)
   models::KernelVariants variants;   // train --fused-gelu, ... (zeroplan's kernel variants)
+  // Trained by zeroplan's executor (train --out), not by DeepSpeed: none of DeepSpeed's
+  // per-tensor step loops (zero::Event::loop_kernels) ran.
+  bool zeroplan_executor = false;
+  // Events of the program the run's file has no time for (events the program gained after it
+  // was written): left out of the phases' sums of event times, as they were of the measured ones.
+  std::vector<std::int32_t> unmeasured_events;
   std::map<std::string, std::string> tags;
 };
 

@@ -74,7 +74,7 @@ bool on_device(const zero::Event& e) {
   return true;
 }
 
-PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t) {
+PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, const std::vector<std::int32_t>& unmeasured) {
   PhasePrediction out;
   auto set = [&](PhaseName ph, Quantity q, double v) {
     out.seconds[static_cast<std::size_t>(ph)][static_cast<std::size_t>(q)] = v;
@@ -95,7 +95,8 @@ PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t) {
     if (!(et.end.v > et.start.v) || !on_device(e)) continue;
     const auto b = static_cast<std::size_t>(timer_phase(e));
     iv[b].emplace_back(et.start.v, et.end.v);
-    sum[b] += et.end.v - et.start.v;
+    if (std::find(unmeasured.begin(), unmeasured.end(), static_cast<std::int32_t>(i)) == unmeasured.end())
+      sum[b] += et.end.v - et.start.v;
     all.emplace_back(et.start.v, et.end.v);
   }
   auto busy = [&](PhaseName b) { return union_length(iv[static_cast<std::size_t>(b)]); };
@@ -250,11 +251,12 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     // The host's optimizer throughput is shared by the node's ranks (as cli::load_inputs does).
     const RunConfig& rc = data_.runs[r];
     prof.cpu_adam_params_per_second /= std::max(1, std::min(rc.world_size, cluster_.gpus_per_node));
-    const sim::ComputeModel cm(prof, run.graph);
+    sim::ComputeModel cm(prof, run.graph);
+    cm.deepspeed_loops = !rc.zeroplan_executor;
     sim::EngineOptions eo;
     eo.interference = prof.comm_compute_interference;
     const sim::TimeSummary ts = sim::simulate_time(run.program, run.graph, cm, coll, eo);
-    const PhasePrediction pp = phase_times(run.program, ts.report);
+    const PhasePrediction pp = phase_times(run.program, ts.report, rc.unmeasured_events);
     for (std::size_t i : run.obs) {
       const PhaseSample& s = data_.obs[i].phase;
       out[i] = pp.seconds[static_cast<std::size_t>(s.phase)][static_cast<std::size_t>(s.quantity)];

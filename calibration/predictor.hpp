@@ -25,7 +25,8 @@ struct PhasePrediction {
 // The phase times of a simulated step: the engine's phase summaries, the union of the device
 // streams' event intervals per phase (forward; backward with its recomputation and
 // reductions; the step; the whole iteration), and the sum of those events' durations.
-PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t);
+PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t,
+                            const std::vector<std::int32_t>& unmeasured = {});
 
 // Which of DeepSpeed's timer windows an event falls in: forward, backward (with its
 // recomputation and the reductions issued from the backward hooks and epilogue), or step.

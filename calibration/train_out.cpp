@@ -87,11 +87,42 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   const auto& evs = doc.at("events");
   if (!evs.is_array()) throw InputError(path, "events", "must be an array");
   const std::size_t first = static_cast<std::size_t>(std::max<zero::EventId>(prog.step_begin, 0));
-  if (evs.size() != prog.events.size() - first)
-    throw InputError(path, "events",
-                     fmt::format("{} events measured, the program lowered from its configuration has {}: give the "
-                                 "--model, --ds-config and --attention it ran with",
-                                 evs.size(), prog.events.size() - first));
+  // The program event each measured one is, by name and in order. Events the program gained
+  // after a file was written are allowed to be missing from it, in the step only: the ZeRO
+  // step's fixed host part apart from its loops, and the bf16 overflow check of stages 1/2
+  // (a run recorded before them did neither).
+  auto added_later = [&](std::size_t j) {
+    const zero::Event& ev = prog.events[j];
+    return ev.micro_step < 0 && (ev.kind == zero::EventKind::host ||
+                                 (ev.kind == zero::EventKind::collective && ev.trigger == zero::Trigger::overflow_check));
+  };
+  std::vector<zero::EventId> at(evs.size(), -1);
+  std::vector<std::int32_t> unmeasured;
+  {
+    std::size_t j = first;
+    for (std::size_t i = 0; i < evs.size(); ++i) {
+      const std::string name = evs[i].is_object() && evs[i].contains("id") && evs[i].at("id").is_string()
+                                   ? evs[i].at("id").get<std::string>()
+                                   : std::string{};
+      while (j < prog.events.size() && added_later(j) && prog.event_name(static_cast<zero::EventId>(j)) != name) ++j;
+      if (j == prog.events.size())
+        throw InputError(path, "events",
+                         fmt::format("{} events measured, the program lowered from its configuration has {}: give the "
+                                     "--model, --ds-config and --attention it ran with",
+                                     evs.size(), prog.events.size() - first));
+      at[i] = static_cast<zero::EventId>(j++);
+    }
+    while (j < prog.events.size() && added_later(j)) ++j;
+    for (std::size_t k = first, i = 0; k < prog.events.size(); ++k) {
+      if (i < at.size() && at[i] == static_cast<zero::EventId>(k)) { ++i; continue; }
+      unmeasured.push_back(static_cast<std::int32_t>(k));
+    }
+    if (j != prog.events.size())
+      throw InputError(path, "events",
+                       fmt::format("{} events measured, the program lowered from its configuration has {}: give the "
+                                   "--model, --ds-config and --attention it ran with",
+                                   evs.size(), prog.events.size() - first));
+  }
   Dataset ds;
   ds.files.push_back(path);
   const std::string backend = cr.get_string(c, "backend", "");
@@ -126,6 +157,8 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   // by the file.
   ds.runs.push_back(make_run(fs::path(path).stem().string(), path, model, cfg, seq, att, world, ckpt));
   ds.runs.back().model_config = mc;
+  ds.runs.back().zeroplan_executor = true;
+  ds.runs.back().unmeasured_events = unmeasured;
   ds.runs.back().rank = rank;
   ds.runs.back().variants = go.variants;
   // Per timer phase, the sum of its device events' measured times (the executor runs them one
@@ -136,7 +169,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
     const json::Reader er = root.sub(fmt::format("events[{}]", i));
     const auto& e = evs[i];
     if (!e.is_object()) throw InputError(path, er.path, "must be an object");
-    const auto id = static_cast<zero::EventId>(first + i);
+    const zero::EventId id = at[i];
     const std::string name = er.get_string(e, "id", "");
     const std::string want = prog.event_name(id);
     if (name != want)

@@ -124,6 +124,11 @@ struct DeviceProfile {
   // per gradient tensor it visits (its kernels' launches), on top of reading their bytes at
   // elementwise_efficiency. The same as a kernel's launch unless measured otherwise.
   Seconds norm_tensor{};
+  // The mean device time of one kernel of DeepSpeed's per-tensor loops in the optimizer step
+  // (zero::Event::loop_kernels: has_inf_or_nan's reductions and scalar ops, a cast and a copy
+  // per parameter), beyond the bytes the events already price. The same as a kernel's launch
+  // unless measured otherwise (profile key loop_kernel_us).
+  Seconds loop_kernel{};
   int kernels_per_op = 1;                // average kernels an op launches (fwd); bwd doubles
   BytesPerSecond d2d_copy_bandwidth{};   // memcpy within the device (read + write counted)
   BytesPerSecond pcie_h2d{};             // host ↔ device per direction
@@ -184,6 +189,11 @@ class ComputeModel {
   // The local reduction of a scalar all-reduce event (Event::tensors, mem_bytes): 0 for
   // any other collective.
   Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;
+  // DeepSpeed's own work in an event (Event::loop_kernels, loop_bytes): its per-tensor loops'
+  // small kernels and their bytes. 0 where the events stand for zeroplan's executor, which
+  // does none of it (deepspeed_loops off: calibration from the executor's runs).
+  Seconds loop_kernels_cost(const zero::Event& e) const;
+  bool deepspeed_loops = true;
   // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
   // bandwidth times optimizer_efficiency (without the norm some steps take first).
   Seconds optimizer_cost(Flops flops, Bytes bytes) const;

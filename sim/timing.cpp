@@ -45,6 +45,7 @@ std::vector<Seconds> event_durations(const zero::Program& p, const ComputeModel&
         // overflow check).
         if (e.tensors > 0 || e.mem_bytes.v > 0)
           out = Seconds{out.v + compute.local_reduction_cost(e.mem_bytes, e.tensors).v};
+        out = Seconds{out.v + compute.loop_kernels_cost(e).v};
         break;
       }
       case EventKind::compute: {

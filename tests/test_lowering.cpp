@@ -1391,6 +1391,85 @@ TEST_CASE("stage 3 fp16 overflow check: isinf and isnan masks of the gradient pa
   }
 }
 
+// DeepSpeed's step visits gradients one by one with small kernels of its own (profiled:
+// docs/deepspeed_fidelity.md, "DeepSpeed's step on the GPU"): the program counts them on the
+// events that do that work, for the simulator alone.
+TEST_CASE("the step's per-tensor loops: the overflow check of bf16 at stages 1/2, the norm's fp64 cast, the ZeRO step's host split") {
+  for (const int stage : {1, 2}) {
+    CAPTURE(stage);
+    const auto b = build("tiny-gpt2", bf16_config(stage, 2, 1, false), 4, 16, false, 0);
+    const auto l = zero::flat_layout(b.g, 4);
+    const std::int64_t n = zero::grads_in_partition_elements(b.g, l, 0);
+    std::int32_t t = 0;
+    for (const auto off : zero::grads_in_partition_offsets(b.g, l, 0)) t += off >= 0 ? 1 : 0;
+    int overflow = 0, norm = 0;
+    zero::EventId loops = -1, rest = -1, check = -1;
+    for (const auto& e : b.p.events) {
+      const std::string name = b.p.event_name(e.id);
+      if (e.kind == EventKind::collective && e.trigger == Trigger::overflow_check) {
+        ++overflow;  // bf16.check_grad_overflow defaults on
+        CHECK(e.reduce_op == zero::ReduceOp::max);
+        CHECK(e.loop_kernels == 12 * t);  // has_inf_or_nan and the count's add: 13, one in the local reduction
+        CHECK(e.loop_bytes.v == n * 2);   // amin's read besides amax's
+      } else if (e.kind == EventKind::collective && e.trigger == Trigger::grad_norm) {
+        ++norm;
+        CHECK(e.loop_kernels == 2 * t - t);  // a cast to fp64 and a norm per gradient
+        CHECK(e.loop_bytes.v == n * 16);     // the fp64 copy written and read
+        check = e.id;
+      } else if (name == "step/host.optimizer_step") {
+        loops = e.id;
+        CHECK_FALSE(e.host.step_base);
+        CHECK(e.host.tensors > 0);
+      } else if (name == "step/host.optimizer_step.rest") {
+        rest = e.id;
+        CHECK(e.host.step_base);
+        CHECK(e.host.tensors == 0);
+        const auto deps = b.p.deps(e);
+        CHECK(std::find(deps.begin(), deps.end(), check) != deps.end());  // the norm read back
+      } else if (e.kind == EventKind::optimizer) {
+        CHECK(e.loop_kernels == 1);  // unscale_and_clip_grads' multiply, apart from the update
+        CHECK(e.loop_bytes.v == 8 * e.elements);
+      }
+    }
+    CHECK(overflow == 1);
+    CHECK(norm == 1);
+    REQUIRE(loops >= 0);
+    REQUIRE(rest > loops);
+    // The checks do not wait for the host's loops: they run while it issues them.
+    for (const auto& e : b.p.events)
+      if (e.kind == EventKind::collective && e.phase == zero::Phase::step) {
+        const auto deps = b.p.deps(e);
+        CHECK(std::find(deps.begin(), deps.end(), loops) == deps.end());
+      }
+  }
+  // Off: no check, and a config without bf16 or fp16 checks nothing either.
+  auto off = bf16_config(2, 2, 1, false);
+  off.bf16_check_grad_overflow = false;
+  for (const auto& cfg : {off, zero::parse_ds_config("t.json", {{"train_micro_batch_size_per_gpu", 2},
+                                                               {"zero_optimization", {{"stage", 2}}}})})
+    for (const auto& e : build("tiny-gpt2", cfg, 4, 16).p.events)
+      CHECK_FALSE((e.kind == EventKind::collective && e.trigger == Trigger::overflow_check));
+  const auto j = zero::parse_ds_config("t.json", {{"train_micro_batch_size_per_gpu", 2},
+                                                  {"bf16", {{"enabled", true}, {"check_grad_overflow", false}}},
+                                                  {"zero_optimization", {{"stage", 1}}}});
+  CHECK_FALSE(j.bf16_check_grad_overflow);
+  // Stage 0 (FP16_Optimizer): has_overflow_serial reads each flag back before the next, so its
+  // host step stays one event, and its casts and copies back go one parameter at a time.
+  const auto s0 = build("tiny-gpt2", bf16_config(0, 2, 1, false), 1, 16);
+  const auto P = static_cast<std::int32_t>(s0.g.params.size());
+  int hosts = 0;
+  for (const auto& e : s0.p.events) {
+    const std::string name = s0.p.event_name(e.id);
+    if (e.kind == EventKind::host && e.phase == zero::Phase::step) {
+      ++hosts;
+      CHECK(e.host.step_base);
+    }
+    if (name == "step/grads_to_fp32" || name == "step/master_to_params16") CHECK(e.loop_kernels == P - 1);
+    if (e.kind == EventKind::optimizer) CHECK(e.loop_kernels == 13 * P + 1);
+  }
+  CHECK(hosts == 1);
+}
+
 // The step's scalar all-reduces reduce the rank's gradients locally first, and some copies visit
 // tensors one by one: what the compute model prices for them (docs/compute_model.md).
 TEST_CASE("the gradient norm reads the rank's gradients; per-parameter casts and flattens count their tensors") {

@@ -494,7 +494,7 @@ void read_precision(const json& doc, const Reader& root, DsConfig& cfg) {
   const json bf = section(doc, bkey, root, cfg, kBf16Keys);
   const bool bf16 = br.get_bool(bf, "enabled", false);
   cfg.bf16_immediate_grad_update = br.get_bool(bf, "immediate_grad_update", false);
-  br.get_bool(bf, "check_grad_overflow", true);
+  cfg.bf16_check_grad_overflow = br.get_bool(bf, "check_grad_overflow", true);
   br.get_bool(bf, "check_overflow", false);
   const bool bf16_master = br.get_bool(bf, "bf16_master_weights_and_grads", false);
   const bool bf16_states = br.get_bool(bf, "bf16_optimizer_states", false);

@@ -132,6 +132,9 @@ struct DsConfig {
   Precision precision = Precision::fp32;
   Fp16Config fp16;
   bool bf16_immediate_grad_update = false;
+  // bf16.check_grad_overflow (default true): stages 1/2 test every gradient for inf/NaN before
+  // the step, as fp16 does, and skip the step on one (engine.py _configure_zero_optimizer).
+  bool bf16_check_grad_overflow = true;
   // bf16 with "data_types": {"grad_accum_dtype": "fp32"} keeps fp32 gradient accumulation.
   std::optional<DType> grad_accum_dtype;
   DType communication_data_type() const;  // default: the precision's (engine.py communication_data_type)

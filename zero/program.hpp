@@ -86,6 +86,11 @@ struct HostWork {
   std::int32_t stage3_params = 0;  // the parameters of those visits (their hooks loop over them)
   HostStep step = HostStep::none;
   std::int32_t tensors = 0;        // parameter tensors the step loops over
+  // The step's fixed part (what it does once: its .item() reads, the optimizer's call, the
+  // loss scaler) is in this event. A ZeRO step's host work is two events: its loops over the
+  // gradients (tensors, no fixed part), whose small kernels the device runs while the host
+  // goes on issuing the next ones, then the fixed part, which waits for them (the norm's read).
+  bool step_base = true;
   bool operator==(const HostWork&) const = default;
 };
 
@@ -273,6 +278,16 @@ struct Event {
   // per-param casts, a partition's flatten). 0: not counted (a copy's slices, when it has them,
   // are its pieces).
   std::int32_t tensors = 0;
+  // DeepSpeed's own work in the event, beyond what zeroplan's executor does for it (its bytes,
+  // pieces and tensors above): the kernels of DeepSpeed's per-tensor Python loops in the step,
+  // which visit gradients one by one with several small kernels each (has_inf_or_nan's amax,
+  // amin, isfinite, logical_and and logical_not; a cast to fp64 before each norm; a cast and a
+  // copy back per parameter), and the bytes those kernels move. The simulator prices them
+  // (sim::DeviceProfile::loop_kernel per kernel, the bandwidth for the bytes); the executor does
+  // not do them, and calibration from its runs leaves them out. A copy with loop kernels is
+  // priced by them instead of by its pieces. 0 for anything else.
+  std::int32_t loop_kernels = 0;
+  Bytes loop_bytes{};
   // An optimizer event that first reduces the gradients it reads on this rank (stage 0's
   // FP16_Optimizer and BF16_Optimizer take the norm, and fp16's overflow check, inside step()):
   // the bytes that reduction reads, over `tensors` tensors.

@@ -257,9 +257,12 @@ void Context::host_module_visit(Phase ph, std::int32_t params) {
 
 void Context::host_step(HostStep kind, std::int32_t tensors) {
   if (!opt.host_work) return;
+  const bool loops_apart =
+      !offload_opt && (kind == HostStep::zero_optimizer || kind == HostStep::zero3_optimizer);
   Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step"));
   h.host.step = kind;
   h.host.tensors = tensors;
+  h.host.step_base = !loops_apart;
   // Its first .item() waits for the gradients: everything the backward and the reductions issued.
   b.dep(at.last_compute);
   b.dep(at.last_reduce);
@@ -267,6 +270,19 @@ void Context::host_step(HostStep kind, std::int32_t tensors) {
   at.host_micro = -1;
   at.host_phase = Phase::step;
   at.host_ops = 0;
+  if (loops_apart) at.step_loop = h.id;
+  else b.next_waits_for(h.id);
+}
+
+void Context::host_step_rest() {
+  if (at.step_loop < 0) return;
+  const HostStep kind = p.events[static_cast<std::size_t>(at.step_loop)].host.step;
+  Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step.rest"));
+  h.host.step = kind;
+  b.dep(at.step_loop);
+  b.dep(at.last_check);  // the norm (and the overflow flag) read back
+  at.host = h.id;
+  at.step_loop = -1;
   b.next_waits_for(h.id);
 }
 

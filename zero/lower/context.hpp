@@ -70,6 +70,7 @@ struct IssueCursor {
   int host_micro = -2;            // its micro-step and phase, and the ops it issued so far
   Phase host_phase = Phase::init;
   int host_ops = 0;
+  EventId step_loop = -1;         // a ZeRO step's host loops, until host_step_rest()
   // The graph ops issued so far (their compute events, in issue order), and where the
   // current and the previous micro-step's begin among them (the launch queue's bound).
   std::vector<EventId> issued;
@@ -191,8 +192,12 @@ class Context {
   void host_hook(Phase ph, bool to_bucket = false);
   void host_module_visit(Phase ph, std::int32_t params);
   // The optimizer step's host loop over `tensors` parameter tensors, which waits for
-  // everything issued so far (its first .item()); the next event begun waits for it.
+  // everything issued so far; the next event begun waits for it. For the ZeRO optimizers
+  // (stages 1-3 on the device) only their loops over the gradients, with no .item() inside:
+  // the checks they issue (gradient_checks) run on the device meanwhile, and
+  // host_step_rest() then adds the step's fixed part, which waits for the checks.
   void host_step(HostStep kind, std::int32_t tensors);
+  void host_step_rest();
 
   // One collective event (nccl-tests style: kind, group, count, dtype) and why it was issued.
   Event& collective(Stream s, Phase ph, int micro, std::int32_t label, CollKind kind, ReduceOp op, Trigger why,

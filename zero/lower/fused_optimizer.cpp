@@ -69,6 +69,7 @@ void FusedOptimizerLowering::step() {
     cast.tensors = static_cast<std::int32_t>(c_.g.params.size());
     cast.copy_op = CopyOp::grads_to_list;
     cast.copy_kernel = CopyKernel::cast;
+    cast.loop_kernels = static_cast<std::int32_t>(c_.g.params.size()) - 1;  // a .to() per gradient
     std::vector<BufferId> list32;
     for (const auto& prm : c_.g.params) {
       // (numel,) fp32
@@ -88,12 +89,21 @@ void FusedOptimizerLowering::step() {
     for (const auto& prm : c_.g.params) b.slice({prm.id, 0, prm.numel, -1});
     for (BufferId id : list32) b.free(id);
     optimizer_event(c_, psi, Placement::device, "optimizer", c_.states.master, flat32);
-    // get_grad_norm (and has_overflow) over the flat fp32 gradients, inside step().
-    c_.p.events.back().reduce_bytes = Bytes{psi * 4};
-    c_.p.events.back().tensors = 1;
+    unscale_pass(c_.p.events.back(), psi);
+    // Inside step(): has_overflow first, over each 16-bit gradient one by one (has_inf_or_nan:
+    // amax and amin read it; each isfinite is abs, two compares and a product on the scalar;
+    // logical_and, logical_not; and the host reads the flag back before the next: 13 kernels
+    // and copies), then the norm of the flat fp32 gradients.
+    Event& opt = c_.p.events.back();
+    opt.reduce_bytes = Bytes{psi * 4};
+    opt.tensors = 1;
+    opt.loop_kernels += 13 * static_cast<std::int32_t>(c_.g.params.size());
+    opt.loop_bytes = Bytes{opt.loop_bytes.v + 2 * psi * c_.b16()};
     b.free(flat32);
     Event& cp = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
     cp.mem_bytes = Bytes{psi * (4 + c_.b16())};
+    // p.data.copy_(q.data) for each param and its view of the flat master: a cast per param.
+    cp.loop_kernels = static_cast<std::int32_t>(c_.g.params.size()) - 1;
     params_from_master(c_, cp, 0, psi);
   } else {
     optimizer_event(c_, psi, Placement::device, "optimizer", c_.states.params, -1);

@@ -3,28 +3,39 @@
 namespace zp::zero::lowering {
 
 namespace {
-// What the local reduction before the scalar all-reduce reads: this rank's gradients, stage 3's
-// flat partition (one tensor) or the stage 1/2 gradients of the params overlapping its
-// partition (one tensor each); nothing on the device when the optimizer is offloaded.
+// What the local reduction before the scalar all-reduce reads, as zeroplan's executor reads it:
+// this rank's gradients, stage 3's flat partition (one tensor) or the stage 1/2 gradients of
+// the params overlapping its partition (one tensor each, in `partitions` buffers: 2 at stage 2
+// with accumulation, the accumulated micro-steps and the last one); nothing on the device when
+// the optimizer is offloaded. DeepSpeed visits one list of gradients (averaged_gradients; its
+// step's GPU time measured the same with 1 and 4 micro-steps), at stage 3 the partition's view
+// of each param: `elements` in `views` tensors.
 struct LocalRead {
   std::int64_t bytes = 0;
   std::int32_t tensors = 0;
+  std::int64_t elements = 0;
+  std::int32_t views = 0;
 };
 LocalRead local_read(const Context& c, int partitions) {
   if (c.offload_opt) return {};
   const std::int64_t dt = dtype_size(c.accum_dtype());
-  if (c.stage == 3) return {stage3_partition_elements(c.g, c.N) * dt, 1};
-  return {partitions * grads_in_partition_elements(c.g, c.layout, c.opt.rank) * dt, partitions * partition_tensors(c)};
+  if (c.stage == 3) {
+    const std::int64_t n = stage3_partition_elements(c.g, c.N);
+    return {n * dt, 1, n, static_cast<std::int32_t>(c.g.params.size())};
+  }
+  const std::int64_t n = grads_in_partition_elements(c.g, c.layout, c.opt.rank);
+  const std::int32_t t = partition_tensors(c);
+  return {partitions * n * dt, partitions * t, n, t};
 }
 
-void scalar_allreduce(Context& c, Trigger t, ReduceOp op, const char* name, int partitions) {
+Event& scalar_allreduce(Context& c, Trigger t, ReduceOp op, const char* name, const LocalRead& r) {
   Event& e = c.collective(Stream::compute, Phase::step, -1, c.b.label(name), CollKind::all_reduce, op, t, c.dp_group,
                           1, DType::fp32, -1);
-  const LocalRead r = local_read(c, partitions);
   e.mem_bytes = Bytes{r.bytes};
   e.tensors = r.tensors;
   c.b.dep(c.at.last_reduce);  // it reads the reduced gradients (on the reduction stream under overlap_comm)
   c.at.last_check = e.id;
+  return e;
 }
 }  // namespace
 
@@ -35,8 +46,32 @@ std::int32_t partition_tensors(const Context& c) {
 }
 
 void gradient_checks(Context& c, int partitions) {
-  if (c.md == DType::fp16) scalar_allreduce(c, Trigger::overflow_check, ReduceOp::max, "overflow_check", partitions);
-  scalar_allreduce(c, Trigger::grad_norm, ReduceOp::sum, "grad_norm", partitions);
+  const LocalRead r = local_read(c, partitions);
+  const std::int64_t dt = dtype_size(c.accum_dtype());
+  // stage_1_and_2.py tests for overflow when fp16 is enabled, and bf16 unless its
+  // check_grad_overflow is off (engine.py; not for a 16-bit module trained without either);
+  // stage3.py when its params are fp16.
+  const bool overflow = c.stage == 3 ? c.md == DType::fp16
+                                     : c.cfg.precision == Precision::fp16 ||
+                                           (c.cfg.precision == Precision::bf16 && c.cfg.bf16_check_grad_overflow);
+  if (overflow) {
+    Event& e = scalar_allreduce(c, Trigger::overflow_check, ReduceOp::max, "overflow_check", r);
+    if (c.stage < 3) {
+      // has_overflow_partitioned_grads_serial: has_inf_or_nan per gradient (amax and amin each
+      // read it; each isfinite is abs, two compares and a product on the scalar; logical_and,
+      // logical_not) and the add into the count: 13 kernels and two reads per gradient, where
+      // the local reduction prices one of each.
+      e.loop_kernels = 12 * r.views;
+      e.loop_bytes = Bytes{r.elements * dt};
+    }
+  }
+  Event& e = scalar_allreduce(c, Trigger::grad_norm, ReduceOp::sum, "grad_norm", r);
+  // get_grad_norm_direct: per gradient (stage 3: per param's view of the partition) a cast to
+  // fp64 (get_norm_dtype) and the norm of that copy: 2 kernels, a read and an fp64 write and
+  // read, where the local reduction prices a read and a kernel per tensor it counts.
+  e.loop_kernels = 2 * r.views - r.tensors / partitions;
+  e.loop_bytes = Bytes{r.elements * 2 * 8};
+  c.host_step_rest();
 }
 
 void optimizer_event(Context& c, std::int64_t elements, Placement where, const std::string& name, BufferId dst,
@@ -58,6 +93,11 @@ void optimizer_event(Context& c, std::int64_t elements, Placement where, const s
   // The update clips and unscales with the norm (and skips on an overflow): on the host it
   // runs after the host read them back; on the device's compute stream the order is implied.
   c.b.dep(c.at.last_check);
+}
+
+void unscale_pass(Event& e, std::int64_t elements) {
+  e.loop_kernels += 1;
+  e.loop_bytes = Bytes{e.loop_bytes.v + elements * 2 * 4};
 }
 
 void params_from_master(Context& c, Event& e, std::int64_t offset, std::int64_t n) {

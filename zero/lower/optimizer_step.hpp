@@ -10,11 +10,14 @@
 
 namespace zp::zero::lowering {
 
-// fp16: MAX all-reduce of the overflow flag; always: SUM all-reduce of the squared norm
-// (stage_1_and_2.py / stage3.py step). One fp32 element each, after a local reduction over
-// this rank's gradients: stage 3's flat partition, or at stages 1-2 the params overlapping the
-// partition, in `partitions` buffers (2 at stage 2 with accumulation: the accumulated
-// micro-steps and the last one).
+// The overflow check (fp16; bf16 at stages 1/2 unless bf16.check_grad_overflow is off): a MAX
+// all-reduce of the flag; always: a SUM all-reduce of the squared norm (stage_1_and_2.py /
+// stage3.py step). One fp32 element each, after a local reduction over this rank's gradients
+// (stage 3's flat partition, or at stages 1-2 the params overlapping the partition), which
+// DeepSpeed takes tensor by tensor (Event::loop_kernels, loop_bytes), in `partitions` buffers
+// for zeroplan's executor (2 at stage 2 with accumulation: the accumulated micro-steps and the
+// last one). A ZeRO step's host loops run meanwhile; its fixed host part follows them
+// (Context::host_step_rest).
 void gradient_checks(Context& c, int partitions = 1);
 // Stages 1/2: the params whose gradients overlap this rank's partition (the tensors its norm
 // and its partition's flatten visit one by one).
@@ -25,6 +28,11 @@ std::int32_t partition_tensors(const Context& c);
 // reduction.
 void optimizer_event(Context& c, std::int64_t elements, Placement where, const std::string& name, BufferId dst = -1,
                      BufferId grads = -1, std::int64_t offset = 0);
+
+// DeepSpeed's unscale_and_clip_grads before the update on the device (FP16_Optimizer, stages
+// 1-3): the fp32 gradients multiplied in place by 1 / combined scale, a kernel of its own that
+// reads and writes them (zeroplan's executor folds the factor into the update): Event::loop_*.
+void unscale_pass(Event& e, std::int64_t elements);
 
 // Makes `e` the copy (cast) of the updated master range [offset, offset + n) into the
 // 16-bit params (through the host staging buffer when the optimizer is offloaded).

@@ -201,6 +201,7 @@ void Stage3Lowering::device_step_subgroup(std::int64_t gi, std::int64_t offset, 
   cast.src_buf = f16;
   cast.dst_buf = f32;
   optimizer_event(c_, n, Placement::device, fmt::format("optimizer.subgroup{}", gi), c_.states.master, f32, offset);
+  unscale_pass(c_.p.events.back(), n);
   b.free(f16);
   b.free(f32);
   Event& cp = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, fmt::format("master_to_params16.subgroup{}", gi));

@@ -392,6 +392,7 @@ void ZeroOptimizerLowering::step() {
     if (flat16 >= 0) b.free(flat16);
     release_partition_grads();
     optimizer_event(c_, P, Placement::device, "optimizer", c_.states.master, flat32);
+    unscale_pass(c_.p.events.back(), P);
     b.free(flat32);
     Event& cp = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
     cp.mem_bytes = Bytes{P * (4 + c_.b16())};
