@@ -93,8 +93,10 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   // (a run recorded before them did neither).
   auto added_later = [&](std::size_t j) {
     const zero::Event& ev = prog.events[j];
-    return ev.micro_step < 0 && (ev.kind == zero::EventKind::host ||
-                                 (ev.kind == zero::EventKind::collective && ev.trigger == zero::Trigger::overflow_check));
+    if (ev.micro_step >= 0) return false;
+    if (ev.kind == zero::EventKind::host) return prog.event_name(static_cast<zero::EventId>(j)) == "step/host.optimizer_step.rest";
+    return ev.kind == zero::EventKind::collective && ev.trigger == zero::Trigger::overflow_check &&
+           cfg.precision == zero::Precision::bf16 && cfg.zero.stage < 3;
   };
   std::vector<zero::EventId> at(evs.size(), -1);
   std::vector<std::int32_t> unmeasured;

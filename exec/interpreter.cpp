@@ -829,12 +829,13 @@ void Interpreter::optimizer_event(const Event& e) {
     }
     const NormStats st = dev_.norm_end();
     grad_norm_ = std::sqrt(st.sumsq) / loss_scale_;
-    if (fp16_) overflow_ = st.nonfinite;
+    // FP16_Optimizer tests every 16-bit gradient (has_overflow_serial), bf16's too.
+    if (cfg_.precision != zero::Precision::fp32) overflow_ = st.nonfinite;
   }
   // The offloaded host gradient partition is consumed by its update (DeepSpeed zeroes it
   // for the next step, and on an overflow too).
   const bool host_grads = e.src_buf >= 0 && p_.buffers[U(e.src_buf)].role == BufferRole::host_grads32;
-  if (overflow_) {  // fp16: skip the update; the loss scale drops after the step
+  if (overflow_) {  // skip the update (fp16: the loss scale drops after the step; bf16: DeepSpeed's check)
     if (host_grads) dev_.fill(ref(e.src_buf, e.offset), e.elements, 0.0f);
     return;
   }

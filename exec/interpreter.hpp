@@ -34,7 +34,7 @@ struct StepResult {
   double loss = 0.0;                 // mean over micro-steps of this rank's loss
   double grad_norm = -1.0;           // global L2 norm before clipping (-1: not computed)
   double loss_scale = 1.0;           // fp16: the dynamic loss scale this step ran with
-  bool skipped = false;              // fp16: gradients overflowed, the update was skipped
+  bool skipped = false;              // gradients overflowed, the update was skipped (fp16; bf16 where DeepSpeed checks)
   double seconds = 0.0;
 };
 

@@ -473,7 +473,7 @@ json train(const TrainOptions& opt, Comm& boot) {
     doc["losses"] = losses;
     doc["grad_norms"] = norms;
     doc["loss_scales"] = scales;   // fp16 dynamic loss scale per step (1 otherwise)
-    doc["skipped_steps"] = skipped;  // fp16: the update was skipped after an overflow
+    doc["skipped_steps"] = skipped;  // the update was skipped after an overflow (fp16; bf16 where DeepSpeed checks)
     doc["learning_rates"] = lrs;     // per step (the ds_config's scheduler)
     const double per_step = timed_steps > 0 ? timed / static_cast<double>(timed_steps) : 0.0;
     doc["step_seconds"] = per_step;
@@ -600,7 +600,7 @@ json train(const TrainOptions& opt, Comm& boot) {
     for (std::int64_t s = first; s <= opt.steps; ++s) {
       std::vector<MicroBatch> mbs;
       for (int m = 0; m < batch.gas; ++m) mbs.push_back(data.batch(s, m, static_cast<int>(batch.gas), rank, N));
-      // The scheduler and the optimizer advance only on applied updates (not fp16 overflows).
+      // The scheduler and the optimizer advance only on applied updates (not overflows).
       std::int64_t applied = 0;
       for (const auto& k : skipped) applied += k.get<bool>() ? 0 : 1;
       const double lr = schedule.lr_for(applied);

@@ -87,6 +87,7 @@ bool same_fields(const DsConfig& a, const DsConfig& b) {
          a.gradient_accumulation_steps == b.gradient_accumulation_steps &&
          a.has_optimizer == b.has_optimizer && a.optimizer == b.optimizer && a.precision == b.precision &&
          a.fp16 == b.fp16 && a.bf16_immediate_grad_update == b.bf16_immediate_grad_update &&
+         a.bf16_check_grad_overflow == b.bf16_check_grad_overflow &&
          a.grad_accum_dtype == b.grad_accum_dtype &&
          a.communication_data_type_override == b.communication_data_type_override &&
          a.gradient_clipping == b.gradient_clipping && a.prescale_gradients == b.prescale_gradients &&

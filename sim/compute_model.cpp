@@ -541,8 +541,9 @@ Seconds ComputeModel::local_reduction_cost(Bytes bytes, std::int64_t tensors) co
 // bandwidth: each takes the profile's time per loop kernel (docs/deepspeed_fidelity.md).
 Seconds ComputeModel::loop_kernels_cost(const zero::Event& e) const {
   if (!deepspeed_loops) return Seconds{0};
-  return Seconds{static_cast<double>(e.loop_kernels) * p_.loop_kernel.v +
-                 static_cast<double>(e.loop_bytes.v) / (p_.hbm_bandwidth.v * p_.elementwise_efficiency)};
+  return Seconds{static_cast<double>(std::max(e.loop_kernels, 0)) * p_.loop_kernel.v +
+                 static_cast<double>(std::max<std::int64_t>(e.loop_bytes.v, 0)) /
+                     (p_.hbm_bandwidth.v * p_.elementwise_efficiency)};
 }
 
 // Bandwidth-bound (or fp32-FLOP-bound) kernels, never faster than their launches, at the

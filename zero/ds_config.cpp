@@ -1125,6 +1125,7 @@ nlohmann::json to_json(const DsConfig& cfg) {
     out.erase("bfloat16");
     bf["enabled"] = cfg.precision == Precision::bf16;
     put(bf, "immediate_grad_update", cfg.bf16_immediate_grad_update, false);
+    put(bf, "check_grad_overflow", cfg.bf16_check_grad_overflow, true);
     if (cfg.precision == Precision::bf16 || had_bf) out["bf16"] = bf;
   }
 

@@ -263,7 +263,8 @@ void Context::host_step(HostStep kind, std::int32_t tensors) {
   h.host.step = kind;
   h.host.tensors = tensors;
   h.host.step_base = !loops_apart;
-  // Its first .item() waits for the gradients: everything the backward and the reductions issued.
+  // The step starts once the backward's work is done (the epilogue synchronises, or the first
+  // .item() of FP16_Optimizer's loop waits): everything the backward and the reductions issued.
   b.dep(at.last_compute);
   b.dep(at.last_reduce);
   at.host = h.id;

@@ -192,10 +192,14 @@ class Context {
   void host_hook(Phase ph, bool to_bucket = false);
   void host_module_visit(Phase ph, std::int32_t params);
   // The optimizer step's host loop over `tensors` parameter tensors, which waits for
-  // everything issued so far; the next event begun waits for it. For the ZeRO optimizers
-  // (stages 1-3 on the device) only their loops over the gradients, with no .item() inside:
-  // the checks they issue (gradient_checks) run on the device meanwhile, and
-  // host_step_rest() then adds the step's fixed part, which waits for the checks.
+  // everything issued so far; the next event begun waits for it (FP16_Optimizer's loop reads
+  // each tensor's overflow flag back before the next, so its kernels follow in series). For the
+  // ZeRO optimizers (stages 1-3 on the device) only their loops over the gradients, which read
+  // nothing back per tensor: the checks they issue (gradient_checks) run on the device
+  // meanwhile, and host_step_rest() then adds the step's fixed part, which waits for the checks.
+  // (Stage 1/2 read the overflow flag back between their two loops; one host event for both
+  // loops lets the norm's kernels start before the host would have issued them, which matters
+  // only where the device, not the host, bounds the step.)
   void host_step(HostStep kind, std::int32_t tensors);
   void host_step_rest();
 

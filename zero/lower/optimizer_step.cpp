@@ -1,5 +1,7 @@
 #include "zero/lower/optimizer_step.hpp"
 
+#include <algorithm>
+
 namespace zp::zero::lowering {
 
 namespace {
@@ -26,6 +28,15 @@ LocalRead local_read(const Context& c, int partitions) {
   const std::int64_t n = grads_in_partition_elements(c.g, c.layout, c.opt.rank);
   const std::int32_t t = partition_tensors(c);
   return {partitions * n * dt, partitions * t, n, t};
+}
+
+// DeepSpeed's `kernels` and `bytes` for a check (Event::loop_kernels, loop_bytes): what the local
+// reduction of zeroplan's executor does not already price (a kernel per tensor it counts, and its
+// bytes). Where the executor reads more (two partition buffers), nothing is taken off: never
+// negative.
+void beyond_local_reduction(Event& e, const LocalRead& r, std::int64_t kernels, std::int64_t bytes) {
+  e.loop_kernels = static_cast<std::int32_t>(std::max<std::int64_t>(0, kernels - r.tensors));
+  e.loop_bytes = Bytes{std::max<std::int64_t>(0, bytes - r.bytes)};
 }
 
 Event& scalar_allreduce(Context& c, Trigger t, ReduceOp op, const char* name, const LocalRead& r) {
@@ -59,18 +70,16 @@ void gradient_checks(Context& c, int partitions) {
     if (c.stage < 3) {
       // has_overflow_partitioned_grads_serial: has_inf_or_nan per gradient (amax and amin each
       // read it; each isfinite is abs, two compares and a product on the scalar; logical_and,
-      // logical_not) and the add into the count: 13 kernels and two reads per gradient, where
-      // the local reduction prices one of each.
-      e.loop_kernels = 12 * r.views;
-      e.loop_bytes = Bytes{r.elements * dt};
+      // logical_not) and the add into the count: 13 kernels and two reads per gradient, beyond
+      // what the local reduction prices (a kernel per tensor and a read of each buffer it counts).
+      beyond_local_reduction(e, r, 13 * static_cast<std::int64_t>(r.views), 2 * r.elements * dt);
     }
   }
   Event& e = scalar_allreduce(c, Trigger::grad_norm, ReduceOp::sum, "grad_norm", r);
   // get_grad_norm_direct: per gradient (stage 3: per param's view of the partition) a cast to
   // fp64 (get_norm_dtype) and the norm of that copy: 2 kernels, a read and an fp64 write and
-  // read, where the local reduction prices a read and a kernel per tensor it counts.
-  e.loop_kernels = 2 * r.views - r.tensors / partitions;
-  e.loop_bytes = Bytes{r.elements * 2 * 8};
+  // read, beyond what the local reduction prices.
+  beyond_local_reduction(e, r, 2 * static_cast<std::int64_t>(r.views), r.elements * (dt + 2 * 8));
   c.host_step_rest();
 }
 

@@ -3,7 +3,8 @@
 // the gradient norm, the update of a range of master params, the copy of the updated master
 // back into the 16-bit params, and the post-step all-gather of the 16-bit partitions.
 // The step's Python (per-tensor loops over param groups, the .item() syncs of the overflow
-// check and the norm) is the host event before them (Context::host_step).
+// check and the norm) is the host event before them (Context::host_step), and for the ZeRO
+// optimizers its fixed part the host event after the checks (Context::host_step_rest).
 #include <string>
 
 #include "zero/lower/context.hpp"

@@ -21,8 +21,10 @@ class ZeroOptimizerLowering : public OptimizerLowering {
   void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
   void grad_hook(MicroState& st, models::ParamId p) override;
   HostStep host_step() const override { return HostStep::zero_optimizer; }
-  // stage_1_and_2.py step: has_overflow_partitioned_grads_serial checks each gradient with an
-  // .item() in 16-bit training; fp32 training skips the check.
+  // stage_1_and_2.py step: has_overflow_partitioned_grads_serial and get_grad_norm_direct loop
+  // over the gradients in 16-bit training (one per-tensor host cost for both, fitted with the
+  // overflow check on: it stays the same with bf16.check_grad_overflow off, where only the
+  // norm's loop runs); fp32 training skips both.
   std::int32_t host_step_tensors() const override {
     // Without fp16 or bf16 (whatever dtype the module trains in) the step loops over no tensors.
     return c_.cfg.precision == Precision::fp32 ? 0 : static_cast<std::int32_t>(c_.g.params.size());
