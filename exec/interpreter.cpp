@@ -829,8 +829,7 @@ void Interpreter::optimizer_event(const Event& e) {
     }
     const NormStats st = dev_.norm_end();
     grad_norm_ = std::sqrt(st.sumsq) / loss_scale_;
-    // FP16_Optimizer tests every 16-bit gradient (has_overflow_serial), bf16's too.
-    if (cfg_.precision != zero::Precision::fp32) overflow_ = st.nonfinite;
+    if (e.checks_overflow) overflow_ = st.nonfinite;  // FP16_Optimizer's has_overflow
   }
   // The offloaded host gradient partition is consumed by its update (DeepSpeed zeroes it
   // for the next step, and on an overflow too).

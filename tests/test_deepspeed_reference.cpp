@@ -14,7 +14,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +25,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "calibration/predictor.hpp"
 #include "cli/simulate.hpp"
 #include "sim/engine.hpp"
 #include "zero/program.hpp"
@@ -83,33 +83,15 @@ struct Row {
 
 // The GPU's busy time per phase of a prediction (forward; backward with its reductions and
 // recomputation; the step with what follows it): the union of the device streams' event
-// intervals, as the profiler's gpu_busy_s of deepspeed_reference.py counts kernels.
+// intervals, as the profiler's gpu_busy_s of deepspeed_reference.py counts kernels
+// (calibration::phase_times, on every micro-step).
 std::array<double, 3> device_busy(const zp::zero::Program& stored, const zp::sim::TimeReport& stored_t) {
-  const zp::zero::Program p = zp::zero::expand(stored);
-  const zp::sim::TimeReport t = zp::sim::expand_times(stored, stored_t);
-  std::array<std::vector<std::pair<double, double>>, 3> iv;
-  for (std::size_t i = static_cast<std::size_t>(std::max<zp::zero::EventId>(p.step_begin, 0)); i < p.events.size(); ++i) {
-    const auto& e = p.events[i];
-    const auto& et = t.events[i];
-    if (e.stream == zp::zero::Stream::host || !(et.end.v > et.start.v)) continue;
-    using zp::zero::Phase;
-    const int k = e.phase == Phase::forward ? 0
-                  : (e.phase == Phase::backward || e.phase == Phase::reduction || e.phase == Phase::recompute) ? 1
-                  : (e.phase == Phase::step || e.phase == Phase::post_step) ? 2 : -1;
-    if (k >= 0) iv[static_cast<std::size_t>(k)].emplace_back(et.start.v, et.end.v);
-  }
-  std::array<double, 3> busy{};
-  for (std::size_t k = 0; k < 3; ++k) {
-    auto& v = iv[k];
-    std::sort(v.begin(), v.end());
-    double end = -1;
-    for (const auto& [a, b] : v) {
-      if (a > end) busy[k] += b - a;
-      else if (b > end) busy[k] += b - end;
-      end = std::max(end, b);
-    }
-  }
-  return busy;
+  using zp::calibration::PhaseName;
+  const auto pp = zp::calibration::phase_times(zp::zero::expand(stored), zp::sim::expand_times(stored, stored_t));
+  auto busy = [&](PhaseName ph) {
+    return pp.seconds[static_cast<std::size_t>(ph)][static_cast<std::size_t>(zp::calibration::Quantity::gpu_busy)];
+  };
+  return {busy(PhaseName::forward), busy(PhaseName::backward), busy(PhaseName::step)};
 }
 
 double rel(double predicted, double measured) { return (predicted - measured) / measured; }

@@ -355,13 +355,17 @@ TEST_CASE("bf16 ZeRO-1 with fp32 accumulation (BF16_Optimizer): same losses as s
 }
 
 TEST_CASE("fp16: an overflowing loss scale skips the update and halves the scale") {
-  const std::string cfg = write("overflow.json", R"({"train_micro_batch_size_per_gpu": 2,
-    "fp16": {"enabled": true, "initial_scale_power": 24, "hysteresis": 1}, "zero_optimization": {"stage": 2}})");
-  const std::string out = (dir() / "overflow.out.json").string();
+  // Stage 2 tests with the overflow_check all-reduce; stage 0's FP16_Optimizer inside its
+  // update (Event::checks_overflow).
+  for (const int stage : {2, 0}) {
+  CAPTURE(stage);
+  const std::string cfg = write(fmt::format("overflow{}.json", stage), fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+    "fp16": {{"enabled": true, "initial_scale_power": 24, "hysteresis": 1}}, "zero_optimization": {{"stage": {}}}}})", stage));
+  const std::string out = (dir() / fmt::format("overflow{}.out.json", stage)).string();
   const auto r = sh(mpirun(2) + fmt::format("{} train --model tiny-gpt2 --ds-config {} --steps 20 --seq-len 16 --quiet --out {}",
                                             ZEROPLAN_BIN, cfg, out));
   REQUIRE(r.status == 0);
-  std::ifstream in((dir() / "overflow.out.rank0.json").string());
+  std::ifstream in((dir() / fmt::format("overflow{}.out.rank0.json", stage)).string());
   const json m = json::parse(in);
   const auto scales = m["loss_scales"].get<std::vector<double>>();
   const auto skipped = m["skipped_steps"].get<std::vector<bool>>();
@@ -378,6 +382,7 @@ TEST_CASE("fp16: an overflowing loss scale skips the update and halves the scale
   CHECK(first_ok > 0);
   CHECK(first_ok < skipped.size());
   CHECK(l.back() < l.front());
+  }
 }
 
 TEST_CASE("a fixed seed gives bitwise-identical losses run after run") {

@@ -1442,6 +1442,31 @@ TEST_CASE("the step's per-tensor loops: the overflow check of bf16 at stages 1/2
         CHECK(std::find(deps.begin(), deps.end(), loops) == deps.end());
       }
   }
+  // Stage 2 with accumulation: the executor's local reduction reads two partition buffers, so
+  // it already prices more than DeepSpeed's one list (a kernel and a read per tensor per
+  // buffer): only what is beyond it is counted, never less than nothing.
+  {
+    const auto b = build("tiny-gpt2", bf16_config(2, 2, 2, false), 4, 16, false, 0);
+    const auto l = zero::flat_layout(b.g, 4);
+    const std::int64_t n = zero::grads_in_partition_elements(b.g, l, 0);
+    std::int32_t t = 0;
+    for (const auto off : zero::grads_in_partition_offsets(b.g, l, 0)) t += off >= 0 ? 1 : 0;
+    int checks = 0;
+    for (const auto& e : b.p.events) {
+      if (e.kind != EventKind::collective || e.phase != zero::Phase::step) continue;
+      ++checks;
+      CHECK(e.tensors == 2 * t);
+      CHECK(e.mem_bytes.v == 2 * n * 2);
+      if (e.trigger == Trigger::overflow_check) {
+        CHECK(e.loop_kernels == 13 * t - 2 * t);
+        CHECK(e.loop_bytes.v == 0);  // amax's and amin's reads: the executor's two
+      } else {
+        CHECK(e.loop_kernels == 0);  // the cast and the norm: the executor's two
+        CHECK(e.loop_bytes.v == n * (2 + 16) - 2 * n * 2);
+      }
+    }
+    CHECK(checks == 2);
+  }
   // Off: no check, and a config without bf16 or fp16 checks nothing either.
   auto off = bf16_config(2, 2, 1, false);
   off.bf16_check_grad_overflow = false;
@@ -1465,7 +1490,10 @@ TEST_CASE("the step's per-tensor loops: the overflow check of bf16 at stages 1/2
       CHECK(e.host.step_base);
     }
     if (name == "step/grads_to_fp32" || name == "step/master_to_params16") CHECK(e.loop_kernels == P - 1);
-    if (e.kind == EventKind::optimizer) CHECK(e.loop_kernels == 13 * P + 1);
+    if (e.kind == EventKind::optimizer) {
+      CHECK(e.loop_kernels == 13 * P + 1);
+      CHECK(e.checks_overflow);  // has_overflow inside step(): the executor skips the update on one
+    }
   }
   CHECK(hosts == 1);
 }

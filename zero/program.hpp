@@ -269,6 +269,10 @@ struct Event {
   // event's pieces one by one, so each piece takes at least the host's cost of issuing it
   // (sim::DeviceProfile::host_launch) however little the device has to do for it.
   bool host_bound = false;
+  // An optimizer event whose update first tests this rank's gradients for inf/NaN and is
+  // skipped on one (FP16_Optimizer's has_overflow inside step(), fp16 and bf16 alike; stages
+  // 1-3 test with the overflow_check all-reduce instead).
+  bool checks_overflow = false;
   BufferId src_buf = -1, src2_buf = -1, src3_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
   std::int64_t offset = 0;

@@ -95,6 +95,7 @@ void FusedOptimizerLowering::step() {
     // logical_and, logical_not; and the host reads the flag back before the next: 13 kernels
     // and copies), then the norm of the flat fp32 gradients.
     Event& opt = c_.p.events.back();
+    opt.checks_overflow = true;
     opt.reduce_bytes = Bytes{psi * 4};
     opt.tensors = 1;
     opt.loop_kernels += 13 * static_cast<std::int32_t>(c_.g.params.size());
