@@ -233,8 +233,11 @@ double estimate(const DeviceCase& c, const sim::ComputeModel& cm, const sim::Col
   double t = 0;
   for (const auto& gm : k.gemms) {
     const double f = 2.0 * static_cast<double>(gm.m * gm.n) * static_cast<double>(gm.k * gm.batch) * (k.backward ? 2.0 : 1.0);
-    const double peak = c.dtype == DType::fp32 ? p.peak_fp32_flops.v : p.peak_tensor_flops.v;
-    t += f / (peak * sim::gemm_efficiency(p, gm.m * gm.batch, gm.n, gm.k, 16 / static_cast<std::int64_t>(dtype_size(c.dtype))));
+    // As the compute model prices a graph's GEMMs: fp32 on the fp32 cores (no alignment
+    // preference) unless the profile says TF32.
+    const bool fp32_cores = c.dtype == DType::fp32 && !p.fp32_gemm_tf32;
+    const std::int64_t align = fp32_cores ? 1 : 16 / static_cast<std::int64_t>(dtype_size(c.dtype));
+    t += f / (p.gemm_peak(c.dtype) * sim::gemm_efficiency(p, gm.m * gm.batch, gm.n, gm.k, align, fp32_cores));
   }
   return t + p.kernel_launch.v;
 }

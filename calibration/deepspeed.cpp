@@ -248,6 +248,8 @@ Dataset read_deepspeed_log(const std::string& log_path, const RunArgs& args, con
     throw InputError("--ds-config", "", fmt::format("a DeepSpeed log ({}) needs the ds_config it ran with (--ds-config)", log_path));
   const models::ModelConfig mc = models::load_model(args.model);
   zero::DsConfig cfg = zero::load_ds_config(args.ds_config);
+  if (auto note = zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key); !note.empty())
+    ds.warnings.push_back(std::move(note));
   if (args.micro_batch) {
     cfg.train_micro_batch_size_per_gpu = *args.micro_batch;
     if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
@@ -395,6 +397,8 @@ Dataset read_deepspeed_runs(const std::string& path, const sim::ClusterSpec& clu
     if (e.contains("stage") && r.get_int(e, "stage", 0, 0, 3) != cfg.zero.stage)
       throw InputError(path, r.key_path("stage"), fmt::format("differs from the ds_config's {}", cfg.zero.stage));
     const models::ModelConfig mc = models::load_model(model);
+    // A run without fp16/bf16 trains in the dtype transformers built the model in.
+    (void)zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key);
     const std::string att_name = r.get_string(e, "attention", "");
     const models::Attention att =
         att_name.empty() ? models::choose_attention(mc, "").attention : models::parse_attention(path, r.key_path("attention"), att_name);

@@ -146,6 +146,11 @@ std::vector<ParamDef> build_registry() {
                      "GEMMs of small and large dimensions (calibrate --device cuda), or runs of several micro-batches",
                      1, 1e5, true, [](const M& m) { return m.device.gemm_half_dim; },
                      [](M& m, double v) { m.device.gemm_half_dim = v; }));
+  r.push_back(scalar("compute.fp32_gemm_half_dim", ParamGroup::compute, "",
+                     "the efficiency curve's half-point for GEMMs on the fp32 cores (fp32 models without TF32)",
+                     "GEMM-bound phases of fp32 runs (or their GEMMs measured with calibrate --device cuda)", 1, 1e5,
+                     true, [](const M& m) { return m.device.fp32_half(); },
+                     [](M& m, double v) { m.device.fp32_gemm_half_dim = v; }));
   r.push_back(scalar("compute.gemm_unaligned_factor", ParamGroup::compute, "",
                      "factor on GEMM efficiency when a dimension is only 2-byte aligned (4-byte aligned: twice it, "
                      "8-byte: four times, at most 1)",
@@ -335,7 +340,7 @@ std::vector<ParamDef> build_registry() {
         for (bool bw : {true, false}) r.push_back(collective_factor(bw, level, algo, proto));
       }
   for (auto& d : r) {
-    if (d.name == "compute.gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
+    if (d.name == "compute.gemm_half_dim" || d.name == "compute.fp32_gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
         d.name == "compute.kernel_launch_us" || d.name == "compute.copy_launch_us" || d.name == "compute.copy_piece_us" || d.name == "compute.host_launch_us" ||
         d.name == "compute.h2d_launch_us" || d.name == "compute.norm_tensor_us")
       d.stage = 1;

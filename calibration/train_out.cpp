@@ -59,6 +59,8 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
                        : ds_path.empty() ? zero::default_ds_config()
                                          : zero::load_ds_config(ds_path);
   if (ds_path.empty()) cfg.train_micro_batch_size_per_gpu = 1;
+  // As `zeroplan train` ran it: without fp16/bf16, in the dtype the model config names.
+  (void)zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key);
   const std::int64_t micro = args.micro_batch.value_or(cr.get_int(c, "micro_batch", 1, 1, 1 << 24));
   cfg.train_micro_batch_size_per_gpu = micro;
   if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();

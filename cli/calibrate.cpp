@@ -268,6 +268,7 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
     const models::ModelConfig mc = models::load_model(req.model);
     zero::DsConfig cfg = req.ds_config.empty() ? zero::default_ds_config() : zero::load_ds_config(req.ds_config);
     if (req.ds_config.empty()) cfg.train_micro_batch_size_per_gpu = 1;
+    (void)zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key);
     if (req.micro_batch) {
       cfg.train_micro_batch_size_per_gpu = *req.micro_batch;
       if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();

@@ -151,15 +151,17 @@ Inputs load_inputs(const SimRequest& req) {
   } else {
     in.cfg = zero::load_ds_config(req.ds_config);
   }
-  if (const auto note = zero::apply_module_dtype(in.cfg, in.model.torch_dtype, in.model.source, in.model.torch_dtype_key);
-      !note.empty())
-    in.warnings.push_back(note);
+  const std::string module_note =
+      zero::apply_module_dtype(in.cfg, in.model.torch_dtype, in.model.source, in.model.torch_dtype_key);
   in.seq_len = req.seq_len.value_or(in.model.max_positions);
   if (in.seq_len < 1 || in.seq_len > in.model.max_positions)
     throw InputError("--seq-len", "", fmt::format("must be in [1, {}] (max_position_embeddings of {}), got {}",
                                                   in.model.max_positions, in.model.name, in.seq_len));
   in.activation_checkpointing = req.activation_checkpointing || in.cfg.activation_checkpointing_present;
   in.warnings = in.cfg.warnings;
+  // Said where a ds_config asked for neither fp16 nor bf16 (without one, DeepSpeed's defaults are
+  // what the user asked for).
+  if (!module_note.empty() && !req.ds_config.empty()) in.warnings.push_back(module_note);
   in.warnings.insert(in.warnings.end(), profile_warnings.begin(), profile_warnings.end());
   if (!attention.note.empty()) in.warnings.push_back(attention.note);
   if (in.cfg.sparse_attention.present)

@@ -37,6 +37,7 @@ const std::vector<std::string> kProfileKeys = {
     "hbm_gbps",
     "gemm_max_efficiency",
     "gemm_half_dim",
+    "fp32_gemm_half_dim",
     "gemm_unaligned_factor",
     "elementwise_efficiency",
     "attention_efficiency",
@@ -157,6 +158,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
 
   p.gemm_max_efficiency = fraction(r, e, "gemm_max_efficiency");
   p.gemm_half_dim = r.get_double(e, "gemm_half_dim", 0, 0, 1e6);
+  if (e.contains("fp32_gemm_half_dim")) p.fp32_gemm_half_dim = r.get_double(e, "fp32_gemm_half_dim", 0, 0, 1e6);
   p.gemm_unaligned_factor = fraction(r, e, "gemm_unaligned_factor");
   p.elementwise_efficiency = fraction(r, e, "elementwise_efficiency");
   // Optional (profiles written before it price attention as its GEMMs).
@@ -253,6 +255,7 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   const bool hopper = dev.arch == "hopper" || dev.arch == "blackwell";
   p.gemm_max_efficiency = cpu ? 0.6 : 0.86;
   p.gemm_half_dim = cpu ? 32 : (hopper ? 240 : 128);
+  if (hopper) p.fp32_gemm_half_dim = 96;  // the H100's (sim/profiles.json)
   p.gemm_unaligned_factor = cpu ? 1.0 : (hopper ? 0.2 : 0.3);
   p.elementwise_efficiency = cpu ? 0.5 : (hopper ? 0.62 : 0.8);
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
@@ -356,6 +359,7 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"hbm_gbps", p.hbm_bandwidth.v / kGiga},
           {"gemm_max_efficiency", p.gemm_max_efficiency},
           {"gemm_half_dim", p.gemm_half_dim},
+          {"fp32_gemm_half_dim", p.fp32_half()},
           {"gemm_unaligned_factor", p.gemm_unaligned_factor},
           {"elementwise_efficiency", p.elementwise_efficiency},
           {"attention_efficiency", p.attention_efficiency},
@@ -412,9 +416,10 @@ DeviceProfile default_profile(const DeviceSpec& dev) {
   return derived_profile(dev);
 }
 
-double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align) {
+double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align,
+                       bool fp32_cores) {
   if (m <= 0 || n <= 0 || k <= 0) return p.gemm_max_efficiency;
-  const double h = p.gemm_half_dim;
+  const double h = fp32_cores ? p.fp32_half() : p.gemm_half_dim;
   const double eff = p.gemm_max_efficiency * saturation(static_cast<double>(m), h) *
                      saturation(static_cast<double>(n), h) * saturation(static_cast<double>(k), h);
   return eff * alignment_factor(p, m, n, k, align);
@@ -474,10 +479,11 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const bool attention = o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention;
   const std::int64_t head_dim = o->gemms.front().k;
   auto efficiency = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
-    if (!attention) return gemm_efficiency(p_, m, n, k, align);
+    if (!attention) return gemm_efficiency(p_, m, n, k, align, fp32_cores);
     double e = p_.gemm_max_efficiency;
+    const double head_half = fp32_cores ? p_.fp32_half() : p_.gemm_half_dim;
     for (const std::int64_t x : {m, n, k})
-      e *= saturation(static_cast<double>(x), x == head_dim ? p_.gemm_half_dim : p_.attention_half());
+      e *= saturation(static_cast<double>(x), x == head_dim ? head_half : p_.attention_half());
     return e * alignment_factor(p_, m, n, k, align);
   };
   double geo_flops = 0, weighted = 0;

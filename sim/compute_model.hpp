@@ -60,6 +60,11 @@ struct DeviceProfile {
   // GEMM efficiency: eff(m,n,k) = max_eff * s(m) * s(n) * s(k), s(x) = x / (x + half_dim)
   double gemm_max_efficiency = 0.8;
   double gemm_half_dim = 128;
+  // The half-point of the curve for GEMMs on the fp32 cores (fp32 models without TF32): a peak
+  // 15 times below the tensor cores' is reached with smaller tiles, so small dimensions cost
+  // less than on the tensor-core curve. Negative: gemm_half_dim.
+  double fp32_gemm_half_dim = -1;
+  double fp32_half() const { return fp32_gemm_half_dim >= 0 ? fp32_gemm_half_dim : gemm_half_dim; }
   // Factor on eff when a GEMM dimension is only 2-byte aligned (an odd 16-bit dimension:
   // GPT-2's vocabulary, 50257): cuBLAS leaves its fastest tensor-core kernels, whose loads want
   // 16 bytes. A dimension aligned to 4 or 8 bytes pays half or a quarter as much (factor · 2,
@@ -170,9 +175,10 @@ std::vector<DeviceProfile> load_profiles(const std::string& path);
 // GEMM efficiency of the profile: max_eff · s(m) · s(n) · s(k), in (0, gemm_max_efficiency],
 // times the alignment factor when m, n or k is not a multiple of `align` elements (16 bytes:
 // align = 16 / element size): gemm_unaligned_factor · (bytes every dimension is aligned to) / 2,
-// at most 1.
+// at most 1. On the fp32 cores (fp32_cores: an fp32 GEMM without TF32) the curve's half-point is
+// fp32_gemm_half_dim.
 double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
-                       std::int64_t align = 1);
+                       std::int64_t align = 1, bool fp32_cores = false);
 double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align);
 
 class ComputeModel {

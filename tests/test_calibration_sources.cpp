@@ -289,6 +289,16 @@ TEST_CASE("recorded DeepSpeed runs: every run's phases, GPU busy times and step-
   bool llama = false;
   for (const auto& r : d.runs) llama |= r.model.find("tests/data/deepspeed/llama-300m.json") != std::string::npos;
   CHECK(llama);
+  // Its fp32 run (neither fp16 nor bf16 in the ds_config) trains in the bf16 its config.json
+  // names, as DeepSpeed leaves the module: predicted in fp32, its GPU time came out 5-7x long.
+  bool fp32_llama = false;
+  for (const auto& r : d.runs)
+    if (r.name == "llama-fp32-sdpa-s2") {
+      fp32_llama = true;
+      CHECK(r.cfg.model_dtype() == DType::bf16);
+      CHECK(r.cfg.precision == zero::Precision::fp32);  // the master weights and the step stay fp32
+    }
+  CHECK(fp32_llama);
 }
 
 TEST_CASE("recorded runs: bad entries are named") {

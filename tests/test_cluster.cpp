@@ -66,7 +66,8 @@ std::vector<int> iota(int n) {
 }  // namespace
 
 TEST_CASE("every preset loads, names itself and says where its figures come from") {
-  const std::vector<std::string> expected = {"1xH200-141GB",         "4xV100-16GB-PCIe",     "8xA100-80GB-NVSwitch",
+  const std::vector<std::string> expected = {"1xH100-80GB",          "1xH200-141GB",         "4xV100-16GB-PCIe",
+                                             "8xA100-80GB-NVSwitch",
                                              "8xH100-80GB-NVSwitch", "8xH200-141GB-NVSwitch", "8xV100-32GB-NVLink",
                                              "cpu-local"};
   const auto names = cluster_preset_names();

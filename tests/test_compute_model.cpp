@@ -798,3 +798,44 @@ TEST_CASE("attention_half_seq: the sequence dimensions of fused attention on the
   CHECK(j["attention_half_seq"] == 64);
   CHECK(zp::sim::profile_from_json("back", "", j).attention_half_seq == 64);
 }
+
+// fp32 GEMMs on the fp32 cores have a curve of their own (fp32_gemm_half_dim): the same products
+// in 16 bit keep the tensor-core curve, and with no key given the fp32 ones do too.
+TEST_CASE("fp32_gemm_half_dim: fp32 GEMMs and attention on the fp32 cores' curve") {
+  DeviceProfile p = profile_of("H200-141GB");
+  REQUIRE(p.fp32_half() == 96);  // sim/profiles.json: fitted to the fp32 GPT-2 kernels of an H100
+  REQUIRE(p.gemm_half_dim == 240);
+  // GPT-2's attention output projection at micro-batch 4 (4096 x 768 x 768): 0.64 of the
+  // tensor-core curve's efficiency at the fp32 cores' half-point of 96, 0.47 at 240.
+  const double fp32 = zp::sim::gemm_efficiency(p, 4096, 768, 768, 1, true);
+  const double tc = zp::sim::gemm_efficiency(p, 4096, 768, 768, 1, false);
+  CHECK(fp32 == doctest::Approx(p.gemm_max_efficiency * (4096.0 / 4192) * (768.0 / 864) * (768.0 / 864)));
+  CHECK(tc == doctest::Approx(p.gemm_max_efficiency * (4096.0 / 4336) * (768.0 / 1008) * (768.0 / 1008)));
+  const OpGraph g32 = graph_of("gpt2", 4, 1024, zp::DType::fp32, zp::models::Attention::sdpa);
+  const OpGraph g16 = graph_of("gpt2", 4, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
+  const ComputeModel own32(p, g32), own16(p, g16);
+  DeviceProfile q = p;
+  q.fp32_gemm_half_dim = -1;  // not given: the tensor-core curve's half-point
+  CHECK(q.fp32_half() == q.gemm_half_dim);
+  const ComputeModel shared32(q, g32), shared16(q, g16);
+  int gemms = 0;
+  for (const auto& op : g32.ops) {
+    if (op.gemms.empty()) continue;
+    CAPTURE(op.name);
+    ++gemms;
+    for (const Phase ph : {Phase::forward, Phase::backward}) {
+      CHECK(own32.op_cost(op.id, ph).v < shared32.op_cost(op.id, ph).v);  // the fp32 cores' curve is faster
+      CHECK(own16.op_cost(op.id, ph).v == doctest::Approx(shared16.op_cost(op.id, ph).v));  // 16 bit unchanged
+    }
+  }
+  CHECK(gemms >= 12 * 5);
+  // TF32 runs on the tensor cores: their curve.
+  p.fp32_gemm_tf32 = q.fp32_gemm_tf32 = true;
+  const ComputeModel tf32_own(p, g32), tf32_shared(q, g32);
+  for (const auto& op : g32.ops)
+    if (!op.gemms.empty()) CHECK(tf32_own.op_cost(op.id, Phase::forward).v == doctest::Approx(tf32_shared.op_cost(op.id, Phase::forward).v));
+  // Read and written back.
+  const auto j = zp::sim::profile_to_json(p);
+  CHECK(j["fp32_gemm_half_dim"] == 96);
+  CHECK(zp::sim::profile_from_json("back", "", j).fp32_gemm_half_dim == 96);
+}

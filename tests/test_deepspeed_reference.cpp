@@ -39,8 +39,8 @@ namespace {
 
 const std::string kRoot = ZEROPLAN_SHARED_DIR;
 
-json reference() {
-  std::ifstream in(kRoot + "/tests/data/deepspeed/h200_deepspeed_0.19.8.json");
+json reference(const std::string& file = "h200_deepspeed_0.19.8.json") {
+  std::ifstream in(kRoot + "/tests/data/deepspeed/" + file);
   REQUIRE(in.good());
   return json::parse(in);
 }
@@ -52,16 +52,16 @@ std::string model_of(const std::string& file) {
 }
 
 // zeroplan's prediction of one recorded run, as a user would ask for it: its ds_config (written
-// under `dir`), model, sequence and attention, on one H200, or for its rank of an H200 node of
-// its world size.
-zp::cli::StageResult predict(const json& run, const fs::path& dir) {
+// under `dir`), model, sequence and attention, on one GPU (`one`, the H200 unless named), or for
+// its rank of an H200 node of its world size.
+zp::cli::StageResult predict(const json& run, const fs::path& dir, const std::string& one = "1xH200-141GB") {
   const fs::path cfg = dir / (run.at("name").get<std::string>() + ".json");
   std::ofstream(cfg) << run.at("ds_config").dump();
   zp::cli::SimRequest req;
   req.model = model_of(run.at("model"));
   req.ds_config = cfg.string();
   const int world = run.value("world_size", 1);
-  req.cluster = world == 1 ? "1xH200-141GB" : "8xH200-141GB-NVSwitch";
+  req.cluster = world == 1 ? one : "8xH200-141GB-NVSwitch";
   if (world > 1) {
     req.gpus = world;
     req.rank = run.at("rank").get<int>();
@@ -161,8 +161,8 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
   REQUIRE(gpu_runs >= 30);
   MESSAGE(fmt::format("mean |error| of the GPU's busy time: forward {:.1f}%, backward {:.1f}%, step {:.1f}%",
                       100 * gpu_err[0] / gpu_runs, 100 * gpu_err[1] / gpu_runs, 100 * gpu_err[2] / gpu_runs));
-  CHECK(gpu_err[0] / gpu_runs <= 0.115);
-  CHECK(gpu_err[1] / gpu_runs <= 0.08);
+  CHECK(gpu_err[0] / gpu_runs <= 0.11);
+  CHECK(gpu_err[1] / gpu_runs <= 0.07);  // fp32 GEMMs on their own curve (fp32_gemm_half_dim): 7.1% before
   CHECK(gpu_err[2] / gpu_runs <= 0.07);  // DeepSpeed's per-tensor step loops (58% short without them)
 
   // Bounds per run and on the mean over runs (see the header comment).
@@ -270,4 +270,43 @@ TEST_CASE("DeepSpeed 0.19.8, two and four ranks: per-rank memory at stages 1-3 (
     fs::remove_all(dir);
   }
   MESSAGE("rank 0, measured/predicted MiB and error\n" << table);
+}
+
+// The same harness on a second device, an H100 SXM 80GB (tests/data/deepspeed/h100_deepspeed_0.19.8.json,
+// seven runs measured in full): memory against the targets on a GPU of another capacity, and the
+// compute model on the H100 preset, whose coefficients are the H200's carried over (sim/profiles.json)
+// apart from the H100's own memory bandwidth. The wall times are the host's, which differs from the
+// H200 machines' (test_calibration_cli: its host costs calibrated).
+TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H100 preset") {
+  const json ref = reference("h100_deepspeed_0.19.8.json");
+  REQUIRE(ref.at("meta").at("versions").at("gpu").get<std::string>().find("H100") != std::string::npos);
+  const fs::path dir = fs::temp_directory_path() / fmt::format("zp_dsref100_{}", static_cast<long>(::getpid()));
+  fs::create_directories(dir);
+  int full = 0;
+  std::array<double, 3> gpu_err{};
+  for (const auto& run : ref.at("runs")) {
+    if (!run.contains("memory")) continue;  // timed in rounds only
+    const std::string name = run.at("name");
+    CAPTURE(name);
+    ++full;
+    const auto r = predict(run, dir, "1xH100-80GB");
+    const auto& m = run.at("memory");
+    CHECK(std::fabs(rel(static_cast<double>(r.memory.peak_allocated.v), m.at("peak_allocated").get<double>())) <= 0.03);
+    CHECK(std::fabs(rel(static_cast<double>(r.memory.reserved_peak.v), m.at("peak_reserved").get<double>())) <= 0.05);
+    const auto busy = device_busy(r.program, r.time.report);
+    int k = 0;
+    for (const char* phase : {"forward", "backward", "step"}) {
+      const double e = rel(busy[static_cast<std::size_t>(k)], run.at("gpu_s").at(phase).get<double>());
+      CAPTURE(phase);
+      CHECK(std::fabs(e) <= 0.35);  // worst today: the fp32 Llama's step (+32%) and backward (-23%)
+      gpu_err[static_cast<std::size_t>(k++)] += std::fabs(e);
+    }
+  }
+  fs::remove_all(dir);
+  REQUIRE(full == 7);
+  MESSAGE(fmt::format("H100, mean |error| of the GPU's busy time: forward {:.1f}%, backward {:.1f}%, step {:.1f}%",
+                      100 * gpu_err[0] / full, 100 * gpu_err[1] / full, 100 * gpu_err[2] / full));
+  CHECK(gpu_err[0] / full <= 0.08);
+  CHECK(gpu_err[1] / full <= 0.095);
+  CHECK(gpu_err[2] / full <= 0.08);
 }

@@ -2,7 +2,8 @@
 """Lay zeroplan's predictions beside DeepSpeed's measurements (tools/deepspeed_reference.py).
 
 Reads DIR/meta.json and DIR/runs.jsonl, predicts every run with `zeroplan simulate --json` on the
-H200 preset (same model config, ds_config, micro-batch, sequence length and attention), and prints one
+preset of the GPU the runs were measured on (cluster_of: 1xH200-141GB, 1xH100-80GB; --cluster
+overrides it) (same model config, ds_config, micro-batch, sequence length and attention), and prints one
 table: measured, predicted and the error of the allocated peak, the reserved peak, device-used bytes,
 the peak's moment, and the forward, backward, step and iteration wall times.
 
@@ -44,17 +45,28 @@ def model_arg(run_model):
     raise SystemExit(f"deepspeed_compare: no model config named {run_model} in models/catalog or tests/data/deepspeed")
 
 
-def predict(zeroplan, run):
+def cluster_of(meta):
+    """The single-GPU preset of the GPU a reference file names (meta.versions.gpu), and the
+    node preset its several-rank runs are predicted on as one rank of."""
+    gpu = meta.get("versions", {}).get("gpu", "")
+    for key, one, node in (("H200", "1xH200-141GB", "8xH200-141GB-NVSwitch"),
+                           ("H100", "1xH100-80GB", "8xH100-80GB-NVSwitch")):
+        if key in gpu:
+            return one, node
+    raise SystemExit(f"deepspeed_compare: no preset for the GPU '{gpu}' the runs were measured on (give --cluster)")
+
+
+def predict(zeroplan, run, clusters=("1xH200-141GB", "8xH200-141GB-NVSwitch")):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(run["ds_config"], f)
         cfg = f.name
     trace = cfg + ".trace.json"
     try:
         n = run.get("world_size", 1)
-        # Several ranks: that rank of an N-GPU H200 node (memory is per rank; the times assume
+        # Several ranks: that rank of an N-GPU node (memory is per rank; the times assume
         # NVLink, which ranks sharing one GPU over sockets do not have).
-        cluster = ["--cluster", "1xH200-141GB"] if n == 1 else ["--cluster", "8xH200-141GB-NVSwitch", "--gpus", str(n),
-                                                                "--rank", str(run.get("rank", 0))]
+        cluster = ["--cluster", clusters[0]] if n == 1 else ["--cluster", clusters[1], "--gpus", str(n),
+                                                             "--rank", str(run.get("rank", 0))]
         cmd = [zeroplan, "simulate", "--model", model_arg(run["model"]), "--ds-config", cfg, *cluster,
                "--seq-len", str(run["seq_len"]), "--attention", run["attention"], "--json", "--trace", trace]
         if run.get("keep_output"):
@@ -158,11 +170,13 @@ def pool_timing(runs, dirs):
                                      f"base file's: not the same run")
         else:  # measured only in rounds: its inputs from the first, no memory
             by_name[name] = {k: v for k, v in rs[0].items() if k not in ("phases_s", "phases_all_s", "iteration_s",
-                                                                         "round", "run_seconds", "process_constants")}
+                                                                         "round", "run_seconds", "process_constants", "host_probe_us")}
             runs.append(by_name[name])
     for name, run in by_name.items():
         earlier = run.get("timing", {}).get("rounds_s", [])
-        new = [{"phases_all_s": r["phases_all_s"], "iteration_s": r["iteration_s"]} for r in samples.get(name, [])]
+        new = [{"phases_all_s": r["phases_all_s"], "iteration_s": r["iteration_s"],
+                **({"host_probe_us": r["host_probe_us"]} if "host_probe_us" in r else {})}
+               for r in samples.get(name, [])]
         if not new:
             if dirs and not earlier:
                 print(f"deepspeed_compare: {name}: no time-only round; its times stay the first measurement's",
@@ -273,6 +287,8 @@ def main():
     ap.add_argument("--base", help="an earlier reference file to take the runs from (instead of DIR)")
     ap.add_argument("--timing", nargs="+", default=[], help="folders of time-only rounds to pool the times from")
     ap.add_argument("--zeroplan", default=os.path.join(ROOT, "build", "cli", "zeroplan"))
+    ap.add_argument("--cluster", help="the single-GPU preset to predict on (default: the one of the GPU the runs "
+                                      "name; several-rank runs then take the 8-GPU node of that GPU)")
     ap.add_argument("--write-reference")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -295,6 +311,10 @@ def main():
         meta = dict(meta, timing=("phases: median of every timed step of every time-only round; iteration: "
                                   "median of the rounds (tools/deepspeed_reference.py --time-only --rounds)"),
                     timing_dates=sorted(x for x in dates if x))
+    clusters = cluster_of(meta)
+    if args.cluster:
+        clusters = (args.cluster, clusters[1])
+    print(f"predicted on {clusters[0]} (runs measured on {meta.get('versions', {}).get('gpu', '?')})")
     rows = []
     nan = float("nan")
     for run in runs:
@@ -316,7 +336,7 @@ def main():
             "iteration": run["iteration_s"],
             "rounds_range": {k: round_range(run, k) for k in ("forward", "backward", "step", "iteration")},
         }
-        pred = predict(args.zeroplan, run)
+        pred = predict(args.zeroplan, run, clusters)
         rows.append({"name": run["name"], "world_size": run.get("world_size", 1), "measured": meas, "predicted": pred,
                      "constants": consts})
 
@@ -378,7 +398,7 @@ def main():
                                               "world_size", "rank",
                                               "gas", "keep_output", "ds_config", "params", "param_tensors", "param_modules",
                                               "optimizer_class", "inner_optimizer_class", "memory", "phases_s",
-                                              "iteration_s", "phases_all_s", "timing", "skipped_steps", "gpu_s")
+                                              "iteration_s", "phases_all_s", "host_probe_us", "timing", "skipped_steps", "gpu_s")
                          if k in run})
             if "memory" in run:
                 keep[-1]["memory"] = {k: v for k, v in run["memory"].items() if k != "at_peak"}

@@ -511,10 +511,34 @@ def reduce_profile(trace_path):
 # One run
 
 
+PROBE_OPS = 2000
+
+
+def host_probe(torch):
+    """The host's speed at this moment: microseconds per eager op, from PROBE_OPS in-place adds on
+    a 256-element CUDA tensor issued from a Python loop (what DeepSpeed's host work is made of:
+    the interpreter, PyTorch's dispatcher and a kernel launch; the kernels themselves take a few
+    microseconds and the device keeps up). The median of three blocks; taken before and after a
+    run's timed steps, so that a host slowed by something else on the machine shows in the run's
+    record (docs/deepspeed_fidelity.md)."""
+    x = torch.zeros(256, device="cuda")
+    blocks = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(PROBE_OPS):
+            x.add_(1.0)
+        torch.cuda.synchronize()
+        blocks.append((time.perf_counter() - t0) / PROBE_OPS * 1e6)
+    return statistics.median(blocks)
+
+
 def time_steps(one_step, run, torch):
     """Phase times (a synchronisation between phases; medians) and the iteration time (none; the
-    mean of a block of steps), with the garbage collector collected first and held off."""
+    mean of a block of steps), with the garbage collector collected first and held off; the
+    host probe before and after them."""
     gc.collect()
+    probe_before = host_probe(torch)
     if not run.get("keep_gc"):
         gc.disable()
     try:
@@ -529,8 +553,9 @@ def time_steps(one_step, run, torch):
         iteration = (time.perf_counter() - t0) / iters
     finally:
         gc.enable()
+    probe_after = host_probe(torch)
     return {"phases_s": {k: statistics.median(p[k] for p in phs) for k in ("forward", "backward", "step")},
-            "phases_all_s": phs, "iteration_s": iteration}
+            "phases_all_s": phs, "iteration_s": iteration, "host_probe_us": [probe_before, probe_after]}
 
 
 def run_one(run, consts, tmpdir):
