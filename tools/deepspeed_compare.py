@@ -56,7 +56,7 @@ def cluster_of(meta):
     raise SystemExit(f"deepspeed_compare: no preset for the GPU '{gpu}' the runs were measured on (give --cluster)")
 
 
-def predict(zeroplan, run, clusters=("1xH200-141GB", "8xH200-141GB-NVSwitch")):
+def predict(zeroplan, run, clusters=("1xH200-141GB", "8xH200-141GB-NVSwitch"), profile=None):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(run["ds_config"], f)
         cfg = f.name
@@ -71,6 +71,8 @@ def predict(zeroplan, run, clusters=("1xH200-141GB", "8xH200-141GB-NVSwitch")):
                "--seq-len", str(run["seq_len"]), "--attention", run["attention"], "--json", "--trace", trace]
         if run.get("keep_output"):
             cmd.append("--keep-output")
+        if profile:
+            cmd += ["--profile", profile]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
@@ -289,6 +291,7 @@ def main():
     ap.add_argument("--zeroplan", default=os.path.join(ROOT, "build", "cli", "zeroplan"))
     ap.add_argument("--cluster", help="the single-GPU preset to predict on (default: the one of the GPU the runs "
                                       "name; several-rank runs then take the 8-GPU node of that GPU)")
+    ap.add_argument("--profile", help="a cluster profile (zeroplan calibrate --out) to predict with")
     ap.add_argument("--write-reference")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -336,7 +339,7 @@ def main():
             "iteration": run["iteration_s"],
             "rounds_range": {k: round_range(run, k) for k in ("forward", "backward", "step", "iteration")},
         }
-        pred = predict(args.zeroplan, run, clusters)
+        pred = predict(args.zeroplan, run, clusters, args.profile)
         rows.append({"name": run["name"], "world_size": run.get("world_size", 1), "measured": meas, "predicted": pred,
                      "constants": consts})
 
