@@ -75,6 +75,41 @@ std::string model_stem(const std::string& model) {
   return p.filename().string();
 }
 
+// The host probe a recorded run's times were taken at (tools/deepspeed_reference.py: µs per eager
+// op, [before, after] its timed steps): the median over its time-only rounds of each round's
+// mean where its times come from rounds (timing.rounds_s), else its own; 0 where not recorded
+// (a round without one makes the run's 0: its times are not all at a known probe).
+static double recorded_probe(const std::string& path, const json::Reader& r, const nlohmann::json& e) {
+  auto mean_of = [&](const json::Reader& pr, const nlohmann::json& v) {
+    if (!v.is_array() || v.empty())
+      throw InputError(path, pr.path, "must be an array of host probes in microseconds ([before, after])");
+    double sum = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_number() || !(v[i].get<double>() > 0) || !std::isfinite(v[i].get<double>()) || v[i].get<double>() > 1e6)
+        throw InputError(path, fmt::format("{}[{}]", pr.path, i),
+                         fmt::format("must be a host probe in microseconds in (0, 1e6], got {}", v[i].dump()));
+      sum += v[i].get<double>();
+    }
+    return sum / static_cast<double>(v.size());
+  };
+  if (auto t = e.find("timing"); t != e.end() && t->is_object() && t->contains("rounds_s") && t->at("rounds_s").is_array()) {
+    const json::Reader tr = r.sub("timing").sub("rounds_s");
+    std::vector<double> probes;
+    const auto& rounds = t->at("rounds_s");
+    for (std::size_t i = 0; i < rounds.size(); ++i) {
+      if (!rounds[i].is_object() || !rounds[i].contains("host_probe_us")) return 0;
+      const json::Reader ri{tr.file, fmt::format("{}[{}]", tr.path, i)};
+      probes.push_back(mean_of(ri.sub("host_probe_us"), rounds[i].at("host_probe_us")));
+    }
+    if (probes.empty()) return 0;
+    std::sort(probes.begin(), probes.end());
+    const std::size_t n = probes.size();
+    return n % 2 ? probes[n / 2] : 0.5 * (probes[n / 2 - 1] + probes[n / 2]);
+  }
+  if (auto h = e.find("host_probe_us"); h != e.end()) return mean_of(r.sub("host_probe_us"), *h);
+  return 0;
+}
+
 // Tags for `--fit-where` and a RunConfig from what a run is.
 RunConfig make_run(const std::string& name, const std::string& source, const std::string& model,
                    const zero::DsConfig& cfg, std::int64_t seq_len, models::Attention att, int world, bool ckpt) {
@@ -421,6 +456,7 @@ Dataset read_deepspeed_runs(const std::string& path, const sim::ClusterSpec& clu
           for (const char* k : {"forward", "backward", "step"})
             if (stp.contains(k) && stp.at(k).is_number()) all[k].push_back(stp.at(k).get<double>());
     const int repeats = all.count("forward") ? static_cast<int>(all["forward"].size()) : 1;
+    ds.runs.back().host_probe_us = recorded_probe(path, r, e);
     double total = 0;
     for (const auto& [key, p] : std::vector<std::pair<std::string, PhaseName>>{
              {"forward", PhaseName::forward}, {"backward", PhaseName::backward}, {"step", PhaseName::step}}) {

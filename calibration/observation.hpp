@@ -140,6 +140,10 @@ struct RunConfig {
   // Events of the program the run's file has no time for (events the program gained after it
   // was written): left out of the phases' sums of event times, as they were of the measured ones.
   std::vector<std::int32_t> unmeasured_events;
+  // The host probe when the run was timed (µs per eager op, tools/deepspeed_reference.py's
+  // host_probe_us; the median over its rounds); 0: not recorded. Its host costs are predicted
+  // at this probe (sim::host_costs_at_probe).
+  double host_probe_us = 0;
   std::map<std::string, std::string> tags;
 };
 

@@ -287,6 +287,16 @@ std::vector<ParamDef> build_registry() {
   // Host costs (sim::HostCosts), run by the event engine on the host's clock.
   using H = sim::HostCosts;
   const std::string wall = "wall-clock phases of runs whose host bounds them (DeepSpeed logs, recorded runs)";
+  {
+    // Every host cost at once: the one coefficient that moves a profile to a faster or slower host.
+    // Not in the host group's default set (it and the costs it multiplies cannot be told apart).
+    ParamDef d = scalar("host.scale", ParamGroup::host, "",
+                        "a factor on every host cost (a host that runs DeepSpeed's Python faster or slower)",
+                        "wall-clock phases of runs whose host bounds them, any model and stage", 0.01, 100, false,
+                        [](const ModelParams& m) { return m.device.host.scale; },
+                        [](ModelParams& m, double v) { m.device.host.scale = v; });
+    r.push_back(std::move(d));
+  }
   r.push_back(host_us("forward_op_us", "host work per forward op (dispatch, launches, the module's Python)",
                       "forward " + wall, &H::forward_op));
   r.push_back(host_us("backward_op_us", "host work per backward node (autograd)", "backward " + wall,

@@ -251,6 +251,8 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     // The host's optimizer throughput is shared by the node's ranks (as cli::load_inputs does).
     const RunConfig& rc = data_.runs[r];
     prof.cpu_adam_params_per_second /= std::max(1, std::min(rc.world_size, cluster_.gpus_per_node));
+    // The host's costs at the probe the run was timed at (the profile's are at its own).
+    prof.host = sim::host_costs_at_probe(prof.host, rc.host_probe_us);
     sim::ComputeModel cm(prof, run.graph);
     cm.deepspeed_loops = !rc.zeroplan_executor;
     sim::EngineOptions eo;

@@ -312,6 +312,23 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   }
 
   select_fitted(data, req.fit_where);
+  // Runs recorded with a host probe are predicted at their probe: the host costs fitted are those
+  // at the start profile's probe, or, where it has none, at the median of the runs' (which the
+  // written profile then carries, for simulate --host-probe-us).
+  std::string probe_note;
+  if (start.device.host.probe_us <= 0) {
+    std::vector<double> probes;
+    for (const auto& r : data.runs)
+      if (r.host_probe_us > 0) probes.push_back(r.host_probe_us);
+    if (!probes.empty()) {
+      std::sort(probes.begin(), probes.end());
+      const std::size_t n = probes.size();
+      start.device.host.probe_us = n % 2 ? probes[n / 2] : 0.5 * (probes[n / 2 - 1] + probes[n / 2]);
+      probe_note = fmt::format("{} of {} runs recorded the host probe ({:.2f}-{:.2f} us per eager op): each is predicted "
+                               "at its own, the host costs at their median, {:.2f} us (the profile's host.probe_us)",
+                               n, data.runs.size(), probes.front(), probes.back(), start.device.host.probe_us);
+    }
+  }
   const Predictor predictor(data, cluster);
 
   // Wall-clock phases depend on the host's work; when this simulator does not run host costs,
@@ -385,6 +402,7 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
                                     },
                                     later)
                 : fit(predict, data.obs, start, fo);
+  if (!probe_note.empty()) out.fit.notes.insert(out.fit.notes.begin(), probe_note);
   out.profile = make_profile(data, out.fit, cluster, now_utc());
   if (const DriverSummary d = summarize(data.driver);
       d.context_spread > (1 << 20) || d.libraries_spread > (1 << 20) || d.nccl_spread > (1 << 20))

@@ -89,6 +89,7 @@ void add_common(CLI::App* c, zp::cli::SimRequest& r, std::string& micro, std::st
   c->add_option("--nic-gbps", r.nic_gbps, "NIC speed in Gb/s for --nodes");
   c->add_option("--interference", r.interference, "compute slowdown while communication overlaps (default: device profile)");
   c->add_option("--profile", r.profile, "a cluster profile (zeroplan calibrate --out): its fitted coefficients and interval");
+  c->add_option("--host-probe-us", r.host_probe_us, zp::cli::host_probe_help());
   c->add_option("--micro-batch", micro, "override train_micro_batch_size_per_gpu (GAS follows)");
   c->add_option("--seq-len", seq, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");
@@ -255,6 +256,7 @@ int main(int argc, char** argv) {
   pl->add_option("--gpu", plan_req.base.gpu, "GPU type for --gpus N (zeroplan devices)");
   pl->add_option("--profile", plan_req.base.profile,
                  "a cluster profile (zeroplan calibrate --out): its coefficients; candidates within its interval are ties");
+  pl->add_option("--host-probe-us", plan_req.base.host_probe_us, zp::cli::host_probe_help());
   pl->add_option("--global-batch", plan_global, "train_batch_size (default: BASE.json's)");
   pl->add_option("--seq-len", plan_seq, "sequence length (default: the model's max positions)");
   pl->add_option("--attention", plan_req.base.attention, zp::cli::attention_help());

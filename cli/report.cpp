@@ -373,6 +373,7 @@ CLI::App* add_report_command(CLI::App& app, ReportRequest& req) {
   c->add_option("--nic-gbps", r.nic_gbps, "NIC speed in Gb/s for --nodes");
   c->add_option("--interference", r.interference, "compute slowdown while communication overlaps (default: device profile)");
   c->add_option("--profile", r.profile, "a cluster profile (zeroplan calibrate --out): its fitted coefficients");
+  c->add_option("--host-probe-us", r.host_probe_us, host_probe_help());
   c->add_option("--micro-batch", r.micro_batch, "override train_micro_batch_size_per_gpu (GAS follows)");
   c->add_option("--seq-len", r.seq_len, "sequence length (default: the model's max positions)");
   c->add_flag("--activation-checkpointing", r.activation_checkpointing, "per-layer activation checkpointing");

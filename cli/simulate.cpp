@@ -52,6 +52,12 @@ std::string keep_output_help() {
          "model(**batch); loss = out.loss; backward(loss)` does (default: it drops it after the forward, as HF Trainer)";
 }
 
+std::string host_probe_help() {
+  return "this host's probe, microseconds per eager PyTorch op (python3 tools/host_probe.py on the training machine): "
+         "DeepSpeed's host costs are scaled from the probe the profile's were measured at (--profile of a "
+         "calibration on runs with a probe)";
+}
+
 std::string human_bytes(Bytes b) {
   const double v = static_cast<double>(b.v);
   const double a = std::fabs(v);
@@ -130,6 +136,21 @@ Inputs load_inputs(const SimRequest& req) {
   in.collectives = std::make_shared<const sim::CollectiveModel>(in.cluster);
   // The host's optimizer throughput is shared by the ranks of a node.
   in.profile.cpu_adam_params_per_second /= std::max(1, std::min(in.world_size, in.cluster.gpus_per_node));
+  if (req.host_probe_us) {
+    // The host's DeepSpeed costs follow its probe: scaled from the probe they were measured at.
+    if (!std::isfinite(*req.host_probe_us) || *req.host_probe_us <= 0 || *req.host_probe_us > 1e4)
+      throw InputError("--host-probe-us", "",
+                       fmt::format("must be a number in (0, 10000] (microseconds per eager op, as "
+                                   "tools/host_probe.py measures it), got {}",
+                                   *req.host_probe_us));
+    if (in.profile.host.probe_us <= 0)
+      throw InputError("--host-probe-us", "",
+                       fmt::format("the {} host costs say no probe they were measured at, so there is nothing to scale "
+                                   "from (a profile from zeroplan calibrate on runs recorded with a host probe has one: "
+                                   "--profile)",
+                                   req.profile.empty() ? in.device->name + " preset's" : "profile's"));
+    in.profile.host = sim::host_costs_at_probe(in.profile.host, *req.host_probe_us);
+  }
   if (req.interference) {
     if (!std::isfinite(*req.interference) || *req.interference < 0 || *req.interference > 10)
       throw InputError("--interference", "", fmt::format("must be a number in [0, 10], got {}", *req.interference));

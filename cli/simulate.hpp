@@ -39,6 +39,7 @@ struct SimRequest {
   std::optional<double> nic_gbps;
   std::string trace;                     // Chrome trace output path
   std::optional<double> interference;    // overrides the device profile's
+  std::optional<double> host_probe_us;   // --host-probe-us: the host's probe; scales the host costs
   std::vector<int> stages;               // empty → the ds_config's stage
   std::optional<std::int64_t> micro_batch;
   std::optional<std::int64_t> seq_len;
@@ -141,6 +142,8 @@ void add_variant_flags(CLI::App* c, models::KernelVariants& v);
 // The variants that are on, for a heading: ", fused_gelu (zeroplan's kernel variants, ...)".
 std::string variant_names(const models::KernelVariants& v);
 std::string keep_output_help();
+// --host-probe-us's help.
+std::string host_probe_help();
 // The files a request reads, as (flag, path) for zp::io::refuse_same_file.
 std::vector<std::pair<std::string, std::string>> input_files(const SimRequest& req, const Inputs& in);
 // An output named by `flag` (--trace, --out): refused when it is one of the inputs or cannot

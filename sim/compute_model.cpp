@@ -1,5 +1,6 @@
 #include "sim/compute_model.hpp"
 
+#include <cmath>
 #include <cstdlib>
 
 #include <algorithm>
@@ -94,7 +95,7 @@ HostCosts read_host_costs(const json::Reader& r, const json::json& h) {
   if (!h.is_object()) throw InputError(r.file, r.path, "must be a JSON object");
   r.reject_unknown(h, {"forward_op_us", "backward_op_us", "grad_hook_us", "bucket_hook_us", "stage3_module_forward_us",
                        "stage3_module_backward_us", "stage3_param_forward_us", "stage3_grad_hook_us", "step",
-                       "source"});
+                       "probe_us", "scale", "source"});
   HostCosts c = default_host_costs();
   c.forward_op = micros(r, h, "forward_op_us", c.forward_op);
   c.backward_op = micros(r, h, "backward_op_us", c.backward_op);
@@ -123,9 +124,12 @@ HostCosts read_host_costs(const json::Reader& r, const json::json& h) {
     step("zero3_optimizer", c.zero3_optimizer);
     step("plain", c.plain);
   }
+  if (h.contains("probe_us")) c.probe_us = r.get_double(h, "probe_us", 0, 0, 1e6);
+  if (h.contains("scale")) c.scale = positive(r, h, "scale", 1e3);
   c.source = r.get_string(h, "source", c.source);
   return c;
 }
+
 
 DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std::vector<std::string>& extra_keys) {
   if (!e.is_object()) throw InputError(r.file, r.path, "must be a JSON object");
@@ -298,7 +302,7 @@ Seconds host_cost(const HostCosts& c, const zero::Event& e) {
     case zero::HostStep::plain: step = &c.plain; break;
   }
   if (step != nullptr) s += (h.step_base ? step->base.v : 0.0) + h.tensors * step->per_tensor.v;
-  return Seconds{s};
+  return Seconds{s * c.scale};
 }
 
 HostCosts default_host_costs() {
@@ -393,6 +397,8 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
             {"stage3_param_forward_us", us(h.stage3_param_forward)},
             {"stage3_grad_hook_us", us(h.stage3_grad_hook)},
             {"step", steps},
+            {"probe_us", h.probe_us},
+            {"scale", h.scale},
             {"source", h.source}}},
           {"source", p.source}};
 }
@@ -414,6 +420,20 @@ DeviceProfile default_profile(const DeviceSpec& dev) {
     return out;
   }
   return derived_profile(dev);
+}
+
+HostCosts scaled_host_costs(const HostCosts& h, double factor) {
+  if (!(factor > 0) || !std::isfinite(factor))
+    throw std::logic_error(fmt::format("host costs scaled by {}", factor));
+  HostCosts c = h;
+  c.scale *= factor;
+  c.probe_us *= factor;
+  return c;
+}
+
+HostCosts host_costs_at_probe(const HostCosts& h, double probe_us) {
+  if (h.probe_us <= 0 || probe_us <= 0) return h;
+  return scaled_host_costs(h, probe_us / h.probe_us);
 }
 
 double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align,

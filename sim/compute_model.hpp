@@ -48,9 +48,26 @@ struct HostCosts {
   Step zero_optimizer;              // stages 1/2 (DeepSpeedZeroOptimizer)
   Step zero3_optimizer;             // stage 3 (DeepSpeedZeroOptimizer_Stage3)
   Step plain;                       // fp32 without ZeRO: the optimizer itself (FusedAdam)
+  // The host probe these costs were measured at (µs per eager op: tools/deepspeed_reference.py's
+  // host_probe, PyTorch in-place adds on a small CUDA tensor from a Python loop); 0: not known.
+  // A host's DeepSpeed costs follow its probe (docs/time_model.md), so a prediction for a host
+  // whose probe is known scales them by that probe / this one (scaled_host_costs).
+  double probe_us = 0;
+  // A factor on every cost above: a host that runs the same Python faster or slower. One such
+  // factor carried the H200 machines' costs to an H100 machine's host within 5-9% per phase
+  // (docs/calibration.md); `zeroplan calibrate --fit host.scale` fits it for a user's host.
+  double scale = 1;
   std::string source;
   bool operator==(const HostCosts&) const = default;
 };
+
+// `h` with every cost `factor` (> 0) times as long (its scale times factor); probe_us follows (the
+// costs of a host whose probe is factor times h's).
+HostCosts scaled_host_costs(const HostCosts& h, double factor);
+
+// The costs for a host whose probe is `probe_us`: scaled by probe_us / h.probe_us, or `h` itself
+// where either probe is unknown (0).
+HostCosts host_costs_at_probe(const HostCosts& h, double probe_us);
 
 struct DeviceProfile {
   std::string device;                    // device database name

@@ -234,27 +234,35 @@ TEST_CASE("calibrate: the recorded H200 runs, fitted on stage 0 and 1 of GPT-2, 
   CHECK(s.status == 0);
 }
 
-TEST_CASE("calibrate: a second machine (the recorded H100 runs), its host costs fitted on two models, the others held out") {
+TEST_CASE("calibrate: a second machine (the recorded H100 runs): one host factor fitted on two models, the others held out") {
   const std::string runs = std::string(ZEROPLAN_SHARED_DIR) + "/tests/data/deepspeed/h100_deepspeed_0.19.8.json";
   const Run r = run("calibrate --deepspeed-runs " + runs +
-                    " --cluster 1xH100-80GB --fit host --fit-where 'model=gpt2|bert-large-uncased' --json");
+                    " --cluster 1xH100-80GB --fit host.scale --fit-where 'model=gpt2|bert-large-uncased' --json");
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["cluster"]["name"] == "1xH100-80GB");
-  // The H200's host costs (the defaults) overpredict this machine's DeepSpeed by a quarter; fitted on
-  // GPT-2 and BERT-large, they predict Llama, GPT-2 medium and BERT-base (14 runs) within about 10%
-  // (docs/calibration.md: 25.5 / 23.7 / 37.1 / 29.1% before, 11.5 / 8.6 / 19.3 / 13.0% after).
+  // The H200 machines' host costs (the defaults) overpredict this machine's DeepSpeed by half or
+  // more; one factor on all of them, fitted on GPT-2 and BERT-large, predicts Llama, GPT-2 medium
+  // and BERT-base (14 runs) within the issue's 10% per phase on average (docs/calibration.md:
+  // 50.7 / 51.4 / 77.2 / 62.8% before, 4.9 / 7.6 / 8.8 / 5.5% after).
   int wall = 0;
   for (const auto& p : j["held_out_phases"]) {
     if (p["quantity"] != "wall") continue;
     ++wall;
     CAPTURE(p["phase"].get<std::string>());
     CHECK(p["runs"].get<int>() == 14);
-    CHECK(p["mape_before"].get<double>() > 20);
-    CHECK(p["mape_after"].get<double>() < (p["phase"] == "step" ? 22 : 15));
-    CHECK(p["mape_after"].get<double>() < 0.6 * p["mape_before"].get<double>());
+    CHECK(p["mape_before"].get<double>() > 40);
+    CHECK(p["mape_after"].get<double>() < 10);
   }
   CHECK(wall == 4);
+  REQUIRE(j["parameters"].size() == 1);
+  CHECK(j["parameters"][0]["name"] == "host.scale");
+  CHECK(j["parameters"][0]["after"].get<double>() > 0.4);  // about half the H200 machines' host time
+  CHECK(j["parameters"][0]["after"].get<double>() < 0.6);
+  // Every run recorded the host probe: each is predicted at its own, the costs at their median.
+  bool probe_note = false;
+  for (const auto& w : j["notes"]) probe_note |= w.get<std::string>().find("recorded the host probe") != std::string::npos;
+  CHECK(probe_note);
   // The GPU's busy time of the fitted runs is the compute model's alone, on the H100 preset: the
   // fp32 Llama run trains in its config's bf16 (predicted in fp32 it was 5-7 times too long).
   int gpu = 0;
@@ -529,6 +537,44 @@ TEST_CASE("calibrate: bad input is one line and exit status 2") {
   bad("calibrate --device cuda --model gpt2 --budget 1", "--device");
   bad("simulate --model gpt2 --gpus 8 --gpu A100-80GB --profile " + kRuns, "not a zeroplan cluster profile");
   bad("simulate --model gpt2 --gpus 8 --gpu A100-80GB --profile /no/such/profile.json", "/no/such/profile.json");
+}
+
+// simulate --host-probe-us: a profile fitted on runs recorded with the host probe carries the probe
+// its host costs are at (host.probe_us); a host whose probe is known gets them scaled by the ratio.
+TEST_CASE("simulate --host-probe-us: the host costs scaled from the profile's probe") {
+  const std::string h100 = std::string(ZEROPLAN_SHARED_DIR) + "/calibration/profiles/h100-80gb_deepspeed-0.19.8.json";
+  // BERT-base at stage 0 in bf16 (FP16_Optimizer), the H100 machine's run bertb-bf16-sdpa-s0.
+  const std::string cfg = tmp("bertb_bf16_s0.json");
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 64, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}}, "zero_optimization": {"stage": 0}})";
+  const std::string base = "simulate --model bert-base-uncased --cluster 1xH100-80GB --seq-len 128 --ds-config " + cfg +
+                           " --json --profile " + h100;
+  auto iteration = [](const Run& x) {
+    REQUIRE(x.status == 0);
+    return nlohmann::json::parse(x.out)["results"][0]["time"]["iteration_ms"].get<double>();
+  };
+  auto step = [](const Run& x) { return nlohmann::json::parse(x.out)["results"][0]["time"]["step_ms"].get<double>(); };
+  const Run at = run(base);
+  const Run same = run(base + " --host-probe-us 5.3839");  // the profile's own probe (5.38 us): nothing moves
+  const Run slow = run(base + " --host-probe-us 10.77");  // a host twice as slow
+  CHECK(iteration(same) == doctest::Approx(iteration(at)).epsilon(0.001));
+  CHECK(iteration(slow) > 1.2 * iteration(at));  // BERT-base at stage 0 is host-bound
+  // The step's host work (FP16_Optimizer's loops with a read back per tensor) doubles with it.
+  CHECK(step(slow) > 1.6 * step(at));
+  bad(base + " --host-probe-us 0", "--host-probe-us");
+  bad(base + " --host-probe-us -3", "(0, 10000]");
+  bad(base + " --host-probe-us nan", "--host-probe-us");
+  // The built-in preset's costs say no probe: nothing to scale from.
+  bad("simulate --model gpt2 --cluster 1xH200-141GB --micro-batch 8 --seq-len 1024 --host-probe-us 5", "no probe");
+  bad("plan --model gpt2 --cluster 1xH200-141GB --host-probe-us 5", "no probe");
+  // plan takes it too: the same profile, a host twice as slow, a slower best candidate.
+  auto best_ms = [](const Run& x) {
+    REQUIRE(x.status == 0);
+    return nlohmann::json::parse(x.out)["best"]["time"]["iteration_ms"].get<double>();
+  };
+  const std::string plan = "plan --model bert-base-uncased --cluster 1xH100-80GB --seq-len 128 --global-batch 64 --json "
+                           "--ds-config " + cfg + " --profile " + h100;
+  CHECK(best_ms(run(plan + " --host-probe-us 10.77")) > 1.1 * best_ms(run(plan)));
 }
 
 TEST_CASE("calibrate --list-params") {

@@ -301,6 +301,43 @@ TEST_CASE("recorded DeepSpeed runs: every run's phases, GPU busy times and step-
   CHECK(fp32_llama);
 }
 
+// The host probe each run was timed at: the median over its time-only rounds of each round's mean
+// of [before, after]; none where a round has none.
+TEST_CASE("recorded runs: the host probe of their rounds") {
+  const std::string path = kData + "deepspeed/h100_deepspeed_0.19.8.json";
+  const Dataset d = read_deepspeed_runs(path, sim::single_node("H100-80GB", 1));
+  std::ifstream in(path);
+  const auto doc = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const auto& e : doc.at("runs")) {
+    std::vector<double> means;
+    for (const auto& round : e.at("timing").at("rounds_s")) {
+      const auto& p = round.at("host_probe_us");
+      means.push_back(0.5 * (p[0].get<double>() + p[1].get<double>()));
+    }
+    std::sort(means.begin(), means.end());
+    const std::size_t n = means.size();
+    const double median = n % 2 ? means[n / 2] : 0.5 * (means[n / 2 - 1] + means[n / 2]);
+    for (const auto& r : d.runs)
+      if (r.name == e.at("name").get<std::string>()) {
+        CAPTURE(r.name);
+        CHECK(r.host_probe_us == doctest::Approx(median));
+        CHECK(r.host_probe_us > 4);
+        CHECK(r.host_probe_us < 8);
+        ++checked;
+      }
+  }
+  CHECK(checked == 41);
+  // The H200 file's rounds recorded none.
+  for (const auto& r : read_deepspeed_runs(kData + "deepspeed/h200_deepspeed_0.19.8.json", sim::single_node("H200-141GB", 1)).runs)
+    CHECK(r.host_probe_us == 0);
+  const std::string bad = tmp("probe.json", R"({"runs": [{"name": "x", "model": "gpt2", "seq_len": 128,
+    "ds_config": {"train_micro_batch_size_per_gpu": 2}, "phases_s": {"forward": 0.01, "backward": 0.02, "step": 0.01},
+    "timing": {"rounds_s": [{"host_probe_us": [5.0, -1]}]}}]})");
+  CHECK_THROWS_WITH_AS(read_deepspeed_runs(bad, sim::single_node("H200-141GB", 1)),
+                       doctest::Contains("runs[0].timing.rounds_s[0].host_probe_us[1]: must be a host probe"), InputError);
+}
+
 TEST_CASE("recorded runs: bad entries are named") {
   const std::string bad = tmp("runs.json", R"({"runs": [{"name": "x", "model": "gpt2", "seq_len": 128,
     "ds_config": {"train_micro_batch_size_per_gpu": 2}, "phases_s": {"forward": 0.01, "backward": -0.02, "step": 0.01}}]})");

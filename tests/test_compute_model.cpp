@@ -839,3 +839,51 @@ TEST_CASE("fp32_gemm_half_dim: fp32 GEMMs and attention on the fp32 cores' curve
   CHECK(j["fp32_gemm_half_dim"] == 96);
   CHECK(zp::sim::profile_from_json("back", "", j).fp32_gemm_half_dim == 96);
 }
+
+// A host's DeepSpeed costs: one factor (host.scale) for a host that runs the same Python faster
+// or slower, and the probe they were measured at (host.probe_us), from which a prediction for a
+// host whose probe is known scales them.
+TEST_CASE("host costs: host.scale and the host probe") {
+  zp::sim::HostCosts h = zp::sim::default_host_costs();
+  REQUIRE(h.scale == 1);
+  REQUIRE(h.probe_us == 0);
+  zp::zero::Event e;
+  e.kind = zp::zero::EventKind::host;
+  e.phase = Phase::forward;
+  e.host.ops = 10;
+  e.host.module_visits = 2;
+  const double t = zp::sim::host_cost(h, e).v;
+  CHECK(t == doctest::Approx(10 * h.forward_op.v + 2 * h.stage3_module_forward.v));
+  const zp::sim::HostCosts half = zp::sim::scaled_host_costs(h, 0.5);
+  CHECK(half.scale == 0.5);
+  CHECK(half.forward_op.v == h.forward_op.v);  // the costs as listed; the scale multiplies them
+  CHECK(zp::sim::host_cost(half, e).v == doctest::Approx(0.5 * t));
+  e.host = {};
+  e.host.step = zp::zero::HostStep::zero_optimizer;
+  e.host.tensors = 148;
+  CHECK(zp::sim::host_cost(half, e).v == doctest::Approx(0.5 * (h.zero_optimizer.base.v + 148 * h.zero_optimizer.per_tensor.v)));
+  // Without a probe on either side nothing moves; with both, the ratio scales.
+  CHECK(zp::sim::host_costs_at_probe(h, 7.0) == h);
+  h.probe_us = 5.0;
+  CHECK(zp::sim::host_costs_at_probe(h, 0) == h);
+  const zp::sim::HostCosts slow = zp::sim::host_costs_at_probe(h, 7.5);
+  CHECK(slow.scale == doctest::Approx(1.5));
+  CHECK(slow.probe_us == doctest::Approx(7.5));
+  CHECK(zp::sim::host_cost(slow, e).v == doctest::Approx(1.5 * zp::sim::host_cost(h, e).v));
+  CHECK_THROWS_AS(zp::sim::scaled_host_costs(h, 0), std::logic_error);
+  // Read and written back; a scale of 0 or below is refused with its key.
+  DeviceProfile p = profile_of("H100-80GB");
+  p.host = slow;
+  const auto j = zp::sim::profile_to_json(p);
+  CHECK(j["host"]["scale"] == doctest::Approx(1.5));
+  CHECK(j["host"]["probe_us"] == doctest::Approx(7.5));
+  const DeviceProfile back = zp::sim::profile_from_json("back", "", j);
+  CHECK(back.host.scale == doctest::Approx(1.5));
+  CHECK(back.host.probe_us == doctest::Approx(7.5));
+  auto bad = j;
+  bad["host"]["scale"] = 0;
+  CHECK_THROWS_WITH_AS(zp::sim::profile_from_json("p.json", "", bad), doctest::Contains("host.scale"), zp::InputError);
+  bad["host"]["scale"] = 1;
+  bad["host"]["probe_us"] = -1;
+  CHECK_THROWS_WITH_AS(zp::sim::profile_from_json("p.json", "", bad), doctest::Contains("host.probe_us"), zp::InputError);
+}

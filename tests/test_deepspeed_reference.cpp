@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,8 @@ std::string model_of(const std::string& file) {
 // zeroplan's prediction of one recorded run, as a user would ask for it: its ds_config (written
 // under `dir`), model, sequence and attention, on one GPU (`one`, the H200 unless named), or for
 // its rank of an H200 node of its world size.
-zp::cli::StageResult predict(const json& run, const fs::path& dir, const std::string& one = "1xH200-141GB") {
+zp::cli::StageResult predict(const json& run, const fs::path& dir, const std::string& one = "1xH200-141GB",
+                             const std::string& profile = "") {
   const fs::path cfg = dir / (run.at("name").get<std::string>() + ".json");
   std::ofstream(cfg) << run.at("ds_config").dump();
   zp::cli::SimRequest req;
@@ -69,6 +71,7 @@ zp::cli::StageResult predict(const json& run, const fs::path& dir, const std::st
   req.seq_len = run.at("seq_len").get<std::int64_t>();
   req.attention = run.at("attention");
   req.keep_output = run.value("keep_output", false);  // the caller held the model output (--keep-output)
+  req.profile = profile;
   auto results = zp::cli::simulate(zp::cli::load_inputs(req), req);
   fs::remove(cfg);
   REQUIRE(results.size() == 1);
@@ -309,4 +312,66 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H
   CHECK(gpu_err[0] / full <= 0.08);
   CHECK(gpu_err[1] / full <= 0.095);
   CHECK(gpu_err[2] / full <= 0.08);
+}
+
+// The H100 machine's times with its calibrated profile (calibration/profiles/h100-80gb_deepspeed-0.19.8.json:
+// one factor on the H200 machines' host costs, host.scale, fitted by `zeroplan calibrate --fit
+// host.scale` on the GPT-2 and BERT-large runs): every run, and each model's stages in the order
+// DeepSpeed ran them. On that host stages 1 and 2 ran faster than stage 0 for every model (stage 0's
+// FP16_Optimizer reads a flag back per tensor), the order the H200 machines' slower host reversed.
+TEST_CASE("DeepSpeed 0.19.8 on an H100: times with the machine's calibrated host, and the stages' order") {
+  const json ref = reference("h100_deepspeed_0.19.8.json");
+  const std::string profile = kRoot + "/calibration/profiles/h100-80gb_deepspeed-0.19.8.json";
+  const fs::path dir = fs::temp_directory_path() / fmt::format("zp_dsref100t_{}", static_cast<long>(::getpid()));
+  fs::create_directories(dir);
+  std::array<double, 4> sum{}, held{};  // forward, backward, step, iteration; all runs and held-out ones
+  int n = 0, n_held = 0;
+  std::map<std::string, std::vector<std::array<double, 3>>> groups;  // model-dtype-attention → (stage, measured, predicted)
+  for (const auto& run : ref.at("runs")) {
+    const std::string name = run.at("name");
+    CAPTURE(name);
+    const auto r = predict(run, dir, "1xH100-80GB", profile);
+    const auto& t = r.time.report.phases;
+    const auto& ph = run.at("phases_s");
+    const std::array<double, 4> e = {rel(t.forward.v, ph.at("forward").get<double>()), rel(t.backward.v, ph.at("backward").get<double>()),
+                                     rel(t.step.v, ph.at("step").get<double>()), rel(t.iteration.v, run.at("iteration_s").get<double>())};
+    const bool fitted = name.rfind("gpt2-", 0) == 0 || name.rfind("bertl-", 0) == 0;
+    for (std::size_t k = 0; k < 4; ++k) {
+      sum[k] += std::fabs(e[k]);
+      if (!fitted) held[k] += std::fabs(e[k]);
+    }
+    ++n;
+    n_held += fitted ? 0 : 1;
+    CHECK(std::fabs(e[3]) <= 0.15);  // every iteration (worst today: the Llama's stage 3, -12.3%)
+    // The runs named <model>-<dtype>-<attention>-s<stage> with nothing after the stage.
+    const auto dash = name.rfind("-s");
+    if (dash != std::string::npos && dash + 3 == name.size())
+      groups[name.substr(0, dash)].push_back({run.at("stage").get<double>(), run.at("iteration_s").get<double>(), t.iteration.v});
+  }
+  fs::remove_all(dir);
+  REQUIRE(n == 41);
+  REQUIRE(n_held == 14);
+  MESSAGE(fmt::format("H100 with host.scale, mean |error| forward / backward / step / iteration: all {:.1f} / {:.1f} / {:.1f} / "
+                      "{:.1f}%, held out {:.1f} / {:.1f} / {:.1f} / {:.1f}%",
+                      100 * sum[0] / n, 100 * sum[1] / n, 100 * sum[2] / n, 100 * sum[3] / n, 100 * held[0] / n_held,
+                      100 * held[1] / n_held, 100 * held[2] / n_held, 100 * held[3] / n_held));
+  for (std::size_t k = 0; k < 4; ++k) {
+    CHECK(sum[k] / n <= 0.10);  // the issue's 10% per phase, on average
+    CHECK(held[k] / n_held <= 0.10);
+  }
+  // Every pair of a model's stages DeepSpeed ran more than 5% apart is predicted in that order (at one
+  // GPU stages 1 and 2 do the same work and are predicted alike; their measured 1-4% is the host's).
+  int pairs = 0;
+  for (const auto& [group, v] : groups) {
+    CAPTURE(group);
+    for (const auto& a : v)
+      for (const auto& b : v) {
+        if (b[1] <= 1.05 * a[1]) continue;
+        ++pairs;
+        CAPTURE(a[0]);
+        CAPTURE(b[0]);
+        CHECK(a[2] < b[2]);
+      }
+  }
+  CHECK(pairs >= 20);
 }
