@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/json_util.hpp"
 #include "models/model_config.hpp"
+#include "sim/compute_model.hpp"
 
 namespace zp::calibration {
 
@@ -52,12 +53,6 @@ std::optional<int> as_int(const std::string& s) {
   return static_cast<int>(v);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Relative standard deviation of the values (0 for fewer than two).
 double spread(const std::vector<double>& v) {
   if (v.size() < 2) return 0;
@@ -69,6 +64,18 @@ double spread(const std::vector<double>& v) {
 
 }  // namespace
 
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void apply_module_dtype(Dataset& ds, zero::DsConfig& cfg, const models::ModelConfig& mc) {
+  if (std::string note = zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key); !note.empty())
+    if (std::find(ds.warnings.begin(), ds.warnings.end(), note) == ds.warnings.end()) ds.warnings.push_back(std::move(note));
+}
+
 std::string model_stem(const std::string& model) {
   const fs::path p(model);
   if (p.has_extension() && p.extension() == ".json") return p.stem().string();
@@ -77,34 +84,40 @@ std::string model_stem(const std::string& model) {
 
 // The host probe a recorded run's times were taken at (tools/deepspeed_reference.py: µs per eager
 // op, [before, after] its timed steps): the median over its time-only rounds of each round's
-// mean where its times come from rounds (timing.rounds_s), else its own; 0 where not recorded
-// (a round without one makes the run's 0: its times are not all at a known probe).
+// mean where its times come from rounds (timing.rounds_s, not empty), else its own; 0 where not
+// recorded (a round without one makes the run's 0: its times are not all at a known probe).
 static double recorded_probe(const std::string& path, const json::Reader& r, const nlohmann::json& e) {
   auto mean_of = [&](const json::Reader& pr, const nlohmann::json& v) {
-    if (!v.is_array() || v.empty())
-      throw InputError(path, pr.path, "must be an array of host probes in microseconds ([before, after])");
+    if (!v.is_array() || v.size() != 2)
+      throw InputError(path, pr.path, fmt::format("must be [before, after]: two host probes in microseconds, got {}",
+                                                  v.dump()));
     double sum = 0;
     for (std::size_t i = 0; i < v.size(); ++i) {
-      if (!v[i].is_number() || !(v[i].get<double>() > 0) || !std::isfinite(v[i].get<double>()) || v[i].get<double>() > 1e6)
+      if (!v[i].is_number() || !(v[i].get<double>() > 0) || v[i].get<double>() > sim::kMaxHostProbeUs)
         throw InputError(path, fmt::format("{}[{}]", pr.path, i),
-                         fmt::format("must be a host probe in microseconds in (0, 1e6], got {}", v[i].dump()));
+                         fmt::format("must be a host probe in microseconds in (0, {:g}], got {}", sim::kMaxHostProbeUs,
+                                     v[i].dump()));
       sum += v[i].get<double>();
     }
-    return sum / static_cast<double>(v.size());
+    return sum / 2;
   };
-  if (auto t = e.find("timing"); t != e.end() && t->is_object() && t->contains("rounds_s") && t->at("rounds_s").is_array()) {
-    const json::Reader tr = r.sub("timing").sub("rounds_s");
-    std::vector<double> probes;
-    const auto& rounds = t->at("rounds_s");
-    for (std::size_t i = 0; i < rounds.size(); ++i) {
-      if (!rounds[i].is_object() || !rounds[i].contains("host_probe_us")) return 0;
-      const json::Reader ri{tr.file, fmt::format("{}[{}]", tr.path, i)};
-      probes.push_back(mean_of(ri.sub("host_probe_us"), rounds[i].at("host_probe_us")));
+  if (auto t = e.find("timing"); t != e.end()) {
+    const json::Reader tr = r.sub("timing");
+    if (!t->is_object()) throw InputError(path, tr.path, "must be a JSON object (tools/deepspeed_compare.py --timing)");
+    if (auto rs = t->find("rounds_s"); rs != t->end()) {
+      const json::Reader rr = tr.sub("rounds_s");
+      if (!rs->is_array()) throw InputError(path, rr.path, "must be an array of the time-only rounds");
+      if (!rs->empty()) {
+        std::vector<double> probes;
+        for (std::size_t i = 0; i < rs->size(); ++i) {
+          const json::Reader ri{rr.file, fmt::format("{}[{}]", rr.path, i)};
+          if (!(*rs)[i].is_object()) throw InputError(path, ri.path, "must be a JSON object (one time-only round)");
+          if (!(*rs)[i].contains("host_probe_us")) return 0;
+          probes.push_back(mean_of(ri.sub("host_probe_us"), (*rs)[i].at("host_probe_us")));
+        }
+        return median(std::move(probes));
+      }
     }
-    if (probes.empty()) return 0;
-    std::sort(probes.begin(), probes.end());
-    const std::size_t n = probes.size();
-    return n % 2 ? probes[n / 2] : 0.5 * (probes[n / 2 - 1] + probes[n / 2]);
   }
   if (auto h = e.find("host_probe_us"); h != e.end()) return mean_of(r.sub("host_probe_us"), *h);
   return 0;
@@ -283,8 +296,7 @@ Dataset read_deepspeed_log(const std::string& log_path, const RunArgs& args, con
     throw InputError("--ds-config", "", fmt::format("a DeepSpeed log ({}) needs the ds_config it ran with (--ds-config)", log_path));
   const models::ModelConfig mc = models::load_model(args.model);
   zero::DsConfig cfg = zero::load_ds_config(args.ds_config);
-  if (auto note = zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key); !note.empty())
-    ds.warnings.push_back(std::move(note));
+  apply_module_dtype(ds, cfg, mc);
   if (args.micro_batch) {
     cfg.train_micro_batch_size_per_gpu = *args.micro_batch;
     if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
@@ -433,7 +445,7 @@ Dataset read_deepspeed_runs(const std::string& path, const sim::ClusterSpec& clu
       throw InputError(path, r.key_path("stage"), fmt::format("differs from the ds_config's {}", cfg.zero.stage));
     const models::ModelConfig mc = models::load_model(model);
     // A run without fp16/bf16 trains in the dtype transformers built the model in.
-    (void)zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key);
+    apply_module_dtype(ds, cfg, mc);
     const std::string att_name = r.get_string(e, "attention", "");
     const models::Attention att =
         att_name.empty() ? models::choose_attention(mc, "").attention : models::parse_attention(path, r.key_path("attention"), att_name);

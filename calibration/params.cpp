@@ -292,7 +292,8 @@ std::vector<ParamDef> build_registry() {
     // Not in the host group's default set (it and the costs it multiplies cannot be told apart).
     ParamDef d = scalar("host.scale", ParamGroup::host, "",
                         "a factor on every host cost (a host that runs DeepSpeed's Python faster or slower)",
-                        "wall-clock phases of runs whose host bounds them, any model and stage", 0.01, 100, false,
+                        "wall-clock phases of runs whose host bounds them, any model and stage", sim::kMinHostScale,
+                        sim::kMaxHostScale, false,
                         [](const ModelParams& m) { return m.device.host.scale; },
                         [](ModelParams& m, double v) { m.device.host.scale = v; });
     r.push_back(std::move(d));
@@ -349,6 +350,11 @@ std::vector<ParamDef> build_registry() {
         if (algo == 2 && (level == CC::inter || proto != 2)) continue;
         for (bool bw : {true, false}) r.push_back(collective_factor(bw, level, algo, proto));
       }
+  // host.scale multiplies every host cost: fitted with any of them, the two cannot be told apart.
+  for (auto& d : r)
+    if (d.name == "host.scale")
+      for (const auto& o : r)
+        if (o.group == ParamGroup::host && o.name != d.name) d.fields.push_back(o.name);
   for (auto& d : r) {
     if (d.name == "compute.gemm_half_dim" || d.name == "compute.fp32_gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
         d.name == "compute.kernel_launch_us" || d.name == "compute.copy_launch_us" || d.name == "compute.copy_piece_us" || d.name == "compute.host_launch_us" ||
@@ -402,8 +408,9 @@ std::vector<const ParamDef*> parse_fit_spec(const std::string& spec) {
     if (tok.empty()) continue;
     any = true;
     if (tok == "all") {
+      // host.scale multiplies the host costs "all" fits one by one: asked for by name only.
       for (const auto& d : param_registry())
-        if (d.group != ParamGroup::collective || d.coarse) add(&d);
+        if ((d.group != ParamGroup::collective || d.coarse) && d.name != "host.scale") add(&d);
     } else if (tok == "compute" || tok == "host" || tok == "collective") {
       for (const auto& d : param_registry())
         if (d.coarse && param_group_name(d.group) == tok) add(&d);
@@ -431,7 +438,7 @@ std::vector<const ParamDef*> parse_fit_spec(const std::string& spec) {
       if (!fresh)
         throw InputError("--fit", "",
                          fmt::format("{} and {} change the same coefficient; fit one of them (the finer one splits the "
-                                     "coarser by algorithm or protocol)",
+                                     "coarser: by algorithm or protocol, or host.scale's costs one by one)",
                                      it->second, d->name));
     }
   return out;

@@ -88,6 +88,12 @@ std::string model_stem(const std::string& model);
 // stage, dtype, attention, micro_batch, gas, world_size, overlap_comm, seq_len).
 RunConfig make_run(const std::string& name, const std::string& source, const std::string& model,
                    const zero::DsConfig& cfg, std::int64_t seq_len, models::Attention att, int world, bool ckpt);
+// The median of the values (NaN for none).
+double median(std::vector<double> v);
+// A ds_config enabling neither fp16 nor bf16 trains the model in the dtype its config.json names
+// (zero::apply_module_dtype): applied to `cfg`; the note saying so, when there is one, joins the
+// dataset's warnings.
+void apply_module_dtype(Dataset& ds, zero::DsConfig& cfg, const models::ModelConfig& mc);
 // One phase observation of run `run` of `ds`, tagged with the run's tags.
 void add_phase(Dataset& ds, int run, PhaseName ph, Quantity q, double seconds, double rel_spread, int repeats,
                bool fit, const std::string& source, const std::string& src_tag);

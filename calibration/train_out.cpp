@@ -60,7 +60,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
                                          : zero::load_ds_config(ds_path);
   if (ds_path.empty()) cfg.train_micro_batch_size_per_gpu = 1;
   // As `zeroplan train` ran it: without fp16/bf16, in the dtype the model config names.
-  (void)zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key);
+  const std::string dtype_note = zero::apply_module_dtype(cfg, mc.torch_dtype, mc.source, mc.torch_dtype_key);
   const std::int64_t micro = args.micro_batch.value_or(cr.get_int(c, "micro_batch", 1, 1, 1 << 24));
   cfg.train_micro_batch_size_per_gpu = micro;
   if (cfg.train_batch_size) cfg.gradient_accumulation_steps.reset();
@@ -128,6 +128,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
                                    evs.size(), prog.events.size() - first));
   }
   Dataset ds;
+  if (!dtype_note.empty()) ds.warnings.push_back(dtype_note);
   ds.files.push_back(path);
   const std::string backend = cr.get_string(c, "backend", "");
   // The driver's figures of a GPU this rank had to itself (sharing ranks' are the GPU's).

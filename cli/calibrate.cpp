@@ -215,7 +215,7 @@ std::string params_table() {
   std::string t = fmt::format("{:<44} {:<5} {:>10} {:>10}  {}\n", "parameter", "unit", "min", "max", "what (determined by)");
   for (const auto& d : param_registry())
     t += fmt::format("{:<44} {:<5} {:>10.3g} {:>10.3g}  {}{} ({})\n", d.name, d.unit, d.lo, d.hi, d.what,
-                     d.coarse ? "" : " [detail]", d.determined_by);
+                     d.coarse ? "" : d.name == "host.scale" ? " [by name only]" : " [detail]", d.determined_by);
   t += "groups for --fit: compute, host, collective (the coarse factors), collective-detail (per algorithm and protocol), all\n";
   return t;
 }
@@ -312,23 +312,6 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   }
 
   select_fitted(data, req.fit_where);
-  // Runs recorded with a host probe are predicted at their probe: the host costs fitted are those
-  // at the start profile's probe, or, where it has none, at the median of the runs' (which the
-  // written profile then carries, for simulate --host-probe-us).
-  std::string probe_note;
-  if (start.device.host.probe_us <= 0) {
-    std::vector<double> probes;
-    for (const auto& r : data.runs)
-      if (r.host_probe_us > 0) probes.push_back(r.host_probe_us);
-    if (!probes.empty()) {
-      std::sort(probes.begin(), probes.end());
-      const std::size_t n = probes.size();
-      start.device.host.probe_us = n % 2 ? probes[n / 2] : 0.5 * (probes[n / 2 - 1] + probes[n / 2]);
-      probe_note = fmt::format("{} of {} runs recorded the host probe ({:.2f}-{:.2f} us per eager op): each is predicted "
-                               "at its own, the host costs at their median, {:.2f} us (the profile's host.probe_us)",
-                               n, data.runs.size(), probes.front(), probes.back(), start.device.host.probe_us);
-    }
-  }
   const Predictor predictor(data, cluster);
 
   // Wall-clock phases depend on the host's work; when this simulator does not run host costs,
@@ -362,6 +345,34 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   }
   FitOptions fo;
   fo.candidates = req.fit.empty() ? default_fit_set(kernels, colls, phases, multi) : explicit_params;
+  // Runs recorded with a host probe are predicted at their probe (the host costs times it over the
+  // profile's host.probe_us). Where host costs are fitted, the fitted ones are at the starting
+  // profile's probe, or, where it has none, at the runs' median, which the written profile then
+  // carries (simulate --host-probe-us); fitted on runs without a probe, they are at none.
+  std::string probe_note;
+  if (std::any_of(fo.candidates.begin(), fo.candidates.end(), [](const ParamDef* d) { return d->group == ParamGroup::host; })) {
+    std::vector<double> probes;
+    for (const auto& r : data.runs)
+      if (r.host_probe_us > 0) probes.push_back(r.host_probe_us);
+    if (!probes.empty()) {
+      const auto [lo, hi] = std::minmax_element(probes.begin(), probes.end());
+      const double p_lo = *lo, p_hi = *hi;
+      const bool stamped = start.device.host.probe_us <= 0;
+      if (stamped) start.device.host.probe_us = median(probes);
+      probe_note = fmt::format("{} of {} runs recorded the host probe ({:.2f}-{:.2f} us per eager op): each is predicted "
+                               "at its own, the host costs at {} {:.2f} us (the profile's host.probe_us)",
+                               probes.size(), data.runs.size(), p_lo, p_hi, stamped ? "their median," : "the profile's",
+                               start.device.host.probe_us);
+      if (probes.size() < data.runs.size())
+        data.warnings.push_back(fmt::format("{} of {} runs recorded no host probe: they are predicted at the profile's",
+                                            data.runs.size() - probes.size(), data.runs.size()));
+    } else if (start.device.host.probe_us > 0) {
+      probe_note = fmt::format("the runs recorded no host probe: the host costs fitted to them are at an unknown one, so "
+                               "the profile's host.probe_us ({:.2f} us) is not carried over",
+                               start.device.host.probe_us);
+      start.device.host.probe_us = 0;
+    }
+  }
   fo.threads = req.threads;
   const PredictFn predict = [&predictor](const ModelParams& m, const std::vector<char>& want, std::vector<double>& o) {
     predictor.predict(m, want, o);

@@ -138,17 +138,20 @@ Inputs load_inputs(const SimRequest& req) {
   in.profile.cpu_adam_params_per_second /= std::max(1, std::min(in.world_size, in.cluster.gpus_per_node));
   if (req.host_probe_us) {
     // The host's DeepSpeed costs follow its probe: scaled from the probe they were measured at.
-    if (!std::isfinite(*req.host_probe_us) || *req.host_probe_us <= 0 || *req.host_probe_us > 1e4)
+    if (!std::isfinite(*req.host_probe_us) || *req.host_probe_us <= 0 || *req.host_probe_us > sim::kMaxHostProbeUs)
       throw InputError("--host-probe-us", "",
-                       fmt::format("must be a number in (0, 10000] (microseconds per eager op, as "
+                       fmt::format("must be a number in (0, {:g}] (microseconds per eager op, as "
                                    "tools/host_probe.py measures it), got {}",
-                                   *req.host_probe_us));
+                                   sim::kMaxHostProbeUs, *req.host_probe_us));
     if (in.profile.host.probe_us <= 0)
       throw InputError("--host-probe-us", "",
                        fmt::format("the {} host costs say no probe they were measured at, so there is nothing to scale "
                                    "from (a profile from zeroplan calibrate on runs recorded with a host probe has one: "
                                    "--profile)",
                                    req.profile.empty() ? in.device->name + " preset's" : "profile's"));
+    in.host_probe_us = *req.host_probe_us;
+    in.profile_probe_us = in.profile.host.probe_us;
+    in.host_probe_scale = *req.host_probe_us / in.profile.host.probe_us;
     in.profile.host = sim::host_costs_at_probe(in.profile.host, *req.host_probe_us);
   }
   if (req.interference) {
@@ -480,6 +483,9 @@ nlohmann::json simulate_json(const Inputs& in, const std::vector<StageResult>& r
   }
   if (!in.profile_file.empty())
     j["profile"] = {{"file", in.profile_file}, {"iteration_rel_sd", in.profile_rel_sd}, {"basis", in.profile_basis}};
+  if (in.host_probe_us > 0)
+    j["host_probe"] = {{"probe_us", in.host_probe_us}, {"profile_probe_us", in.profile_probe_us},
+                       {"host_cost_factor", in.host_probe_scale}};
   if (!in.uncertainty_source.empty())
     j["uncertainty"] = {{"source", in.uncertainty_source}, {"iteration_rel_sd", in.profile_rel_sd}, {"basis", in.profile_basis}};
   return j;
@@ -562,8 +568,13 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
                        r.time.report.comm.total.mib());
   }
   out += fmt::format("times per optimizer step of {} micro-steps on {} ({}); bwd_ar_ms: backward time the compute "
-                     "stream spent not computing (exposed communication); comm_MB: bytes sent per rank\n",
+                     "stream spent not computing (exposed communication, or waiting for the host); comm_MB: bytes "
+                     "sent per rank\n",
                      first.batch.gas, in.cluster.name, in.profile.source.empty() ? "default profile" : "device profile");
+  if (in.host_probe_us > 0)
+    out += fmt::format("host costs x{:.2f}: this host's probe {:.2f} us per eager op against the profile's {:.2f} us "
+                       "(--host-probe-us)\n",
+                       in.host_probe_scale, in.host_probe_us, in.profile_probe_us);
   if (!in.uncertainty_source.empty()) {
     out += fmt::format("with {}: iteration times carry ±{:.1f}% (one standard deviation; {}):", in.uncertainty_source,
                        100 * in.profile_rel_sd, in.profile_basis);

@@ -81,6 +81,8 @@ struct Inputs {
   double profile_rel_sd = 0;     // the profile's (or the preset's, measured) iteration uncertainty
   std::string profile_basis;
   std::string uncertainty_source;  // "profile FILE" or "the <device> preset"; empty: none known
+  // --host-probe-us: this host's probe, the profile's, and the factor the host costs took (0: not given).
+  double host_probe_us = 0, profile_probe_us = 0, host_probe_scale = 0;
 };
 
 // `--executor cuda`: the device memory of `zeroplan train --device cuda` on this program

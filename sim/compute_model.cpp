@@ -124,8 +124,8 @@ HostCosts read_host_costs(const json::Reader& r, const json::json& h) {
     step("zero3_optimizer", c.zero3_optimizer);
     step("plain", c.plain);
   }
-  if (h.contains("probe_us")) c.probe_us = r.get_double(h, "probe_us", 0, 0, 1e6);
-  if (h.contains("scale")) c.scale = positive(r, h, "scale", 1e3);
+  if (h.contains("probe_us")) c.probe_us = r.get_double(h, "probe_us", 0, 0, kMaxHostProbeUs);
+  if (h.contains("scale")) c.scale = r.get_double(h, "scale", 1, kMinHostScale, kMaxHostScale);
   c.source = r.get_string(h, "source", c.source);
   return c;
 }
@@ -259,7 +259,7 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   const bool hopper = dev.arch == "hopper" || dev.arch == "blackwell";
   p.gemm_max_efficiency = cpu ? 0.6 : 0.86;
   p.gemm_half_dim = cpu ? 32 : (hopper ? 240 : 128);
-  if (hopper) p.fp32_gemm_half_dim = 96;  // the H100's (sim/profiles.json)
+  if (hopper) p.fp32_gemm_half_dim = 96;  // measured on Hopper (sim/profiles.json, H100), assumed for Blackwell
   p.gemm_unaligned_factor = cpu ? 1.0 : (hopper ? 0.2 : 0.3);
   p.elementwise_efficiency = cpu ? 0.5 : (hopper ? 0.62 : 0.8);
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
@@ -357,13 +357,12 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
       const double f = p.op_factor(static_cast<models::OpKind>(k), bwd);
       if (f != 1.0) ops[fmt::format("{}{}", models::op_kind_name(static_cast<models::OpKind>(k)), bwd ? ".backward" : "")] = f;
     }
-  return {{"device", p.device},
+  nlohmann::json j = {{"device", p.device},
           {"peak_tensor_tflops", p.peak_tensor_flops.v / kTera},
           {"peak_fp32_tflops", p.peak_fp32_flops.v / kTera},
           {"hbm_gbps", p.hbm_bandwidth.v / kGiga},
           {"gemm_max_efficiency", p.gemm_max_efficiency},
           {"gemm_half_dim", p.gemm_half_dim},
-          {"fp32_gemm_half_dim", p.fp32_half()},
           {"gemm_unaligned_factor", p.gemm_unaligned_factor},
           {"elementwise_efficiency", p.elementwise_efficiency},
           {"attention_efficiency", p.attention_efficiency},
@@ -401,6 +400,9 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
             {"scale", h.scale},
             {"source", h.source}}},
           {"source", p.source}};
+  // Written only where set: absent, the fp32 curve follows gemm_half_dim (a fit of it moves both).
+  if (p.fp32_gemm_half_dim >= 0) j["fp32_gemm_half_dim"] = p.fp32_gemm_half_dim;
+  return j;
 }
 
 DeviceProfile load_profile(const std::string& path) {

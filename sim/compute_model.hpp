@@ -61,6 +61,11 @@ struct HostCosts {
   bool operator==(const HostCosts&) const = default;
 };
 
+// The largest host probe (µs per eager op) read anywhere: a profile's, a recorded run's, --host-probe-us.
+constexpr double kMaxHostProbeUs = 1e4;
+// The range of host.scale (a profile's key, calibrate's parameter).
+constexpr double kMinHostScale = 0.01, kMaxHostScale = 100;
+
 // `h` with every cost `factor` (> 0) times as long (its scale times factor); probe_us follows (the
 // costs of a host whose probe is factor times h's).
 HostCosts scaled_host_costs(const HostCosts& h, double factor);

@@ -271,8 +271,40 @@ TEST_CASE("calibrate: a second machine (the recorded H100 runs): one host factor
       ++gpu;
       CHECK(s["fitted"].get<int>() == 18);
       CHECK(s["mape_fitted_before"].get<double>() < 12);
+      CHECK(s["held_out"].get<int>() == 3);  // the Llama's fp32 run among them: 21% now, hundreds of % in fp32
+      CHECK(s["mape_held_out_before"].get<double>() < 30);
     }
   CHECK(gpu == 1);
+  // The written profile carries the probe its host costs are at only where they were fitted on
+  // runs with one.
+  auto probe_of = [&](const std::string& args, const std::string& out) {
+    const Run c = run("calibrate " + args + " --out " + out);
+    REQUIRE(c.status == 0);
+    std::ifstream in(out);
+    return nlohmann::json::parse(in)["device_profile"]["host"]["probe_us"].get<double>();
+  };
+  const std::string fitted = tmp("h100_scale.json");
+  const double p = probe_of("--deepspeed-runs " + runs + " --cluster 1xH100-80GB --fit host.scale", fitted);
+  CHECK(p > 4.8);
+  CHECK(p < 6.0);
+  CHECK(probe_of("--deepspeed-runs " + runs + " --cluster 1xH100-80GB --fit compute.elementwise_efficiency",
+                 tmp("h100_compute.json")) == 0);  // the host costs were not fitted: the defaults', at no probe
+  CHECK(probe_of("--deepspeed-runs " + kRuns + " --profile " + fitted + " --fit host.scale", tmp("h200_from_h100.json")) ==
+        0);  // fitted again on runs without a probe: at none
+  // host.scale is asked for by name: not in "all", and not with the costs it multiplies.
+  bad("calibrate --deepspeed-runs " + runs + " --cluster 1xH100-80GB --fit host.scale,host.forward_op_us",
+      "host.scale and host.forward_op_us change the same coefficient");
+}
+
+// A ds_config with neither fp16 nor bf16 and a model whose config.json says bfloat16: DeepSpeed
+// trains it in bf16, and simulate says so.
+TEST_CASE("simulate: a bf16 model under an fp32 ds_config is said to train in bf16") {
+  const std::string cfg = tmp("fp32_s2.json");
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}})";
+  const Run r = run("simulate --model " + std::string(ZEROPLAN_SHARED_DIR) +
+                    "/tests/data/deepspeed/llama-300m.json --cluster 1xH200-141GB --seq-len 1024 --ds-config " + cfg);
+  REQUIRE(r.status == 0);
+  CHECK(r.err.find("does not cast the model, so it trains in bf16") != std::string::npos);  // a warning, on stderr
 }
 
 TEST_CASE("calibrate: a train --out file of the CPU executor") {
@@ -559,6 +591,11 @@ TEST_CASE("simulate --host-probe-us: the host costs scaled from the profile's pr
   const Run slow = run(base + " --host-probe-us 10.77");  // a host twice as slow
   CHECK(iteration(same) == doctest::Approx(iteration(at)).epsilon(0.001));
   CHECK(iteration(slow) > 1.2 * iteration(at));  // BERT-base at stage 0 is host-bound
+  const auto hp = nlohmann::json::parse(slow.out)["host_probe"];
+  CHECK(hp["probe_us"].get<double>() == 10.77);
+  CHECK(hp["host_cost_factor"].get<double>() == doctest::Approx(10.77 / hp["profile_probe_us"].get<double>()));
+  CHECK(hp["profile_probe_us"].get<double>() == doctest::Approx(5.38).epsilon(0.01));
+  CHECK_FALSE(nlohmann::json::parse(at.out).contains("host_probe"));
   // The step's host work (FP16_Optimizer's loops with a read back per tensor) doubles with it.
   CHECK(step(slow) > 1.6 * step(at));
   bad(base + " --host-probe-us 0", "--host-probe-us");

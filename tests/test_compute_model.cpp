@@ -805,8 +805,8 @@ TEST_CASE("fp32_gemm_half_dim: fp32 GEMMs and attention on the fp32 cores' curve
   DeviceProfile p = profile_of("H200-141GB");
   REQUIRE(p.fp32_half() == 96);  // sim/profiles.json: fitted to the fp32 GPT-2 kernels of an H100
   REQUIRE(p.gemm_half_dim == 240);
-  // GPT-2's attention output projection at micro-batch 4 (4096 x 768 x 768): 0.64 of the
-  // tensor-core curve's efficiency at the fp32 cores' half-point of 96, 0.47 at 240.
+  // GPT-2's attention output projection at micro-batch 4 (4096 x 768 x 768): 0.66 at the fp32
+  // cores' half-point of 96, 0.47 on the tensor-core curve (240).
   const double fp32 = zp::sim::gemm_efficiency(p, 4096, 768, 768, 1, true);
   const double tc = zp::sim::gemm_efficiency(p, 4096, 768, 768, 1, false);
   CHECK(fp32 == doctest::Approx(p.gemm_max_efficiency * (4096.0 / 4192) * (768.0 / 864) * (768.0 / 864)));
@@ -834,10 +834,15 @@ TEST_CASE("fp32_gemm_half_dim: fp32 GEMMs and attention on the fp32 cores' curve
   const ComputeModel tf32_own(p, g32), tf32_shared(q, g32);
   for (const auto& op : g32.ops)
     if (!op.gemms.empty()) CHECK(tf32_own.op_cost(op.id, Phase::forward).v == doctest::Approx(tf32_shared.op_cost(op.id, Phase::forward).v));
-  // Read and written back.
+  // Read and written back; absent, it stays absent (the fp32 curve keeps following gemm_half_dim).
   const auto j = zp::sim::profile_to_json(p);
   CHECK(j["fp32_gemm_half_dim"] == 96);
   CHECK(zp::sim::profile_from_json("back", "", j).fp32_gemm_half_dim == 96);
+  const auto jq = zp::sim::profile_to_json(q);
+  CHECK_FALSE(jq.contains("fp32_gemm_half_dim"));
+  DeviceProfile r = zp::sim::profile_from_json("back", "", jq);
+  r.gemm_half_dim = 500;
+  CHECK(r.fp32_half() == 500);
 }
 
 // A host's DeepSpeed costs: one factor (host.scale) for a host that runs the same Python faster

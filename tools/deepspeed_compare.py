@@ -314,9 +314,14 @@ def main():
         meta = dict(meta, timing=("phases: median of every timed step of every time-only round; iteration: "
                                   "median of the rounds (tools/deepspeed_reference.py --time-only --rounds)"),
                     timing_dates=sorted(x for x in dates if x))
-    clusters = cluster_of(meta)
-    if args.cluster:
-        clusters = (args.cluster, clusters[1])
+    if args.cluster:  # several-rank runs then need the node preset of the GPU the runs name
+        clusters = (args.cluster, "8xH200-141GB-NVSwitch")
+        try:
+            clusters = (args.cluster, cluster_of(meta)[1])
+        except SystemExit:
+            pass
+    else:
+        clusters = cluster_of(meta)
     print(f"predicted on {clusters[0]} (runs measured on {meta.get('versions', {}).get('gpu', '?')})")
     rows = []
     nan = float("nan")
