@@ -91,14 +91,14 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   const std::size_t first = static_cast<std::size_t>(std::max<zero::EventId>(prog.step_begin, 0));
   // The program event each measured one is, by name and in order. Events the program gained
   // after a file was written are allowed to be missing from it, in the step only: the ZeRO
-  // step's fixed host part apart from its loops, and the bf16 overflow check of stages 1/2
-  // (a run recorded before them did neither).
+  // step's fixed host part apart from its loops, and a bf16 run's overflow check (the lowering
+  // decides where there is one; a run recorded before them did neither).
   auto added_later = [&](std::size_t j) {
     const zero::Event& ev = prog.events[j];
     if (ev.micro_step >= 0) return false;
     if (ev.kind == zero::EventKind::host) return prog.event_name(static_cast<zero::EventId>(j)) == "step/host.optimizer_step.rest";
     return ev.kind == zero::EventKind::collective && ev.trigger == zero::Trigger::overflow_check &&
-           cfg.precision == zero::Precision::bf16 && cfg.zero.stage < 3;
+           cfg.precision == zero::Precision::bf16;
   };
   std::vector<zero::EventId> at(evs.size(), -1);
   std::vector<std::int32_t> unmeasured;

@@ -283,6 +283,32 @@ def print_device_busy(rows, runs):
         f"{k} {100 * sum(map(abs, v)) / len(v):.1f}% (worst {100 * max(map(abs, v)):.0f}%)" for k, v in errors.items()))
 
 
+def print_host_probe(runs):
+    """How the host-bound phase of each run (the step at stages 0-2, the forward at stage 3)
+    moved between its time-only rounds against the host probe recorded beside them
+    (docs/time_model.md): each later round's median over the first's, both for the phase and for
+    the probe (the mean of before and after)."""
+    pairs = []
+    for run in runs:
+        rounds = run.get("timing", {}).get("rounds_s", [])
+        if len(rounds) < 2 or any("host_probe_us" not in r for r in rounds):
+            continue
+        phase = "forward" if run["stage"] == 3 else "step"
+        t = [statistics.median(p[phase] for p in r["phases_all_s"]) for r in rounds]
+        h = [sum(r["host_probe_us"]) / len(r["host_probe_us"]) for r in rounds]
+        pairs += [(h[k] / h[0], t[k] / t[0]) for k in range(1, len(rounds))]
+    if len(pairs) < 3:
+        return
+    xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    if sxx <= 0 or syy <= 0:
+        return
+    print(f"\nhost probe between rounds ({len(pairs)} round pairs): the host-bound phase's ratio against the probe's, "
+          f"correlation {sxy / (sxx * syy) ** 0.5:.2f}, slope {sxy / sxx:.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", nargs="?")
@@ -386,6 +412,7 @@ def main():
               + ", ".join(f"{k} {v * 100:.1f}%" for k, v in beyond.items()))
     print_stage_ranking(rows)
     print_device_busy(rows, runs)
+    print_host_probe(runs)
     if args.json:  # no measurement (a run timed only) is null, not NaN (which JSON does not have)
         def finite(v):
             if isinstance(v, float) and v != v:
