@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <map>
+#include <set>
 #include <memory>
 #include <vector>
 
@@ -347,6 +348,12 @@ class GraphOpRunner final : public exec::Operands {
       param_[p] = alloc(numel * psz);
       if (backward) pgrad_[p] = alloc(numel * psz);
     }
+    // An input gradient the op's kernels can write whole is written, as its first writer in
+    // a training step writes it (exec::backward_assigns); the others are added into.
+    assigns_.clear();
+    for (std::size_t i = 0; i < op.inputs.size(); ++i)
+      if (exec::backward_assigns(g_, op, i) && std::count(op.inputs.begin(), op.inputs.end(), op.inputs[i]) == 1)
+        assigns_.insert(op.inputs[i]);
     auto call = [&] { backward ? dev_->backward(op, *this) : dev_->forward(op, *this); };
     call();  // warm-up (and the device's scratch grown to the op's size)
     std::vector<double> t;
@@ -378,6 +385,7 @@ class GraphOpRunner final : public exec::Operands {
     scratch_[slot].assign(static_cast<std::size_t>(n), 0.0f);
     return scratch_[slot].data();
   }
+  bool accumulates(models::TensorId t) override { return assigns_.count(t) == 0; }
   std::uint64_t dropout_seed() const override { return 1234; }
   float loss_grad() const override { return 1.0f; }
 
@@ -410,6 +418,7 @@ class GraphOpRunner final : public exec::Operands {
   std::unique_ptr<exec::Device> dev_;
   std::vector<void*> owned_;
   std::map<models::TensorId, void*> act_, grad_;
+  std::set<models::TensorId> assigns_;
   std::map<models::ParamId, void*> param_, pgrad_;
   std::vector<std::vector<float>> scratch_;
 };

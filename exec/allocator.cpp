@@ -70,7 +70,9 @@ void* TrackingAllocator::allocate(const zero::Buffer& b, int stream) {
         seg = segments_.emplace(where.segment, mem).first;
       }
       p = static_cast<std::byte*>(seg->second) + where.offset;
-      if (zero::starts_zeroed(b.role)) device_->fill(Ref{p, DType::u8, 0}, static_cast<std::int64_t>(size), 0.0f);
+      const bool deferred = defer_grads_ && b.role == zero::BufferRole::activation_grad;
+      if (zero::starts_zeroed(b.role) && !deferred)
+        device_->fill(Ref{p, DType::u8, 0}, static_cast<std::int64_t>(size), 0.0f);
     } else {
       p = device_ ? device_->allocate(size) : std::calloc(size, 1);
     }

@@ -5,10 +5,12 @@
 // allocations), and feeds device requests through the same caching-allocator model
 // (sim/caching_allocator) so reserved bytes are measured by the rules they are
 // predicted with. Memory is real. A device buffer that something accumulates into (a
-// gradient, a bucket, a partition, a backward temporary) starts at zero, as torch.zeros
-// would; a buffer its first writer fills whole (a forward output, a step temporary) is
-// left as the cache hands it over, as torch.empty would: zero-filling it would add a
-// memset to its event that PyTorch does not run (zero::starts_zeroed says which).
+// param's gradient, a bucket, a partition, a backward temporary) starts at zero, as
+// torch.zeros would; a buffer its first writer fills whole (a forward output, a step
+// temporary) is left as the cache hands it over, as torch.empty would: zero-filling it
+// would add a memset to its event that PyTorch does not run (zero::starts_zeroed says
+// which). A forward tensor's gradient is left as it is too where the interpreter asks
+// (defer_gradient_zeroing): its first writer writes it whole or zero-fills it.
 #include <array>
 #include <cstddef>
 #include <map>
@@ -52,6 +54,10 @@ class TrackingAllocator {
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
 
   void* allocate(const zero::Buffer& b, int stream);
+  // Gradients of forward tensors (BufferRole::activation_grad) handed over as the cache has
+  // them, not zero-filled: the interpreter zero-fills one only where its first writer adds
+  // into it rather than writing it whole (Interpreter::accumulates).
+  void defer_gradient_zeroing(bool on) { defer_grads_ = on; }
   void release(const zero::Buffer& b);
   void* data(zero::BufferId id) const { return ptr_[static_cast<std::size_t>(id)]; }
   bool live(zero::BufferId id) const { return ptr_[static_cast<std::size_t>(id)] != nullptr; }
@@ -78,6 +84,7 @@ class TrackingAllocator {
   void free_host(zero::BufferId id);
 
   Device* device_ = nullptr;
+  bool defer_grads_ = false;
   std::map<std::int64_t, void*> segments_;  // the model's segment → the device's memory
   std::vector<void*> ptr_;
   std::vector<std::optional<sim::CachingAllocatorModel::Handle>> handle_;

@@ -44,6 +44,14 @@ class Operands {
   virtual Ref grad_ref(models::TensorId t) const = 0;  // base nullptr: not bound
   virtual Ref param_ref(models::ParamId p) const = 0;
   virtual Ref param_grad_ref(models::ParamId p) const = 0;
+  // Whether the backward must add into the gradient of input tensor t (true), or may
+  // write it whole (false: nothing is in it yet, and the memory holds no zeros). Ask it
+  // before the first grad()/grad_ref() of t in the call: a fresh gradient asked for first
+  // is zero-filled then, and this returns true. Answering false is a promise that the
+  // call writes every element of t's gradient (the interpreter asks it only of the inputs
+  // backward_assigns names). The CPU device's memory and, under ZEROPLAN_POISON_FRESH=1,
+  // the CUDA device's hold NaN there, so a broken promise shows in every test.
+  virtual bool accumulates(models::TensorId t) = 0;
   // Per-call host working memory, `slot` 0..3, at least `n` floats (the CPU device's).
   virtual float* scratch(std::size_t slot, std::int64_t n) = 0;
   // The dropout stream of this micro-step (masks are a function of it and the op id).
@@ -51,6 +59,12 @@ class Operands {
   // d(loss)/d(loss) as backward starts: the loss scale over the GAS.
   virtual float loss_grad() const = 0;
 };
+
+// Whether a device's backward of `op` writes the gradient of input `i` whole when it is
+// fresh (Operands::accumulates false): the ops whose kernels write every element of that
+// gradient with an `accumulate` flag off, the same on every device. A gradient that is not
+// named here is zero-filled before its first writer adds into it.
+bool backward_assigns(const models::OpGraph& g, const models::Op& op, std::size_t i);
 
 // The sum of squares of some elements and whether one of them is not finite (DeepSpeed's
 // gradient norm and fp16 overflow check), gathered over several calls.

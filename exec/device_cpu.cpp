@@ -273,6 +273,9 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
   else if (out_main >= 0) dy = grad(out_main);
   if (!dy) return;  // nothing flows back through this op
   auto dx = [&](std::size_t i) { return i < op.inputs.size() ? grad(op.inputs[i]) : nullptr; };
+  // Whether input i's gradient is added into (else written whole: backward_assigns), asked
+  // before its first dx(i).
+  auto acc = [&](std::size_t i) { return ops.accumulates(op.inputs[i]); };
   auto x = [&](std::size_t i) { return act(op.inputs[i]); };
   auto pg = [&](std::size_t i) { return param_grad(op.params[i]); };
   const float alpha = static_cast<float>(op.alpha);
@@ -288,6 +291,7 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
     case Fn::conv1d:
     case Fn::linear_first_token: {
       const auto [conv, K, Nn] = linear_geometry(graph, op);
+      const bool ax = op.fn == Fn::linear_first_token || acc(0);
       float* db = op.params.size() > 1 ? pg(1) : nullptr;
       const float* xin = x(0);
       float* dxin = dx(0);
@@ -303,8 +307,13 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
         if (dxin) dsel = scratch(1, B * K);
       }
       float* dtarget = op.fn == Fn::linear_first_token ? dsel : dxin;
-      if (conv) cpu::conv1d_backward(dtarget, pg(0), db, dy, xin, param(op.params[0]), n / Nn, Nn, K, true);
-      else cpu::linear_backward(dtarget, pg(0), db, dy, xin, param(op.params[0]), n / Nn, Nn, K, true);
+      // The input's gradient, then the params' (they always add: GAS accumulates there).
+      auto gemms = [&](float* d, float* gw, float* gb, bool accumulate) {
+        if (conv) cpu::conv1d_backward(d, gw, gb, dy, xin, param(op.params[0]), n / Nn, Nn, K, accumulate);
+        else cpu::linear_backward(d, gw, gb, dy, xin, param(op.params[0]), n / Nn, Nn, K, accumulate);
+      };
+      if (dtarget) gemms(dtarget, nullptr, nullptr, ax);
+      gemms(nullptr, pg(0), db, true);
       if (dsel) cpu::select_token_backward(dxin, dsel, B, T, K, 0, true);
       break;
     }
@@ -350,14 +359,24 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       }
       break;
     }
-    case Fn::scale: if (dx(0)) cpu::scale_backward(dx(0), dy, n, alpha, true); break;
-    case Fn::add_scalar: if (dx(0)) cpu::add_scalar_backward(dx(0), dy, n, true); break;
+    case Fn::scale: {
+      const bool a = acc(0);
+      if (float* d = dx(0)) cpu::scale_backward(d, dy, n, alpha, a);
+      break;
+    }
+    case Fn::add_scalar: {
+      const bool a = acc(0);
+      if (float* d = dx(0)) cpu::add_scalar_backward(d, dy, n, a);
+      break;
+    }
     case Fn::add: {
       if (op.inputs.size() > 1 && numel(op.inputs[1]) != n) {
         const auto& s = shape(y);
         cpu::add_broadcast_backward(dx(0), dx(1), dy, {1, s[0], s[1], s[2]}, {1, 1, s[1], s[2]}, true);
       } else {
-        cpu::add_backward(dx(0), dx(1), dy, n, true);
+        const bool a0 = acc(0), a1 = op.inputs.size() > 1 ? acc(1) : a0;
+        cpu::add_backward(dx(0), nullptr, dy, n, a0);
+        if (op.inputs.size() > 1) cpu::add_backward(nullptr, dx(1), dy, n, a1);
       }
       break;
     }
@@ -377,46 +396,67 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       const std::int64_t c = shape(y).back();
       if (op.bwd_scratch.empty())
         throw std::logic_error(fmt::format("op {}: no temporary for its backward", op.name));
-      if (dx(0)) cpu::softmax_backward(dx(0), act(y), dy, act(op.bwd_scratch[0]), n / c, c, true);
+      const bool a = acc(0);
+      if (float* d = dx(0)) cpu::softmax_backward(d, act(y), dy, act(op.bwd_scratch[0]), n / c, c, a);
       break;
     }
-    case Fn::dropout:
-      if (dx(0))
-        cpu::dropout_backward(dx(0), reinterpret_cast<const std::uint8_t*>(act(op.outputs[1])), dy, n, alpha, true);
+    case Fn::dropout: {
+      const bool a = acc(0);
+      if (float* d = dx(0))
+        cpu::dropout_backward(d, reinterpret_cast<const std::uint8_t*>(act(op.outputs[1])), dy, n, alpha, a);
       break;
+    }
     case Fn::layernorm: {
       const std::int64_t C = shape(y).back();
-      cpu::layernorm_backward(dx(0), pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, x(0), act(op.outputs[1]),
-                              act(op.outputs[2]), param(op.params[0]), n / C, C, true);
+      const bool a = acc(0);
+      const float* mean = act(op.outputs[1]);
+      const float* rstd = act(op.outputs[2]);
+      if (float* d = dx(0))
+        cpu::layernorm_backward(d, nullptr, nullptr, dy, x(0), mean, rstd, param(op.params[0]), n / C, C, a);
+      cpu::layernorm_backward(nullptr, pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, x(0), mean, rstd,
+                              param(op.params[0]), n / C, C, true);
       break;
     }
-    case Fn::pow:
-      if (!dx(0)) break;
-      if (op.alpha == 2.0) cpu::pow2_backward(dx(0), x(0), dy, n, true);
-      else cpu::pow3_backward(dx(0), x(0), dy, n, true);
+    case Fn::pow: {
+      const bool a = acc(0);
+      float* d = dx(0);
+      if (!d) break;
+      if (op.alpha == 2.0) cpu::pow2_backward(d, x(0), dy, n, a);
+      else cpu::pow3_backward(d, x(0), dy, n, a);
       break;
+    }
     case Fn::rms_rsqrt: {
       const std::int64_t C = shape(op.inputs[0]).back();
-      if (dx(0)) cpu::rms_rsqrt_backward(dx(0), dy, act(y), n, C, true);
+      const bool a = acc(0);
+      if (float* d = dx(0)) cpu::rms_rsqrt_backward(d, dy, act(y), n, C, a);
       break;
     }
-    case Fn::mul: cpu::mul_backward(dx(0), dx(1), dy, x(0), x(1), n, true); break;
+    case Fn::mul: {
+      const bool a0 = acc(0), a1 = acc(1);
+      cpu::mul_backward(dx(0), nullptr, dy, x(0), x(1), n, a0);
+      cpu::mul_backward(nullptr, dx(1), dy, x(0), x(1), n, a1);
+      break;
+    }
     case Fn::mul_rowscale: {
       const std::int64_t C = shape(y).back();
-      cpu::mul_rowscale_backward(dx(0), dx(1), dy, x(0), x(1), n / C, C, true);
+      const bool a = acc(0);
+      cpu::mul_rowscale_backward(dx(0), nullptr, dy, x(0), x(1), n / C, C, a);
+      cpu::mul_rowscale_backward(nullptr, dx(1), dy, x(0), x(1), n / C, C, true);
       break;
     }
     case Fn::mul_weight: {
       const std::int64_t C = shape(y).back();
-      cpu::mul_weight_backward(dx(0), pg(0), dy, x(0), param(op.params[0]), n / C, C, true);
+      const bool a = acc(0);
+      cpu::mul_weight_backward(dx(0), nullptr, dy, x(0), param(op.params[0]), n / C, C, a);
+      cpu::mul_weight_backward(nullptr, pg(0), dy, x(0), param(op.params[0]), n / C, C, true);
       break;
     }
-    case Fn::gelu: if (dx(0)) cpu::gelu_backward(dx(0), x(0), dy, n, true); break;
-    case Fn::gelu_tanh: if (dx(0)) cpu::gelu_tanh_backward(dx(0), x(0), dy, n, true); break;
-    case Fn::silu: if (dx(0)) cpu::silu_backward(dx(0), x(0), dy, n, true); break;
-    case Fn::relu: if (dx(0)) cpu::relu_backward(dx(0), act(y), dy, n, true); break;
-    case Fn::tanh: if (dx(0)) cpu::tanh_backward(dx(0), act(y), dy, n, true); break;
-    case Fn::cast: if (dx(0)) cpu::copy_accumulate(dx(0), dy, n, true); break;
+    case Fn::gelu: { const bool a = acc(0); if (float* d = dx(0)) cpu::gelu_backward(d, x(0), dy, n, a); break; }
+    case Fn::gelu_tanh: { const bool a = acc(0); if (float* d = dx(0)) cpu::gelu_tanh_backward(d, x(0), dy, n, a); break; }
+    case Fn::silu: { const bool a = acc(0); if (float* d = dx(0)) cpu::silu_backward(d, x(0), dy, n, a); break; }
+    case Fn::relu: { const bool a = acc(0); if (float* d = dx(0)) cpu::relu_backward(d, act(y), dy, n, a); break; }
+    case Fn::tanh: { const bool a = acc(0); if (float* d = dx(0)) cpu::tanh_backward(d, act(y), dy, n, a); break; }
+    case Fn::cast: { const bool a = acc(0); if (float* d = dx(0)) cpu::copy_accumulate(d, dy, n, a); break; }
     case Fn::rope: {
       const auto& s = shape(y);
       if (!dx(0)) break;
@@ -427,7 +467,8 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
     }
     case Fn::merge_heads: {
       const auto& s = shape(op.inputs[0]);
-      if (dx(0)) cpu::merge_heads_backward(dx(0), dy, s[0], s[2], s[1], s[3], true);
+      const bool a = acc(0);
+      if (float* d = dx(0)) cpu::merge_heads_backward(d, dy, s[0], s[2], s[1], s[3], a);
       break;
     }
     case Fn::repeat_kv: {
@@ -449,16 +490,18 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       // program gives it, op.bwd_grads), log_softmax's reads it and writes the logits'.
       const std::int64_t V = shape(op.outputs[0]).back();
       const std::int64_t rows = numel(op.inputs[0]) / V;
+      const bool a = acc(0);
       float* glogp = grad(op.outputs[0]);
       if (!glogp) throw std::logic_error(fmt::format("op {}: no buffer for the gradient of its log-probabilities", op.name));
       cpu::nll_loss_backward(glogp, ids(op.inputs[1]), rows, V, dy[0]);
-      if (dx(0)) cpu::log_softmax_backward(dx(0), act(op.outputs[0]), glogp, rows, V, true);
+      if (float* d = dx(0)) cpu::log_softmax_backward(d, act(op.outputs[0]), glogp, rows, V, a);
       break;
     }
     case Fn::cross_entropy_fused: {  // from the saved logits and logsumexp, straight into the logits' gradient
       const std::int64_t V = shape(op.inputs[0]).back();
       const std::int64_t rows = numel(op.inputs[0]) / V;
-      if (dx(0)) cpu::cross_entropy_backward(dx(0), x(0), act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], true);
+      const bool a = acc(0);
+      if (float* d = dx(0)) cpu::cross_entropy_backward(d, x(0), act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], a);
       break;
     }
     case Fn::rope_tables:
@@ -485,11 +528,13 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       break;
     }
     case Fn::heads_copy: {
-      if (!dx(0)) break;
       const auto& ys = shape(y);
       const auto& xs = shape(op.inputs[0]);
-      if (xs.size() == 4) cpu::copy_accumulate(dx(0), dy, n, true);
-      else cpu::split_heads_backward(dx(0), dy, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], true);
+      const bool a = xs.size() != 4 || acc(0);
+      float* d = dx(0);
+      if (!d) break;
+      if (xs.size() == 4) cpu::copy_accumulate(d, dy, n, a);
+      else cpu::split_heads_backward(d, dy, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], true);
       break;
     }
     case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));

@@ -124,12 +124,14 @@ const void* as_dtype(const CudaOpEnv& env, const OpScratch& sc, const void* src,
 // casts a gradient to its input's dtype before accumulating it: in the same pass, with no
 // temporary (the cast of GPT-2's fp32 logits gradient to bf16 had taken a 16-bit copy of the
 // logits, 1.5 GiB at micro-batch 16, in the device's scratch).
-void accumulate(const CudaOpEnv& env, const Ref& dst, const void* src, DType src_dt, std::int64_t n) {
+void accumulate(const CudaOpEnv& env, const Ref& dst, const void* src, DType src_dt, std::int64_t n, bool add = true) {
   if (!dst) return;
   if (src_dt == dst.dt)
-    cuda::copy_accumulate(ptr(dst), src, n, true, dst.dt, env.stream);
-  else
+    cuda::copy_accumulate(ptr(dst), src, n, add, dst.dt, env.stream);
+  else if (add)
     cuda::convert_accumulate(ptr(dst), dst.dt, src, src_dt, n, env.stream);
+  else
+    cuda::convert(ptr(dst), dst.dt, src, src_dt, n, env.stream);
 }
 
 struct Dims {
@@ -527,6 +529,9 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
   if (!from_loss && !dy) return;  // nothing flows back through this op
   const void* const dyp = ptr(dy);
   auto dx = [&](std::size_t i) { return i < op.inputs.size() ? grad(op.inputs[i]) : Ref{}; };
+  // Whether input i's gradient is added into (else written whole: backward_assigns), asked
+  // before its first dx(i).
+  auto acc = [&](std::size_t i) { return o.accumulates(op.inputs[i]); };
   auto x = [&](std::size_t i) { return act(op.inputs[i]); };
   auto pg = [&](std::size_t i) { return o.param_grad_ref(op.params[i]); };
   const float alpha = static_cast<float>(op.alpha);
@@ -544,6 +549,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
     case Fn::conv1d:
     case Fn::linear_first_token: {
       const auto [conv, K, Nn] = linear_geometry(graph, op);
+      const bool ax = op.fn == Fn::linear_first_token || acc(0);
       const Ref w = param(op.params[0]);
       const Ref gw = pg(0);
       const Ref gb = op.params.size() > 1 ? pg(1) : Ref{};
@@ -555,7 +561,14 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
         else cuda::linear_backward(ctx, dxp, dwp, dbp, dyp, xp, ptr(w), M, Nn, K, accumulate, dt, stream);
       };
       if (op.fn != Fn::linear_first_token) {
-        gemms(ptr(gx), ptr(gw), ptr(gb), ptr(x(0)), true);
+        // The input's gradient (written whole where it is fresh), then the params' (added:
+        // GAS accumulates there). Separate products either way.
+        if (ax) {
+          gemms(ptr(gx), ptr(gw), ptr(gb), ptr(x(0)), true);
+        } else {
+          gemms(ptr(gx), nullptr, nullptr, ptr(x(0)), false);
+          gemms(nullptr, ptr(gw), ptr(gb), ptr(x(0)), true);
+        }
         break;
       }
       // Through the selected tokens: their gradient is written to scratch (not accumulated),
@@ -609,21 +622,30 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       give_back(1, t1, g1, d1);
       break;
     }
-    case Fn::scale:
-      if (dx(0)) cuda::scale_backward(ptr(dx(0)), dyp, n, alpha, true, dtype({dx(0), dy}), stream);
+    case Fn::scale: {
+      const bool a = acc(0);
+      if (dx(0)) cuda::scale_backward(ptr(dx(0)), dyp, n, alpha, a, dtype({dx(0), dy}), stream);
       break;
-    case Fn::add_scalar:
-      if (dx(0)) cuda::add_scalar_backward(ptr(dx(0)), dyp, n, true, dtype({dx(0), dy}), stream);
+    }
+    case Fn::add_scalar: {
+      const bool a = acc(0);
+      if (dx(0)) cuda::add_scalar_backward(ptr(dx(0)), dyp, n, a, dtype({dx(0), dy}), stream);
       break;
+    }
     case Fn::add: {
+      const bool broadcast = op.inputs.size() > 1 && numel(op.inputs[1]) != n;
+      const bool a0 = broadcast || acc(0), a1 = broadcast || op.inputs.size() < 2 || acc(1);
       if (!dx(0) && !dx(1)) break;
       const DType dt = dtype({dy, dx(0), dx(1)});
-      if (op.inputs.size() > 1 && numel(op.inputs[1]) != n) {
+      if (broadcast) {
         const auto& s = shape(y);
         cuda::add_broadcast_backward(ptr(dx(0)), ptr(dx(1)), dyp, {1, s[0], s[1], s[2]}, {1, 1, s[1], s[2]}, true, dt,
                                      stream);
+      } else if (a0 == a1 || !dx(0) || !dx(1)) {  // one pass over dy (a residual's two operands, both fresh)
+        cuda::add_backward(ptr(dx(0)), ptr(dx(1)), dyp, n, dx(0) ? a0 : a1, dt, stream);
       } else {
-        cuda::add_backward(ptr(dx(0)), ptr(dx(1)), dyp, n, true, dt, stream);
+        cuda::add_backward(ptr(dx(0)), nullptr, dyp, n, a0, dt, stream);
+        cuda::add_backward(nullptr, ptr(dx(1)), dyp, n, a1, dt, stream);
       }
       break;
     }
@@ -644,86 +666,134 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       // The program's temporary (op.bwd_scratch) is not needed: the kernel reduces dy * y
       // without materialising it. A 16-bit input of an fp32 softmax gets its gradient
       // rounded to its dtype.
+      const bool a = acc(0);
       const Ref gx = dx(0);
       if (!gx) break;
       const std::int64_t c = shape(y).back();
       const Ref yr = act(y);
       const DType dt = dtype({yr, dy});
       if (gx.dt == dt) {
-        cuda::softmax_backward(ptr(gx), ptr(yr), dyp, n / c, c, true, dt, stream);
+        cuda::softmax_backward(ptr(gx), ptr(yr), dyp, n / c, c, a, dt, stream);
       } else {
         void* t = part(op, carve(env, sc.temp), 0);
         cuda::softmax_backward(t, ptr(yr), dyp, n / c, c, false, dt, stream);
-        accumulate(env, gx, t, dt, n);
+        accumulate(env, gx, t, dt, n, a);
       }
       break;
     }
-    case Fn::dropout:
+    case Fn::dropout: {
+      const bool a = acc(0);
       if (dx(0))
-        cuda::dropout_backward(ptr(dx(0)), mask_of(op, act(op.outputs[1])), dyp, n, alpha, true, dtype({dx(0), dy}),
+        cuda::dropout_backward(ptr(dx(0)), mask_of(op, act(op.outputs[1])), dyp, n, alpha, a, dtype({dx(0), dy}),
                                stream);
       break;
+    }
     case Fn::layernorm: {
       const std::int64_t C = shape(y).back();
+      const bool a = acc(0);
       const Ref w = param(op.params[0]);
       const Ref gw = pg(0);
       const Ref gb = op.params.size() > 1 ? pg(1) : Ref{};
       const Ref gx = dx(0);
       if (!gx && !gw && !gb) break;
-      cuda::layernorm_backward(ctx, ptr(gx), ptr(gw), ptr(gb), dyp, ptr(x(0)), fp32_of(op, act(op.outputs[1])),
-                               fp32_of(op, act(op.outputs[2])), ptr(w), n / C, C, true,
-                               dtype({dy, x(0), w, gx, gw, gb}), stream);
+      const DType dt = dtype({dy, x(0), w, gx, gw, gb});
+      const float* mean = fp32_of(op, act(op.outputs[1]));
+      const float* rstd = fp32_of(op, act(op.outputs[2]));
+      // The input's gradient and the params' are separate kernels: each with its own flag.
+      if (gx)
+        cuda::layernorm_backward(ctx, ptr(gx), nullptr, nullptr, dyp, ptr(x(0)), mean, rstd, ptr(w), n / C, C, a, dt,
+                                 stream);
+      if (gw || gb)
+        cuda::layernorm_backward(ctx, nullptr, ptr(gw), ptr(gb), dyp, ptr(x(0)), mean, rstd, ptr(w), n / C, C, true,
+                                 dt, stream);
       break;
     }
     case Fn::pow: {
+      const bool a = acc(0);
       if (!dx(0)) break;
       const DType dt = dtype({dx(0), x(0), dy});
-      if (op.alpha == 2.0) cuda::pow2_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dt, stream);
-      else cuda::pow3_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dt, stream);
+      if (op.alpha == 2.0) cuda::pow2_backward(ptr(dx(0)), ptr(x(0)), dyp, n, a, dt, stream);
+      else cuda::pow3_backward(ptr(dx(0)), ptr(x(0)), dyp, n, a, dt, stream);
       break;
     }
     case Fn::rms_rsqrt: {
       const std::int64_t C = shape(op.inputs[0]).back();
+      const bool a = acc(0);
       if (dx(0))
-        cuda::rms_rsqrt_backward(ptr(dx(0)), dyp, ptr(act(y)), n, C, true, dtype({dx(0), dy, act(y)}), stream);
+        cuda::rms_rsqrt_backward(ptr(dx(0)), dyp, ptr(act(y)), n, C, a, dtype({dx(0), dy, act(y)}), stream);
       break;
     }
-    case Fn::mul:
-      if (dx(0) || dx(1))
-        cuda::mul_backward(ptr(dx(0)), ptr(dx(1)), dyp, ptr(x(0)), ptr(x(1)), n, true,
-                           dtype({dy, x(0), x(1), dx(0), dx(1)}), stream);
+    case Fn::mul: {
+      const bool a0 = acc(0), a1 = acc(1);
+      if (!dx(0) && !dx(1)) break;
+      const DType dt = dtype({dy, x(0), x(1), dx(0), dx(1)});
+      if (a0 == a1 || !dx(0) || !dx(1)) {
+        cuda::mul_backward(ptr(dx(0)), ptr(dx(1)), dyp, ptr(x(0)), ptr(x(1)), n, dx(0) ? a0 : a1, dt, stream);
+      } else {
+        cuda::mul_backward(ptr(dx(0)), nullptr, dyp, ptr(x(0)), ptr(x(1)), n, a0, dt, stream);
+        cuda::mul_backward(nullptr, ptr(dx(1)), dyp, ptr(x(0)), ptr(x(1)), n, a1, dt, stream);
+      }
       break;
+    }
     case Fn::mul_rowscale: {
       const std::int64_t C = shape(y).back();
-      if (dx(0) || dx(1))
-        cuda::mul_rowscale_backward(ptr(dx(0)), ptr(dx(1)), dyp, ptr(x(0)), ptr(x(1)), n / C, C, true,
-                                    dtype({dy, x(0), x(1), dx(0), dx(1)}), stream);
+      const bool a = acc(0);
+      if (!dx(0) && !dx(1)) break;
+      const DType dt = dtype({dy, x(0), x(1), dx(0), dx(1)});
+      if (a || !dx(0) || !dx(1)) {
+        cuda::mul_rowscale_backward(ptr(dx(0)), ptr(dx(1)), dyp, ptr(x(0)), ptr(x(1)), n / C, C, dx(0) ? a : true,
+                                    dt, stream);
+      } else {
+        cuda::mul_rowscale_backward(ptr(dx(0)), nullptr, dyp, ptr(x(0)), ptr(x(1)), n / C, C, false, dt, stream);
+        cuda::mul_rowscale_backward(nullptr, ptr(dx(1)), dyp, ptr(x(0)), ptr(x(1)), n / C, C, true, dt, stream);
+      }
       break;
     }
     case Fn::mul_weight: {
       const std::int64_t C = shape(y).back();
+      const bool a = acc(0);
       const Ref w = param(op.params[0]);
-      if (dx(0) || pg(0))
-        cuda::mul_weight_backward(ctx, ptr(dx(0)), ptr(pg(0)), dyp, ptr(x(0)), ptr(w), n / C, C, true,
-                                  dtype({dy, x(0), w, dx(0), pg(0)}), stream);
+      if (!dx(0) && !pg(0)) break;
+      const DType dt = dtype({dy, x(0), w, dx(0), pg(0)});
+      if (a || !dx(0) || !pg(0)) {
+        cuda::mul_weight_backward(ctx, ptr(dx(0)), ptr(pg(0)), dyp, ptr(x(0)), ptr(w), n / C, C, dx(0) ? a : true, dt,
+                                  stream);
+      } else {
+        cuda::mul_weight_backward(ctx, ptr(dx(0)), nullptr, dyp, ptr(x(0)), ptr(w), n / C, C, false, dt, stream);
+        cuda::mul_weight_backward(ctx, nullptr, ptr(pg(0)), dyp, ptr(x(0)), ptr(w), n / C, C, true, dt, stream);
+      }
       break;
     }
-    case Fn::gelu:
-      if (dx(0)) cuda::gelu_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dtype({dx(0), x(0), dy}), stream);
+    case Fn::gelu: {
+      const bool a = acc(0);
+      if (dx(0)) cuda::gelu_backward(ptr(dx(0)), ptr(x(0)), dyp, n, a, dtype({dx(0), x(0), dy}), stream);
       break;
-    case Fn::gelu_tanh:
-      if (dx(0)) cuda::gelu_tanh_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dtype({dx(0), x(0), dy}), stream);
+    }
+    case Fn::gelu_tanh: {
+      const bool a = acc(0);
+      if (dx(0)) cuda::gelu_tanh_backward(ptr(dx(0)), ptr(x(0)), dyp, n, a, dtype({dx(0), x(0), dy}), stream);
       break;
-    case Fn::silu:
-      if (dx(0)) cuda::silu_backward(ptr(dx(0)), ptr(x(0)), dyp, n, true, dtype({dx(0), x(0), dy}), stream);
+    }
+    case Fn::silu: {
+      const bool a = acc(0);
+      if (dx(0)) cuda::silu_backward(ptr(dx(0)), ptr(x(0)), dyp, n, a, dtype({dx(0), x(0), dy}), stream);
       break;
-    case Fn::relu:
-      if (dx(0)) cuda::relu_backward(ptr(dx(0)), ptr(act(y)), dyp, n, true, dtype({dx(0), act(y), dy}), stream);
+    }
+    case Fn::relu: {
+      const bool a = acc(0);
+      if (dx(0)) cuda::relu_backward(ptr(dx(0)), ptr(act(y)), dyp, n, a, dtype({dx(0), act(y), dy}), stream);
       break;
-    case Fn::tanh:
-      if (dx(0)) cuda::tanh_backward(ptr(dx(0)), ptr(act(y)), dyp, n, true, dtype({dx(0), act(y), dy}), stream);
+    }
+    case Fn::tanh: {
+      const bool a = acc(0);
+      if (dx(0)) cuda::tanh_backward(ptr(dx(0)), ptr(act(y)), dyp, n, a, dtype({dx(0), act(y), dy}), stream);
       break;
-    case Fn::cast: accumulate(env, dx(0), dyp, dy.dt, n); break;
+    }
+    case Fn::cast: {
+      const bool a = acc(0);
+      accumulate(env, dx(0), dyp, dy.dt, n, a);
+      break;
+    }
     case Fn::rope: {
       const auto& s = shape(y);
       const Ref gx = dx(0);
@@ -736,8 +806,9 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
     }
     case Fn::merge_heads: {
       const auto& s = shape(op.inputs[0]);
+      const bool a = acc(0);
       if (dx(0))
-        cuda::merge_heads_backward(ptr(dx(0)), dyp, s[0], s[2], s[1], s[3], true, dtype({dx(0), dy}), stream);
+        cuda::merge_heads_backward(ptr(dx(0)), dyp, s[0], s[2], s[1], s[3], a, dtype({dx(0), dy}), stream);
       break;
     }
     case Fn::repeat_kv: {
@@ -757,6 +828,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       break;
     }
     case Fn::cross_entropy_fused: {  // from the saved logits and logsumexp, straight into the logits' gradient
+      const bool a = acc(0);
       const Ref gx = dx(0);
       if (!gx) break;
       if (!from_loss) fail(op, "a fused cross entropy must produce the graph's loss");
@@ -764,12 +836,13 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const std::int64_t V = shape(op.inputs[0]).back();
       const std::int64_t rows = numel(op.inputs[0]) / V;
       cuda::cross_entropy_backward(ctx, ptr(gx), ptr(logits), static_cast<const float*>(ptr(act(op.outputs[0]))),
-                                   ids_of(op, x(1)), rows, V, o.loss_grad(), true, cuda::kIgnoreIndex,
+                                   ids_of(op, x(1)), rows, V, o.loss_grad(), a, cuda::kIgnoreIndex,
                                    dtype({logits, gx}), stream);
       break;
     }
     case Fn::cross_entropy: {
       // nll_loss's and log_softmax's backward fused: dlogits = dloss (exp(logp) - onehot) / count.
+      const bool a = acc(0);
       const Ref gx = dx(0);
       if (!gx) break;
       const std::int64_t V = shape(op.outputs[0]).back();
@@ -778,7 +851,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const DType dt = dtype({logp, gx});
       const std::int64_t* targets = ids_of(op, x(1));
       if (from_loss) {
-        cuda::log_softmax_nll_backward(ctx, ptr(gx), ptr(logp), targets, rows, V, o.loss_grad(), true,
+        cuda::log_softmax_nll_backward(ctx, ptr(gx), ptr(logp), targets, rows, V, o.loss_grad(), a,
                                        cuda::kIgnoreIndex, dt, stream);
         break;
       }
@@ -791,7 +864,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       cuda::log_softmax_nll_backward(ctx, g, ptr(logp), targets, rows, V, 1.0f, false, cuda::kIgnoreIndex, dt,
                                      stream);
       const void* dloss = as_dtype(env, sc, dyp, dy.dt, 1, dt);
-      cuda::mul_rowscale_backward(ptr(gx), nullptr, g, nullptr, dloss, 1, rows * V, true, dt, stream);
+      cuda::mul_rowscale_backward(ptr(gx), nullptr, g, nullptr, dloss, 1, rows * V, a, dt, stream);
       break;
     }
     case Fn::rope_tables:
@@ -800,12 +873,13 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
     case Fn::sdpa:
     case Fn::flash_attention: FusedAttention(env, op, o).backward(dy, sc); break;
     case Fn::heads_copy: {
-      const Ref gx = dx(0);
-      if (!gx) break;
       const auto& ys = shape(y);
       const auto& xs = shape(op.inputs[0]);
+      const bool a = xs.size() != 4 || acc(0);
+      const Ref gx = dx(0);
+      if (!gx) break;
       const DType dt = dtype({gx, dy});
-      if (xs.size() == 4) cuda::copy_accumulate(ptr(gx), dyp, n, true, dt, stream);
+      if (xs.size() == 4) cuda::copy_accumulate(ptr(gx), dyp, n, a, dt, stream);
       else cuda::split_heads_backward(ptr(gx), dyp, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], true, dt, stream);
       break;
     }

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <string_view>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -55,6 +58,10 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
       p_(expanded_ ? *expanded_ : p),
       cfg_(cfg), comm_(comm), mem_(mem), seed_(seed), order_(p_) {
   host_ = dev_.host_addressable();
+  const char* poison = std::getenv("ZEROPLAN_POISON_FRESH");
+  poison_ = host_ || (poison != nullptr && std::string_view(poison) == "1");
+  mem_.defer_gradient_zeroing(true);
+  fresh_.assign(p_.buffers.size(), kWritten);
   device_memory_.to_host = [this](void* host, const void* data, std::size_t n) { dev_.download_bytes(host, data, n); };
   device_memory_.from_host = [this](void* data, const void* host, std::size_t n) { dev_.upload_bytes(data, host, n); };
   stage_ = p_.info.stage;
@@ -130,6 +137,7 @@ float* Interpreter::f32_range(BufferId b, std::int64_t offset, std::int64_t coun
   if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
   if (!host_) throw std::logic_error(fmt::format("{} device: fp32 host views of its buffers were asked for", dev_.name()));
   use(b);
+  zero_if_fresh(b);
   const auto& buf = p_.buffers[U(b)];
   if (buf.dtype != DType::fp16 && buf.dtype != DType::bf16) return static_cast<float*>(mem_.data(b)) + offset;
   std::int64_t lo = offset, hi = offset + count;
@@ -169,6 +177,7 @@ void Interpreter::flush() const {
 Ref Interpreter::ref(BufferId b, std::int64_t off) const {
   if (b < 0 || !mem_.live(b)) throw std::logic_error(fmt::format("buffer {} is not live", b < 0 ? std::string("-1") : p_.buffer_name(b)));
   use(b);
+  zero_if_fresh(b);
   return {mem_.data(b), p_.buffers[U(b)].dtype, off};
 }
 
@@ -288,6 +297,7 @@ void Interpreter::prologue() {
       }
       before_allocation(b, static_cast<int>(e.stream));  // outside a step: its pool only
       mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
+      allocated(b);
       bind(b);
     }
     mem_.after_allocations(e.id);
@@ -419,6 +429,7 @@ void Interpreter::create_first_step_buffers() {
     before_allocation(b, stream);
     mem_.allocate(p_.buffers[U(b)], stream);
     after_allocation(b);
+    allocated(b);
     bind(b);
   }
   first_step_.clear();
@@ -431,6 +442,7 @@ void Interpreter::run_event(const Event& e) {
     before_allocation(b, static_cast<int>(e.stream));
     mem_.allocate(p_.buffers[U(b)], static_cast<int>(e.stream));
     after_allocation(b);
+    allocated(b);
     bind(b);
   }
   mem_.after_allocations(e.id);
@@ -457,6 +469,7 @@ void Interpreter::run_event(const Event& e) {
   flush();
   for (BufferId b : p_.frees(e)) {
     unbind(b);
+    fresh_[U(b)] = kWritten;
     if (running_ >= 0) order_.freed(b);
     mem_.release(p_.buffers[U(b)]);
   }
@@ -464,7 +477,46 @@ void Interpreter::run_event(const Event& e) {
 
 // ------------------------------------------------------------------ ops
 void Interpreter::forward_op(const models::Op& op) { dev_.forward(op, *this); }
-void Interpreter::backward_op(const models::Op& op) { dev_.backward(op, *this); }
+void Interpreter::backward_op(const models::Op& op) {
+  // Which fresh gradients of the op's inputs its kernels may write whole (each input once:
+  // a tensor that is two operands gets two writes); every other fresh one it touches,
+  // among them the gradients of its outputs it reads, is zero-filled when it is touched.
+  std::vector<BufferId> may;
+  for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+    const BufferId b = tgrad_buf_[U(op.inputs[i])];
+    if (b < 0 || fresh_[U(b)] != kFresh) continue;
+    if (std::count(op.inputs.begin(), op.inputs.end(), op.inputs[i]) != 1 || !backward_assigns(g_, op, i)) continue;
+    fresh_[U(b)] = kMayAssign;
+    may.push_back(b);
+  }
+  dev_.backward(op, *this);
+  // Written, or still as fresh as before (the op did not reach it: no gradient flowed).
+  for (BufferId b : may) fresh_[U(b)] = fresh_[U(b)] == kMayAssign ? kFresh : kWritten;
+}
+
+bool Interpreter::accumulates(TensorId t) {
+  const BufferId b = tgrad_buf_[U(t)];
+  if (b < 0 || fresh_[U(b)] != kMayAssign) return true;
+  fresh_[U(b)] = kAssigned;
+  return false;
+}
+
+void Interpreter::allocated(BufferId b) {
+  const auto& buf = p_.buffers[U(b)];
+  const bool grad = buf.role == BufferRole::activation_grad;
+  if (grad) fresh_[U(b)] = kFresh;
+  const bool floating = buf.dtype == DType::fp32 || buf.dtype == DType::bf16 || buf.dtype == DType::fp16;
+  if (poison_ && floating && (grad || !zero::starts_zeroed(buf.role)))
+    dev_.fill(Ref{mem_.data(b), buf.dtype, 0}, buf.elements, std::numeric_limits<float>::quiet_NaN());
+}
+
+void Interpreter::zero_if_fresh(BufferId b) const {
+  const std::uint8_t f = fresh_[U(b)];
+  if (f != kFresh && f != kMayAssign) return;
+  fresh_[U(b)] = kWritten;
+  const auto& buf = p_.buffers[U(b)];
+  dev_.fill(Ref{mem_.data(b), buf.dtype, 0}, buf.elements, 0.0f);
+}
 
 
 // ------------------------------------------------------------------ copies

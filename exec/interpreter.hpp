@@ -161,6 +161,7 @@ class Interpreter : private Operands {
   Ref grad_ref(models::TensorId t) const override;
   Ref param_ref(models::ParamId p) const override;
   Ref param_grad_ref(models::ParamId p) const override;
+  bool accumulates(models::TensorId t) override;
   float* scratch(std::size_t slot, std::int64_t n) override;
   std::uint64_t dropout_seed() const override;
   float loss_grad() const override;
@@ -209,6 +210,16 @@ class Interpreter : private Operands {
   };
   mutable std::map<zero::BufferId, Staged> staged_;
   void flush_one(zero::BufferId b, const Staged& st) const;
+  // A gradient of a forward tensor starts unwritten (its memory as the cache hands it over,
+  // or NaN under poisoning): the op that writes it first writes it whole where
+  // backward_assigns says its kernels can, and it is zero-filled before any other first use.
+  enum : std::uint8_t { kWritten = 0, kFresh = 1, kMayAssign = 2, kAssigned = 3 };
+  mutable std::vector<std::uint8_t> fresh_;  // per buffer
+  // Buffers the program does not read as zeros are filled with NaN as they are allocated:
+  // always on the CPU device, on another under ZEROPLAN_POISON_FRESH=1.
+  bool poison_ = false;
+  void allocated(zero::BufferId b);
+  void zero_if_fresh(zero::BufferId b) const;
   // The current event uses buffer b: waits for its uses on other streams (StreamOrder).
   void use(zero::BufferId b) const;
   void waits_to_device(std::span<const zero::EventId> waits) const;

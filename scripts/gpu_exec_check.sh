@@ -3,7 +3,8 @@
 # built elsewhere (the CUDA toolkit compiles and links without a GPU):
 #   test_kernels_cuda (every kernel against its CPU twin), test_exec_cuda (train --device
 #   cuda against --device cpu: 20 steps per family and stage, bytes, driver memory, several
-#   ranks on one GPU), zeroplan_bench_cuda when the bundle has it (kernel throughput, the
+#   ranks on one GPU; under ZEROPLAN_POISON_FRESH=1, so a gradient a kernel claims to write
+#   whole and does not shows as NaN), zeroplan_bench_cuda when the bundle has it (kernel throughput, the
 #   LM head staged and not) beside bench/torch_gemm_probe.py (PyTorch's times for the same
 #   products), then bench/gpu_vs_torch.sh (tokens/s beside PyTorch eager and torch.compile).
 #
@@ -31,7 +32,7 @@ if [ "${1:-}" != quick ]; then
   tail -n 3 "$LOGS/test_kernels_cuda.txt"
 fi
 set -f  # the filter's '*' are doctest's, not the shell's
-timeout 500 "$BIN/test_exec_cuda" -s ${ZEROPLAN_EXEC_CUDA_ARGS:-} > "$LOGS/test_exec_cuda.txt" 2>&1 || rc=1
+ZEROPLAN_POISON_FRESH=1 timeout 500 "$BIN/test_exec_cuda" -s ${ZEROPLAN_EXEC_CUDA_ARGS:-} > "$LOGS/test_exec_cuda.txt" 2>&1 || rc=1
 set +f
 grep -E "worst relative|ERROR|FAILED|test cases|assertions" "$LOGS/test_exec_cuda.txt" | sed 's/^.*MESSAGE: //' | head -60
 if [ -x "$BIN/zeroplan_bench_cuda" ] && [ "${1:-}" != quick ]; then

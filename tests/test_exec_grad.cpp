@@ -8,6 +8,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -200,6 +201,102 @@ TEST_CASE("the interpreter runs ops and updates through the device interface") {
   CHECK(dev.updates >= 2);
   CHECK(dev.moves > 0);
   CHECK(with.param_values(0) == plain.param_values(0));
+}
+
+namespace {
+// Operands passed on to the interpreter's, except accumulates(): answered by `claim`.
+class ClaimingOperands final : public zp::exec::Operands {
+  using Ref = zp::exec::Ref;
+
+ public:
+  ClaimingOperands(zp::exec::Operands& o, bool claim, std::vector<std::pair<zp::models::OpId, zp::models::TensorId>>* log,
+                   zp::models::OpId op)
+      : o_(o), claim_(claim), log_(log), op_(op) {}
+  const zp::models::OpGraph& graph() const override { return o_.graph(); }
+  float* act(zp::models::TensorId t) const override { return o_.act(t); }
+  float* grad(zp::models::TensorId t) const override { return o_.grad(t); }
+  const std::int64_t* ids(zp::models::TensorId t) const override { return o_.ids(t); }
+  float* param(zp::models::ParamId p) const override { return o_.param(p); }
+  float* param_grad(zp::models::ParamId p) const override { return o_.param_grad(p); }
+  Ref act_ref(zp::models::TensorId t) const override { return o_.act_ref(t); }
+  Ref grad_ref(zp::models::TensorId t) const override { return o_.grad_ref(t); }
+  Ref param_ref(zp::models::ParamId p) const override { return o_.param_ref(p); }
+  Ref param_grad_ref(zp::models::ParamId p) const override { return o_.param_grad_ref(p); }
+  bool accumulates(zp::models::TensorId t) override {
+    if (!claim_) return true;  // never claimed: the interpreter zero-fills it when it is touched
+    const bool a = o_.accumulates(t);
+    if (!a) log_->emplace_back(op_, t);
+    return a;
+  }
+  float* scratch(std::size_t slot, std::int64_t n) override { return o_.scratch(slot, n); }
+  std::uint64_t dropout_seed() const override { return o_.dropout_seed(); }
+  float loss_grad() const override { return o_.loss_grad(); }
+
+ private:
+  zp::exec::Operands& o_;
+  bool claim_;
+  std::vector<std::pair<zp::models::OpId, zp::models::TensorId>>* log_;
+  zp::models::OpId op_;
+};
+
+// The CPU device, its backward seeing ClaimingOperands.
+class ClaimingDevice final : public zp::test::ForwardingDevice {
+ public:
+  explicit ClaimingDevice(bool claim) : claim_(claim) {}
+  void backward(const zp::models::Op& op, zp::exec::Operands& o) override {
+    ClaimingOperands c(o, claim_, &claimed, op.id);
+    cpu.backward(op, c);
+  }
+  std::vector<std::pair<zp::models::OpId, zp::models::TensorId>> claimed;
+
+ private:
+  bool claim_;
+};
+}  // namespace
+
+TEST_CASE("a fresh gradient is written whole by its first writer where backward_assigns allows, and the step is bit for bit the one that adds into zeros") {
+  // The CPU device fills such gradients with NaN until they are written (Operands::accumulates):
+  // a kernel that claimed a gradient and left part of it unwritten makes the step NaN.
+  for (const std::string name : {"tiny-gpt2", "tiny-bert", "tiny-llama"})
+  for (const std::string dtype : {"bf16", "fp32"}) {
+    INFO(name, " ", dtype);
+    const Model a = lowered(name, dtype, 2, R"("stage": 2, "overlap_comm": true)");
+    const Model b = lowered(name, dtype, 2, R"("stage": 2, "overlap_comm": true)");
+    zp::exec::DataSource data("synthetic", a.g, 7);
+    const std::vector<zp::exec::MicroBatch> mbs{data.batch(1, 0, 2, 0, 1), data.batch(1, 1, 2, 0, 1)};
+    zp::exec::TrackingAllocator mem_a(a.prog.buffers.size()), mem_b(b.prog.buffers.size());
+    ClaimingDevice claims(true), zeroes(false);
+    zp::exec::Interpreter ia(a.g, a.prog, a.cfg, comm(), mem_a, 99, &claims);
+    zp::exec::Interpreter ib(b.g, b.prog, b.cfg, comm(), mem_b, 99, &zeroes);
+    ia.prologue();
+    ib.prologue();
+    for (int s = 1; s <= 2; ++s) {
+      const auto ra = ia.step(s, mbs), rb = ib.step(s, mbs);
+      CHECK(std::isfinite(ra.loss));
+      CHECK(ra.loss == rb.loss);
+      CHECK(ra.grad_norm == rb.grad_norm);
+    }
+    for (const auto& p : a.g.params) CHECK(ia.param_values(p.id) == ib.param_values(p.id));
+    // Claims happen, only where backward_assigns allows, once per gradient and micro-step.
+    REQUIRE_FALSE(claims.claimed.empty());
+    std::map<std::pair<zp::models::OpId, zp::models::TensorId>, int> times;
+    std::set<zp::models::Fn> fns;
+    for (const auto& [op, t] : claims.claimed) {
+      const auto& o = a.g.ops[static_cast<std::size_t>(op)];
+      const auto i = static_cast<std::size_t>(std::find(o.inputs.begin(), o.inputs.end(), t) - o.inputs.begin());
+      CHECK(zp::exec::backward_assigns(a.g, o, i));
+      ++times[{op, t}];
+      fns.insert(o.fn);
+    }
+    for (const auto& [k, n] : times) CHECK(n == 4);  // 2 steps x 2 micro-steps
+    std::map<zp::models::TensorId, std::set<zp::models::OpId>> writers;  // one first writer per gradient
+    for (const auto& [op, t] : claims.claimed) writers[t].insert(op);
+    for (const auto& [t, ops] : writers) CHECK(ops.size() == 1);
+    // The residual sums, the projections' inputs and the loss's logits are among them.
+    CHECK(fns.count(zp::models::Fn::add) == 1);
+    CHECK((fns.count(zp::models::Fn::linear) + fns.count(zp::models::Fn::conv1d)) >= 1);
+    MESSAGE(name, " ", dtype, ": ", times.size(), " gradients written whole by their first writer");
+  }
 }
 
 TEST_CASE("a program storing a repeated micro-step once runs every micro-step, as the one lowered one by one") {

@@ -1,0 +1,48 @@
+#include "exec/device.hpp"
+
+namespace zp::exec {
+
+namespace {
+std::int64_t numel(const models::OpGraph& g, models::TensorId t) {
+  std::int64_t n = 1;
+  for (std::int64_t d : g.tensors[static_cast<std::size_t>(t)].shape) n *= d;
+  return n;
+}
+}  // namespace
+
+bool backward_assigns(const models::OpGraph& g, const models::Op& op, std::size_t i) {
+  using models::Fn;
+  if (i >= op.inputs.size() || op.outputs.empty()) return false;
+  switch (op.fn) {
+    // One product (or one elementwise pass) writes the input's gradient: beta 0, or `=`.
+    case Fn::linear:
+    case Fn::conv1d:
+    case Fn::scale:
+    case Fn::add_scalar:
+    case Fn::dropout:
+    case Fn::layernorm:
+    case Fn::pow:
+    case Fn::rms_rsqrt:
+    case Fn::gelu:
+    case Fn::gelu_tanh:
+    case Fn::relu:
+    case Fn::silu:
+    case Fn::tanh:
+    case Fn::cast:
+    case Fn::merge_heads:
+    case Fn::softmax:
+    case Fn::cross_entropy:
+    case Fn::cross_entropy_fused: return i == 0;
+    case Fn::mul: return true;
+    case Fn::mul_rowscale:
+    case Fn::mul_weight: return i == 0;
+    // Both operands of a same-shape sum (a residual); a broadcast operand's gradient is a
+    // reduction over the batch, kept as it is.
+    case Fn::add: return op.inputs.size() == 2 && numel(g, op.inputs[1]) == numel(g, op.outputs[0]);
+    // A copy of a whole 4-D tensor; a column block of a wider one is only part of it.
+    case Fn::heads_copy: return g.tensors[static_cast<std::size_t>(op.inputs[0])].shape.size() == 4;
+    default: return false;
+  }
+}
+
+}  // namespace zp::exec
