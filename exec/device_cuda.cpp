@@ -19,9 +19,11 @@
 #include "exec/cuda_scratch.hpp"
 #include "exec/device_cuda.hpp"
 #include "exec/device_cuda_ops.hpp"
+#include "exec/run_batch.hpp"
 #include "kernels/cuda/context.cuh"
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/multi.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "zero/program.hpp"
@@ -148,10 +150,14 @@ class CudaDevice final : public Device {
     return m;
   }
   void mark_after_comm() { mem_.after_comm = used(); mem_.peak = std::max(mem_.peak, mem_.after_comm); }
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t stream() const {
+    settle();  // a communicator queues work on it next
+    return stream_;
+  }
   int ordinal() const { return dev_; }
 
   void* allocate(std::size_t bytes) override {
+    settle();
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
     if (err == cudaErrorMemoryAllocation) {
@@ -166,13 +172,30 @@ class CudaDevice final : public Device {
     mem_.peak = std::max(mem_.peak, used());
     return p;
   }
-  void release(void* p) override { ZP_CUDA_CHECK(cudaFree(p)); }
+  void release(void* p) override {
+    settle();
+    ZP_CUDA_CHECK(cudaFree(p));
+  }
 
-  void forward(const models::Op& op, Operands& o) override { cuda_forward(env(), op, o); }
-  void backward(const models::Op& op, Operands& o) override { cuda_backward(env(), op, o); }
+  // An op's calls back into the device (a fresh gradient's zero-fill) run as they are made.
+  void forward(const models::Op& op, Operands& o) override {
+    settle();
+    batching_ = false;
+    cuda_forward(env(), op, o);
+  }
+  void backward(const models::Op& op, Operands& o) override {
+    settle();
+    batching_ = false;
+    cuda_backward(env(), op, o);
+  }
+  void batch(bool on) override {
+    if (!on) settle();
+    batching_ = on;
+  }
 
   void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t step, const kc::AdamConfig& c,
                  float grad_factor) override {
+    settle();
     if (n <= 0) return;
     float* gf = grad_f32(g, n, grad_factor);
     float* pf = as_f32(p, n, 1);
@@ -185,6 +208,7 @@ class CudaDevice final : public Device {
   }
   void sgd_step(Ref p, Ref g, Ref momentum, std::int64_t n, std::int64_t step, const kc::SgdConfig& c,
                 float grad_factor) override {
+    settle();
     if (n <= 0) return;
     float* gf = grad_f32(g, n, grad_factor);
     float* pf = as_f32(p, n, 1);
@@ -196,6 +220,7 @@ class CudaDevice final : public Device {
 
   void copy(Ref dst, Ref src, std::int64_t n) override {
     if (n <= 0) return;
+    if (hold({RunBatch::Kind::copy, dst, src, n})) return;
     if (dst.dt == src.dt) {
       ZP_CUDA_CHECK(cudaMemcpyAsync(at(dst), at(src), U(n * dtype_size(dst.dt)), cudaMemcpyDeviceToDevice, stream_));
       return;
@@ -206,6 +231,7 @@ class CudaDevice final : public Device {
   }
   void add(Ref dst, Ref src, std::int64_t n) override {
     if (n <= 0) return;
+    if (hold({RunBatch::Kind::add, dst, src, n})) return;
     float_only(dst, "add");
     float_only(src, "add");
     if (dst.dt == src.dt) {
@@ -217,20 +243,27 @@ class CudaDevice final : public Device {
   }
   void fill(Ref dst, std::int64_t n, float value) override {
     if (n <= 0) return;
+    if (value == 0.0f && hold({RunBatch::Kind::zero, dst, Ref{}, n})) return;
     ZP_CUDA_CHECK(cudaMemsetAsync(at(dst), 0, U(n * dtype_size(dst.dt)), stream_));
     if (value == 0.0f) return;
     float_only(dst, "fill");
     kc::add_scalar_forward(at(dst), at(dst), n, value, dst.dt, stream_);
   }
   void scale(Ref x, std::int64_t n, float factor) override {
+    settle();
     if (n <= 0) return;
     float_only(x, "scale");
     kc::scale_inplace(at(x), n, factor, x.dt, stream_);
   }
 
-  void norm_begin() override { ZP_CUDA_CHECK(cudaMemsetAsync(norm_, 0, sizeof(double), stream_)); }
+  void norm_begin() override {
+    settle();
+    ZP_CUDA_CHECK(cudaMemsetAsync(norm_, 0, sizeof(double), stream_));
+  }
   void norm_add(std::span<const Ref> parts, std::int64_t n) override {
     if (n <= 0 || parts.empty()) return;
+    if (parts.size() == 1 && hold({RunBatch::Kind::sumsq, Ref{}, parts[0], n})) return;
+    settle();
     auto* sumsq = static_cast<double*>(norm_);
     const void* x = at(parts[0]);
     DType dt = parts[0].dt;
@@ -249,6 +282,7 @@ class CudaDevice final : public Device {
     kc::sum_squares(ctx(), sumsq, x, n, true, dt, stream_);
   }
   NormStats norm_end() override {
+    settle();
     ZP_CUDA_CHECK(cudaMemcpyAsync(norm_host_, norm_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     ZP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     NormStats st;
@@ -258,6 +292,7 @@ class CudaDevice final : public Device {
   }
 
   void upload(Ref dst, const float* src, std::int64_t n) override {
+    settle();
     if (n <= 0) return;
     if (dst.dt == DType::fp32) {
       upload_bytes(at(dst), src, U(n) * 4);
@@ -269,6 +304,7 @@ class CudaDevice final : public Device {
     kc::convert(at(dst), dst.dt, s, DType::fp32, n, stream_);
   }
   void download(float* dst, Ref src, std::int64_t n) override {
+    settle();
     if (n <= 0) return;
     const void* from = at(src);
     if (src.dt != DType::fp32) {
@@ -280,6 +316,7 @@ class CudaDevice final : public Device {
     download_bytes(dst, from, U(n) * 4);
   }
   void upload_bytes(void* dst, const void* src, std::size_t bytes) override {
+    settle();
     if (bytes == 0) return;
     void* p = pinned_up_.get(bytes);
     std::memcpy(p, src, bytes);
@@ -287,6 +324,7 @@ class CudaDevice final : public Device {
     pinned_up_.used(stream_);
   }
   void download_bytes(void* dst, const void* src, std::size_t bytes) override {
+    settle();
     if (bytes == 0) return;
     void* p = pinned_down_.get(bytes);
     ZP_CUDA_CHECK(cudaMemcpyAsync(p, src, bytes, cudaMemcpyDeviceToHost, stream_));
@@ -294,12 +332,14 @@ class CudaDevice final : public Device {
     std::memcpy(dst, p, bytes);
   }
   void synchronize() override {
+    settle();
     for (cudaStream_t st : streams_) ZP_CUDA_CHECK(cudaStreamSynchronize(st));
   }
 
   // One CUDA stream per program stream (zero::Stream); the step starts on every stream after
   // everything queued before it (the set-up, the previous step's end, on the compute stream).
   void step_begin(std::size_t events) override {
+    settle();
     if (events_.size() < 2 * events + 1) {
       const std::size_t have = events_.size();
       events_.resize(2 * events + 1);
@@ -313,6 +353,7 @@ class CudaDevice final : public Device {
   void event_order(std::size_t i, int stream, std::span<const std::int32_t> waits) override {
     if (stream < 0 || static_cast<std::size_t>(stream) >= streams_.size())
       throw std::logic_error(fmt::format("cuda device: event {} on stream {}", i, stream));
+    settle();  // on the stream it was queued for
     stream_ = streams_[static_cast<std::size_t>(stream)];
     for (const std::int32_t w : waits) event_wait(static_cast<std::size_t>(w));
     (void)i;
@@ -324,10 +365,12 @@ class CudaDevice final : public Device {
   }
   void event_begin(std::size_t i) override { ZP_CUDA_CHECK(cudaEventRecord(events_[1 + 2 * i], stream_)); }
   void event_end(std::size_t i) override {
+    settle();  // the event's time includes what it held
     ZP_CUDA_CHECK(cudaEventRecord(events_[2 + 2 * i], stream_));
     recorded_[i] = true;
   }
   void step_times(std::span<double> seconds, std::span<double> starts) override {
+    settle();
     synchronize();
     stream_ = streams_[0];  // what runs between steps (losses, checkpoints, weights) on the compute stream
     mem_.peak = std::max(mem_.peak, used());  // the device's own scratch grows outside allocate()
@@ -342,6 +385,40 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // Whether run r is held for a batch (batching, float operands, no hazard with what is
+  // held; else what is held runs first and r is not held).
+  bool hold(const RunBatch::Run& r) {
+    if (!batching_) return false;
+    const bool floats = (r.kind == RunBatch::Kind::sumsq || is_float(r.dst.dt)) &&
+                        (r.kind == RunBatch::Kind::zero || is_float(r.src.dt));
+    if (!floats) {
+      settle();
+      return false;
+    }
+    if (!held_.fits(r)) settle();
+    held_.push(r);
+    return true;
+  }
+  // Runs what is held: one multi-run launch per group of up to 48 runs.
+  void settle() const {
+    if (held_.empty()) return;
+    auto* self = const_cast<CudaDevice*>(this);
+    for (const RunBatch::Group& g : self->held_.take()) {
+      std::vector<kc::MultiRun> runs;
+      runs.reserve(g.runs.size());
+      for (const RunBatch::Run& r : g.runs)
+        runs.push_back({r.dst ? at(r.dst) : nullptr, r.src ? at(r.src) : nullptr, r.n});
+      const auto count = static_cast<std::int64_t>(runs.size());
+      switch (g.kind) {
+        case RunBatch::Kind::copy: kc::multi_map(runs.data(), count, kc::MultiMode::copy, g.dst_dt, g.src_dt, stream_); break;
+        case RunBatch::Kind::add: kc::multi_map(runs.data(), count, kc::MultiMode::add, g.dst_dt, g.src_dt, stream_); break;
+        case RunBatch::Kind::zero: kc::multi_map(runs.data(), count, kc::MultiMode::zero, g.dst_dt, g.dst_dt, stream_); break;
+        case RunBatch::Kind::sumsq:
+          kc::multi_sum_squares(self->ctx(), static_cast<double*>(norm_), runs.data(), count, g.src_dt, stream_);
+          break;
+      }
+    }
+  }
   static void float_only(Ref r, const char* what) {
     if (!is_float(r.dt))
       throw std::logic_error(fmt::format("cuda device: {} of a {} buffer", what, dtype_name(r.dt)));
@@ -411,6 +488,8 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> events_;  // [0]: step start; 1 + 2i, 2 + 2i: event i's bracket
   std::vector<bool> recorded_;
   DriverMemory mem_;
+  bool batching_ = false;
+  RunBatch held_;  // runs held for one launch (batch)
 };
 
 }  // namespace

@@ -460,7 +460,12 @@ void Interpreter::run_event(const Event& e) {
       }
       break;
     }
-    case EventKind::copy: copy_event(e); break;
+    case EventKind::copy:
+      // A copy event is many runs (one per param or slice): the device may launch them together.
+      dev_.batch(true);
+      copy_event(e);
+      dev_.batch(false);
+      break;
     case EventKind::collective: collective_event(e); break;
     case EventKind::optimizer: optimizer_event(e); break;
     case EventKind::marker: break;
@@ -698,6 +703,7 @@ void Interpreter::copy_event(const Event& e) {
 // gradients (what DeepSpeed's norm and overflow check cover on a rank).
 NormStats Interpreter::partition_norm() {
   dev_.norm_begin();
+  dev_.batch(true);  // the parts may be summed together; norm_end runs them
   const auto host_grads = std::find_if(p_.buffers.begin(), p_.buffers.end(), [&](const zero::Buffer& buf) {
     return buf.role == BufferRole::host_grads32 && mem_.live(buf.id);
   });
@@ -708,6 +714,7 @@ NormStats Interpreter::partition_norm() {
         const Ref part[] = {ref(buf.id)};
         dev_.norm_add(part, buf.elements);
       }
+    dev_.batch(false);
     return dev_.norm_end();
   }
   std::vector<BufferId> parts;
@@ -723,6 +730,7 @@ NormStats Interpreter::partition_norm() {
     for (std::size_t k = 0; k < parts.size(); ++k) at[k] = ref(parts[k], gip_off_[i] + (from - a));
     dev_.norm_add(at, to - from);
   }
+  dev_.batch(false);
   return dev_.norm_end();
 }
 
@@ -871,10 +879,12 @@ void Interpreter::optimizer_event(const Event& e) {
   if (stage_ == 0 || e.src_buf < 0) {
     dev_.norm_begin();
     if (e.src_buf < 0) {
+      dev_.batch(true);
       for (const auto& prm : g_.params) {
         const Ref g[] = {param_grad_ref(prm.id)};
         dev_.norm_add(g, prm.numel);
       }
+      dev_.batch(false);
     } else {
       const Ref g[] = {ref(e.src_buf)};
       dev_.norm_add(g, e.elements);

@@ -4,9 +4,11 @@
 // device implements the same calls (exec/device_cuda.cpp); tests/gpu/test_exec_cuda.cpp
 // checks it through whole training runs against this device.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <stdexcept>
 #include <vector>
 
@@ -14,6 +16,7 @@
 
 #include "exec/device_cpu.hpp"
 #include "exec/device_placed.hpp"
+#include "exec/run_batch.hpp"
 #include "forwarding_device.hpp"
 #include "kernels/cpu/convert.hpp"
 
@@ -261,4 +264,92 @@ TEST_CASE("placed device: an event with host work is timed on the host clock aft
   CHECK(sec[2] >= 0.0);
   CHECK(h[0] == 0.0f);
   dev.release(d);
+}
+
+TEST_CASE("run batches: runs taken together give the result of running them one by one, in any order") {
+  // Random copies, additions, zero-fills and sums of squares over three small fp32 buffers,
+  // overlapping freely. The reference runs them in call order; the batched run holds them in a
+  // RunBatch (running what it holds, in reverse order, whenever the next one does not fit)
+  // and must end equal, bit for bit: integer values keep every sum exact.
+  using zp::exec::RunBatch;
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::array<std::vector<float>, 3> ref, bat;
+    for (auto& b : ref) {
+      b.resize(64);
+      for (float& v : b) v = static_cast<float>(static_cast<int>(rng() % 9) - 4);
+    }
+    bat = ref;
+    double ref_norm = 0.0, bat_norm = 0.0;
+    auto apply = [](std::array<std::vector<float>, 3>& bufs, double& norm, const RunBatch::Run& r, int dst, int src,
+                    std::int64_t doff, std::int64_t soff) {
+      float* d = dst >= 0 ? bufs[static_cast<std::size_t>(dst)].data() + doff : nullptr;
+      const float* s = src >= 0 ? bufs[static_cast<std::size_t>(src)].data() + soff : nullptr;
+      std::vector<float> tmp(s ? s : d, (s ? s : d) + r.n);  // a run reads its source whole first
+      for (std::int64_t i = 0; i < r.n; ++i) {
+        switch (r.kind) {
+          case RunBatch::Kind::copy: d[i] = tmp[static_cast<std::size_t>(i)]; break;
+          case RunBatch::Kind::add: d[i] += tmp[static_cast<std::size_t>(i)]; break;
+          case RunBatch::Kind::zero: d[i] = 0.0f; break;
+          case RunBatch::Kind::sumsq: norm += static_cast<double>(tmp[static_cast<std::size_t>(i)]) * tmp[static_cast<std::size_t>(i)]; break;
+        }
+      }
+    };
+    struct Call {
+      RunBatch::Run run;
+      int dst, src;
+      std::int64_t doff, soff;
+    };
+    RunBatch batch;
+    std::vector<Call> held;
+    int flushes = 0;
+    auto run_held = [&] {
+      // Groups and runs backwards: no order among them may matter.
+      const auto groups = batch.take();
+      std::size_t runs = 0;
+      for (const auto& g : groups) runs += g.runs.size();
+      CHECK(runs == held.size());
+      for (auto it = held.rbegin(); it != held.rend(); ++it) apply(bat, bat_norm, it->run, it->dst, it->src, it->doff, it->soff);
+      held.clear();
+      ++flushes;
+    };
+    const int calls = 60;
+    for (int c = 0; c < calls; ++c) {
+      const auto kind = static_cast<RunBatch::Kind>(rng() % 4);
+      const std::int64_t n = 1 + static_cast<std::int64_t>(rng() % 12);
+      const int dst = kind == RunBatch::Kind::sumsq ? -1 : static_cast<int>(rng() % 3);
+      const int src = kind == RunBatch::Kind::zero ? -1 : static_cast<int>(rng() % 3);
+      const std::int64_t doff = static_cast<std::int64_t>(rng() % static_cast<unsigned>(64 - n));
+      std::int64_t soff = static_cast<std::int64_t>(rng() % static_cast<unsigned>(64 - n));
+      if (dst >= 0 && dst == src && std::abs(doff - soff) < n) soff = doff;  // a run is in place or disjoint
+      RunBatch::Run r{kind, {}, {}, n};
+      if (dst >= 0) r.dst = Ref{bat[static_cast<std::size_t>(dst)].data(), DType::fp32, doff};
+      if (src >= 0) r.src = Ref{bat[static_cast<std::size_t>(src)].data(), DType::fp32, soff};
+      apply(ref, ref_norm, r, dst, src, doff, soff);
+      if (!batch.fits(r)) run_held();
+      batch.push(r);
+      held.push_back({r, dst, src, doff, soff});
+    }
+    run_held();
+    CHECK(bat == ref);
+    CHECK(bat_norm == ref_norm);
+    CHECK(flushes < calls);
+  }
+  // Groups: one per kind and dtype pair, runs in call order.
+  RunBatch b;
+  std::vector<float> x(8), y(8);
+  std::vector<std::uint16_t> h(8);
+  b.push({RunBatch::Kind::copy, Ref{y.data(), DType::fp32, 0}, Ref{x.data(), DType::fp32, 0}, 2});
+  b.push({RunBatch::Kind::copy, Ref{h.data(), DType::bf16, 0}, Ref{x.data(), DType::fp32, 2}, 2});
+  b.push({RunBatch::Kind::copy, Ref{y.data(), DType::fp32, 4}, Ref{x.data(), DType::fp32, 4}, 2});
+  CHECK_FALSE(b.fits({RunBatch::Kind::add, Ref{x.data(), DType::fp32, 1}, Ref{x.data(), DType::fp32, 6}, 1}));  // writes what is read
+  CHECK_FALSE(b.fits({RunBatch::Kind::sumsq, {}, Ref{y.data(), DType::fp32, 5}, 1}));  // reads what is written
+  CHECK(b.fits({RunBatch::Kind::sumsq, {}, Ref{x.data(), DType::fp32, 0}, 8}));  // reads what is read
+  CHECK(b.fits({RunBatch::Kind::zero, Ref{y.data(), DType::fp32, 2}, {}, 2}));
+  const auto groups = b.take();
+  REQUIRE(groups.size() == 2);
+  CHECK(groups[0].runs.size() == 2);
+  CHECK(groups[0].runs[1].dst.off == 4);
+  CHECK(groups[1].dst_dt == DType::bf16);
+  CHECK(b.empty());
 }

@@ -47,6 +47,7 @@
 #include "kernels/cuda/layout.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/loss.cuh"
+#include "kernels/cuda/multi.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -1347,6 +1348,67 @@ TEST_CASE("sum_squares and sum: the CPU's value to double rounding, the same bit
       auto dbig = device(big, dt);
       kg::sum_squares(ctx, out.as<double>(), dbig->get(), n, false, dt, kStream);
       CHECK(std::isfinite(download_raw<double>(out, 1)[0]));
+    }
+}
+
+TEST_CASE("multi-run copies, additions, zero-fills and sums of squares: the one-run kernels' results in one launch") {
+  // 100 runs (three launches of at most 48), of 1 to 70000 elements, some starting off the
+  // 16-byte grid (the scalar path), each in its own place in one buffer: the one-run calls
+  // (convert, add_mixed, a memset; sum_squares) on a second copy give the same bits, except
+  // the norm's double sum, whose order differs (the CPU's value within 1e-12, the same bits
+  // twice).
+  kg::Context ctx;
+  const std::int64_t sizes[] = {1, 7, 8, 9, 100, 8192, 8193, 70000, 31, 1000};
+  for (DType ydt : kDtypes)
+    for (DType xdt : kDtypes) {
+      CAPTURE(dtype_str(ydt));
+      CAPTURE(dtype_str(xdt));
+      std::vector<std::pair<std::int64_t, std::int64_t>> at;  // element offset, count
+      std::int64_t total = 0;
+      for (int r = 0; r < 100; ++r) {
+        const std::int64_t n = sizes[r % 10];
+        const std::int64_t skew = r % 3 == 1 ? 3 : 0;  // off the 16-byte grid
+        at.emplace_back(total + skew, n);
+        total += skew + n + 64;
+      }
+      const Vec x = rand_vec(total, 71, xdt, -3.0f, 3.0f), y0 = rand_vec(total, 72, ydt, -3.0f, 3.0f);
+      auto dx = device(x, xdt);
+      for (const auto mode : {kg::MultiMode::copy, kg::MultiMode::add, kg::MultiMode::zero}) {
+        CAPTURE(static_cast<int>(mode));
+        auto got = device(y0, ydt), want = device(y0, ydt);
+        std::vector<kg::MultiRun> runs;
+        const std::size_t ys = sz(dtype_size(ydt)), xs = sz(dtype_size(xdt));
+        for (const auto& [off, n] : at) {
+          runs.push_back({got->as<char>() + sz(off) * ys, dx->as<char>() + sz(off) * xs, n});
+          char* w = want->as<char>() + sz(off) * ys;
+          const char* xp = dx->as<char>() + sz(off) * xs;
+          switch (mode) {
+            case kg::MultiMode::copy: kg::convert(w, ydt, xp, xdt, n, kStream); break;
+            case kg::MultiMode::add: kg::add_mixed(w, ydt, xp, xdt, n, kStream); break;
+            case kg::MultiMode::zero: ZP_TEST_CUDA(cudaMemsetAsync(w, 0, sz(n) * ys, kStream)); break;
+          }
+        }
+        kg::multi_map(runs.data(), static_cast<std::int64_t>(runs.size()), mode, ydt, xdt, kStream);
+        expect_equal_bits("multi_map", bits(*got), bits(*want));
+      }
+      if (ydt != xdt) continue;
+      std::vector<kg::MultiRun> runs;
+      double ref = 0.0;
+      for (const auto& [off, n] : at) {
+        runs.push_back({nullptr, dx->as<char>() + sz(off) * sz(dtype_size(xdt)), n});
+        ref += kc::sum_squares(x.data() + off, n);
+      }
+      Dev out(8), out2(8);
+      ZP_TEST_CUDA(cudaMemset(out.get(), 0, 8));
+      ZP_TEST_CUDA(cudaMemset(out2.get(), 0, 8));
+      kg::multi_sum_squares(ctx, out.as<double>(), runs.data(), static_cast<std::int64_t>(runs.size()), xdt, kStream);
+      kg::multi_sum_squares(ctx, out2.as<double>(), runs.data(), static_cast<std::int64_t>(runs.size()), xdt, kStream);
+      const double got = download_raw<double>(out, 1)[0];
+      CHECK(std::fabs(got - ref) <= 1e-12 * ref);
+      expect_equal_bits("multi_sum_squares", bits(out), bits(out2));
+      // It adds into what is there.
+      kg::multi_sum_squares(ctx, out.as<double>(), runs.data(), 1, xdt, kStream);
+      CHECK(download_raw<double>(out, 1)[0] > got);
     }
 }
 
