@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <stdexcept>
+
 #include "kernels/cuda/detail.cuh"
 #include "kernels/cuda/multi.cuh"
 
@@ -114,9 +117,11 @@ __global__ void multi_finish_kernel(double* __restrict__ out, const double* __re
   if (threadIdx.x == 0) out[0] = out[0] + s;
 }
 
-// Calls launch(list, blocks) for the runs [0, count) with n > 0, kMultiMax at a time.
+// Calls launch(list, blocks) for the runs [0, count) with n > 0, kMultiMax at a time and at
+// most max_blocks blocks a launch (a longer run is cut into pieces of whole chunks).
 template <class Launch>
-void for_lists(const MultiRun* runs, std::int64_t count, bool reads_x, bool writes_y, Launch&& launch) {
+void for_lists(const MultiRun* runs, std::int64_t count, bool reads_x, bool writes_y, std::int64_t max_blocks,
+               std::size_t y_size, std::size_t x_size, Launch&& launch) {
   RunList l{};
   std::int64_t blocks = 0;
   auto flush = [&] {
@@ -126,19 +131,26 @@ void for_lists(const MultiRun* runs, std::int64_t count, bool reads_x, bool writ
     l = RunList{};
     blocks = 0;
   };
-  for (std::int64_t i = 0; i < count; ++i) {
-    const MultiRun& m = runs[i];
-    if (m.n <= 0) continue;
-    const std::int64_t b = detail::ceil_div(m.n, kMultiChunk);
-    if (l.count == kMultiMax || blocks + b > std::int64_t{1} << 30) flush();
-    const bool aligned = (!writes_y || detail::aligned16(m.y)) && (!reads_x || detail::aligned16(m.x));
-    l.y[l.count] = m.y;
-    l.x[l.count] = m.x;
-    l.n[l.count] = m.n;
+  auto add = [&](void* y, const void* x, std::int64_t n) {
+    const std::int64_t b = detail::ceil_div(n, kMultiChunk);
+    if (l.count == kMultiMax || blocks + b > max_blocks) flush();
+    const bool aligned = (!writes_y || detail::aligned16(y)) && (!reads_x || detail::aligned16(x));
+    l.y[l.count] = y;
+    l.x[l.count] = x;
+    l.n[l.count] = n;
     l.first[l.count] = static_cast<std::int32_t>(blocks);
     if (aligned) l.vec |= std::uint64_t{1} << l.count;
     ++l.count;
     blocks += b;
+  };
+  const std::int64_t piece = max_blocks * kMultiChunk;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const MultiRun& m = runs[i];
+    for (std::int64_t at = 0; at < m.n; at += piece) {
+      const auto off = static_cast<std::size_t>(at);
+      add(m.y ? static_cast<char*>(m.y) + off * y_size : nullptr,
+          m.x ? static_cast<const char*>(m.x) + off * x_size : nullptr, std::min(piece, m.n - at));
+    }
   }
   flush();
 }
@@ -149,11 +161,12 @@ void multi_map(const MultiRun* runs, std::int64_t count, MultiMode mode, DType y
   require_float(y_dt, "multi_map");
   if (mode != MultiMode::zero) require_float(x_dt, "multi_map");
   const bool reads = mode != MultiMode::zero;
+  const auto ys = static_cast<std::size_t>(dtype_size(y_dt)), xs = static_cast<std::size_t>(dtype_size(x_dt));
   detail::dispatch(y_dt, "multi_map", [&](auto ytag) {
     using Y = decltype(ytag);
     detail::dispatch(reads ? x_dt : y_dt, "multi_map", [&](auto xtag) {
       using X = decltype(xtag);
-      for_lists(runs, count, reads, true, [&](const RunList& l, std::int64_t blocks) {
+      for_lists(runs, count, reads, true, std::int64_t{1} << 30, ys, xs, [&](const RunList& l, std::int64_t blocks) {
         const auto grid = static_cast<unsigned>(blocks);
         switch (mode) {
           case MultiMode::copy:
@@ -175,22 +188,29 @@ void multi_map(const MultiRun* runs, std::int64_t count, MultiMode mode, DType y
 void multi_sum_squares(Context& ctx, double* out, const MultiRun* runs, std::int64_t count, DType dt,
                        cudaStream_t stream) {
   require_float(dt, "multi_sum_squares");
-  std::int64_t total = 0;
-  for (std::int64_t i = 0; i < count; ++i)
-    if (runs[i].n > 0) total += detail::ceil_div(runs[i].n, kMultiChunk);
-  if (total == 0) return;
-  auto* partial = static_cast<double*>(ctx.scratch(sizeof(double) * static_cast<std::size_t>(total), "multi_sum_squares"));
+  // The partials live in the Context's scratch as it is (a side stream's holds 1 MiB): when
+  // they would not fit, those so far are added into out first.
+  const auto cap = static_cast<std::int64_t>(ctx.scratch_bytes() / sizeof(double));
+  if (cap < 1) throw std::logic_error("multi_sum_squares: the Context has no scratch");
+  auto* partial = static_cast<double*>(ctx.scratch(static_cast<std::size_t>(cap) * sizeof(double), "multi_sum_squares"));
   std::int64_t base = 0;
+  auto finish = [&] {
+    if (base == 0) return;
+    multi_finish_kernel<<<1, kMultiBlock, 0, stream>>>(out, partial, base);
+    ZP_CUDA_CHECK_LAUNCH("multi_finish_kernel");
+    base = 0;
+  };
+  const auto xs = static_cast<std::size_t>(dtype_size(dt));
   detail::dispatch(dt, "multi_sum_squares", [&](auto tag) {
     using X = decltype(tag);
-    for_lists(runs, count, true, false, [&](const RunList& l, std::int64_t blocks) {
+    for_lists(runs, count, true, false, cap, xs, xs, [&](const RunList& l, std::int64_t blocks) {
+      if (base + blocks > cap) finish();
       multi_squares_kernel<X><<<static_cast<unsigned>(blocks), kMultiBlock, 0, stream>>>(l, partial, base);
       ZP_CUDA_CHECK_LAUNCH("multi_squares_kernel");
       base += blocks;
     });
   });
-  multi_finish_kernel<<<1, kMultiBlock, 0, stream>>>(out, partial, total);
-  ZP_CUDA_CHECK_LAUNCH("multi_finish_kernel");
+  finish();
 }
 
 }  // namespace zp::kernels::cuda
