@@ -699,13 +699,9 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const DType dt = dtype({dy, x(0), w, gx, gw, gb});
       const float* mean = fp32_of(op, act(op.outputs[1]));
       const float* rstd = fp32_of(op, act(op.outputs[2]));
-      // The input's gradient and the params' are separate kernels: each with its own flag.
-      if (gx)
-        cuda::layernorm_backward(ctx, ptr(gx), nullptr, nullptr, dyp, ptr(x(0)), mean, rstd, ptr(w), n / C, C, a, dt,
-                                 stream);
-      if (gw || gb)
-        cuda::layernorm_backward(ctx, nullptr, ptr(gw), ptr(gb), dyp, ptr(x(0)), mean, rstd, ptr(w), n / C, C, true,
-                                 dt, stream);
+      // The input's gradient written or added, the params' added (one pass where it can).
+      cuda::layernorm_backward(ctx, ptr(gx), ptr(gw), ptr(gb), dyp, ptr(x(0)), mean, rstd, ptr(w), n / C, C, a, true,
+                               dt, stream);
       break;
     }
     case Fn::pow: {

@@ -240,6 +240,87 @@ __global__ void layernorm_dx_warp_kernel(T* __restrict__ dx, const T* __restrict
   });
 }
 
+// The same dx, and in the same pass each warp's sums of dy·x̂ and dy over the rows it takes,
+// for its lane's columns (a lane holds the same columns in every row): partial[0][warp][c]
+// and partial[1][warp][c], fp32. Warp k takes rows k, k + warps, ...; `warps` depends on the
+// rows only, so the sums are the same bits on any GPU. dy and x are read once for all three
+// gradients (the separate column reduction read them again).
+template <class T, int P>
+__global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __restrict__ partial,
+                                               const T* __restrict__ dy, const T* __restrict__ x,
+                                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                                               const T* __restrict__ w, std::int64_t rows, std::int64_t C,
+                                               std::int64_t warps, bool accumulate) {
+  constexpr int W = detail::kPack<T>;
+  const float fc = static_cast<float>(C);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (warp >= warps) return;
+  float sw[P][W], sb[P][W];
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int k = 0; k < W; ++k) sw[p][k] = sb[p][k] = 0.0f;
+  for (std::int64_t row = warp; row < rows; row += warps) {
+    const float mu = mean[row], rs = rstd[row];
+    float g[P][W], xh[P][W];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+      if (j >= C) continue;
+      float wv[W];
+      load_f<T, W>(dy + row * C + j, g[p]);
+      load_f<T, W>(x + row * C + j, xh[p]);
+      if (w != nullptr) load_f<T, W>(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        xh[p][k] = (xh[p][k] - mu) * rs;
+        sw[p][k] += g[p][k] * xh[p][k];
+        sb[p][k] += g[p][k];
+        if (w != nullptr) g[p][k] = g[p][k] * wv[k];
+        sg += g[p][k];
+        sgx += g[p][k] * xh[p][k];
+      }
+    }
+    const float mean_g = detail::warp_sum(sg) / fc;
+    const float mean_gx = detail::warp_sum(sgx) / fc;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+      if (j >= C) continue;
+      float o[W];
+#pragma unroll
+      for (int k = 0; k < W; ++k) o[k] = rs * (g[p][k] - mean_g - xh[p][k] * mean_gx);
+      detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+    if (j >= C) continue;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      partial[warp * C + j + k] = sw[p][k];
+      partial[(warps + warp) * C + j + k] = sb[p][k];
+    }
+  }
+}
+
+// The warps' sums as the rows of a column reduction: v = (partial[0][r][c], partial[1][r][c]).
+struct WarpPartials {
+  const float* p;
+  std::int64_t warps, C;
+  __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[2]) const {
+    v[0] = p[r * C + c];
+    v[1] = p[(warps + r) * C + c];
+  }
+};
+
+// Warps of the fused LayerNorm backward: one per row up to 2048 (about 16 resident per SM on
+// a 132-SM GPU), then several rows each.
+constexpr std::int64_t kLayerNormBackwardWarps = 2048;
+
 // Packs per lane of the warp kernels for rows of C elements (0: too long, the block kernels).
 template <class T>
 int warp_row_packs(std::int64_t C, int most) {
@@ -500,27 +581,55 @@ void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const v
 void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const float* mean,
                         const float* rstd, const void* w, std::int64_t rows, std::int64_t C, bool accumulate, DType dt,
                         cudaStream_t stream) {
+  layernorm_backward(ctx, dx, dw, db, dy, x, mean, rstd, w, rows, C, accumulate, accumulate, dt, stream);
+}
+
+void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const float* mean,
+                        const float* rstd, const void* w, std::int64_t rows, std::int64_t C, bool accumulate_dx,
+                        bool accumulate_params, DType dt, cudaStream_t stream) {
   if (C <= 0) return;
   detail::dispatch(dt, "layernorm_backward", [&](auto tag) {
     using T = decltype(tag);
+    const bool vec = rows_vec<T>(C, {dx, dy, x, w});
+    const int packs = vec ? warp_row_packs<T>(C, 4) : 0;
+    const bool params = dw != nullptr || db != nullptr;
+    // All three in one pass over dy and x: the warps' partial sums at the scratch's end, the
+    // column reduction's own partials (at most 2·C floats per 32 warps) at its start.
+    const std::int64_t warps = rows < kLayerNormBackwardWarps ? rows : kLayerNormBackwardWarps;
+    const std::size_t mine = sizeof(float) * 2 * static_cast<std::size_t>(warps * C);
+    const std::size_t theirs =
+        sizeof(float) * 2 * static_cast<std::size_t>(C * detail::ceil_div(warps, detail::kColMinRows));
+    if (dx != nullptr && params && packs > 0 && rows > 0 && mine + theirs + 256 <= ctx.scratch_bytes()) {
+      auto* base = static_cast<char*>(ctx.scratch(ctx.scratch_bytes(), "layernorm_backward"));
+      auto* partial = reinterpret_cast<float*>(base + ((ctx.scratch_bytes() - mine) & ~std::size_t{255}));
+      with_packs<4>(packs, [&](auto P) {
+        layernorm_backward_warp_kernel<T, decltype(P)::value>
+            <<<static_cast<unsigned>(detail::ceil_div(warps, kWarpRowsPerBlock)), 32 * kWarpRowsPerBlock, 0, stream>>>(
+                static_cast<T*>(dx), partial, static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
+                static_cast<const T*>(w), rows, C, warps, accumulate_dx);
+      });
+      ZP_CUDA_CHECK_LAUNCH("layernorm_backward_warp_kernel");
+      detail::column_reduce<T, 2>(ctx, detail::ColumnOutputs<T, 2>{{static_cast<T*>(dw), static_cast<T*>(db)}}, warps,
+                                  C, accumulate_params, WarpPartials{partial, warps, C}, stream, "layernorm_backward");
+      return;
+    }
     if (dx != nullptr && rows > 0) {
-      const bool vec = rows_vec<T>(C, {dx, dy, x, w});
-      if (const int packs = vec ? warp_row_packs<T>(C, 4) : 0; packs > 0) {
+      if (packs > 0) {
         with_packs<4>(packs, [&](auto P) {
           layernorm_dx_warp_kernel<T, decltype(P)::value>
               <<<detail::grid_for(rows, kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, 0, stream>>>(
                   static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
-                  static_cast<const T*>(w), rows, C, accumulate);
+                  static_cast<const T*>(w), rows, C, accumulate_dx);
         });
         ZP_CUDA_CHECK_LAUNCH("layernorm_dx_warp_kernel");
       } else {
         ZP_LAUNCH_ROWS(layernorm_dx_kernel, vec, rows, C, static_cast<T*>(dx), static_cast<const T*>(dy),
-                       static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate);
+                       static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate_dx);
       }
     }
-    if (dw != nullptr || db != nullptr)
+    if (params)
       detail::column_reduce<T, 2>(
-          ctx, detail::ColumnOutputs<T, 2>{{static_cast<T*>(dw), static_cast<T*>(db)}}, rows, C, accumulate,
+          ctx, detail::ColumnOutputs<T, 2>{{static_cast<T*>(dw), static_cast<T*>(db)}}, rows, C, accumulate_params,
           LayerNormParamGrads<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, C}, stream,
           "layernorm_backward");
   });

@@ -771,7 +771,9 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
         CAPTURE(dtype_str(dt));
         CAPTURE(C);
         CAPTURE(affine);
-        const std::int64_t rows = C == 100 ? 2051 : 45;  // 2051: several row chunks and a ragged tail
+        // 2051: several row chunks and a ragged tail; 4100 at 768: the one-pass backward's warps
+        // take two or three rows each.
+        const std::int64_t rows = C == 100 ? 2051 : C == 768 ? 4100 : 45;
         const float eps_ln = 1e-5f;
         const Vec x = rand_vec(rows * C, 121, dt, -2.0f, 3.0f), w = rand_vec(C, 122, dt, 0.5f, 1.5f),
                   b = rand_vec(C, 123, dt);
@@ -808,10 +810,30 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
           expect_close("layernorm_backward dw", download(*gw, rw.size(), dt), rw, tol_math(dt, 1e-5));
           expect_close("layernorm_backward db", download(*gb, rb.size(), dt), rb, tol_math(dt, 1e-5));
           if (!acc) {
-            auto gw2 = output(sz(C), dt);
-            kg::layernorm_backward(ctx, nullptr, gw2->get(), nullptr, ddy->get(), dxin->get(), dmean->as<float>(),
+            // The same bits again; dw alone (the column reduction over the rows) within the
+            // tolerance of the one pass's (its sums are the warps').
+            auto gx2 = output(x.size(), dt), gw2 = output(sz(C), dt), gb2 = output(sz(C), dt), gw3 = output(sz(C), dt);
+            kg::layernorm_backward(ctx, gx2->get(), gw2->get(), gb2->get(), ddy->get(), dxin->get(), dmean->as<float>(),
                                    drstd->as<float>(), wp, rows, C, false, dt, kStream);
+            expect_equal_bits("layernorm_backward dx", bits(*gx), bits(*gx2));
             expect_equal_bits("layernorm_backward dw", bits(*gw), bits(*gw2));
+            expect_equal_bits("layernorm_backward db", bits(*gb), bits(*gb2));
+            kg::layernorm_backward(ctx, nullptr, gw3->get(), nullptr, ddy->get(), dxin->get(), dmean->as<float>(),
+                                   drstd->as<float>(), wp, rows, C, false, dt, kStream);
+            expect_close("layernorm_backward dw alone", download(*gw3, rw.size(), dt), rw, tol_math(dt, 1e-5));
+            // dx written, dw and db added into (a fresh input gradient, the params' accumulating).
+            auto gx4 = output(x.size(), dt);
+            auto gw4 = device(winit, dt), gb4 = device(binit, dt);
+            kg::layernorm_backward(ctx, gx4->get(), gw4->get(), gb4->get(), ddy->get(), dxin->get(), dmean->as<float>(),
+                                   drstd->as<float>(), wp, rows, C, false, true, dt, kStream);
+            Vec rw4 = winit, rb4 = binit, rx4(x.size());
+            kc::layernorm_backward(rx4.data(), nullptr, nullptr, dy.data(), x.data(), rmean.data(), rrstd.data(),
+                                   affine ? w.data() : nullptr, rows, C, false);
+            kc::layernorm_backward(nullptr, rw4.data(), rb4.data(), dy.data(), x.data(), rmean.data(), rrstd.data(),
+                                   affine ? w.data() : nullptr, rows, C, true);
+            expect_close("layernorm_backward dx written", download(*gx4, rx4.size(), dt), rx4, tol_math(dt, 1e-5));
+            expect_close("layernorm_backward dw added", download(*gw4, rw4.size(), dt), rw4, tol_math(dt, 1e-5));
+            expect_close("layernorm_backward db added", download(*gb4, rb4.size(), dt), rb4, tol_math(dt, 1e-5));
           }
         }
       }
