@@ -200,51 +200,65 @@ __global__ void layernorm_forward_warp_kernel(T* __restrict__ y, float* __restri
   });
 }
 
+// dx of one row (the warp's lanes each own the same columns in every row); with Sums, the
+// row's dy·x̂ and dy added into the lane's sums for dw and db.
+template <class T, int P, bool Sums>
+__device__ __forceinline__ void layernorm_dx_row(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                                                 float mu, float rs, const T* __restrict__ w, std::int64_t row,
+                                                 std::int64_t C, int lane, bool accumulate,
+                                                 float (&sw)[P][detail::kPack<T>], float (&sb)[P][detail::kPack<T>]) {
+  constexpr int W = detail::kPack<T>;
+  const float fc = static_cast<float>(C);
+  float g[P][W], xh[P][W];
+  float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+    if (j >= C) continue;
+    float wv[W];
+    load_f<T, W>(dy + row * C + j, g[p]);
+    load_f<T, W>(x + row * C + j, xh[p]);
+    if (w != nullptr) load_f<T, W>(w + j, wv);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      xh[p][k] = (xh[p][k] - mu) * rs;
+      if constexpr (Sums) {
+        sw[p][k] += g[p][k] * xh[p][k];
+        sb[p][k] += g[p][k];
+      }
+      if (w != nullptr) g[p][k] = g[p][k] * wv[k];
+      sg += g[p][k];
+      sgx += g[p][k] * xh[p][k];
+    }
+  }
+  const float mean_g = detail::warp_sum(sg) / fc;
+  const float mean_gx = detail::warp_sum(sgx) / fc;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+    if (j >= C) continue;
+    float o[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = rs * (g[p][k] - mean_g - xh[p][k] * mean_gx);
+    detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
+  }
+}
+
 template <class T, int P>
 __global__ void layernorm_dx_warp_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                                          const float* __restrict__ mean, const float* __restrict__ rstd,
                                          const T* __restrict__ w, std::int64_t rows, std::int64_t C, bool accumulate) {
-  constexpr int W = detail::kPack<T>;
-  const float fc = static_cast<float>(C);
+  float none[P][detail::kPack<T>];
   for_warp_rows(rows, [&](std::int64_t row, int lane) {
-    const float mu = mean[row], rs = rstd[row];
-    float g[P][W], xh[P][W];
-    float sg = 0.0f, sgx = 0.0f;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
-      if (j >= C) continue;
-      float wv[W];
-      load_f<T, W>(dy + row * C + j, g[p]);
-      load_f<T, W>(x + row * C + j, xh[p]);
-      if (w != nullptr) load_f<T, W>(w + j, wv);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        if (w != nullptr) g[p][k] = g[p][k] * wv[k];
-        xh[p][k] = (xh[p][k] - mu) * rs;
-        sg += g[p][k];
-        sgx += g[p][k] * xh[p][k];
-      }
-    }
-    const float mean_g = detail::warp_sum(sg) / fc;
-    const float mean_gx = detail::warp_sum(sgx) / fc;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
-      if (j >= C) continue;
-      float o[W];
-#pragma unroll
-      for (int k = 0; k < W; ++k) o[k] = rs * (g[p][k] - mean_g - xh[p][k] * mean_gx);
-      detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
-    }
+    layernorm_dx_row<T, P, false>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, none, none);
   });
 }
 
 // The same dx, and in the same pass each warp's sums of dy·x̂ and dy over the rows it takes,
-// for its lane's columns (a lane holds the same columns in every row): partial[0][warp][c]
-// and partial[1][warp][c], fp32. Warp k takes rows k, k + warps, ...; `warps` depends on the
-// rows only, so the sums are the same bits on any GPU. dy and x are read once for all three
-// gradients (the separate column reduction read them again).
+// for its lane's columns: partial[0][warp][c] and partial[1][warp][c], fp32. Warp k takes rows
+// k, k + warps, ...; `warps` depends on the rows only, so the sums are the same bits on any
+// GPU. dy and x are read once for all three gradients (the separate column reduction read
+// them again).
 template <class T, int P>
 __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __restrict__ partial,
                                                const T* __restrict__ dy, const T* __restrict__ x,
@@ -252,7 +266,6 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
                                                const T* __restrict__ w, std::int64_t rows, std::int64_t C,
                                                std::int64_t warps, bool accumulate) {
   constexpr int W = detail::kPack<T>;
-  const float fc = static_cast<float>(C);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
   if (warp >= warps) return;
@@ -261,40 +274,8 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
   for (int p = 0; p < P; ++p)
 #pragma unroll
     for (int k = 0; k < W; ++k) sw[p][k] = sb[p][k] = 0.0f;
-  for (std::int64_t row = warp; row < rows; row += warps) {
-    const float mu = mean[row], rs = rstd[row];
-    float g[P][W], xh[P][W];
-    float sg = 0.0f, sgx = 0.0f;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
-      if (j >= C) continue;
-      float wv[W];
-      load_f<T, W>(dy + row * C + j, g[p]);
-      load_f<T, W>(x + row * C + j, xh[p]);
-      if (w != nullptr) load_f<T, W>(w + j, wv);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        xh[p][k] = (xh[p][k] - mu) * rs;
-        sw[p][k] += g[p][k] * xh[p][k];
-        sb[p][k] += g[p][k];
-        if (w != nullptr) g[p][k] = g[p][k] * wv[k];
-        sg += g[p][k];
-        sgx += g[p][k] * xh[p][k];
-      }
-    }
-    const float mean_g = detail::warp_sum(sg) / fc;
-    const float mean_gx = detail::warp_sum(sgx) / fc;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
-      if (j >= C) continue;
-      float o[W];
-#pragma unroll
-      for (int k = 0; k < W; ++k) o[k] = rs * (g[p][k] - mean_g - xh[p][k] * mean_gx);
-      detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
-    }
-  }
+  for (std::int64_t row = warp; row < rows; row += warps)
+    layernorm_dx_row<T, P, true>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, sw, sb);
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
