@@ -153,7 +153,9 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
   const models::OpGraph& g = o.graph();
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g.tensors[U(t)].shape; };
   auto act = [&](TensorId t) { return o.act_ref(t); };
-  auto grad = [&](TensorId t) { return o.grad_ref(t); };
+  // Peeked, not used: the device asks whether it may write an input's gradient whole after
+  // this (Operands::accumulates), and a gradient used first is zero-filled.
+  auto grad = [&](TensorId t) { return o.grad_peek(t); };
   const TensorId y = op.outputs.empty() ? -1 : op.outputs[0];
   const std::int64_t n = y >= 0 ? shape_numel(shape(y)) : 0;
   const LossFlow lf = cuda_loss_flow(g, op);

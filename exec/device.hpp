@@ -42,6 +42,9 @@ class Operands {
   // The same tensors as they are stored (any device): id tensors are int64.
   virtual Ref act_ref(models::TensorId t) const = 0;
   virtual Ref grad_ref(models::TensorId t) const = 0;  // base nullptr: not bound
+  // The same Ref without using the gradient (no zero-fill of a fresh one, no stream order):
+  // for sizing a call's temporaries before its accumulates() questions are asked.
+  virtual Ref grad_peek(models::TensorId t) const { return grad_ref(t); }
   virtual Ref param_ref(models::ParamId p) const = 0;
   virtual Ref param_grad_ref(models::ParamId p) const = 0;
   // Whether the backward must add into the gradient of input tensor t (true), or may

@@ -244,6 +244,7 @@ class CudaDevice final : public Device {
   void fill(Ref dst, std::int64_t n, float value) override {
     if (n <= 0) return;
     if (value == 0.0f && hold({RunBatch::Kind::zero, dst, Ref{}, n})) return;
+    settle();
     ZP_CUDA_CHECK(cudaMemsetAsync(at(dst), 0, U(n * dtype_size(dst.dt)), stream_));
     if (value == 0.0f) return;
     float_only(dst, "fill");

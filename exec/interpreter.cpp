@@ -228,6 +228,11 @@ Ref Interpreter::grad_ref(TensorId t) const {
   const BufferId b = tgrad_buf_[U(t)];
   return b >= 0 ? ref(b) : Ref{};
 }
+Ref Interpreter::grad_peek(TensorId t) const {
+  const BufferId b = tgrad_buf_[U(t)];
+  if (b < 0 || !mem_.live(b)) return {};
+  return {mem_.data(b), p_.buffers[U(b)].dtype, 0};
+}
 
 std::pair<BufferId, std::int64_t> Interpreter::param_at(ParamId p) const {
   if (stage_ < 3) return {params_buf_, layout_.offset[U(p)]};

@@ -159,6 +159,7 @@ class Interpreter : private Operands {
   float* param_grad(models::ParamId p) const override;  // its gradient (must be live)
   Ref act_ref(models::TensorId t) const override;
   Ref grad_ref(models::TensorId t) const override;
+  Ref grad_peek(models::TensorId t) const override;
   Ref param_ref(models::ParamId p) const override;
   Ref param_grad_ref(models::ParamId p) const override;
   bool accumulates(models::TensorId t) override;

@@ -220,6 +220,7 @@ class ClaimingOperands final : public zp::exec::Operands {
   float* param_grad(zp::models::ParamId p) const override { return o_.param_grad(p); }
   Ref act_ref(zp::models::TensorId t) const override { return o_.act_ref(t); }
   Ref grad_ref(zp::models::TensorId t) const override { return o_.grad_ref(t); }
+  Ref grad_peek(zp::models::TensorId t) const override { return o_.grad_peek(t); }
   Ref param_ref(zp::models::ParamId p) const override { return o_.param_ref(p); }
   Ref param_grad_ref(zp::models::ParamId p) const override { return o_.param_grad_ref(p); }
   bool accumulates(zp::models::TensorId t) override {

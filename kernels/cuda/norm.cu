@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -298,9 +299,12 @@ struct WarpPartials {
   }
 };
 
-// Warps of the fused LayerNorm backward: one per row up to 2048 (about 16 resident per SM on
-// a 132-SM GPU), then several rows each.
+// Warps of the one-pass LayerNorm backward: one per 8 rows, at most 2048 (about 16 resident
+// per SM on a 132-SM GPU). Their partial sums (8 bytes per column each) then weigh at most
+// one byte per element of dy, against the 4 (16-bit) or 8 (fp32) of the second read of dy
+// and x they replace.
 constexpr std::int64_t kLayerNormBackwardWarps = 2048;
+constexpr std::int64_t kLayerNormBackwardRowsPerWarp = 8;
 
 // Packs per lane of the warp kernels for rows of C elements (0: too long, the block kernels).
 template <class T>
@@ -576,7 +580,8 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
     const bool params = dw != nullptr || db != nullptr;
     // All three in one pass over dy and x: the warps' partial sums at the scratch's end, the
     // column reduction's own partials (at most 2·C floats per 32 warps) at its start.
-    const std::int64_t warps = rows < kLayerNormBackwardWarps ? rows : kLayerNormBackwardWarps;
+    const std::int64_t warps =
+        std::min(detail::ceil_div(rows, kLayerNormBackwardRowsPerWarp), kLayerNormBackwardWarps);
     const std::size_t mine = sizeof(float) * 2 * static_cast<std::size_t>(warps * C);
     const std::size_t theirs =
         sizeof(float) * 2 * static_cast<std::size_t>(C * detail::ceil_div(warps, detail::kColMinRows));
