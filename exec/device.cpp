@@ -41,6 +41,27 @@ bool backward_assigns(const models::OpGraph& g, const models::Op& op, std::size_
     case Fn::add: return op.inputs.size() == 2 && numel(g, op.inputs[1]) == numel(g, op.outputs[0]);
     // A copy of a whole 4-D tensor; a column block of a wider one is only part of it.
     case Fn::heads_copy: return g.tensors[static_cast<std::size_t>(op.inputs[0])].shape.size() == 4;
+    // q, k or v as the (B, T, X·D) columns of a tensor of its own (BERT's projections): the
+    // heads' gradient is copied into all of it. Not the (B, X, T, D) heads the fused kernel
+    // adds into in place, nor one tensor that is two operands (GPT-2's fused qkv).
+    case Fn::sdpa:
+    case Fn::flash_attention: {
+      const models::HeadsLayout f = models::heads_layout(g, op);
+      const models::TensorId t = op.inputs[i];
+      const models::HeadsOperand* ops[3] = {&f.q, &f.k, &f.v};
+      const models::HeadsOperand* h = nullptr;
+      int uses = 0;
+      for (int k = 0; k < 3; ++k)
+        if (ops[k]->tensor == t) {
+          h = ops[k];
+          ++uses;
+        }
+      if (uses != 1) return false;
+      const std::int64_t X = h == &f.q ? f.H : f.K;
+      const bool columns = h->offset == 0 && h->st == X * f.D && h->sh == f.D && h->sb == f.T * h->st;
+      // (With one head and one position the columns are the contiguous heads.)
+      return columns && !(X == 1 && f.T == 1) && numel(g, t) == f.B * f.T * X * f.D;
+    }
     default: return false;
   }
 }

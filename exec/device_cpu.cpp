@@ -515,9 +515,12 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       // The gradients land in the inputs' gradients at the operands' own strides (GPT-2: the
       // column blocks of d(qkv)); an input without one gets a zeroed scratch of its size.
       const models::HeadsOperand* in[3] = {&f.q, &f.k, &f.v};
+      bool add[3];  // asked first: a gradient written whole starts from zeros here
+      for (int i = 0; i < 3; ++i) add[i] = ops.accumulates(in[i]->tensor);
       float* g[3];
       for (int i = 0; i < 3; ++i) {
         float* d = grad(in[i]->tensor);
+        if (d && !add[i]) std::fill_n(d, numel(in[i]->tensor), 0.0f);
         g[i] = d ? d + in[i]->offset : scratch(U(i), numel(in[i]->tensor)) + in[i]->offset;
       }
       const auto* rng = reinterpret_cast<const std::int64_t*>(act(f.rng));

@@ -192,6 +192,9 @@ class FusedAttention {
   // as heads, then a (B, H, T, D) gradient for each of q, k, v the kernel cannot accumulate
   // into in place (none: in place), then k's and v's summed over their query heads.
   void backward(const Ref& dy, const OpScratch& sc) {
+    // Asked before the gradients are touched (Operands::accumulates): an operand that is a whole
+    // (B, T, X·D) tensor of its own gets its gradient written by its last copy, not added.
+    const bool aq = o_.accumulates(f_.q.tensor), ak = o_.accumulates(f_.k.tensor), av = o_.accumulates(f_.v.tensor);
     const Ref gq = o_.grad_ref(f_.q.tensor), gk = o_.grad_ref(f_.k.tensor), gv = o_.grad_ref(f_.v.tensor);
     if (!gq && !gk && !gv) return;
     const std::vector<void*> t = carve(env_, sc.temp);
@@ -216,9 +219,9 @@ class FusedAttention {
     void* dv = v_direct ? ptr(gv.at(f_.v.offset)) : dvh;
     cuda::sdpa_backward(*env_.ctx, dq, dk, dv, doh, q, k, v, oh, fp32_of(op_, o_.act_ref(f_.lse)), nullptr, f_.B,
                         f_.H, f_.T, f_.D, f_.causal, scale(), p(), seed_, offset_, dt_, env_.stream);
-    if (!q_direct) give_back(f_.q, gq, f_.H, dqh, nullptr);
-    if (!k_direct) give_back(f_.k, gk, f_.K, dkh, dkc);
-    if (!v_direct) give_back(f_.v, gv, f_.K, dvh, dvc);
+    if (!q_direct) give_back(f_.q, gq, f_.H, dqh, nullptr, aq);
+    if (!k_direct) give_back(f_.k, gk, f_.K, dkh, dkc, ak);
+    if (!v_direct) give_back(f_.v, gv, f_.K, dvh, dvc, av);
   }
 
  private:
@@ -239,9 +242,11 @@ class FusedAttention {
     return repeat;
   }
 
-  // Adds the (B, H, T, D) gradient dh to operand h's gradient g: summed over the query heads
-  // of each kv head (in `copy` when h is a column block), then scattered to its columns.
-  void give_back(const models::HeadsOperand& h, const Ref& g, std::int64_t X, const void* dh, void* copy) const {
+  // Adds the (B, H, T, D) gradient dh to operand h's gradient g (or writes it, `accumulate`
+  // false: h is all of g): summed over the query heads of each kv head (in `copy` when h is a
+  // column block), then scattered to its columns.
+  void give_back(const models::HeadsOperand& h, const Ref& g, std::int64_t X, const void* dh, void* copy,
+                 bool accumulate) const {
     if (!g) return;
     if (X < f_.H) {
       if (contiguous(h, X)) {
@@ -251,7 +256,7 @@ class FusedAttention {
       cuda::repeat_kv_backward(copy, dh, f_.B, X, f_.H / X, f_.T, f_.D, false, dt_, env_.stream);
       dh = copy;
     }
-    cuda::split_heads_backward(ptr(g), dh, f_.B, f_.T, X, f_.D, h.st, h.offset, true, dt_, env_.stream);
+    cuda::split_heads_backward(ptr(g), dh, f_.B, f_.T, X, f_.D, h.st, h.offset, accumulate, dt_, env_.stream);
   }
 
   const CudaOpEnv& env_;
