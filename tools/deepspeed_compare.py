@@ -309,6 +309,28 @@ def print_host_probe(runs):
           f"correlation {sxy / (sxx * syy) ** 0.5:.2f}, slope {sxy / sxx:.2f}")
 
 
+def print_phase_sums(runs):
+    """The synchronised phases' sum against the unsynchronised iteration, by the optimizer's
+    wrapper and overlap_comm: how much of a phase's time the harness's synchronisations expose
+    that an iteration without them hides (docs/deepspeed_fidelity.md)."""
+    groups = {}
+    for run in runs:
+        ph, it = run.get("phases_s"), run.get("iteration_s")
+        if not ph or not it or run.get("world_size", 1) != 1:
+            continue
+        gap = (sum(ph[k] for k in ("forward", "backward", "step")) - it) * 1e3
+        overlap = run.get("ds_config", {}).get("zero_optimization", {}).get("overlap_comm")
+        key = f"stage {run['stage']}" + ("" if run["stage"] in (0, 3) else
+                                          f", overlap_comm {'on' if overlap else 'off'}")
+        groups.setdefault(key, []).append(gap)
+    if not groups:
+        return
+    print("\nsynchronised phases' sum minus the unsynchronised iteration (ms): median [range] over runs")
+    for key in sorted(groups):
+        g = groups[key]
+        print(f"  {key:28s} {statistics.median(g):6.1f} [{min(g):.1f} .. {max(g):.1f}] over {len(g)} runs")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", nargs="?")
@@ -413,6 +435,7 @@ def main():
     print_stage_ranking(rows)
     print_device_busy(rows, runs)
     print_host_probe(runs)
+    print_phase_sums(runs)
     if args.json:  # no measurement (a run timed only) is null, not NaN (which JSON does not have)
         def finite(v):
             if isinstance(v, float) and v != v:
