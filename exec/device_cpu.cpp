@@ -609,8 +609,9 @@ void CpuDevice::fill(Ref dst, std::int64_t n, float value) {
     std::memset(static_cast<std::byte*>(dst.base) + U(dst.off) * es, 0, U(n) * es);
     return;
   }
-  tmp_[0].assign(U(n), value);
-  store_f32(dst, tmp_[0].data(), n);
+  // One 16-bit pattern, stored n times (no fp32 staging of the whole run).
+  const std::uint16_t bits = dst.dt == DType::bf16 ? cpu::float_to_bf16(value) : cpu::float_to_fp16(value);
+  std::fill_n(static_cast<std::uint16_t*>(dst.base) + dst.off, n, bits);
 }
 
 void CpuDevice::scale(Ref x, std::int64_t n, float factor) {
