@@ -29,6 +29,7 @@
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/loss.cuh"
+#include "kernels/cuda/multi.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -276,8 +277,16 @@ int main(int argc, char** argv) {
           kg::layernorm_backward(ctx, dx.get(), dw.get(), db.get(), dy.get(), x.get(), mean.as<float>(),
                                  rstd.as<float>(), w.get(), R, C, false, dt, nullptr);
         });
-        // The fewest bytes: dy and x read once, dx written once (this version reads both twice).
+        // The fewest bytes: dy and x read once, dx written once (the one-pass kernel, rows of at
+        // most 128 packs; the two-pass path reads both twice).
         report("layernorm bwd " + tn, dims({R, C}), ms, 3.0 * rc, false, copy_ceiling);
+        ms = time_ms(opt, [&] {  // the two-pass path: dx, then the params' column reduction
+          kg::layernorm_backward(ctx, dx.get(), nullptr, nullptr, dy.get(), x.get(), mean.as<float>(), rstd.as<float>(),
+                                 w.get(), R, C, false, dt, nullptr);
+          kg::layernorm_backward(ctx, nullptr, dw.get(), db.get(), dy.get(), x.get(), mean.as<float>(),
+                                 rstd.as<float>(), w.get(), R, C, false, dt, nullptr);
+        });
+        report("layernorm bwd two passes " + tn, dims({R, C}), ms, 3.0 * rc, false, copy_ceiling);
         ms = time_ms(opt, [&] { kg::rmsnorm_forward(y.get(), rstd.as<float>(), x.get(), w.get(), R, C, 1e-6f, dt, nullptr); });
         report("rmsnorm fwd " + tn, dims({R, C}), ms, 2.0 * rc, false, copy_ceiling);
         ms = time_ms(opt, [&] { kg::gelu_tanh_forward(y.get(), x.get(), R * C, dt, nullptr); });
@@ -369,6 +378,48 @@ int main(int argc, char** argv) {
       report("sum_squares fp32", dims({n}), ms, static_cast<double>(n) * 4.0, false, copy_ceiling);
       ms = time_ms(opt, [&] { kg::convert(p16.get(), DType::bf16, p.get(), DType::fp32, n, nullptr); });
       report("convert fp32->bf16", dims({n}), ms, static_cast<double>(n) * 6.0, false, copy_ceiling);
+    }
+
+    // ---------------------------------------------------------------- a step's per-tensor copies
+    {  // GPT-2 124M's 148 parameter tensors, bf16 gradients into a flat fp32 buffer (BF16_Optimizer's
+       // fp32 copies): one convert per tensor, as the CUDA device ran them, against multi_map.
+      std::vector<std::int64_t> sizes = {50257 * 768, 1024 * 768};
+      for (int l = 0; l < 12; ++l)
+        for (std::int64_t s : {768, 768, 768 * 2304, 2304, 768 * 768, 768, 768, 768, 768 * 3072, 3072, 3072 * 768, 768})
+          sizes.push_back(s);
+      sizes.push_back(768);
+      sizes.push_back(768);
+      std::int64_t n = 0;
+      for (std::int64_t s : sizes) n += s;
+      Buffer g16(static_cast<std::size_t>(n) * 2), flat(static_cast<std::size_t>(n) * 4), norm(8);
+      fill(g16, n, DType::bf16, 31);
+      std::vector<kg::MultiRun> runs;
+      std::int64_t at = 0;
+      for (std::int64_t s : sizes) {
+        runs.push_back({flat.as<float>() + at, static_cast<const char*>(g16.get()) + at * 2, s});
+        at += s;
+      }
+      double ms = time_ms(opt, [&] {
+        for (const auto& r : runs) kg::convert(r.y, DType::fp32, r.x, DType::bf16, r.n, nullptr);
+      });
+      const std::string shape = std::to_string(sizes.size()) + " tensors";
+      report("148 converts bf16->fp32", shape, ms, static_cast<double>(n) * 6.0, false, copy_ceiling);
+      ms = time_ms(opt, [&] {
+        kg::multi_map(runs.data(), static_cast<std::int64_t>(runs.size()), kg::MultiMode::copy, DType::fp32, DType::bf16,
+                      nullptr);
+      });
+      report("multi_map bf16->fp32", shape, ms, static_cast<double>(n) * 6.0, false, copy_ceiling);
+      ms = time_ms(opt, [&] {
+        ZP_CUDA_CHECK(cudaMemsetAsync(norm.get(), 0, 8, nullptr));
+        for (const auto& r : runs) kg::sum_squares(ctx, norm.as<double>(), r.x, r.n, true, DType::bf16, nullptr);
+      });
+      report("148 sum_squares bf16", shape, ms, static_cast<double>(n) * 2.0, false, copy_ceiling);
+      ms = time_ms(opt, [&] {
+        ZP_CUDA_CHECK(cudaMemsetAsync(norm.get(), 0, 8, nullptr));
+        kg::multi_sum_squares(ctx, norm.as<double>(), runs.data(), static_cast<std::int64_t>(runs.size()), DType::bf16,
+                              nullptr);
+      });
+      report("multi_sum_squares bf16", shape, ms, static_cast<double>(n) * 2.0, false, copy_ceiling);
     }
 
     // ---------------------------------------------------------------- fused attention

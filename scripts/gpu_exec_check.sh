@@ -38,7 +38,7 @@ grep -E "worst relative|ERROR|FAILED|test cases|assertions" "$LOGS/test_exec_cud
 if [ -x "$BIN/zeroplan_bench_cuda" ] && [ "${1:-}" != quick ]; then
   timeout 150 "$BIN/zeroplan_bench_cuda" > "$LOGS/bench_kernels_cuda.txt" 2>&1
   grep -E "ceiling|lm_head" "$LOGS/bench_kernels_cuda.txt"
-  grep -E "sdpa (fwd|bwd) bf16|cross_entropy|dropout|layernorm" "$LOGS/bench_kernels_cuda.txt"
+  grep -E "sdpa (fwd|bwd) bf16|cross_entropy|dropout|layernorm|multi_|148 " "$LOGS/bench_kernels_cuda.txt"
   (cd bench && timeout 120 python3 torch_gemm_probe.py && timeout 120 python3 torch_sdpa_probe.py) 2>&1 |
     tee "$LOGS/torch_probes.txt"
 fi
