@@ -1,12 +1,12 @@
 #include "exec/device.hpp"
 
+#include "exec/numeric.hpp"
+
 namespace zp::exec {
 
 namespace {
 std::int64_t numel(const models::OpGraph& g, models::TensorId t) {
-  std::int64_t n = 1;
-  for (std::int64_t d : g.tensors[static_cast<std::size_t>(t)].shape) n *= d;
-  return n;
+  return shape_numel(g.tensors[static_cast<std::size_t>(t)].shape);
 }
 }  // namespace
 

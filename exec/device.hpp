@@ -52,8 +52,8 @@ class Operands {
   // before the first grad()/grad_ref() of t in the call: a fresh gradient asked for first
   // is zero-filled then, and this returns true. Answering false is a promise that the
   // call writes every element of t's gradient (the interpreter asks it only of the inputs
-  // backward_assigns names). The CPU device's memory and, under ZEROPLAN_POISON_FRESH=1,
-  // the CUDA device's hold NaN there, so a broken promise shows in every test.
+  // backward_assigns names). Under ZEROPLAN_POISON_FRESH=1, which every test runs with, the
+  // memory holds NaN there, so a broken promise shows in the tests.
   virtual bool accumulates(models::TensorId t) = 0;
   // Per-call host working memory, `slot` 0..3, at least `n` floats (the CPU device's).
   virtual float* scratch(std::size_t slot, std::int64_t n) = 0;

@@ -411,10 +411,8 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       const bool a = acc(0);
       const float* mean = act(op.outputs[1]);
       const float* rstd = act(op.outputs[2]);
-      if (float* d = dx(0))
-        cpu::layernorm_backward(d, nullptr, nullptr, dy, x(0), mean, rstd, param(op.params[0]), n / C, C, a);
-      cpu::layernorm_backward(nullptr, pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, x(0), mean, rstd,
-                              param(op.params[0]), n / C, C, true);
+      cpu::layernorm_backward(dx(0), pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, x(0), mean, rstd,
+                              param(op.params[0]), n / C, C, a, true);
       break;
     }
     case Fn::pow: {
@@ -433,22 +431,24 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
     }
     case Fn::mul: {
       const bool a0 = acc(0), a1 = acc(1);
-      cpu::mul_backward(dx(0), nullptr, dy, x(0), x(1), n, a0);
-      cpu::mul_backward(nullptr, dx(1), dy, x(0), x(1), n, a1);
+      if (a0 == a1) {  // one pass (a fresh operand and one added into: two)
+        cpu::mul_backward(dx(0), dx(1), dy, x(0), x(1), n, a0);
+      } else {
+        cpu::mul_backward(dx(0), nullptr, dy, x(0), x(1), n, a0);
+        cpu::mul_backward(nullptr, dx(1), dy, x(0), x(1), n, a1);
+      }
       break;
     }
     case Fn::mul_rowscale: {
       const std::int64_t C = shape(y).back();
       const bool a = acc(0);
-      cpu::mul_rowscale_backward(dx(0), nullptr, dy, x(0), x(1), n / C, C, a);
-      cpu::mul_rowscale_backward(nullptr, dx(1), dy, x(0), x(1), n / C, C, true);
+      cpu::mul_rowscale_backward(dx(0), dx(1), dy, x(0), x(1), n / C, C, a, true);
       break;
     }
     case Fn::mul_weight: {
       const std::int64_t C = shape(y).back();
       const bool a = acc(0);
-      cpu::mul_weight_backward(dx(0), nullptr, dy, x(0), param(op.params[0]), n / C, C, a);
-      cpu::mul_weight_backward(nullptr, pg(0), dy, x(0), param(op.params[0]), n / C, C, true);
+      cpu::mul_weight_backward(dx(0), pg(0), dy, x(0), param(op.params[0]), n / C, C, a, true);
       break;
     }
     case Fn::gelu: { const bool a = acc(0); if (float* d = dx(0)) cpu::gelu_backward(d, x(0), dy, n, a); break; }

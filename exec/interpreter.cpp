@@ -59,7 +59,7 @@ Interpreter::Interpreter(const models::OpGraph& g, const zero::Program& p, const
       cfg_(cfg), comm_(comm), mem_(mem), seed_(seed), order_(p_) {
   host_ = dev_.host_addressable();
   const char* poison = std::getenv("ZEROPLAN_POISON_FRESH");
-  poison_ = host_ || (poison != nullptr && std::string_view(poison) == "1");
+  poison_ = poison != nullptr && std::string_view(poison) == "1";
   mem_.defer_gradient_zeroing(true);
   fresh_.assign(p_.buffers.size(), kWritten);
   device_memory_.to_host = [this](void* host, const void* data, std::size_t n) { dev_.download_bytes(host, data, n); };

@@ -216,8 +216,8 @@ class Interpreter : private Operands {
   // backward_assigns says its kernels can, and it is zero-filled before any other first use.
   enum : std::uint8_t { kWritten = 0, kFresh = 1, kMayAssign = 2, kAssigned = 3 };
   mutable std::vector<std::uint8_t> fresh_;  // per buffer
-  // Buffers the program does not read as zeros are filled with NaN as they are allocated:
-  // always on the CPU device, on another under ZEROPLAN_POISON_FRESH=1.
+  // Buffers the program does not read as zeros are filled with NaN as they are allocated,
+  // under ZEROPLAN_POISON_FRESH=1 (the test suite sets it).
   bool poison_ = false;
   void allocated(zero::BufferId b);
   void zero_if_fresh(zero::BufferId b) const;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <set>
@@ -256,8 +257,10 @@ class ClaimingDevice final : public zp::test::ForwardingDevice {
 }  // namespace
 
 TEST_CASE("a fresh gradient is written whole by its first writer where backward_assigns allows, and the step is bit for bit the one that adds into zeros") {
-  // The CPU device fills such gradients with NaN until they are written (Operands::accumulates):
-  // a kernel that claimed a gradient and left part of it unwritten makes the step NaN.
+  // Under ZEROPLAN_POISON_FRESH=1 (set here too, so the binary alone checks it) such gradients
+  // hold NaN until written (Operands::accumulates): a kernel that claimed a gradient and left
+  // part of it unwritten makes the step NaN.
+  REQUIRE(setenv("ZEROPLAN_POISON_FRESH", "1", 1) == 0);
   for (const std::string name : {"tiny-gpt2", "tiny-bert", "tiny-llama"})
   for (const std::string dtype : {"bf16", "fp32"}) {
     INFO(name, " ", dtype);

@@ -67,20 +67,26 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
 
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* mean,
                         const float* rstd, const float* w, std::int64_t rows, std::int64_t C, bool accumulate) {
+  layernorm_backward(dx, dw, db, dy, x, mean, rstd, w, rows, C, accumulate, accumulate);
+}
+
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* mean,
+                        const float* rstd, const float* w, std::int64_t rows, std::int64_t C, bool accumulate_dx,
+                        bool accumulate_params) {
   std::vector<double> sw(dw != nullptr ? static_cast<std::size_t>(C) : 0, 0.0);
   std::vector<double> sb(db != nullptr ? static_cast<std::size_t>(C) : 0, 0.0);
   for (std::int64_t i = 0; i < rows; ++i) {
     const float* dyr = dy + i * C;
     const float* xr = x + i * C;
-    if (dx != nullptr) layernorm_dx_row(dx + i * C, dyr, xr, w, mean[i], rstd[i], C, accumulate);
+    if (dx != nullptr) layernorm_dx_row(dx + i * C, dyr, xr, w, mean[i], rstd[i], C, accumulate_dx);
     for (std::int64_t j = 0; j < C; ++j) {
       const auto jj = static_cast<std::size_t>(j);
       if (dw != nullptr) sw[jj] += static_cast<double>(dyr[j]) * static_cast<double>((xr[j] - mean[i]) * rstd[i]);
       if (db != nullptr) sb[jj] += static_cast<double>(dyr[j]);
     }
   }
-  if (dw != nullptr) detail::store_all(dw, sw.data(), C, accumulate);
-  if (db != nullptr) detail::store_all(db, sb.data(), C, accumulate);
+  if (dw != nullptr) detail::store_all(dw, sw.data(), C, accumulate_params);
+  if (db != nullptr) detail::store_all(db, sb.data(), C, accumulate_params);
 }
 
 void rms_rsqrt_forward(float* r, const float* sq, std::int64_t rows, std::int64_t C, float eps) {
@@ -110,14 +116,19 @@ void mul_rowscale_forward(float* y, const float* x, const float* r, std::int64_t
 
 void mul_rowscale_backward(float* dx, float* dr, const float* dy, const float* x, const float* r, std::int64_t rows,
                            std::int64_t C, bool accumulate) {
+  mul_rowscale_backward(dx, dr, dy, x, r, rows, C, accumulate, accumulate);
+}
+
+void mul_rowscale_backward(float* dx, float* dr, const float* dy, const float* x, const float* r, std::int64_t rows,
+                           std::int64_t C, bool accumulate_dx, bool accumulate_dr) {
   for (std::int64_t i = 0; i < rows; ++i) {
     const float* dyr = dy + i * C;
     if (dx != nullptr)
-      for (std::int64_t j = 0; j < C; ++j) store(dx + i * C + j, dyr[j] * r[i], accumulate);
+      for (std::int64_t j = 0; j < C; ++j) store(dx + i * C + j, dyr[j] * r[i], accumulate_dx);
     if (dr != nullptr) {
       double s = 0.0;
       for (std::int64_t j = 0; j < C; ++j) s += static_cast<double>(dyr[j]) * static_cast<double>(x[i * C + j]);
-      store(dr + i, static_cast<float>(s), accumulate);
+      store(dr + i, static_cast<float>(s), accumulate_dr);
     }
   }
 }
@@ -129,16 +140,21 @@ void mul_weight_forward(float* y, const float* x, const float* w, std::int64_t r
 
 void mul_weight_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, std::int64_t rows,
                          std::int64_t C, bool accumulate) {
+  mul_weight_backward(dx, dw, dy, x, w, rows, C, accumulate, accumulate);
+}
+
+void mul_weight_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, std::int64_t rows,
+                         std::int64_t C, bool accumulate_dx, bool accumulate_dw) {
   std::vector<double> sw(dw != nullptr ? static_cast<std::size_t>(C) : 0, 0.0);
   for (std::int64_t i = 0; i < rows; ++i) {
     const float* dyr = dy + i * C;
     const float* xr = x + i * C;
     for (std::int64_t j = 0; j < C; ++j) {
-      if (dx != nullptr) store(dx + i * C + j, dyr[j] * w[j], accumulate);
+      if (dx != nullptr) store(dx + i * C + j, dyr[j] * w[j], accumulate_dx);
       if (dw != nullptr) sw[static_cast<std::size_t>(j)] += static_cast<double>(dyr[j]) * static_cast<double>(xr[j]);
     }
   }
-  if (dw != nullptr) detail::store_all(dw, sw.data(), C, accumulate);
+  if (dw != nullptr) detail::store_all(dw, sw.data(), C, accumulate_dw);
 }
 
 }  // namespace zp::kernels::cpu

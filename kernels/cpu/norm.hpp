@@ -27,6 +27,10 @@ void layernorm_backward(float* dx,          // (rows, C), or nullptr
                         const float* rstd,  // (rows)
                         const float* w,     // (C), or nullptr (weight of 1)
                         std::int64_t rows, std::int64_t C, bool accumulate);
+// The same in one pass, dx added into or written (accumulate_dx) apart from dw and db.
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* mean,
+                        const float* rstd, const float* w, std::int64_t rows, std::int64_t C, bool accumulate_dx,
+                        bool accumulate_params);
 
 // r = 1 / sqrt(mean(sq over C) + eps), the mean in double.
 void rms_rsqrt_forward(float* r,         // (rows)
@@ -52,6 +56,9 @@ void mul_rowscale_backward(float* dx,        // (rows, C), or nullptr
                            const float* x,   // (rows, C)
                            const float* r,   // (rows)
                            std::int64_t rows, std::int64_t C, bool accumulate);
+// The same with dx's accumulation apart from dr's.
+void mul_rowscale_backward(float* dx, float* dr, const float* dy, const float* x, const float* r, std::int64_t rows,
+                           std::int64_t C, bool accumulate_dx, bool accumulate_dr);
 
 // y = x * w, w (a parameter) broadcast over the rows.
 void mul_weight_forward(float* y,        // (rows, C)
@@ -66,5 +73,8 @@ void mul_weight_backward(float* dx,        // (rows, C), or nullptr
                          const float* x,   // (rows, C)
                          const float* w,   // (C)
                          std::int64_t rows, std::int64_t C, bool accumulate);
+// The same with dx's accumulation apart from dw's.
+void mul_weight_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, std::int64_t rows,
+                         std::int64_t C, bool accumulate_dx, bool accumulate_dw);
 
 }  // namespace zp::kernels::cpu
