@@ -351,9 +351,13 @@ class GraphOpRunner final : public exec::Operands {
     // An input gradient the op's kernels can write whole is written, as its first writer in
     // a training step writes it (exec::backward_assigns); the others are added into.
     assigns_.clear();
-    for (std::size_t i = 0; i < op.inputs.size(); ++i)
+    assigns_cols_.clear();
+    for (std::size_t i = 0; i < op.inputs.size(); ++i) {
       if (exec::backward_assigns(g_, op, i) && std::count(op.inputs.begin(), op.inputs.end(), op.inputs[i]) == 1)
         assigns_.insert(op.inputs[i]);
+      for (const exec::ColumnBlock& c : exec::backward_assigns_columns(g_, op, i))
+        assigns_cols_.emplace(op.inputs[i], c.first);
+    }
     auto call = [&] { backward ? dev_->backward(op, *this) : dev_->forward(op, *this); };
     call();  // warm-up (and the device's scratch grown to the op's size)
     std::vector<double> t;
@@ -386,6 +390,10 @@ class GraphOpRunner final : public exec::Operands {
     return scratch_[slot].data();
   }
   bool accumulates(models::TensorId t) override { return assigns_.count(t) == 0; }
+  bool accumulates(models::TensorId t, exec::ColumnBlock cols) override {
+    if (cols.first == 0 && cols.count == cols.width) return accumulates(t);
+    return assigns_cols_.count({t, cols.first}) == 0;
+  }
   std::uint64_t dropout_seed() const override { return 1234; }
   float loss_grad() const override { return 1.0f; }
 
@@ -419,6 +427,7 @@ class GraphOpRunner final : public exec::Operands {
   std::vector<void*> owned_;
   std::map<models::TensorId, void*> act_, grad_;
   std::set<models::TensorId> assigns_;
+  std::set<std::pair<models::TensorId, std::int64_t>> assigns_cols_;  // (tensor, first column)
   std::map<models::ParamId, void*> param_, pgrad_;
   std::vector<std::vector<float>> scratch_;
 };

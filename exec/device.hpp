@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/dtype.hpp"
 #include "kernels/cpu/optimizer.hpp"
@@ -24,6 +25,14 @@ struct Ref {
   std::int64_t off = 0;
   Ref at(std::int64_t k) const { return {base, dt, off + k}; }
   explicit operator bool() const { return base != nullptr; }
+};
+
+// Columns [first, first + count) of every row of a tensor whose last dimension is `width`
+// wide: the part of a gradient some backward kernels write (GPT-2's q, k and v are column
+// blocks of one (B, T, 3C) tensor).
+struct ColumnBlock {
+  std::int64_t first = 0, count = 0, width = 0;
+  bool operator==(const ColumnBlock&) const = default;
 };
 
 // One op's operands, bound by the interpreter (nullptr: the tensor is not bound, e.g. a
@@ -55,6 +64,13 @@ class Operands {
   // backward_assigns names). Under ZEROPLAN_POISON_FRESH=1, which every test runs with, the
   // memory holds NaN there, so a broken promise shows in the tests.
   virtual bool accumulates(models::TensorId t) = 0;
+  // The same for columns `cols` of t's gradient: false is a promise to write every element
+  // of those columns, and to touch no other column of it in this call (the interpreter asks
+  // it of the blocks backward_assigns_columns names; their union may be all of t, written by
+  // several ops). Ask it before the first grad()/grad_ref() of t in the call; for a block it
+  // returns true, its unwritten elements are zero-filled then. A block that is all of t is
+  // accumulates(t).
+  virtual bool accumulates(models::TensorId t, ColumnBlock cols) = 0;
   // Per-call host working memory, `slot` 0..3, at least `n` floats (the CPU device's).
   virtual float* scratch(std::size_t slot, std::int64_t n) = 0;
   // The dropout stream of this micro-step (masks are a function of it and the op id).
@@ -68,6 +84,15 @@ class Operands {
 // gradient with an `accumulate` flag off, the same on every device. A gradient that is not
 // named here is zero-filled before its first writer adds into it.
 bool backward_assigns(const models::OpGraph& g, const models::Op& op, std::size_t i);
+// The column blocks of input i's gradient that a device's backward of `op` writes whole when
+// they are fresh (Operands::accumulates(t, block) false), each once, none of them all of the
+// tensor (that is backward_assigns): the copy of a column block into heads (the KV cache's
+// k and v, eager attention's q), and the fused attention's operands that are column blocks
+// of one wider tensor (GPT-2's q, k, v in its qkv). Empty: none.
+std::vector<ColumnBlock> backward_assigns_columns(const models::OpGraph& g, const models::Op& op, std::size_t i);
+// Whether the backward of the fused attention `f` must add into operand h's gradient
+// (Operands::accumulates, asked as a column block where h is one): how both devices ask.
+bool operand_accumulates(Operands& o, const models::HeadsLayout& f, const models::HeadsOperand& h);
 
 // The sum of squares of some elements and whether one of them is not finite (DeepSpeed's
 // gradient norm and fp16 overflow check), gathered over several calls.
@@ -104,6 +129,11 @@ class Device {
   virtual void copy(Ref dst, Ref src, std::int64_t n) = 0;   // dst = src
   virtual void add(Ref dst, Ref src, std::int64_t n) = 0;    // dst += src
   virtual void fill(Ref dst, std::int64_t n, float value) = 0;  // other dtypes: 0 only (bytes zeroed)
+  // Zeroes columns `cols` of `rows` rows of `cols.width` elements from dst (one fill per row
+  // here; a device with a strided fill uses it).
+  virtual void zero_columns(Ref dst, std::int64_t rows, ColumnBlock cols) {
+    for (std::int64_t r = 0; r < rows; ++r) fill(dst.at(r * cols.width + cols.first), cols.count, 0.0f);
+  }
   virtual void scale(Ref x, std::int64_t n, float factor) = 0;
   // Norm statistics: norm_begin clears them; norm_add adds the elements of the sum of
   // `parts` (each n long); norm_end returns them (the only call that waits for the device).

@@ -515,12 +515,21 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       // The gradients land in the inputs' gradients at the operands' own strides (GPT-2: the
       // column blocks of d(qkv)); an input without one gets a zeroed scratch of its size.
       const models::HeadsOperand* in[3] = {&f.q, &f.k, &f.v};
-      bool add[3];  // asked first: a gradient written whole starts from zeros here
-      for (int i = 0; i < 3; ++i) add[i] = ops.accumulates(in[i]->tensor);
+      // Asked first: a gradient (or column block of one) written whole starts from zeros here.
+      bool add[3];
+      for (int i = 0; i < 3; ++i) add[i] = operand_accumulates(ops, f, *in[i]);
       float* g[3];
       for (int i = 0; i < 3; ++i) {
         float* d = grad(in[i]->tensor);
-        if (d && !add[i]) std::fill_n(d, numel(in[i]->tensor), 0.0f);
+        if (d && !add[i]) {
+          const auto& xs = shape(in[i]->tensor);
+          const std::int64_t cols = (i == 0 ? f.H : f.K) * f.D;
+          if (xs.size() == 3 && cols < xs[2]) {  // its columns of each (B, T) row
+            for (std::int64_t r = 0; r < f.B * f.T; ++r) std::fill_n(d + r * xs[2] + in[i]->offset, cols, 0.0f);
+          } else {
+            std::fill_n(d, numel(in[i]->tensor), 0.0f);
+          }
+        }
         g[i] = d ? d + in[i]->offset : scratch(U(i), numel(in[i]->tensor)) + in[i]->offset;
       }
       const auto* rng = reinterpret_cast<const std::int64_t*>(act(f.rng));
@@ -533,11 +542,12 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
     case Fn::heads_copy: {
       const auto& ys = shape(y);
       const auto& xs = shape(op.inputs[0]);
-      const bool a = xs.size() != 4 || acc(0);
+      // A 4-D input's gradient whole, or the column block [col, col + X·D) of a (B, T, W) one.
+      const bool a = xs.size() == 4 ? acc(0) : ops.accumulates(op.inputs[0], {op.col[0], ys[1] * ys[3], xs[2]});
       float* d = dx(0);
       if (!d) break;
       if (xs.size() == 4) cpu::copy_accumulate(d, dy, n, a);
-      else cpu::split_heads_backward(d, dy, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], true);
+      else cpu::split_heads_backward(d, dy, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], a);
       break;
     }
     case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));

@@ -250,6 +250,12 @@ class CudaDevice final : public Device {
     float_only(dst, "fill");
     kc::add_scalar_forward(at(dst), at(dst), n, value, dst.dt, stream_);
   }
+  void zero_columns(Ref dst, std::int64_t rows, ColumnBlock cols) override {
+    settle();
+    if (rows <= 0 || cols.count <= 0) return;
+    const std::size_t e = dtype_size(dst.dt);
+    ZP_CUDA_CHECK(cudaMemset2DAsync(at(dst.at(cols.first)), U(cols.width) * e, 0, U(cols.count) * e, U(rows), stream_));
+  }
   void scale(Ref x, std::int64_t n, float factor) override {
     settle();
     if (n <= 0) return;

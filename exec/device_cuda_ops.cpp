@@ -79,10 +79,6 @@ void* part(const models::Op& op, const std::vector<void*>& parts, std::size_t i,
 }
 void* maybe(const models::Op& op, const std::vector<void*>& parts, std::size_t i) { return part(op, parts, i, false); }
 
-void zero(void* p, std::size_t bytes, cudaStream_t stream) {
-  if (p && bytes) ZP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
-}
-
 // Host bytes into device memory with nothing on the host to keep alive until the copy runs
 // (a cudaMemcpyAsync from pageable memory may synchronise): one cudaMemsetAsync per run of
 // equal bytes, the value passed by argument.
@@ -193,8 +189,10 @@ class FusedAttention {
   // into in place (none: in place), then k's and v's summed over their query heads.
   void backward(const Ref& dy, const OpScratch& sc) {
     // Asked before the gradients are touched (Operands::accumulates): an operand that is a whole
-    // (B, T, X·D) tensor of its own gets its gradient written by its last copy, not added.
-    const bool aq = o_.accumulates(f_.q.tensor), ak = o_.accumulates(f_.k.tensor), av = o_.accumulates(f_.v.tensor);
+    // tensor of its own, or a column block of one, gets its gradient written, not added: by the
+    // kernel itself (heads of their own), or by the last copy or sum over query heads.
+    const bool aq = operand_accumulates(o_, f_, f_.q), ak = operand_accumulates(o_, f_, f_.k),
+               av = operand_accumulates(o_, f_, f_.v);
     const Ref gq = o_.grad_ref(f_.q.tensor), gk = o_.grad_ref(f_.k.tensor), gv = o_.grad_ref(f_.v.tensor);
     if (!gq && !gk && !gv) return;
     const std::vector<void*> t = carve(env_, sc.temp);
@@ -202,23 +200,19 @@ class FusedAttention {
          *vh = maybe(op_, t, 4);
     void *oh = part(op_, t, 5), *doh = part(op_, t, 6), *dqh = maybe(op_, t, 7), *dkh = maybe(op_, t, 8),
          *dvh = maybe(op_, t, 9), *dkc = maybe(op_, t, 10), *dvc = maybe(op_, t, 11);
-    const std::size_t heads_bytes = nbytes(f_.B * f_.H * f_.T * f_.D, dt_);
     const bool q_direct = !dqh, k_direct = !dkh, v_direct = !dvh;
     const void* q = heads(f_.q, q_, f_.H, qc, nullptr);
     const void* k = heads(f_.k, k_, f_.K, kc, kh);
     const void* v = heads(f_.v, v_, f_.K, vc, vh);
     cuda::split_heads_forward(oh, ptr(out_), f_.B, f_.T, f_.H, f_.D, f_.o.st, f_.o.offset, dt_, env_.stream);
     cuda::split_heads_forward(doh, ptr(dy), f_.B, f_.T, f_.H, f_.D, f_.o.st, f_.o.offset, dt_, env_.stream);
-    // The kernel accumulates: temporaries whose sums are kept start at zero (the others are
-    // written and dropped).
-    if (gq && !q_direct) zero(dqh, heads_bytes, env_.stream);
-    if (gk && !k_direct) zero(dkh, heads_bytes, env_.stream);
-    if (gv && !v_direct) zero(dvh, heads_bytes, env_.stream);
+    // The kernel writes its temporaries, and adds into a gradient only where it must.
     void* dq = q_direct ? ptr(gq.at(f_.q.offset)) : dqh;
     void* dk = k_direct ? ptr(gk.at(f_.k.offset)) : dkh;
     void* dv = v_direct ? ptr(gv.at(f_.v.offset)) : dvh;
+    const cuda::SdpaAccumulate add{q_direct && aq, k_direct && ak, v_direct && av};
     cuda::sdpa_backward(*env_.ctx, dq, dk, dv, doh, q, k, v, oh, fp32_of(op_, o_.act_ref(f_.lse)), nullptr, f_.B,
-                        f_.H, f_.T, f_.D, f_.causal, scale(), p(), seed_, offset_, dt_, env_.stream);
+                        f_.H, f_.T, f_.D, f_.causal, scale(), p(), seed_, offset_, dt_, env_.stream, add);
     if (!q_direct) give_back(f_.q, gq, f_.H, dqh, nullptr, aq);
     if (!k_direct) give_back(f_.k, gk, f_.K, dkh, dkc, ak);
     if (!v_direct) give_back(f_.v, gv, f_.K, dvh, dvc, av);
@@ -250,7 +244,8 @@ class FusedAttention {
     if (!g) return;
     if (X < f_.H) {
       if (contiguous(h, X)) {
-        cuda::repeat_kv_backward(ptr(g.at(h.offset)), dh, f_.B, X, f_.H / X, f_.T, f_.D, true, dt_, env_.stream);
+        cuda::repeat_kv_backward(ptr(g.at(h.offset)), dh, f_.B, X, f_.H / X, f_.T, f_.D, accumulate, dt_,
+                                 env_.stream);
         return;
       }
       cuda::repeat_kv_backward(copy, dh, f_.B, X, f_.H / X, f_.T, f_.D, false, dt_, env_.stream);
@@ -876,12 +871,13 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
     case Fn::heads_copy: {
       const auto& ys = shape(y);
       const auto& xs = shape(op.inputs[0]);
-      const bool a = xs.size() != 4 || acc(0);
+      // A 4-D input's gradient whole, or the column block [col, col + X·D) of a (B, T, W) one.
+      const bool a = xs.size() == 4 ? acc(0) : o.accumulates(op.inputs[0], {op.col[0], ys[1] * ys[3], xs[2]});
       const Ref gx = dx(0);
       if (!gx) break;
       const DType dt = dtype({gx, dy});
       if (xs.size() == 4) cuda::copy_accumulate(ptr(gx), dyp, n, a, dt, stream);
-      else cuda::split_heads_backward(ptr(gx), dyp, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], true, dt, stream);
+      else cuda::split_heads_backward(ptr(gx), dyp, ys[0], ys[2], ys[1], ys[3], xs[2], op.col[0], a, dt, stream);
       break;
     }
     case Fn::none: throw std::logic_error(fmt::format("op {} cannot be executed", op.name));

@@ -150,6 +150,12 @@ void PlacedDevice::fill(Ref dst, std::int64_t n, float value) {
   host_.fill(dst, n, value);
 }
 
+void PlacedDevice::zero_columns(Ref dst, std::int64_t rows, ColumnBlock cols) {
+  if (dev(dst)) return dev_.zero_columns(dst, rows, cols);
+  host_work();
+  host_.zero_columns(dst, rows, cols);
+}
+
 void PlacedDevice::scale(Ref x, std::int64_t n, float factor) {
   if (dev(x)) return dev_.scale(x, n, factor);
   host_work();

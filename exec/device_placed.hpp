@@ -49,6 +49,7 @@ class PlacedDevice final : public Device {
   void copy(Ref dst, Ref src, std::int64_t n) override;
   void add(Ref dst, Ref src, std::int64_t n) override;
   void fill(Ref dst, std::int64_t n, float value) override;
+  void zero_columns(Ref dst, std::int64_t rows, ColumnBlock cols) override;
   void scale(Ref x, std::int64_t n, float factor) override;
   void norm_begin() override;
   void norm_add(std::span<const Ref> parts, std::int64_t n) override;

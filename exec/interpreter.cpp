@@ -480,6 +480,7 @@ void Interpreter::run_event(const Event& e) {
   for (BufferId b : p_.frees(e)) {
     unbind(b);
     fresh_[U(b)] = kWritten;
+    blocks_.erase(b);
     if (running_ >= 0) order_.freed(b);
     mem_.release(p_.buffers[U(b)]);
   }
@@ -489,32 +490,121 @@ void Interpreter::run_event(const Event& e) {
 void Interpreter::forward_op(const models::Op& op) { dev_.forward(op, *this); }
 void Interpreter::backward_op(const models::Op& op) {
   // Which fresh gradients of the op's inputs its kernels may write whole (each input once:
-  // a tensor that is two operands gets two writes); every other fresh one it touches,
-  // among them the gradients of its outputs it reads, is zero-filled when it is touched.
-  std::vector<BufferId> may;
+  // a tensor that is two operands gets two writes), or which of their column blocks; every
+  // other fresh one it touches, among them the gradients of its outputs it reads, is
+  // zero-filled when it is touched.
+  std::vector<BufferId> may, may_blocks;
   for (std::size_t i = 0; i < op.inputs.size(); ++i) {
     const BufferId b = tgrad_buf_[U(op.inputs[i])];
-    if (b < 0 || fresh_[U(b)] != kFresh) continue;
-    if (std::count(op.inputs.begin(), op.inputs.end(), op.inputs[i]) != 1 || !backward_assigns(g_, op, i)) continue;
-    fresh_[U(b)] = kMayAssign;
-    may.push_back(b);
+    if (b < 0 || (fresh_[U(b)] != kFresh && fresh_[U(b)] != kBlocks)) continue;
+    if (std::find(op.inputs.begin(), op.inputs.begin() + static_cast<std::ptrdiff_t>(i), op.inputs[i]) !=
+        op.inputs.begin() + static_cast<std::ptrdiff_t>(i))
+      continue;  // asked at its first position
+    const bool once = std::count(op.inputs.begin(), op.inputs.end(), op.inputs[i]) == 1;
+    if (fresh_[U(b)] == kFresh && once && backward_assigns(g_, op, i)) {
+      fresh_[U(b)] = kMayAssign;
+      may.push_back(b);
+      continue;
+    }
+    std::vector<ColumnBlock> cols = backward_assigns_columns(g_, op, i);
+    if (cols.empty()) continue;
+    Blocks& bl = blocks_[b];
+    bl.width = cols.front().width;
+    for (const ColumnBlock& c : cols) {
+      const bool unwritten = std::none_of(bl.done.begin(), bl.done.end(), [&](const auto& d) {
+        return c.first < d.second && d.first < c.first + c.count;
+      });
+      if (unwritten && c.width == bl.width) bl.may.push_back(c);
+    }
+    if (bl.may.empty()) {
+      if (bl.done.empty()) blocks_.erase(b);
+      continue;
+    }
+    fresh_[U(b)] = kBlocks;
+    may_blocks.push_back(b);
   }
   dev_.backward(op, *this);
   // Written, or still as fresh as before (the op did not reach it: no gradient flowed).
   for (BufferId b : may) fresh_[U(b)] = fresh_[U(b)] == kMayAssign ? kFresh : kWritten;
+  for (BufferId b : may_blocks) {
+    auto it = blocks_.find(b);
+    if (it == blocks_.end()) continue;  // zero-filled whole while the op ran
+    Blocks& bl = it->second;
+    bl.may.clear();
+    bl.claimed = false;
+    std::int64_t covered = 0;
+    for (const auto& [lo, hi] : bl.done) covered += hi - lo;
+    if (covered == bl.width || fresh_[U(b)] != kBlocks) {
+      if (covered == bl.width) fresh_[U(b)] = kWritten;
+      blocks_.erase(it);
+    } else if (bl.done.empty()) {
+      fresh_[U(b)] = kFresh;
+      blocks_.erase(it);
+    }
+  }
 }
 
 bool Interpreter::accumulates(TensorId t) {
   const BufferId b = tgrad_buf_[U(t)];
-  if (b < 0 || fresh_[U(b)] != kMayAssign) return true;
+  if (b < 0) return true;
+  if (fresh_[U(b)] == kBlocks) {  // part of it written by other ops: the rest becomes zeros now
+    auto it = blocks_.find(b);
+    if (it != blocks_.end() && !it->second.claimed) {
+      zero_unwritten(b, it->second, 0, it->second.width);
+      blocks_.erase(it);
+      fresh_[U(b)] = kWritten;
+    }
+    return true;
+  }
+  if (fresh_[U(b)] != kMayAssign) return true;
   fresh_[U(b)] = kAssigned;
   return false;
+}
+
+bool Interpreter::accumulates(TensorId t, ColumnBlock cols) {
+  const BufferId b = tgrad_buf_[U(t)];
+  if (b < 0) return true;
+  if (cols.first == 0 && cols.count == cols.width) return accumulates(t);
+  if (fresh_[U(b)] != kBlocks) return true;  // whole: as fresh as before, or written
+  Blocks& bl = blocks_.at(b);
+  if (auto m = std::find(bl.may.begin(), bl.may.end(), cols); m != bl.may.end()) {
+    bl.may.erase(m);
+    bl.done.emplace_back(cols.first, cols.first + cols.count);
+    bl.claimed = true;
+    return false;
+  }
+  // Not a block it may write whole: the block's unwritten columns become zeros to add into.
+  zero_unwritten(b, bl, cols.first, cols.first + cols.count);
+  return true;
+}
+
+void Interpreter::zero_unwritten(BufferId b, Blocks& bl, std::int64_t lo, std::int64_t hi) const {
+  if (auto it = staged_.find(b); it != staged_.end()) {  // the fills go to its memory
+    flush_one(b, it->second);
+    staged_.erase(it);
+  }
+  std::sort(bl.done.begin(), bl.done.end());
+  const auto& buf = p_.buffers[U(b)];
+  const std::int64_t rows = buf.elements / bl.width;
+  std::vector<std::pair<std::int64_t, std::int64_t>> gaps;
+  std::int64_t at = lo;
+  for (const auto& [d0, d1] : bl.done) {
+    if (d1 <= at || d0 >= hi) continue;
+    if (d0 > at) gaps.emplace_back(at, d0);
+    at = std::max(at, d1);
+  }
+  if (at < hi) gaps.emplace_back(at, hi);
+  for (const auto& [g0, g1] : gaps) {
+    dev_.zero_columns(Ref{mem_.data(b), buf.dtype, 0}, rows, ColumnBlock{g0, g1 - g0, bl.width});
+    bl.done.emplace_back(g0, g1);
+  }
 }
 
 void Interpreter::allocated(BufferId b) {
   const auto& buf = p_.buffers[U(b)];
   const bool grad = buf.role == BufferRole::activation_grad;
   if (grad) fresh_[U(b)] = kFresh;
+  blocks_.erase(b);
   const bool floating = buf.dtype == DType::fp32 || buf.dtype == DType::bf16 || buf.dtype == DType::fp16;
   if (poison_ && floating && (grad || !zero::starts_zeroed(buf.role)))
     dev_.fill(Ref{mem_.data(b), buf.dtype, 0}, buf.elements, std::numeric_limits<float>::quiet_NaN());
@@ -522,6 +612,17 @@ void Interpreter::allocated(BufferId b) {
 
 void Interpreter::zero_if_fresh(BufferId b) const {
   const std::uint8_t f = fresh_[U(b)];
+  if (f == kBlocks) {
+    // Touched by the op that promised some of its blocks (it touches only those), or by
+    // another: then its unwritten columns become zeros.
+    auto it = blocks_.find(b);
+    if (it == blocks_.end()) throw std::logic_error(fmt::format("{}: column blocks not tracked", p_.buffer_name(b)));
+    if (it->second.claimed) return;
+    zero_unwritten(b, it->second, 0, it->second.width);
+    blocks_.erase(it);
+    fresh_[U(b)] = kWritten;
+    return;
+  }
   if (f != kFresh && f != kMayAssign) return;
   fresh_[U(b)] = kWritten;
   const auto& buf = p_.buffers[U(b)];

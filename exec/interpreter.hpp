@@ -163,6 +163,7 @@ class Interpreter : private Operands {
   Ref param_ref(models::ParamId p) const override;
   Ref param_grad_ref(models::ParamId p) const override;
   bool accumulates(models::TensorId t) override;
+  bool accumulates(models::TensorId t, ColumnBlock cols) override;
   float* scratch(std::size_t slot, std::int64_t n) override;
   std::uint64_t dropout_seed() const override;
   float loss_grad() const override;
@@ -214,8 +215,21 @@ class Interpreter : private Operands {
   // A gradient of a forward tensor starts unwritten (its memory as the cache hands it over,
   // or NaN under poisoning): the op that writes it first writes it whole where
   // backward_assigns says its kernels can, and it is zero-filled before any other first use.
-  enum : std::uint8_t { kWritten = 0, kFresh = 1, kMayAssign = 2, kAssigned = 3 };
+  // A gradient whose column blocks are written by several ops (GPT-2's d(qkv): the attention
+  // writes q's columns, the KV cache's copies k's and v's) is kBlocks until all its columns
+  // are written; backward_assigns_columns names those blocks.
+  enum : std::uint8_t { kWritten = 0, kFresh = 1, kMayAssign = 2, kAssigned = 3, kBlocks = 4 };
   mutable std::vector<std::uint8_t> fresh_;  // per buffer
+  struct Blocks {
+    std::int64_t width = 0;                             // the tensor's last dimension
+    std::vector<std::pair<std::int64_t, std::int64_t>>  // columns [first, last) written (or zeroed)
+        done;
+    std::vector<ColumnBlock> may;                       // the running op may write these whole
+    bool claimed = false;                               // the running op promised some of them
+  };
+  mutable std::map<zero::BufferId, Blocks> blocks_;
+  // Zero-fills the columns in [lo, hi) of b's rows not yet written, and counts them written.
+  void zero_unwritten(zero::BufferId b, Blocks& bl, std::int64_t lo, std::int64_t hi) const;
   // Buffers the program does not read as zeros are filled with NaN as they are allocated,
   // under ZEROPLAN_POISON_FRESH=1 (the test suite sets it).
   bool poison_ = false;

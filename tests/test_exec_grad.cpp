@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -230,6 +231,19 @@ class ClaimingOperands final : public zp::exec::Operands {
     if (!a) log_->emplace_back(op_, t);
     return a;
   }
+  bool accumulates(zp::models::TensorId t, zp::exec::ColumnBlock cols) override {
+    if (!claim_) return true;
+    const bool a = o_.accumulates(t, cols);
+    if (!a && cols.count == cols.width) log_->emplace_back(op_, t);
+    if (!a && cols.count < cols.width) blocks->push_back({op_, t, cols});
+    return a;
+  }
+  struct Block {
+    zp::models::OpId op;
+    zp::models::TensorId t;
+    zp::exec::ColumnBlock cols;
+  };
+  std::vector<Block>* blocks = nullptr;
   float* scratch(std::size_t slot, std::int64_t n) override { return o_.scratch(slot, n); }
   std::uint64_t dropout_seed() const override { return o_.dropout_seed(); }
   float loss_grad() const override { return o_.loss_grad(); }
@@ -244,15 +258,19 @@ class ClaimingOperands final : public zp::exec::Operands {
 // The CPU device, its backward seeing ClaimingOperands.
 class ClaimingDevice final : public zp::test::ForwardingDevice {
  public:
-  explicit ClaimingDevice(bool claim) : claim_(claim) {}
+  // only_attention: claims in the fused attention's backward only, so the blocks it leaves
+  // unwritten are zero-filled (Device::zero_columns) for the KV cache copies to add into.
+  explicit ClaimingDevice(bool claim, bool only_attention = false) : claim_(claim), only_attention_(only_attention) {}
   void backward(const zp::models::Op& op, zp::exec::Operands& o) override {
-    ClaimingOperands c(o, claim_, &claimed, op.id);
+    ClaimingOperands c(o, claim_ && (!only_attention_ || op.fn == zp::models::Fn::sdpa), &claimed, op.id);
+    c.blocks = &claimed_blocks;
     cpu.backward(op, c);
   }
   std::vector<std::pair<zp::models::OpId, zp::models::TensorId>> claimed;
+  std::vector<ClaimingOperands::Block> claimed_blocks;
 
  private:
-  bool claim_;
+  bool claim_, only_attention_;
 };
 }  // namespace
 
@@ -281,6 +299,16 @@ TEST_CASE("a fresh gradient is written whole by its first writer where backward_
       CHECK(ra.grad_norm == rb.grad_norm);
     }
     for (const auto& p : a.g.params) CHECK(ia.param_values(p.id) == ib.param_values(p.id));
+    {  // some blocks claimed, the others zero-filled around them: the same bits again
+      const Model c = lowered(name, dtype, 2, R"("stage": 2, "overlap_comm": true)");
+      zp::exec::TrackingAllocator mem_c(c.prog.buffers.size());
+      ClaimingDevice some(true, true);
+      zp::exec::Interpreter ic(c.g, c.prog, c.cfg, comm(), mem_c, 99, &some);
+      ic.prologue();
+      for (int s = 1; s <= 2; ++s) ic.step(s, mbs);
+      for (const auto& p : c.g.params) CHECK(ic.param_values(p.id) == ib.param_values(p.id));
+      if (name == "tiny-gpt2") CHECK_FALSE(some.claimed_blocks.empty());
+    }
     // Claims happen, only where backward_assigns allows, once per gradient and micro-step.
     REQUIRE_FALSE(claims.claimed.empty());
     std::map<std::pair<zp::models::OpId, zp::models::TensorId>, int> times;
@@ -299,9 +327,45 @@ TEST_CASE("a fresh gradient is written whole by its first writer where backward_
     // The residual sums, the projections' inputs and the loss's logits are among them.
     CHECK(fns.count(zp::models::Fn::add) == 1);
     CHECK((fns.count(zp::models::Fn::linear) + fns.count(zp::models::Fn::conv1d)) >= 1);
-    // BERT's attention reads q, k and v from projections of their own: their gradients too.
-    if (name == "tiny-bert") CHECK(fns.count(zp::models::Fn::sdpa) == 1);
-    MESSAGE(name, " ", dtype, ": ", times.size(), " gradients written whole by their first writer");
+    // The attention writes the gradients of q, k and v where they are tensors of their own:
+    // BERT's projections, Llama's RoPE outputs and KV cache copies, GPT-2's cache copies.
+    CHECK(fns.count(zp::models::Fn::sdpa) == 1);
+    // Column blocks: GPT-2's d(qkv) written by the attention (q's columns) and the KV cache's
+    // copies (k's, v's), each block by one op, once per micro-step, all columns together.
+    std::map<std::tuple<zp::models::OpId, zp::models::TensorId, std::int64_t>, int> block_times;
+    std::map<zp::models::TensorId, std::map<std::int64_t, std::set<zp::models::OpId>>> block_writers;
+    std::map<zp::models::TensorId, std::int64_t> block_width;
+    for (const auto& c : claims.claimed_blocks) {
+      const auto& o = a.g.ops[static_cast<std::size_t>(c.op)];
+      const auto i = static_cast<std::size_t>(std::find(o.inputs.begin(), o.inputs.end(), c.t) - o.inputs.begin());
+      const auto allowed = zp::exec::backward_assigns_columns(a.g, o, i);
+      CHECK(std::find(allowed.begin(), allowed.end(), c.cols) != allowed.end());
+      ++block_times[{c.op, c.t, c.cols.first}];
+      block_writers[c.t][c.cols.first].insert(c.op);
+      block_width[c.t] = c.cols.width;
+    }
+    for (const auto& [k, n] : block_times) CHECK(n == 4);
+    std::size_t covered = 0;
+    for (const auto& [t, firsts] : block_writers) {
+      std::int64_t cols = 0;
+      for (const auto& [first, ops] : firsts) {
+        CHECK(ops.size() == 1);
+        for (const auto& c : claims.claimed_blocks)
+          if (c.t == t && c.cols.first == first) {
+            cols += c.cols.count;
+            break;
+          }
+      }
+      covered += cols == block_width[t] ? 1 : 0;
+    }
+    if (name == "tiny-gpt2") {
+      CHECK(covered == block_writers.size());
+      CHECK(covered == static_cast<std::size_t>(a.g.cfg.layers));  // each layer's d(qkv)
+    } else {
+      CHECK(block_writers.empty());
+    }
+    MESSAGE(name, " ", dtype, ": ", times.size(), " gradients written whole by their first writer, ", covered,
+            " by the writers of their column blocks");
   }
 }
 

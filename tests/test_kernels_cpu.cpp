@@ -670,18 +670,25 @@ TEST_CASE("split_heads / merge_heads: permutation, GPT-2 qkv split, adjoint back
   CHECK(k[sz(((1 * H + 1) * T + 2) * D + 3)] == qkv[sz((1 * T + 2) * W + C + 1 * D + 3)]);
   CHECK(v[sz(((0 * H + 1) * T + 1) * D + 0)] == qkv[sz((0 * T + 1) * W + 2 * C + 1 * D + 0)]);
 
-  // Backward: three disjoint consumers of qkv, the first overwriting, the others adding.
+  // Backward: three disjoint consumers of qkv, each writing its own columns and no other.
   const Vec dq = rand_vec(static_cast<std::int64_t>(q.size()), 112),
             dk = rand_vec(static_cast<std::int64_t>(q.size()), 113),
             dv = rand_vec(static_cast<std::int64_t>(q.size()), 114);
   Vec dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
   kc::split_heads_backward(dqkv.data(), dq.data(), B, T, H, D, W, 0, false);
-  kc::split_heads_backward(dqkv.data(), dk.data(), B, T, H, D, W, C, true);
-  kc::split_heads_backward(dqkv.data(), dv.data(), B, T, H, D, W, 2 * C, true);
+  kc::split_heads_backward(dqkv.data(), dk.data(), B, T, H, D, W, C, false);
+  CHECK(std::isnan(dqkv[sz(2 * C)]));  // v's columns not yet written
+  kc::split_heads_backward(dqkv.data(), dv.data(), B, T, H, D, W, 2 * C, false);
   CHECK(dot(q, dq) + dot(k, dk) + dot(v, dv) == doctest::Approx(dot(qkv, dqkv)).epsilon(1e-9));
-  Vec dk_only(qkv.size());
-  check_accumulate({&dk_only},
-                   [&](bool acc) { kc::split_heads_backward(dk_only.data(), dk.data(), B, T, H, D, W, C, acc); });
+  // Adding into k's columns adds dk there and leaves q's and v's as they were.
+  Vec added = dqkv;
+  kc::split_heads_backward(added.data(), dk.data(), B, T, H, D, W, C, true);
+  for (std::int64_t r = 0; r < B * T; ++r)
+    for (std::int64_t c = 0; c < W; ++c) {
+      const auto i = sz(r * W + c);
+      if (c < C || c >= 2 * C) CHECK(added[i] == dqkv[i]);
+      else CHECK(added[i] == doctest::Approx(2.0 * dqkv[i]).epsilon(1e-6));
+    }
 
   // merge_heads undoes the (B,T,H,D) -> (B,H,T,D) permutation.
   const Vec x = rand_vec(B * T * C, 115);

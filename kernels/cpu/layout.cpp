@@ -32,7 +32,6 @@ void split_heads_forward(float* y, const float* x, std::int64_t B, std::int64_t 
 
 void split_heads_backward(float* dx, const float* dy, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,
                           std::int64_t W, std::int64_t offset, bool accumulate) {
-  if (!accumulate) zero_outside(dx, B * T, W, offset, offset + H * D);
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t t = 0; t < T; ++t) {

@@ -40,14 +40,9 @@ __global__ void heads_to_rows_kernel(T* __restrict__ y, const T* __restrict__ x,
     const std::int64_t i = c * V;  // index into y (B, T, W)
     const std::int64_t col = i % W, bt = i / W;
     float v[V];
-    if (col >= offset && col < offset + H * D) {
-      const std::int64_t h = (col - offset) / D, d = (col - offset) % D, b = bt / T_, t = bt % T_;
-      detail::load_f<T, V>(x + ((b * H + h) * T_ + t) * D + d, v);
-    } else {
-      if (accumulate) continue;
-#pragma unroll
-      for (int k = 0; k < V; ++k) v[k] = 0.0f;
-    }
+    if (col < offset || col >= offset + H * D) continue;  // another block's columns: untouched
+    const std::int64_t h = (col - offset) / D, d = (col - offset) % D, b = bt / T_, t = bt % T_;
+    detail::load_f<T, V>(x + ((b * H + h) * T_ + t) * D + d, v);
     detail::store_acc<T, V>(y + i, v, accumulate);
   }
 }

@@ -14,6 +14,8 @@ void split_heads_forward(void* y,        // (B, H, T, D)
                          const void* x,  // (B, T, W)
                          std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D, std::int64_t W,
                          std::int64_t offset, DType dt, cudaStream_t stream);
+// Its backward adds into (or, accumulate false, writes) columns [offset, offset + H*D) of
+// dx; the other columns are not touched (GPT-2's q, k and v blocks are written by three ops).
 void split_heads_backward(void* dx,        // (B, T, W)
                           const void* dy,  // (B, H, T, D)
                           std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D, std::int64_t W,

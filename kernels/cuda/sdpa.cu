@@ -288,6 +288,7 @@ __device__ __forceinline__ philox::Block partner_block(const philox::Block& own)
 struct Args {
   std::int64_t H, T;
   bool causal, vec;
+  bool add_q, add_k, add_v;  // the backward adds into dq, dk, dv (else writes them)
   float scale, p, thresh, drop_scale;
   std::uint64_t seed, offset;
 };
@@ -699,7 +700,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
         T* dst = dq + head + static_cast<std::int64_t>(i) * D + nt * 8 + 2 * t + e2;
-        *dst = from_float<T>(to_float(*dst) + sum_scale * acc[nt][2 * half + e2]);
+        *dst = from_float<T>((args.add_q ? to_float(*dst) : 0.0f) + sum_scale * acc[nt][2 * half + e2]);
       }
   }
 }
@@ -950,18 +951,19 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
         const std::int64_t at = head + static_cast<std::int64_t>(j) * D + nt * 8 + 2 * t + e2;
-        dk[at] = from_float<T>(to_float(dk[at]) + sum_scale * dk_acc[nt][2 * half + e2]);
-        dv[at] = from_float<T>(to_float(dv[at]) + dv_acc[nt][2 * half + e2]);
+        dk[at] = from_float<T>((args.add_k ? to_float(dk[at]) : 0.0f) + sum_scale * dk_acc[nt][2 * half + e2]);
+        dv[at] = from_float<T>((args.add_v ? to_float(dv[at]) : 0.0f) + dv_acc[nt][2 * half + e2]);
       }
   }
 }
 
 // The one-pass backward's last step: dq += (scale ·) the fp32 dQ sums, rounded once.
 template <class T>
-__global__ void dq_finish_kernel(T* __restrict__ dq, const float* __restrict__ acc, std::int64_t n, float scale) {
+__global__ void dq_finish_kernel(T* __restrict__ dq, const float* __restrict__ acc, std::int64_t n, float scale,
+                                 bool add) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    dq[i] = from_float<T>(to_float(dq[i]) + scale * acc[i]);
+    dq[i] = from_float<T>((add ? to_float(dq[i]) : 0.0f) + scale * acc[i]);
 }
 
 // ------------------------------------------------------------------ launch
@@ -1024,6 +1026,7 @@ Args make_args(std::int64_t H, std::int64_t T, bool causal, float scale, float p
   a.drop_scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
   a.seed = seed;
   a.offset = offset;
+  a.add_q = a.add_k = a.add_v = true;
   return a;
 }
 
@@ -1076,14 +1079,17 @@ void sdpa_forward(void* o, float* lse, const void* q, const void* k, const void*
 void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                    const void* v, const void* o, const float* lse, const void* mask, std::int64_t B, std::int64_t H,
                    std::int64_t T, std::int64_t D, bool causal, float scale, float p, std::uint64_t seed,
-                   std::uint64_t offset, DType dt, cudaStream_t stream) {
+                   std::uint64_t offset, DType dt, cudaStream_t stream, SdpaAccumulate acc) {
   require_float(dt, "sdpa_backward");
   check_shape(B, H, T, "sdpa_backward");
   if (B * H * T <= 0) return;
   if (!sdpa_supports(D)) dispatch_head_dim(D, [](auto) {});  // throws naming D
   const std::int64_t rows = B * H * T;
   auto* dvec = static_cast<float*>(ctx.scratch(sizeof(float) * static_cast<std::size_t>(rows), "sdpa_backward"));
-  const Args args = make_args(H, T, causal, scale, p, seed, offset, all_aligned({dq, dk, dv, dout, q, k, v}));
+  Args args = make_args(H, T, causal, scale, p, seed, offset, all_aligned({dq, dk, dv, dout, q, k, v}));
+  args.add_q = acc.q;
+  args.add_k = acc.k;
+  args.add_v = acc.v;
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kTile - 1) / kTile));
   detail::dispatch(dt, "sdpa_backward", [&](auto tag) {
     using E = decltype(tag);
@@ -1125,7 +1131,7 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
             dkdv_kernel(chunk, std::true_type{}, dq_acc, sem);
             const std::int64_t n = B * H * T * Dc;
             dq_finish_kernel<E><<<detail::grid_for(n, 256), 256, 0, stream>>>(static_cast<E*>(dq), dq_acc, n,
-                                                                                DsScaled<E> ? 1.0f : scale);
+                                                                                DsScaled<E> ? 1.0f : scale, acc.q);
             ZP_CUDA_CHECK_LAUNCH("dq_finish_kernel");
             return;
           }

@@ -32,7 +32,13 @@ void sdpa_forward(void* o,            // (B, H, T, D)
                   std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale,
                   float p, std::uint64_t seed, std::uint64_t offset, DType dt, cudaStream_t stream);
 
-// Accumulates into dq, dk, dv (+=), as the CPU twin. `o` is the forward's output: the row
+// Which of dq, dk, dv the backward adds into (true: +=, as the CPU twin) or writes whole
+// (false: what they held is not read; the same bits as adding into zeros).
+struct SdpaAccumulate {
+  bool q = true, k = true, v = true;
+};
+
+// Accumulates into dq, dk, dv (+=, or = per `acc`), as the CPU twin. `o` is the forward's output: the row
 // terms rowsum(dO ∘ O) come from it (computed into the Context's scratch, B·H·T floats).
 void sdpa_backward(Context& ctx,
                    void* dq,            // (B, H, T, D)
@@ -44,6 +50,7 @@ void sdpa_backward(Context& ctx,
                    const float* lse,    // (B, H, T)
                    const void* mask,    // (B, T) additive, in dt, or nullptr
                    std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale,
-                   float p, std::uint64_t seed, std::uint64_t offset, DType dt, cudaStream_t stream);
+                   float p, std::uint64_t seed, std::uint64_t offset, DType dt, cudaStream_t stream,
+                   SdpaAccumulate acc = {});
 
 }  // namespace zp::kernels::cuda
