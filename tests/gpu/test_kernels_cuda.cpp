@@ -1591,6 +1591,24 @@ TEST_CASE("sdpa: flash forward (O, logsumexp) and deterministic backward against
             expect_equal_bits("sdpa_backward dv", first[2], bits(*gdv));
           }
         }
+        // Written (SdpaAccumulate false) into memory holding NaN: the bits of adding into
+        // zeros, each of dq, dk, dv on its own.
+        const Vec zeros(sz(n), 0.0f);
+        auto zq = device(zeros, dt), zk = device(zeros, dt), zv = device(zeros, dt);
+        kg::sdpa_backward(ctx, zq->get(), zk->get(), zv->get(), ddout->get(), dq_in->get(), dk_in->get(), dv_in->get(),
+                          o->get(), lse.as<float>(), mp, c.B, c.H, c.T, c.D, c.causal, scale, c.p, seed, offset, dt,
+                          kStream);
+        for (int w = 0; w < 3; ++w) {
+          const kg::SdpaAccumulate acc{w != 0, w != 1, w != 2};
+          auto wq = w == 0 ? output(sz(n), dt) : device(zeros, dt), wk = w == 1 ? output(sz(n), dt) : device(zeros, dt),
+               wv = w == 2 ? output(sz(n), dt) : device(zeros, dt);
+          kg::sdpa_backward(ctx, wq->get(), wk->get(), wv->get(), ddout->get(), dq_in->get(), dk_in->get(),
+                            dv_in->get(), o->get(), lse.as<float>(), mp, c.B, c.H, c.T, c.D, c.causal, scale, c.p, seed,
+                            offset, dt, kStream, acc);
+          expect_equal_bits("sdpa_backward dq written", bits(*zq), bits(*wq));
+          expect_equal_bits("sdpa_backward dk written", bits(*zk), bits(*wk));
+          expect_equal_bits("sdpa_backward dv written", bits(*zv), bits(*wv));
+        }
       }
   }
   CHECK_THROWS_AS([] {
