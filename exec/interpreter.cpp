@@ -120,7 +120,16 @@ void Interpreter::unbind(BufferId b) {
   switch (buf.role) {
     case BufferRole::activation:
     case BufferRole::op_scratch: drop(tensor_buf_); break;
-    case BufferRole::activation_grad: drop(tgrad_buf_); break;
+    case BufferRole::activation_grad: {
+      drop(tgrad_buf_);
+      // The tensors a sum passed this gradient on to (Event::passes_gradient).
+      if (auto it = grad_aliases_.find(b); it != grad_aliases_.end()) {
+        for (TensorId t : it->second)
+          if (tgrad_buf_[U(t)] == b) tgrad_buf_[U(t)] = -1;
+        grad_aliases_.erase(it);
+      }
+      break;
+    }
     case BufferRole::param_grad: drop(pgrad_buf_); break;
     case BufferRole::param_full16: drop(full_buf_); break;
     case BufferRole::hpz_partition16: drop(hpz_buf_); break;
@@ -473,7 +482,17 @@ void Interpreter::run_event(const Event& e) {
       break;
     case EventKind::collective: collective_event(e); break;
     case EventKind::optimizer: optimizer_event(e); break;
-    case EventKind::marker: break;
+    case EventKind::marker:
+      if (e.passes_gradient) {  // the sum's inputs' gradients are its output's: nothing to compute
+        const auto& op = g_.ops[U(e.op)];
+        const BufferId y = tgrad_buf_[U(op.outputs[0])];
+        if (y < 0) throw std::logic_error(fmt::format("{}: the gradient it passes on is not live", op.name));
+        for (TensorId t : op.inputs) {
+          tgrad_buf_[U(t)] = y;
+          grad_aliases_[y].push_back(t);
+        }
+      }
+      break;
     case EventKind::host: break;  // the executor's own host thread does this work
   }
   flush();

@@ -228,6 +228,8 @@ class Interpreter : private Operands {
     bool claimed = false;                               // the running op promised some of them
   };
   mutable std::map<zero::BufferId, Blocks> blocks_;
+  // Gradient buffers that a sum passed on as its inputs' (Event::passes_gradient): those tensors.
+  std::map<zero::BufferId, std::vector<models::TensorId>> grad_aliases_;
   // Zero-fills the columns in [lo, hi) of b's rows not yet written, and counts them written.
   void zero_unwritten(zero::BufferId b, Blocks& bl, std::int64_t lo, std::int64_t hi) const;
   // Buffers the program does not read as zeros are filled with NaN as they are allocated,

@@ -273,6 +273,10 @@ struct Event {
   // skipped on one (FP16_Optimizer's has_overflow inside step(), fp16 and bf16 alike; stages
   // 1-3 test with the overflow_check all-reduce instead).
   bool checks_overflow = false;
+  // A backward marker of a sum whose backward passes its output's gradient on as both its
+  // inputs' (lowering::GraphFacts::passes_gradient; op names the sum): from here their
+  // gradients are that buffer, and no kernel runs.
+  bool passes_gradient = false;
   BufferId src_buf = -1, src2_buf = -1, src3_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
   std::int64_t offset = 0;

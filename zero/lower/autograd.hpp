@@ -3,6 +3,7 @@
 // in param.grad across micro-steps (AccumulateGrad: stage 0 and stage 1, which reduce only
 // at the GAS boundary), or as the micro-step's own tensor until a hook takes it (stages 2
 // and 3, BF16_Optimizer).
+#include <map>
 #include <vector>
 
 #include "zero/lower/context.hpp"
@@ -14,6 +15,9 @@ struct MicroState {
   std::vector<BufferId> tensor_buf;   // per tensor: its forward value
   std::vector<BufferId> grad_buf;     // per tensor: its gradient
   std::vector<BufferId> param_grad;   // per param: the micro-step's autograd gradient
+  // Gradient buffers that stand for several tensors (a sum passing its gradient on): how many
+  // of them are not yet consumed; the buffer is freed with the last.
+  std::map<BufferId, int> grad_shares;
   explicit MicroState(const models::OpGraph& g)
       : tensor_buf(g.tensors.size(), -1), grad_buf(g.tensors.size(), -1), param_grad(g.params.size(), -1) {}
 };

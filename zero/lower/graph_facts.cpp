@@ -51,6 +51,36 @@ GraphFacts analyse(const models::OpGraph& g) {
   }
   for (std::size_t p = 0; p < np; ++p)
     if (f.param_ready[p] >= 0) f.ready_at_op[static_cast<std::size_t>(f.param_ready[p])].push_back(static_cast<ParamId>(p));
+  // The residual sums whose backward passes the gradient on (GraphFacts::passes_gradient).
+  std::vector<int> uses(nt, 0);
+  for (const auto& op : g.ops)
+    for (TensorId t : op.inputs) ++uses[static_cast<std::size_t>(t)];
+  for (TensorId t : g.outputs) ++uses[static_cast<std::size_t>(t)];
+  f.passes_gradient.assign(g.ops.size(), 0);
+  auto T = [&](TensorId t) -> const models::Tensor& { return g.tensors[static_cast<std::size_t>(t)]; };
+  for (const auto& op : g.ops) {
+    if (op.fn != models::Fn::add || op.inputs.size() != 2 || op.outputs.size() != 1) continue;
+    const TensorId y = op.outputs[0];
+    if (op.inputs[0] == op.inputs[1] || y == g.loss) continue;
+    // One operand (b) consumed by the sum alone; the other's (a's) other consumers add into
+    // its gradient only after b's producer has read b's (either operand may be a).
+    auto passes = [&](TensorId a, TensorId b) {
+      const bool same = T(a).shape == T(y).shape && T(b).shape == T(y).shape && T(a).dtype == T(y).dtype &&
+                        T(b).dtype == T(y).dtype;
+      const auto ia = static_cast<std::size_t>(a), ib = static_cast<std::size_t>(b);
+      // The sum is the last consumer of both: its backward makes both gradients first.
+      if (!same || !f.requires_grad[ia] || !f.requires_grad[ib] || f.grad_first[ia] != op.id ||
+          f.grad_first[ib] != op.id || uses[ib] != 1)
+        return false;
+      const OpId pb = T(b).producer;
+      for (const auto& c : g.ops)
+        if (c.id != op.id && c.id > pb && std::find(c.inputs.begin(), c.inputs.end(), a) != c.inputs.end())
+          return false;
+      return true;
+    };
+    f.passes_gradient[static_cast<std::size_t>(op.id)] =
+        passes(op.inputs[0], op.inputs[1]) || passes(op.inputs[1], op.inputs[0]) ? 1 : 0;
+  }
   return f;
 }
 

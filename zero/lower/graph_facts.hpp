@@ -17,6 +17,11 @@ struct GraphFacts {
   std::vector<models::OpId> param_ready;     // per param: min op reading it: its hook fires there
   std::vector<std::vector<models::ParamId>> ready_at_op;  // per op: params whose hook fires at its backward
   std::vector<std::int32_t> layer_of_op;     // per op: its layer, -1 outside layers
+  // Per op: a sum of two same-shape tensors whose backward passes its output's gradient on
+  // as both inputs' (PyTorch's AddBackward0 returns the tensor it is given, no kernel): the
+  // two gradients are that buffer until the last of them is consumed. Only where nothing
+  // else writes the first input's gradient before the second's producer has read it.
+  std::vector<char> passes_gradient;
 };
 
 GraphFacts analyse(const models::OpGraph& g);

@@ -187,12 +187,27 @@ void Walk::backward_op(MicroState& st, OpId o) {
   Builder& b = c_.b;
   opt_.before_op(o, Phase::backward);
   c_.dispatch(Phase::backward);
-  Event& e = b.begin(EventKind::compute, Stream::compute, Phase::backward, c_.at.micro, c_.names.op(o));
-  c_.at.last_compute = e.id;
+  // A sum passing its output's gradient on (PyTorch's AddBackward0): no kernel; both inputs'
+  // gradients are that buffer, freed when the last of them has been consumed.
+  const bool passes = f.passes_gradient[static_cast<std::size_t>(o)] != 0 &&
+                      st.grad_buf[static_cast<std::size_t>(op.outputs[0])] >= 0 &&
+                      st.grad_buf[static_cast<std::size_t>(op.inputs[0])] < 0 &&
+                      st.grad_buf[static_cast<std::size_t>(op.inputs[1])] < 0;
+  Event& e = b.begin(passes ? EventKind::marker : EventKind::compute, Stream::compute, Phase::backward, c_.at.micro,
+                     c_.names.op(o));
+  if (!passes) c_.at.last_compute = e.id;
   e.op = o;
   e.layer = op.layer;
-  e.flops = op.bwd_flops;
-  e.mem_bytes = op.bwd_bytes;
+  e.flops = passes ? Flops{} : op.bwd_flops;
+  e.mem_bytes = passes ? Bytes{} : op.bwd_bytes;
+  e.passes_gradient = passes;
+  if (passes) {
+    auto& y = st.grad_buf[static_cast<std::size_t>(op.outputs[0])];
+    st.grad_buf[static_cast<std::size_t>(op.inputs[0])] = y;
+    st.grad_buf[static_cast<std::size_t>(op.inputs[1])] = y;
+    st.grad_shares[y] = 2;
+    y = -1;
+  }
   opt_.op_issued(o);
   // Gradients of outputs that live only inside this backward (cross_entropy: the
   // log-probabilities'), freed with the output gradients below. They come first: autograd
@@ -238,7 +253,11 @@ void Walk::backward_op(MicroState& st, OpId o) {
   for (TensorId t : op.outputs) {
     auto& gb = st.grad_buf[static_cast<std::size_t>(t)];
     if (gb >= 0) {
-      b.free(gb);
+      auto shared = st.grad_shares.find(gb);
+      if (shared == st.grad_shares.end() || --shared->second == 0) {
+        if (shared != st.grad_shares.end()) st.grad_shares.erase(shared);
+        b.free(gb);
+      }
       gb = -1;
     }
     if (t == c_.g.loss) release_tensor(st, t);
