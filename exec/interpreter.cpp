@@ -568,11 +568,14 @@ bool Interpreter::accumulates(TensorId t) {
   if (b < 0) return true;
   if (fresh_[U(b)] == kBlocks) {  // part of it written by other ops: the rest becomes zeros now
     auto it = blocks_.find(b);
-    if (it != blocks_.end() && !it->second.claimed) {
-      zero_unwritten(b, it->second, 0, it->second.width);
-      blocks_.erase(it);
-      fresh_[U(b)] = kWritten;
-    }
+    if (it == blocks_.end()) throw std::logic_error(fmt::format("{}: column blocks not tracked", p_.buffer_name(b)));
+    if (it->second.claimed)  // it promised to touch only its blocks
+      throw std::logic_error(fmt::format("{}: all of it asked for by the op that claimed a column block of it",
+                                         p_.buffer_name(b)));
+    use(b);  // (the fills below are this event's use of it)
+    zero_unwritten(b, it->second, 0, it->second.width);
+    blocks_.erase(it);
+    fresh_[U(b)] = kWritten;
     return true;
   }
   if (fresh_[U(b)] != kMayAssign) return true;
@@ -593,6 +596,7 @@ bool Interpreter::accumulates(TensorId t, ColumnBlock cols) {
     return false;
   }
   // Not a block it may write whole: the block's unwritten columns become zeros to add into.
+  use(b);
   zero_unwritten(b, bl, cols.first, cols.first + cols.count);
   return true;
 }

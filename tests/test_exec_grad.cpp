@@ -260,17 +260,32 @@ class ClaimingDevice final : public zp::test::ForwardingDevice {
  public:
   // only_attention: claims in the fused attention's backward only, so the blocks it leaves
   // unwritten are zero-filled (Device::zero_columns) for the KV cache copies to add into.
-  explicit ClaimingDevice(bool claim, bool only_attention = false) : claim_(claim), only_attention_(only_attention) {}
+  // ask_left_block: a KV cache copy first asks for the block left of its own, which is not
+  // one it may write whole: the interpreter zero-fills that block's unwritten columns for it
+  // to add into, and the copy that owns it later adds there instead of writing.
+  explicit ClaimingDevice(bool claim, bool only_attention = false, bool ask_left_block = false)
+      : claim_(claim), only_attention_(only_attention), ask_left_block_(ask_left_block) {}
   void backward(const zp::models::Op& op, zp::exec::Operands& o) override {
+    if (ask_left_block_ && op.fn == zp::models::Fn::heads_copy) {
+      const auto& xs = o.graph().tensors[static_cast<std::size_t>(op.inputs[0])].shape;
+      const auto& ys = o.graph().tensors[static_cast<std::size_t>(op.outputs[0])].shape;
+      const std::int64_t count = ys[1] * ys[3];
+      if (xs.size() == 3 && op.col[0] >= count) {
+        const bool a = o.accumulates(op.inputs[0], zp::exec::ColumnBlock{op.col[0] - count, count, xs[2]});
+        CHECK(a);
+        ++left_asked;
+      }
+    }
     ClaimingOperands c(o, claim_ && (!only_attention_ || op.fn == zp::models::Fn::sdpa), &claimed, op.id);
     c.blocks = &claimed_blocks;
     cpu.backward(op, c);
   }
   std::vector<std::pair<zp::models::OpId, zp::models::TensorId>> claimed;
   std::vector<ClaimingOperands::Block> claimed_blocks;
+  int left_asked = 0;
 
  private:
-  bool claim_, only_attention_;
+  bool claim_, only_attention_, ask_left_block_;
 };
 }  // namespace
 
@@ -308,6 +323,19 @@ TEST_CASE("a fresh gradient is written whole by its first writer where backward_
       for (int s = 1; s <= 2; ++s) ic.step(s, mbs);
       for (const auto& p : c.g.params) CHECK(ic.param_values(p.id) == ib.param_values(p.id));
       if (name == "tiny-gpt2") CHECK_FALSE(some.claimed_blocks.empty());
+    }
+    {  // a block asked for that is not the asker's to write: zero-filled there, added into
+      const Model c = lowered(name, dtype, 2, R"("stage": 2, "overlap_comm": true)");
+      zp::exec::TrackingAllocator mem_c(c.prog.buffers.size());
+      ClaimingDevice left(true, false, true);
+      zp::exec::Interpreter ic(c.g, c.prog, c.cfg, comm(), mem_c, 99, &left);
+      ic.prologue();
+      for (int s = 1; s <= 2; ++s) ic.step(s, mbs);
+      for (const auto& p : c.g.params) CHECK(ic.param_values(p.id) == ib.param_values(p.id));
+      if (name == "tiny-gpt2") {
+        CHECK(left.left_asked > 0);
+        CHECK(left.claimed_blocks.size() < claims.claimed_blocks.size());  // the left blocks were added into
+      }
     }
     // Claims happen, only where backward_assigns allows, once per gradient and micro-step.
     REQUIRE_FALSE(claims.claimed.empty());

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <set>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "sim/memory.hpp"
 #include "sim/timing.hpp"
 #include "zero/lower.hpp"
+#include "zero/lower/graph_facts.hpp"
 
 using namespace zp;
 using zero::Category;
@@ -1712,4 +1714,98 @@ TEST_CASE("stage 3 sub-groups are DeepSpeed's: closed once they reach the size")
   CHECK(std::any_of(small_got.begin(), small_got.end(), [](std::int64_t s) { return s > 1000; }));
   const auto [zero_got, zero_want] = sizes_of(0);
   CHECK(zero_got == zero_want);
+}
+
+namespace {
+// A hand-made graph for GraphFacts: ops of `fn` over (4, 8) fp32 tensors; each op is given as
+// its inputs (tensor ids; tensor 0 is the model input) and makes one new tensor.
+models::OpGraph chain_graph(const std::vector<std::pair<models::Fn, std::vector<models::TensorId>>>& ops) {
+  models::OpGraph g;
+  auto tensor = [&](models::OpId producer) {
+    models::Tensor t;
+    t.id = static_cast<models::TensorId>(g.tensors.size());
+    t.name = fmt::format("t{}", t.id);
+    t.shape = {4, 8};
+    t.dtype = DType::fp32;
+    t.bytes = Bytes{4 * 8 * 4};
+    t.producer = producer;
+    g.tensors.push_back(t);
+    return t.id;
+  };
+  g.inputs.push_back(tensor(models::kNone));
+  for (const auto& [fn, in] : ops) {
+    models::Op op;
+    op.id = static_cast<models::OpId>(g.ops.size());
+    op.name = fmt::format("op{}", op.id);
+    op.fn = fn;
+    op.inputs = in;
+    op.outputs = {tensor(op.id)};
+    g.ops.push_back(op);
+  }
+  g.loss = g.tensors.back().id;
+  return g;
+}
+}  // namespace
+
+TEST_CASE("a sum passes its gradient on only where nothing writes one operand's before the other's producer read its own") {
+  using models::Fn;
+  // x = f(in); h = g(x); b = k(h); y = x + b: x's other consumer (g) runs its backward after
+  // b's producer (k) has read b's gradient: the sum passes (GPT-2's residual).
+  auto ok = chain_graph({{Fn::scale, {0}}, {Fn::scale, {1}}, {Fn::scale, {2}}, {Fn::add, {1, 3}}, {Fn::scale, {4}}});
+  CHECK(zero::lowering::analyse(ok).passes_gradient[3] == 1);
+  // Either operand may be the one consumed by the sum alone (BERT writes hidden + input).
+  auto swapped = chain_graph({{Fn::scale, {0}}, {Fn::scale, {1}}, {Fn::scale, {2}}, {Fn::add, {3, 1}}, {Fn::scale, {4}}});
+  CHECK(zero::lowering::analyse(swapped).passes_gradient[3] == 1);
+  // y = x + f(x): f's backward reads b's gradient and adds into x's, the same buffer: no.
+  auto own = chain_graph({{Fn::scale, {0}}, {Fn::scale, {1}}, {Fn::add, {1, 2}}, {Fn::scale, {3}}});
+  CHECK(zero::lowering::analyse(own).passes_gradient[2] == 0);
+  // x's other consumer (op2) comes after b's producer (op1): its backward runs first, adding
+  // into x's gradient while that is b's: no.
+  auto late = chain_graph({{Fn::scale, {0}}, {Fn::scale, {0}}, {Fn::scale, {1}}, {Fn::add, {1, 2}}, {Fn::add, {3, 4}}});
+  CHECK(zero::lowering::analyse(late).passes_gradient[3] == 0);
+  // Both operands consumed elsewhere, the loss itself, one tensor twice: no.
+  auto both = chain_graph({{Fn::scale, {0}}, {Fn::scale, {0}}, {Fn::add, {1, 2}}, {Fn::add, {1, 2}}, {Fn::add, {3, 4}}});
+  CHECK(zero::lowering::analyse(both).passes_gradient[2] == 0);
+  auto twice = chain_graph({{Fn::scale, {0}}, {Fn::add, {1, 1}}, {Fn::scale, {2}}});
+  CHECK(zero::lowering::analyse(twice).passes_gradient[1] == 0);
+  auto loss = chain_graph({{Fn::scale, {0}}, {Fn::scale, {1}}, {Fn::add, {1, 2}}});
+  CHECK(zero::lowering::analyse(loss).passes_gradient[2] == 0);
+}
+
+TEST_CASE("a residual sum's backward is a marker: the gradient passed on, no kernel, the buffer freed with its last holder") {
+  // tiny-gpt2 (2 layers): four residual sums per micro-step pass their gradient on; no
+  // gradient buffer of theirs is allocated; every buffer the step allocates it frees.
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2}, {"zero_optimization", {{"stage", 2}}}};
+  for (const bool ckpt : {false, true}) {
+    CAPTURE(ckpt);
+    zero::LowerOptions lo;
+    lo.activation_checkpointing = ckpt;
+    const auto l = lower_with(zero::parse_ds_config("t.json", j), lo, models::Attention::sdpa);
+    int passing = 0;
+    std::set<models::TensorId> passed_to;
+    for (const auto& e : l.p.events) {
+      if (!e.passes_gradient) continue;
+      ++passing;
+      CHECK(e.kind == EventKind::marker);
+      const auto& op = l.g.ops[static_cast<std::size_t>(e.op)];
+      CHECK(op.fn == models::Fn::add);
+      CHECK(e.mem_bytes.v == 0);
+      CHECK(l.p.allocs(e).empty());
+      passed_to.insert(op.inputs.begin(), op.inputs.end());
+    }
+    CHECK(passing >= 4);
+    // No gradient buffer of its own for a tensor the gradient was passed to, and every
+    // gradient buffer allocated is freed once.
+    std::map<zero::BufferId, int> held;
+    for (const auto& e : l.p.events) {
+      for (auto b : l.p.allocs(e))
+        if (l.p.buffers[static_cast<std::size_t>(b)].role == zero::BufferRole::activation_grad) ++held[b];
+      for (auto b : l.p.frees(e))
+        if (l.p.buffers[static_cast<std::size_t>(b)].role == zero::BufferRole::activation_grad) --held[b];
+    }
+    for (const auto& [b, n] : held) {
+      CHECK(n == 0);
+      CHECK(passed_to.count(l.p.buffers[static_cast<std::size_t>(b)].ref) == 0);
+    }
+  }
 }

@@ -27,8 +27,8 @@ __global__ void rows_to_heads_kernel(T* __restrict__ y, const T* __restrict__ x,
   }
 }
 
-// Rows (B, T, W) <- heads (B, H, T, D) in columns [offset, offset + H*D); the other
-// columns get 0 (when not accumulating) or stay.
+// Rows (B, T, W) <- heads (B, H, T, D) in columns [offset, offset + H*D), written or added
+// into; the other columns are not touched.
 template <class T, bool Vec>
 __global__ void heads_to_rows_kernel(T* __restrict__ y, const T* __restrict__ x, std::int64_t B, std::int64_t T_,
                                      std::int64_t H, std::int64_t D, std::int64_t W, std::int64_t offset,

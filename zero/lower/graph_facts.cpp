@@ -63,7 +63,8 @@ GraphFacts analyse(const models::OpGraph& g) {
     const TensorId y = op.outputs[0];
     if (op.inputs[0] == op.inputs[1] || y == g.loss) continue;
     // One operand (b) consumed by the sum alone; the other's (a's) other consumers add into
-    // its gradient only after b's producer has read b's (either operand may be a).
+    // its gradient only after b's producer has read b's, and b's producer is not one of them
+    // (either operand may be a).
     auto passes = [&](TensorId a, TensorId b) {
       const bool same = T(a).shape == T(y).shape && T(b).shape == T(y).shape && T(a).dtype == T(y).dtype &&
                         T(b).dtype == T(y).dtype;
@@ -74,7 +75,7 @@ GraphFacts analyse(const models::OpGraph& g) {
         return false;
       const OpId pb = T(b).producer;
       for (const auto& c : g.ops)
-        if (c.id != op.id && c.id > pb && std::find(c.inputs.begin(), c.inputs.end(), a) != c.inputs.end())
+        if (c.id != op.id && c.id >= pb && std::find(c.inputs.begin(), c.inputs.end(), a) != c.inputs.end())
           return false;
       return true;
     };

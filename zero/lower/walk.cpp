@@ -189,8 +189,13 @@ void Walk::backward_op(MicroState& st, OpId o) {
   c_.dispatch(Phase::backward);
   // A sum passing its output's gradient on (PyTorch's AddBackward0): no kernel; both inputs'
   // gradients are that buffer, freed when the last of them has been consumed.
-  const bool passes = f.passes_gradient[static_cast<std::size_t>(o)] != 0 &&
-                      st.grad_buf[static_cast<std::size_t>(op.outputs[0])] >= 0 &&
+  // Only a gradient no other tensor still holds is passed on: adding into the first input's
+  // would change the others' (a sum whose output was itself passed a gradient another
+  // operand's producer has not read yet).
+  const BufferId yb = st.grad_buf[static_cast<std::size_t>(op.outputs[0])];
+  const auto held = st.grad_shares.find(yb);
+  const bool passes = f.passes_gradient[static_cast<std::size_t>(o)] != 0 && yb >= 0 &&
+                      (held == st.grad_shares.end() || held->second == 1) &&
                       st.grad_buf[static_cast<std::size_t>(op.inputs[0])] < 0 &&
                       st.grad_buf[static_cast<std::size_t>(op.inputs[1])] < 0;
   Event& e = b.begin(passes ? EventKind::marker : EventKind::compute, Stream::compute, Phase::backward, c_.at.micro,
