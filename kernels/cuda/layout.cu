@@ -34,16 +34,16 @@ __global__ void heads_to_rows_kernel(T* __restrict__ y, const T* __restrict__ x,
                                      std::int64_t H, std::int64_t D, std::int64_t W, std::int64_t offset,
                                      bool accumulate) {
   constexpr int V = kWidth<T, Vec>;
-  const std::int64_t chunks = B * T_ * W / V;
+  const std::int64_t C = H * D;  // the block's columns: only they are visited
+  const std::int64_t chunks = B * T_ * C / V;
   for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks;
        c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = c * V;  // index into y (B, T, W)
-    const std::int64_t col = i % W, bt = i / W;
+    const std::int64_t j = c * V;  // index into the block (B, T, H·D)
+    const std::int64_t col = j % C, bt = j / C;
+    const std::int64_t h = col / D, d = col % D, b = bt / T_, t = bt % T_;
     float v[V];
-    if (col < offset || col >= offset + H * D) continue;  // another block's columns: untouched
-    const std::int64_t h = (col - offset) / D, d = (col - offset) % D, b = bt / T_, t = bt % T_;
     detail::load_f<T, V>(x + ((b * H + h) * T_ + t) * D + d, v);
-    detail::store_acc<T, V>(y + i, v, accumulate);
+    detail::store_acc<T, V>(y + bt * W + offset + col, v, accumulate);
   }
 }
 
@@ -159,8 +159,8 @@ void split_heads_backward(void* dx, const void* dy, std::int64_t B, std::int64_t
   detail::dispatch(dt, "split_heads_backward", [&](auto tag) {
     using E = decltype(tag);
     const bool vec = packs_fit<E>({D, W, offset}, {dx, dy});
-    ZP_LAUNCH_VEC(heads_to_rows_kernel, vec, B * T * W, static_cast<E*>(dx), static_cast<const E*>(dy), B, T, H, D,
-                  W, offset, accumulate);
+    ZP_LAUNCH_VEC(heads_to_rows_kernel, vec, B * T * H * D, static_cast<E*>(dx), static_cast<const E*>(dy), B, T, H,
+                  D, W, offset, accumulate);
   });
 }
 
