@@ -283,6 +283,7 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   r.program = std::move(p.program);
   r.memory = std::move(p.memory);
   r.time = std::move(p.time);
+  r.ops = sim::op_trace_info(*graph);
   return r;
 }
 
@@ -303,7 +304,7 @@ nlohmann::json simulate_trace(const std::vector<StageResult>& rs) {
   for (const auto& r : rs) {
     zero::Program p = r.program;
     p.info.rank = r.stage * 100000 + r.rank;  // one process per (stage, rank)
-    sim::append_chrome_trace(doc, p, r.time.report);
+    sim::append_chrome_trace(doc, p, r.time.report, r.ops);
     for (auto& e : doc["traceEvents"])
       if (e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == p.info.rank)
         e["args"]["name"] = fmt::format("stage {} rank {}", r.stage, r.rank);

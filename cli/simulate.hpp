@@ -23,6 +23,7 @@ class App;
 #include "sim/memory.hpp"
 #include "sim/predict.hpp"
 #include "sim/timing.hpp"
+#include "sim/trace.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/lower.hpp"
 #include "zero/program.hpp"
@@ -105,6 +106,7 @@ struct StageResult {
   sim::MemoryReport memory;
   sim::TimeSummary time;
   std::optional<ExecutorMemory> executor;
+  std::vector<sim::OpTraceInfo> ops;  // the graph's ops, for the trace (sim::op_trace_info)
 };
 
 // Validates flags (N >= 1, stages in 0..3, micro-batch >= 1, seq-len within the model's

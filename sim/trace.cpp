@@ -15,7 +15,14 @@ namespace {
 constexpr int kTraceCopies = 16;
 }  // namespace
 
-void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t) {
+std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g) {
+  std::vector<OpTraceInfo> ops;
+  ops.reserve(g.ops.size());
+  for (const auto& op : g.ops) ops.push_back({models::fn_name(op.fn), !op.gemms.empty()});
+  return ops;
+}
+
+void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops) {
   auto& ev = doc["traceEvents"];
   const int pid = p.info.rank;
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
@@ -52,6 +59,10 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t)
       } else {
         args["flops"] = e.flops.v;
         args["bytes"] = e.mem_bytes.v;
+      }
+      if (e.kind == zero::EventKind::compute && e.op >= 0 && static_cast<std::size_t>(e.op) < ops.size()) {
+        args["fn"] = ops[static_cast<std::size_t>(e.op)].fn;
+        args["gemm"] = ops[static_cast<std::size_t>(e.op)].gemm;
       }
       ev.push_back({{"name", p.event_name(id)}, {"cat", zero::event_kind_name(e.kind)}, {"ph", "X"}, {"pid", pid},
                     {"tid", static_cast<int>(e.stream)}, {"ts", ts}, {"dur", dur}, {"args", args}});
@@ -105,11 +116,11 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t)
   for (std::size_t e = c; e < p.events.size(); ++e) one(p.events[e], static_cast<zero::EventId>(e) + moved);
 }
 
-json chrome_trace(const zero::Program& p, const TimeReport& t) {
+json chrome_trace(const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops) {
   json doc = {{"traceEvents", json::array()}, {"displayTimeUnit", "ms"}};
   doc["otherData"] = {{"model", p.info.model}, {"stage", p.info.stage}, {"world_size", p.info.world_size},
                       {"rank", p.info.rank}};
-  append_chrome_trace(doc, p, t);
+  append_chrome_trace(doc, p, t, ops);
   return doc;
 }
 

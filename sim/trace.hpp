@@ -7,15 +7,31 @@
 // (Program::repeat) the first 16 are shown event by event, the others as one slice per
 // stream ("msA..msB: N repeated micro-steps", otherData.repeated_micro_steps says so), so a
 // trace stays the size it has at GAS 20 whatever GAS is.
+#include <span>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
+
+#include "models/graph.hpp"
 
 #include "sim/engine.hpp"
 #include "zero/program.hpp"
 
 namespace zp::sim {
 
-nlohmann::json chrome_trace(const zero::Program& p, const TimeReport& t);
+// What a compute event's op is, in its slice's args ("fn": the op's function, "gemm": whether
+// it runs as matrix products): how a profiler would class its kernels (the fused attention,
+// GEMMs, the rest elementwise), for tools/deepspeed_compare.py's per-class times.
+struct OpTraceInfo {
+  std::string fn;
+  bool gemm = false;
+};
+std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g);
+
+nlohmann::json chrome_trace(const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops = {});
 // Appends the events of one rank to an existing trace document (for several ranks).
-void append_chrome_trace(nlohmann::json& doc, const zero::Program& p, const TimeReport& t);
+void append_chrome_trace(nlohmann::json& doc, const zero::Program& p, const TimeReport& t,
+                         std::span<const OpTraceInfo> ops = {});
 
 }  // namespace zp::sim

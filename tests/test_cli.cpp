@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -252,6 +253,7 @@ TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 
   const auto doc = nlohmann::json::parse(in);
   int slices = 0;
   std::set<std::string> tracks;
+  std::map<std::string, int> gemm_fns, other_fns;  // a compute slice's op function, for per-class times
   for (const auto& e : doc["traceEvents"]) {
     const std::string ph = e["ph"];
     CHECK((ph == "X" || ph == "C" || ph == "M"));
@@ -259,10 +261,17 @@ TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 
       ++slices;
       CHECK(e["dur"].get<double>() >= 0);
       tracks.insert(std::to_string(e["pid"].get<int>()) + "/" + std::to_string(e["tid"].get<int>()));
+      if (e["args"].value("kind", "") == "compute") {
+        REQUIRE(e["args"].contains("fn"));
+        ++(e["args"]["gemm"].get<bool>() ? gemm_fns : other_fns)[e["args"]["fn"].get<std::string>()];
+      }
     }
   }
   CHECK(slices > 10000);
   CHECK(tracks.size() >= 2);
+  CHECK(gemm_fns.count("linear") == 1);
+  CHECK(other_fns.count("layernorm") == 1);
+  CHECK(other_fns.count("linear") == 0);
 }
 
 TEST_CASE("collectives prints an nccl-tests-like sweep") {

@@ -88,6 +88,7 @@ def predict(zeroplan, run, clusters=("1xH200-141GB", "8xH200-141GB-NVSwitch"), p
             "step": r["time"]["step_ms"] * 1e-3,
             "iteration": r["time"]["iteration_ms"] * 1e-3,
             "gpu": device_busy(trace),
+            "gpu_by_class": device_by_class(trace),
         }
     finally:
         os.remove(cfg)
@@ -131,6 +132,45 @@ def device_busy(trace_path):
                 hi = max(hi, b)
         busy[phase] = (total + (hi - lo if hi is not None else 0.0)) * 1e-6  # the trace's microseconds
     return busy
+
+
+def event_class(e):
+    """The kernel class a profiler gives the kernels of a predicted event (deepspeed_reference.py's
+    kernel_class): the fused attention, matrix products, the optimizer's multi-tensor kernels,
+    the rest elementwise. Copies count as copies (DeepSpeed's per-tensor casts are elementwise
+    kernels to the profiler, its flat copies memcpy: the two are compared together below)."""
+    a = e.get("args", {})
+    kind = a.get("kind")
+    if kind == "compute":
+        if a.get("fn") in ("sdpa", "flash_attention"):
+            return "attention"
+        return "gemm" if a.get("gemm") else "elementwise"
+    if kind == "optimizer":
+        return "optimizer"
+    if kind == "collective":
+        return "collective"
+    return "copy"
+
+
+def device_by_class(trace_path):
+    """Seconds per phase and kernel class of the predicted trace's device events (summed
+    durations, as the profile's by_class_s sums kernel times)."""
+    with open(trace_path) as f:
+        t = json.load(f)
+    events = t["traceEvents"] if isinstance(t, dict) else t
+    if any(e.get("cat") == "repeated" for e in events):
+        return {}
+    host = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
+            and e.get("args", {}).get("name") == "host"}
+    out = {}
+    for e in events:
+        phase = TRACE_PHASES.get(e.get("args", {}).get("phase"))
+        if e.get("ph") != "X" or e.get("tid") in host or phase is None or e.get("dur", 0) <= 0:
+            continue
+        cls = out.setdefault(phase, {})
+        k = event_class(e)
+        cls[k] = cls.get(k, 0.0) + e["dur"] * 1e-6
+    return out
 
 
 INPUTS = ("model", "attention", "dtype", "stage", "micro_batch", "seq_len", "gas", "ds_config")
@@ -281,6 +321,36 @@ def print_device_busy(rows, runs):
         print(f"{name:<28} " + "  ".join(cells))
     print("mean |error| of the GPU busy time: " + ", ".join(
         f"{k} {100 * sum(map(abs, v)) / len(v):.1f}% (worst {100 * max(map(abs, v)):.0f}%)" for k, v in errors.items()))
+    print_by_class(runs, rows)
+
+
+def print_by_class(runs, rows):
+    """GPU time per kernel class, the profile's (by_class_s) beside the prediction's, for the runs
+    whose reference keeps it: where the compute model is right in sum but not class by class.
+    Elementwise and copy are compared together (DeepSpeed's per-tensor casts are elementwise
+    kernels to the profiler, the same work is a copy event in the program); the bias gradients,
+    which the model prices inside the linear ops, are elementwise reductions there, and so are
+    the per-tensor loop kernels (overflow check, norms) the model prices inside the step's
+    optimizer event: compare the step in sum."""
+    measured = {run["name"]: run["gpu_by_class_s"] for run in runs
+                if run.get("gpu_by_class_s") and run.get("world_size", 1) == 1}
+    table = [(r["name"], measured[r["name"]], r["predicted"].get("gpu_by_class", {})) for r in rows
+             if r["name"] in measured and "error" not in r["predicted"]]
+    if not table:
+        return
+    print("\nGPU time per kernel class, profiler / predicted (ms; elementwise includes copies and, at one rank, "
+          "the collectives' local reductions)")
+    for name, m, p in table:
+        for phase in ("forward", "backward", "step"):
+            mp, pp = dict(m.get(phase, {})), dict(p.get(phase, {}))
+            for d in (mp, pp):  # one rank: a collective event is its local reduction (the norm)
+                d["elementwise"] = d.get("elementwise", 0.0) + d.pop("copy", 0.0) + d.pop("collective", 0.0)
+            cells = []
+            for k in ("gemm", "attention", "elementwise", "optimizer"):
+                if mp.get(k, 0.0) == 0.0 and pp.get(k, 0.0) == 0.0:
+                    continue
+                cells.append(f"{k} {mp.get(k, 0.0) * 1e3:5.1f}/{pp.get(k, 0.0) * 1e3:<5.1f}")
+            print(f"{name:<28} {phase[:4]}  " + "  ".join(cells))
 
 
 def print_host_probe(runs):
