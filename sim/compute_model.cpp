@@ -504,8 +504,8 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     if (!attention) return gemm_efficiency(p_, m, n, k, align, fp32_cores);
     double e = p_.gemm_max_efficiency;
     const double head_half = fp32_cores ? p_.fp32_half() : p_.gemm_half_dim;
-    for (const std::int64_t x : {m, n, k})
-      e *= saturation(static_cast<double>(x), x == head_dim ? head_half : p_.attention_half());
+    const double seq_half = fp32_cores ? p_.gemm_half_dim : p_.attention_half();
+    for (const std::int64_t x : {m, n, k}) e *= saturation(static_cast<double>(x), x == head_dim ? head_half : seq_half);
     return e * alignment_factor(p_, m, n, k, align);
   };
   double geo_flops = 0, weighted = 0;
@@ -526,7 +526,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     }
   }
   double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
-  if (attention) {
+  if (attention && !fp32_cores) {  // the 16-bit kernels' own factors (DeviceProfile::attention_efficiency)
     eff *= backward ? p_.attention_backward_efficiency : p_.attention_efficiency;
     if (o->alpha > 0) eff *= backward ? p_.attention_dropout_backward() : p_.attention_dropout_efficiency;  // alpha: dropout_p
   }

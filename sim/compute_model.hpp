@@ -97,7 +97,10 @@ struct DeviceProfile {
   // backward: its batched products run inside one kernel whose speed is the kernel's own
   // (FlashAttention, cuDNN, or zeroplan's), not cuBLAS's, and a flash backward (which
   // recomputes the probabilities) runs further below its GEMMs than the forward does.
-  // 1 = priced as the GEMMs.
+  // 1 = priced as the GEMMs. These and the two below describe the 16-bit kernels on the tensor
+  // cores (cuDNN's fused attention, which PyTorch 2.11 runs on Hopper); an fp32 model's
+  // attention (PyTorch's memory-efficient kernel on the fp32 cores) is priced on the fp32 GEMM
+  // curve alone: the H100's profiles put the two apart (docs/deepspeed_fidelity.md).
   double attention_efficiency = 1.0;
   double attention_backward_efficiency = 1.0;
   // The half-point of fused attention's curve along the sequence (the dimensions of its
