@@ -1809,3 +1809,37 @@ TEST_CASE("a residual sum's backward is a marker: the gradient passed on, no ker
     }
   }
 }
+
+TEST_CASE("a sum whose output holds a gradient another tensor still holds does not pass it on (parallel residuals)") {
+  using models::Fn;
+  // u = f(x); v = f(x); h = g(v); z = k(h); s = v + z; y = u + s; loss = m(y). Both sums pass
+  // GraphFacts' test, but once y's sum has passed its gradient to u and s, s's sum would hand
+  // the same buffer to v, whose other consumer (g) adds into it while it is still u's: the walk
+  // passes it on only when its output is the buffer's last holder.
+  auto g = chain_graph({{Fn::scale, {0}},      // op0: x = t1
+                        {Fn::scale, {1}},      // op1: u = t2
+                        {Fn::scale, {1}},      // op2: v = t3
+                        {Fn::scale, {3}},      // op3: h = t4
+                        {Fn::scale, {4}},      // op4: z = t5
+                        {Fn::add, {3, 5}},     // op5: s = t6
+                        {Fn::add, {2, 6}},     // op6: y = t7
+                        {Fn::scale, {7}}});    // op7: loss = t8
+  const auto facts = zero::lowering::analyse(g);
+  REQUIRE(facts.passes_gradient[5] == 1);
+  REQUIRE(facts.passes_gradient[6] == 1);
+  const auto cfg = zero::parse_ds_config("t.json", nlohmann::json{{"train_micro_batch_size_per_gpu", 1},
+                                                                 {"zero_optimization", {{"stage", 0}}}});
+  const auto p = zero::lower(g, cfg, zero::resolve_batch(cfg, 1), zero::LowerOptions{});
+  CHECK_NOTHROW(p.validate());
+  std::vector<models::OpId> passed;
+  for (const auto& e : p.events)
+    if (e.passes_gradient) passed.push_back(e.op);
+  CHECK(passed == std::vector<models::OpId>{6});  // y's sum passes; s's then runs as a kernel
+  std::map<zero::BufferId, int> held;  // every gradient buffer freed once
+  for (const auto& e : p.events) {
+    for (auto b : p.allocs(e)) ++held[b];
+    for (auto b : p.frees(e)) --held[b];
+  }
+  for (const auto& [b, n] : held)
+    if (p.buffers[static_cast<std::size_t>(b)].role == zero::BufferRole::activation_grad) CHECK(n == 0);
+}
