@@ -103,22 +103,33 @@ TRACE_PHASES = {"fwd": "forward", "bwd": "backward", "reduce": "backward", "reco
                 "post_step": "step"}
 
 
-def device_busy(trace_path):
-    """Seconds per phase during which the predicted trace keeps the GPU busy: the union of the
-    intervals of its device streams' events (not the host thread's), as the profiler's GPU busy
-    time (profile.phases.*.gpu_busy_s of deepspeed_reference.py) counts kernels."""
+def device_events(trace_path):
+    """The predicted trace's device-stream slices (not the host thread's) as (phase, event), or
+    None where the trace folds micro-steps into one slice (they have no phase: not comparable)."""
     with open(trace_path) as f:
         t = json.load(f)
     events = t["traceEvents"] if isinstance(t, dict) else t
     if any(e.get("cat") == "repeated" for e in events):
-        return {}  # micro-steps the trace folds into one slice have no phase: not comparable
+        return None
     host = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
             and e.get("args", {}).get("name") == "host"}
-    spans = {}
+    out = []
     for e in events:
         phase = TRACE_PHASES.get(e.get("args", {}).get("phase"))
-        if e.get("ph") != "X" or e.get("tid") in host or phase is None or e.get("dur", 0) <= 0:
-            continue
+        if e.get("ph") == "X" and e.get("tid") not in host and phase is not None and e.get("dur", 0) > 0:
+            out.append((phase, e))
+    return out
+
+
+def device_busy(trace_path):
+    """Seconds per phase during which the predicted trace keeps the GPU busy: the union of the
+    intervals of its device streams' events, as the profiler's GPU busy time
+    (profile.phases.*.gpu_busy_s of deepspeed_reference.py) counts kernels."""
+    events = device_events(trace_path)
+    if events is None:
+        return {}
+    spans = {}
+    for phase, e in events:
         spans.setdefault(phase, []).append((e["ts"], e["ts"] + e["dur"]))
     busy = {}
     for phase, iv in spans.items():
@@ -155,18 +166,11 @@ def event_class(e):
 def device_by_class(trace_path):
     """Seconds per phase and kernel class of the predicted trace's device events (summed
     durations, as the profile's by_class_s sums kernel times)."""
-    with open(trace_path) as f:
-        t = json.load(f)
-    events = t["traceEvents"] if isinstance(t, dict) else t
-    if any(e.get("cat") == "repeated" for e in events):
+    events = device_events(trace_path)
+    if events is None:
         return {}
-    host = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
-            and e.get("args", {}).get("name") == "host"}
     out = {}
-    for e in events:
-        phase = TRACE_PHASES.get(e.get("args", {}).get("phase"))
-        if e.get("ph") != "X" or e.get("tid") in host or phase is None or e.get("dur", 0) <= 0:
-            continue
+    for phase, e in events:
         cls = out.setdefault(phase, {})
         k = event_class(e)
         cls[k] = cls.get(k, 0.0) + e["dur"] * 1e-6
