@@ -19,17 +19,13 @@ std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n
 bool is_float(DType dt) { return dt == DType::fp32 || dt == DType::bf16 || dt == DType::fp16; }
 
 // Heads as column blocks of a (B, T, W) tensor.
-bool heads_columns(const models::HeadsLayout& f, const models::HeadsOperand& h) {
-  return h.sh == f.D && h.sb == f.T * h.st;
-}
-
 // The fused attention's operands (sdpa, flash_attention), as its launcher reads them.
 struct Fused {
   models::HeadsLayout f;
   DType dt = DType::fp32;
   std::int64_t hv = 0, kvn = 0;
   std::size_t copy(const models::HeadsOperand& h, std::int64_t X) const {
-    return heads_contiguous(f, h, X) ? 0 : nbytes(f.B * X * f.T * f.D, dt);
+    return models::heads_contiguous(f, h, X) ? 0 : nbytes(f.B * X * f.T * f.D, dt);
   }
   std::size_t repeat() const { return f.K < f.H ? nbytes(hv, dt) : 0; }
 };
@@ -45,10 +41,10 @@ Fused fused(const models::Op& op, const Operands& o) {
   a.kvn = f.B * f.K * f.T * f.D;
   for (const auto* h : {&f.q, &f.k, &f.v, &f.o}) {
     const std::int64_t X = h == &f.k || h == &f.v ? f.K : f.H;
-    if (!heads_contiguous(f, *h, X) && !heads_columns(f, *h))
+    if (!models::heads_contiguous(f, *h, X) && !models::heads_columns(f, *h))
       cuda_op_fail(op, "an attention operand in a layout the CUDA device cannot read");
   }
-  if (!heads_columns(f, f.o) || f.o.st != f.H * f.D) cuda_op_fail(op, "an attention output that is not (B, T, H*D)");
+  if (!models::heads_columns(f, f.o) || f.o.st != f.H * f.D) cuda_op_fail(op, "an attention output that is not (B, T, H*D)");
   return a;
 }
 }  // namespace
@@ -83,10 +79,6 @@ LossFlow cuda_loss_flow(const models::OpGraph& g, const models::Op& op) {
   l.out_main = l.loss_op ? op.outputs[1] : y;
   l.from_loss = l.out_main >= 0 && l.out_main == g.loss;
   return l;
-}
-
-bool heads_contiguous(const models::HeadsLayout& f, const models::HeadsOperand& h, std::int64_t X) {
-  return h.st == f.D && h.sh == f.T * f.D && h.sb == X * f.T * f.D;
 }
 
 OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o) {
@@ -237,11 +229,11 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
       if (!gq && !gk && !gv) break;
       cuda_op_dtype(op, {act(f.q.tensor), dy, gq, gk, gv});
       // In place where the kernel can accumulate: contiguous heads, no kv repetition.
-      const bool q_direct = gq && heads_contiguous(f, f.q, f.H);
-      const bool k_direct = gk && f.K == f.H && heads_contiguous(f, f.k, f.K);
-      const bool v_direct = gv && f.K == f.H && heads_contiguous(f, f.v, f.K);
+      const bool q_direct = gq && models::heads_contiguous(f, f.q, f.H);
+      const bool k_direct = gk && f.K == f.H && models::heads_contiguous(f, f.k, f.K);
+      const bool v_direct = gv && f.K == f.H && models::heads_contiguous(f, f.v, f.K);
       auto kv_copy = [&](const Ref& gr, const models::HeadsOperand& h) {
-        return gr && f.K < f.H && !heads_contiguous(f, h, f.K) ? nbytes(a.kvn, a.dt) : std::size_t{0};
+        return gr && f.K < f.H && !models::heads_contiguous(f, h, f.K) ? nbytes(a.kvn, a.dt) : std::size_t{0};
       };
       const std::size_t heads = nbytes(a.hv, a.dt);
       s.temp = {a.copy(f.q, f.H), a.copy(f.k, f.K), a.repeat(), a.copy(f.v, f.K), a.repeat(), heads, heads,

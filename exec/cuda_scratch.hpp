@@ -61,8 +61,5 @@ struct LossFlow {
   models::TensorId out_main = -1;
 };
 LossFlow cuda_loss_flow(const models::OpGraph& g, const models::Op& op);
-// A fused attention operand as (B, X, T, D) contiguous heads (else column blocks of a
-// (B, T, W) tensor).
-bool heads_contiguous(const models::HeadsLayout& f, const models::HeadsOperand& h, std::int64_t X);
 
 }  // namespace zp::exec

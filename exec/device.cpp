@@ -62,8 +62,8 @@ bool backward_assigns(const models::OpGraph& g, const models::Op& op, std::size_
       if (uses != 1 || h->offset != 0) return false;
       const std::int64_t X = h == &f.q ? f.H : f.K;
       if (numel(g, t) != f.B * f.T * X * f.D) return false;
-      const bool columns = h->st == X * f.D && h->sh == f.D && h->sb == f.T * h->st;
-      const bool heads = h->st == f.D && h->sh == f.T * f.D && h->sb == X * f.T * f.D;
+      const bool columns = models::heads_columns(f, *h) && h->st == X * f.D;
+      const bool heads = models::heads_contiguous(f, *h, X);
       // (With one head and one position the two layouts are the same memory.)
       return heads || (columns && !(X == 1 && f.T == 1));
     }
@@ -79,7 +79,7 @@ std::optional<ColumnBlock> operand_columns(const models::OpGraph& g, const model
   const auto& shape = g.tensors[static_cast<std::size_t>(h.tensor)].shape;
   if (shape.size() != 3) return std::nullopt;
   const std::int64_t W = shape[2], X = &h == &f.q ? f.H : f.K;
-  if (h.st != W || h.sh != f.D || h.sb != f.T * W || h.offset < 0 || h.offset + X * f.D > W) return std::nullopt;
+  if (!models::heads_columns(f, h) || h.st != W || h.offset < 0 || h.offset + X * f.D > W) return std::nullopt;
   return ColumnBlock{h.offset, X * f.D, W};
 }
 }  // namespace

@@ -219,7 +219,7 @@ class FusedAttention {
   }
 
  private:
-  bool contiguous(const models::HeadsOperand& h, std::int64_t X) const { return heads_contiguous(f_, h, X); }
+  bool contiguous(const models::HeadsOperand& h, std::int64_t X) const { return models::heads_contiguous(f_, h, X); }
   float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(f_.D))); }
   float p() const { return static_cast<float>(op_.alpha); }
 

@@ -1310,6 +1310,12 @@ HeadsLayout heads_layout(const OpGraph& g, const Op& op) {
   return f;
 }
 
+bool heads_contiguous(const HeadsLayout& f, const HeadsOperand& h, std::int64_t X) {
+  return h.st == f.D && h.sh == f.T * f.D && h.sb == X * f.T * f.D;
+}
+
+bool heads_columns(const HeadsLayout& f, const HeadsOperand& h) { return h.sh == f.D && h.sb == f.T * h.st; }
+
 BoostGraph to_boost(const OpGraph& g) {
   BoostGraph bg(g.ops.size());
   for (const auto& op : g.ops) {

@@ -249,6 +249,11 @@ struct HeadsLayout {
   TensorId rng = kNone;   // outputs[2], (2) int64: the dropout stream's (seed, offset)
 };
 HeadsLayout heads_layout(const OpGraph& g, const Op& op);
+// Operand h (X heads) of a fused attention as (B, X, T, D) contiguous heads.
+bool heads_contiguous(const HeadsLayout& f, const HeadsOperand& h, std::int64_t X);
+// Operand h as column blocks of (B, T, W) rows: each head's D columns contiguous, a row per
+// position (the row's stride is h.st = W).
+bool heads_columns(const HeadsLayout& f, const HeadsOperand& h);
 
 // Ops as vertices, one edge per (producer → consumer) use of a tensor.
 using BoostGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS,

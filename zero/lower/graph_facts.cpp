@@ -52,9 +52,19 @@ GraphFacts analyse(const models::OpGraph& g) {
   for (std::size_t p = 0; p < np; ++p)
     if (f.param_ready[p] >= 0) f.ready_at_op[static_cast<std::size_t>(f.param_ready[p])].push_back(static_cast<ParamId>(p));
   // The residual sums whose backward passes the gradient on (GraphFacts::passes_gradient).
+  // Per tensor: how many inputs read it, and its two latest consumers (ops in id order), so the
+  // test below takes no pass over the ops per sum.
   std::vector<int> uses(nt, 0);
+  std::vector<OpId> last(nt, -1), before_last(nt, -1);
   for (const auto& op : g.ops)
-    for (TensorId t : op.inputs) ++uses[static_cast<std::size_t>(t)];
+    for (TensorId t : op.inputs) {
+      const auto i = static_cast<std::size_t>(t);
+      ++uses[i];
+      if (last[i] != op.id) {
+        before_last[i] = last[i];
+        last[i] = op.id;
+      }
+    }
   for (TensorId t : g.outputs) ++uses[static_cast<std::size_t>(t)];
   f.passes_gradient.assign(g.ops.size(), 0);
   auto T = [&](TensorId t) -> const models::Tensor& { return g.tensors[static_cast<std::size_t>(t)]; };
@@ -73,11 +83,8 @@ GraphFacts analyse(const models::OpGraph& g) {
       if (!same || !f.requires_grad[ia] || !f.requires_grad[ib] || f.grad_first[ia] != op.id ||
           f.grad_first[ib] != op.id || uses[ib] != 1)
         return false;
-      const OpId pb = T(b).producer;
-      for (const auto& c : g.ops)
-        if (c.id != op.id && c.id >= pb && std::find(c.inputs.begin(), c.inputs.end(), a) != c.inputs.end())
-          return false;
-      return true;
+      // The sum is a's last consumer, so its other consumers are at most before_last[a].
+      return before_last[ia] < T(b).producer;
     };
     f.passes_gradient[static_cast<std::size_t>(op.id)] =
         passes(op.inputs[0], op.inputs[1]) || passes(op.inputs[1], op.inputs[0]) ? 1 : 0;
