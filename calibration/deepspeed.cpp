@@ -494,6 +494,35 @@ Dataset read_deepspeed_runs(const std::string& path, const sim::ClusterSpec& clu
         add_phase(ds, run, p, Quantity::gpu_busy, v, 0, 1, true, src, "deepspeed-runs");
       }
     }
+    // Kernel time per class and phase (deepspeed_reference.py's kernel_class): cuBLAS's GEMMs,
+    // the fused attention, and the rest together (elementwise, copies, the optimizer's kernels,
+    // NCCL's), since how DeepSpeed and zeroplan split the rest differs by kernel, not by cost.
+    // Classes with no kernel in the phase are not observations (a time of 0 has no ratio).
+    if (auto g = e.find("gpu_by_class_s"); g != e.end()) {
+      const json::Reader gr = r.sub("gpu_by_class_s");
+      gr.require_object(*g, "gpu_by_class_s");
+      for (const auto& [key, p] : std::vector<std::pair<std::string, PhaseName>>{
+               {"forward", PhaseName::forward}, {"backward", PhaseName::backward}, {"step", PhaseName::step}}) {
+        if (!g->contains(key)) continue;
+        const json::Reader cr = gr.sub(key);
+        cr.require_object(g->at(key), key);
+        double by[3] = {0, 0, 0};  // gemm, attention, other
+        for (const auto& [cls, val] : g->at(key).items()) {
+          if (!val.is_number()) throw InputError(path, cr.key_path(cls), "must be a number of seconds");
+          const double v = val.get<double>();
+          check_time(path, cr.key_path(cls), v);
+          if (cls == "gemm") by[0] += v;
+          else if (cls == "attention") by[1] += v;
+          else if (cls == "elementwise" || cls == "copy" || cls == "optimizer" || cls == "collective") by[2] += v;
+          else
+            throw InputError(path, cr.key_path(cls),
+                             "is not a kernel class (allowed: gemm, attention, elementwise, copy, optimizer, collective)");
+        }
+        const Quantity qs[3] = {Quantity::gpu_gemm, Quantity::gpu_attention, Quantity::gpu_other};
+        for (int c = 0; c < 3; ++c)
+          if (by[c] > 0) add_phase(ds, run, p, qs[c], by[c], 0, 1, true, src, "deepspeed-runs");
+      }
+    }
   }
   return ds;
 }

@@ -46,6 +46,9 @@ const char* quantity_name(Quantity q) {
     case Quantity::wall: return "wall";
     case Quantity::gpu_busy: return "gpu_busy";
     case Quantity::events: return "events";
+    case Quantity::gpu_gemm: return "gpu_gemm";
+    case Quantity::gpu_attention: return "gpu_attention";
+    case Quantity::gpu_other: return "gpu_other";
   }
   return "?";
 }

@@ -86,10 +86,15 @@ const char* phase_label(PhaseName p);
 constexpr int kNumPhaseNames = 6;
 
 // Wall time as DeepSpeed's timers see it; the GPU's busy time inside the phase (the union of
-// kernel intervals, as tools/deepspeed_reference.py reduces a profiler trace); or the sum of
-// the phase's device events' own times, as zeroplan's executor times them (train --out).
-enum class Quantity : std::uint8_t { wall, gpu_busy, events };
-constexpr int kNumQuantities = 3;
+// kernel intervals, as tools/deepspeed_reference.py reduces a profiler trace); the sum of
+// the phase's device events' own times, as zeroplan's executor times them (train --out); or
+// the summed kernel time of one class of kernels in the phase, as the profiler names them
+// (deepspeed_reference.py's kernel_class): the matrix products (cuBLAS), the fused attention,
+// and the rest (elementwise, normalisation, reductions, copies, the optimizer's kernels).
+// The classes let a fit tell the GEMM curve from the bandwidth-bound kernels, which the
+// phase totals trade against each other.
+enum class Quantity : std::uint8_t { wall, gpu_busy, events, gpu_gemm, gpu_attention, gpu_other };
+constexpr int kNumQuantities = 6;
 const char* quantity_name(Quantity q);
 
 struct PhaseSample {

@@ -74,7 +74,8 @@ bool on_device(const zero::Event& e) {
   return true;
 }
 
-PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, const std::vector<std::int32_t>& unmeasured) {
+PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, const std::vector<std::int32_t>& unmeasured,
+                            const sim::ComputeModel* cm, const models::OpGraph* graph) {
   PhasePrediction out;
   auto set = [&](PhaseName ph, Quantity q, double v) {
     out.seconds[static_cast<std::size_t>(ph)][static_cast<std::size_t>(q)] = v;
@@ -98,6 +99,25 @@ PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, co
     if (std::find(unmeasured.begin(), unmeasured.end(), static_cast<std::int32_t>(i)) == unmeasured.end())
       sum[b] += et.end.v - et.start.v;
     all.emplace_back(et.start.v, et.end.v);
+    if (cm != nullptr && graph != nullptr) {
+      // The classes a profiler names the event's kernels by (deepspeed_reference.py's
+      // kernel_class): a fused attention op's kernels; a linear op's matrix products, less its
+      // bias gradients' column sums (a reduction kernel); everything else bandwidth-bound.
+      double dur = et.end.v - et.start.v;
+      Quantity q = Quantity::gpu_other;
+      if (e.kind == zero::EventKind::compute && e.op >= 0 && static_cast<std::size_t>(e.op) < graph->ops.size()) {
+        const models::Op& op = graph->ops[static_cast<std::size_t>(e.op)];
+        if (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention) {
+          q = Quantity::gpu_attention;
+        } else if (!op.gemms.empty()) {
+          const double bias = std::min(dur, cm->bias_grad_cost(e.op, e.phase).v);
+          out.seconds[b][static_cast<std::size_t>(Quantity::gpu_other)] += bias;
+          dur -= bias;
+          q = Quantity::gpu_gemm;
+        }
+      }
+      out.seconds[b][static_cast<std::size_t>(q)] += dur;
+    }
   }
   auto busy = [&](PhaseName b) { return union_length(iv[static_cast<std::size_t>(b)]); };
   const double fwd = busy(PhaseName::forward), bwd = busy(PhaseName::backward), step = busy(PhaseName::step);
@@ -258,7 +278,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     sim::EngineOptions eo;
     eo.interference = prof.comm_compute_interference;
     const sim::TimeSummary ts = sim::simulate_time(run.program, run.graph, cm, coll, eo);
-    const PhasePrediction pp = phase_times(run.program, ts.report, rc.unmeasured_events);
+    const PhasePrediction pp = phase_times(run.program, ts.report, rc.unmeasured_events, &cm, &run.graph);
     for (std::size_t i : run.obs) {
       const PhaseSample& s = data_.obs[i].phase;
       out[i] = pp.seconds[static_cast<std::size_t>(s.phase)][static_cast<std::size_t>(s.quantity)];

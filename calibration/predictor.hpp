@@ -10,6 +10,7 @@
 #include "calibration/params.hpp"
 #include "models/graph.hpp"
 #include "sim/collective_model.hpp"
+#include "sim/compute_model.hpp"
 #include "sim/device.hpp"
 #include "sim/engine.hpp"
 #include "zero/program.hpp"
@@ -25,8 +26,12 @@ struct PhasePrediction {
 // The phase times of a simulated step: the engine's phase summaries, the union of the device
 // streams' event intervals per phase (forward; backward with its recomputation and
 // reductions; the step; the whole iteration), and the sum of those events' durations.
+// With the compute model that priced the step (`cm`, over the program's graph), also the
+// summed time of each kernel class a profiler would see per phase (Quantity::gpu_gemm,
+// gpu_attention, gpu_other; see kernel_class_of).
 PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t,
-                            const std::vector<std::int32_t>& unmeasured = {});
+                            const std::vector<std::int32_t>& unmeasured = {}, const sim::ComputeModel* cm = nullptr,
+                            const models::OpGraph* graph = nullptr);
 
 // Which of DeepSpeed's timer windows an event falls in: forward, backward (with its
 // recomputation and the reductions issued from the backward hooks and epilogue), or step.

@@ -283,7 +283,8 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   r.program = std::move(p.program);
   r.memory = std::move(p.memory);
   r.time = std::move(p.time);
-  r.ops = sim::op_trace_info(*graph);
+  const sim::ComputeModel cm(*target(in).profile, *graph);
+  r.ops = sim::op_trace_info(*graph, &cm);
   return r;
 }
 

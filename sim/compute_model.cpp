@@ -551,6 +551,13 @@ double ComputeModel::bias_grad_time(const models::Op& o, zero::Phase phase) cons
   return t;
 }
 
+Seconds ComputeModel::bias_grad_cost(models::OpId op, zero::Phase phase) const {
+  if (op == models::kNone) return Seconds{0};
+  if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
+    throw std::logic_error(fmt::format("op {} is not in the graph ({} ops)", op, g_.ops.size()));
+  return Seconds{bias_grad_time(g_.ops[static_cast<std::size_t>(op)], phase)};
+}
+
 Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
   if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
     throw std::logic_error(fmt::format("op {} is not in the graph ({} ops)", op, g_.ops.size()));

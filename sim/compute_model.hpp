@@ -217,6 +217,10 @@ class ComputeModel {
   // A compute kernel of `flops` and `bytes` in `phase`: GEMM-shaped by graph op `op`
   // (kNone: a non-GEMM op).
   Seconds compute_cost(models::OpId op, zero::Phase phase, Flops flops, Bytes bytes) const;
+  // The part of op `op`'s time in `phase` that its bias gradients take: the column sums of
+  // the output gradient after the backward GEMMs (a reduction kernel to a profiler, not a
+  // GEMM). 0 outside backward and for ops without a bias.
+  Seconds bias_grad_cost(models::OpId op, zero::Phase phase) const;
   // The local reduction of a scalar all-reduce event (Event::tensors, mem_bytes): 0 for
   // any other collective.
   Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/graph.hpp"
+#include "sim/compute_model.hpp"
 
 #include "sim/engine.hpp"
 #include "zero/program.hpp"
@@ -21,13 +22,17 @@
 namespace zp::sim {
 
 // What a compute event's op is, in its slice's args ("fn": the op's function, "gemm": whether
-// it runs as matrix products): how a profiler would class its kernels (the fused attention,
-// GEMMs, the rest elementwise), for tools/deepspeed_compare.py's per-class times.
+// it runs as matrix products, "bias_us": in backward, the part of its time its bias gradients'
+// column sums take): how a profiler would class its kernels (the fused attention, GEMMs, the
+// rest elementwise, a bias sum among them), for tools/deepspeed_compare.py's per-class times
+// (calibration::phase_times classes them the same way).
 struct OpTraceInfo {
   std::string fn;
   bool gemm = false;
+  double bias_grad_us = 0;  // backward
 };
-std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g);
+// `cm` (over `g`): the bias gradients' times; without it, none are named.
+std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeModel* cm = nullptr);
 
 nlohmann::json chrome_trace(const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops = {});
 // Appends the events of one rank to an existing trace document (for several ranks).

@@ -254,6 +254,7 @@ TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 
   int slices = 0;
   std::set<std::string> tracks;
   std::map<std::string, int> gemm_fns, other_fns;  // a compute slice's op function, for per-class times
+  int bias_slices = 0;
   for (const auto& e : doc["traceEvents"]) {
     const std::string ph = e["ph"];
     CHECK((ph == "X" || ph == "C" || ph == "M"));
@@ -264,6 +265,14 @@ TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 
       if (e["args"].value("kind", "") == "compute") {
         REQUIRE(e["args"].contains("fn"));
         ++(e["args"]["gemm"].get<bool>() ? gemm_fns : other_fns)[e["args"]["fn"].get<std::string>()];
+        // A backward linear op with a bias names its bias sums' time, a part of its own.
+        if (e["args"].contains("bias_us")) {
+          ++bias_slices;
+          CHECK(e["args"]["phase"] == "bwd");
+          CHECK(e["args"]["gemm"].get<bool>());
+          CHECK(e["args"]["bias_us"].get<double>() > 0);
+          CHECK(e["args"]["bias_us"].get<double>() < e["dur"].get<double>());
+        }
       }
     }
   }
@@ -272,6 +281,7 @@ TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 
   CHECK(gemm_fns.count("linear") == 1);
   CHECK(other_fns.count("layernorm") == 1);
   CHECK(other_fns.count("linear") == 0);
+  CHECK(bias_slices >= 6 * 24);  // BERT-large: six biased linears per layer (q, k, v, output, the MLP two)
 }
 
 TEST_CASE("collectives prints an nccl-tests-like sweep") {
