@@ -441,6 +441,9 @@ int main(int argc, char** argv) {
       kg::ContextOptions one_pass_options;  // dQ from the dK/dV kernel's dS (D <= 64; else the two passes)
       one_pass_options.sdpa_backward_one_pass = true;
       kg::Context one_pass(one_pass_options);
+      kg::ContextOptions atomic_options = one_pass_options;  // one pass, dQ's sums by atomic adds
+      atomic_options.sdpa_backward_atomic_dq = true;
+      kg::Context atomic_pass(atomic_options);
       for (DType dt : {DType::bf16, DType::fp16}) {
         for (const Attn& a : attns) {
           const std::int64_t n = a.B * a.H * a.T * a.D, rows_n = a.B * a.H * a.T;
@@ -485,6 +488,12 @@ int main(int argc, char** argv) {
             });
             report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", one pass", shape, ms,
                    2.5 * fwd_flops, true, gemm_ceiling);
+            ms = time_ms(opt, [&] {
+              kg::sdpa_backward(atomic_pass, dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(), v.get(), o.get(),
+                                lse.as<float>(), mp, a.B, a.H, a.T, a.D, a.causal, sc, a.p, 7, 0, dt, nullptr);
+            });
+            report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", one pass, atomic dq",
+                   shape, ms, 2.5 * fwd_flops, true, gemm_ceiling);
           }
         }
       }

@@ -55,6 +55,7 @@ struct Context::Impl {
   double staged_min_work = 0.0;
   int sdpa_backward_chunk = 16;
   bool sdpa_backward_one_pass = false;
+  bool sdpa_backward_atomic_dq = false;
   std::uint64_t staged_products = 0;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;

@@ -49,6 +49,9 @@ Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()
                                 "; allowed: 16, 32");
   s.sdpa_backward_chunk = options.sdpa_backward_chunk;
   s.sdpa_backward_one_pass = options.sdpa_backward_one_pass;
+  if (options.sdpa_backward_atomic_dq && !options.sdpa_backward_one_pass)
+    throw std::invalid_argument("ContextOptions::sdpa_backward_atomic_dq needs sdpa_backward_one_pass");
+  s.sdpa_backward_atomic_dq = options.sdpa_backward_atomic_dq;
   ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
   if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
   s.workspace_bytes = options.blas_workspace_bytes;
@@ -68,6 +71,7 @@ bool Context::allow_tf32() const { return impl_->allow_tf32; }
 std::uint64_t Context::staged_products() const { return impl_->staged_products; }
 int Context::sdpa_backward_chunk() const { return impl_->sdpa_backward_chunk; }
 bool Context::sdpa_backward_one_pass() const { return impl_->sdpa_backward_one_pass; }
+bool Context::sdpa_backward_atomic_dq() const { return impl_->sdpa_backward_atomic_dq; }
 
 void* Context::buffer(std::size_t bytes) {
   Impl& s = *impl_;

@@ -31,6 +31,11 @@ struct ContextOptions {
   // in an fp32 buffer of the Context (B·H·T·D floats), instead of a second kernel recomputing
   // S and dP. Deterministic, but not the two-pass kernels' bits for dQ.
   bool sdpa_backward_one_pass = false;
+  // With sdpa_backward_one_pass: each key tile adds its dQ into the fp32 sums by atomic adds as
+  // soon as it has it, as FlashAttention-2's backward does, instead of waiting its turn in the
+  // key tiles' order. No wavefront (no block waits for another), but the sums' order, and so
+  // dQ's last bits, vary from run to run. dK and dV are the two-pass kernels' bits either way.
+  bool sdpa_backward_atomic_dq = false;
 };
 
 class Context {
@@ -48,6 +53,7 @@ class Context {
   std::uint64_t staged_products() const;  // products run in staged pieces so far
   int sdpa_backward_chunk() const;
   bool sdpa_backward_one_pass() const;
+  bool sdpa_backward_atomic_dq() const;
 
   // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
   // than scratch_bytes()). Valid until the next launcher that takes this Context runs.

@@ -289,6 +289,7 @@ struct Args {
   std::int64_t H, T;
   bool causal, vec;
   bool add_q, add_k, add_v;  // the backward adds into dq, dk, dv (else writes them)
+  bool atomic_dq;            // one pass: dQ's sums by atomic adds, in no fixed order
   float scale, p, thresh, drop_scale;
   std::uint64_t seed, offset;
 };
@@ -896,16 +897,19 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
     if constexpr (OnePass) {
       // dQ of this query tile from every warp's dSᵀ: warp w the queries q0 + 16w .. + 15, over
       // the tile's 64 keys, added to the fp32 sum in the key tiles' order (this block is
-      // contributor k0 / 64 of query tile qb: tile 0 writes, the others wait their turn). At
-      // D = 64 in two halves of D, to hold half the accumulators.
+      // contributor k0 / 64 of query tile qb: tile 0 writes, the others wait their turn), or
+      // by atomic adds into sums the launcher zeroed (args.atomic_dq). At D = 64 in two halves
+      // of D, to hold half the accumulators.
       __syncthreads();
       const unsigned turn = static_cast<unsigned>(k0 / kTile);
-      unsigned* counter = sem + bh * tiles + qb;
-      if (threadIdx.x == 0) {
-        while (*static_cast<volatile unsigned*>(counter) != turn) __nanosleep(64);
-        __threadfence();
+      unsigned* counter = args.atomic_dq ? nullptr : sem + bh * tiles + qb;
+      if (!args.atomic_dq) {
+        if (threadIdx.x == 0) {
+          while (*static_cast<volatile unsigned*>(counter) != turn) __nanosleep(64);
+          __threadfence();
+        }
+        __syncthreads();
       }
-      __syncthreads();
       constexpr int NH = NT / 2 > 2 ? NT / 2 : NT;  // n-tiles per half (whole pairs)
 #pragma unroll
       for (int n0 = 0; n0 < NT; n0 += NH) {
@@ -928,6 +932,15 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
           for (int nt = 0; nt < NH; ++nt) {
             auto* at = reinterpret_cast<float2*>(dq_acc + (bh * args.T + i) * D + (n0 + nt) * 8 + 2 * t);
             float2 v = make_float2(qacc[nt][2 * half], qacc[nt][2 * half + 1]);
+            if (args.atomic_dq) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+              atomicAdd(at, v);  // one 8-byte reduction in L2
+#else
+              atomicAdd(&at->x, v.x);
+              atomicAdd(&at->y, v.y);
+#endif
+              continue;
+            }
             if (turn != 0) {  // from L2, not this SM's L1: another block wrote it
               const float2 o = __ldcg(at);
               v = make_float2(o.x + v.x, o.y + v.y);
@@ -936,9 +949,11 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
           }
         }
       }
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) atomicAdd(counter, 1u);
+      if (!args.atomic_dq) {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counter, 1u);
+      }
     }
     __syncthreads();  // buffer qb % S is free for tile qb + S
   }
@@ -1090,6 +1105,7 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
   args.add_q = acc.q;
   args.add_k = acc.k;
   args.add_v = acc.v;
+  args.atomic_dq = ctx.sdpa_backward_atomic_dq();
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kTile - 1) / kTile));
   detail::dispatch(dt, "sdpa_backward", [&](auto tag) {
     using E = decltype(tag);
@@ -1127,7 +1143,9 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
             char* area = static_cast<char*>(ctx.buffer(sem_bytes + static_cast<std::size_t>(B * H * T * Dc) * 4));
             auto* sem = reinterpret_cast<unsigned*>(area);
             auto* dq_acc = reinterpret_cast<float*>(area + sem_bytes);
-            ZP_CUDA_CHECK(cudaMemsetAsync(sem, 0, sem_bytes, stream));
+            // The counters; with atomic adds, the sums themselves (they all add).
+            ZP_CUDA_CHECK(cudaMemsetAsync(sem, 0, sem_bytes + (args.atomic_dq ? static_cast<std::size_t>(B * H * T * Dc) * 4 : 0),
+                                          stream));
             dkdv_kernel(chunk, std::true_type{}, dq_acc, sem);
             const std::int64_t n = B * H * T * Dc;
             dq_finish_kernel<E><<<detail::grid_for(n, 256), 256, 0, stream>>>(static_cast<E*>(dq), dq_acc, n,

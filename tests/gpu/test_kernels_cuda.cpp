@@ -1628,11 +1628,19 @@ TEST_CASE("sdpa: flash forward (O, logsumexp) and deterministic backward against
 // until tiles 0 .. k - 1 have added theirs. Here the grid (64 heads × 32 key tiles) is far
 // larger than what the GPU holds at once, so blocks wait on blocks that started earlier and
 // some start only when others finish: it must neither hang nor differ from the two passes by
-// more than the order of an fp32 sum (dK, dV: the same bits).
+// more than the order of an fp32 sum (dK, dV: the same bits). With atomic dQ sums
+// (ContextOptions::sdpa_backward_atomic_dq) no block waits: the same bounds.
 TEST_CASE("sdpa: the one-pass backward on a grid larger than the GPU holds: the two passes' results") {
-  kg::ContextOptions one;
+  kg::ContextOptions one, atomic;
   one.sdpa_backward_one_pass = true;
-  kg::Context two_pass, one_pass(one);
+  atomic.sdpa_backward_one_pass = true;
+  atomic.sdpa_backward_atomic_dq = true;
+  kg::Context two_pass, one_pass(one), atomic_pass(atomic);
+  CHECK_THROWS_AS([] {
+    kg::ContextOptions bad;
+    bad.sdpa_backward_atomic_dq = true;  // without one pass
+    kg::Context c(bad);
+  }(), std::invalid_argument);
   const std::int64_t B = 4, H = 16, T = 2048, D = 64, n = B * H * T * D;
   const float scale = 0.125f;
   for (DType dt : {DType::bf16, DType::fp16})
@@ -1646,20 +1654,24 @@ TEST_CASE("sdpa: the one-pass backward on a grid larger than the GPU holds: the 
       Dev lse(sz(B * H * T) * 4);
       kg::sdpa_forward(o->get(), lse.as<float>(), q->get(), k->get(), v->get(), nullptr, B, H, T, D, causal, scale, p, 5,
                        0, dt, kStream);
-      std::vector<unsigned char> dk_bits[2], dv_bits[2];
-      Vec dq[2];
-      for (int pass = 0; pass < 2; ++pass) {
+      std::vector<unsigned char> dk_bits[3], dv_bits[3];
+      Vec dq[3];
+      kg::Context* ctxs[3] = {&two_pass, &one_pass, &atomic_pass};
+      for (int pass = 0; pass < 3; ++pass) {
         auto gdq = device(Vec(sz(n), 0.0f), dt), gdk = device(Vec(sz(n), 0.0f), dt), gdv = device(Vec(sz(n), 0.0f), dt);
-        kg::sdpa_backward(pass == 0 ? two_pass : one_pass, gdq->get(), gdk->get(), gdv->get(), dout->get(), q->get(),
-                          k->get(), v->get(), o->get(), lse.as<float>(), nullptr, B, H, T, D, causal, scale, p, 5, 0, dt,
-                          kStream);
+        kg::sdpa_backward(*ctxs[pass], gdq->get(), gdk->get(), gdv->get(), dout->get(), q->get(), k->get(), v->get(),
+                          o->get(), lse.as<float>(), nullptr, B, H, T, D, causal, scale, p, 5, 0, dt, kStream);
         dq[pass] = download(*gdq, sz(n), dt);
         dk_bits[pass] = bits(*gdk);
         dv_bits[pass] = bits(*gdv);
       }
-      expect_close("one-pass dq against two passes", dq[1], dq[0], Tol{eps(dt) * max_abs(dq[0]), 2 * eps(dt), band(dt)});
-      expect_equal_bits("one-pass dk against two passes", dk_bits[0], dk_bits[1]);
-      expect_equal_bits("one-pass dv against two passes", dv_bits[0], dv_bits[1]);
+      for (int pass = 1; pass < 3; ++pass) {
+        CAPTURE(pass);  // 1: ordered sums, 2: atomic sums
+        expect_close("one-pass dq against two passes", dq[pass], dq[0],
+                     Tol{eps(dt) * max_abs(dq[0]), 2 * eps(dt), band(dt)});
+        expect_equal_bits("one-pass dk against two passes", dk_bits[0], dk_bits[pass]);
+        expect_equal_bits("one-pass dv against two passes", dv_bits[0], dv_bits[pass]);
+      }
     }
 }
 
