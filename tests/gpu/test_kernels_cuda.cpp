@@ -797,6 +797,11 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
                   binit = rand_vec(C, 127, dt);
         auto ddy = device(dy, dt);
         auto dmean = device(rmean, DType::fp32), drstd = device(rrstd, DType::fp32);
+        // dw and db are column sums over the rows, in another order here than the CPU's
+        // (warps' partials, then a column reduction): their roundings differ by a random walk
+        // that grows as √rows (an H100 put one fp32 element of 768, over 4100 rows, 1.24e-5 off
+        // against an allowed 1.17e-5; the relative L2 error, 1.9e-7, stays far inside its band).
+        const Tol tol_sum = tol_math(dt, 1e-5 * std::max(1.0, std::sqrt(static_cast<double>(rows) / 256.0)));
         for (bool acc : {false, true}) {
           auto gx = acc ? device(xinit, dt) : output(x.size(), dt);
           auto gw = acc ? device(winit, dt) : output(sz(C), dt);
@@ -807,8 +812,8 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
           kc::layernorm_backward(rx.data(), rw.data(), rb.data(), dy.data(), x.data(), rmean.data(), rrstd.data(),
                                  affine ? w.data() : nullptr, rows, C, acc);
           expect_close("layernorm_backward dx", download(*gx, rx.size(), dt), rx, tol_math(dt, 1e-5));
-          expect_close("layernorm_backward dw", download(*gw, rw.size(), dt), rw, tol_math(dt, 1e-5));
-          expect_close("layernorm_backward db", download(*gb, rb.size(), dt), rb, tol_math(dt, 1e-5));
+          expect_close("layernorm_backward dw", download(*gw, rw.size(), dt), rw, tol_sum);
+          expect_close("layernorm_backward db", download(*gb, rb.size(), dt), rb, tol_sum);
           if (!acc) {
             // The same bits again; dw alone (the column reduction over the rows) within the
             // tolerance of the one pass's (its sums are the warps').
@@ -820,7 +825,7 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
             expect_equal_bits("layernorm_backward db", bits(*gb), bits(*gb2));
             kg::layernorm_backward(ctx, nullptr, gw3->get(), nullptr, ddy->get(), dxin->get(), dmean->as<float>(),
                                    drstd->as<float>(), wp, rows, C, false, dt, kStream);
-            expect_close("layernorm_backward dw alone", download(*gw3, rw.size(), dt), rw, tol_math(dt, 1e-5));
+            expect_close("layernorm_backward dw alone", download(*gw3, rw.size(), dt), rw, tol_sum);
             // dx written, dw and db added into (a fresh input gradient, the params' accumulating).
             auto gx4 = output(x.size(), dt);
             auto gw4 = device(winit, dt), gb4 = device(binit, dt);
@@ -832,8 +837,8 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
             kc::layernorm_backward(nullptr, rw4.data(), rb4.data(), dy.data(), x.data(), rmean.data(), rrstd.data(),
                                    affine ? w.data() : nullptr, rows, C, true);
             expect_close("layernorm_backward dx written", download(*gx4, rx4.size(), dt), rx4, tol_math(dt, 1e-5));
-            expect_close("layernorm_backward dw added", download(*gw4, rw4.size(), dt), rw4, tol_math(dt, 1e-5));
-            expect_close("layernorm_backward db added", download(*gb4, rb4.size(), dt), rb4, tol_math(dt, 1e-5));
+            expect_close("layernorm_backward dw added", download(*gw4, rw4.size(), dt), rw4, tol_sum);
+            expect_close("layernorm_backward db added", download(*gb4, rb4.size(), dt), rb4, tol_sum);
           }
         }
       }
