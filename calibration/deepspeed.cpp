@@ -176,6 +176,22 @@ void check_time(const std::string& file, const std::string& key, double v) {
     throw InputError(file, key, fmt::format("must be a positive time in seconds, got {}", std::isfinite(v) ? fmt::format("{}", v) : "NaN or infinite"));
 }
 
+// The phases DeepSpeed's timers measure, by their key in a recorded run.
+const std::pair<const char*, PhaseName> kTimedPhases[] = {
+    {"forward", PhaseName::forward}, {"backward", PhaseName::backward}, {"step", PhaseName::step}};
+
+// f(phase, value, reader of the object, key) for each timed phase present in the object
+// e[key] (absent: nothing; not an object: an InputError naming it).
+template <class F>
+void for_each_timed_phase(const nlohmann::json& e, const json::Reader& r, const char* key, F&& f) {
+  const auto g = e.find(key);
+  if (g == e.end()) return;
+  const json::Reader gr = r.sub(key);
+  gr.require_object(*g, key);
+  for (const auto& [name, p] : kTimedPhases)
+    if (g->contains(name)) f(p, g->at(name), gr, std::string(name));
+}
+
 }  // namespace
 
 DeepSpeedLog parse_deepspeed_log(const std::string& path, const std::string& text) {
@@ -470,8 +486,7 @@ Dataset read_deepspeed_runs(const std::string& path, const sim::ClusterSpec& clu
     const int repeats = all.count("forward") ? static_cast<int>(all["forward"].size()) : 1;
     ds.runs.back().host_probe_us = recorded_probe(path, r, e);
     double total = 0;
-    for (const auto& [key, p] : std::vector<std::pair<std::string, PhaseName>>{
-             {"forward", PhaseName::forward}, {"backward", PhaseName::backward}, {"step", PhaseName::step}}) {
+    for (const auto& [key, p] : kTimedPhases) {
       if (!ph.contains(key)) throw InputError(path, pr.key_path(key), "missing required key");
       if (!ph.at(key).is_number()) throw InputError(path, pr.key_path(key), "must be a number of seconds");
       const double v = ph.at(key).get<double>();
@@ -482,47 +497,35 @@ Dataset read_deepspeed_runs(const std::string& path, const sim::ClusterSpec& clu
     const double iteration = e.contains("iteration_s") ? r.get_double(e, "iteration_s", 0, -1e30, 1e30) : total;
     check_time(path, r.key_path("iteration_s"), iteration);
     add_phase(ds, run, PhaseName::iteration, Quantity::wall, iteration, 0, repeats, false, src, "deepspeed-runs");
-    if (auto g = e.find("gpu_s"); g != e.end()) {
-      const json::Reader gr = r.sub("gpu_s");
-      gr.require_object(*g, "gpu_s");
-      for (const auto& [key, p] : std::vector<std::pair<std::string, PhaseName>>{
-               {"forward", PhaseName::forward}, {"backward", PhaseName::backward}, {"step", PhaseName::step}}) {
-        if (!g->contains(key)) continue;
-        if (!g->at(key).is_number()) throw InputError(path, gr.key_path(key), "must be a number of seconds");
-        const double v = g->at(key).get<double>();
-        check_time(path, gr.key_path(key), v);
-        add_phase(ds, run, p, Quantity::gpu_busy, v, 0, 1, true, src, "deepspeed-runs");
-      }
-    }
+    for_each_timed_phase(e, r, "gpu_s", [&](PhaseName p, const nlohmann::json& v, const json::Reader& gr, const std::string& key) {
+      if (!v.is_number()) throw InputError(path, gr.key_path(key), "must be a number of seconds");
+      check_time(path, gr.key_path(key), v.get<double>());
+      add_phase(ds, run, p, Quantity::gpu_busy, v.get<double>(), 0, 1, true, src, "deepspeed-runs");
+    });
     // Kernel time per class and phase (deepspeed_reference.py's kernel_class): cuBLAS's GEMMs,
     // the fused attention, and the rest together (elementwise, copies, the optimizer's kernels,
     // NCCL's), since how DeepSpeed and zeroplan split the rest differs by kernel, not by cost.
     // Classes with no kernel in the phase are not observations (a time of 0 has no ratio).
-    if (auto g = e.find("gpu_by_class_s"); g != e.end()) {
-      const json::Reader gr = r.sub("gpu_by_class_s");
-      gr.require_object(*g, "gpu_by_class_s");
-      for (const auto& [key, p] : std::vector<std::pair<std::string, PhaseName>>{
-               {"forward", PhaseName::forward}, {"backward", PhaseName::backward}, {"step", PhaseName::step}}) {
-        if (!g->contains(key)) continue;
-        const json::Reader cr = gr.sub(key);
-        cr.require_object(g->at(key), key);
-        double by[3] = {0, 0, 0};  // gemm, attention, other
-        for (const auto& [cls, val] : g->at(key).items()) {
-          if (!val.is_number()) throw InputError(path, cr.key_path(cls), "must be a number of seconds");
-          const double v = val.get<double>();
-          check_time(path, cr.key_path(cls), v);
-          if (cls == "gemm") by[0] += v;
-          else if (cls == "attention") by[1] += v;
-          else if (cls == "elementwise" || cls == "copy" || cls == "optimizer" || cls == "collective") by[2] += v;
-          else
-            throw InputError(path, cr.key_path(cls),
-                             "is not a kernel class (allowed: gemm, attention, elementwise, copy, optimizer, collective)");
-        }
-        const Quantity qs[3] = {Quantity::gpu_gemm, Quantity::gpu_attention, Quantity::gpu_other};
-        for (int c = 0; c < 3; ++c)
-          if (by[c] > 0) add_phase(ds, run, p, qs[c], by[c], 0, 1, true, src, "deepspeed-runs");
+    for_each_timed_phase(e, r, "gpu_by_class_s", [&](PhaseName p, const nlohmann::json& classes, const json::Reader& gr,
+                                                     const std::string& key) {
+      const json::Reader cr = gr.sub(key);
+      cr.require_object(classes, key);
+      double by[3] = {0, 0, 0};  // gemm, attention, other
+      for (const auto& [cls, val] : classes.items()) {
+        if (!val.is_number()) throw InputError(path, cr.key_path(cls), "must be a number of seconds");
+        const double v = val.get<double>();
+        check_time(path, cr.key_path(cls), v);
+        if (cls == "gemm") by[0] += v;
+        else if (cls == "attention") by[1] += v;
+        else if (cls == "elementwise" || cls == "copy" || cls == "optimizer" || cls == "collective") by[2] += v;
+        else
+          throw InputError(path, cr.key_path(cls),
+                           "is not a kernel class (allowed: gemm, attention, elementwise, copy, optimizer, collective)");
       }
-    }
+      const Quantity qs[3] = {Quantity::gpu_gemm, Quantity::gpu_attention, Quantity::gpu_other};
+      for (int c = 0; c < 3; ++c)
+        if (by[c] > 0) add_phase(ds, run, p, qs[c], by[c], 0, 1, true, src, "deepspeed-runs");
+    });
   }
   return ds;
 }
