@@ -110,7 +110,7 @@ PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, co
         if (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention) {
           q = Quantity::gpu_attention;
         } else if (!op.gemms.empty()) {
-          const double bias = std::min(dur, cm->bias_grad_cost(e.op, e.phase).v);
+          const double bias = std::min(dur, cm->bias_part(e).v);
           out.seconds[b][static_cast<std::size_t>(Quantity::gpu_other)] += bias;
           dur -= bias;
           q = Quantity::gpu_gemm;

@@ -558,6 +558,28 @@ Seconds ComputeModel::bias_grad_cost(models::OpId op, zero::Phase phase) const {
   return Seconds{bias_grad_time(g_.ops[static_cast<std::size_t>(op)], phase)};
 }
 
+Seconds ComputeModel::unfused_bias_cost(models::OpId op) const {
+  if (op == models::kNone) return Seconds{0};
+  if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
+    throw std::logic_error(fmt::format("op {} is not in the graph ({} ops)", op, g_.ops.size()));
+  double t = 0;
+  for (const models::Gemm& g : g_.ops[static_cast<std::size_t>(op)].gemms) {
+    if (!g.bias) continue;
+    const std::int64_t out = g.m * std::max<std::int64_t>(g.batch, 1) * g.n;
+    const Bytes moved{(2 * out + g.n) * dtype_size(g_.opt.act_dtype)};
+    t += elementwise_cost(Flops{static_cast<double>(out)}, moved, p_.op_factor(models::OpKind::add, false),
+                          p_.kernel_launch.v)
+             .v;
+  }
+  return Seconds{t};
+}
+
+Seconds ComputeModel::bias_part(const zero::Event& e) const {
+  if (e.kind != zero::EventKind::compute) return Seconds{0};
+  if (e.phase == zero::Phase::backward) return bias_grad_cost(e.op, e.phase);
+  return deepspeed_loops && e.unfused_bias ? unfused_bias_cost(e.op) : Seconds{0};
+}
+
 Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
   if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
     throw std::logic_error(fmt::format("op {} is not in the graph ({} ops)", op, g_.ops.size()));
@@ -623,7 +645,8 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
     case EventKind::collective:
       throw std::logic_error("collective events are priced by the collective model, not the compute model");
     case EventKind::compute:
-      return compute_cost(e.op, e.phase, e.flops, e.mem_bytes);
+      return compute_cost(e.op, e.phase, e.flops, e.mem_bytes) +
+             (deepspeed_loops && e.unfused_bias ? unfused_bias_cost(e.op) : Seconds{0});
     case EventKind::copy:
       // A copy whose kernels per tensor are counted (loop_kernels) is priced by them, not by
       // its pieces.

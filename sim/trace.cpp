@@ -20,7 +20,8 @@ std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeMo
   ops.reserve(g.ops.size());
   for (const auto& op : g.ops)
     ops.push_back({models::fn_name(op.fn), !op.gemms.empty(),
-                   cm != nullptr && !op.gemms.empty() ? cm->bias_grad_cost(op.id, zero::Phase::backward).v * 1e6 : 0.0});
+                   cm != nullptr && !op.gemms.empty() ? cm->bias_grad_cost(op.id, zero::Phase::backward).v * 1e6 : 0.0,
+                   cm != nullptr && !op.gemms.empty() ? cm->unfused_bias_cost(op.id).v * 1e6 : 0.0});
   return ops;
 }
 
@@ -65,8 +66,9 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t,
       if (e.kind == zero::EventKind::compute && e.op >= 0 && static_cast<std::size_t>(e.op) < ops.size()) {
         args["fn"] = ops[static_cast<std::size_t>(e.op)].fn;
         args["gemm"] = ops[static_cast<std::size_t>(e.op)].gemm;
-        if (e.phase == zero::Phase::backward && ops[static_cast<std::size_t>(e.op)].bias_grad_us > 0)
-          args["bias_us"] = ops[static_cast<std::size_t>(e.op)].bias_grad_us;
+        const OpTraceInfo& oi = ops[static_cast<std::size_t>(e.op)];
+        if (e.phase == zero::Phase::backward && oi.bias_grad_us > 0) args["bias_us"] = oi.bias_grad_us;
+        if (e.phase != zero::Phase::backward && e.unfused_bias && oi.unfused_bias_us > 0) args["bias_us"] = oi.unfused_bias_us;
       }
       ev.push_back({{"name", p.event_name(id)}, {"cat", zero::event_kind_name(e.kind)}, {"ph", "X"}, {"pid", pid},
                     {"tid", static_cast<int>(e.stream)}, {"ts", ts}, {"dur", dur}, {"args", args}});

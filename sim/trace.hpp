@@ -22,14 +22,17 @@
 namespace zp::sim {
 
 // What a compute event's op is, in its slice's args ("fn": the op's function, "gemm": whether
-// it runs as matrix products, "bias_us": in backward, the part of its time its bias gradients'
-// column sums take): how a profiler would class its kernels (the fused attention, GEMMs, the
-// rest elementwise, a bias sum among them), for tools/deepspeed_compare.py's per-class times
-// (calibration::phase_times classes them the same way).
+// it runs as matrix products, "bias_us": the part of its time its biases take as kernels of
+// their own, the gradients' column sums in backward and, where DeepSpeed adds them apart
+// (zero::Event::unfused_bias), the add in forward): how a profiler would class its kernels (the
+// fused attention, GEMMs, the rest elementwise, the bias kernels among them), for
+// tools/deepspeed_compare.py's per-class times (calibration::phase_times classes them the same
+// way, through sim::ComputeModel::bias_part).
 struct OpTraceInfo {
   std::string fn;
   bool gemm = false;
-  double bias_grad_us = 0;  // backward
+  double bias_grad_us = 0;     // backward
+  double unfused_bias_us = 0;  // forward, where the event adds the bias apart
 };
 // `cm` (over `g`): the bias gradients' times; without it, none are named.
 std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeModel* cm = nullptr);

@@ -277,6 +277,13 @@ struct Event {
   // inputs' (lowering::GraphFacts::passes_gradient; op names the sum): from here their
   // gradients are that buffer, and no kernel runs.
   bool passes_gradient = false;
+  // A forward (or recomputed) linear op whose bias DeepSpeed adds by a kernel of its own after
+  // the product, reading and writing the output: stage 3 runs nn.Linear on a 3-D input through
+  // LinearFunctionForZeroStage3 (runtime/zero/linear.py: matmul, then `output += bias`), where
+  // PyTorch's own linear fuses the bias into the GEMM. DeepSpeed's work: the simulator prices the
+  // add (sim::ComputeModel::unfused_bias_cost) where it prices DeepSpeed's loops; zeroplan's
+  // executor keeps the bias in the product.
+  bool unfused_bias = false;
   BufferId src_buf = -1, src2_buf = -1, src3_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
   std::int64_t offset = 0;

@@ -22,6 +22,9 @@ class OptimizerLowering {
   // issued, once it is issued (open: it may add dependencies), after its buffers are done.
   virtual void before_op(models::OpId, Phase) {}
   virtual void op_issued(models::OpId) {}
+  // A forward or recomputed op's compute event, while it is the newest event: what the wrapper
+  // changes about how the op runs (stage 3's linear function).
+  virtual void forward_compute(Event&, const models::Op&) {}
   virtual void after_op(models::OpId, Phase) {}
   // Autograd writes param p's gradient at op o's backward (several times when the param is
   // read by several ops).

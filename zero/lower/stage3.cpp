@@ -1,5 +1,7 @@
 #include "zero/lower/stage3.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "zero/lower/offload.hpp"
@@ -280,6 +282,13 @@ void Stage3Lowering::persistent_allgather() {
   cp.src_buf = flat;
   for (ParamId p : ps) b.slice({p, 0, c_.numel(p), -1});
   b.free(flat);
+}
+
+void Stage3Lowering::forward_compute(Event& e, const models::Op& op) {
+  if (op.fn != models::Fn::linear || op.inputs.empty()) return;
+  const bool biased = std::any_of(op.gemms.begin(), op.gemms.end(), [](const models::Gemm& g) { return g.bias; });
+  const auto& in = c_.g.tensors[static_cast<std::size_t>(op.inputs.front())];
+  e.unfused_bias = biased && in.shape.size() >= 3;
 }
 
 }  // namespace zp::zero::lowering

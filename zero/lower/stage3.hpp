@@ -22,6 +22,9 @@ class Stage3Lowering : public OptimizerLowering {
   void begin_micro_step() override { coord_.begin_pass(); }
   void before_op(models::OpId o, Phase ph) override { coord_.before_op(o, ph); }
   void op_issued(models::OpId o) override { coord_.wait_for_params(o); }
+  // nn.Linear on a 3-D input with a bias: the bias added by a kernel of its own
+  // (Event::unfused_bias; a 2-D input goes through addmm, fused).
+  void forward_compute(Event& e, const models::Op& op) override;
   void after_op(models::OpId o, Phase ph) override { coord_.after_op(o, ph); }
   void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
   void grad_hook(MicroState& st, models::ParamId p) override;

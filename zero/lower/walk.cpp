@@ -123,6 +123,7 @@ void Walk::forward_op(MicroState& st, OpId o, Phase ph, bool recomputing) {
   e.layer = op.layer;
   e.flops = op.fwd_flops;
   e.mem_bytes = op.fwd_bytes;
+  opt_.forward_compute(e, op);
   opt_.op_issued(o);
   // Outputs: each tensor as the graph shapes it.
   for (TensorId t : op.outputs) {
