@@ -28,7 +28,8 @@ struct PhasePrediction {
 // reductions; the step; the whole iteration), and the sum of those events' durations.
 // With the compute model that priced the step (`cm`, over the program's graph), also the
 // summed time of each kernel class a profiler would see per phase (Quantity::gpu_gemm,
-// gpu_attention, gpu_other; see kernel_class_of).
+// gpu_attention, gpu_other): a fused attention op's events, a linear op's products less the
+// parts sim::ComputeModel::bias_part names (its bias kernels), and everything else.
 PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t,
                             const std::vector<std::int32_t>& unmeasured = {}, const sim::ComputeModel* cm = nullptr,
                             const models::OpGraph* graph = nullptr);

@@ -142,9 +142,17 @@ bool wall_depends_on_host(const Predictor& pred, const Dataset& data, const Mode
 void select_fitted(Dataset& data, const std::string& where) {
   // Default: an iteration is the sum of the phases fitted, so it is reported, not fitted; so
   // are a train run's phases (the sums of its events, which are fitted one by one).
-  // (Fused attention kernels are fitted: compute.attention_efficiency is theirs.)
+  // (Fused attention kernels are fitted: compute.attention_efficiency is theirs.) The kernel
+  // time per class (gpu_gemm, gpu_attention, gpu_other) sums to the GPU-busy time of a phase
+  // run on one stream: fitted only where --fit-where names its quantity, else reported.
+  auto is_class = [](const Observation& o) {
+    return o.kind == ObsKind::phase && (o.phase.quantity == Quantity::gpu_gemm ||
+                                        o.phase.quantity == Quantity::gpu_attention ||
+                                        o.phase.quantity == Quantity::gpu_other);
+  };
   for (auto& o : data.obs)
-    if (o.kind == ObsKind::phase && (o.phase.phase == PhaseName::iteration || o.phase.quantity == Quantity::events))
+    if ((o.kind == ObsKind::phase && (o.phase.phase == PhaseName::iteration || o.phase.quantity == Quantity::events)) ||
+        is_class(o))
       o.fit = false;
   if (where.empty()) return;
   // Alternatives separated by ';', each a conjunction of KEY=V1|V2 terms separated by ','.
@@ -193,8 +201,13 @@ void select_fitted(Dataset& data, const std::string& where) {
                          fmt::format("no observation has the key '{}'{}; keys: {}", json::printable(k),
                                      near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near), list));
       }
+  bool classes_named = false;
+  for (const auto& want : clauses)
+    if (auto q = want.find("quantity"); q != want.end())
+      for (const char* c : {"gpu_gemm", "gpu_attention", "gpu_other"}) classes_named |= q->second.count(c) > 0;
   int selected = 0;
   for (auto& o : data.obs) {
+    if (classes_named && is_class(o) && o.phase.phase != PhaseName::iteration) o.fit = true;
     bool match = false;
     for (const auto& want : clauses) {
       bool all = true;

@@ -50,8 +50,10 @@ std::vector<Seconds> event_durations(const zero::Program& p, const ComputeModel&
       }
       case EventKind::compute: {
         if (e.op < 0) { out = compute.cost(e); break; }
-        const auto k = static_cast<std::size_t>(e.op) * kPhases + static_cast<std::size_t>(e.phase);
-        if (k >= op_cost.size()) op_cost.resize(k + kPhases, -1.0);
+        // By op, phase and whether DeepSpeed adds the bias apart (Event::unfused_bias).
+        const auto k = (static_cast<std::size_t>(e.op) * kPhases + static_cast<std::size_t>(e.phase)) * 2 +
+                       (e.unfused_bias ? 1 : 0);
+        if (k >= op_cost.size()) op_cost.resize(k + 2 * kPhases, -1.0);
         if (op_cost[k] < 0) op_cost[k] = compute.cost(e).v;
         out = Seconds{op_cost[k]};
         break;

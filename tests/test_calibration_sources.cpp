@@ -13,6 +13,7 @@
 #include "calibration/profile.hpp"
 #include "calibration/report.hpp"
 #include "calibration/sources.hpp"
+#include "cli/calibrate.hpp"
 #include "core/error.hpp"
 #include "sim/cluster.hpp"
 #include "sim/compute_model.hpp"
@@ -367,6 +368,24 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
         doctest::Approx(4.5600585937499994e-05 + 0.0013933056640624988 + 0.0013683115234374998));
   CHECK(by.count("gpt2-fp32-sdpa-s0: step (gpu_gemm)") == 0);  // no GEMM in the step: not an observation
 
+  // Reported, not fitted, unless --fit-where names their quantity (they sum to the GPU-busy
+  // time of a phase on one stream: fitted by default, each run's GPU time would count twice).
+  auto fitted = [](const Dataset& data) {
+    std::map<std::string, int> n;
+    for (const auto& o : data.obs)
+      if (o.fit && o.kind == ObsKind::phase) ++n[quantity_name(o.phase.quantity)];
+    return n;
+  };
+  Dataset all = d, gpt2 = d, gemm = d;
+  cli::select_fitted(all, "");
+  cli::select_fitted(gpt2, "model=gpt2");
+  cli::select_fitted(gemm, "quantity=gpu_gemm,model=bert-large-uncased");
+  CHECK(fitted(all).count("gpu_gemm") == 0);
+  CHECK(fitted(all).count("gpu_other") == 0);
+  CHECK(fitted(all).at("gpu_busy") > 0);
+  CHECK(fitted(gpt2).count("gpu_gemm") == 0);
+  CHECK(fitted(gemm) == std::map<std::string, int>{{"gpu_gemm", 4}});  // two BERT-large runs, forward and backward
+
   // Predicted through the simulator with the machine's profile.
   ModelParams m;
   m.device = sim::default_profile(sim::find_device("H100-80GB"));
@@ -381,9 +400,10 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
     FAIL("no observation " << label);
     return 0.0;
   };
-  for (const std::string run : {"gpt2-bf16-sdpa-s0", "bertl-fp16-sdpa-s0", "llama-fp32-sdpa-s2"}) {
+  for (const std::string run : {"gpt2-bf16-sdpa-s0", "bertl-fp16-sdpa-s0", "llama-fp32-sdpa-s2", "bertl-bf16-sdpa-s3"}) {
     CAPTURE(run);
-    // Stage 0's forward runs on one stream: its classes' summed times are its busy time.
+    // A forward at one rank runs on one stream (no reduction in it): its classes' summed
+    // times are its busy time.
     const double sum = predicted(run + ": forward (gpu_gemm)") + predicted(run + ": forward (gpu_attention)") +
                        predicted(run + ": forward (gpu_other)");
     CHECK(sum == doctest::Approx(predicted(run + ": forward (gpu_busy)")).epsilon(1e-9));
@@ -399,6 +419,12 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
       }
   }
 
+  // Stage 3 adds BERT-large's linear biases by kernels of their own (zero::Event::unfused_bias):
+  // the same products as stage 0's (fp16 and bf16 price alike), and the adds among the rest.
+  CHECK(predicted("bertl-bf16-sdpa-s3: forward (gpu_gemm)") ==
+        doctest::Approx(predicted("bertl-fp16-sdpa-s0: forward (gpu_gemm)")).epsilon(1e-9));
+  CHECK(predicted("bertl-bf16-sdpa-s3: forward (gpu_other)") > predicted("bertl-fp16-sdpa-s0: forward (gpu_other)") + 3e-3);
+
   const std::string bad = tmp("classes.json", R"({"runs": [{"name": "x", "model": "gpt2", "seq_len": 128,
     "ds_config": {"train_micro_batch_size_per_gpu": 2}, "phases_s": {"forward": 0.01, "backward": 0.02, "step": 0.01},
     "gpu_by_class_s": {"forward": {"gemm": 0.004, "tensor": 0.001}}}]})");
@@ -410,7 +436,21 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
     "ds_config": {"train_micro_batch_size_per_gpu": 2}, "phases_s": {"forward": 0.01, "backward": 0.02, "step": 0.01},
     "gpu_by_class_s": {"backward": {"gemm": -0.004}}}]})");
   CHECK_THROWS_WITH_AS(read_deepspeed_runs(neg, sim::single_node("H200-141GB", 1)),
-                       doctest::Contains("runs[0].gpu_by_class_s.backward.gemm: must be a positive time"), InputError);
+                       doctest::Contains("runs[0].gpu_by_class_s.backward.gemm: must be a number of seconds, 0 or more"),
+                       InputError);
+  const std::string flat = tmp("classes3.json", R"({"runs": [{"name": "x", "model": "gpt2", "seq_len": 128,
+    "ds_config": {"train_micro_batch_size_per_gpu": 2}, "phases_s": {"forward": 0.01, "backward": 0.02, "step": 0.01},
+    "gpu_by_class_s": {"forward": 0.003}}]})");
+  CHECK_THROWS_WITH_AS(read_deepspeed_runs(flat, sim::single_node("H200-141GB", 1)),
+                       doctest::Contains("runs[0].gpu_by_class_s.forward: must be a JSON object"), InputError);
+  // A class with no kernel in the phase (0 s) is no observation.
+  const std::string zero = tmp("classes4.json", R"({"runs": [{"name": "x", "model": "gpt2", "seq_len": 128,
+    "ds_config": {"train_micro_batch_size_per_gpu": 2}, "phases_s": {"forward": 0.01, "backward": 0.02, "step": 0.01},
+    "gpu_by_class_s": {"forward": {"gemm": 0.004, "copy": 0.0}}}]})");
+  int n = 0;
+  for (const auto& o : read_deepspeed_runs(zero, sim::single_node("H200-141GB", 1)).obs)
+    n += o.kind == ObsKind::phase && (o.phase.quantity == Quantity::gpu_gemm || o.phase.quantity == Quantity::gpu_other);
+  CHECK(n == 1);
 }
 
 TEST_CASE("recorded runs: bad entries are named") {

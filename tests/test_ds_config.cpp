@@ -90,6 +90,7 @@ TEST_CASE("defaults are DeepSpeed's (REFERENCE.md §1)") {
   CHECK_FALSE(z.overlap_comm.has_value());
   CHECK(z.overlap() == false);
   CHECK(z.round_robin_gradients == false);
+  CHECK(z.memory_efficient_linear == true);  // DeepSpeed's default: stage 3's own linear function
   CHECK(z.use_multi_rank_bucket_allreduce == true);
   CHECK(z.sub_group_size == 1000000000);
   CHECK(z.stage3_prefetch_bucket_size == 50000000);
@@ -629,6 +630,7 @@ TEST_CASE("to_json round trip") {
       "zero_optimization": {"stage": 3, "overlap_comm": false, "contiguous_gradients": false,
           "reduce_scatter": false, "reduce_bucket_size": 1e8, "allgather_bucket_size": 2e8,
           "round_robin_gradients": true, "use_multi_rank_bucket_allreduce": false, "sub_group_size": 1e8,
+          "memory_efficient_linear": false,
           "prefetch_bucket_size": 1e7, "param_persistence_threshold": 1e3, "model_persistence_threshold": 1e9,
           "max_live_parameters": 1e8, "max_reuse_distance": 1e7, "stage3_gather_fp16_weights_on_model_save": true,
           "zero_hpz_partition_size": 4, "allgather_partitions": false,

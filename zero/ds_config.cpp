@@ -585,6 +585,7 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
   if (has(z, "overlap_comm")) zc.overlap_comm = r.get_bool(z, "overlap_comm", false);
   zc.allgather_partitions = r.get_bool(z, "allgather_partitions", d.allgather_partitions);
   zc.round_robin_gradients = r.get_bool(z, "round_robin_gradients", d.round_robin_gradients);
+  zc.memory_efficient_linear = r.get_bool(z, "memory_efficient_linear", d.memory_efficient_linear);
   zc.use_multi_rank_bucket_allreduce =
       r.get_bool(z, "use_multi_rank_bucket_allreduce", d.use_multi_rank_bucket_allreduce);
   zc.sub_group_size = r.get_int(z, "sub_group_size", d.sub_group_size, 0, kMaxI64);  // 0: a sub-group per param
@@ -647,7 +648,7 @@ void read_zero(const json& doc, const Reader& root, DsConfig& cfg) {
   if (r.get_bool(z, "legacy_stage1", false))
     warn_not_modelled(cfg, r.key_path("legacy_stage1"), "the legacy stage-1 implementation");
   for (const char* b : {"load_from_fp32_weights", "elastic_checkpoint", "ignore_unused_parameters",
-                        "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
+                        "pipeline_loading_checkpoint", "override_module_apply",
                         "log_trace_cache_warnings", "enable_sanity_checks",
                         "save_muon_momentum_buffer_in_memory", "grad_hooks", "cpu_offload_use_pin_memory"})
     r.get_bool(z, b, false);
@@ -1082,6 +1083,7 @@ nlohmann::json to_json(const DsConfig& cfg) {
     else z.erase("overlap_comm");
     put(z, "allgather_partitions", zc.allgather_partitions, dz.allgather_partitions);
     put(z, "round_robin_gradients", zc.round_robin_gradients, dz.round_robin_gradients);
+    put(z, "memory_efficient_linear", zc.memory_efficient_linear, dz.memory_efficient_linear);
     put(z, "use_multi_rank_bucket_allreduce", zc.use_multi_rank_bucket_allreduce, dz.use_multi_rank_bucket_allreduce);
     put(z, "sub_group_size", zc.sub_group_size, dz.sub_group_size);
     put(z, "stage3_prefetch_bucket_size", zc.stage3_prefetch_bucket_size, dz.stage3_prefetch_bucket_size);

@@ -66,6 +66,9 @@ struct ZeroConfig {
   std::int64_t stage3_max_live_parameters = 1000000000;
   std::int64_t stage3_max_reuse_distance = 1000000000;
   bool stage3_gather_16bit_weights_on_model_save = false;
+  // Stage 3 runs nn.Linear through DeepSpeed's own autograd function (zero3_linear_wrap for
+  // F.linear), which adds a 3-D input's bias by a kernel of its own (zero::Event::unfused_bias).
+  bool memory_efficient_linear = true;
   std::int64_t zero_hpz_partition_size = 1;
   bool zero_quantized_weights = false;             // ZeRO++ qwZ (accepted; warned, not modelled)
   bool zero_quantized_gradients = false;           // ZeRO++ qgZ (accepted; warned, not modelled)

@@ -285,7 +285,7 @@ void Stage3Lowering::persistent_allgather() {
 }
 
 void Stage3Lowering::forward_compute(Event& e, const models::Op& op) {
-  if (op.fn != models::Fn::linear || op.inputs.empty()) return;
+  if (!c_.cfg.zero.memory_efficient_linear || op.fn != models::Fn::linear || op.inputs.empty()) return;
   const bool biased = std::any_of(op.gemms.begin(), op.gemms.end(), [](const models::Gemm& g) { return g.bias; });
   const auto& in = c_.g.tensors[static_cast<std::size_t>(op.inputs.front())];
   e.unfused_bias = biased && in.shape.size() >= 3;

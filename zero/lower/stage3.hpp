@@ -23,7 +23,8 @@ class Stage3Lowering : public OptimizerLowering {
   void before_op(models::OpId o, Phase ph) override { coord_.before_op(o, ph); }
   void op_issued(models::OpId o) override { coord_.wait_for_params(o); }
   // nn.Linear on a 3-D input with a bias: the bias added by a kernel of its own
-  // (Event::unfused_bias; a 2-D input goes through addmm, fused).
+  // (Event::unfused_bias; a 2-D input goes through addmm, fused), unless the config's
+  // memory_efficient_linear is off (DeepSpeed then leaves F.linear as it is).
   void forward_compute(Event& e, const models::Op& op) override;
   void after_op(models::OpId o, Phase ph) override { coord_.after_op(o, ph); }
   void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
