@@ -164,8 +164,8 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
   REQUIRE(gpu_runs >= 30);
   MESSAGE(fmt::format("mean |error| of the GPU's busy time: forward {:.1f}%, backward {:.1f}%, step {:.1f}%",
                       100 * gpu_err[0] / gpu_runs, 100 * gpu_err[1] / gpu_runs, 100 * gpu_err[2] / gpu_runs));
-  CHECK(gpu_err[0] / gpu_runs <= 0.11);
-  CHECK(gpu_err[1] / gpu_runs <= 0.07);  // fp32 GEMMs on their own curve (fp32_gemm_half_dim): 7.1% before
+  CHECK(gpu_err[0] / gpu_runs <= 0.10);   // stage 3's separate bias adds (Event::unfused_bias): 10.4% before
+  CHECK(gpu_err[1] / gpu_runs <= 0.055);  // residual sums passing their gradient on: 6.3% before
   CHECK(gpu_err[2] / gpu_runs <= 0.07);  // DeepSpeed's per-tensor step loops (58% short without them)
 
   // Bounds per run and on the mean over runs (see the header comment).
