@@ -102,7 +102,8 @@ PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, co
     if (cm != nullptr && graph != nullptr) {
       // The classes a profiler names the event's kernels by (deepspeed_reference.py's
       // kernel_class): a fused attention op's kernels; a linear op's matrix products, less its
-      // bias gradients' column sums (a reduction kernel); everything else bandwidth-bound.
+      // bias kernels (ComputeModel::bias_part: the gradients' column sums, stage 3's separate
+      // adds); everything else bandwidth-bound.
       double dur = et.end.v - et.start.v;
       Quantity q = Quantity::gpu_other;
       if (e.kind == zero::EventKind::compute && e.op >= 0 && static_cast<std::size_t>(e.op) < graph->ops.size()) {

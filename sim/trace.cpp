@@ -64,9 +64,9 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t,
         args["bytes"] = e.mem_bytes.v;
       }
       if (e.kind == zero::EventKind::compute && e.op >= 0 && static_cast<std::size_t>(e.op) < ops.size()) {
-        args["fn"] = ops[static_cast<std::size_t>(e.op)].fn;
-        args["gemm"] = ops[static_cast<std::size_t>(e.op)].gemm;
         const OpTraceInfo& oi = ops[static_cast<std::size_t>(e.op)];
+        args["fn"] = oi.fn;
+        args["gemm"] = oi.gemm;
         if (e.phase == zero::Phase::backward && oi.bias_grad_us > 0) args["bias_us"] = oi.bias_grad_us;
         if (e.phase != zero::Phase::backward && e.unfused_bias && oi.unfused_bias_us > 0) args["bias_us"] = oi.unfused_bias_us;
       }
