@@ -18,7 +18,6 @@ std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n * dtype_size(dt)); }
 bool is_float(DType dt) { return dt == DType::fp32 || dt == DType::bf16 || dt == DType::fp16; }
 
-// Heads as column blocks of a (B, T, W) tensor.
 // The fused attention's operands (sdpa, flash_attention), as its launcher reads them.
 struct Fused {
   models::HeadsLayout f;

@@ -477,11 +477,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const double mem_time = static_cast<double>(bytes.v) / (p_.hbm_bandwidth.v * p_.elementwise_efficiency);
 
   const models::Op* o = nullptr;
-  if (op != models::kNone) {
-    if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
-      throw std::logic_error(fmt::format("compute event names op {} but the graph has {} ops", op, g_.ops.size()));
-    o = &g_.ops[static_cast<std::size_t>(op)];
-  }
+  if (op != models::kNone) o = &op_at(op);
 
   if (o == nullptr || o->gemms.empty())
     return elementwise_cost(flops, bytes, o == nullptr ? 1.0 : p_.op_factor(o->kind, backward), launch);
@@ -551,19 +547,20 @@ double ComputeModel::bias_grad_time(const models::Op& o, zero::Phase phase) cons
   return t;
 }
 
-Seconds ComputeModel::bias_grad_cost(models::OpId op, zero::Phase phase) const {
-  if (op == models::kNone) return Seconds{0};
+const models::Op& ComputeModel::op_at(models::OpId op) const {
   if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
     throw std::logic_error(fmt::format("op {} is not in the graph ({} ops)", op, g_.ops.size()));
-  return Seconds{bias_grad_time(g_.ops[static_cast<std::size_t>(op)], phase)};
+  return g_.ops[static_cast<std::size_t>(op)];
+}
+
+Seconds ComputeModel::bias_grad_cost(models::OpId op, zero::Phase phase) const {
+  return op == models::kNone ? Seconds{0} : Seconds{bias_grad_time(op_at(op), phase)};
 }
 
 Seconds ComputeModel::unfused_bias_cost(models::OpId op) const {
   if (op == models::kNone) return Seconds{0};
-  if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
-    throw std::logic_error(fmt::format("op {} is not in the graph ({} ops)", op, g_.ops.size()));
   double t = 0;
-  for (const models::Gemm& g : g_.ops[static_cast<std::size_t>(op)].gemms) {
+  for (const models::Gemm& g : op_at(op).gemms) {
     if (!g.bias) continue;
     const std::int64_t out = g.m * std::max<std::int64_t>(g.batch, 1) * g.n;
     const Bytes moved{(2 * out + g.n) * dtype_size(g_.opt.act_dtype)};
@@ -581,9 +578,7 @@ Seconds ComputeModel::bias_part(const zero::Event& e) const {
 }
 
 Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
-  if (op < 0 || static_cast<std::size_t>(op) >= g_.ops.size())
-    throw std::logic_error(fmt::format("op {} is not in the graph ({} ops)", op, g_.ops.size()));
-  const models::Op& o = g_.ops[static_cast<std::size_t>(op)];
+  const models::Op& o = op_at(op);
   const bool backward = phase == zero::Phase::backward;
   return compute_cost(op, phase, backward ? o.bwd_flops : o.fwd_flops, backward ? o.bwd_bytes : o.fwd_bytes);
 }

@@ -249,6 +249,7 @@ class ComputeModel {
   const DeviceProfile& profile() const { return p_; }
 
  private:
+  const models::Op& op_at(models::OpId op) const;  // the graph's op (a logic error outside it)
   double bias_grad_time(const models::Op& o, zero::Phase phase) const;  // seconds; 0 without a bias
   Seconds elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const;
 
