@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include <cuda_runtime.h>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -313,7 +314,9 @@ TEST_CASE("collectives --measure --device cuda: a sweep through the NCCL communi
   CHECK(m["backend"] == "nccl");
   CHECK(m["ranks"] == 2);
   CHECK(m["nodes"] == 1);  // one host, however many NCCL_HOSTIDs
-  CHECK(m["gpu"].get<std::string>().find("H200") != std::string::npos);
+  cudaDeviceProp prop{};  // the GPU the ranks run on, named as the driver names it
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  CHECK(m["gpu"].get<std::string>() == std::string(prop.name));
   for (const auto& b : m["collectives"]) {
     CHECK(b["rows"].size() == 7);  // 1K, 4K, ..., 4M
     for (const auto& row : b["rows"]) CHECK(row["busbw_gbps"].get<double>() > 0);
