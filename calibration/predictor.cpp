@@ -10,6 +10,7 @@
 #include "sim/compute_model.hpp"
 #include "sim/predict.hpp"
 #include "sim/timing.hpp"
+#include "sim/trace.hpp"
 
 namespace zp::calibration {
 
@@ -67,16 +68,11 @@ PhaseName timer_phase(const zero::Event& e) {
   }
 }
 
-bool on_device(const zero::Event& e) {
-  if (e.kind == zero::EventKind::marker || e.stream == zero::Stream::host) return false;
-  if (e.kind == zero::EventKind::optimizer && e.src == zero::Placement::host) return false;
-  if (e.kind == zero::EventKind::copy && e.src == zero::Placement::host && e.dst == zero::Placement::host) return false;
-  return true;
-}
-
 PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, const std::vector<std::int32_t>& unmeasured,
                             const sim::ComputeModel* cm, const models::OpGraph* graph) {
   PhasePrediction out;
+  const std::vector<sim::OpTraceInfo> ops =
+      cm != nullptr && graph != nullptr ? sim::op_trace_info(*graph, cm) : std::vector<sim::OpTraceInfo>{};
   auto set = [&](PhaseName ph, Quantity q, double v) {
     out.seconds[static_cast<std::size_t>(ph)][static_cast<std::size_t>(q)] = v;
   };
@@ -93,31 +89,23 @@ PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, co
   for (std::size_t i = static_cast<std::size_t>(std::max<zero::EventId>(p.step_begin, 0)); i < p.events.size(); ++i) {
     const zero::Event& e = p.events[i];
     const auto& et = t.events[i];
-    if (!(et.end.v > et.start.v) || !on_device(e)) continue;
+    if (!(et.end.v > et.start.v) || !sim::on_device(e)) continue;
     const auto b = static_cast<std::size_t>(timer_phase(e));
     iv[b].emplace_back(et.start.v, et.end.v);
     if (std::find(unmeasured.begin(), unmeasured.end(), static_cast<std::int32_t>(i)) == unmeasured.end())
       sum[b] += et.end.v - et.start.v;
     all.emplace_back(et.start.v, et.end.v);
-    if (cm != nullptr && graph != nullptr) {
-      // The classes a profiler names the event's kernels by (deepspeed_reference.py's
-      // kernel_class): a fused attention op's kernels; a linear op's matrix products, less its
-      // bias kernels (ComputeModel::bias_part: the gradients' column sums, stage 3's separate
-      // adds); everything else bandwidth-bound.
-      double dur = et.end.v - et.start.v;
-      Quantity q = Quantity::gpu_other;
-      if (e.kind == zero::EventKind::compute && e.op >= 0 && static_cast<std::size_t>(e.op) < graph->ops.size()) {
-        const models::Op& op = graph->ops[static_cast<std::size_t>(e.op)];
-        if (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention) {
-          q = Quantity::gpu_attention;
-        } else if (!op.gemms.empty()) {
-          const double bias = std::min(dur, cm->bias_part(e).v);
-          out.seconds[b][static_cast<std::size_t>(Quantity::gpu_other)] += bias;
-          dur -= bias;
-          q = Quantity::gpu_gemm;
-        }
+    if (!ops.empty()) {
+      // The classes a profiler names the event's kernels by (sim::profiled_split): the fused
+      // attention's, the products, everything else (bias kernels among it) bandwidth-bound.
+      const auto split = sim::profiled_split(e, et.end.v - et.start.v, ops);
+      for (int k = 0; k < sim::kNumProfiledClasses; ++k) {
+        const auto c = static_cast<sim::ProfiledClass>(k);
+        const Quantity q = c == sim::ProfiledClass::gemm        ? Quantity::gpu_gemm
+                           : c == sim::ProfiledClass::attention ? Quantity::gpu_attention
+                                                                : Quantity::gpu_other;
+        out.seconds[b][static_cast<std::size_t>(q)] += split[static_cast<std::size_t>(k)];
       }
-      out.seconds[b][static_cast<std::size_t>(q)] += dur;
     }
   }
   auto busy = [&](PhaseName b) { return union_length(iv[static_cast<std::size_t>(b)]); };

@@ -37,9 +37,6 @@ PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t,
 // Which of DeepSpeed's timer windows an event falls in: forward, backward (with its
 // recomputation and the reductions issued from the backward hooks and epilogue), or step.
 PhaseName timer_phase(const zero::Event& e);
-// Whether an event runs on the device (what GPU-busy time and the executor's event times
-// count): not a marker, not the host stream's work, not a host-side optimizer or host copy.
-bool on_device(const zero::Event& e);
 
 class Predictor {
  public:

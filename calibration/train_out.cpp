@@ -16,6 +16,7 @@
 #include "calibration/predictor.hpp"
 #include "exec/cuda_memory.hpp"
 #include "sim/predict.hpp"
+#include "sim/trace.hpp"
 
 namespace zp::calibration {
 
@@ -188,7 +189,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
     if (!std::isfinite(s) || s < 0)
       throw InputError(path, er.key_path("seconds"), fmt::format("must be a non-negative time, got {}", e.at("seconds").dump()));
     const zero::Event& ev = prog.events[static_cast<std::size_t>(id)];
-    if (on_device(ev)) phase_sum[static_cast<std::size_t>(timer_phase(ev))] += s;
+    if (sim::on_device(ev)) phase_sum[static_cast<std::size_t>(timer_phase(ev))] += s;
     if (ev.kind == zero::EventKind::marker || s == 0) continue;
     Observation o;
     o.kind = ObsKind::kernel;

@@ -18,11 +18,74 @@ constexpr int kTraceCopies = 16;
 std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeModel* cm) {
   std::vector<OpTraceInfo> ops;
   ops.reserve(g.ops.size());
-  for (const auto& op : g.ops)
-    ops.push_back({models::fn_name(op.fn), !op.gemms.empty(),
-                   cm != nullptr && !op.gemms.empty() ? cm->bias_grad_cost(op.id, zero::Phase::backward).v * 1e6 : 0.0,
-                   cm != nullptr && !op.gemms.empty() ? cm->unfused_bias_cost(op.id).v * 1e6 : 0.0});
+  for (const auto& op : g.ops) {
+    OpTraceInfo oi{models::fn_name(op.fn), !op.gemms.empty(),
+                   op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention, 0.0, 0.0};
+    if (cm != nullptr && oi.gemm) {
+      // The model's own split of a backward event and of a forward one that adds apart.
+      zero::Event e;
+      e.kind = zero::EventKind::compute;
+      e.op = op.id;
+      e.phase = zero::Phase::backward;
+      oi.backward_bias_us = cm->bias_part(e).v * 1e6;
+      e.phase = zero::Phase::forward;
+      e.unfused_bias = true;
+      oi.forward_bias_us = cm->bias_part(e).v * 1e6;
+    }
+    ops.push_back(std::move(oi));
+  }
   return ops;
+}
+
+bool on_device(const zero::Event& e) {
+  if (e.kind == zero::EventKind::marker || e.stream == zero::Stream::host) return false;
+  if (e.kind == zero::EventKind::optimizer && e.src == zero::Placement::host) return false;
+  if (e.kind == zero::EventKind::copy && e.src == zero::Placement::host && e.dst == zero::Placement::host) return false;
+  return true;
+}
+
+std::string_view profiled_class_name(ProfiledClass c) {
+  switch (c) {
+    case ProfiledClass::gemm: return "gemm";
+    case ProfiledClass::attention: return "attention";
+    case ProfiledClass::elementwise: return "elementwise";
+    case ProfiledClass::optimizer: return "optimizer";
+    case ProfiledClass::collective: return "collective";
+    case ProfiledClass::copy: return "copy";
+  }
+  return "?";
+}
+
+std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, double seconds,
+                                                        std::span<const OpTraceInfo> ops) {
+  std::array<double, kNumProfiledClasses> out{};
+  auto add = [&](ProfiledClass c, double v) { out[static_cast<std::size_t>(c)] += v; };
+  switch (e.kind) {
+    case zero::EventKind::compute: {
+      if (e.op < 0 || static_cast<std::size_t>(e.op) >= ops.size()) {
+        add(ProfiledClass::elementwise, seconds);
+        break;
+      }
+      const OpTraceInfo& oi = ops[static_cast<std::size_t>(e.op)];
+      if (oi.attention) {
+        add(ProfiledClass::attention, seconds);
+      } else if (oi.gemm) {
+        const double bias_us = e.phase == zero::Phase::backward ? oi.backward_bias_us
+                               : e.unfused_bias                 ? oi.forward_bias_us
+                                                                : 0.0;
+        const double bias = std::min(seconds, bias_us * 1e-6);
+        add(ProfiledClass::elementwise, bias);
+        add(ProfiledClass::gemm, seconds - bias);
+      } else {
+        add(ProfiledClass::elementwise, seconds);
+      }
+      break;
+    }
+    case zero::EventKind::optimizer: add(ProfiledClass::optimizer, seconds); break;
+    case zero::EventKind::collective: add(ProfiledClass::collective, seconds); break;
+    default: add(ProfiledClass::copy, seconds); break;
+  }
+  return out;
 }
 
 void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops) {
@@ -67,8 +130,15 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t,
         const OpTraceInfo& oi = ops[static_cast<std::size_t>(e.op)];
         args["fn"] = oi.fn;
         args["gemm"] = oi.gemm;
-        if (e.phase == zero::Phase::backward && oi.bias_grad_us > 0) args["bias_us"] = oi.bias_grad_us;
-        if (e.phase != zero::Phase::backward && e.unfused_bias && oi.unfused_bias_us > 0) args["bias_us"] = oi.unfused_bias_us;
+      }
+      if (!ops.empty() && on_device(e)) {
+        // The slice's microseconds by the class a profiler would name its kernels by.
+        json classes = json::object();
+        const auto split = profiled_split(e, (et.end - et.start).v, ops);
+        for (int k = 0; k < kNumProfiledClasses; ++k)
+          if (split[static_cast<std::size_t>(k)] > 0)
+            classes[std::string(profiled_class_name(static_cast<ProfiledClass>(k)))] = split[static_cast<std::size_t>(k)] * 1e6;
+        args["profiled"] = std::move(classes);
       }
       ev.push_back({{"name", p.event_name(id)}, {"cat", zero::event_kind_name(e.kind)}, {"ph", "X"}, {"pid", pid},
                     {"tid", static_cast<int>(e.stream)}, {"ts", ts}, {"dur", dur}, {"args", args}});

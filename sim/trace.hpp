@@ -7,8 +7,11 @@
 // (Program::repeat) the first 16 are shown event by event, the others as one slice per
 // stream ("msA..msB: N repeated micro-steps", otherData.repeated_micro_steps says so), so a
 // trace stays the size it has at GAS 20 whatever GAS is.
+#include <array>
+#include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,21 +24,35 @@
 
 namespace zp::sim {
 
-// What a compute event's op is, in its slice's args ("fn": the op's function, "gemm": whether
-// it runs as matrix products, "bias_us": the part of its time its biases take as kernels of
-// their own, the gradients' column sums in backward and, where DeepSpeed adds them apart
-// (zero::Event::unfused_bias), the add in forward): how a profiler would class its kernels (the
-// fused attention, GEMMs, the rest elementwise, the bias kernels among them), for
-// tools/deepspeed_compare.py's per-class times (calibration::phase_times classes them the same
-// way, through sim::ComputeModel::bias_part).
+// What a compute event's op is (its slice's args "fn": the op's function, "gemm": whether it
+// runs as matrix products) and the part of its time its biases take as kernels of their own:
+// in backward the gradients' column sums, in forward (and recomputation) the add DeepSpeed
+// runs apart (zero::Event::unfused_bias), each as sim::ComputeModel::bias_part prices it.
 struct OpTraceInfo {
   std::string fn;
   bool gemm = false;
-  double bias_grad_us = 0;     // backward
-  double unfused_bias_us = 0;  // forward, where the event adds the bias apart
+  bool attention = false;     // a fused attention op (its kernels are one class to a profiler)
+  double backward_bias_us = 0;
+  double forward_bias_us = 0;  // where the event adds the bias apart; 0 where the model prices no such add
 };
-// `cm` (over `g`): the bias gradients' times; without it, none are named.
+// `cm` (over `g`): the bias parts' times; without it, none are named.
 std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeModel* cm = nullptr);
+
+// The classes a profiler names a device event's kernels by (tools/deepspeed_reference.py's
+// kernel_class): the fused attention's, matrix products, the optimizer's multi-tensor kernels,
+// collectives, copies, the rest elementwise. The one place an event's predicted time is split
+// so: calibration::phase_times (the gpu_gemm, gpu_attention, gpu_other observations) and the
+// trace's "profiled" args (tools/deepspeed_compare.py's per-class table) both come from it.
+// Whether event e's work runs on the GPU: not a marker, not on the host stream, not the
+// host's optimizer step or a copy between host buffers.
+bool on_device(const zero::Event& e);
+enum class ProfiledClass : std::uint8_t { gemm, attention, elementwise, optimizer, collective, copy };
+inline constexpr int kNumProfiledClasses = 6;
+std::string_view profiled_class_name(ProfiledClass c);
+// Device event e's `seconds` by class: a linear op's products less its bias kernels
+// (elementwise), a fused attention op's kernels, the rest by the event's kind.
+std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, double seconds,
+                                                        std::span<const OpTraceInfo> ops);
 
 nlohmann::json chrome_trace(const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops = {});
 // Appends the events of one rank to an existing trace document (for several ranks).

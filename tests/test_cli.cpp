@@ -268,13 +268,28 @@ TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 
         // A backward linear op with a bias names its bias sums' time, a part of its own.
         const std::string fn = e["args"]["fn"];
         if (e["args"]["phase"] == "bwd" && (fn == "linear" || fn == "linear_first_token")) ++gemm_bwd_slices;
-        if (e["args"].contains("bias_us")) {
+        // The slice's time by kernel class adds up to it: a linear's products (gemm) and
+        // its bias sums (elementwise), a fused attention's kernels, the rest elementwise.
+        REQUIRE(e["args"].contains("profiled"));
+        const auto& cls = e["args"]["profiled"];
+        double sum = 0;
+        for (const auto& [k, us] : cls.items()) sum += us.get<double>();
+        CHECK(sum == doctest::Approx(e["dur"].get<double>()).epsilon(1e-9));
+        const bool attention = fn == "sdpa" || fn == "flash_attention";
+        if (attention) CHECK(cls.size() == 1);
+        if (attention) CHECK(cls.contains("attention"));
+        else if (e["args"]["gemm"].get<bool>()) CHECK(cls.contains("gemm"));
+        else CHECK(!cls.contains("gemm"));
+        if (cls.contains("elementwise") && e["args"]["gemm"].get<bool>() && !attention) {
           ++bias_slices;
           CHECK(e["args"]["phase"] == "bwd");
-          CHECK(e["args"]["gemm"].get<bool>());
-          CHECK(e["args"]["bias_us"].get<double>() > 0);
-          CHECK(e["args"]["bias_us"].get<double>() < e["dur"].get<double>());
+          CHECK(cls["elementwise"].get<double>() < e["dur"].get<double>());
         }
+      } else if (e["args"].contains("profiled")) {
+        // Every other device slice is one class, named by its kind; the host's have none.
+        const std::string kind = e["args"]["kind"];
+        CHECK(kind != "host");
+        if (e["dur"].get<double>() > 0) CHECK(e["args"]["profiled"].contains(kind));
       }
     }
   }

@@ -145,40 +145,19 @@ def device_busy(trace_path):
     return busy
 
 
-def event_class(e):
-    """The kernel class a profiler gives the kernels of a predicted event (deepspeed_reference.py's
-    kernel_class): the fused attention, matrix products, the optimizer's multi-tensor kernels,
-    the rest elementwise. Copies count as copies (DeepSpeed's per-tensor casts are elementwise
-    kernels to the profiler, its flat copies memcpy: the two are compared together below)."""
-    a = e.get("args", {})
-    kind = a.get("kind")
-    if kind == "compute":
-        if a.get("fn") in ("sdpa", "flash_attention"):
-            return "attention"
-        return "gemm" if a.get("gemm") else "elementwise"
-    if kind == "optimizer":
-        return "optimizer"
-    if kind == "collective":
-        return "collective"
-    return "copy"
-
-
 def device_by_class(trace_path):
-    """Seconds per phase and kernel class of the predicted trace's device events (summed
-    durations, as the profile's by_class_s sums kernel times)."""
+    """Seconds per phase and kernel class of the predicted trace's device events: each slice's
+    "profiled" args, the simulator's own split of its time by the class a profiler names the
+    kernels by (sim::profiled_split: deepspeed_reference.py's kernel_class; a linear op's bias
+    kernels elementwise), summed as the profile's by_class_s sums kernel times."""
     events = device_events(trace_path)
     if events is None:
         return {}
     out = {}
     for phase, e in events:
         cls = out.setdefault(phase, {})
-        k = event_class(e)
-        dur = e["dur"]
-        if k == "gemm":  # a linear op's bias gradients: a reduction kernel to the profiler
-            bias = min(dur, e.get("args", {}).get("bias_us", 0.0))
-            cls["elementwise"] = cls.get("elementwise", 0.0) + bias * 1e-6
-            dur -= bias
-        cls[k] = cls.get(k, 0.0) + dur * 1e-6
+        for k, us in e.get("args", {}).get("profiled", {}).items():
+            cls[k] = cls.get(k, 0.0) + us * 1e-6
     return out
 
 
