@@ -444,6 +444,9 @@ int main(int argc, char** argv) {
       kg::ContextOptions atomic_options = one_pass_options;  // one pass, dQ's sums by atomic adds
       atomic_options.sdpa_backward_atomic_dq = true;
       kg::Context atomic_pass(atomic_options);
+      kg::ContextOptions kv_registers_options;  // dK/dV: K and V in registers, three blocks an SM
+      kv_registers_options.sdpa_backward_kv_registers = true;
+      kg::Context kv_registers(kv_registers_options);
       for (DType dt : {DType::bf16, DType::fp16}) {
         for (const Attn& a : attns) {
           const std::int64_t n = a.B * a.H * a.T * a.D, rows_n = a.B * a.H * a.T;
@@ -481,6 +484,14 @@ int main(int argc, char** argv) {
           });
           report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", steps of 32", shape,
                  ms, 2.5 * fwd_flops, true, gemm_ceiling);
+          if (a.D <= 64) {  // K and V in registers only up to head dim 64
+            ms = time_ms(opt, [&] {
+              kg::sdpa_backward(kv_registers, dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(), v.get(), o.get(),
+                                lse.as<float>(), mp, a.B, a.H, a.T, a.D, a.causal, sc, a.p, 7, 0, dt, nullptr);
+            });
+            report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", K/V in registers",
+                   shape, ms, 2.5 * fwd_flops, true, gemm_ceiling);
+          }
           if (a.D <= 64) {  // one pass only up to head dim 64
             ms = time_ms(opt, [&] {
               kg::sdpa_backward(one_pass, dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(), v.get(), o.get(),

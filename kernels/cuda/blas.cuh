@@ -56,6 +56,7 @@ struct Context::Impl {
   int sdpa_backward_chunk = 16;
   bool sdpa_backward_one_pass = false;
   bool sdpa_backward_atomic_dq = false;
+  bool sdpa_backward_kv_registers = false;
   std::uint64_t staged_products = 0;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;

@@ -52,6 +52,7 @@ Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()
   if (options.sdpa_backward_atomic_dq && !options.sdpa_backward_one_pass)
     throw std::invalid_argument("ContextOptions::sdpa_backward_atomic_dq needs sdpa_backward_one_pass");
   s.sdpa_backward_atomic_dq = options.sdpa_backward_atomic_dq;
+  s.sdpa_backward_kv_registers = options.sdpa_backward_kv_registers;
   ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
   if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
   s.workspace_bytes = options.blas_workspace_bytes;
@@ -72,6 +73,7 @@ std::uint64_t Context::staged_products() const { return impl_->staged_products; 
 int Context::sdpa_backward_chunk() const { return impl_->sdpa_backward_chunk; }
 bool Context::sdpa_backward_one_pass() const { return impl_->sdpa_backward_one_pass; }
 bool Context::sdpa_backward_atomic_dq() const { return impl_->sdpa_backward_atomic_dq; }
+bool Context::sdpa_backward_kv_registers() const { return impl_->sdpa_backward_kv_registers; }
 
 void* Context::buffer(std::size_t bytes) {
   Impl& s = *impl_;

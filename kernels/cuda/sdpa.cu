@@ -709,8 +709,12 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
 // dK, dV: block (head x, key tile y), warp w owns 16 key rows; over 64-query tiles in
 // 16-query steps: Sᵀ and dPᵀ recomputed with the keys as rows, dV += (P ∘ keep)ᵀ dO,
 // dK += scale · dSᵀ Q (the scale applied once to the sum, or to dS in fp16).
-template <class T, int D, int S, int C, bool OnePass>
-__global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv,
+// KvRegs: the block's K and V as A fragments in registers (16-bit, D <= 64: 168 registers a
+// thread at D = 64, so three blocks a multiprocessor); else read from shared memory at each
+// step, in 128 registers so that four blocks fit (the same products in the same order: the
+// same bits).
+template <class T, int D, int S, int C, bool OnePass, bool KvRegs>
+__global__ void __launch_bounds__(kThreads, KvRegs ? 1 : 4) sdpa_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv,
                                                             const T* __restrict__ dout, const T* __restrict__ q,
                                                             const T* __restrict__ k, const T* __restrict__ v,
                                                             const float* __restrict__ lse,
@@ -720,8 +724,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_dkdv_kernel(T* __restrict__ dk,
   constexpr int LD = kLd<T, D>, CLD = kCLd<T>, NT = D / 8, KS = D / 16, NC = C / 8, DLD = kDsLd<T>;
   static_assert(C == kChunk || (kTensor<T> && C == 2 * kChunk), "steps of 16, or 32 on the tensor cores");
   static_assert(!OnePass || (kTensor<T> && D <= 64), "one pass: 16-bit, head dims up to 64");
-  // The block's own K and V as A fragments in registers, where registers allow.
-  constexpr bool kCache = kTensor<T> && D <= 64;
+  // The block's own K and V as A fragments in registers, where registers allow and KvRegs asks.
+  constexpr bool kCache = kTensor<T> && D <= 64 && KvRegs;
   extern __shared__ __align__(16) unsigned char smem[];
   float* rowf = reinterpret_cast<float*>(smem);  // [S][logsumexp, dvec][kTile]
   T* ks = reinterpret_cast<T*>(smem + 2 * S * kTile * sizeof(float));
@@ -1125,12 +1129,25 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
         with_stages<dkdv_double + (OnePass ? kDsSmem<E> : 0)>([&](auto stages) {
           constexpr int S = decltype(stages)::value;
           const std::size_t bytes = kDkDvSmem<E, Dc, S> + (OnePass ? kDsSmem<E> : 0);
-          allow_smem(sdpa_dkdv_kernel<E, Dc, S, C, OnePass>, bytes);
-          sdpa_dkdv_kernel<E, Dc, S, C, OnePass><<<grid, kThreads, bytes, stream>>>(
-              static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dout), static_cast<const E*>(q),
-              static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec, static_cast<const E*>(mask), args, dq_acc,
-              sem);
-          ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
+          auto launch = [&](auto kernel) {
+            allow_smem(kernel, bytes);
+            kernel<<<grid, kThreads, bytes, stream>>>(static_cast<E*>(dk), static_cast<E*>(dv),
+                                                      static_cast<const E*>(dout), static_cast<const E*>(q),
+                                                      static_cast<const E*>(k), static_cast<const E*>(v), lse, dvec,
+                                                      static_cast<const E*>(mask), args, dq_acc, sem);
+            ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
+          };
+          // K and V from shared memory, four blocks a multiprocessor (the default): where the
+          // registers would hold them (16-bit, D <= 64), in steps of 16, two passes (one pass's
+          // dSᵀ tile leaves shared memory for three blocks only, and steps of 32 need the
+          // registers anyway).
+          if constexpr (kTensor<E> && Dc <= 64 && C == kChunk && !OnePass) {
+            if (!ctx.sdpa_backward_kv_registers()) {
+              launch(sdpa_dkdv_kernel<E, Dc, S, C, OnePass, false>);
+              return;
+            }
+          }
+          launch(sdpa_dkdv_kernel<E, Dc, S, C, OnePass, true>);
         });
       };
       auto run = [&](auto chunk) {

@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1497,14 +1498,18 @@ TEST_CASE("sdpa: flash forward (O, logsumexp) and deterministic backward against
   // The backward in steps of 16 positions (the default) and of 32 (ContextOptions): the same
   // products in the same order, so the same bits. In one pass (16-bit, D <= 64): dK and dV
   // the same bits, dQ summed in another order (against the CPU twin, and deterministic).
+  // With K and V held in registers (kv_registers true): the default's bits.
   std::map<std::string, std::array<std::vector<unsigned char>, 3>> chunk16;
-  for (const auto& [chunk, one_pass] : {std::pair{16, false}, std::pair{32, false}, std::pair{16, true},
-                                        std::pair{32, true}}) {
+  for (const auto& [chunk, one_pass, kv_registers] :
+       {std::tuple{16, false, false}, std::tuple{32, false, false}, std::tuple{16, true, false},
+        std::tuple{32, true, false}, std::tuple{16, false, true}}) {
     CAPTURE(chunk);
     CAPTURE(one_pass);
+    CAPTURE(kv_registers);
     kg::ContextOptions options;
     options.sdpa_backward_chunk = chunk;
     options.sdpa_backward_one_pass = one_pass;
+    options.sdpa_backward_kv_registers = kv_registers;
     kg::Context ctx(options);
     struct Case {
       std::int64_t B, H, T, D;
@@ -1582,7 +1587,7 @@ TEST_CASE("sdpa: flash forward (O, logsumexp) and deterministic backward against
             first[1] = bits(*gdk);
             first[2] = bits(*gdv);
             const std::string key = dtype_str(dt) + " case " + std::to_string(&c - cases);
-            if (chunk == 16 && !one_pass) {
+            if (chunk == 16 && !one_pass && !kv_registers) {
               chunk16[key] = {first[0], first[1], first[2]};
             } else {
               if (!one_pass || dt == DType::fp32 || c.D > 64)
