@@ -334,6 +334,7 @@ sim::Target target_of(const Problem& pb, bool activation_checkpointing) {
   t.world_size = pb.world_size;
   t.activation_checkpointing = activation_checkpointing;
   t.keep_output = pb.keep_output;
+  t.deepspeed = pb.deepspeed;
   return t;
 }
 
@@ -367,7 +368,8 @@ double compute_bound_ms(const Problem& pb, const GraphCache& graphs, const Knobs
   lo.activation_checkpointing = ckpt;
   lo.keep_output = pb.keep_output;
   const zero::Program p = zero::lower(*g, cfg, zero::Batch{cfg.train_batch_size.value(), mb, 1}, lo);
-  const sim::ComputeModel cm(pb.profile, *g);
+  sim::ComputeModel cm(pb.profile, *g);
+  cm.deepspeed_loops = pb.deepspeed;
   // The compute stream runs its events one at a time at best at full rate: its own ops
   // and optimizer work bound the iteration from below whatever the communication knobs.
   // A micro-step's forward, backward and recomputation repeat GAS times; the rest once.

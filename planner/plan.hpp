@@ -77,6 +77,7 @@ struct Problem {
   models::Attention attention = models::kDefaultAttention;
   models::Transformers transformers = models::kDefaultTransformers;
   bool keep_output = false;          // zero::LowerOptions::keep_output
+  bool deepspeed = true;             // sim::Target::deepspeed: DeepSpeed runs the plan, or (false) zeroplan's executor
   Objective objective = Objective::throughput;
   double headroom = 0.9;             // fraction of device (and host) memory a plan may use
   double price_per_gpu_hour = 1.0;   // cost objective (currency per GPU-hour)

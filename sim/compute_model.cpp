@@ -636,7 +636,7 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
     case EventKind::marker:
       return Seconds{0};
     case EventKind::host:
-      return host_cost(p_.host, e);
+      return deepspeed_loops ? host_cost(p_.host, e) : Seconds{0};
     case EventKind::collective:
       throw std::logic_error("collective events are priced by the collective model, not the compute model");
     case EventKind::compute:

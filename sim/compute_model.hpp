@@ -233,8 +233,13 @@ class ComputeModel {
   Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;
   // DeepSpeed's own work in an event (Event::loop_kernels, loop_bytes): its per-tensor loops'
   // small kernels and their bytes. 0 where the events stand for zeroplan's executor, which
-  // does none of it (deepspeed_loops off: calibration from the executor's runs).
+  // does none of it (deepspeed_loops off: calibration from the executor's runs, `plan
+  // --verify`'s predictions of the executor).
   Seconds loop_kernels_cost(const zero::Event& e) const;
+  // Off, the events stand for zeroplan's executor: no per-tensor loops (loop_kernels_cost), no
+  // separate bias adds (Event::unfused_bias), and host events (EventKind::host: PyTorch's and
+  // DeepSpeed's Python) cost nothing, the executor's host thread doing only the launches each
+  // kernel's time already counts.
   bool deepspeed_loops = true;
   // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
   // bandwidth times optimizer_efficiency (without the norm some steps take first).

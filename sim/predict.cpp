@@ -34,7 +34,8 @@ Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const ze
   r.program = zero::lower(g, cfg, batch, lo);
   r.memory = replay_memory(r.program, *t.device);
   if (with_time) {
-    const ComputeModel compute(*t.profile, g);
+    ComputeModel compute(*t.profile, g);
+    compute.deepspeed_loops = t.deepspeed;
     EngineOptions eo;
     eo.interference = t.profile->comm_compute_interference;
     r.time = simulate_time(r.program, g, compute, *t.collectives, eo);

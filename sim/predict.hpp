@@ -25,6 +25,10 @@ struct Target {
   std::optional<int> rank;           // default: zero::heaviest_rank
   bool activation_checkpointing = false;
   bool keep_output = false;          // zero::LowerOptions::keep_output
+  // What runs the program: DeepSpeed (its Python's host work, per-tensor loops and stage 3's
+  // separate bias adds priced: ComputeModel::deepspeed_loops), or zeroplan's executor (false:
+  // it does none of that work; `plan --verify` predicts its candidates so too).
+  bool deepspeed = true;
 };
 
 struct Prediction {

@@ -278,6 +278,50 @@ TEST_CASE("GAS above the direct limit: two short programs extrapolate the long o
     }
 }
 
+// DeepSpeed's own work priced (its Python on the host, per-tensor loops, stage 3's separate bias
+// adds) or not (zeroplan's executor, `plan --verify`'s second prediction): the same program and
+// bytes, every host event free, and never a slower iteration; at stage 3, whose forward is
+// host-bound, much faster.
+TEST_CASE("the executor's prediction: DeepSpeed's host work, loops and separate bias adds left out") {
+  const auto pb = cli::plan_problem(request("gpt2", "8xH100-80GB-NVSwitch", 1, 16, 1024, fp16_config()));
+  planner::Problem exec_pb = pb;
+  exec_pb.deepspeed = false;
+  planner::GraphCache graphs(pb), exec_graphs(exec_pb);
+  graphs.prepare({2});
+  exec_graphs.prepare({2});
+  double s3_ratio = 0;
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    planner::Knobs k = planner::base_knobs(pb);
+    planner::set(k, Dim::stage, stage);
+    planner::set(k, Dim::micro_batch, 2);
+    const auto ds = planner::evaluate(pb, graphs, k), ex = planner::evaluate(exec_pb, exec_graphs, k);
+    CHECK(ex.peak_allocated == ds.peak_allocated);
+    CHECK(ex.device_used == ds.device_used);
+    CHECK(ex.iteration_ms < ds.iteration_ms);
+    CHECK(ex.samples_per_s > ds.samples_per_s);
+    if (stage == 3) s3_ratio = ds.iteration_ms / ex.iteration_ms;
+    // Host events cost nothing for the executor; DeepSpeed's do.
+    const auto cfg = planner::config_of(pb, k);
+    sim::Target t;
+    t.device = pb.device;
+    t.profile = &pb.profile;
+    t.collectives = pb.collectives.get();
+    t.world_size = pb.world_size;
+    t.deepspeed = false;
+    const auto p = sim::predict(*exec_graphs.find(2, false), cfg, zero::resolve_batch(cfg, pb.world_size), t);
+    int host_events = 0;
+    for (std::size_t i = 0; i < p.program.events.size(); ++i) {
+      if (p.program.events[i].kind != zero::EventKind::host) continue;
+      ++host_events;
+      const auto& et = p.time.report.events[i];
+      CHECK(et.end.v == et.start.v);
+    }
+    CHECK(host_events > 0);
+  }
+  CHECK(s3_ratio > 1.2);
+}
+
 TEST_CASE("the winner's ds_config is the base with the searched keys replaced, and reads back") {
   const std::string base = std::string(ZEROPLAN_SHARED_DIR) + "/examples/bert_large_ds_config.json";
   const auto out = std::filesystem::temp_directory_path() / "zeroplan_test_plan_best.json";
@@ -360,6 +404,8 @@ TEST_CASE("plan --verify runs the top candidates on the executor: memory equal t
     CHECK(c["memory_equal"] == true);
     CHECK(c["measured_peak_allocated_bytes"] == c["predicted_peak_allocated_bytes"]);
     CHECK(c["measured_samples_per_s"].get<double>() > 0);
+    // The candidate predicted again as the executor runs it: none of DeepSpeed's own work.
+    CHECK(c["executor_predicted_samples_per_s"].get<double>() > c["predicted_samples_per_s"].get<double>());
   }
   CHECK(j["verify"]["ranking_held"].is_boolean());
   std::filesystem::remove_all(j["verify"]["directory"].get<std::string>());
