@@ -283,7 +283,8 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   r.program = std::move(p.program);
   r.memory = std::move(p.memory);
   r.time = std::move(p.time);
-  const sim::ComputeModel cm(*target(in).profile, *graph);
+  sim::ComputeModel cm(*target(in).profile, *graph);
+  cm.deepspeed_loops = target(in).deepspeed;  // the trace's split follows what priced the events
   r.ops = sim::op_trace_info(*graph, &cm);
   return r;
 }

@@ -320,12 +320,6 @@ const models::OpGraph& GraphCache::get(std::int64_t micro_batch, bool activation
   return *graphs_.back().graph;
 }
 
-namespace {
-
-struct Point {
-  sim::Prediction pred;
-};
-
 sim::Target target_of(const Problem& pb, bool activation_checkpointing) {
   sim::Target t;
   t.device = pb.device;
@@ -337,6 +331,12 @@ sim::Target target_of(const Problem& pb, bool activation_checkpointing) {
   t.deepspeed = pb.deepspeed;
   return t;
 }
+
+namespace {
+
+struct Point {
+  sim::Prediction pred;
+};
 
 zero::DsConfig with_gas(const Problem& pb, const zero::DsConfig& cfg, std::int64_t gas) {
   zero::DsConfig c = cfg;

@@ -28,6 +28,7 @@
 #include "sim/collective_model.hpp"
 #include "sim/compute_model.hpp"
 #include "sim/device.hpp"
+#include "sim/predict.hpp"
 #include "zero/ds_config.hpp"
 
 namespace zp::planner {
@@ -151,6 +152,10 @@ class GraphCache {
   const Problem& pb_;
   std::vector<Entry> graphs_;
 };
+
+// What the plan's predictions are made for: its device, profile, collectives, world size, kept
+// output and runner (Problem::deepspeed), with or without activation checkpointing.
+sim::Target target_of(const Problem& pb, bool activation_checkpointing);
 
 // Simulates one point (thread-safe once the cache holds its micro-batch).
 Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k);

@@ -27,10 +27,10 @@ std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeMo
       e.kind = zero::EventKind::compute;
       e.op = op.id;
       e.phase = zero::Phase::backward;
-      oi.backward_bias_us = cm->bias_part(e).v * 1e6;
+      oi.backward_bias_s = cm->bias_part(e).v;
       e.phase = zero::Phase::forward;
       e.unfused_bias = true;
-      oi.forward_bias_us = cm->bias_part(e).v * 1e6;
+      oi.forward_bias_s = cm->bias_part(e).v;
     }
     ops.push_back(std::move(oi));
   }
@@ -70,10 +70,9 @@ std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, dou
       if (oi.attention) {
         add(ProfiledClass::attention, seconds);
       } else if (oi.gemm) {
-        const double bias_us = e.phase == zero::Phase::backward ? oi.backward_bias_us
-                               : e.unfused_bias                 ? oi.forward_bias_us
-                                                                : 0.0;
-        const double bias = std::min(seconds, bias_us * 1e-6);
+        const double bias = std::min(seconds, e.phase == zero::Phase::backward ? oi.backward_bias_s
+                                              : e.unfused_bias                 ? oi.forward_bias_s
+                                                                               : 0.0);
         add(ProfiledClass::elementwise, bias);
         add(ProfiledClass::gemm, seconds - bias);
       } else {

@@ -31,26 +31,30 @@ namespace zp::sim {
 struct OpTraceInfo {
   std::string fn;
   bool gemm = false;
-  bool attention = false;     // a fused attention op (its kernels are one class to a profiler)
-  double backward_bias_us = 0;
-  double forward_bias_us = 0;  // where the event adds the bias apart; 0 where the model prices no such add
+  bool attention = false;       // a fused attention op (its kernels are one class to a profiler)
+  double backward_bias_s = 0;
+  double forward_bias_s = 0;    // where the event adds the bias apart; 0 where the model prices no such add
 };
 // `cm` (over `g`): the bias parts' times; without it, none are named.
 std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeModel* cm = nullptr);
 
-// The classes a profiler names a device event's kernels by (tools/deepspeed_reference.py's
-// kernel_class): the fused attention's, matrix products, the optimizer's multi-tensor kernels,
-// collectives, copies, the rest elementwise. The one place an event's predicted time is split
-// so: calibration::phase_times (the gpu_gemm, gpu_attention, gpu_other observations) and the
-// trace's "profiled" args (tools/deepspeed_compare.py's per-class table) both come from it.
 // Whether event e's work runs on the GPU: not a marker, not on the host stream, not the
 // host's optimizer step or a copy between host buffers.
 bool on_device(const zero::Event& e);
+
+// The classes a profiler names a device event's kernels by (tools/deepspeed_reference.py's
+// kernel_class): the fused attention's, matrix products, the optimizer's multi-tensor kernels,
+// collectives, copies, the rest elementwise.
 enum class ProfiledClass : std::uint8_t { gemm, attention, elementwise, optimizer, collective, copy };
 inline constexpr int kNumProfiledClasses = 6;
+static_assert(kNumProfiledClasses == static_cast<int>(ProfiledClass::copy) + 1);
 std::string_view profiled_class_name(ProfiledClass c);
+
 // Device event e's `seconds` by class: a linear op's products less its bias kernels
-// (elementwise), a fused attention op's kernels, the rest by the event's kind.
+// (elementwise), a fused attention op's kernels, the rest by the event's kind. The one place
+// predicted time is split so: calibration::phase_times (the gpu_gemm, gpu_attention and
+// gpu_other observations) and the trace's "profiled" args (tools/deepspeed_compare.py's
+// per-class table) both come from it.
 std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, double seconds,
                                                         std::span<const OpTraceInfo> ops);
 

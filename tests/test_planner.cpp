@@ -262,13 +262,8 @@ TEST_CASE("GAS above the direct limit: two short programs extrapolate the long o
       REQUIRE(ev.extrapolated);
       REQUIRE(ev.batch.gas == 16);
       const auto cfg = planner::config_of(pb, k);
-      sim::Target t;
-      t.device = pb.device;
-      t.profile = &pb.profile;
-      t.collectives = pb.collectives.get();
-      t.world_size = pb.world_size;
-      t.activation_checkpointing = other != 0;
-      const auto direct = sim::predict(*graphs.find(2, other != 0), cfg, zero::resolve_batch(cfg, pb.world_size), t);
+      const auto direct = sim::predict(*graphs.find(2, other != 0), cfg, zero::resolve_batch(cfg, pb.world_size),
+                                       planner::target_of(pb, other != 0));
       CHECK(ev.device_used == direct.memory.device_used);
       CHECK(ev.peak_allocated == direct.memory.peak_allocated);
       CHECK(ev.iteration_ms == doctest::Approx(direct.time.report.phases.iteration.ms()).epsilon(1e-6));
@@ -303,21 +298,23 @@ TEST_CASE("the executor's prediction: DeepSpeed's host work, loops and separate 
     if (stage == 3) s3_ratio = ds.iteration_ms / ex.iteration_ms;
     // Host events cost nothing for the executor; DeepSpeed's do.
     const auto cfg = planner::config_of(pb, k);
-    sim::Target t;
-    t.device = pb.device;
-    t.profile = &pb.profile;
-    t.collectives = pb.collectives.get();
-    t.world_size = pb.world_size;
-    t.deepspeed = false;
-    const auto p = sim::predict(*exec_graphs.find(2, false), cfg, zero::resolve_batch(cfg, pb.world_size), t);
+    const sim::Target t = planner::target_of(exec_pb, false), t_ds = planner::target_of(pb, false);
+    REQUIRE(!t.deepspeed);
+    REQUIRE(t_ds.deepspeed);
+    const auto batch = zero::resolve_batch(cfg, pb.world_size);
+    const auto p = sim::predict(*exec_graphs.find(2, false), cfg, batch, t);
+    const auto p_ds = sim::predict(*graphs.find(2, false), cfg, batch, t_ds);
+    REQUIRE(p.program.events.size() == p_ds.program.events.size());
     int host_events = 0;
+    double ds_host_s = 0;
     for (std::size_t i = 0; i < p.program.events.size(); ++i) {
       if (p.program.events[i].kind != zero::EventKind::host) continue;
       ++host_events;
-      const auto& et = p.time.report.events[i];
-      CHECK(et.end.v == et.start.v);
+      CHECK(p.time.report.events[i].end.v == p.time.report.events[i].start.v);
+      ds_host_s += p_ds.time.report.events[i].end.v - p_ds.time.report.events[i].start.v;
     }
     CHECK(host_events > 0);
+    CHECK(ds_host_s > 0);
   }
   CHECK(s3_ratio > 1.2);
 }

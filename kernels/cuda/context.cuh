@@ -36,11 +36,12 @@ struct ContextOptions {
   // key tiles' order. No wavefront (no block waits for another), but the sums' order, and so
   // dQ's last bits, vary from run to run. dK and dV are the two-pass kernels' bits either way.
   bool sdpa_backward_atomic_dq = false;
-  // The two-pass 16-bit attention backward at head dims up to 64, in steps of 16: the dK/dV
-  // kernel reads its block's K and V from shared memory at each step, in 128 registers a
-  // thread (four blocks a multiprocessor), or, true, holds them in registers (168 at D = 64:
-  // three blocks). The same products in the same order: the same bits. On an H100, four
-  // blocks take 11-16% less time (bench/cuda_vs_torch.md).
+  // The two-pass 16-bit attention backward at head dim 64, in steps of 16: the dK/dV kernel
+  // reads its block's K and V from shared memory at each step, in 128 registers a thread (four
+  // blocks a multiprocessor where shared memory holds four: Hopper, Blackwell), or, true (and
+  // on other GPUs and head dims), holds them in registers (168 a thread: three blocks). The
+  // same products in the same order: the same bits. On an H100, four blocks take 11-16% less
+  // time (bench/cuda_vs_torch.md).
   bool sdpa_backward_kv_registers = false;
 };
 

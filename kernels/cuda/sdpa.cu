@@ -711,8 +711,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_dq_kernel(T* __restrict__ dq, c
 // dK += scale · dSᵀ Q (the scale applied once to the sum, or to dS in fp16).
 // KvRegs: the block's K and V as A fragments in registers (16-bit, D <= 64: 168 registers a
 // thread at D = 64, so three blocks a multiprocessor); else read from shared memory at each
-// step, in 128 registers so that four blocks fit (the same products in the same order: the
-// same bits).
+// step, in 128 registers so that four blocks fit where shared memory does (the same products
+// in the same order: the same bits).
 template <class T, int D, int S, int C, bool OnePass, bool KvRegs>
 __global__ void __launch_bounds__(kThreads, KvRegs ? 1 : 4) sdpa_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv,
                                                             const T* __restrict__ dout, const T* __restrict__ q,
@@ -1019,6 +1019,15 @@ std::size_t smem_optin() {
   return limit;
 }
 
+// Shared memory one multiprocessor of the current device holds (228 KB on Hopper and
+// Blackwell, 164 KB on the A100, 100 KB on sm_86/89/120).
+std::size_t smem_per_sm() {
+  int dev = 0, bytes = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  return static_cast<std::size_t>(bytes);
+}
+
 // f(std::integral_constant<int, S>) with two tile buffers where their `double_bytes` of shared
 // memory fit a block on any GPU (99 KB: sm_86, sm_89, sm_120) or on this one; else one.
 constexpr std::size_t kSmemAnyGpu = 99 * 1024;
@@ -1137,12 +1146,14 @@ void sdpa_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout,
                                                       static_cast<const E*>(mask), args, dq_acc, sem);
             ZP_CUDA_CHECK_LAUNCH("sdpa_dkdv_kernel");
           };
-          // K and V from shared memory, four blocks a multiprocessor (the default): where the
-          // registers would hold them (16-bit, D <= 64), in steps of 16, two passes (one pass's
-          // dSᵀ tile leaves shared memory for three blocks only, and steps of 32 need the
-          // registers anyway).
-          if constexpr (kTensor<E> && Dc <= 64 && C == kChunk && !OnePass) {
-            if (!ctx.sdpa_backward_kv_registers()) {
+          // K and V from shared memory, four blocks a multiprocessor (the default): at D = 64
+          // (the shape measured), 16-bit, in steps of 16, two passes (one pass's dSᵀ tile leaves
+          // shared memory for three blocks only, and steps of 32 need the registers anyway),
+          // where the multiprocessor's shared memory holds four blocks (each with the 1 KB the
+          // runtime reserves): Hopper and Blackwell, not the A100 or sm_86/89/120, where the
+          // register kernel runs as many blocks.
+          if constexpr (kTensor<E> && Dc == 64 && C == kChunk && !OnePass) {
+            if (!ctx.sdpa_backward_kv_registers() && 4 * (bytes + 1024) <= smem_per_sm()) {
               launch(sdpa_dkdv_kernel<E, Dc, S, C, OnePass, false>);
               return;
             }
