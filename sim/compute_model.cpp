@@ -571,10 +571,14 @@ Seconds ComputeModel::unfused_bias_cost(models::OpId op) const {
   return Seconds{t};
 }
 
+Seconds ComputeModel::unfused_bias_add(const zero::Event& e) const {
+  return deepspeed_loops && e.unfused_bias ? unfused_bias_cost(e.op) : Seconds{0};
+}
+
 Seconds ComputeModel::bias_part(const zero::Event& e) const {
   if (e.kind != zero::EventKind::compute) return Seconds{0};
   if (e.phase == zero::Phase::backward) return bias_grad_cost(e.op, e.phase);
-  return deepspeed_loops && e.unfused_bias ? unfused_bias_cost(e.op) : Seconds{0};
+  return unfused_bias_add(e);
 }
 
 Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
@@ -641,7 +645,7 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
       throw std::logic_error("collective events are priced by the collective model, not the compute model");
     case EventKind::compute:
       return compute_cost(e.op, e.phase, e.flops, e.mem_bytes) +
-             (deepspeed_loops && e.unfused_bias ? unfused_bias_cost(e.op) : Seconds{0});
+             unfused_bias_add(e);
     case EventKind::copy:
       // A copy whose kernels per tensor are counted (loop_kernels) is priced by them, not by
       // its pieces.

@@ -255,6 +255,8 @@ class ComputeModel {
 
  private:
   const models::Op& op_at(models::OpId op) const;  // the graph's op (a logic error outside it)
+  // The separate bias add event e carries, where DeepSpeed runs it (deepspeed_loops on).
+  Seconds unfused_bias_add(const zero::Event& e) const;
   double bias_grad_time(const models::Op& o, zero::Phase phase) const;  // seconds; 0 without a bias
   Seconds elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const;
 
