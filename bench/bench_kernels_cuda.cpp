@@ -193,24 +193,26 @@ int main(int argc, char** argv) {
                           // the logits 16-byte aligned, as cuBLASLt's fastest kernels need
                           {"gpt2 lm_head, vocab 50304", M, 50304, 768, false},
                           {"bert-large ffn fwd", 64 * 128 / scale, 4096, 1024}};
-      auto run = [&](kg::Context& c, const Lin& l, const std::string& label) {
+      // ld: the output's (and its gradient's) row pitch, 0 packed.
+      auto run = [&](kg::Context& c, const Lin& l, const std::string& label, std::int64_t ld = 0) {
+        const std::int64_t pitch = ld != 0 ? ld : l.N;
         Buffer x(static_cast<std::size_t>(l.M * l.K) * 2), w(static_cast<std::size_t>(l.N * l.K) * 2),
-            y(static_cast<std::size_t>(l.M * l.N) * 2), bias(static_cast<std::size_t>(l.N) * 2);
+            y(static_cast<std::size_t>(l.M * pitch) * 2), bias(static_cast<std::size_t>(l.N) * 2);
         fill(x, l.M * l.K, DType::bf16, 4);
         fill(w, l.N * l.K, DType::bf16, 5);
         fill(bias, l.N, DType::bf16, 6);
         const double ms = time_ms(opt, [&] {
           kg::linear_forward(c, y.get(), x.get(), w.get(), l.bias ? bias.get() : nullptr, l.M, l.N, l.K, DType::bf16,
-                             nullptr);
+                             nullptr, ld);
         });
         report(std::string("linear bf16 ") + label, dims({l.M, l.N, l.K}), ms, 2.0 * f(l.M) * f(l.N) * f(l.K), true,
                gemm_ceiling);
-        Buffer dy(static_cast<std::size_t>(l.M * l.N) * 2), dx(static_cast<std::size_t>(l.M * l.K) * 2),
+        Buffer dy(static_cast<std::size_t>(l.M * pitch) * 2), dx(static_cast<std::size_t>(l.M * l.K) * 2),
             dw(static_cast<std::size_t>(l.N * l.K) * 2), db(static_cast<std::size_t>(l.N) * 2);
-        fill(dy, l.M * l.N, DType::bf16, 7);
+        fill(dy, l.M * pitch, DType::bf16, 7);
         const double bms = time_ms(opt, [&] {
           kg::linear_backward(c, dx.get(), dw.get(), l.bias ? db.get() : nullptr, dy.get(), x.get(), w.get(), l.M, l.N,
-                              l.K, true, DType::bf16, nullptr);
+                              l.K, true, DType::bf16, nullptr, ld);
         });
         report(std::string("linear bf16 bwd ") + label, dims({l.M, l.N, l.K}), bms, 4.0 * f(l.M) * f(l.N) * f(l.K),
                true, gemm_ceiling);
@@ -226,6 +228,9 @@ int main(int argc, char** argv) {
       const Lin head{"gpt2 lm_head fwd", M, 50257, 768, false};
       run(direct, head, "gpt2 lm_head, not staged");
       run(large, head, "gpt2 lm_head, 256 MiB scratch");
+      // --fused-loss's logits: rows padded to 50264 (models::Tensor::row_pitch), the vocabulary
+      // cut in place into 50256 columns and a thin rest, no copies.
+      run(ctx, head, "gpt2 lm_head, padded rows", 50264);
       // The head's two backward products apart, staged (default) and as they are, and with
       // the vocabulary padded: dx = dlogits·W (k = V) and dW = dlogitsᵀ·x (m = V).
       for (const std::int64_t V : {std::int64_t{50257}, std::int64_t{50304}}) {

@@ -34,6 +34,15 @@ using models::TensorId;
 namespace {
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 
+// `rows` rows of `width` elements between a layout with rows `pitch` apart (models::Tensor::
+// row_pitch, the fused loss's logits) and a packed one: the CPU kernels take packed rows.
+void pack_rows(float* dst, const float* src, std::int64_t rows, std::int64_t width, std::int64_t pitch) {
+  for (std::int64_t r = 0; r < rows; ++r) std::copy_n(src + r * pitch, width, dst + r * width);
+}
+void unpack_rows(float* dst, const float* src, std::int64_t rows, std::int64_t width, std::int64_t pitch) {
+  for (std::int64_t r = 0; r < rows; ++r) std::copy_n(src + r * width, width, dst + r * pitch);
+}
+
 }  // namespace
 
 namespace {
@@ -85,8 +94,11 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
         cpu::select_token_forward(sel, x, xs[0], xs[1], K, 0);
         x = sel;
       }
-      if (conv) cpu::conv1d_forward(act(y), x, param(op.params[0]), b, n / Nn, Nn, K);
-      else cpu::linear_forward(act(y), x, param(op.params[0]), b, n / Nn, Nn, K);
+      const std::int64_t ld = models::row_stride(graph.tensors[U(y)]);  // the fused loss's logits: padded rows
+      float* out = ld == Nn ? act(y) : scratch(1, n);
+      if (conv) cpu::conv1d_forward(out, x, param(op.params[0]), b, n / Nn, Nn, K);
+      else cpu::linear_forward(out, x, param(op.params[0]), b, n / Nn, Nn, K);
+      if (ld != Nn) unpack_rows(act(y), out, n / Nn, Nn, ld);
       break;
     }
     case Fn::attn_scores:
@@ -219,7 +231,14 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
     case Fn::cross_entropy_fused: {  // outputs: the rows' logsumexp, the mean loss
       const std::int64_t V = shape(op.inputs[0]).back();
       const std::int64_t rows = numel(op.inputs[0]) / V;
-      act(op.outputs[1])[0] = cpu::cross_entropy_forward(act(op.outputs[0]), in(0), ids(op.inputs[1]), rows, V);
+      const std::int64_t ld = models::row_stride(graph.tensors[U(op.inputs[0])]);
+      const float* logits = in(0);
+      if (ld != V) {
+        float* packed = scratch(0, rows * V);
+        pack_rows(packed, logits, rows, V, ld);
+        logits = packed;
+      }
+      act(op.outputs[1])[0] = cpu::cross_entropy_forward(act(op.outputs[0]), logits, ids(op.inputs[1]), rows, V);
       break;
     }
     case Fn::sdpa:
@@ -307,6 +326,12 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
         if (dxin) dsel = scratch(1, B * K);
       }
       float* dtarget = op.fn == Fn::linear_first_token ? dsel : dxin;
+      // dy with the padded rows of y (the fused loss's logits) packed first.
+      if (const std::int64_t ld = models::row_stride(graph.tensors[U(y)]); ld != Nn) {
+        float* packed = scratch(2, n);
+        pack_rows(packed, dy, n / Nn, Nn, ld);
+        dy = packed;
+      }
       // The input's gradient, then the params' (they always add: GAS accumulates there).
       auto gemms = [&](float* d, float* gw, float* gb, bool accumulate) {
         if (conv) cpu::conv1d_backward(d, gw, gb, dy, xin, param(op.params[0]), n / Nn, Nn, K, accumulate);
@@ -501,7 +526,20 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       const std::int64_t V = shape(op.inputs[0]).back();
       const std::int64_t rows = numel(op.inputs[0]) / V;
       const bool a = acc(0);
-      if (float* d = dx(0)) cpu::cross_entropy_backward(d, x(0), act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], a);
+      float* d = dx(0);
+      if (!d) break;
+      const std::int64_t ld = models::row_stride(graph.tensors[U(op.inputs[0])]);
+      if (ld == V) {
+        cpu::cross_entropy_backward(d, x(0), act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], a);
+        break;
+      }
+      // Padded rows: the logits and the gradient packed, the gradient's rows put back.
+      float* logits = scratch(0, rows * V);
+      float* packed = scratch(1, rows * V);
+      pack_rows(logits, x(0), rows, V, ld);
+      if (a) pack_rows(packed, d, rows, V, ld);
+      cpu::cross_entropy_backward(packed, logits, act(op.outputs[0]), ids(op.inputs[1]), rows, V, dy[0], a);
+      unpack_rows(d, packed, rows, V, ld);
       break;
     }
     case Fn::rope_tables:

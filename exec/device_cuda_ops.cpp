@@ -309,8 +309,10 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
         cuda::select_token_forward(sel, x, xs[0], xs[1], K, 0, dt, stream);
         x = sel;
       }
+      const std::int64_t ld = models::row_stride(graph.tensors[U(y)]);  // the fused loss's logits: padded rows
+      if (conv && ld != Nn) fail(op, "a Conv1D output with padded rows");
       if (conv) cuda::conv1d_forward(ctx, yp, x, ptr(w), ptr(b), n / Nn, Nn, K, dt, stream);
-      else cuda::linear_forward(ctx, yp, x, ptr(w), ptr(b), n / Nn, Nn, K, dt, stream);
+      else cuda::linear_forward(ctx, yp, x, ptr(w), ptr(b), n / Nn, Nn, K, dt, stream, ld);
       break;
     }
     case Fn::attn_scores:
@@ -484,7 +486,8 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const Ref loss = act(op.outputs[1]);
       if (yr.dt != DType::fp32 || loss.dt != DType::fp32) fail(op, "its logsumexp and loss must be fp32");
       cuda::cross_entropy_forward(ctx, static_cast<float*>(ptr(loss)), static_cast<float*>(yp), ptr(logits),
-                                  ids_of(op, in(1)), rows, V, cuda::kIgnoreIndex, dtype({logits}), stream);
+                                  ids_of(op, in(1)), rows, V, cuda::kIgnoreIndex, dtype({logits}), stream,
+                                  models::row_stride(graph.tensors[U(op.inputs[0])]));
       break;
     }
     case Fn::sdpa:
@@ -556,9 +559,11 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const Ref gx = dx(0);
       const DType dt = dtype({dy, x(0), w, gw, gb, gx});
       const std::int64_t M = n / Nn;
+      const std::int64_t ld = models::row_stride(graph.tensors[U(y)]);  // dy's rows: y's pitch
+      if (conv && ld != Nn) fail(op, "a Conv1D output with padded rows");
       auto gemms = [&](void* dxp, void* dwp, void* dbp, const void* xp, bool accumulate) {
         if (conv) cuda::conv1d_backward(ctx, dxp, dwp, dbp, dyp, xp, ptr(w), M, Nn, K, accumulate, dt, stream);
-        else cuda::linear_backward(ctx, dxp, dwp, dbp, dyp, xp, ptr(w), M, Nn, K, accumulate, dt, stream);
+        else cuda::linear_backward(ctx, dxp, dwp, dbp, dyp, xp, ptr(w), M, Nn, K, accumulate, dt, stream, ld);
       };
       if (op.fn != Fn::linear_first_token) {
         // The input's gradient (written whole where it is fresh), then the params' (added:
@@ -833,7 +838,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       const std::int64_t rows = numel(op.inputs[0]) / V;
       cuda::cross_entropy_backward(ctx, ptr(gx), ptr(logits), static_cast<const float*>(ptr(act(op.outputs[0]))),
                                    ids_of(op, x(1)), rows, V, o.loss_grad(), a, cuda::kIgnoreIndex,
-                                   dtype({logits, gx}), stream);
+                                   dtype({logits, gx}), stream, models::row_stride(graph.tensors[U(op.inputs[0])]));
       break;
     }
     case Fn::cross_entropy: {

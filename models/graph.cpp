@@ -80,7 +80,8 @@ const std::vector<KernelVariantInfo>& kernel_variants() {
        &KernelVariants::fused_gelu},
       {"fused_loss", "--fused-loss",
        "a causal LM's loss as one fused cross entropy on the logits in their dtype, saving them and a logsumexp "
-       "per row (zeroplan's kernel variant; HF upcasts the logits to fp32 and saves fp32 log-probabilities)",
+       "per row, the logits' rows padded to whole 16 bytes (zeroplan's kernel variant; HF upcasts the logits to "
+       "fp32 and saves fp32 log-probabilities)",
        &KernelVariants::fused_loss},
   };
   return all;
@@ -669,8 +670,17 @@ class Builder {
 
   // KernelVariants::fused_loss: one op reads the logits in their dtype, computes in fp32 and
   // saves them with each row's logsumexp; its backward writes the logits' gradient directly.
+  // The logits' rows get a padded pitch (Tensor::row_pitch) where they are not whole 16-byte
+  // groups (GPT-2's 50257): the head's products and this op then run aligned kernels.
   TensorId cross_entropy_fused(const std::string& name, TensorId logits, TensorId labels, std::int64_t classes) {
     const std::int64_t rows = numel_of(T(logits).shape) / classes;
+    if (Tensor& t = g_.tensors.at(static_cast<std::size_t>(logits)); t.shape.back() == classes) {
+      const std::int64_t elem = dtype_size(t.dtype), pitch = (classes * elem + 15) / 16 * 16 / elem;
+      if (pitch != classes) {
+        t.row_pitch = pitch;
+        t.bytes = Bytes{checked_bytes({rows, pitch}, elem, "tensor " + t.name)};
+      }
+    }
     const TensorId lse = tensor(name + ".logsumexp", {rows}, DType::fp32);
     const TensorId loss = tensor(name, {}, DType::fp32);
     Op& op = loss_op(name, Fn::cross_entropy_fused, logits, labels, lse, loss, {logits, lse, labels});

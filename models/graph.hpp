@@ -111,10 +111,22 @@ struct Tensor {
   std::string name;                  // e.g. "layer3.attn.probs"
   std::vector<std::int64_t> shape;   // shape comment in code, e.g. (B, a, T, T)
   DType dtype = DType::fp16;
-  Bytes bytes{};                     // numel * dtype_size (bool masks: 1 byte each)
+  Bytes bytes{};                     // numel * dtype_size (bool masks: 1 byte each), or rows * row_pitch * dtype_size
+  // Elements from one row (of the last dimension) to the next in memory when they are padded:
+  // 0 for packed rows. The fused loss's logits (KernelVariants::fused_loss) get a pitch of
+  // whole 16 bytes where the vocabulary is not (GPT-2's 50257 in bf16: 50264), so that the
+  // head's products and the loss run aligned kernels; the padding is never read or written,
+  // and the tensor's bytes (and its gradient's) count it. Kernels that read or write such a
+  // tensor take the stride (row_stride).
+  std::int64_t row_pitch = 0;
   OpId producer = kNone;             // kNone for model inputs (ids, labels)
   std::int32_t layer = kNone;
 };
+
+// Elements between the starts of t's rows (of its last dimension).
+inline std::int64_t row_stride(const Tensor& t) {
+  return t.row_pitch != 0 ? t.row_pitch : (t.shape.empty() ? 1 : t.shape.back());
+}
 
 // GEMM geometry for compute cost models: C(m,n) = A(m,k) B(k,n), `batch` times.
 struct Gemm {
@@ -165,7 +177,8 @@ struct KernelVariants {
   bool fused_gelu = false;
   // A causal LM's loss as one fused cross entropy on the logits in their own dtype (fp32 inside,
   // saving the logits and one fp32 logsumexp per row), instead of HF's fp32 upcast of the logits
-  // and log_softmax + nll_loss, which save fp32 log-probabilities of the logits' size.
+  // and log_softmax + nll_loss, which save fp32 log-probabilities of the logits' size. The
+  // logits' rows are padded to whole 16 bytes (Tensor::row_pitch) where the vocabulary is not.
   bool fused_loss = false;
   bool operator==(const KernelVariants&) const = default;
 };

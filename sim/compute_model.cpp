@@ -489,9 +489,13 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   // GEMMs on the fp32 cores (no TF32) have no such preference (GPT-2's vocabulary of 50257 in fp32
   // on the H200: 31 ms of forward GPU time, tests/data/deepspeed/, which a 0.33 penalty on its
   // head would put near 50).
+  // An output with padded rows (the fused loss's logits, Tensor::row_pitch) is cut into its
+  // aligned part and a thin rest (kernels/common/gemm_pieces.hpp): priced as aligned.
   const bool fp32_cores = g_.opt.act_dtype == DType::fp32 && !p_.fp32_gemm_tf32;
+  const bool padded_rows = !o->outputs.empty() && g_.tensors[static_cast<std::size_t>(o->outputs[0])].row_pitch != 0;
   const std::int64_t align =
-      fp32_cores ? 1 : std::max<std::int64_t>(1, 16 / std::max<std::int64_t>(1, dtype_size(g_.opt.act_dtype)));
+      fp32_cores || padded_rows ? 1
+                                : std::max<std::int64_t>(1, 16 / std::max<std::int64_t>(1, dtype_size(g_.opt.act_dtype)));
   // Fused attention: every dimension but the head dimension (the scores product's k) is along
   // the sequence (or the batch), on the attention curve.
   const bool attention = o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention;

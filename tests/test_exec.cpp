@@ -911,6 +911,34 @@ TEST_CASE("--fused-loss: one cross entropy on the 16-bit logits trains to HF's u
   CHECK(fused.tensors[static_cast<std::size_t>(fused.loss)].dtype == zp::DType::fp32);
 }
 
+TEST_CASE("--fused-loss with a vocabulary of odd size: the logits' rows padded, the same losses, exact bytes") {
+  // GPT-2's 50257 in small: 257 logits a row, stored 264 apart in bf16 (260 in fp32) so that
+  // the head's products and the loss run aligned kernels on a GPU. The padding is counted in
+  // the logits' bytes and their gradient's, never read: the losses are HF's path's.
+  std::ifstream in(std::string(ZEROPLAN_SHARED_DIR) + "/models/catalog/tiny-gpt2.json");
+  json m = json::parse(in);
+  m["vocab_size"] = 257;
+  const std::string model = write("tiny-gpt2-v257.json", m.dump());
+  check_variant_trains({model}, &Case::fused_loss, "fused_loss");
+  zp::models::GraphOptions go;
+  go.micro_batch = 2;
+  go.seq_len = 16;
+  const auto mc = zp::models::load_model(model);
+  for (const auto& [dt, pitch] : {std::pair{zp::DType::bf16, 264}, std::pair{zp::DType::fp32, 260}}) {
+    go.act_dtype = dt;
+    go.variants.fused_loss = true;
+    const auto g = zp::models::build_graph(mc, go);
+    const auto& logits = g.tensors[static_cast<std::size_t>(g.ops.back().inputs[0])];
+    CHECK(logits.shape.back() == 257);
+    CHECK(logits.row_pitch == pitch);
+    CHECK(zp::models::row_stride(logits) == pitch);
+    CHECK(logits.bytes.v == 2 * 16 * pitch * zp::dtype_size(dt));
+    go.variants.fused_loss = false;  // HF's path keeps them packed
+    const auto hf = zp::models::build_graph(mc, go);
+    for (const auto& t : hf.tensors) CHECK(t.row_pitch == 0);
+  }
+}
+
 TEST_CASE("a bf16 torch_dtype without fp16/bf16 in the ds_config: the model trains in bf16, exact bytes") {
   // DeepSpeed casts nothing then; transformers built the model in bf16. Stage 0 runs AdamW on
   // the bf16 params themselves, stage 2 keeps fp32 master partitions.

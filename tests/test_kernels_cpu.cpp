@@ -1510,12 +1510,127 @@ TEST_CASE("gemm pieces: aligned products staged through scratch give the product
                   for (std::int64_t j = 0; j < n; ++j) {
                     float v = accum.at(static_cast<std::size_t>(f.acc_offset + i * f.acc_ld + j));
                     if (bias) v += brow[static_cast<std::size_t>(j)];
-                    float& out = staged.at(static_cast<std::size_t>(f.c_offset + i * n + j));
+                    float& out = staged.at(static_cast<std::size_t>(f.c_offset + i * f.c_ld + j));
                     out = acc ? v + out : v;
                   }
               }
             }
             CHECK(products == plan.products);
             CHECK(staged == whole);
+          }
+}
+
+TEST_CASE("gemm pieces: operands with padded, aligned rows are cut in place, bit for bit, the padding untouched") {
+  using zp::kernels::GemmBuffer;
+  using zp::kernels::GemmStep;
+  using zp::kernels::aligned_rows;
+  using zp::kernels::padded_rows;
+  struct Case {
+    std::int64_t m, n, k;
+    bool ta, tb;
+    const char* cut;  // the dimensions the plan cuts ("" none: empty plan)
+  };
+  // GPT-2's head in small: the forward (n odd), dx (k odd), dW (m odd, A stored (k,m)), and mixes.
+  const Case cases[] = {
+      {300, 77, 96, false, true, "n"},  {300, 96, 77, false, false, "k"}, {77, 96, 300, true, false, "m"},
+      {77, 45, 300, true, false, "mn"}, {64, 40, 77, false, true, "k"},   {77, 45, 61, true, true, "mnk"},
+      {5, 77, 96, false, true, "n"},    {300, 96, 3, false, false, "k"},  {64, 64, 64, false, false, ""},
+      {77, 96, 304, false, false, ""},  // m odd with A stored (m,k): no kernel loads along m
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (std::int64_t elem : {std::int64_t{2}, std::int64_t{4}})
+    for (std::size_t scratch_bytes : {std::size_t{20} << 10, std::size_t{1} << 20})
+      for (const Case& cs : cases)
+        for (bool acc : {false, true})
+          for (bool bias : {false, true}) {
+            if (acc && bias) continue;
+            CAPTURE(elem);
+            CAPTURE(scratch_bytes);
+            CAPTURE(cs.m);
+            CAPTURE(cs.n);
+            CAPTURE(cs.k);
+            CAPTURE(acc);
+            CAPTURE(bias);
+            const std::int64_t m = cs.m, n = cs.n, k = cs.k, unit = 16 / elem;
+            // Every operand stored with rows padded to whole 16 bytes.
+            const std::int64_t lda = padded_rows(cs.ta ? m : k, elem), ldb = padded_rows(cs.tb ? k : n, elem),
+                               ldc = padded_rows(n, elem);
+            const auto plan = zp::kernels::plan_gemm(m, n, k, cs.ta, cs.tb, acc, bias, elem, lda, ldb, ldc, scratch_bytes);
+            const std::string cut = cs.cut;
+            if (cut.empty()) {
+              CHECK(plan.empty());
+              continue;
+            }
+            REQUIRE(!plan.empty());
+            const bool through_acc = cut.find('k') != std::string::npos || bias;
+            CHECK(through_acc == (plan.acc_bytes > 0));
+            CHECK(plan.scratch_elems == 0);  // no copies
+            CHECK(plan.acc_bytes <= static_cast<std::int64_t>(scratch_bytes));
+            const std::int64_t a_rows = cs.ta ? k : m, b_rows = cs.tb ? n : k;
+            std::vector<float> a(static_cast<std::size_t>(a_rows * lda), nan), b(static_cast<std::size_t>(b_rows * ldb), nan),
+                c0(static_cast<std::size_t>(m * ldc)), brow(static_cast<std::size_t>(n));
+            const std::int64_t a_cols = cs.ta ? m : k, b_cols = cs.tb ? k : n;
+            for (std::int64_t i = 0; i < a_rows; ++i)
+              for (std::int64_t j = 0; j < a_cols; ++j)
+                a[static_cast<std::size_t>(i * lda + j)] = static_cast<float>(((i * a_cols + j) * 7919) % 23) - 11.0f;
+            for (std::int64_t i = 0; i < b_rows; ++i)
+              for (std::int64_t j = 0; j < b_cols; ++j)
+                b[static_cast<std::size_t>(i * ldb + j)] = static_cast<float>(((i * b_cols + j) * 104729) % 19) * 0.25f - 2.0f;
+            for (std::size_t i = 0; i < c0.size(); ++i) c0[i] = static_cast<float>(i % 13) - 6.0f;
+            for (std::size_t i = 0; i < brow.size(); ++i) brow[i] = static_cast<float>(i % 7) - 3.0f;
+            std::vector<float> whole = c0;
+            strided_gemm(whole, 0, ldc, a, 0, lda, b, 0, ldb, m, n, k, cs.ta, cs.tb, acc);
+            if (bias)
+              for (std::int64_t i = 0; i < m; ++i)
+                for (std::int64_t j = 0; j < n; ++j) whole[static_cast<std::size_t>(i * ldc + j)] += brow[static_cast<std::size_t>(j)];
+            // The padding of A and B is NaN (a read of it shows), C's padding keeps c0's values.
+            std::vector<float> got = c0;
+            if (!acc)
+              for (std::int64_t i = 0; i < m; ++i)
+                for (std::int64_t j = 0; j < n; ++j) got[static_cast<std::size_t>(i * ldc + j)] = nan;
+            std::vector<float> accum(static_cast<std::size_t>(plan.acc_bytes / 4), nan);
+            std::vector<std::vector<int>> written(static_cast<std::size_t>(m), std::vector<int>(static_cast<std::size_t>(n), 0));
+            std::int64_t products = 0;
+            for (const GemmStep& step : plan.steps) {
+              REQUIRE(step.kind != GemmStep::Kind::copy);
+              if (step.kind == GemmStep::Kind::product) {
+                const auto& p = step.product;
+                ++products;
+                const bool into_acc = p.c_buffer == GemmBuffer::acc;
+                CHECK(into_acc == through_acc);
+                CHECK(p.a_buffer == GemmBuffer::a);
+                CHECK(p.lda == lda);
+                CHECK(aligned_rows(p.ldc, into_acc ? 4 : elem));
+                CHECK((p.a_offset * elem) % 16 == 0);
+                CHECK((p.b_offset * elem) % 16 == 0);
+                CHECK((p.c_offset * (into_acc ? 4 : elem)) % 16 == 0);
+                // every dimension a kernel loads along whole 16-byte groups, or a thin rest
+                CHECK((p.n % unit == 0 || p.n < unit));
+                if (cs.ta) CHECK((p.m % unit == 0 || p.m < unit));
+                if (!cs.ta || cs.tb) CHECK((p.k % unit == 0 || p.k < unit));
+                if (!into_acc) {
+                  const std::int64_t r0 = p.c_offset / ldc, c0j = p.c_offset % ldc;
+                  for (std::int64_t i = 0; i < p.m; ++i)
+                    for (std::int64_t j = 0; j < p.n; ++j) ++written[static_cast<std::size_t>(r0 + i)][static_cast<std::size_t>(c0j + j)];
+                }
+                strided_gemm(into_acc ? accum : got, p.c_offset, p.ldc, a, p.a_offset, p.lda, b, p.b_offset, ldb, p.m,
+                             p.n, p.k, cs.ta, cs.tb, p.accumulate);
+              } else {
+                const auto& f = step.finish;
+                CHECK(f.c_ld == ldc);
+                for (std::int64_t i = 0; i < f.rows; ++i)
+                  for (std::int64_t j = 0; j < n; ++j) {
+                    float v = accum.at(static_cast<std::size_t>(f.acc_offset + i * f.acc_ld + j));
+                    if (bias) v += brow[static_cast<std::size_t>(j)];
+                    float& out = got.at(static_cast<std::size_t>(f.c_offset + i * f.c_ld + j));
+                    out = acc ? v + out : v;
+                    ++written[static_cast<std::size_t>(f.c_offset / ldc + i)][static_cast<std::size_t>(j)];
+                  }
+              }
+            }
+            CHECK(products == plan.products);
+            for (const auto& row : written)
+              for (int w : row) CHECK(w == 1);  // each element of C written once
+            CHECK(got == whole);  // and the padding as it was
           }
 }

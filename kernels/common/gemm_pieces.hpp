@@ -26,6 +26,13 @@
 //                                 rows; the products run whole over k.
 // B is never staged: a product whose B has misaligned rows, or whose A and C both do, is
 // not planned (it runs as it is); nor is a bias with A stored (k,m) (no model has one).
+//
+// A product whose strides are all aligned (an operand stored with a padded row pitch: the
+// logits of models::Tensor::row_pitch) is only cut, with no copies: the odd dimension that
+// a tensor-core kernel loads along (n of C and of B stored (k,n); k of A stored (m,k) and of
+// B stored (n,k); m of A stored (k,m)) into its aligned part and the thin rest, each a
+// product on the operands in place. Parts of k are summed in an fp32 accumulator and
+// rounded into C once, and so is a product with a bias (added as the sums are rounded).
 // Accumulating (beta 1) into 16-bit C rounds the product first on the fast kernels, as
 // PyTorch's gradient accumulation does (tests/gpu/harness.hpp's bound allows it).
 #include <algorithm>
@@ -57,9 +64,10 @@ struct GemmProduct {
 };
 
 // Rows [0, rows) of the accumulator (n fp32 columns, rows acc_ld apart, from acc_offset)
-// rounded once into C's rows from c_offset: C = acc (+ bias) (+ C's old value when accumulating).
+// rounded once into C's rows from c_offset (c_ld apart): C = acc (+ bias) (+ C's old value
+// when accumulating).
 struct GemmFinish {
-  std::int64_t acc_offset = 0, acc_ld = 0, c_offset = 0, rows = 0;
+  std::int64_t acc_offset = 0, acc_ld = 0, c_offset = 0, rows = 0, c_ld = 0;
 };
 
 struct GemmStep {
@@ -147,7 +155,7 @@ inline GemmPlan c_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool tran
                          .c_offset = c0, .ldc = ldc, .accumulate = accumulate});
     }
     if (bias)
-      plan.steps.push_back(finish_step({0, ldc, r0 * n, pm}));
+      plan.steps.push_back(finish_step({0, ldc, r0 * n, pm, n}));
     else
       plan.steps.push_back(copy_step({GemmBuffer::scratch, GemmBuffer::c, 0, ldc, r0 * n, n, n, pm}));
   }
@@ -190,7 +198,7 @@ inline GemmPlan k_parts(std::int64_t m, std::int64_t n, std::int64_t k, std::int
       first = false;
       k0 += width;
     }
-    plan.steps.push_back(finish_step({0, n, r0 * n, pm}));
+    plan.steps.push_back(finish_step({0, n, r0 * n, pm, n}));
   }
   return plan;
 }
@@ -210,6 +218,54 @@ inline GemmPlan a_columns(std::int64_t m, std::int64_t n, std::int64_t k, bool a
                        .accumulate = accumulate});
     plan.scratch_elems = std::max(plan.scratch_elems, k * ld);
   }
+  return plan;
+}
+
+// Every stride aligned (A's lda, B's ldb, C's ldc), some dimension odd: the aligned part and
+// the thin rest of each odd dimension a kernel loads along, as products in place; through the
+// fp32 accumulator (blocks of C's rows that never straddle m's cut) when k is cut or with a bias.
+inline GemmPlan split(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b, bool accumulate,
+                      bool bias, std::int64_t elem, std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
+                      std::int64_t room) {
+  GemmPlan plan;
+  const std::int64_t unit = 16 / elem;
+  const bool cut_m = trans_a && m % unit != 0, cut_n = n % unit != 0, cut_k = (!trans_a || trans_b) && k % unit != 0;
+  if (!cut_m && !cut_n && !cut_k) return plan;
+  struct Part {
+    std::int64_t first, width;
+  };
+  auto parts = [&](std::int64_t total, bool cut) {
+    const std::int64_t aligned = total / unit * unit;
+    if (!cut || aligned == 0) return std::vector<Part>{{0, total}};
+    return std::vector<Part>{{0, aligned}, {aligned, total - aligned}};
+  };
+  const std::vector<Part> ms = parts(m, cut_m), ns = parts(n, cut_n), ks = parts(k, cut_k);
+  auto product = [&](std::int64_t i0, std::int64_t iw, const Part& j, const Part& p, GemmBuffer c_buffer,
+                     std::int64_t c_offset, std::int64_t c_ld, bool acc) {
+    add_product(plan, {.m = iw, .n = j.width, .k = p.width, .a_buffer = GemmBuffer::a, .c_buffer = c_buffer,
+                       .a_offset = trans_a ? p.first * lda + i0 : i0 * lda + p.first, .lda = lda,
+                       .b_offset = trans_b ? j.first * ldb + p.first : p.first * ldb + j.first,
+                       .c_offset = c_offset, .ldc = c_ld, .accumulate = acc});
+  };
+  if (!cut_k && !bias) {  // each element of C from one product, written (or added) in place
+    for (const Part& i : ms)
+      for (const Part& j : ns) product(i.first, i.width, j, ks.front(), GemmBuffer::c, i.first * ldc + j.first, ldc, accumulate);
+    return plan;
+  }
+  const std::int64_t acc_ld = (n + 3) / 4 * 4;
+  const std::int64_t fits = room / (acc_ld * 4);
+  std::int64_t rows = fits >= m ? m : gemm_piece_size(fits);
+  if (rows < kMinGemmPiece && rows < m) return plan;
+  rows = even_piece(m, rows, rows >= 128 ? 128 : kMinGemmPiece);
+  plan.acc_bytes = (rows * acc_ld * 4 + kAccumulatorAlign - 1) / kAccumulatorAlign * kAccumulatorAlign;
+  if (plan.acc_bytes > room) return GemmPlan{};
+  for (const Part& i : ms)
+    for (std::int64_t r0 = i.first; r0 < i.first + i.width; r0 += rows) {
+      const std::int64_t pm = std::min(rows, i.first + i.width - r0);
+      for (const Part& j : ns)
+        for (std::size_t q = 0; q < ks.size(); ++q) product(r0, pm, j, ks[q], GemmBuffer::acc, j.first, acc_ld, q > 0);
+      plan.steps.push_back(finish_step({0, acc_ld, r0 * ldc, pm, ldc}));
+    }
   return plan;
 }
 
@@ -234,6 +290,24 @@ inline GemmPlan plan_gemm_pieces(std::int64_t m, std::int64_t n, std::int64_t k,
   if (!trans_a) return gemm_plan_detail::k_parts(m, n, k, elem, room);
   if (bias) return {};
   return gemm_plan_detail::a_columns(m, n, k, accumulate, elem, room);
+}
+
+// The plan for the same product with explicit row strides (0: packed): when every stride
+// keeps its rows 16-byte aligned, the cut of the odd dimensions (gemm_plan_detail::split;
+// empty when none is odd or the scratch holds too little); otherwise, for packed operands,
+// plan_gemm_pieces; empty for any other.
+inline GemmPlan plan_gemm(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b,
+                          bool accumulate, bool bias, std::int64_t elem, std::int64_t lda, std::int64_t ldb,
+                          std::int64_t ldc, std::size_t scratch_bytes) {
+  if (m <= 0 || n <= 0 || k <= 0 || (elem != 2 && elem != 4) || (bias && accumulate)) return {};
+  const std::int64_t ld_a = lda != 0 ? lda : (trans_a ? m : k), ld_b = ldb != 0 ? ldb : (trans_b ? k : n),
+                     ld_c = ldc != 0 ? ldc : n;
+  if (aligned_rows(ld_a, elem) && aligned_rows(ld_b, elem) && aligned_rows(ld_c, elem)) {
+    const auto room = static_cast<std::int64_t>(scratch_bytes) / kAccumulatorAlign * kAccumulatorAlign;
+    return gemm_plan_detail::split(m, n, k, trans_a, trans_b, accumulate, bias, elem, ld_a, ld_b, ld_c, room);
+  }
+  if (lda != 0 || ldb != 0 || ldc != 0) return {};
+  return plan_gemm_pieces(m, n, k, trans_a, trans_b, accumulate, bias, elem, scratch_bytes);
 }
 
 }  // namespace zp::kernels

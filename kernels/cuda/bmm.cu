@@ -48,18 +48,21 @@ void set_attr(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t
 
 // y[i, j] += bias[j] (an empty product: C = bias).
 template <class T>
-__global__ void add_bias_kernel(T* __restrict__ c, const T* __restrict__ bias, std::int64_t rows, std::int64_t n) {
+__global__ void add_bias_kernel(T* __restrict__ c, const T* __restrict__ bias, std::int64_t rows, std::int64_t n,
+                                std::int64_t ldc) {
   const std::int64_t total = rows * n;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    c[i] = detail::from_float<T>(detail::to_float(c[i]) + detail::to_float(bias[i % n]));
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    T& e = c[i / n * ldc + i % n];
+    e = detail::from_float<T>(detail::to_float(e) + detail::to_float(bias[i % n]));
+  }
 }
 
 void add_bias(const Matmul& mm, cudaStream_t stream) {
   detail::dispatch(mm.dt, "linear bias", [&](auto tag) {
     using T = decltype(tag);
     add_bias_kernel<T><<<detail::grid_for(mm.m * mm.n, 256), 256, 0, stream>>>(
-        static_cast<T*>(mm.c), static_cast<const T*>(mm.bias), mm.m, mm.n);
+        static_cast<T*>(mm.c), static_cast<const T*>(mm.bias), mm.m, mm.n, mm.ldc != 0 ? mm.ldc : mm.n);
     ZP_CUDA_CHECK_LAUNCH("add_bias_kernel");
   });
 }
@@ -265,13 +268,14 @@ void copy_rows(char* dst, std::int64_t dst_ld, const char* src, std::int64_t src
 }
 
 // Rows of the fp32 accumulator (acc_ld apart) rounded once into C's rows (n columns,
-// packed, at any alignment), a block per row (store_row): C = acc (+ bias[j]) (+ C's old value
+// c_ld apart, at any alignment), a block per row (store_row): C = acc (+ bias[j]) (+ C's old value
 // when accumulating; each thread reads the old values of the elements it then stores).
 template <class T>
-__global__ void finish_rows_kernel(T* __restrict__ c, const float* __restrict__ acc, std::int64_t acc_ld,
-                                   const T* __restrict__ bias, std::int64_t rows, std::int64_t n, bool accumulate) {
+__global__ void finish_rows_kernel(T* __restrict__ c, std::int64_t c_ld, const float* __restrict__ acc,
+                                   std::int64_t acc_ld, const T* __restrict__ bias, std::int64_t rows, std::int64_t n,
+                                   bool accumulate) {
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    T* d = c + r * n;
+    T* d = c + r * c_ld;
     const float* s = acc + r * acc_ld;
     store_row(d, n, [&](std::int64_t j) {
       float v = s[j];
@@ -282,20 +286,22 @@ __global__ void finish_rows_kernel(T* __restrict__ c, const float* __restrict__ 
   }
 }
 
-// A large product whose rows of A or C are not 16-byte aligned, run as the plan of
-// kernels/common/gemm_pieces.hpp through the Context's scratch (after the `scratch_used`
-// bytes the bias took). Only batch-1 products of packed operands, of at least
-// ContextOptions::staged_min_work m·n·k. Returns whether it ran the product.
+// A large product whose rows of A or C are not 16-byte aligned, or whose rows are all
+// aligned but a dimension is odd, run as the plan of kernels/common/gemm_pieces.hpp
+// (plan_gemm) through the Context's scratch (after the `scratch_used` bytes the bias took).
+// Only batch-1 products of at least ContextOptions::staged_min_work m·n·k. Returns whether
+// it ran the product.
 bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratch_used, cudaStream_t stream) {
   Context::Impl& s = ctx.impl();
-  if (mm.batch != 1 || mm.lda != 0 || mm.ldb != 0 || mm.ldc != 0 || mm.c_fp32) return false;
+  if (mm.batch != 1 || mm.c_fp32) return false;
   if (static_cast<double>(mm.m) * static_cast<double>(mm.n) * static_cast<double>(mm.k) < s.staged_min_work)
     return false;
   const std::size_t total = ctx.scratch_bytes();
   if (total <= scratch_used) return false;
   const std::int64_t elem = dtype_size(mm.dt);
-  const GemmPlan plan = plan_gemm_pieces(mm.m, mm.n, mm.k, mm.trans_a, mm.trans_b, mm.accumulate, bias != nullptr,
-                                         elem, total - scratch_used);
+  const std::int64_t ldb = mm.ldb != 0 ? mm.ldb : (mm.trans_b ? mm.k : mm.n);
+  const GemmPlan plan = plan_gemm(mm.m, mm.n, mm.k, mm.trans_a, mm.trans_b, mm.accumulate, bias != nullptr, elem,
+                                  mm.lda, mm.ldb, mm.ldc, total - scratch_used);
   if (plan.empty()) return false;
   char* area = static_cast<char*>(ctx.scratch(total, "staged matmul")) + scratch_used;
   auto buffer = [&](GemmBuffer g) -> char* {
@@ -330,7 +336,7 @@ bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratc
         p.a = at(g.a_buffer, g.a_offset);
         p.lda = g.lda;
         p.b = at(GemmBuffer::b, g.b_offset);
-        p.ldb = mm.trans_b ? mm.k : mm.n;
+        p.ldb = ldb;
         p.c = at(g.c_buffer, g.c_offset);
         p.ldc = g.ldc;
         p.accumulate = g.accumulate;
@@ -344,10 +350,10 @@ bool staged(Context& ctx, const Matmul& mm, const void* bias, std::size_t scratc
         detail::dispatch(mm.dt, "staged matmul", [&](auto tag) {
           using T = decltype(tag);
           const auto grid = static_cast<unsigned>(std::min<std::int64_t>(f.rows, std::int64_t{1} << 20));
-          finish_rows_kernel<T><<<grid, 256, 0, stream>>>(reinterpret_cast<T*>(at(GemmBuffer::c, f.c_offset)),
-                                                          reinterpret_cast<const float*>(at(GemmBuffer::acc, f.acc_offset)),
-                                                          f.acc_ld, static_cast<const T*>(bias), f.rows, mm.n,
-                                                          mm.accumulate);
+          finish_rows_kernel<T><<<grid, 256, 0, stream>>>(
+              reinterpret_cast<T*>(at(GemmBuffer::c, f.c_offset)), f.c_ld,
+              reinterpret_cast<const float*>(at(GemmBuffer::acc, f.acc_offset)), f.acc_ld,
+              static_cast<const T*>(bias), f.rows, mm.n, mm.accumulate);
           ZP_CUDA_CHECK_LAUNCH("finish_rows_kernel");
         });
         break;
@@ -370,9 +376,11 @@ void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
   const std::int64_t elem = dtype_size(mm.dt);
   if (mm.k == 0) {  // an empty sum: C = 0 (+ bias), or C unchanged when accumulating
     if (!mm.accumulate) {
+      const std::int64_t ldc = mm.ldc != 0 ? mm.ldc : mm.n;
       for (std::int64_t i = 0; i < mm.batch; ++i)
-        ZP_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(mm.c) + i * mm.stride_c * elem, 0,
-                                      static_cast<std::size_t>(mm.m * mm.n * elem), stream));
+        ZP_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(mm.c) + i * mm.stride_c * elem,
+                                        static_cast<std::size_t>(ldc * elem), 0, static_cast<std::size_t>(mm.n * elem),
+                                        static_cast<std::size_t>(mm.m), stream));
       if (mm.bias != nullptr) add_bias(mm, stream);
     }
     return;

@@ -10,12 +10,12 @@ namespace {
 template <class T>
 struct RowValue {
   const T* dy;
-  std::int64_t N;
-  __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[1]) const { v[0] = detail::to_float(dy[r * N + c]); }
+  std::int64_t ld;
+  __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[1]) const { v[0] = detail::to_float(dy[r * ld + c]); }
 };
 
 void forward(Context& ctx, void* y, const void* x, const void* w, const void* b, std::int64_t M, std::int64_t N,
-             std::int64_t K, bool trans_w, DType dt, cudaStream_t stream) {
+             std::int64_t K, bool trans_w, DType dt, cudaStream_t stream, std::int64_t ld_y = 0) {
   Matmul mm;
   mm.c = y;
   mm.a = x;
@@ -24,32 +24,60 @@ void forward(Context& ctx, void* y, const void* x, const void* w, const void* b,
   mm.m = M;
   mm.n = N;
   mm.k = K;
+  mm.ldc = ld_y == N ? 0 : ld_y;
   mm.trans_b = trans_w;
   mm.dt = dt;
   matmul(ctx, mm, stream);
+}
+
+void bias_backward_ld(Context& ctx, void* db, const void* dy, std::int64_t M, std::int64_t N, std::int64_t ld,
+                      bool accumulate, DType dt, cudaStream_t stream) {
+  detail::dispatch(dt, "bias_backward", [&](auto tag) {
+    using T = decltype(tag);
+    detail::column_reduce<T, 1>(ctx, detail::ColumnOutputs<T, 1>{{static_cast<T*>(db)}}, M, N, accumulate,
+                                RowValue<T>{static_cast<const T*>(dy), ld}, stream, "bias_backward");
+  });
 }
 
 }  // namespace
 
 void bias_backward(Context& ctx, void* db, const void* dy, std::int64_t M, std::int64_t N, bool accumulate, DType dt,
                    cudaStream_t stream) {
-  detail::dispatch(dt, "bias_backward", [&](auto tag) {
-    using T = decltype(tag);
-    detail::column_reduce<T, 1>(ctx, detail::ColumnOutputs<T, 1>{{static_cast<T*>(db)}}, M, N, accumulate,
-                                RowValue<T>{static_cast<const T*>(dy), N}, stream, "bias_backward");
-  });
+  bias_backward_ld(ctx, db, dy, M, N, N, accumulate, dt, stream);
 }
 
 void linear_forward(Context& ctx, void* y, const void* x, const void* w, const void* b, std::int64_t M,
-                    std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream) {
-  forward(ctx, y, x, w, b, M, N, K, true, dt, stream);
+                    std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream, std::int64_t ld_y) {
+  forward(ctx, y, x, w, b, M, N, K, true, dt, stream, ld_y);
 }
 
 void linear_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const void* w,
-                     std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream) {
-  if (dx != nullptr) gemm(ctx, dx, dy, w, M, K, N, false, false, accumulate, dt, stream);
-  if (dw != nullptr) gemm(ctx, dw, dy, x, N, K, M, true, false, accumulate, dt, stream);
-  if (db != nullptr) bias_backward(ctx, db, dy, M, N, accumulate, dt, stream);
+                     std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream,
+                     std::int64_t ld_dy) {
+  if (ld_dy == 0 || ld_dy == N) {
+    if (dx != nullptr) gemm(ctx, dx, dy, w, M, K, N, false, false, accumulate, dt, stream);
+    if (dw != nullptr) gemm(ctx, dw, dy, x, N, K, M, true, false, accumulate, dt, stream);
+    if (db != nullptr) bias_backward(ctx, db, dy, M, N, accumulate, dt, stream);
+    return;
+  }
+  // dy with a padded row pitch: the same products with dy's stride given (A of both).
+  auto product = [&](void* c, const void* b, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a) {
+    Matmul mm;
+    mm.c = c;
+    mm.a = dy;
+    mm.b = b;
+    mm.m = m;
+    mm.n = n;
+    mm.k = k;
+    mm.lda = ld_dy;
+    mm.trans_a = trans_a;
+    mm.accumulate = accumulate;
+    mm.dt = dt;
+    matmul(ctx, mm, stream);
+  };
+  if (dx != nullptr) product(dx, w, M, K, N, false);
+  if (dw != nullptr) product(dw, x, N, K, M, true);
+  if (db != nullptr) bias_backward_ld(ctx, db, dy, M, N, ld_dy, accumulate, dt, stream);
 }
 
 void conv1d_forward(Context& ctx, void* y, const void* x, const void* w, const void* b, std::int64_t M,

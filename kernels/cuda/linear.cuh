@@ -11,23 +11,26 @@
 
 namespace zp::kernels::cuda {
 
-// nn.Linear: y = x · W^T + b.
+// nn.Linear: y = x · W^T + b. y's rows are ld_y elements apart (0: N; a padded row pitch,
+// models::Tensor::row_pitch, whose extra elements are neither read nor written).
 void linear_forward(Context& ctx,
-                    void* y,        // (M, N)
+                    void* y,        // (M, N), rows ld_y apart
                     const void* x,  // (M, K)
                     const void* w,  // (N, K)
                     const void* b,  // (N), or nullptr (no bias)
-                    std::int64_t M, std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream);
+                    std::int64_t M, std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream,
+                    std::int64_t ld_y = 0);
 
-// dx = dy · W, dW = dy^T · x, db = column sums of dy.
+// dx = dy · W, dW = dy^T · x, db = column sums of dy; dy's rows ld_dy elements apart (0: N).
 void linear_backward(Context& ctx,
                      void* dx,        // (M, K), or nullptr
                      void* dw,        // (N, K), or nullptr
                      void* db,        // (N), or nullptr
-                     const void* dy,  // (M, N)
+                     const void* dy,  // (M, N), rows ld_dy apart
                      const void* x,   // (M, K)
                      const void* w,   // (N, K)
-                     std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream);
+                     std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream,
+                     std::int64_t ld_dy = 0);
 
 // transformers' Conv1D (GPT-2): y = x · W + b.
 void conv1d_forward(Context& ctx,

@@ -72,10 +72,10 @@ __device__ float row_logsumexp(const T* x, std::int64_t V, float* sm) {
 template <class T, bool Vec>
 __global__ void ce_forward_kernel(float* __restrict__ row_loss, float* __restrict__ lse, const T* __restrict__ logits,
                                   const std::int64_t* __restrict__ targets, std::int64_t N, std::int64_t V,
-                                  std::int64_t ignore_index) {
+                                  std::int64_t ld, std::int64_t ignore_index) {
   __shared__ float sm[33];
   for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    const T* x = logits + row * V;
+    const T* x = logits + row * ld;
     const float l = row_logsumexp<T, Vec>(x, V, sm);
     if (threadIdx.x == 0) {
       if (lse != nullptr) lse[row] = l;
@@ -136,15 +136,15 @@ __global__ void count_kernel(float* __restrict__ count, const std::int64_t* __re
 template <class T, bool Vec, bool FromLogp>
 __global__ void ce_backward_kernel(T* d, const T* x, const float* __restrict__ lse,
                                    const std::int64_t* __restrict__ targets, const float* __restrict__ count,
-                                   std::int64_t N, std::int64_t V, float dloss, bool accumulate,
+                                   std::int64_t N, std::int64_t V, std::int64_t ld, float dloss, bool accumulate,
                                    std::int64_t ignore_index) {
   __shared__ float sm[33];
   const float cnt = count[0];
   const float scale = cnt > 0.0f ? dloss / cnt : 0.0f;
   for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const std::int64_t t = targets[row];
-    T* dr = d + row * V;
-    const T* xr = x + row * V;
+    T* dr = d + row * ld;
+    const T* xr = x + row * ld;
     if (t == ignore_index) {
       if (!accumulate) {
         for_row<T, Vec>(xr, V, [&](std::int64_t j, auto width) {
@@ -176,11 +176,13 @@ __global__ void ce_backward_kernel(T* d, const T* x, const float* __restrict__ l
 }
 
 // Whole 16-byte groups in every row (for_row) when the operands' bases are congruent modulo
-// 16 bytes (in place, or both aligned): the rows then share their boundaries whatever V is.
+// 16 bytes (in place, or both aligned) and so are their rows: packed (ld == V), whatever V
+// is, the rows then share their boundaries; with a padded pitch each row starts aligned.
 template <class T>
-bool rows_vec(std::int64_t V, const void* a, const void* b) {
+bool rows_vec(std::int64_t V, std::int64_t ld, const void* a, const void* b) {
   const auto mod = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) & 15u; };
-  return V >= detail::kPack<T> && (b == nullptr || mod(a) == mod(b)) && mod(a) % sizeof(T) == 0;
+  return V >= detail::kPack<T> && (b == nullptr || mod(a) == mod(b)) && mod(a) % sizeof(T) == 0 &&
+         (ld == V || (ld * static_cast<std::int64_t>(sizeof(T))) % 16 == 0);
 }
 
 template <class T>
@@ -196,22 +198,22 @@ void count_targets(float* count, const std::int64_t* targets, std::int64_t N, st
 
 template <bool FromLogp>
 void backward(Context& ctx, void* dlogits, const void* x, const float* lse, const std::int64_t* targets,
-              std::int64_t N, std::int64_t V, float dloss, bool accumulate, std::int64_t ignore_index, DType dt,
-              cudaStream_t stream, const char* what) {
+              std::int64_t N, std::int64_t V, std::int64_t ld, float dloss, bool accumulate, std::int64_t ignore_index,
+              DType dt, cudaStream_t stream, const char* what) {
   require_float(dt, what);
   if (N <= 0 || V <= 0) return;
   auto* count = static_cast<float*>(ctx.scratch(sizeof(float), what));
   count_targets(count, targets, N, ignore_index, stream);
   detail::dispatch(dt, what, [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = rows_vec<T>(V, dlogits, x);
+    const bool vec = rows_vec<T>(V, ld, dlogits, x);
     if (vec)
       ce_backward_kernel<T, true, FromLogp><<<detail::grid_for(N, 1), row_block<T>(V, true), 0, stream>>>(
-          static_cast<T*>(dlogits), static_cast<const T*>(x), lse, targets, count, N, V, dloss, accumulate,
+          static_cast<T*>(dlogits), static_cast<const T*>(x), lse, targets, count, N, V, ld, dloss, accumulate,
           ignore_index);
     else
       ce_backward_kernel<T, false, FromLogp><<<detail::grid_for(N, 1), row_block<T>(V, false), 0, stream>>>(
-          static_cast<T*>(dlogits), static_cast<const T*>(x), lse, targets, count, N, V, dloss, accumulate,
+          static_cast<T*>(dlogits), static_cast<const T*>(x), lse, targets, count, N, V, ld, dloss, accumulate,
           ignore_index);
     ZP_CUDA_CHECK_LAUNCH("ce_backward_kernel");
   });
@@ -220,7 +222,9 @@ void backward(Context& ctx, void* dlogits, const void* x, const float* lse, cons
 }  // namespace
 
 void cross_entropy_forward(Context& ctx, float* loss, float* lse, const void* logits, const std::int64_t* targets,
-                           std::int64_t N, std::int64_t V, std::int64_t ignore_index, DType dt, cudaStream_t stream) {
+                           std::int64_t N, std::int64_t V, std::int64_t ignore_index, DType dt, cudaStream_t stream,
+                           std::int64_t ld) {
+  if (ld == 0) ld = V;
   require_float(dt, "cross_entropy_forward");
   if (N <= 0) {
     ZP_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
@@ -229,13 +233,13 @@ void cross_entropy_forward(Context& ctx, float* loss, float* lse, const void* lo
   auto* row_loss = static_cast<float*>(ctx.scratch(sizeof(float) * static_cast<std::size_t>(N), "cross_entropy_forward"));
   detail::dispatch(dt, "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = rows_vec<T>(V, logits, nullptr);
+    const bool vec = rows_vec<T>(V, ld, logits, nullptr);
     if (vec)
       ce_forward_kernel<T, true><<<detail::grid_for(N, 1), row_block<T>(V, true), 0, stream>>>(
-          row_loss, lse, static_cast<const T*>(logits), targets, N, V, ignore_index);
+          row_loss, lse, static_cast<const T*>(logits), targets, N, V, ld, ignore_index);
     else
       ce_forward_kernel<T, false><<<detail::grid_for(N, 1), row_block<T>(V, false), 0, stream>>>(
-          row_loss, lse, static_cast<const T*>(logits), targets, N, V, ignore_index);
+          row_loss, lse, static_cast<const T*>(logits), targets, N, V, ld, ignore_index);
     ZP_CUDA_CHECK_LAUNCH("ce_forward_kernel");
     mean_loss_kernel<T><<<1, kMeanBlock, 0, stream>>>(loss, row_loss, nullptr, targets, N, V, ignore_index);
     ZP_CUDA_CHECK_LAUNCH("mean_loss_kernel");
@@ -244,9 +248,9 @@ void cross_entropy_forward(Context& ctx, float* loss, float* lse, const void* lo
 
 void cross_entropy_backward(Context& ctx, void* dlogits, const void* logits, const float* lse,
                             const std::int64_t* targets, std::int64_t N, std::int64_t V, float dloss, bool accumulate,
-                            std::int64_t ignore_index, DType dt, cudaStream_t stream) {
-  backward<false>(ctx, dlogits, logits, lse, targets, N, V, dloss, accumulate, ignore_index, dt, stream,
-                  "cross_entropy_backward");
+                            std::int64_t ignore_index, DType dt, cudaStream_t stream, std::int64_t ld) {
+  backward<false>(ctx, dlogits, logits, lse, targets, N, V, ld == 0 ? V : ld, dloss, accumulate, ignore_index, dt,
+                  stream, "cross_entropy_backward");
 }
 
 void log_softmax_forward(void* logp, const void* logits, std::int64_t N, std::int64_t V, DType dt,
@@ -254,7 +258,7 @@ void log_softmax_forward(void* logp, const void* logits, std::int64_t N, std::in
   if (N <= 0 || V <= 0) return;
   detail::dispatch(dt, "log_softmax_forward", [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = rows_vec<T>(V, logp, logits);
+    const bool vec = rows_vec<T>(V, V, logp, logits);
     if (vec)
       log_softmax_kernel<T, true><<<detail::grid_for(N, 1), row_block<T>(V, true), 0, stream>>>(
           static_cast<T*>(logp), static_cast<const T*>(logits), N, V);
@@ -279,7 +283,7 @@ void nll_loss_forward(float* loss, const void* logp, const std::int64_t* targets
 void log_softmax_nll_backward(Context& ctx, void* dlogits, const void* logp, const std::int64_t* targets,
                               std::int64_t N, std::int64_t V, float dloss, bool accumulate, std::int64_t ignore_index,
                               DType dt, cudaStream_t stream) {
-  backward<true>(ctx, dlogits, logp, nullptr, targets, N, V, dloss, accumulate, ignore_index, dt, stream,
+  backward<true>(ctx, dlogits, logp, nullptr, targets, N, V, V, dloss, accumulate, ignore_index, dt, stream,
                  "log_softmax_nll_backward");
 }
 

@@ -61,7 +61,7 @@ struct Case {
 std::string name_of(const Case& c) {
   std::string v = c.variants;
   std::replace(v.begin(), v.end(), ' ', '_');
-  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}{}{}{}", c.model, c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "",
+  return fmt::format("{}-s{}-{}-g{}-{}{}-n{}{}{}{}", fs::path(c.model).stem().string(), c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "",
                      c.np, c.nccl ? "-nccl" : "", v, c.zero_extra.empty() ? "" : fmt::format("-z{:08x}", std::hash<std::string>{}(c.zero_extra) & 0xffffffffu));
 }
 
@@ -218,6 +218,14 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
   check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss"});
   check({"tiny-gpt2", 0, "fp16", 2, "eager", false, 1, false, " --fused-gelu --fused-loss"});
   check({"tiny-llama", 3, "bf16", 2, "sdpa", false, 1, false, " --fused-loss"});
+  // A vocabulary of odd size (GPT-2's 50257 in small): the fused loss's logits in rows padded
+  // to 16 bytes, the head's products cut in place, the padding poisoned and never read.
+  json m = json::parse(std::ifstream(std::string(ZEROPLAN_DATA_DIR) + "/models/catalog/tiny-gpt2.json"));
+  m["vocab_size"] = 257;
+  const fs::path odd = dir() / "tiny-gpt2-v257.json";
+  std::ofstream(odd) << m.dump();
+  check({odd.string(), 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss"});
+  check({odd.string(), 0, "fp32", 2, "sdpa", false, 1, false, " --fused-loss"});
 }
 
 // overlap_comm: reductions on the reduction stream, stage 3's fetches on the allgather stream,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "kernels/common/gemm_pieces.hpp"
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/bmm.hpp"
@@ -66,6 +67,27 @@ constexpr cudaStream_t kStream = nullptr;
 
 // Rounds a CPU reference that the GPU stores in dt (for exact comparisons).
 Vec stored(const Vec& v, DType dt) { return rounded(v, dt); }
+
+// `rows` rows of `width` elements from packed to rows `ld` apart, the padding NaN (a kernel
+// that reads it shows), and back; `padding_kept` checks that nothing wrote the padding.
+Vec pad_rows(const Vec& packed, std::int64_t rows, std::int64_t width, std::int64_t ld) {
+  Vec out(sz(rows * ld), std::numeric_limits<float>::quiet_NaN());
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::copy_n(packed.begin() + r * width, width, out.begin() + r * ld);
+  return out;
+}
+Vec unpad_rows(const Vec& pitched, std::int64_t rows, std::int64_t width, std::int64_t ld) {
+  Vec out(sz(rows * width));
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::copy_n(pitched.begin() + r * ld, width, out.begin() + r * width);
+  return out;
+}
+bool padding_kept(const Vec& pitched, std::int64_t rows, std::int64_t width, std::int64_t ld) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = width; j < ld; ++j)
+      if (!std::isnan(pitched[sz(r * ld + j)])) return false;
+  return true;
+}
 
 }  // namespace
 
@@ -662,6 +684,43 @@ TEST_CASE("gemm with rows not 16-byte aligned: staged in pieces through the scra
       expect_dot("staged linear backward dx", download(*gx, rx.size(), dt), rx, sx, N + 1, dt);
       expect_dot("staged linear backward dw", download(*gw, rw.size(), dt), rw, sw, M + 1, dt);
     }
+  // The LM head on logits with padded rows (models::Tensor::row_pitch, --fused-loss): every
+  // stride aligned, the odd vocabulary cut in place into an aligned part and a thin rest (n
+  // of the forward, k of dx through the fp32 accumulator, m of dW); the padding, NaN, is
+  // neither read nor written.
+  for (DType dt : kDtypes)
+    for (bool with_bias : {false, true}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(with_bias);
+      const std::int64_t M = 700, N = 77, K = 64, ld = zp::kernels::padded_rows(N, dtype_size(dt));
+      REQUIRE(ld > N);
+      const Vec x = rand_vec(M * K, 131, dt), w = rand_vec(N * K, 132, dt), bias = rand_vec(N, 133, dt);
+      auto dxin = device(x, dt), dw = device(w, dt), dbias = device(bias, dt);
+      auto y = device(pad_rows(Vec(sz(M * N)), M, N, ld), dt);
+      const std::uint64_t before = ctx.staged_products();
+      kg::linear_forward(ctx, y->get(), dxin->get(), dw->get(), with_bias ? dbias->get() : nullptr, M, N, K, dt,
+                         kStream, ld);
+      const Vec got = download(*y, sz(M * ld), dt);
+      CHECK(padding_kept(got, M, N, ld));
+      Vec ry(sz(M * N)), sy(sz(M * N));
+      kc::linear_forward(ry.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, M, N, K);
+      kc::linear_forward(sy.data(), abs_of(x).data(), abs_of(w).data(), with_bias ? abs_of(bias).data() : nullptr, M,
+                         N, K);
+      expect_dot("padded-rows linear forward", unpad_rows(got, M, N, ld), ry, sy, K + 1, dt);
+      const Vec dy = rand_vec(M * N, 134, dt);
+      auto ddy = device(pad_rows(dy, M, N, ld), dt);
+      auto gx = output(x.size(), dt), gw = output(w.size(), dt), gb = output(sz(N), dt);
+      kg::linear_backward(ctx, gx->get(), gw->get(), with_bias ? gb->get() : nullptr, ddy->get(), dxin->get(),
+                          dw->get(), M, N, K, false, dt, kStream, ld);
+      CHECK(ctx.staged_products() - before == 3u);
+      Vec rx(x.size()), rw(w.size()), rb(sz(N)), sx(x.size()), sw(w.size()), sb(sz(N));
+      kc::linear_backward(rx.data(), rw.data(), rb.data(), dy.data(), x.data(), w.data(), M, N, K, false);
+      kc::linear_backward(sx.data(), sw.data(), sb.data(), abs_of(dy).data(), abs_of(x).data(), abs_of(w).data(), M, N,
+                          K, false);
+      expect_dot("padded-rows linear backward dx", download(*gx, rx.size(), dt), rx, sx, N + 1, dt);
+      expect_dot("padded-rows linear backward dw", download(*gw, rw.size(), dt), rw, sw, M + 1, dt);
+      if (with_bias) expect_dot("padded-rows linear backward db", download(*gb, rb.size(), dt), rb, sb, M + 1, dt);
+    }
   // Conv1D (weight stored (K, N)) with an odd K: A's rows misaligned, k in parts summed in the
   // fp32 accumulator, the bias added by the finish in the one rounding.
   for (DType dt : kDtypes) {
@@ -990,6 +1049,41 @@ TEST_CASE("cross entropy: fused forward (mean loss, lse) and backward, ignored r
       Vec r(x.size());
       kc::cross_entropy_backward(r.data(), x.data(), rlse.data(), tg.data(), N, V, 0.7f, false);
       expect_close("cross_entropy_backward (in place)", download(*inplace, r.size(), dt), r, tol_math(dt, 1e-8));
+    }
+  // Padded rows (the fused loss's logits, models::Tensor::row_pitch): the same results, the
+  // padding (NaN) neither read nor written.
+  for (DType dt : kDtypes)
+    for (std::int64_t V : {std::int64_t{5}, std::int64_t{50257}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(V);
+      const std::int64_t N = 19, ld = zp::kernels::padded_rows(V, dtype_size(dt));
+      const Vec x = rand_vec(N * V, 145, dt, -6.0f, 6.0f);
+      std::vector<std::int64_t> tg(sz(N));
+      for (std::int64_t i = 0; i < N; ++i)
+        tg[sz(i)] = i % 5 == 2 ? kc::kIgnoreIndex : static_cast<std::int64_t>(kc::random_u32(146, sz(i)) % V);
+      auto dxin = device(pad_rows(x, N, V, ld), dt);
+      auto dtg = device_raw(tg);
+      Dev loss(4), lse(sz(N) * 4);
+      kg::cross_entropy_forward(ctx, loss.as<float>(), lse.as<float>(), dxin->get(), dtg->as<std::int64_t>(), N, V,
+                                kg::kIgnoreIndex, dt, kStream, ld);
+      Vec rlse(sz(N));
+      const float rloss = kc::cross_entropy_forward(rlse.data(), x.data(), tg.data(), N, V);
+      expect_close("padded-rows cross_entropy_forward loss", download(loss, 1, DType::fp32), Vec{rloss},
+                   Tol{0.0, 2e-6, 0.0});
+      expect_close("padded-rows cross_entropy_forward lse", download(lse, sz(N), DType::fp32), rlse,
+                   Tol{0.0, 2e-6, 0.0});
+      const Vec init = rand_vec(N * V, 147, dt);
+      for (bool acc : {false, true}) {
+        CAPTURE(acc);
+        auto g = device(pad_rows(acc ? init : Vec(sz(N * V), std::numeric_limits<float>::quiet_NaN()), N, V, ld), dt);
+        kg::cross_entropy_backward(ctx, g->get(), dxin->get(), lse.as<float>(), dtg->as<std::int64_t>(), N, V, 0.7f,
+                                   acc, kg::kIgnoreIndex, dt, kStream, ld);
+        Vec r = acc ? init : Vec(x.size());
+        kc::cross_entropy_backward(r.data(), x.data(), rlse.data(), tg.data(), N, V, 0.7f, acc);
+        const Vec got = download(*g, sz(N * ld), dt);
+        CHECK(padding_kept(got, N, V, ld));
+        expect_close("padded-rows cross_entropy_backward", unpad_rows(got, N, V, ld), r, tol_math(dt, 1e-8));
+      }
     }
   // Every target ignored: loss 0 and zero gradients; a NaN logit: NaN loss and lse.
   for (DType dt : kDtypes) {
