@@ -292,6 +292,24 @@ int main(int argc, char** argv) {
                                  rstd.as<float>(), w.get(), R, C, false, dt, nullptr);
         });
         report("layernorm bwd two passes " + tn, dims({R, C}), ms, 3.0 * rc, false, copy_ceiling);
+        // GPT-2's and GPT-2 medium's rows (16 × 1024 tokens), dx added into the residual's
+        // gradient as the executor runs it, with the one-pass kernel's warps capped at several
+        // numbers (ContextOptions::layernorm_backward_warps; 0 one wave, the default; 2048 the
+        // cap before it).
+        if (dt == DType::bf16)
+          for (const std::int64_t C2 : {std::int64_t{768}, std::int64_t{1024}})
+            for (const std::int64_t cap : {std::int64_t{0}, std::int64_t{1536}, std::int64_t{2048}}) {
+              kg::ContextOptions o;
+              o.layernorm_backward_warps = cap;
+              kg::Context c(o);
+              const std::int64_t R2 = 16384 / scale;
+              const double ms2 = time_ms(opt, [&] {
+                kg::layernorm_backward(c, dx.get(), dw.get(), db.get(), dy.get(), x.get(), mean.as<float>(),
+                                       rstd.as<float>(), w.get(), R2, C2, true, false, dt, nullptr);
+              });
+              report("layernorm bwd " + tn + " +dx, warps " + (cap == 0 ? std::string("built-in") : std::to_string(cap)),
+                     dims({R2, C2}), ms2, 4.0 * static_cast<double>(R2 * C2) * bytes_of(dt), false, copy_ceiling);
+            }
         ms = time_ms(opt, [&] { kg::rmsnorm_forward(y.get(), rstd.as<float>(), x.get(), w.get(), R, C, 1e-6f, dt, nullptr); });
         report("rmsnorm fwd " + tn, dims({R, C}), ms, 2.0 * rc, false, copy_ceiling);
         ms = time_ms(opt, [&] { kg::gelu_tanh_forward(y.get(), x.get(), R * C, dt, nullptr); });

@@ -57,6 +57,7 @@ struct Context::Impl {
   bool sdpa_backward_one_pass = false;
   bool sdpa_backward_atomic_dq = false;
   bool sdpa_backward_kv_registers = false;
+  std::int64_t layernorm_backward_warps = 0;
   std::uint64_t staged_products = 0;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;

@@ -53,6 +53,10 @@ Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()
     throw std::invalid_argument("ContextOptions::sdpa_backward_atomic_dq needs sdpa_backward_one_pass");
   s.sdpa_backward_atomic_dq = options.sdpa_backward_atomic_dq;
   s.sdpa_backward_kv_registers = options.sdpa_backward_kv_registers;
+  if (options.layernorm_backward_warps < 0)
+    throw std::invalid_argument("ContextOptions::layernorm_backward_warps is " +
+                                std::to_string(options.layernorm_backward_warps) + "; allowed: 0 (built in) or more");
+  s.layernorm_backward_warps = options.layernorm_backward_warps;
   ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
   if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
   s.workspace_bytes = options.blas_workspace_bytes;
@@ -74,6 +78,7 @@ int Context::sdpa_backward_chunk() const { return impl_->sdpa_backward_chunk; }
 bool Context::sdpa_backward_one_pass() const { return impl_->sdpa_backward_one_pass; }
 bool Context::sdpa_backward_atomic_dq() const { return impl_->sdpa_backward_atomic_dq; }
 bool Context::sdpa_backward_kv_registers() const { return impl_->sdpa_backward_kv_registers; }
+std::int64_t Context::layernorm_backward_warps() const { return impl_->layernorm_backward_warps; }
 
 void* Context::buffer(std::size_t bytes) {
   Impl& s = *impl_;

@@ -43,6 +43,10 @@ struct ContextOptions {
   // same products in the same order: the same bits. On an H100, four blocks take 11-16% less
   // time (bench/cuda_vs_torch.md).
   bool sdpa_backward_kv_registers = false;
+  // Warps of the one-pass LayerNorm backward (kernels/cuda/norm.cu), each taking the rows k,
+  // k + warps, ...: 0 as many as this GPU holds at once (one wave). The parameters' gradients
+  // are summed in the warps' order: a fixed number gives the same bits on every GPU.
+  std::int64_t layernorm_backward_warps = 0;
 };
 
 class Context {
@@ -62,6 +66,7 @@ class Context {
   bool sdpa_backward_one_pass() const;
   bool sdpa_backward_atomic_dq() const;
   bool sdpa_backward_kv_registers() const;
+  std::int64_t layernorm_backward_warps() const;
 
   // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
   // than scratch_bytes()). Valid until the next launcher that takes this Context runs.

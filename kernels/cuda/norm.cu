@@ -202,12 +202,14 @@ __global__ void layernorm_forward_warp_kernel(T* __restrict__ y, float* __restri
 }
 
 // dx of one row (the warp's lanes each own the same columns in every row); with Sums, the
-// row's dy·x̂ and dy added into the lane's sums for dw and db.
+// row's dy·x̂ and dy added into the lane's sums for dw and db, kept in shared memory (the
+// warp's P·W·32 floats each, element (p, k) of lane l at (p·W + k)·32 + l: no bank conflicts).
+// In registers they took 64 of the 162 a thread (bf16, P = 4): 12 warps an SM.
 template <class T, int P, bool Sums>
 __device__ __forceinline__ void layernorm_dx_row(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                                                  float mu, float rs, const T* __restrict__ w, std::int64_t row,
-                                                 std::int64_t C, int lane, bool accumulate,
-                                                 float (&sw)[P][detail::kPack<T>], float (&sb)[P][detail::kPack<T>]) {
+                                                 std::int64_t C, int lane, bool accumulate, float* __restrict__ sw,
+                                                 float* __restrict__ sb) {
   constexpr int W = detail::kPack<T>;
   const float fc = static_cast<float>(C);
   float g[P][W], xh[P][W];
@@ -224,8 +226,9 @@ __device__ __forceinline__ void layernorm_dx_row(T* __restrict__ dx, const T* __
     for (int k = 0; k < W; ++k) {
       xh[p][k] = (xh[p][k] - mu) * rs;
       if constexpr (Sums) {
-        sw[p][k] += g[p][k] * xh[p][k];
-        sb[p][k] += g[p][k];
+        const int at = (p * W + k) * 32 + lane;
+        sw[at] += g[p][k] * xh[p][k];
+        sb[at] += g[p][k];
       }
       if (w != nullptr) g[p][k] = g[p][k] * wv[k];
       sg += g[p][k];
@@ -249,17 +252,16 @@ template <class T, int P>
 __global__ void layernorm_dx_warp_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                                          const float* __restrict__ mean, const float* __restrict__ rstd,
                                          const T* __restrict__ w, std::int64_t rows, std::int64_t C, bool accumulate) {
-  float none[P][detail::kPack<T>];
   for_warp_rows(rows, [&](std::int64_t row, int lane) {
-    layernorm_dx_row<T, P, false>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, none, none);
+    layernorm_dx_row<T, P, false>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, nullptr, nullptr);
   });
 }
 
 // The same dx, and in the same pass each warp's sums of dy·x̂ and dy over the rows it takes,
-// for its lane's columns: partial[0][warp][c] and partial[1][warp][c], fp32. Warp k takes rows
-// k, k + warps, ...; `warps` depends on the rows only, so the sums are the same bits on any
-// GPU. dy and x are read once for all three gradients (the separate column reduction read
-// them again).
+// for its lane's columns, then the block's (its warps' in order): partial[0][block][c] and
+// partial[1][block][c], fp32. Warp k takes rows k, k + warps, ...; the sums are the same bits
+// for the same `warps`. dy and x are read once for all three gradients (the separate column
+// reduction read them again).
 template <class T, int P>
 __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __restrict__ partial,
                                                const T* __restrict__ dy, const T* __restrict__ x,
@@ -267,44 +269,69 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
                                                const T* __restrict__ w, std::int64_t rows, std::int64_t C,
                                                std::int64_t warps, bool accumulate) {
   constexpr int W = detail::kPack<T>;
+  constexpr int kSums = P * W * 32;
+  __shared__ float sums[kWarpRowsPerBlock][2][kSums];
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
-  if (warp >= warps) return;
-  float sw[P][W], sb[P][W];
-#pragma unroll
-  for (int p = 0; p < P; ++p)
-#pragma unroll
-    for (int k = 0; k < W; ++k) sw[p][k] = sb[p][k] = 0.0f;
-  for (std::int64_t row = warp; row < rows; row += warps)
+  const int in_block = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + in_block;
+  float* sw = sums[in_block][0];
+  float* sb = sums[in_block][1];
+  for (int i = lane; i < kSums; i += 32) sw[i] = sb[i] = 0.0f;  // each lane its own elements
+  for (std::int64_t row = warp; row < rows && warp < warps; row += warps)
     layernorm_dx_row<T, P, true>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, sw, sb);
+  __syncthreads();
+  // The block's sums, its warps added in order (a warp past `warps` adds zeros).
+  const std::int64_t blocks = gridDim.x;
+  for (int i = static_cast<int>(threadIdx.x); i < kSums; i += static_cast<int>(blockDim.x)) {
+    const int l = i % 32, p = i / 32 / W, k = i / 32 % W;
+    const std::int64_t col = static_cast<std::int64_t>(p * 32 + l) * W + k;
+    if (col >= C) continue;
+    float a = sums[0][0][i], b = sums[0][1][i];
 #pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
-    if (j >= C) continue;
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      partial[warp * C + j + k] = sw[p][k];
-      partial[(warps + warp) * C + j + k] = sb[p][k];
+    for (int q = 1; q < kWarpRowsPerBlock; ++q) {
+      a += sums[q][0][i];
+      b += sums[q][1][i];
     }
+    partial[static_cast<std::int64_t>(blockIdx.x) * C + col] = a;
+    partial[(blocks + blockIdx.x) * C + col] = b;
   }
 }
 
-// The warps' sums as the rows of a column reduction: v = (partial[0][r][c], partial[1][r][c]).
+template <class T, int P>
+std::int64_t one_wave_warps(const Context& ctx) {
+  int blocks = 0;
+  ZP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layernorm_backward_warp_kernel<T, P>,
+                                                              32 * kWarpRowsPerBlock, 0));
+  const std::int64_t resident = std::int64_t{blocks} * kWarpRowsPerBlock * ctx.sm_count();
+  return std::max<std::int64_t>(128, resident / 128 * 128);
+}
+
+// The blocks' sums as the rows of a column reduction: v = (partial[0][r][c], partial[1][r][c]).
 struct WarpPartials {
   const float* p;
-  std::int64_t warps, C;
+  std::int64_t blocks, C;
   __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[2]) const {
     v[0] = p[r * C + c];
-    v[1] = p[(warps + r) * C + c];
+    v[1] = p[(blocks + r) * C + c];
   }
 };
 
-// Warps of the one-pass LayerNorm backward: one per 8 rows, at most 2048 (about 16 resident
-// per SM on a 132-SM GPU). Their partial sums (8 bytes per column each) then weigh at most
-// one byte per element of dy, against the 4 (16-bit) or 8 (fp32) of the second read of dy
-// and x they replace.
-constexpr std::int64_t kLayerNormBackwardWarps = 2048;
-constexpr std::int64_t kLayerNormBackwardRowsPerWarp = 8;
+// Warps of the one-pass LayerNorm backward: one per 4 rows, at most as many as the GPU holds
+// at once (one_wave_warps). Their blocks' partial sums (8 bytes per column each, a block of
+// kWarpRowsPerBlock warps) then weigh at most half a byte per element of dy, against the 4
+// (16-bit) or 8 (fp32) of the second read of dy and x they replace.
+constexpr std::int64_t kLayerNormBackwardRowsPerWarp = 4;
+
+// The warps of layernorm_backward_warp_kernel<T, P> resident at once on this GPU, in whole
+// 128s: the kernel's warps then run in one wave. The cap was 2048 warps: with the sums in
+// registers (162 a thread at bf16, 4 packs a lane) an H100 held 12 warps an SM, 1,584 in all,
+// so 2048 ran in two waves, the second a quarter full. On an H100 (zeroplan_bench_cuda, GPT-2's
+// 16384 × 768 rows, dx added into the residual's gradient) one wave of 1536 took 0.087 ms
+// against 0.120 (16384 × 1024: 0.109 against 0.153). The parameters' gradients are sums in
+// the warps' order, so their last bits follow the number of warps: the same on GPUs of one
+// kind (H100 and H200 alike: 132 SMs), and ContextOptions::layernorm_backward_warps fixes it.
+template <class T, int P>
+std::int64_t one_wave_warps(const Context& ctx);
 
 // Packs per lane of the warp kernels for rows of C elements (0: too long, the block kernels).
 template <class T>
@@ -580,23 +607,25 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
     const bool params = dw != nullptr || db != nullptr;
     // All three in one pass over dy and x: the warps' partial sums at the scratch's end, the
     // column reduction's own partials (at most 2·C floats per 32 warps) at its start.
-    const std::int64_t warps =
-        std::min(detail::ceil_div(rows, kLayerNormBackwardRowsPerWarp), kLayerNormBackwardWarps);
-    const std::size_t mine = sizeof(float) * 2 * static_cast<std::size_t>(warps * C);
+    std::int64_t cap = ctx.layernorm_backward_warps();
+    if (cap == 0 && packs > 0) with_packs<4>(packs, [&](auto P) { cap = one_wave_warps<T, decltype(P)::value>(ctx); });
+    const std::int64_t warps = std::min(detail::ceil_div(rows, kLayerNormBackwardRowsPerWarp), std::max<std::int64_t>(cap, 1));
+    const std::int64_t blocks = detail::ceil_div(warps, kWarpRowsPerBlock);
+    const std::size_t mine = sizeof(float) * 2 * static_cast<std::size_t>(blocks * C);
     const std::size_t theirs =
-        sizeof(float) * 2 * static_cast<std::size_t>(C * detail::ceil_div(warps, detail::kColMinRows));
+        sizeof(float) * 2 * static_cast<std::size_t>(C * detail::ceil_div(blocks, detail::kColMinRows));
     if (dx != nullptr && params && packs > 0 && rows > 0 && mine + theirs + 256 <= ctx.scratch_bytes()) {
       auto* base = static_cast<char*>(ctx.scratch(ctx.scratch_bytes(), "layernorm_backward"));
       auto* partial = reinterpret_cast<float*>(base + ((ctx.scratch_bytes() - mine) & ~std::size_t{255}));
       with_packs<4>(packs, [&](auto P) {
         layernorm_backward_warp_kernel<T, decltype(P)::value>
-            <<<static_cast<unsigned>(detail::ceil_div(warps, kWarpRowsPerBlock)), 32 * kWarpRowsPerBlock, 0, stream>>>(
+            <<<static_cast<unsigned>(blocks), 32 * kWarpRowsPerBlock, 0, stream>>>(
                 static_cast<T*>(dx), partial, static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
                 static_cast<const T*>(w), rows, C, warps, accumulate_dx);
       });
       ZP_CUDA_CHECK_LAUNCH("layernorm_backward_warp_kernel");
-      detail::column_reduce<T, 2>(ctx, detail::ColumnOutputs<T, 2>{{static_cast<T*>(dw), static_cast<T*>(db)}}, warps,
-                                  C, accumulate_params, WarpPartials{partial, warps, C}, stream, "layernorm_backward");
+      detail::column_reduce<T, 2>(ctx, detail::ColumnOutputs<T, 2>{{static_cast<T*>(dw), static_cast<T*>(db)}}, blocks,
+                                  C, accumulate_params, WarpPartials{partial, blocks, C}, stream, "layernorm_backward");
       return;
     }
     if (dx != nullptr && rows > 0) {
