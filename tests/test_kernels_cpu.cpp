@@ -1386,12 +1386,55 @@ void strided_gemm(std::vector<float>& c, std::int64_t c_offset, std::int64_t ldc
     }
 }
 
+using zp::kernels::GemmBuffer;
+using zp::kernels::GemmStep;
+using zp::kernels::aligned_rows;
+using zp::kernels::padded_rows;
+
+// A plan's finish step: the accumulator's rows (+ the bias row) rounded into C's (+ their old
+// values when accumulating).
+void finish_rows(const zp::kernels::GemmFinish& f, const std::vector<float>& accum, const std::vector<float>& brow,
+                 bool bias, bool acc, std::int64_t n, std::vector<float>& c) {
+  for (std::int64_t i = 0; i < f.rows; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float v = accum.at(static_cast<std::size_t>(f.acc_offset + i * f.acc_ld + j));
+      if (bias) v += brow[static_cast<std::size_t>(j)];
+      float& out = c.at(static_cast<std::size_t>(f.c_offset + i * f.c_ld + j));
+      out = acc ? v + out : v;
+    }
+}
+
+// Exact data for a plan's product (small integers and quarters: every fp32 sum exact in any
+// order): A's and B's rows `lda`, `ldb` apart (the elements past each row's own left as
+// `pad`), C's initial values at `ldc`, the bias row, and the product run whole (+ the bias).
+struct PlanData {
+  std::vector<float> a, b, c0, brow, whole;
+};
+PlanData plan_data(std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb, bool acc, bool bias,
+                   std::int64_t lda, std::int64_t ldb, std::int64_t ldc, float pad) {
+  const std::int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+  PlanData d{std::vector<float>(static_cast<std::size_t>(a_rows * lda), pad),
+             std::vector<float>(static_cast<std::size_t>(b_rows * ldb), pad),
+             std::vector<float>(static_cast<std::size_t>(m * ldc)), std::vector<float>(static_cast<std::size_t>(n)), {}};
+  for (std::int64_t i = 0; i < a_rows; ++i)
+    for (std::int64_t j = 0; j < a_cols; ++j)
+      d.a[static_cast<std::size_t>(i * lda + j)] = static_cast<float>(((i * a_cols + j) * 7919) % 23) - 11.0f;
+  for (std::int64_t i = 0; i < b_rows; ++i)
+    for (std::int64_t j = 0; j < b_cols; ++j)
+      d.b[static_cast<std::size_t>(i * ldb + j)] = static_cast<float>(((i * b_cols + j) * 104729) % 19) * 0.25f - 2.0f;
+  for (std::size_t i = 0; i < d.c0.size(); ++i) d.c0[i] = static_cast<float>(i % 13) - 6.0f;
+  for (std::size_t i = 0; i < d.brow.size(); ++i) d.brow[i] = static_cast<float>(i % 7) - 3.0f;
+  d.whole = d.c0;
+  strided_gemm(d.whole, 0, ldc, d.a, 0, lda, d.b, 0, ldb, m, n, k, ta, tb, acc);
+  if (bias)
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) d.whole[static_cast<std::size_t>(i * ldc + j)] += d.brow[static_cast<std::size_t>(j)];
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("gemm pieces: aligned products staged through scratch give the product run whole, bit for bit") {
-  using zp::kernels::GemmBuffer;
-  using zp::kernels::GemmStep;
-  using zp::kernels::aligned_rows;
   struct Case {
     std::int64_t m, n, k;
     bool ta, tb;
@@ -1438,17 +1481,7 @@ TEST_CASE("gemm pieces: aligned products staged through scratch give the product
             CHECK(plan.acc_bytes % zp::kernels::kAccumulatorAlign == 0);
             CHECK(plan.acc_bytes + plan.scratch_elems * elem <= static_cast<std::int64_t>(scratch_bytes));
             CHECK((kind == "K" || (kind == "C" && bias)) == (plan.acc_bytes > 0));
-            std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
-                c0(static_cast<std::size_t>(m * n)), brow(static_cast<std::size_t>(n));
-            for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 7919) % 23) - 11.0f;
-            for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>((i * 104729) % 19) * 0.25f - 2.0f;
-            for (std::size_t i = 0; i < c0.size(); ++i) c0[i] = static_cast<float>(i % 13) - 6.0f;
-            for (std::size_t i = 0; i < brow.size(); ++i) brow[i] = static_cast<float>(i % 7) - 3.0f;
-            std::vector<float> whole = c0;
-            strided_gemm(whole, 0, n, a, 0, ld_a, b, 0, ld_b, m, n, k, cs.ta, cs.tb, acc);
-            if (bias)
-              for (std::int64_t i = 0; i < m; ++i)
-                for (std::int64_t j = 0; j < n; ++j) whole[static_cast<std::size_t>(i * n + j)] += brow[static_cast<std::size_t>(j)];
+            auto [a, b, c0, brow, whole] = plan_data(m, n, k, cs.ta, cs.tb, acc, bias, ld_a, ld_b, n, 0.0f);
             // Every element the plan does not write stays NaN and fails the comparison.
             const float nan = std::numeric_limits<float>::quiet_NaN();
             std::vector<float> staged = acc ? c0 : std::vector<float>(c0.size(), nan);
@@ -1505,14 +1538,7 @@ TEST_CASE("gemm pieces: aligned products staged through scratch give the product
                 strided_gemm(buffer(p.c_buffer), p.c_offset, p.ldc, buffer(p.a_buffer), p.a_offset, p.lda, b,
                              p.b_offset, ld_b, p.m, p.n, p.k, cs.ta, cs.tb, p.accumulate);
               } else {
-                const auto& f = step.finish;
-                for (std::int64_t i = 0; i < f.rows; ++i)
-                  for (std::int64_t j = 0; j < n; ++j) {
-                    float v = accum.at(static_cast<std::size_t>(f.acc_offset + i * f.acc_ld + j));
-                    if (bias) v += brow[static_cast<std::size_t>(j)];
-                    float& out = staged.at(static_cast<std::size_t>(f.c_offset + i * f.c_ld + j));
-                    out = acc ? v + out : v;
-                  }
+                finish_rows(step.finish, accum, brow, bias, acc, n, staged);
               }
             }
             CHECK(products == plan.products);
@@ -1521,10 +1547,6 @@ TEST_CASE("gemm pieces: aligned products staged through scratch give the product
 }
 
 TEST_CASE("gemm pieces: operands with padded, aligned rows are cut in place, bit for bit, the padding untouched") {
-  using zp::kernels::GemmBuffer;
-  using zp::kernels::GemmStep;
-  using zp::kernels::aligned_rows;
-  using zp::kernels::padded_rows;
   struct Case {
     std::int64_t m, n, k;
     bool ta, tb;
@@ -1566,24 +1588,9 @@ TEST_CASE("gemm pieces: operands with padded, aligned rows are cut in place, bit
             CHECK(through_acc == (plan.acc_bytes > 0));
             CHECK(plan.scratch_elems == 0);  // no copies
             CHECK(plan.acc_bytes <= static_cast<std::int64_t>(scratch_bytes));
-            const std::int64_t a_rows = cs.ta ? k : m, b_rows = cs.tb ? n : k;
-            std::vector<float> a(static_cast<std::size_t>(a_rows * lda), nan), b(static_cast<std::size_t>(b_rows * ldb), nan),
-                c0(static_cast<std::size_t>(m * ldc)), brow(static_cast<std::size_t>(n));
-            const std::int64_t a_cols = cs.ta ? m : k, b_cols = cs.tb ? k : n;
-            for (std::int64_t i = 0; i < a_rows; ++i)
-              for (std::int64_t j = 0; j < a_cols; ++j)
-                a[static_cast<std::size_t>(i * lda + j)] = static_cast<float>(((i * a_cols + j) * 7919) % 23) - 11.0f;
-            for (std::int64_t i = 0; i < b_rows; ++i)
-              for (std::int64_t j = 0; j < b_cols; ++j)
-                b[static_cast<std::size_t>(i * ldb + j)] = static_cast<float>(((i * b_cols + j) * 104729) % 19) * 0.25f - 2.0f;
-            for (std::size_t i = 0; i < c0.size(); ++i) c0[i] = static_cast<float>(i % 13) - 6.0f;
-            for (std::size_t i = 0; i < brow.size(); ++i) brow[i] = static_cast<float>(i % 7) - 3.0f;
-            std::vector<float> whole = c0;
-            strided_gemm(whole, 0, ldc, a, 0, lda, b, 0, ldb, m, n, k, cs.ta, cs.tb, acc);
-            if (bias)
-              for (std::int64_t i = 0; i < m; ++i)
-                for (std::int64_t j = 0; j < n; ++j) whole[static_cast<std::size_t>(i * ldc + j)] += brow[static_cast<std::size_t>(j)];
-            // The padding of A and B is NaN (a read of it shows), C's padding keeps c0's values.
+            // The padding of A and B is NaN: a read of it shows.
+            auto [a, b, c0, brow, whole] = plan_data(m, n, k, cs.ta, cs.tb, acc, bias, lda, ldb, ldc, nan);
+            // C's padding keeps c0's values.
             std::vector<float> got = c0;
             if (!acc)
               for (std::int64_t i = 0; i < m; ++i)
@@ -1618,14 +1625,10 @@ TEST_CASE("gemm pieces: operands with padded, aligned rows are cut in place, bit
               } else {
                 const auto& f = step.finish;
                 CHECK(f.c_ld == ldc);
+                finish_rows(f, accum, brow, bias, acc, n, got);
                 for (std::int64_t i = 0; i < f.rows; ++i)
-                  for (std::int64_t j = 0; j < n; ++j) {
-                    float v = accum.at(static_cast<std::size_t>(f.acc_offset + i * f.acc_ld + j));
-                    if (bias) v += brow[static_cast<std::size_t>(j)];
-                    float& out = got.at(static_cast<std::size_t>(f.c_offset + i * f.c_ld + j));
-                    out = acc ? v + out : v;
+                  for (std::int64_t j = 0; j < n; ++j)
                     ++written[static_cast<std::size_t>(f.c_offset / ldc + i)][static_cast<std::size_t>(j)];
-                  }
               }
             }
             CHECK(products == plan.products);

@@ -400,7 +400,7 @@ void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
 }
 
 void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k,
-          bool trans_a, bool trans_b, bool accumulate, DType dt, cudaStream_t stream) {
+          bool trans_a, bool trans_b, bool accumulate, DType dt, cudaStream_t stream, std::int64_t lda) {
   Matmul mm;
   mm.c = c;
   mm.a = a;
@@ -408,6 +408,7 @@ void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, s
   mm.m = m;
   mm.n = n;
   mm.k = k;
+  mm.lda = lda == (trans_a ? m : k) ? 0 : lda;
   mm.trans_a = trans_a;
   mm.trans_b = trans_b;
   mm.accumulate = accumulate;

@@ -10,13 +10,14 @@
 namespace zp::kernels::cuda {
 
 // C(m,n) = op(A) · op(B), or C += op(A) · op(B) when accumulating. op(A) is (m,k): A is
-// stored (m,k), or (k,m) when trans_a. op(B) is (k,n): B is stored (k,n), or (n,k) when trans_b.
+// stored (m,k), or (k,m) when trans_a, its rows lda elements apart (0: packed). op(B) is
+// (k,n): B is stored (k,n), or (n,k) when trans_b.
 void gemm(Context& ctx,
           void* c,        // (m, n)
           const void* a,  // (m, k), or (k, m) when trans_a
           const void* b,  // (k, n), or (n, k) when trans_b
           std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b, bool accumulate, DType dt,
-          cudaStream_t stream);
+          cudaStream_t stream, std::int64_t lda = 0);
 
 // Batched: C[i] = op(A[i]) · op(B[i]) for i < batch (one strided-batched cuBLASLt call).
 void bmm_forward(Context& ctx,

@@ -54,30 +54,11 @@ void linear_forward(Context& ctx, void* y, const void* x, const void* w, const v
 void linear_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const void* w,
                      std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream,
                      std::int64_t ld_dy) {
-  if (ld_dy == 0 || ld_dy == N) {
-    if (dx != nullptr) gemm(ctx, dx, dy, w, M, K, N, false, false, accumulate, dt, stream);
-    if (dw != nullptr) gemm(ctx, dw, dy, x, N, K, M, true, false, accumulate, dt, stream);
-    if (db != nullptr) bias_backward(ctx, db, dy, M, N, accumulate, dt, stream);
-    return;
-  }
-  // dy with a padded row pitch: the same products with dy's stride given (A of both).
-  auto product = [&](void* c, const void* b, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a) {
-    Matmul mm;
-    mm.c = c;
-    mm.a = dy;
-    mm.b = b;
-    mm.m = m;
-    mm.n = n;
-    mm.k = k;
-    mm.lda = ld_dy;
-    mm.trans_a = trans_a;
-    mm.accumulate = accumulate;
-    mm.dt = dt;
-    matmul(ctx, mm, stream);
-  };
-  if (dx != nullptr) product(dx, w, M, K, N, false);
-  if (dw != nullptr) product(dw, x, N, K, M, true);
-  if (db != nullptr) bias_backward_ld(ctx, db, dy, M, N, ld_dy, accumulate, dt, stream);
+  // dy's rows ld_dy apart (a padded pitch): A of both products.
+  const std::int64_t ld = ld_dy != 0 ? ld_dy : N;
+  if (dx != nullptr) gemm(ctx, dx, dy, w, M, K, N, false, false, accumulate, dt, stream, ld);
+  if (dw != nullptr) gemm(ctx, dw, dy, x, N, K, M, true, false, accumulate, dt, stream, ld);
+  if (db != nullptr) bias_backward_ld(ctx, db, dy, M, N, ld, accumulate, dt, stream);
 }
 
 void conv1d_forward(Context& ctx, void* y, const void* x, const void* w, const void* b, std::int64_t M,
