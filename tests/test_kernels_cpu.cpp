@@ -1556,7 +1556,7 @@ TEST_CASE("gemm pieces: operands with padded, aligned rows are cut in place, bit
   const Case cases[] = {
       {300, 77, 96, false, true, "n"},  {300, 96, 77, false, false, "k"}, {77, 96, 300, true, false, "m"},
       {77, 45, 300, true, false, "mn"}, {64, 40, 77, false, true, "k"},   {77, 45, 61, true, true, "mnk"},
-      {5, 77, 96, false, true, "n"},    {300, 96, 3, false, false, "k"},  {64, 64, 64, false, false, ""},
+      {5, 77, 96, false, true, "n"},    {300, 96, 3, false, false, ""},   {64, 64, 64, false, false, ""},
       {77, 96, 304, false, false, ""},  // m odd with A stored (m,k): no kernel loads along m
   };
   const float nan = std::numeric_limits<float>::quiet_NaN();

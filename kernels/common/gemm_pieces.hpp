@@ -229,7 +229,9 @@ inline GemmPlan split(std::int64_t m, std::int64_t n, std::int64_t k, bool trans
                       std::int64_t room) {
   GemmPlan plan;
   const std::int64_t unit = 16 / elem;
-  const bool cut_m = trans_a && m % unit != 0, cut_n = n % unit != 0, cut_k = (!trans_a || trans_b) && k % unit != 0;
+  // A dimension shorter than one 16-byte group has no aligned part to cut off.
+  const bool cut_m = trans_a && m % unit != 0 && m > unit, cut_n = n % unit != 0 && n > unit,
+             cut_k = (!trans_a || trans_b) && k % unit != 0 && k > unit;
   if (!cut_m && !cut_n && !cut_k) return plan;
   struct Part {
     std::int64_t first, width;

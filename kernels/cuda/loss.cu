@@ -176,13 +176,12 @@ __global__ void ce_backward_kernel(T* d, const T* x, const float* __restrict__ l
 }
 
 // Whole 16-byte groups in every row (for_row) when the operands' bases are congruent modulo
-// 16 bytes (in place, or both aligned) and so are their rows: packed (ld == V), whatever V
-// is, the rows then share their boundaries; with a padded pitch each row starts aligned.
+// 16 bytes (in place, or both aligned): rows the same number of elements apart then share their
+// boundaries whatever that number is (for_row anchors each row at its own first boundary).
 template <class T>
-bool rows_vec(std::int64_t V, std::int64_t ld, const void* a, const void* b) {
+bool rows_vec(std::int64_t V, const void* a, const void* b) {
   const auto mod = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) & 15u; };
-  return V >= detail::kPack<T> && (b == nullptr || mod(a) == mod(b)) && mod(a) % sizeof(T) == 0 &&
-         (ld == V || (ld * static_cast<std::int64_t>(sizeof(T))) % 16 == 0);
+  return V >= detail::kPack<T> && (b == nullptr || mod(a) == mod(b)) && mod(a) % sizeof(T) == 0;
 }
 
 template <class T>
@@ -206,7 +205,7 @@ void backward(Context& ctx, void* dlogits, const void* x, const float* lse, cons
   count_targets(count, targets, N, ignore_index, stream);
   detail::dispatch(dt, what, [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = rows_vec<T>(V, ld, dlogits, x);
+    const bool vec = rows_vec<T>(V, dlogits, x);
     if (vec)
       ce_backward_kernel<T, true, FromLogp><<<detail::grid_for(N, 1), row_block<T>(V, true), 0, stream>>>(
           static_cast<T*>(dlogits), static_cast<const T*>(x), lse, targets, count, N, V, ld, dloss, accumulate,
@@ -233,7 +232,7 @@ void cross_entropy_forward(Context& ctx, float* loss, float* lse, const void* lo
   auto* row_loss = static_cast<float*>(ctx.scratch(sizeof(float) * static_cast<std::size_t>(N), "cross_entropy_forward"));
   detail::dispatch(dt, "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = rows_vec<T>(V, ld, logits, nullptr);
+    const bool vec = rows_vec<T>(V, logits, nullptr);
     if (vec)
       ce_forward_kernel<T, true><<<detail::grid_for(N, 1), row_block<T>(V, true), 0, stream>>>(
           row_loss, lse, static_cast<const T*>(logits), targets, N, V, ld, ignore_index);
@@ -258,7 +257,7 @@ void log_softmax_forward(void* logp, const void* logits, std::int64_t N, std::in
   if (N <= 0 || V <= 0) return;
   detail::dispatch(dt, "log_softmax_forward", [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = rows_vec<T>(V, V, logp, logits);
+    const bool vec = rows_vec<T>(V, logp, logits);
     if (vec)
       log_softmax_kernel<T, true><<<detail::grid_for(N, 1), row_block<T>(V, true), 0, stream>>>(
           static_cast<T*>(logp), static_cast<const T*>(logits), N, V);

@@ -328,8 +328,9 @@ constexpr std::int64_t kLayerNormBackwardRowsPerWarp = 4;
 // so 2048 ran in two waves, the second a quarter full. On an H100 (zeroplan_bench_cuda, GPT-2's
 // 16384 × 768 rows, dx added into the residual's gradient) one wave of 1536 took 0.087 ms
 // against 0.120 (16384 × 1024: 0.109 against 0.153). The parameters' gradients are sums in
-// the warps' order, so their last bits follow the number of warps: the same on GPUs of one
-// kind (H100 and H200 alike: 132 SMs), and ContextOptions::layernorm_backward_warps fixes it.
+// the warps' order, so their last bits follow the number of warps: the same on GPUs with the
+// same SMs (an H100 SXM and an H200 have 132; an H100 PCIe 114), and
+// ContextOptions::layernorm_backward_warps fixes it.
 template <class T, int P>
 std::int64_t one_wave_warps(const Context& ctx);
 
@@ -607,14 +608,15 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
     const bool params = dw != nullptr || db != nullptr;
     // All three in one pass over dy and x: the warps' partial sums at the scratch's end, the
     // column reduction's own partials (at most 2·C floats per 32 warps) at its start.
+    const bool one_pass = dx != nullptr && params && packs > 0 && rows > 0;
     std::int64_t cap = ctx.layernorm_backward_warps();
-    if (cap == 0 && packs > 0) with_packs<4>(packs, [&](auto P) { cap = one_wave_warps<T, decltype(P)::value>(ctx); });
+    if (cap == 0 && one_pass) with_packs<4>(packs, [&](auto P) { cap = one_wave_warps<T, decltype(P)::value>(ctx); });
     const std::int64_t warps = std::min(detail::ceil_div(rows, kLayerNormBackwardRowsPerWarp), std::max<std::int64_t>(cap, 1));
     const std::int64_t blocks = detail::ceil_div(warps, kWarpRowsPerBlock);
     const std::size_t mine = sizeof(float) * 2 * static_cast<std::size_t>(blocks * C);
     const std::size_t theirs =
         sizeof(float) * 2 * static_cast<std::size_t>(C * detail::ceil_div(blocks, detail::kColMinRows));
-    if (dx != nullptr && params && packs > 0 && rows > 0 && mine + theirs + 256 <= ctx.scratch_bytes()) {
+    if (one_pass && mine + theirs + 256 <= ctx.scratch_bytes()) {
       auto* base = static_cast<char*>(ctx.scratch(ctx.scratch_bytes(), "layernorm_backward"));
       auto* partial = reinterpret_cast<float*>(base + ((ctx.scratch_bytes() - mine) & ~std::size_t{255}));
       with_packs<4>(packs, [&](auto P) {

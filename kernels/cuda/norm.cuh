@@ -35,8 +35,10 @@ void layernorm_backward(Context& ctx,
                         std::int64_t rows, std::int64_t C, bool accumulate, DType dt, cudaStream_t stream);
 // The same with dx's accumulation apart from dw's and db's (a fresh input gradient is written,
 // the params' are added into). With dx and a param gradient, rows of at most 128 packs and
-// room in ctx's scratch, one pass over dy and x makes all three: each of up to 2048 warps (one
-// per 8 rows) sums its rows' dy·x̂ and dy, and a column reduction of those sums gives dw and db.
+// room in ctx's scratch, one pass over dy and x makes all three: each of up to one wave of
+// warps (one per 4 rows; ContextOptions::layernorm_backward_warps fixes the number) sums its
+// rows' dy·x̂ and dy, each block adds its warps' sums, and a column reduction of the blocks'
+// sums gives dw and db.
 void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const float* mean,
                         const float* rstd, const void* w, std::int64_t rows, std::int64_t C, bool accumulate_dx,
                         bool accumulate_params, DType dt, cudaStream_t stream);

@@ -219,7 +219,9 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
   check({"tiny-gpt2", 0, "fp16", 2, "eager", false, 1, false, " --fused-gelu --fused-loss"});
   check({"tiny-llama", 3, "bf16", 2, "sdpa", false, 1, false, " --fused-loss"});
   // A vocabulary of odd size (GPT-2's 50257 in small): the fused loss's logits in rows padded
-  // to 16 bytes, the head's products cut in place, the padding poisoned and never read.
+  // to 16 bytes, the head's products and the loss on those strides, the gradient's padding
+  // poisoned and never read. (Products this small run whole on the padded strides; the cut
+  // plan, from ContextOptions::staged_min_work up, is test_kernels_cuda's.)
   json m = json::parse(std::ifstream(std::string(ZEROPLAN_DATA_DIR) + "/models/catalog/tiny-gpt2.json"));
   m["vocab_size"] = 257;
   const fs::path odd = dir() / "tiny-gpt2-v257.json";

@@ -831,8 +831,8 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
         CAPTURE(dtype_str(dt));
         CAPTURE(C);
         CAPTURE(affine);
-        // 2051: several row chunks and a ragged tail; 4100 at 768: the one-pass backward's 513
-        // warps take eight rows each, the last four.
+        // 2051: several row chunks and a ragged tail; 4100 at 768: the one-pass backward's 1025
+        // warps take four rows each, the last of them none (an idle warp of the last block).
         const std::int64_t rows = C == 100 ? 2051 : C == 768 ? 4100 : 45;
         const float eps_ln = 1e-5f;
         const Vec x = rand_vec(rows * C, 121, dt, -2.0f, 3.0f), w = rand_vec(C, 122, dt, 0.5f, 1.5f),
@@ -902,6 +902,39 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
           }
         }
       }
+  // The one-pass backward's warps fixed (ContextOptions::layernorm_backward_warps): 5 warps,
+  // 820 rows each, in two blocks, the second with three idle warps; the CPU's gradients, and
+  // the same bits from another Context with the same number.
+  kg::ContextOptions five;
+  five.layernorm_backward_warps = 5;
+  kg::Context c5(five), c5b(five);
+  for (DType dt : kDtypes) {
+    CAPTURE(dtype_str(dt));
+    const std::int64_t rows = 4100, C = 512;
+    const Vec x = rand_vec(rows * C, 131, dt, -2.0f, 3.0f), w = rand_vec(C, 132, dt, 0.5f, 1.5f),
+              dy = rand_vec(rows * C, 133, dt);
+    Vec mean(sz(rows)), rstd(sz(rows)), y(sz(rows * C)), rx(x.size()), rw(sz(C)), rb(sz(C));
+    kc::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, rows, C, 1e-5f);
+    kc::layernorm_backward(rx.data(), rw.data(), rb.data(), dy.data(), x.data(), mean.data(), rstd.data(), w.data(),
+                           rows, C, false);
+    auto dxin = device(x, dt), dwt = device(w, dt), ddy = device(dy, dt);
+    auto dmean = device(mean, DType::fp32), drstd = device(rstd, DType::fp32);
+    std::vector<std::vector<std::uint8_t>> got;
+    for (kg::Context* c : {&c5, &c5b}) {
+      auto gx = output(x.size(), dt), gw = output(sz(C), dt), gb = output(sz(C), dt);
+      kg::layernorm_backward(*c, gx->get(), gw->get(), gb->get(), ddy->get(), dxin->get(), dmean->as<float>(),
+                             drstd->as<float>(), dwt->get(), rows, C, false, dt, kStream);
+      const Tol tol_sum = tol_math(dt, 1e-5 * std::sqrt(static_cast<double>(rows) / 256.0));
+      expect_close("layernorm_backward dx, 5 warps", download(*gx, rx.size(), dt), rx, tol_math(dt, 1e-5));
+      expect_close("layernorm_backward dw, 5 warps", download(*gw, rw.size(), dt), rw, tol_sum);
+      expect_close("layernorm_backward db, 5 warps", download(*gb, rb.size(), dt), rb, tol_sum);
+      got.push_back(bits(*gw));
+    }
+    expect_equal_bits("layernorm_backward dw, two Contexts of 5 warps", got[0], got[1]);
+  }
+  kg::ContextOptions negative;
+  negative.layernorm_backward_warps = -1;
+  CHECK_THROWS_AS(kg::Context{negative}, std::invalid_argument);
 }
 
 TEST_CASE("RMSNorm: HF's decomposition (rms_rsqrt, mul_rowscale, mul_weight) and the fused kernel, both ways") {
