@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/row_pitch.hpp"
 
 namespace zp::models {
 
@@ -675,7 +676,7 @@ class Builder {
   TensorId cross_entropy_fused(const std::string& name, TensorId logits, TensorId labels, std::int64_t classes) {
     const std::int64_t rows = numel_of(T(logits).shape) / classes;
     if (Tensor& t = g_.tensors.at(static_cast<std::size_t>(logits)); t.shape.back() == classes) {
-      const std::int64_t elem = dtype_size(t.dtype), pitch = (classes * elem + 15) / 16 * 16 / elem;
+      const std::int64_t elem = dtype_size(t.dtype), pitch = padded_row_elements(classes, elem);
       if (pitch != classes) {
         t.row_pitch = pitch;
         t.bytes = Bytes{checked_bytes({rows, pitch}, elem, "tensor " + t.name)};

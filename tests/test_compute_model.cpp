@@ -298,6 +298,39 @@ TEST_CASE("a vocabulary off the 16-byte alignment costs what cuBLAS charges for 
   CHECK(zp::sim::alignment_factor(p, 16384, 50257, 1024, 1) == 1.0);  // alignment not asked for
 }
 
+TEST_CASE("--fused-loss's padded logits rows: GPT-2's head priced as aligned, HF's packed head as odd") {
+  // The executor cuts the padded head's odd vocabulary in place into aligned products
+  // (kernels/common/gemm_pieces.hpp); HF's packed logits keep the odd stride.
+  const DeviceProfile p = profile_of("H200-141GB");
+  GraphOptions opt;
+  opt.micro_batch = 16;
+  opt.seq_len = 1024;
+  opt.act_dtype = zp::DType::bf16;
+  const auto mc = zp::models::load_model("gpt2");
+  const OpGraph hf = zp::models::build_graph(mc, opt);
+  opt.variants.fused_loss = true;
+  const OpGraph padded = zp::models::build_graph(mc, opt);
+  auto head_cost = [&](const OpGraph& g, Phase phase) {
+    for (const auto& op : g.ops)
+      if (op.name == "lm_head") {
+        const ComputeModel cm(p, g);
+        const bool fwd = phase == Phase::forward;
+        return cm.compute_cost(op.id, phase, fwd ? op.fwd_flops : op.bwd_flops, fwd ? op.fwd_bytes : op.bwd_bytes).v;
+      }
+    FAIL("no lm_head");
+    return 0.0;
+  };
+  const auto& logits = padded.tensors[static_cast<std::size_t>(padded.ops.back().inputs[0])];
+  REQUIRE(logits.row_pitch == 50264);
+  for (Phase phase : {Phase::forward, Phase::backward}) {
+    CAPTURE(static_cast<int>(phase));
+    const double h = head_cost(hf, phase), q = head_cost(padded, phase);
+    CHECK(q < h);
+    // GEMM-bound at this size: the ratio is the alignment factor's.
+    CHECK(q / h == doctest::Approx(p.gemm_unaligned_factor).epsilon(0.1));
+  }
+}
+
 TEST_CASE("phases: recompute costs the forward, backward launches twice the kernels") {
   const OpGraph g = graph_of("gpt2", 8, 1024, zp::DType::bf16);
   const ComputeModel cm(profile_of("A100-80GB"), g);

@@ -40,6 +40,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/row_pitch.hpp"
+
 namespace zp::kernels {
 
 // The buffers a step reads or writes: the operands, the scratch (elements of the operands'
@@ -88,7 +90,7 @@ struct GemmPlan {
 // Whether rows of `ld` elements of `elem` bytes keep every row 16-byte aligned, and the
 // smallest such stride at least ld.
 inline bool aligned_rows(std::int64_t ld, std::int64_t elem) { return (ld * elem) % 16 == 0; }
-inline std::int64_t padded_rows(std::int64_t ld, std::int64_t elem) { return (ld * elem + 15) / 16 * 16 / elem; }
+inline std::int64_t padded_rows(std::int64_t ld, std::int64_t elem) { return padded_row_elements(ld, elem); }
 
 inline constexpr std::int64_t kMinGemmPiece = 16;  // rows (or columns) of a piece, at least
 inline constexpr std::int64_t kAccumulatorAlign = 256;  // bytes: where the scratch's elements start
