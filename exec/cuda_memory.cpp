@@ -124,6 +124,7 @@ class ProbeDevice final : public Device {
   void fill(Ref, std::int64_t, float) override {}
   void scale(Ref, std::int64_t, float) override {}
   void norm_begin() override {}
+  void batch(bool on) override { batching_ = on; }
   void norm_add(std::span<const Ref> parts, std::int64_t n) override {
     if (n <= 0 || parts.empty()) return;
     std::size_t on = 0;
@@ -133,7 +134,9 @@ class ProbeDevice final : public Device {
         if (dev(r)) chunks(r, n, "norm");
       return;
     }
-    if (parts.size() > 1) {
+    // Two float parts of one dtype, batched: held and summed as they are read (no scratch).
+    const bool held = batching_ && parts.size() == 2 && parts[0].dt == parts[1].dt && cuda_float_dtype(parts[0].dt);
+    if (parts.size() > 1 && !held) {
       take(0, static_cast<std::size_t>(n) * 4, "norm");
       for (std::size_t k = 1; k < parts.size(); ++k) view(parts[k], n, 1, "norm");
     }
@@ -236,6 +239,7 @@ class ProbeDevice final : public Device {
   std::size_t event_ = SIZE_MAX;
   std::array<std::array<Arena, kCudaDeviceSlots>, zero::kNumStreams> arenas_{};
   std::array<bool, zero::kNumStreams> contexts_{};
+  bool batching_ = false;  // exec/device_cuda.cpp holds runs only between batch(true) and batch(false)
 };
 
 }  // namespace

@@ -16,7 +16,6 @@ using models::TensorId;
 namespace {
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n * dtype_size(dt)); }
-bool is_float(DType dt) { return dt == DType::fp32 || dt == DType::bf16 || dt == DType::fp16; }
 
 // The fused attention's operands (sdpa, flash_attention), as its launcher reads them.
 struct Fused {
@@ -62,7 +61,8 @@ DType cuda_op_dtype(const models::Op& op, std::initializer_list<Ref> refs) {
   const Ref* first = nullptr;
   for (const Ref& r : refs) {
     if (!r) continue;
-    if (!is_float(r.dt)) cuda_op_fail(op, fmt::format("a {} operand where a float one is expected", dtype_name(r.dt)));
+    if (!cuda_float_dtype(r.dt))
+      cuda_op_fail(op, fmt::format("a {} operand where a float one is expected", dtype_name(r.dt)));
     if (!first) first = &r;
     else if (r.dt != first->dt)
       cuda_op_fail(op, fmt::format("operands of mixed dtypes {} and {}", dtype_name(first->dt), dtype_name(r.dt)));

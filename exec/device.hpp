@@ -150,10 +150,10 @@ class Device {
   // as it is made has nothing to wait for).
   virtual void synchronize() {}
   // Between batch(true) and batch(false) the device may hold back copy, add, fill (with 0)
-  // and single-part norm_add calls and run them together (exec/run_batch.hpp), with the
-  // results of running them in call order; any other call runs what it holds first. The
-  // interpreter batches a copy event's runs and a norm's parts. A device that runs each
-  // call as it is made ignores it.
+  // and norm_add calls (of one part, or two of one dtype) and run them together
+  // (exec/run_batch.hpp), with the results of running them in call order; any other call runs
+  // what it holds first. The interpreter batches a copy event's runs and a norm's parts. A
+  // device that runs each call as it is made ignores it.
   virtual void batch(bool on) { (void)on; }
 
   // Event timing: the interpreter brackets each event of a step; step_times returns, for

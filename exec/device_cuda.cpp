@@ -34,7 +34,6 @@ namespace kc = zp::kernels::cuda;
 
 namespace {
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
-bool is_float(DType t) { return t == DType::fp32 || t == DType::bf16 || t == DType::fp16; }
 void* at(Ref r) { return static_cast<std::byte*>(r.base) + r.off * dtype_size(r.dt); }
 float* f32(Ref r) { return static_cast<float*>(r.base) + r.off; }
 
@@ -197,11 +196,12 @@ class CudaDevice final : public Device {
                  float grad_factor) override {
     settle();
     if (n <= 0) return;
-    float* gf = grad_f32(g, n, grad_factor);
+    // The unscaling factor is applied as the kernel reads the gradient: no pass of its own.
+    const float* gf = as_f32(g, n, 0);
     float* pf = as_f32(p, n, 1);
     float* mf = as_f32(m, n, 2);
     float* vf = as_f32(v, n, 3);
-    kc::adam_step(pf, gf, mf, vf, n, step, c, stream_);
+    kc::adam_step(pf, gf, mf, vf, n, step, c, stream_, grad_factor);
     back(p, pf, n);
     back(m, mf, n);
     back(v, vf, n);
@@ -210,10 +210,10 @@ class CudaDevice final : public Device {
                 float grad_factor) override {
     settle();
     if (n <= 0) return;
-    float* gf = grad_f32(g, n, grad_factor);
+    const float* gf = as_f32(g, n, 0);
     float* pf = as_f32(p, n, 1);
     float* mf = momentum ? as_f32(momentum, n, 2) : nullptr;
-    kc::sgd_step(pf, gf, mf, n, step, c, stream_);
+    kc::sgd_step(pf, gf, mf, n, step, c, stream_, grad_factor);
     back(p, pf, n);
     if (momentum) back(momentum, mf, n);
   }
@@ -269,7 +269,11 @@ class CudaDevice final : public Device {
   }
   void norm_add(std::span<const Ref> parts, std::int64_t n) override {
     if (n <= 0 || parts.empty()) return;
+    // One part, or two of one dtype (stage 2's accumulated partition and the last micro-step's):
+    // held, and summed with the other parts' runs in one launch.
     if (parts.size() == 1 && hold({RunBatch::Kind::sumsq, Ref{}, parts[0], n})) return;
+    if (parts.size() == 2 && parts[0].dt == parts[1].dt && hold({RunBatch::Kind::sumsq, Ref{}, parts[0], n, parts[1]}))
+      return;
     settle();
     auto* sumsq = static_cast<double*>(norm_);
     const void* x = at(parts[0]);
@@ -396,8 +400,8 @@ class CudaDevice final : public Device {
   // held; else what is held runs first and r is not held).
   bool hold(const RunBatch::Run& r) {
     if (!batching_) return false;
-    const bool floats = (r.kind == RunBatch::Kind::sumsq || is_float(r.dst.dt)) &&
-                        (r.kind == RunBatch::Kind::zero || is_float(r.src.dt));
+    const bool floats = (r.kind == RunBatch::Kind::sumsq || cuda_float_dtype(r.dst.dt)) &&
+                        (r.kind == RunBatch::Kind::zero || cuda_float_dtype(r.src.dt));
     if (!floats) {
       settle();
       return false;
@@ -414,7 +418,7 @@ class CudaDevice final : public Device {
       std::vector<kc::MultiRun> runs;
       runs.reserve(g.runs.size());
       for (const RunBatch::Run& r : g.runs)
-        runs.push_back({r.dst ? at(r.dst) : nullptr, r.src ? at(r.src) : nullptr, r.n});
+        runs.push_back({r.dst ? at(r.dst) : nullptr, r.src ? at(r.src) : nullptr, r.n, r.src2 ? at(r.src2) : nullptr});
       const auto count = static_cast<std::int64_t>(runs.size());
       switch (g.kind) {
         case RunBatch::Kind::copy: kc::multi_map(runs.data(), count, kc::MultiMode::copy, g.dst_dt, g.src_dt, stream_); break;
@@ -427,7 +431,7 @@ class CudaDevice final : public Device {
     }
   }
   static void float_only(Ref r, const char* what) {
-    if (!is_float(r.dt))
+    if (!cuda_float_dtype(r.dt))
       throw std::logic_error(fmt::format("cuda device: {} of a {} buffer", what, dtype_name(r.dt)));
   }
   Bytes used() {
@@ -476,11 +480,6 @@ class CudaDevice final : public Device {
   }
   // The gradient for an update: g·factor, in fp32 (an fp32 g is scaled in place, as the
   // CPU device does).
-  float* grad_f32(Ref g, std::int64_t n, float factor) {
-    float* gf = as_f32(g, n, 0);
-    if (factor != 1.0f) kc::scale_inplace(gf, n, factor, DType::fp32, stream_);
-    return gf;
-  }
 
   int dev_ = 0;
   std::array<cudaStream_t, zero::kNumStreams> streams_{};  // compute, reduction, allgather, host

@@ -1,6 +1,7 @@
 #include "exec/run_batch.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace zp::exec {
 
@@ -16,24 +17,44 @@ RunBatch::Range RunBatch::range(const Ref& r, std::int64_t n) {
   return {lo, lo + static_cast<std::uintptr_t>(n) * es};
 }
 
+bool RunBatch::merges(const Run& r) const {
+  if (r.kind != Kind::add || runs_.empty()) return false;
+  const Run& last = runs_.back();
+  return last.kind == Kind::copy && !last.src2 && last.n == r.n && last.dst.base == r.dst.base &&
+         last.dst.dt == r.dst.dt && last.dst.off == r.dst.off && r.src.dt == last.src.dt &&
+         (last.dst.dt == last.src.dt || last.dst.dt == DType::fp32);
+}
+
 bool RunBatch::fits(const Run& r) const {
   if (r.n <= 0) return true;
   auto hits = [](const std::vector<Range>& v, const Range& x) {
     return std::any_of(v.begin(), v.end(), [&](const Range& y) { return overlap(x, y); });
   };
+  // Merged, the addition reads its source before the copy writes: so its source must not
+  // overlap the copy's destination either, which is among the writes.
+  if (merges(r)) return !hits(writes_, range(r.src, r.n));
   if (r.kind != Kind::sumsq) {
     const Range w = range(r.dst, r.n);
     if (hits(writes_, w) || hits(reads_, w)) return false;
   }
   if (r.kind != Kind::zero && hits(writes_, range(r.src, r.n))) return false;
+  if (r.src2 && hits(writes_, range(r.src2, r.n))) return false;
   return true;
 }
 
 void RunBatch::push(const Run& r) {
   if (r.n <= 0) return;
+  if (merges(r)) {
+    runs_.back().src2 = r.src;
+    reads_.push_back(range(r.src, r.n));
+    return;
+  }
+  if (r.src2 && r.src2.dt != r.src.dt)
+    throw std::logic_error("RunBatch: a second source of another dtype than the first");
   runs_.push_back(r);
   if (r.kind != Kind::sumsq) writes_.push_back(range(r.dst, r.n));
   if (r.kind != Kind::zero) reads_.push_back(range(r.src, r.n));
+  if (r.src2) reads_.push_back(range(r.src2, r.n));
   // An addition reads its destination too; it is already among the writes, which every
   // later run is checked against both ways.
 }
@@ -43,10 +64,12 @@ std::vector<RunBatch::Group> RunBatch::take() {
   for (const Run& r : runs_) {
     const DType d = r.kind == Kind::sumsq ? r.src.dt : r.dst.dt;
     const DType s = r.kind == Kind::zero ? r.dst.dt : r.src.dt;
-    auto g = std::find_if(groups.begin(), groups.end(),
-                          [&](const Group& x) { return x.kind == r.kind && x.dst_dt == d && x.src_dt == s; });
+    const bool two = static_cast<bool>(r.src2);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
+      return x.kind == r.kind && x.dst_dt == d && x.src_dt == s && x.two == two;
+    });
     if (g == groups.end()) {
-      groups.push_back(Group{r.kind, d, s, {}});
+      groups.push_back(Group{r.kind, d, s, two, {}});
       g = groups.end() - 1;
     }
     g->runs.push_back(r);

@@ -273,6 +273,7 @@ TEST_CASE("run batches: runs taken together give the result of running them one 
   // and must end equal, bit for bit: integer values keep every sum exact.
   using zp::exec::RunBatch;
   std::mt19937 rng(5);
+  int total_merged = 0;
   for (int trial = 0; trial < 20; ++trial) {
     std::array<std::vector<float>, 3> ref, bat;
     for (auto& b : ref) {
@@ -281,11 +282,15 @@ TEST_CASE("run batches: runs taken together give the result of running them one 
     }
     bat = ref;
     double ref_norm = 0.0, bat_norm = 0.0;
+    // A run reads its sources whole first; a merged copy (src2 >= 0) writes their sum.
     auto apply = [](std::array<std::vector<float>, 3>& bufs, double& norm, const RunBatch::Run& r, int dst, int src,
-                    std::int64_t doff, std::int64_t soff) {
+                    std::int64_t doff, std::int64_t soff, int src2 = -1, std::int64_t soff2 = 0) {
       float* d = dst >= 0 ? bufs[static_cast<std::size_t>(dst)].data() + doff : nullptr;
       const float* s = src >= 0 ? bufs[static_cast<std::size_t>(src)].data() + soff : nullptr;
-      std::vector<float> tmp(s ? s : d, (s ? s : d) + r.n);  // a run reads its source whole first
+      std::vector<float> tmp(s ? s : d, (s ? s : d) + r.n);
+      if (src2 >= 0)
+        for (std::int64_t i = 0; i < r.n; ++i)
+          tmp[static_cast<std::size_t>(i)] += bufs[static_cast<std::size_t>(src2)][static_cast<std::size_t>(soff2 + i)];
       for (std::int64_t i = 0; i < r.n; ++i) {
         switch (r.kind) {
           case RunBatch::Kind::copy: d[i] = tmp[static_cast<std::size_t>(i)]; break;
@@ -299,27 +304,35 @@ TEST_CASE("run batches: runs taken together give the result of running them one 
       RunBatch::Run run;
       int dst, src;
       std::int64_t doff, soff;
+      int src2 = -1;
+      std::int64_t soff2 = 0;
     };
     RunBatch batch;
     std::vector<Call> held;
-    int flushes = 0;
+    int flushes = 0, merged = 0;
     auto run_held = [&] {
       // Groups and runs backwards: no order among them may matter.
       const auto groups = batch.take();
       std::size_t runs = 0;
       for (const auto& g : groups) runs += g.runs.size();
       CHECK(runs == held.size());
-      for (auto it = held.rbegin(); it != held.rend(); ++it) apply(bat, bat_norm, it->run, it->dst, it->src, it->doff, it->soff);
+      for (auto it = held.rbegin(); it != held.rend(); ++it)
+        apply(bat, bat_norm, it->run, it->dst, it->src, it->doff, it->soff, it->src2, it->soff2);
       held.clear();
       ++flushes;
     };
     const int calls = 60;
     for (int c = 0; c < calls; ++c) {
-      const auto kind = static_cast<RunBatch::Kind>(rng() % 4);
-      const std::int64_t n = 1 + static_cast<std::int64_t>(rng() % 12);
-      const int dst = kind == RunBatch::Kind::sumsq ? -1 : static_cast<int>(rng() % 3);
+      // Half the time after a copy, an addition into the same place (a flatten of two
+      // partitions): it merges into the copy when its source does not overlap what is written.
+      const bool follow = !held.empty() && held.back().run.kind == RunBatch::Kind::copy && held.back().src2 < 0 &&
+                          rng() % 2 == 0;
+      const auto kind = follow ? RunBatch::Kind::add : static_cast<RunBatch::Kind>(rng() % 4);
+      const std::int64_t n = follow ? held.back().run.n : 1 + static_cast<std::int64_t>(rng() % 12);
+      const int dst = follow ? held.back().dst : kind == RunBatch::Kind::sumsq ? -1 : static_cast<int>(rng() % 3);
       const int src = kind == RunBatch::Kind::zero ? -1 : static_cast<int>(rng() % 3);
-      const std::int64_t doff = static_cast<std::int64_t>(rng() % static_cast<unsigned>(64 - n));
+      const std::int64_t doff =
+          follow ? held.back().doff : static_cast<std::int64_t>(rng() % static_cast<unsigned>(64 - n));
       std::int64_t soff = static_cast<std::int64_t>(rng() % static_cast<unsigned>(64 - n));
       if (dst >= 0 && dst == src && std::abs(doff - soff) < n) soff = doff;  // a run is in place or disjoint
       RunBatch::Run r{kind, {}, {}, n};
@@ -327,14 +340,22 @@ TEST_CASE("run batches: runs taken together give the result of running them one 
       if (src >= 0) r.src = Ref{bat[static_cast<std::size_t>(src)].data(), DType::fp32, soff};
       apply(ref, ref_norm, r, dst, src, doff, soff);
       if (!batch.fits(r)) run_held();
+      if (batch.merges(r)) {
+        held.back().src2 = src;
+        held.back().soff2 = soff;
+        ++merged;
+      } else {
+        held.push_back({r, dst, src, doff, soff});
+      }
       batch.push(r);
-      held.push_back({r, dst, src, doff, soff});
     }
     run_held();
     CHECK(bat == ref);
     CHECK(bat_norm == ref_norm);
     CHECK(flushes < calls);
+    total_merged += merged;
   }
+  CHECK(total_merged > 20);  // the merges were exercised
   // Groups: one per kind and dtype pair, runs in call order.
   RunBatch b;
   std::vector<float> x(8), y(8);
@@ -352,4 +373,42 @@ TEST_CASE("run batches: runs taken together give the result of running them one 
   CHECK(groups[0].runs[1].dst.off == 4);
   CHECK(groups[1].dst_dt == DType::bf16);
   CHECK(b.empty());
+
+  // Two sources: an addition right after a copy into the same place merges into it where the
+  // copy is exact (the destination in the source's dtype, or fp32); not into a narrowing copy,
+  // nor into another length or place, nor where its source is what the copy writes. A norm of
+  // two parts is one run with its own group.
+  std::vector<float> p(8), q(8), f(8);
+  std::vector<std::uint16_t> hb(8), pb(8), qb(8);
+  const Ref P{p.data(), DType::fp32, 0}, Q{q.data(), DType::fp32, 0}, F{f.data(), DType::fp32, 0};
+  b.push({RunBatch::Kind::copy, F, P, 8});
+  CHECK_FALSE(b.merges({RunBatch::Kind::add, F, Q, 7}));                // another length
+  CHECK_FALSE(b.merges({RunBatch::Kind::add, F.at(1), Q.at(1), 7}));    // another place
+  CHECK_FALSE(b.merges({RunBatch::Kind::copy, F, Q, 8}));               // not an addition
+  CHECK_FALSE(b.fits({RunBatch::Kind::add, F, F, 8}));                  // its source is the copy's output
+  const RunBatch::Run add{RunBatch::Kind::add, F, Q, 8};
+  REQUIRE(b.merges(add));
+  REQUIRE(b.fits(add));
+  b.push(add);
+  CHECK_FALSE(b.merges({RunBatch::Kind::add, F, Q, 8}));  // once: the copy has two sources now
+  CHECK_FALSE(b.fits({RunBatch::Kind::copy, Q, P, 8}));    // Q is read by the merged copy
+  b.push({RunBatch::Kind::sumsq, {}, P, 8, Q});
+  b.push({RunBatch::Kind::sumsq, {}, P, 8});
+  // A bf16 copy of bf16 sources is exact, so it merges; a bf16 copy of fp32 ones rounds.
+  b.push({RunBatch::Kind::copy, Ref{hb.data(), DType::bf16, 0}, Ref{pb.data(), DType::bf16, 0}, 8});
+  CHECK(b.merges({RunBatch::Kind::add, Ref{hb.data(), DType::bf16, 0}, Ref{qb.data(), DType::bf16, 0}, 8}));
+  CHECK_FALSE(b.merges({RunBatch::Kind::add, Ref{hb.data(), DType::bf16, 0}, Q, 8}));  // another source dtype
+  const auto two = b.take();
+  REQUIRE(two.size() == 4);
+  CHECK((two[0].kind == RunBatch::Kind::copy && two[0].two && two[0].runs.size() == 1));
+  CHECK(two[0].runs[0].src2.base == q.data());
+  CHECK((two[1].kind == RunBatch::Kind::sumsq && two[1].two));
+  CHECK((two[2].kind == RunBatch::Kind::sumsq && !two[2].two));
+  CHECK((two[3].kind == RunBatch::Kind::copy && !two[3].two && two[3].dst_dt == DType::bf16));
+  std::vector<float> r(8);
+  const Ref R{r.data(), DType::fp32, 0};
+  b.push({RunBatch::Kind::copy, Ref{hb.data(), DType::bf16, 0}, P, 8});
+  CHECK_FALSE(b.merges({RunBatch::Kind::add, Ref{hb.data(), DType::bf16, 0}, Q, 8}));  // the copy rounds
+  CHECK_THROWS_AS(b.push({RunBatch::Kind::sumsq, {}, R, 8, Ref{qb.data(), DType::bf16, 0}}), std::logic_error);
+  b.take();
 }

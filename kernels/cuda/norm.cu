@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -297,11 +299,22 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
   }
 }
 
+// The occupancy query is a driver call on every backward's host path (tens a step), and its
+// answer depends only on the kernel and the device: asked once per device, kept per kernel.
+// A device ordinal past the table is asked every time.
 template <class T, int P>
 std::int64_t one_wave_warps(const Context& ctx) {
-  int blocks = 0;
-  ZP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layernorm_backward_warp_kernel<T, P>,
-                                                              32 * kWarpRowsPerBlock, 0));
+  static std::array<std::atomic<int>, 64> resident_blocks{};  // 0: not asked yet
+  const int dev = ctx.device();
+  int blocks = dev >= 0 && dev < static_cast<int>(resident_blocks.size())
+                   ? resident_blocks[static_cast<std::size_t>(dev)].load(std::memory_order_relaxed)
+                   : 0;
+  if (blocks == 0) {
+    ZP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layernorm_backward_warp_kernel<T, P>,
+                                                                32 * kWarpRowsPerBlock, 0));
+    if (dev >= 0 && dev < static_cast<int>(resident_blocks.size()))
+      resident_blocks[static_cast<std::size_t>(dev)].store(blocks, std::memory_order_relaxed);
+  }
   const std::int64_t resident = std::int64_t{blocks} * kWarpRowsPerBlock * ctx.sm_count();
   return std::max<std::int64_t>(128, resident / 128 * 128);
 }

@@ -1,4 +1,6 @@
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/detail.cuh"
@@ -108,14 +110,15 @@ struct SgdList {
 };
 
 template <class P16>
-__global__ void adam_kernel(AdamList list, AdamScalars s, const float* __restrict__ grad_scale,
+__global__ void adam_kernel(AdamList list, AdamScalars s, const float* __restrict__ grad_scale, float grad_factor,
                             const int* __restrict__ skip) {
   if (skip != nullptr && *skip != 0) return;
   const int t = list.tensor[blockIdx.x];
   const std::int64_t n = list.n[t];
   const std::int64_t lo = static_cast<std::int64_t>(list.chunk[blockIdx.x]) * kChunk;
   const std::int64_t hi = lo + kChunk < n ? lo + kChunk : n;
-  const float gs = grad_scale != nullptr ? *grad_scale : 1.0f;
+  const bool scaled = grad_scale != nullptr || grad_factor != 1.0f;
+  const float gs = grad_scale != nullptr ? *grad_scale : grad_factor;
   float* p = list.p[t];
   const float* g = list.g[t];
   float* m = list.m[t];
@@ -123,7 +126,7 @@ __global__ void adam_kernel(AdamList list, AdamScalars s, const float* __restric
   void* p16 = list.p16[t];
   for (std::int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     float pi = p[i], mi = m[i], vi = v[i];
-    const float gi = grad_scale != nullptr ? __fmul_rn(g[i], gs) : g[i];
+    const float gi = scaled ? __fmul_rn(g[i], gs) : g[i];
     adam_element(pi, gi, mi, vi, s);
     p[i] = pi;
     m[i] = mi;
@@ -133,21 +136,22 @@ __global__ void adam_kernel(AdamList list, AdamScalars s, const float* __restric
 }
 
 template <class P16>
-__global__ void sgd_kernel(SgdList list, SgdScalars s, const float* __restrict__ grad_scale,
+__global__ void sgd_kernel(SgdList list, SgdScalars s, const float* __restrict__ grad_scale, float grad_factor,
                            const int* __restrict__ skip) {
   if (skip != nullptr && *skip != 0) return;
   const int t = list.tensor[blockIdx.x];
   const std::int64_t n = list.n[t];
   const std::int64_t lo = static_cast<std::int64_t>(list.chunk[blockIdx.x]) * kChunk;
   const std::int64_t hi = lo + kChunk < n ? lo + kChunk : n;
-  const float gs = grad_scale != nullptr ? *grad_scale : 1.0f;
+  const bool scaled = grad_scale != nullptr || grad_factor != 1.0f;
+  const float gs = grad_scale != nullptr ? *grad_scale : grad_factor;
   float* p = list.p[t];
   const float* g = list.g[t];
   float* buf = list.buf[t];
   void* p16 = list.p16[t];
   for (std::int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     float pi = p[i];
-    const float gi = grad_scale != nullptr ? __fmul_rn(g[i], gs) : g[i];
+    const float gi = scaled ? __fmul_rn(g[i], gs) : g[i];
     sgd_element(pi, gi, buf != nullptr ? buf + i : nullptr, s);
     p[i] = pi;
     if (p16 != nullptr) write_p16<P16>(p16, i, pi);
@@ -244,8 +248,15 @@ __global__ void inf_nan_kernel(int* found, const T* x, std::int64_t n) {
 
 }  // namespace
 
+void check_scale(const StepOptions& options, const char* what) {
+  if (options.grad_scale != nullptr && options.grad_factor != 1.0f)
+    throw std::invalid_argument(std::string(what) +
+                                ": StepOptions has a device grad_scale and a grad_factor; allowed: one");
+}
+
 void adam_step_multi(const AdamTensor* tensors, std::size_t count, std::int64_t step, const AdamConfig& cfg,
                      const StepOptions& options, cudaStream_t stream) {
+  check_scale(options, "adam_step_multi");
   for (std::size_t k = 0; k < count; ++k) check_chunks(tensors[k].n);
   const AdamScalars s = adam_scalars(step, cfg);
   dispatch_p16(options.p16_dtype, [&](auto tag) {
@@ -262,7 +273,7 @@ void adam_step_multi(const AdamTensor* tensors, std::size_t count, std::int64_t 
         },
         [&](const AdamList& l, int blocks) {
           adam_kernel<P16><<<static_cast<unsigned>(blocks), kStepBlock, 0, stream>>>(l, s, options.grad_scale,
-                                                                                     options.skip);
+                                                                                     options.grad_factor, options.skip);
           ZP_CUDA_CHECK_LAUNCH("adam_kernel");
         });
   });
@@ -270,6 +281,7 @@ void adam_step_multi(const AdamTensor* tensors, std::size_t count, std::int64_t 
 
 void sgd_step_multi(const SgdTensor* tensors, std::size_t count, std::int64_t step, const SgdConfig& cfg,
                     const StepOptions& options, cudaStream_t stream) {
+  check_scale(options, "sgd_step_multi");
   for (std::size_t k = 0; k < count; ++k) check_chunks(tensors[k].n);
   const SgdScalars s = sgd_scalars(step, cfg);
   const bool momentum = cfg.momentum != 0.0;
@@ -286,31 +298,35 @@ void sgd_step_multi(const SgdTensor* tensors, std::size_t count, std::int64_t st
         },
         [&](const SgdList& l, int blocks) {
           sgd_kernel<P16><<<static_cast<unsigned>(blocks), kStepBlock, 0, stream>>>(l, s, options.grad_scale,
-                                                                                    options.skip);
+                                                                                    options.grad_factor, options.skip);
           ZP_CUDA_CHECK_LAUNCH("sgd_kernel");
         });
   });
 }
 
 void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t step, const AdamConfig& cfg,
-               cudaStream_t stream) {
+               cudaStream_t stream, float grad_factor) {
   AdamTensor t;
   t.p = p;
   t.g = g;
   t.m = m;
   t.v = v;
   t.n = n;
-  adam_step_multi(&t, 1, step, cfg, StepOptions{}, stream);
+  StepOptions o;
+  o.grad_factor = grad_factor;
+  adam_step_multi(&t, 1, step, cfg, o, stream);
 }
 
 void sgd_step(float* p, const float* g, float* buf, std::int64_t n, std::int64_t step, const SgdConfig& cfg,
-              cudaStream_t stream) {
+              cudaStream_t stream, float grad_factor) {
   SgdTensor t;
   t.p = p;
   t.g = g;
   t.buf = buf;
   t.n = n;
-  sgd_step_multi(&t, 1, step, cfg, StepOptions{}, stream);
+  StepOptions o;
+  o.grad_factor = grad_factor;
+  sgd_step_multi(&t, 1, step, cfg, o, stream);
 }
 
 void scale_inplace(void* x, std::int64_t n, float alpha, DType dt, cudaStream_t stream) {

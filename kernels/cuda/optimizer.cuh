@@ -17,22 +17,27 @@ namespace zp::kernels::cuda {
 using AdamConfig = cpu::AdamConfig;
 using SgdConfig = cpu::SgdConfig;
 
-// One Adam / AdamW step; `step` is the 1-based count including this step.
+// One Adam / AdamW step; `step` is the 1-based count including this step. The gradient is
+// g * grad_factor, rounded to fp32 (the bits of scale_inplace(g, grad_factor) first, without
+// its pass over g; g is not written).
 void adam_step(float* p,        // (n) parameters, updated
                const float* g,  // (n) gradients
                float* m,        // (n) exp_avg, updated
                float* v,        // (n) exp_avg_sq, updated
-               std::int64_t n, std::int64_t step, const AdamConfig& cfg, cudaStream_t stream);
+               std::int64_t n, std::int64_t step, const AdamConfig& cfg, cudaStream_t stream,
+               float grad_factor = 1.0f);
 
-// One torch.optim.SGD step; buf may be nullptr when momentum == 0.
+// One torch.optim.SGD step; buf may be nullptr when momentum == 0. grad_factor as adam_step's.
 void sgd_step(float* p,        // (n) parameters, updated
               const float* g,  // (n) gradients
               float* buf,      // (n) momentum buffer, updated (or nullptr)
-              std::int64_t n, std::int64_t step, const SgdConfig& cfg, cudaStream_t stream);
+              std::int64_t n, std::int64_t step, const SgdConfig& cfg, cudaStream_t stream,
+              float grad_factor = 1.0f);
 
 // What the multi-tensor steps may do besides the update.
 struct StepOptions {
   const float* grad_scale = nullptr;  // device scalar: g * (*grad_scale) is the gradient (nullptr: 1)
+  float grad_factor = 1.0f;           // host scalar: g * grad_factor is the gradient (not with grad_scale)
   const int* skip = nullptr;          // device flag: nonzero skips the step entirely (nullptr: never)
   DType p16_dtype = DType::bf16;      // dtype of the tensors' p16 copies
 };
