@@ -366,6 +366,17 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
         differ(R["executor"]["comm"], cfg["backend"], pc, mb,
                fmt::format("predict it with simulate --executor {}", mc == "mpi" ? "cuda-mpi" : "cuda"));
     }
+    // ... and so are PyTorch's workspaces (a file without the key predates it: none in the run,
+    // the device's in the prediction, whose reserved bytes then held them).
+    if (ex && R["executor"].has("library_workspace_bytes") && cfg.has("library_workspace_bytes")) {
+      const std::int64_t pw = R["executor"]["library_workspace_bytes"].integer(0),
+                         mw = cfg["library_workspace_bytes"].integer(0);
+      if (pw != mw)
+        differ(R["executor"]["library_workspace_bytes"], cfg["library_workspace_bytes"], std::to_string(pw),
+               std::to_string(mw),
+               mw > 0 ? "predict it with simulate --executor-workspaces (the run's train --workspaces-of)"
+                      : "predict it without --executor-workspaces (the run had no train --workspaces-of)");
+    }
     const bool known = ex && (*pu)["known"].boolean();
     const std::optional<std::int64_t> pr_reserved = pm["reserved_bytes"].integer(0);
     auto pred = [&](const char* key) -> std::optional<std::int64_t> {

@@ -160,6 +160,9 @@ int main(int argc, char** argv) {
   sim->add_option("--executor", sim_req.executor,
                   "also predict the device memory of zeroplan's own executor on this program: cuda (train --device "
                   "cuda, NCCL) or cuda-mpi (--comm mpi): its scratch and the device-used bytes its driver reports");
+  sim->add_flag("--executor-workspaces", sim_req.executor_workspaces,
+                "with --executor: the run holds the cuBLAS/cuBLASLt workspaces PyTorch keeps on this GPU (train "
+                "--workspaces-of it); default: none, as train runs");
   sim->add_option("--ranks-per-gpu", sim_req.ranks_per_gpu,
                   "--executor cuda-mpi: ranks 0..K-1 share GPU 0 (train --comm mpi on one GPU); also predict the whole "
                   "GPU's device-used bytes, the sum of theirs");

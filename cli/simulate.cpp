@@ -91,6 +91,8 @@ Inputs load_inputs(const SimRequest& req) {
                                                    "got '{}'", req.executor));
   if (req.ranks_per_gpu < 1)
     throw InputError("--ranks-per-gpu", "", fmt::format("must be an integer >= 1, got {}", req.ranks_per_gpu));
+  if (req.executor_workspaces && req.executor.empty())
+    throw InputError("--executor-workspaces", "", "needs --executor cuda or cuda-mpi (it says what the executor's run holds)");
   if (req.ranks_per_gpu > 1 && req.executor != "cuda-mpi")
     throw InputError("--ranks-per-gpu", "", "needs --executor cuda-mpi (NCCL refuses two ranks on one GPU; "
                                             "train --comm mpi stages their collectives through the host)");
@@ -237,7 +239,11 @@ bool graph_fits(const models::OpGraph* graph, const Inputs& in, const zero::DsCo
 }
 
 // The executor's device memory for one result (--executor): its scratch, by running the
-// program on exec/cuda_memory.hpp's probe, and the driver's device-used figure.
+// program on exec/cuda_memory.hpp's probe, and the driver's device-used figure. The program
+// is lowered as `train --device cuda` runs it: without PyTorch's library workspaces, which it
+// allocates only under --workspaces-of (--executor-workspaces: with the simulated GPU's). The
+// H100 runs of tests/data/calibration/h100_executor held 62-66 MiB less than the program with
+// them, and exactly what the program without them predicts.
 ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const zero::DsConfig& cfg,
                                const models::OpGraph& g, const StageResult& r) {
   if (const auto why = exec::unsupported_reason(g, r.program, cfg); !why.empty())
@@ -245,17 +251,23 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
                                                    req.executor, r.stage, why));
   ExecutorMemory m;
   m.nccl = req.executor == "cuda";
+  sim::Target t = target(in);
+  t.library_workspaces = req.executor_workspaces;
+  t.rank = r.rank;
+  // As zero/lower/context.cpp allocates them: a cuBLAS workspace per thread (forward and
+  // autograd), one cuBLASLt workspace.
+  if (req.executor_workspaces) m.library_workspaces = Bytes{2 * in.device->cublas_workspace.v + in.device->cublaslt_workspace.v};
+  const sim::Prediction run = sim::predict(g, cfg, r.batch, t, false);
   try {
-    m.scratch = exec::predict_cuda_scratch(g, r.program, cfg);
+    m.scratch = exec::predict_cuda_scratch(g, run.program, cfg);
   } catch (const std::logic_error& e) {  // an op the CUDA device refuses (a layout, a dtype)
     throw InputError("--executor", "", fmt::format("{}: {}", req.executor, e.what()));
   }
-  m.used = exec::predict_cuda_device_used(in.executor_memory, r.memory.reserved_peak, m.scratch, m.nccl);
+  m.used = exec::predict_cuda_device_used(in.executor_memory, run.memory.reserved_peak, m.scratch, m.nccl);
   // Ranks sharing the GPU: each one's program (lowered for it) and scratch, summed.
   for (int k = 0; k < req.ranks_per_gpu && req.ranks_per_gpu > 1; ++k) {
     exec::CudaDeviceUsed u = m.used;
     if (k != r.rank) {
-      sim::Target t = target(in);
       t.rank = k;
       const sim::Prediction p = sim::predict(g, cfg, r.batch, t, false);
       u = exec::predict_cuda_device_used(in.executor_memory, p.memory.reserved_peak, exec::predict_cuda_scratch(g, p.program, cfg),
@@ -448,6 +460,7 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
     j["executor"] = {{"device", "cuda"},
                      {"comm", x.nccl ? "nccl" : "mpi"},
                      {"device_scratch_bytes", x.scratch.total.v},
+                     {"library_workspace_bytes", x.library_workspaces.v},
                      {"stream_contexts_bytes", x.scratch.stream_contexts.v},
                      {"arenas", std::move(arenas)},
                      {"device_used", std::move(used)}};

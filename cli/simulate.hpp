@@ -55,6 +55,7 @@ struct SimRequest {
   bool check_batch = true;               // false: the caller sets the batch (plan)
   std::string profile;                   // --profile: a cluster profile (zeroplan calibrate --out)
   std::string executor;                  // --executor: cuda | cuda-mpi (zeroplan's own executor's device memory); empty: none
+  bool executor_workspaces = false;      // --executor-workspaces: the run holds PyTorch's workspaces (train --workspaces-of)
   int ranks_per_gpu = 1;                 // --ranks-per-gpu: ranks 0..K-1 share GPU 0 (--executor cuda-mpi): its whole figure
 };
 
@@ -90,6 +91,9 @@ struct Inputs {
 // (exec/cuda_memory.hpp): what its own scratch takes, and its device-used figure.
 struct ExecutorMemory {
   bool nccl = true;  // the communicator: NCCL (train's default on GPUs), else MPI (--comm mpi)
+  // PyTorch's cuBLAS/cuBLASLt workspaces among the program's buffers: none as `train` runs by
+  // default; the simulated GPU's under --executor-workspaces (train --workspaces-of that GPU).
+  Bytes library_workspaces{};
   exec::CudaScratchPrediction scratch;
   exec::CudaDeviceUsed used;
   // --ranks-per-gpu K > 1: ranks 0..K-1 on the one GPU, each with its own context, libraries,

@@ -435,6 +435,9 @@ json train(const TrainOptions& opt, Comm& boot) {
                      {"activation_checkpointing", opt.activation_checkpointing},
                      {"attention", models::attention_name(g.opt.attention)},
                      {"backend", fmt::format("{}+{}", device ? "cuda" : "cpu", comm.backend())},
+                     // PyTorch's workspaces the program holds (train --workspaces-of), as
+                     // zero/lower/context.cpp allocates them: one cuBLAS per thread, one cuBLASLt
+                     {"library_workspace_bytes", 2 * opt.cublas_workspace.v + opt.cublaslt_workspace.v},
                      {"nccl_version", nccl ? nccl_version() : ""},
                      {"allow_tf32", opt.allow_tf32},
                      {"cpu_gemm", kernels::cpu::isa_name(kernels::cpu::gemm_isa())}};

@@ -20,8 +20,10 @@ zero::LowerOptions lower_options(const models::OpGraph& g, const zero::DsConfig&
   lo.rank = t.rank ? *t.rank : zero::heaviest_rank(g, cfg, t.world_size);
   lo.activation_checkpointing = t.activation_checkpointing;
   lo.keep_output = t.keep_output;
-  lo.cublas_workspace = t.device->cublas_workspace;
-  lo.cublaslt_workspace = t.device->cublaslt_workspace;
+  if (t.library_workspaces) {
+    lo.cublas_workspace = t.device->cublas_workspace;
+    lo.cublaslt_workspace = t.device->cublaslt_workspace;
+  }
   return lo;
 }
 

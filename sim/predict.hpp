@@ -29,6 +29,10 @@ struct Target {
   // separate bias adds priced: ComputeModel::deepspeed_loops), or zeroplan's executor (false:
   // it does none of that work; `plan --verify` predicts its candidates so too).
   bool deepspeed = true;
+  // PyTorch's cuBLAS/cuBLASLt workspaces (the device's sizes) among the program's buffers:
+  // DeepSpeed's runs hold them; zeroplan's executor allocates them only under
+  // `train --workspaces-of` (false: none, as `train` runs by default).
+  bool library_workspaces = true;
 };
 
 struct Prediction {

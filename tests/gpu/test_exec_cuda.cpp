@@ -121,7 +121,8 @@ void check_compare(const Case& c) {
   const fs::path predicted = dir() / (name_of(c) + ".predicted.json");
   const auto r = zp::test::run_shell(fmt::format(
       "{0} simulate --model {1} --ds-config {2} --cluster 8xH200-141GB-NVSwitch --gpus {3} --rank 0 --seq-len 16 "
-      "--attention {4}{5}{8} --executor {9} --json > {6} && {0} compare --predicted {6} --measured {7} --json",
+      "--attention {4}{5}{8} --executor {9} --executor-workspaces --json > {6} && "
+      "{0} compare --predicted {6} --measured {7} --json",
       bin(), c.model, cfg.string(), c.np, c.attention, c.ckpt ? " --activation-checkpointing" : "", predicted.string(),
       measured.string(), c.variants,
       c.np == 1 || c.nccl ? std::string("cuda") : fmt::format("cuda-mpi --ranks-per-gpu {}", c.np)), false);
