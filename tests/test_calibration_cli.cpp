@@ -421,19 +421,18 @@ static Run calibrate_executor_runs(const std::vector<std::string>& models,
   return run(args + " --fit-where 'source=device;source=train,run=gpt2-s0|gpt2-s1' --json");
 }
 
-// The issue's held-out check, on zeroplan's own CUDA executor (tests/data/calibration/
-// h200_executor: per-event CUDA-event times of 14 runs on an H200, and GPT-2's micro-benchmarks
-// there). Fitted on the micro-benchmarks and GPT-2's stage 0 and 1 runs; held out: stages 2 and 3,
-// another micro-batch, GAS 2, overlap off, fp16, eager attention, GPT-2 medium, BERT-large and a
-// Llama. The bounds are what the fit reaches (docs/calibration.md), so that it cannot get worse
-// unnoticed.
-TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at stages 0 and 1, held out elsewhere") {
-  const Run r = calibrate_executor_runs({"gpt2"});
+// The held-out protocol on one GPU's executor files: the fit's cluster is the GPU the files
+// name, and the held-out MAPE per phase (phase → (before, after), percent) over the 12 runs
+// not fitted, each uncalibrated above 15% and calibrated below `gain` of that.
+static std::map<std::string, std::pair<double, double>> executor_held_out(const std::string& gpu_dir,
+                                                                          const std::string& cluster, double gain) {
+  const Run r = calibrate_executor_runs({"gpt2"}, gpu_dir);
   CAPTURE(r.err);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
-  CHECK(j["cluster"]["name"] == "1xH200-141GB");  // from the files: the GPU they name
-  std::map<std::string, std::pair<double, double>> mape;  // phase → (before, after), percent
+  CHECK(j["cluster"]["name"] == cluster);  // from the files: the GPU they name
+  CHECK(j["uncertainty"]["basis"].get<std::string>().find("12 held-out runs") != std::string::npos);
+  std::map<std::string, std::pair<double, double>> mape;
   for (const auto& p : j["held_out_phases"]) {
     CHECK(p["quantity"] == "events");
     CHECK(p["runs"].get<int>() == 12);
@@ -442,15 +441,25 @@ TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at st
   REQUIRE(mape.size() == 4);
   for (const auto& [phase, m] : mape) {
     CAPTURE(phase);
-    CHECK(m.first > 15);            // the H200 preset, uncalibrated: 20-40% off
-    CHECK(m.second < m.first / 2);  // calibrated
+    CHECK(m.first > 15);               // the preset, uncalibrated
+    CHECK(m.second < m.first * gain);  // calibrated
   }
+  return mape;
+}
+
+// The issue's held-out check, on zeroplan's own CUDA executor (tests/data/calibration/
+// h200_executor: per-event CUDA-event times of 14 runs on an H200, and GPT-2's micro-benchmarks
+// there). Fitted on the micro-benchmarks and GPT-2's stage 0 and 1 runs; held out: stages 2 and 3,
+// another micro-batch, GAS 2, overlap off, fp16, eager attention, GPT-2 medium, BERT-large and a
+// Llama. The bounds are what the fit reaches (docs/calibration.md), so that it cannot get worse
+// unnoticed.
+TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at stages 0 and 1, held out elsewhere") {
+  auto mape = executor_held_out("h200_executor", "1xH200-141GB", 0.5);  // uncalibrated: 20-40% off
   // The issue's target, 5%, on every phase.
   CHECK(mape["forward"].second < 4.5);
   CHECK(mape["backward"].second < 5);
   CHECK(mape["iteration"].second < 4);
   CHECK(mape["step"].second < 5);
-  CHECK(j["uncertainty"]["basis"].get<std::string>().find("12 held-out runs") != std::string::npos);
 }
 
 // The same protocol on an H100, on runs this executor recorded there (tests/data/calibration/
@@ -463,28 +472,14 @@ TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at st
 // 11.1% off, GAS 2's alone 66%: its norm and flatten launched four kernels per parameter,
 // 8.8 ms of a 2.6 ms step, which the model (one pass each) never priced.
 TEST_CASE("calibrate: the CUDA executor's runs on an H100, fitted on GPT-2 at stages 0 and 1, held out elsewhere") {
-  const Run r = calibrate_executor_runs({"gpt2"}, "h100_executor");
-  CAPTURE(r.err);
-  REQUIRE(r.status == 0);
-  const auto j = nlohmann::json::parse(r.out);
-  CHECK(j["cluster"]["name"] == "1xH100-80GB");  // from the files: the GPU they name
-  std::map<std::string, std::pair<double, double>> mape;  // phase → (before, after), percent
-  for (const auto& p : j["held_out_phases"]) {
-    CHECK(p["quantity"] == "events");
-    CHECK(p["runs"].get<int>() == 12);
-    mape[p["phase"].get<std::string>()] = {p["mape_before"].get<double>(), p["mape_after"].get<double>()};
-  }
-  REQUIRE(mape.size() == 4);
+  auto mape = executor_held_out("h100_executor", "1xH100-80GB", 0.25);  // uncalibrated: 18-45% off
   for (const auto& [phase, m] : mape) {
     CAPTURE(phase);
-    CHECK(m.first > 15);            // the H100 preset, uncalibrated: 18-45% off
-    CHECK(m.second < m.first / 4);  // calibrated
-    CHECK(m.second < 5);            // the issue's target on every phase
+    CHECK(m.second < 5);  // the issue's target on every phase
   }
   CHECK(mape["forward"].second < 3.5);
   CHECK(mape["backward"].second < 4.5);
   CHECK(mape["iteration"].second < 3.5);
-  CHECK(j["uncertainty"]["basis"].get<std::string>().find("12 held-out runs") != std::string::npos);
 }
 
 // Observations saved on one machine (a GPU machine's --device cuda run) fit the same anywhere.
