@@ -82,15 +82,24 @@ class AddressRange {
 // the device in chunks. Host buffers are real (the allocator's, zero pages) and never touched.
 class ProbeDevice final : public Device {
  public:
-  explicit ProbeDevice(const zero::Program& p) : p_(p) {}
+  explicit ProbeDevice(const zero::Program& p)
+      : p_(p), placed_(std::any_of(p.buffers.begin(), p.buffers.end(),
+                                   [](const zero::Buffer& b) { return b.placement == zero::Placement::host; })) {}
 
   const char* name() const override { return "cuda (memory probe)"; }
   bool host_addressable() const override { return false; }
   void* allocate(std::size_t bytes) override { return range_.take(bytes); }
   void release(void*) override {}
 
-  void forward(const models::Op& op, Operands& o) override { ops(op, "forward", cuda_forward_scratch(op, o)); }
-  void backward(const models::Op& op, Operands& o) override { ops(op, "backward", cuda_backward_scratch(op, o)); }
+  // An op ends a batch, as on the CUDA device.
+  void forward(const models::Op& op, Operands& o) override {
+    batching_ = false;
+    ops(op, "forward", cuda_forward_scratch(op, o));
+  }
+  void backward(const models::Op& op, Operands& o) override {
+    batching_ = false;
+    ops(op, "backward", cuda_backward_scratch(op, o));
+  }
 
   // The fp32 views exec/device_cuda.cpp takes: a 16-bit gradient in slot 0, the params and
   // the states in slots 1-3. On host buffers: the CPU's.
@@ -124,7 +133,9 @@ class ProbeDevice final : public Device {
   void fill(Ref, std::int64_t, float) override {}
   void scale(Ref, std::int64_t, float) override {}
   void norm_begin() override {}
-  void batch(bool on) override { batching_ = on; }
+  // A program with host buffers runs behind exec/device_placed.hpp's PlacedDevice, which
+  // passes no batch on (exec/trainer.cpp): the CUDA device then runs each call as made.
+  void batch(bool on) override { batching_ = on && !placed_; }
   void norm_add(std::span<const Ref> parts, std::int64_t n) override {
     if (n <= 0 || parts.empty()) return;
     std::size_t on = 0;
@@ -239,6 +250,7 @@ class ProbeDevice final : public Device {
   std::size_t event_ = SIZE_MAX;
   std::array<std::array<Arena, kCudaDeviceSlots>, zero::kNumStreams> arenas_{};
   std::array<bool, zero::kNumStreams> contexts_{};
+  const bool placed_;      // host buffers: PlacedDevice in front of the CUDA device
   bool batching_ = false;  // exec/device_cuda.cpp holds runs only between batch(true) and batch(false)
 };
 

@@ -117,8 +117,10 @@ class Device {
   virtual void forward(const models::Op& op, Operands& o) = 0;
   virtual void backward(const models::Op& op, Operands& o) = 0;
   // Optimizer updates on a flat fp32 partition (`step` counts applied updates from 1); the
-  // gradient is g·grad_factor (an fp32 g is scaled in place first; a 16-bit one is read
-  // as fp32 and scaled there, as DeepSpeed's fp32 copy of it would be).
+  // gradient is g·grad_factor rounded to fp32 (a 16-bit g read as fp32 first, as DeepSpeed's
+  // fp32 copy of it would be). Whether g itself is left scaled is the device's: the CPU device
+  // scales an fp32 g in place, the CUDA kernels scale as they read. No program reads a
+  // gradient after its update (it is zeroed or refilled first).
   virtual void adam_step(Ref p, Ref g, Ref m, Ref v, std::int64_t n, std::int64_t step,
                          const kernels::cpu::AdamConfig& c, float grad_factor) = 0;
   virtual void sgd_step(Ref p, Ref g, Ref momentum, std::int64_t n, std::int64_t step,

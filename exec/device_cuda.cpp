@@ -478,8 +478,6 @@ class CudaDevice final : public Device {
   void back(Ref r, float* v, std::int64_t n) {
     if (r.dt != DType::fp32) kc::convert(at(r), r.dt, v, DType::fp32, n, stream_);
   }
-  // The gradient for an update: g·factor, in fp32 (an fp32 g is scaled in place, as the
-  // CPU device does).
 
   int dev_ = 0;
   std::array<cudaStream_t, zero::kNumStreams> streams_{};  // compute, reduction, allgather, host

@@ -49,8 +49,8 @@ void RunBatch::push(const Run& r) {
     reads_.push_back(range(r.src, r.n));
     return;
   }
-  if (r.src2 && r.src2.dt != r.src.dt)
-    throw std::logic_error("RunBatch: a second source of another dtype than the first");
+  if (r.src2 && (r.src2.dt != r.src.dt || (r.kind != Kind::copy && r.kind != Kind::sumsq)))
+    throw std::logic_error("RunBatch: a second source outside a copy or a sum of squares, or of another dtype");
   runs_.push_back(r);
   if (r.kind != Kind::sumsq) writes_.push_back(range(r.dst, r.n));
   if (r.kind != Kind::zero) reads_.push_back(range(r.src, r.n));

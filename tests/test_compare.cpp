@@ -417,11 +417,13 @@ TEST_CASE("simulate --executor cuda: the recorded H200 runs' device scratch and 
     const double peak = static_cast<double>(dm["peak"].get<std::int64_t>() - removed_pages);
     CHECK(std::abs(x["device_used"]["total_bytes"].get<double>() / peak - 1.0) <= 0.01);
     // What the driver held beyond the parts it names is the arenas' rounding to pages: within
-    // one page for each removed arena that was not whole pages, and the one page the H100's
-    // GPT-2 runs show too.
+    // one page for each removed arena that was not whole pages, plus, for GPT-2, the one page
+    // its H100 runs show too; to the byte otherwise.
     const std::int64_t unexplained = dm["unexplained_at_peak"].get<std::int64_t>() - (removed_pages - removed);
     const std::int64_t pages = x["device_used"]["pages_bytes"].get<std::int64_t>();
-    CHECK(std::abs(unexplained - pages) <= page * static_cast<std::int64_t>(arenas.size() + 1));
+    std::int64_t slack = c["model"] == "gpt2" ? page : 0;
+    for (const std::int64_t a : arenas) slack += a % page != 0 ? page : 0;
+    CHECK(std::abs(unexplained - pages) <= slack);
     ++runs;
   }
   CHECK(runs == 14);

@@ -273,7 +273,7 @@ TEST_CASE("run batches: runs taken together give the result of running them one 
   // and must end equal, bit for bit: integer values keep every sum exact.
   using zp::exec::RunBatch;
   std::mt19937 rng(5);
-  int total_merged = 0;
+  int total_merged = 0, two_source_sums = 0;
   for (int trial = 0; trial < 20; ++trial) {
     std::array<std::vector<float>, 3> ref, bat;
     for (auto& b : ref) {
@@ -338,14 +338,23 @@ TEST_CASE("run batches: runs taken together give the result of running them one 
       RunBatch::Run r{kind, {}, {}, n};
       if (dst >= 0) r.dst = Ref{bat[static_cast<std::size_t>(dst)].data(), DType::fp32, doff};
       if (src >= 0) r.src = Ref{bat[static_cast<std::size_t>(src)].data(), DType::fp32, soff};
-      apply(ref, ref_norm, r, dst, src, doff, soff);
+      // Half the sums of squares read a second source (a norm over two partitions).
+      int src2 = -1;
+      std::int64_t soff2 = 0;
+      if (kind == RunBatch::Kind::sumsq && rng() % 2 == 0) {
+        src2 = static_cast<int>(rng() % 3);
+        soff2 = static_cast<std::int64_t>(rng() % static_cast<unsigned>(64 - n));
+        r.src2 = Ref{bat[static_cast<std::size_t>(src2)].data(), DType::fp32, soff2};
+        ++two_source_sums;
+      }
+      apply(ref, ref_norm, r, dst, src, doff, soff, src2, soff2);
       if (!batch.fits(r)) run_held();
       if (batch.merges(r)) {
         held.back().src2 = src;
         held.back().soff2 = soff;
         ++merged;
       } else {
-        held.push_back({r, dst, src, doff, soff});
+        held.push_back({r, dst, src, doff, soff, src2, soff2});
       }
       batch.push(r);
     }
@@ -355,7 +364,8 @@ TEST_CASE("run batches: runs taken together give the result of running them one 
     CHECK(flushes < calls);
     total_merged += merged;
   }
-  CHECK(total_merged > 20);  // the merges were exercised
+  CHECK(total_merged > 20);     // the merges were exercised
+  CHECK(two_source_sums > 20);  // and the two-source sums
   // Groups: one per kind and dtype pair, runs in call order.
   RunBatch b;
   std::vector<float> x(8), y(8);

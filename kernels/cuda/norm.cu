@@ -300,12 +300,14 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
 }
 
 // The occupancy query is a driver call on every backward's host path (tens a step), and its
-// answer depends only on the kernel and the device: asked once per device, kept per kernel.
-// A device ordinal past the table is asked every time.
+// answer depends only on the kernel and the device: asked once per device, kept per kernel,
+// by the ordinal of the device current now (the one the query asks about and the kernel
+// runs on). A device ordinal past the table is asked every time.
 template <class T, int P>
 std::int64_t one_wave_warps(const Context& ctx) {
   static std::array<std::atomic<int>, 64> resident_blocks{};  // 0: not asked yet
-  const int dev = ctx.device();
+  int dev = -1;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
   int blocks = dev >= 0 && dev < static_cast<int>(resident_blocks.size())
                    ? resident_blocks[static_cast<std::size_t>(dev)].load(std::memory_order_relaxed)
                    : 0;

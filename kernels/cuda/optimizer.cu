@@ -248,7 +248,7 @@ __global__ void inf_nan_kernel(int* found, const T* x, std::int64_t n) {
 
 }  // namespace
 
-void check_scale(const StepOptions& options, const char* what) {
+static void check_scale(const StepOptions& options, const char* what) {
   if (options.grad_scale != nullptr && options.grad_factor != 1.0f)
     throw std::invalid_argument(std::string(what) +
                                 ": StepOptions has a device grad_scale and a grad_factor; allowed: one");

@@ -1381,8 +1381,10 @@ TEST_CASE("Adam, AdamW, SGD on flat fp32 partitions: the CPU's bits, step after 
       kc::sgd_step(q.data(), gs.data(), buf.data(), n, step, momentum);
     }
     expect_close("adam p, unscaled", download(*dp, sz(n), DType::fp32), p, Tol{});
+    expect_close("adam m, unscaled", download(*dm, sz(n), DType::fp32), m, Tol{});
     expect_close("adam v, unscaled", download(*dv, sz(n), DType::fp32), v, Tol{});
     expect_close("sgd p, unscaled", download(*dq, sz(n), DType::fp32), q, Tol{});
+    expect_close("sgd momentum, unscaled", download(*dbuf, sz(n), DType::fp32), buf, Tol{});
     kg::StepOptions both;
     Dev scale(4);
     both.grad_scale = scale.as<float>();
@@ -1585,7 +1587,8 @@ TEST_CASE("multi-run copies, additions, zero-fills and sums of squares: the one-
       }
       // Two sources (the flatten of stage 2's two partitions): a copy of x + x2 summed in fp32,
       // the bits of a copy followed by an addition where the copy is exact (y in x's dtype or
-      // fp32); x2's runs start off the 16-byte grid where x's do not (and the other way).
+      // fp32). Every fourth run's x2 starts 5 elements past its x, so that runs whose x is on
+      // the 16-byte grid have an x2 off it (the element-wise path for both).
       const Vec x2 = rand_vec(total + 8, 73, xdt, -3.0f, 3.0f);
       auto dx2 = device(x2, xdt);
       auto x2_at = [&](std::int64_t off, std::size_t r) { return off + (r % 4 == 2 ? 5 : 0); };
