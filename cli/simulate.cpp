@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -254,16 +255,19 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
   sim::Target t = target(in);
   t.library_workspaces = req.executor_workspaces;
   t.rank = r.rank;
-  // As zero/lower/context.cpp allocates them: a cuBLAS workspace per thread (forward and
-  // autograd), one cuBLASLt workspace.
-  if (req.executor_workspaces) m.library_workspaces = Bytes{2 * in.device->cublas_workspace.v + in.device->cublaslt_workspace.v};
-  const sim::Prediction run = sim::predict(g, cfg, r.batch, t, false);
+  // The result's own program holds the workspaces: lowered again without them unless the run
+  // holds them too.
+  std::optional<sim::Prediction> without;
+  if (!req.executor_workspaces) without = sim::predict(g, cfg, r.batch, t, false);
+  const zero::Program& program = without ? without->program : r.program;
+  const Bytes reserved = without ? without->memory.reserved_peak : r.memory.reserved_peak;
+  m.library_workspaces = zero::library_workspace_bytes(program);
   try {
-    m.scratch = exec::predict_cuda_scratch(g, run.program, cfg);
+    m.scratch = exec::predict_cuda_scratch(g, program, cfg);
   } catch (const std::logic_error& e) {  // an op the CUDA device refuses (a layout, a dtype)
     throw InputError("--executor", "", fmt::format("{}: {}", req.executor, e.what()));
   }
-  m.used = exec::predict_cuda_device_used(in.executor_memory, run.memory.reserved_peak, m.scratch, m.nccl);
+  m.used = exec::predict_cuda_device_used(in.executor_memory, reserved, m.scratch, m.nccl);
   // Ranks sharing the GPU: each one's program (lowered for it) and scratch, summed.
   for (int k = 0; k < req.ranks_per_gpu && req.ranks_per_gpu > 1; ++k) {
     exec::CudaDeviceUsed u = m.used;

@@ -82,9 +82,7 @@ class AddressRange {
 // the device in chunks. Host buffers are real (the allocator's, zero pages) and never touched.
 class ProbeDevice final : public Device {
  public:
-  explicit ProbeDevice(const zero::Program& p)
-      : p_(p), placed_(std::any_of(p.buffers.begin(), p.buffers.end(),
-                                   [](const zero::Buffer& b) { return b.placement == zero::Placement::host; })) {}
+  explicit ProbeDevice(const zero::Program& p) : p_(p), placed_(runs_placed(p)) {}
 
   const char* name() const override { return "cuda (memory probe)"; }
   bool host_addressable() const override { return false; }
@@ -133,8 +131,8 @@ class ProbeDevice final : public Device {
   void fill(Ref, std::int64_t, float) override {}
   void scale(Ref, std::int64_t, float) override {}
   void norm_begin() override {}
-  // A program with host buffers runs behind exec/device_placed.hpp's PlacedDevice, which
-  // passes no batch on (exec/trainer.cpp): the CUDA device then runs each call as made.
+  // A program with host buffers runs behind a PlacedDevice (runs_placed), which passes no
+  // batch on: the CUDA device then runs each call as made.
   void batch(bool on) override { batching_ = on && !placed_; }
   void norm_add(std::span<const Ref> parts, std::int64_t n) override {
     if (n <= 0 || parts.empty()) return;

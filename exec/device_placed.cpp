@@ -8,6 +8,12 @@
 
 namespace zp::exec {
 
+bool runs_placed(const zero::Program& p) {
+  return std::any_of(p.buffers.begin(), p.buffers.end(),
+                     [](const zero::Buffer& b) { return b.placement == zero::Placement::host; });
+}
+
+
 namespace {
 
 std::size_t U(std::int64_t v) { return static_cast<std::size_t>(v); }

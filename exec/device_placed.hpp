@@ -25,8 +25,12 @@
 
 #include "exec/device.hpp"
 #include "exec/device_cpu.hpp"
+#include "zero/program.hpp"
 
 namespace zp::exec {
+
+// Whether a program runs on a GPU through a PlacedDevice: it has host buffers (offload).
+bool runs_placed(const zero::Program& p);
 
 class PlacedDevice final : public Device {
  public:

@@ -399,9 +399,7 @@ json train(const TrainOptions& opt, Comm& boot) {
   // A program with host buffers (offload) on a GPU: each call goes where its operands
   // live, the optimizer of the offloaded partition runs on the CPU (exec/device_placed.hpp).
   std::unique_ptr<PlacedDevice> placed;
-  if (device && std::any_of(prog.buffers.begin(), prog.buffers.end(),
-                            [](const zero::Buffer& b) { return b.placement == zero::Placement::host; }))
-    placed = std::make_unique<PlacedDevice>(*device);
+  if (device && runs_placed(prog)) placed = std::make_unique<PlacedDevice>(*device);
   Device* run_on = placed ? static_cast<Device*>(placed.get()) : device.get();
   TrackingAllocator mem(prog.buffers.size(), opt.memory_limit, run_on);
   Interpreter interp(g, prog, cfg, comm, mem, opt.seed, run_on);
@@ -435,9 +433,8 @@ json train(const TrainOptions& opt, Comm& boot) {
                      {"activation_checkpointing", opt.activation_checkpointing},
                      {"attention", models::attention_name(g.opt.attention)},
                      {"backend", fmt::format("{}+{}", device ? "cuda" : "cpu", comm.backend())},
-                     // PyTorch's workspaces the program holds (train --workspaces-of), as
-                     // zero/lower/context.cpp allocates them: one cuBLAS per thread, one cuBLASLt
-                     {"library_workspace_bytes", 2 * opt.cublas_workspace.v + opt.cublaslt_workspace.v},
+                     // PyTorch's workspaces the program holds (train --workspaces-of)
+                     {"library_workspace_bytes", zero::library_workspace_bytes(prog).v},
                      {"nccl_version", nccl ? nccl_version() : ""},
                      {"allow_tf32", opt.allow_tf32},
                      {"cpu_gemm", kernels::cpu::isa_name(kernels::cpu::gemm_isa())}};

@@ -226,4 +226,11 @@ void Program::validate() const {
                                        "moved by one", repeat.first, repeat.events, repeat.copies));
 }
 
+Bytes library_workspace_bytes(const Program& p) {
+  Bytes total{0};
+  for (const Buffer& b : p.buffers)
+    if (b.role == BufferRole::library_workspace) total.v += b.bytes.v;
+  return total;
+}
+
 }  // namespace zp::zero

@@ -444,5 +444,8 @@ bool repeat_is_valid(const Program& p);
 // them moved, every reference moved (Program::repeat cleared). For the executor, which runs
 // every micro-step, and for tests; ids of the result are the logical ids.
 Program expand(const Program& p);
+// The bytes of PyTorch's cuBLAS/cuBLASLt workspaces the program holds (its
+// BufferRole::library_workspace buffers; none where LowerOptions gave no workspace sizes).
+Bytes library_workspace_bytes(const Program& p);
 
 }  // namespace zp::zero
