@@ -307,7 +307,28 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
                    cfg.has("steps") ? fmt::format(", {} steps", cfg["steps"].integer(1)) : "");
 
   // ---- memory at the peak
-  const Node pm = R["memory"], mm = M["memory"];
+  // The program the run held: PyTorch's cuBLAS/cuBLASLt workspaces are among a prediction's
+  // buffers (simulate lowers for DeepSpeed), among a run's only under train --workspaces-of.
+  // A run without them is held to the program simulate --executor lowered as train runs it.
+  // (Files without the keys predate them and are compared as they are.)
+  Node pm = R["memory"];
+  const Node mm = M["memory"];
+  std::string program_note;
+  if (cfg.has("library_workspace_bytes") && pm.has("library_workspace_bytes")) {
+    const std::int64_t mw = cfg["library_workspace_bytes"].integer(0), pw = pm["library_workspace_bytes"].integer(0);
+    if (pw != mw) {
+      const bool ex_fits = R.has("executor") && R["executor"].has("memory") &&
+                           R["executor"]["library_workspace_bytes"].integer(0) == mw;
+      if (!ex_fits)
+        differ(pm["library_workspace_bytes"], cfg["library_workspace_bytes"], std::to_string(pw), std::to_string(mw),
+               mw > 0 ? "predict it on the GPU the run named with train --workspaces-of"
+               : cfg["backend"].string().rfind("cuda", 0) == 0
+                   ? "predict it with simulate --executor cuda, which lowers the program as train ran it"
+                   : "train with --workspaces-of the simulated GPU, whose workspaces the prediction holds");
+      pm = R["executor"]["memory"];
+      program_note = ", without PyTorch's workspaces (simulate --executor)";
+    }
+  }
   const Node pcat = pm["by_category"], mcat = mm["at_peak"];
   std::vector<std::string> canon;
   for (int k = 0; k < zero::kNumCategories; ++k)
@@ -329,7 +350,7 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
   c.exact_memory = mem_off.empty();
 
   t += fmt::format("\n{:<25}{:>16} {:>16} {:>14} {:>9}\n", "memory, bytes", "predicted", "measured", "diff", "diff %");
-  t += "  at the peak, by category\n";
+  t += fmt::format("  at the peak, by category{}\n", program_note);
   json jcat = json::object();
   for (std::size_t i = 0; i < mem.size(); ++i) {
     if (i == ncat) t += "  totals\n";
@@ -345,6 +366,7 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
                  {"peak_allocated", mem[ncat].to_json()},
                  {"reserved", mem[ncat + 1].to_json()},
                  {"peak_event", {{"predicted", pev}, {"measured", mev}, {"same", same_event}}}};
+  j["memory"]["predicted_program"] = program_note.empty() ? "simulate" : "simulate --executor";
   if (mem.size() > ncat + 2) j["memory"]["host_peak"] = mem[ncat + 2].to_json();
   if (M.has("driver_memory")) {
     // A GPU run: the whole device as the driver saw it at the peak, part by part, beside

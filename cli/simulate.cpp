@@ -260,7 +260,9 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
   std::optional<sim::Prediction> without;
   if (!req.executor_workspaces) without = sim::predict(g, cfg, r.batch, t, false);
   const zero::Program& program = without ? without->program : r.program;
-  const Bytes reserved = without ? without->memory.reserved_peak : r.memory.reserved_peak;
+  m.memory = without ? without->memory : r.memory;
+  m.peak_event = m.memory.peak_event >= 0 ? program.event_name(m.memory.peak_event) : std::string();
+  const Bytes reserved = m.memory.reserved_peak;
   m.library_workspaces = zero::library_workspace_bytes(program);
   try {
     m.scratch = exec::predict_cuda_scratch(g, program, cfg);
@@ -359,15 +361,19 @@ nlohmann::json path_event_json(const zero::Program& p, const sim::PathEvent& e) 
   o["end_ms"] = e.end.ms();
   return o;
 }
+
+// Bytes per category (the categories' names as keys).
+nlohmann::json category_json(const sim::CategoryBytes& b) {
+  nlohmann::json out = nlohmann::json::object();
+  for (int c = 0; c < zero::kNumCategories; ++c)
+    out[zero::category_name(static_cast<zero::Category>(c))] = b[static_cast<std::size_t>(c)].v;
+  return out;
+}
 }  // namespace
 
 nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
-  nlohmann::json cats = nlohmann::json::object();
-  nlohmann::json host = nlohmann::json::object();
-  for (int c = 0; c < zero::kNumCategories; ++c) {
-    cats[zero::category_name(static_cast<zero::Category>(c))] = r.memory.at_peak[static_cast<std::size_t>(c)].v;
-    host[zero::category_name(static_cast<zero::Category>(c))] = r.memory.host_at_peak[static_cast<std::size_t>(c)].v;
-  }
+  nlohmann::json cats = category_json(r.memory.at_peak);
+  nlohmann::json host = category_json(r.memory.host_at_peak);
   nlohmann::json j;
   j["stage"] = r.stage;
   j["rank"] = r.rank;
@@ -431,6 +437,7 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
       {"host_bytes", r.memory.peak_host.v},
       {"host_by_category", host},
       {"peak_event", r.memory.peak_event >= 0 ? r.program.event_name(r.memory.peak_event) : std::string()},
+      {"library_workspace_bytes", zero::library_workspace_bytes(r.program).v},
       {"fits", r.memory.fits},
       {"by_category", cats},
   };
@@ -465,6 +472,11 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
                      {"comm", x.nccl ? "nccl" : "mpi"},
                      {"device_scratch_bytes", x.scratch.total.v},
                      {"library_workspace_bytes", x.library_workspaces.v},
+                     {"memory",
+                      {{"peak_allocated_bytes", x.memory.peak_allocated.v},
+                       {"reserved_bytes", x.memory.reserved_peak.v},
+                       {"peak_event", x.peak_event},
+                       {"by_category", category_json(x.memory.at_peak)}}},
                      {"stream_contexts_bytes", x.scratch.stream_contexts.v},
                      {"arenas", std::move(arenas)},
                      {"device_used", std::move(used)}};

@@ -94,6 +94,10 @@ struct ExecutorMemory {
   // PyTorch's cuBLAS/cuBLASLt workspaces among the program's buffers: none as `train` runs by
   // default; the simulated GPU's under --executor-workspaces (train --workspaces-of that GPU).
   Bytes library_workspaces{};
+  // The program's own memory as `train` lowers it (the result's, or the one lowered again
+  // without the workspaces): what `compare` holds a GPU run's categories, peak and reserved to.
+  sim::MemoryReport memory;
+  std::string peak_event;
   exec::CudaScratchPrediction scratch;
   exec::CudaDeviceUsed used;
   // --ranks-per-gpu K > 1: ranks 0..K-1 on the one GPU, each with its own context, libraries,

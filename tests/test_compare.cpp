@@ -198,6 +198,16 @@ TEST_CASE("compare: bad input and different runs exit 2 with one line") {
     bad("--predicted " + file("p4old.json", pd.dump()) + " --measured " + file("fused2.json", doc.dump()),
         "the runs differ in fused_gelu: predicted false, measured true");
   }
+  // Trained without --workspaces-of: the run held none of the workspaces the prediction holds.
+  doc = nlohmann::json::parse(std::ifstream(m));
+  doc["config"]["library_workspace_bytes"] = 0;
+  bad("--predicted " + p + " --measured " + file("nows.json", doc.dump()),
+      "the runs differ in library_workspace_bytes: predicted 68157440 (results[0].memory.library_workspace_bytes), "
+      "measured 0 (config.library_workspace_bytes); train with --workspaces-of the simulated GPU");
+  doc["config"]["backend"] = "cuda+nccl";  // a GPU run: simulate --executor cuda predicts the program it ran
+  bad("--predicted " + p + " --measured " + file("nows-gpu.json", doc.dump()),
+      "measured 0 (config.library_workspace_bytes); predict it with simulate --executor cuda, which lowers the program "
+      "as train ran it");
   doc = nlohmann::json::parse(std::ifstream(m));
   doc["config"]["model"] = "gpt2";
   bad("--predicted " + p + " --measured " + file("model.json", doc.dump()), "model: predicted tiny-gpt2");
@@ -340,6 +350,7 @@ TEST_CASE("compare: ranks sharing one GPU are held against the sum of their pred
 struct RecordedExecutorRun {
   std::string name;
   nlohmann::json measured, predicted;
+  std::string measured_file, predicted_file;  // the run (as recorded) and simulate's whole --json output
 };
 static std::vector<RecordedExecutorRun> recorded_executor_runs(const std::string& dir, const std::string& gpu) {
   namespace fs = std::filesystem;
@@ -357,7 +368,8 @@ static std::vector<RecordedExecutorRun> recorded_executor_runs(const std::string
                          " --executor cuda --json",
                      false);
     REQUIRE(r.status == 0);
-    out.push_back({name, m, nlohmann::json::parse(r.out)["results"][0]["executor"]});
+    out.push_back({name, m, nlohmann::json::parse(r.out)["results"][0]["executor"], entry.path().string(),
+                   file("pred-" + dir + "-" + name, r.out)});
   }
   return out;
 }
@@ -382,6 +394,32 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs' device scratch and 
     const bool gpt2 = run.measured["config"]["model"] == "gpt2";
     CHECK(gap == (gpt2 ? page : 0));
     CHECK(unexplained == gap);
+    // The program's own memory, category by category, at the peak and reserved: the runs were
+    // trained without --workspaces-of (scripts/gpu_calibrate_heldout.sh), which their files
+    // predate the key for; compare then holds them to the program lowered as train ran it.
+    auto m = run.measured;
+    m["config"]["library_workspace_bytes"] = 0;
+    const Run c = sh(bin() + "compare --json --predicted " + run.predicted_file + " --measured " +
+                     file("m-" + run.name, m.dump()));
+    REQUIRE(c.status == 0);
+    const auto cm = nlohmann::json::parse(c.out)["memory"];
+    CHECK(cm["predicted_program"] == "simulate --executor");
+    for (const auto& [cat, row] : cm["by_category"].items()) {
+      CAPTURE(cat);
+      CHECK(row["diff"] == 0);
+    }
+    CHECK(cm["peak_allocated"]["diff"] == 0);
+    CHECK(cm["reserved"]["diff"] == 0);
+    CHECK(cm["peak_event"]["same"] == true);
+    // As recorded (no key), the file is compared with the prediction's own program, which holds
+    // PyTorch's workspaces: every category agrees but the one the workspaces are counted in.
+    const Run legacy = sh(bin() + "compare --json --predicted " + run.predicted_file + " --measured " + run.measured_file);
+    REQUIRE(legacy.status == 0);
+    const auto lm = nlohmann::json::parse(legacy.out)["memory"];
+    CHECK(lm["predicted_program"] == "simulate");
+    CHECK(lm["peak_allocated"]["diff"].get<std::int64_t>() ==
+          nlohmann::json::parse(std::ifstream(run.predicted_file))["results"][0]["memory"]["library_workspace_bytes"]
+              .get<std::int64_t>());
     ++runs;
   }
   CHECK(runs == 14);
