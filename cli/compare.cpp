@@ -309,24 +309,28 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
   // ---- memory at the peak
   // The program the run held: PyTorch's cuBLAS/cuBLASLt workspaces are among a prediction's
   // buffers (simulate lowers for DeepSpeed), among a run's only under train --workspaces-of.
-  // A run without them is held to the program simulate --executor lowered as train runs it.
-  // (Files without the keys predate them and are compared as they are.)
+  // A run without them is held to the program simulate --executor lowered as train ran it;
+  // with no such program the difference is shown, and said where it comes from. (Files
+  // without the keys predate them and are compared as they are.)
   Node pm = R["memory"];
   const Node mm = M["memory"];
-  std::string program_note;
+  std::string program_note, workspace_note;
   if (cfg.has("library_workspace_bytes") && pm.has("library_workspace_bytes")) {
     const std::int64_t mw = cfg["library_workspace_bytes"].integer(0), pw = pm["library_workspace_bytes"].integer(0);
     if (pw != mw) {
-      const bool ex_fits = R.has("executor") && R["executor"].has("memory") &&
-                           R["executor"]["library_workspace_bytes"].integer(0) == mw;
-      if (!ex_fits)
-        differ(pm["library_workspace_bytes"], cfg["library_workspace_bytes"], std::to_string(pw), std::to_string(mw),
-               mw > 0 ? "predict it on the GPU the run named with train --workspaces-of"
-               : cfg["backend"].string().rfind("cuda", 0) == 0
-                   ? "predict it with simulate --executor cuda, which lowers the program as train ran it"
-                   : "train with --workspaces-of the simulated GPU, whose workspaces the prediction holds");
-      pm = R["executor"]["memory"];
-      program_note = ", without PyTorch's workspaces (simulate --executor)";
+      if (R.has("executor") && R["executor"].has("memory") && R["executor"]["library_workspace_bytes"].integer(0) == mw) {
+        pm = R["executor"]["memory"];
+        program_note = ", without PyTorch's workspaces (simulate --executor)";
+      } else {
+        workspace_note = fmt::format(
+            "  the prediction holds {} bytes of PyTorch's cuBLAS/cuBLASLt workspaces, the run {} "
+            "(config.library_workspace_bytes): {}\n",
+            grouped(pw), grouped(mw),
+            mw > 0 ? "predict it on the GPU the run named with train --workspaces-of"
+            : cfg["backend"].string().rfind("cuda", 0) == 0
+                ? "simulate --executor cuda predicts the program as train ran it"
+                : "train --workspaces-of the simulated GPU holds them as the prediction does");
+      }
     }
   }
   const Node pcat = pm["by_category"], mcat = mm["at_peak"];
@@ -362,6 +366,7 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
   t += c.exact_memory ? std::string("memory: exact (every category, the peak, reserved and the peak event agree)\n")
                       : fmt::format("memory: differs in {} (diff = predicted - measured; % of measured)\n",
                                     join(mem_off, ", "));
+  t += workspace_note;
   j["memory"] = {{"by_category", jcat},
                  {"peak_allocated", mem[ncat].to_json()},
                  {"reserved", mem[ncat + 1].to_json()},
