@@ -350,8 +350,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
     // An op with no parameter and no floating input has no gradient to produce: nothing to
     // time in backward (the rotary tables, the masks).
     const bool differentiable = !op.params.empty() || std::any_of(op.inputs.begin(), op.inputs.end(), [&](models::TensorId t) {
-      const DType d = g.tensors[static_cast<std::size_t>(t)].dtype;
-      return d == DType::fp32 || d == DType::bf16 || d == DType::fp16;
+      return is_float(g.tensors[static_cast<std::size_t>(t)].dtype);
     });
     const std::string key = op_signature(g, op);
     const double ow[2] = {cm.op_cost(op.id, zero::Phase::forward).v, cm.op_cost(op.id, zero::Phase::backward).v};

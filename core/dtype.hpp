@@ -18,6 +18,9 @@ constexpr std::int64_t dtype_size(DType t) {
   return 0;
 }
 
+// A floating-point element type: what is differentiable and what the devices compute on.
+constexpr bool is_float(DType t) { return t == DType::fp32 || t == DType::fp16 || t == DType::bf16; }
+
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::fp32: return "fp32";

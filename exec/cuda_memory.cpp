@@ -144,7 +144,7 @@ class ProbeDevice final : public Device {
       return;
     }
     // Two float parts of one dtype, batched: held and summed as they are read (no scratch).
-    const bool held = batching_ && parts.size() == 2 && parts[0].dt == parts[1].dt && cuda_float_dtype(parts[0].dt);
+    const bool held = batching_ && parts.size() == 2 && parts[0].dt == parts[1].dt && is_float(parts[0].dt);
     if (parts.size() > 1 && !held) {
       take(0, static_cast<std::size_t>(n) * 4, "norm");
       for (std::size_t k = 1; k < parts.size(); ++k) view(parts[k], n, 1, "norm");

@@ -61,7 +61,7 @@ DType cuda_op_dtype(const models::Op& op, std::initializer_list<Ref> refs) {
   const Ref* first = nullptr;
   for (const Ref& r : refs) {
     if (!r) continue;
-    if (!cuda_float_dtype(r.dt))
+    if (!is_float(r.dt))
       cuda_op_fail(op, fmt::format("a {} operand where a float one is expected", dtype_name(r.dt)));
     if (!first) first = &r;
     else if (r.dt != first->dt)

@@ -48,9 +48,6 @@ std::size_t scratch_parts_total(std::span<const std::size_t> parts);
 OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o);
 OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o);
 
-// Whether the CUDA device computes on dt (fp32, bf16, fp16).
-inline bool cuda_float_dtype(DType dt) { return dt == DType::fp32 || dt == DType::bf16 || dt == DType::fp16; }
-
 // Shared with the op dispatch.
 [[noreturn]] void cuda_op_fail(const models::Op& op, const std::string& what);
 // The one float dtype of an op's bound operands (each launcher takes a single dtype).

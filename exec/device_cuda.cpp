@@ -400,8 +400,8 @@ class CudaDevice final : public Device {
   // held; else what is held runs first and r is not held).
   bool hold(const RunBatch::Run& r) {
     if (!batching_) return false;
-    const bool floats = (r.kind == RunBatch::Kind::sumsq || cuda_float_dtype(r.dst.dt)) &&
-                        (r.kind == RunBatch::Kind::zero || cuda_float_dtype(r.src.dt));
+    const bool floats = (r.kind == RunBatch::Kind::sumsq || is_float(r.dst.dt)) &&
+                        (r.kind == RunBatch::Kind::zero || is_float(r.src.dt));
     if (!floats) {
       settle();
       return false;
@@ -431,7 +431,7 @@ class CudaDevice final : public Device {
     }
   }
   static void float_only(Ref r, const char* what) {
-    if (!cuda_float_dtype(r.dt))
+    if (!is_float(r.dt))
       throw std::logic_error(fmt::format("cuda device: {} of a {} buffer", what, dtype_name(r.dt)));
   }
   Bytes used() {

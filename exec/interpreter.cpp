@@ -628,8 +628,7 @@ void Interpreter::allocated(BufferId b) {
   const bool grad = buf.role == BufferRole::activation_grad;
   if (grad) fresh_[U(b)] = kFresh;
   blocks_.erase(b);
-  const bool floating = buf.dtype == DType::fp32 || buf.dtype == DType::bf16 || buf.dtype == DType::fp16;
-  if (poison_ && floating && (grad || !zero::starts_zeroed(buf.role)))
+  if (poison_ && is_float(buf.dtype) && (grad || !zero::starts_zeroed(buf.role)))
     dev_.fill(Ref{mem_.data(b), buf.dtype, 0}, buf.elements, std::numeric_limits<float>::quiet_NaN());
 }
 

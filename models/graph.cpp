@@ -154,8 +154,6 @@ std::int64_t checked_bytes(const Shape& s, std::int64_t elem, const std::string&
   return n;
 }
 
-bool is_float(DType t) { return t == DType::fp32 || t == DType::fp16 || t == DType::bf16; }
-
 // A per-token statistic kept with keepdim (LayerNorm mean/rstd, RMSNorm rsqrt): (B, T, 1).
 bool is_per_token_stat(const Tensor& t) { return t.shape.size() >= 2 && t.shape.back() == 1; }
 

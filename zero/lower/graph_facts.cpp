@@ -21,8 +21,7 @@ GraphFacts analyse(const models::OpGraph& g) {
   f.ready_at_op.assign(g.ops.size(), {});
   f.layer_of_op.assign(g.ops.size(), -1);
   for (const auto& t : g.tensors) {
-    const bool floating = t.dtype == DType::fp32 || t.dtype == DType::fp16 || t.dtype == DType::bf16;
-    f.requires_grad[static_cast<std::size_t>(t.id)] = floating && t.producer != models::kNone;
+    f.requires_grad[static_cast<std::size_t>(t.id)] = is_float(t.dtype) && t.producer != models::kNone;
   }
   for (const auto& op : g.ops) {
     f.layer_of_op[static_cast<std::size_t>(op.id)] = op.layer;
