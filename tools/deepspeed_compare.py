@@ -180,6 +180,38 @@ def read_runs(path):
     return runs
 
 
+def profile_fields(run):
+    """A full run's GPU profile as the reference file keeps it: busy time and time per kernel class
+    per phase, and the kernels that took the most (name cut to 160 characters, class, launches,
+    seconds: the profile's top_kernels)."""
+    phases = run.get("profile", {}).get("phases", {})
+    out = {"gpu_s": {ph: v["gpu_busy_s"] for ph, v in phases.items()}}
+    classes = {ph: v["by_class_s"] for ph, v in phases.items() if "by_class_s" in v}
+    if classes:
+        out["gpu_by_class_s"] = classes
+    top = {ph: v["top_kernels"] for ph, v in phases.items() if v.get("top_kernels")}
+    if top:
+        out["gpu_top_kernels"] = top
+    return out
+
+
+def take_profiles(runs, dirs):
+    """Runs with the GPU profiles of the full runs of the same name and inputs in dirs (a later
+    job's profiles of runs whose memory and times an earlier reference holds)."""
+    by_name = {r["name"]: r for r in runs}
+    for d in dirs:
+        for r in read_runs(os.path.join(d, "runs.jsonl")):
+            if "error" in r or "profile" not in r or r["name"] not in by_name:
+                continue
+            base = by_name[r["name"]]
+            diff = [k for k in INPUTS if k in base and k in r and base[k] != r[k]]
+            if diff:
+                raise SystemExit(f"deepspeed_compare: run {r['name']}: the profile's {', '.join(diff)} differ from the "
+                                 f"base file's: not the same run")
+            base.update(profile_fields(r))
+    return runs
+
+
 def pool_timing(runs, dirs):
     """Runs with their times pooled over time-only rounds: the rounds an earlier pooling kept
     (timing.rounds_s of a --base run) and those in dirs. A run's first measurement (a base run
@@ -398,6 +430,9 @@ def main():
     ap.add_argument("--cluster", help="the single-GPU preset to predict on (default: the one of the GPU the runs "
                                       "name; several-rank runs then take the 8-GPU node of that GPU)")
     ap.add_argument("--profile", help="a cluster profile (zeroplan calibrate --out) to predict with")
+    ap.add_argument("--profiles", nargs="+", default=[],
+                    help="folders of full runs whose GPU profiles (busy time, kernel classes, top kernels) replace "
+                         "those of the same runs")
     ap.add_argument("--write-reference")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -410,6 +445,8 @@ def main():
     else:
         meta = json.load(open(os.path.join(args.dir, "meta.json")))
         runs = read_runs(os.path.join(args.dir, "runs.jsonl"))
+    if args.profiles:
+        runs = take_profiles(runs, args.profiles)
     if args.timing:
         runs = pool_timing(runs, args.timing)
         dates = set(meta.get("timing_dates", []))
@@ -519,10 +556,9 @@ def main():
             if "memory" in run:
                 keep[-1]["memory"] = {k: v for k, v in run["memory"].items() if k != "at_peak"}
             if "profile" in run:
-                keep[-1]["gpu_s"] = {ph: v["gpu_busy_s"] for ph, v in run["profile"].get("phases", {}).items()}
-                classes = {ph: v["by_class_s"] for ph, v in run["profile"].get("phases", {}).items() if "by_class_s" in v}
-                if classes:
-                    keep[-1]["gpu_by_class_s"] = classes
+                keep[-1].update(profile_fields(run))
+            else:
+                keep[-1].update({k: run[k] for k in ("gpu_by_class_s", "gpu_top_kernels") if k in run})
         with open(args.write_reference, "w") as f:
             json.dump({"meta": meta, "runs": keep}, f, indent=1)
             f.write("\n")

@@ -491,7 +491,7 @@ def reduce_profile(trace_path):
             # GPU time per kernel class (summed durations) and the kernels that took the most,
             # so the compute model is checked class by class, not only phase by phase.
             "by_class_s": by_class,
-            "top_kernels": sorted(([n, c, k, t] for n, (c, k, t) in by_kernel.items()), key=lambda x: -x[3])[:25],
+            "top_kernels": sorted(([n, c, k, t] for n, (c, k, t) in by_kernel.items()), key=lambda x: -x[3])[:80],
         }
     # Python functions of DeepSpeed (with_stack profiles record them as python_function).
     for e in evs:
