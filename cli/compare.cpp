@@ -315,8 +315,10 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
   Node pm = R["memory"];
   const Node mm = M["memory"];
   std::string program_note, workspace_note;
+  std::optional<std::pair<std::int64_t, std::int64_t>> workspaces;  // predicted (top-level), measured
   if (cfg.has("library_workspace_bytes") && pm.has("library_workspace_bytes")) {
     const std::int64_t mw = cfg["library_workspace_bytes"].integer(0), pw = pm["library_workspace_bytes"].integer(0);
+    workspaces.emplace(pw, mw);
     if (pw != mw) {
       if (R.has("executor") && R["executor"].has("memory") && R["executor"]["library_workspace_bytes"].integer(0) == mw) {
         pm = R["executor"]["memory"];
@@ -327,9 +329,10 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
             "(config.library_workspace_bytes): {}\n",
             grouped(pw), grouped(mw),
             mw > 0 ? "predict it on the GPU the run named with train --workspaces-of"
-            : cfg["backend"].string().rfind("cuda", 0) == 0
+            : backend.rfind("cuda", 0) == 0
                 ? "simulate --executor cuda predicts the program as train ran it"
-                : "train --workspaces-of the simulated GPU holds them as the prediction does");
+                : "simulate --executor cuda predicts the program as train ran it, or train --workspaces-of the "
+                  "simulated GPU holds them as the prediction does");
       }
     }
   }
@@ -372,6 +375,8 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
                  {"reserved", mem[ncat + 1].to_json()},
                  {"peak_event", {{"predicted", pev}, {"measured", mev}, {"same", same_event}}}};
   j["memory"]["predicted_program"] = program_note.empty() ? "simulate" : "simulate --executor";
+  if (workspaces)  // PyTorch's workspaces: the top-level program's and the run's
+    j["memory"]["library_workspace_bytes"] = {{"predicted", workspaces->first}, {"measured", workspaces->second}};
   if (mem.size() > ncat + 2) j["memory"]["host_peak"] = mem[ncat + 2].to_json();
   if (M.has("driver_memory")) {
     // A GPU run: the whole device as the driver saw it at the peak, part by part, beside

@@ -475,6 +475,8 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
                      {"memory",
                       {{"peak_allocated_bytes", x.memory.peak_allocated.v},
                        {"reserved_bytes", x.memory.reserved_peak.v},
+                       {"host_bytes", x.memory.peak_host.v},
+                       {"host_by_category", category_json(x.memory.host_at_peak)},
                        {"peak_event", x.peak_event},
                        {"by_category", category_json(x.memory.at_peak)}}},
                      {"stream_contexts_bytes", x.scratch.stream_contexts.v},

@@ -180,10 +180,12 @@ TEST_CASE("compare: a run without PyTorch's workspaces says so and names the fix
   REQUIRE(r.status == 0);
   CHECK(r.out.find("memory: differs in") != std::string::npos);
   CHECK(r.out.find("the prediction holds 68,157,440 bytes of PyTorch's cuBLAS/cuBLASLt workspaces, the run 0 "
-                   "(config.library_workspace_bytes): train --workspaces-of the simulated GPU holds them as the "
-                   "prediction does") != std::string::npos);
+                   "(config.library_workspace_bytes): simulate --executor cuda predicts the program as train ran it, "
+                   "or train --workspaces-of the simulated GPU holds them as the prediction does") != std::string::npos);
   const auto j = nlohmann::json::parse(sh(bin() + "compare --json --predicted " + p + " --measured " + path("m6.json")).out);
   CHECK(j["memory"]["predicted_program"] == "simulate");
+  CHECK(j["memory"]["library_workspace_bytes"]["predicted"] == pws);
+  CHECK(j["memory"]["library_workspace_bytes"]["measured"] == 0);
   CHECK(j["memory"]["peak_allocated"]["diff"] == pws);  // live at the peak (in backward)
   // simulate --executor's block holds the program as train lowered it, whatever the backend.
   const Run x = sh(bin() + "compare --predicted " + predict("p6x.json", "--gpus 1 --executor cuda") + " --measured " +
@@ -195,7 +197,27 @@ TEST_CASE("compare: a run without PyTorch's workspaces says so and names the fix
   m["config"]["backend"] = "cuda+nccl";
   const Run g = sh(bin() + "compare --predicted " + p + " --measured " + file("m6gpu.json", m.dump()));
   CHECK(g.out.find("the run 0 (config.library_workspace_bytes): simulate --executor cuda predicts the program as "
-                   "train ran it") != std::string::npos);
+                   "train ran it\n") != std::string::npos);
+  // A run that held another GPU's workspaces (train --workspaces-of A100-80GB: cuBLAS's smaller
+  // ones off Hopper) against the H200's.
+  m["config"]["library_workspace_bytes"] = 2 * 8519680 + 1048576;
+  const Run o = sh(bin() + "compare --predicted " + p + " --measured " + file("m6a100.json", m.dump()));
+  CHECK(o.out.find("the run 18,087,936 (config.library_workspace_bytes): predict it on the GPU the run named with "
+                   "train --workspaces-of") != std::string::npos);
+  // With the optimizer offloaded, the host's bytes of the program as train ran it too.
+  const std::string dso = file("ds-offload.json", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+  "zero_optimization": {"stage": 2, "reduce_bucket_size": 5000, "offload_optimizer": {"device": "cpu"}}})");
+  REQUIRE(sh(bin() + "train --model tiny-gpt2 --ds-config " + dso + " --seq-len 16 --steps 2 --quiet --out " +
+             path("m6o.json")).status == 0);
+  REQUIRE(sh(bin() + "simulate --model tiny-gpt2 --ds-config " + dso + " --seq-len 16 --gpu H200 --gpus 1 --executor cuda "
+                     "--json > " + path("p6o.json"), false).status == 0);
+  const auto jo = nlohmann::json::parse(sh(bin() + "compare --json --predicted " + path("p6o.json") + " --measured " +
+                                           path("m6o.json")).out)["memory"];
+  CHECK(jo["predicted_program"] == "simulate --executor");
+  REQUIRE(jo.contains("host_peak"));
+  CHECK(jo["host_peak"]["predicted"].get<std::int64_t>() > 0);
+  CHECK(jo["host_peak"]["diff"] == 0);
+  CHECK(jo["peak_allocated"]["diff"] == 0);
 }
 
 TEST_CASE("compare: bad input and different runs exit 2 with one line") {
@@ -434,14 +456,18 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs' device scratch and 
     CHECK(cm["reserved"]["diff"] == 0);
     CHECK(cm["peak_event"]["same"] == true);
     // As recorded (no key), the file is compared with the prediction's own program, which holds
-    // PyTorch's workspaces: every category agrees but the one the workspaces are counted in.
+    // PyTorch's workspaces: every category agrees but the temporaries they are counted in.
     const Run legacy = sh(bin() + "compare --json --predicted " + run.predicted_file + " --measured " + run.measured_file);
     REQUIRE(legacy.status == 0);
     const auto lm = nlohmann::json::parse(legacy.out)["memory"];
     CHECK(lm["predicted_program"] == "simulate");
-    CHECK(lm["peak_allocated"]["diff"].get<std::int64_t>() ==
-          nlohmann::json::parse(std::ifstream(run.predicted_file))["results"][0]["memory"]["library_workspace_bytes"]
-              .get<std::int64_t>());
+    const std::int64_t ws =
+        nlohmann::json::parse(std::ifstream(run.predicted_file))["results"][0]["memory"]["library_workspace_bytes"];
+    for (const auto& [cat, row] : lm["by_category"].items()) {
+      CAPTURE(cat);
+      CHECK(row["diff"] == (cat == "temporaries" ? ws : 0));
+    }
+    CHECK(lm["peak_allocated"]["diff"] == ws);
     ++runs;
   }
   CHECK(runs == 14);

@@ -201,13 +201,20 @@ def take_profiles(runs, dirs):
     by_name = {r["name"]: r for r in runs}
     for d in dirs:
         for r in read_runs(os.path.join(d, "runs.jsonl")):
-            if "error" in r or "profile" not in r or r["name"] not in by_name:
+            if "error" in r or "profile" not in r:
+                continue
+            if r["name"] not in by_name:
+                print(f"deepspeed_compare: {d}: run {r['name']} is not among the runs; its profile is left out",
+                      file=sys.stderr)
                 continue
             base = by_name[r["name"]]
             diff = [k for k in INPUTS if k in base and k in r and base[k] != r[k]]
             if diff:
                 raise SystemExit(f"deepspeed_compare: run {r['name']}: the profile's {', '.join(diff)} differ from the "
                                  f"base file's: not the same run")
+            for k in ("gpu_s", "gpu_by_class_s", "gpu_top_kernels"):
+                base.pop(k, None)
+            base["profile"] = r["profile"]  # what --write-reference keeps of it, as of a run measured with it
             base.update(profile_fields(r))
     return runs
 
