@@ -13,7 +13,6 @@ bool runs_placed(const zero::Program& p) {
                      [](const zero::Buffer& b) { return b.placement == zero::Placement::host; });
 }
 
-
 namespace {
 
 std::size_t U(std::int64_t v) { return static_cast<std::size_t>(v); }

@@ -448,6 +448,7 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs' device scratch and 
     REQUIRE(c.status == 0);
     const auto cm = nlohmann::json::parse(c.out)["memory"];
     CHECK(cm["predicted_program"] == "simulate --executor");
+    CHECK(cm["by_category"].size() == 7);  // params ... temporaries: the loops below see every category
     for (const auto& [cat, row] : cm["by_category"].items()) {
       CAPTURE(cat);
       CHECK(row["diff"] == 0);
