@@ -237,7 +237,7 @@ double estimate(const DeviceCase& c, const sim::ComputeModel& cm, const sim::Col
     // preference) unless the profile says TF32.
     const bool fp32_cores = c.dtype == DType::fp32 && !p.fp32_gemm_tf32;
     const std::int64_t align = fp32_cores ? 1 : 16 / static_cast<std::int64_t>(dtype_size(c.dtype));
-    t += f / (p.gemm_peak(c.dtype) * sim::gemm_efficiency(p, gm.m * gm.batch, gm.n, gm.k, align, fp32_cores));
+    t += f / (p.gemm_peak(c.dtype) * sim::gemm_efficiency(p, gm.m * gm.batch, gm.n, gm.k, align, fp32_cores, 0, false));
   }
   return t + p.kernel_launch.v;
 }

@@ -210,6 +210,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     sim::DeviceProfile prof = m.device;
     prof.fp32_gemm_tf32 = kernel_graph_tf32_[gi];
     compute.emplace_back(prof, kernel_graphs_[gi]);
+    compute.back().deepspeed_loops = false;  // calibrate --device cuda times zeroplan's own kernels
   }
   std::optional<sim::ComputeModel> copies;
   for (std::size_t i = 0; i < n; ++i) {

@@ -40,10 +40,12 @@ const std::vector<std::string> kProfileKeys = {
     "gemm_half_dim",
     "fp32_gemm_half_dim",
     "gemm_unaligned_factor",
+    "torch_gemm_unaligned_output_factor",
     "elementwise_efficiency",
     "attention_efficiency",
     "attention_backward_efficiency",
     "attention_half_seq",
+    "torch_attention_half_seq",
     "kernel_launch_us",
     "copy_launch_us",
     "copy_piece_us",
@@ -164,6 +166,8 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   p.gemm_half_dim = r.get_double(e, "gemm_half_dim", 0, 0, 1e6);
   if (e.contains("fp32_gemm_half_dim")) p.fp32_gemm_half_dim = r.get_double(e, "fp32_gemm_half_dim", 0, 0, 1e6);
   p.gemm_unaligned_factor = fraction(r, e, "gemm_unaligned_factor");
+  if (e.contains("torch_gemm_unaligned_output_factor"))
+    p.torch_gemm_unaligned_output_factor = fraction(r, e, "torch_gemm_unaligned_output_factor");
   p.elementwise_efficiency = fraction(r, e, "elementwise_efficiency");
   // Optional (profiles written before it price attention as its GEMMs).
   if (e.contains("attention_efficiency")) p.attention_efficiency = positive(r, e, "attention_efficiency", 10);
@@ -175,6 +179,8 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
     p.attention_dropout_backward_efficiency = positive(r, e, "attention_dropout_backward_efficiency", 10);
   if (e.contains("optimizer_efficiency")) p.optimizer_efficiency = positive(r, e, "optimizer_efficiency", 10);
   if (e.contains("attention_half_seq")) p.attention_half_seq = r.get_double(e, "attention_half_seq", 0, 0, 1e6);
+  if (e.contains("torch_attention_half_seq"))
+    p.torch_attention_half_seq = r.get_double(e, "torch_attention_half_seq", 0, 0, 1e6);
   // {"layernorm": 0.5, "layernorm.backward": 0.2, ...}: op kinds as models/graph.hpp names them.
   if (auto it = e.find("op_efficiency"); it != e.end()) {
     const json::Reader orr = r.sub("op_efficiency");
@@ -257,10 +263,20 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
   p.hbm_bandwidth = dev.hbm_bandwidth;
   const bool cpu = dev.arch == "cpu";
   const bool hopper = dev.arch == "hopper" || dev.arch == "blackwell";
-  p.gemm_max_efficiency = cpu ? 0.6 : 0.86;
-  p.gemm_half_dim = cpu ? 32 : (hopper ? 240 : 128);
-  if (hopper) p.fp32_gemm_half_dim = 96;  // measured on Hopper (sim/profiles.json, H100), assumed for Blackwell
+  p.gemm_max_efficiency = cpu ? 0.6 : (hopper ? 0.84 : 0.86);
+  p.gemm_half_dim = cpu ? 32 : (hopper ? 110 : 128);
   p.gemm_unaligned_factor = cpu ? 1.0 : (hopper ? 0.2 : 0.3);
+  if (hopper) {
+    // Fitted on Hopper (sim/profiles.json, the H100's kernel profiles of DeepSpeed runs),
+    // assumed for Blackwell.
+    p.fp32_gemm_half_dim = 96;
+    p.torch_gemm_unaligned_output_factor = 0.13;
+    p.torch_attention_half_seq = 16;
+    p.attention_efficiency = 1.04;
+    p.attention_backward_efficiency = 0.72;
+    p.attention_dropout_efficiency = 0.43;
+    p.attention_dropout_backward_efficiency = 0.89;
+  }
   p.elementwise_efficiency = cpu ? 0.5 : (hopper ? 0.62 : 0.8);
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
   p.copy_launch = p.kernel_launch;
@@ -312,24 +328,25 @@ HostCosts default_host_costs() {
   // differs from its twin in memory only), timed in interleaved time-only rounds: the H200
   // machine's host (Intel Xeon, 16 cores), torch 2.11, transformers 5.17, DeepSpeed 0.19.8,
   // with the step's per-tensor kernels on the device (Event::loop_kernels) and a ZeRO step's
-  // loops apart from its fixed part. Mean |error| in sample, over the 40 fitted runs: forward
-  // 9.7%, backward 9.5%, step 9.2%, iteration 7.2%; over all 41
+  // loops apart from its fixed part, priced on the compute model of the H100's kernel profiles
+  // (sim/profiles.json). Mean |error| in sample, over the 40 fitted runs: forward 9.0%,
+  // backward 9.8%, step 8.9%, iteration 6.6%; over all 41
   // (tests/test_deepspeed_reference.cpp): docs/time_model.md. bf16_optimizer was not measured
   // (zero_optimizer's values); `plain` rests on one run.
   HostCosts c;
-  c.forward_op = Seconds{54.85 * kMicro};
-  c.backward_op = Seconds{86.21 * kMicro};
-  c.grad_hook = Seconds{63.33 * kMicro};
-  c.bucket_hook = Seconds{73.05 * kMicro};
-  c.stage3_module_forward = Seconds{307.73 * kMicro};
-  c.stage3_module_backward = Seconds{135.64 * kMicro};
-  c.stage3_param_forward = Seconds{198.71 * kMicro};
-  c.stage3_grad_hook = Seconds{394.67 * kMicro};
-  c.fp16_optimizer = {Seconds{5006.4 * kMicro}, Seconds{128.5 * kMicro}};
-  c.bf16_optimizer = {Seconds{4963.4 * kMicro}, Seconds{166.1 * kMicro}};
-  c.zero_optimizer = {Seconds{4963.4 * kMicro}, Seconds{166.1 * kMicro}};
-  c.zero3_optimizer = {Seconds{4967.4 * kMicro}, Seconds{70.6 * kMicro}};
-  c.plain = {Seconds{4998.8 * kMicro}, Seconds{20.0 * kMicro}};
+  c.forward_op = Seconds{52.71 * kMicro};
+  c.backward_op = Seconds{94.80 * kMicro};
+  c.grad_hook = Seconds{54.12 * kMicro};
+  c.bucket_hook = Seconds{73.57 * kMicro};
+  c.stage3_module_forward = Seconds{322.34 * kMicro};
+  c.stage3_module_backward = Seconds{102.93 * kMicro};
+  c.stage3_param_forward = Seconds{188.13 * kMicro};
+  c.stage3_grad_hook = Seconds{405.10 * kMicro};
+  c.fp16_optimizer = {Seconds{5004.4 * kMicro}, Seconds{128.7 * kMicro}};
+  c.bf16_optimizer = {Seconds{4956.4 * kMicro}, Seconds{166.3 * kMicro}};
+  c.zero_optimizer = {Seconds{4956.4 * kMicro}, Seconds{166.3 * kMicro}};
+  c.zero3_optimizer = {Seconds{4967.5 * kMicro}, Seconds{70.6 * kMicro}};
+  c.plain = {Seconds{4998.8 * kMicro}, Seconds{27.2 * kMicro}};
   c.source = "fitted through the simulator to DeepSpeed 0.19.8 / torch 2.11 / transformers 5.17 runs on the H200 "
              "machine's host (tests/data/deepspeed/h200_deepspeed_0.19.8.json; tools/fit_host_costs.py)";
   return c;
@@ -402,6 +419,9 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"source", p.source}};
   // Written only where set: absent, the fp32 curve follows gemm_half_dim (a fit of it moves both).
   if (p.fp32_gemm_half_dim >= 0) j["fp32_gemm_half_dim"] = p.fp32_gemm_half_dim;
+  if (p.torch_gemm_unaligned_output_factor >= 0)
+    j["torch_gemm_unaligned_output_factor"] = p.torch_gemm_unaligned_output_factor;
+  if (p.torch_attention_half_seq >= 0) j["torch_attention_half_seq"] = p.torch_attention_half_seq;
   return j;
 }
 
@@ -439,24 +459,28 @@ HostCosts host_costs_at_probe(const HostCosts& h, double probe_us) {
 }
 
 double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align,
-                       bool fp32_cores) {
+                       bool fp32_cores, std::int64_t out_ld, bool torch) {
   if (m <= 0 || n <= 0 || k <= 0) return p.gemm_max_efficiency;
   const double h = fp32_cores ? p.fp32_half() : p.gemm_half_dim;
   const double eff = p.gemm_max_efficiency * saturation(static_cast<double>(m), h) *
                      saturation(static_cast<double>(n), h) * saturation(static_cast<double>(k), h);
-  return eff * alignment_factor(p, m, n, k, align);
+  return eff * alignment_factor(p, m, n, k, align, out_ld, torch);
 }
 
-double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align) {
+double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align,
+                        std::int64_t out_ld, bool torch) {
   if (align <= 1 || m <= 0 || n <= 0 || k <= 0 || (m % align == 0 && n % align == 0 && k % align == 0)) return 1.0;
   // The bytes every dimension is aligned to: the largest power of two dividing each, in bytes.
   const std::int64_t elem = std::max<std::int64_t>(1, 16 / align);
-  std::int64_t bytes = 16;
-  for (const std::int64_t x : {m, n, k}) {
+  auto aligned_bytes = [&](std::int64_t x) {
     const std::int64_t b = x * elem;
-    bytes = std::min(bytes, b & -b);
-  }
-  return std::min(1.0, p.gemm_unaligned_factor * static_cast<double>(bytes) / 2.0);
+    return std::min<std::int64_t>(16, b & -b);
+  };
+  std::int64_t bytes = 16;
+  for (const std::int64_t x : {m, n, k}) bytes = std::min(bytes, aligned_bytes(x));
+  const bool odd_output = torch && aligned_bytes(out_ld > 0 ? out_ld : n) <= 2;
+  const double f = odd_output ? p.torch_unaligned_output() : p.gemm_unaligned_factor;
+  return std::min(1.0, f * std::pow(static_cast<double>(bytes) / 2.0, kUnalignedGrading));
 }
 
 // ------------------------------------------------------------------ the model
@@ -500,13 +524,17 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   // the sequence (or the batch), on the attention curve.
   const bool attention = o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention;
   const std::int64_t head_dim = o->gemms.front().k;
-  auto efficiency = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
-    if (!attention) return gemm_efficiency(p_, m, n, k, align, fp32_cores);
+  // `out_ld`: the leading dimension of the product's output. Forward C(m, n): n. Backward
+  // dA(m, k) and the weight gradient, which nn.Linear keeps as (n, k): k.
+  auto efficiency = [&](std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t out_ld) {
+    if (!attention) return gemm_efficiency(p_, m, n, k, align, fp32_cores, out_ld, deepspeed_loops);
     double e = p_.gemm_max_efficiency;
     const double head_half = fp32_cores ? p_.fp32_half() : p_.gemm_half_dim;
-    const double seq_half = fp32_cores ? p_.gemm_half_dim : p_.attention_half();
+    const double seq_half = fp32_cores       ? p_.gemm_half_dim
+                            : deepspeed_loops ? p_.torch_attention_half()
+                                              : p_.attention_half();
     for (const std::int64_t x : {m, n, k}) e *= saturation(static_cast<double>(x), x == head_dim ? head_half : seq_half);
-    return e * alignment_factor(p_, m, n, k, align);
+    return e * alignment_factor(p_, m, n, k, align, out_ld, deepspeed_loops);
   };
   double geo_flops = 0, weighted = 0;
   for (const auto& g : o->gemms) {
@@ -517,12 +545,12 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
                      static_cast<double>(b);
     if (!backward) {
       geo_flops += f;
-      weighted += f / efficiency(g.m * b, g.n, g.k);
+      weighted += f / efficiency(g.m * b, g.n, g.k, g.n);
     } else {
       // C(m,n) = A(m,k) B(k,n): dA(m,k) = dC(m,n) B^T is an (m, k, n) GEMM,
       // dB(k,n) = A^T dC is a (k, n, m) GEMM.
       geo_flops += 2.0 * f;
-      weighted += f / efficiency(g.m * b, g.k, g.n) + f / efficiency(g.k * b, g.n, g.m);
+      weighted += f / efficiency(g.m * b, g.k, g.n, g.k) + f / efficiency(g.k * b, g.n, g.m, g.k);
     }
   }
   double eff = geo_flops > 0 ? geo_flops / weighted : p_.gemm_max_efficiency;
@@ -534,7 +562,24 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   // or in TF32 at half the 16-bit tensor peak where the profile says the stack allows it.
   const double peak = p_.gemm_peak(g_.opt.act_dtype);
   const double gemm_time = flops.v / (peak * eff);
-  return Seconds{std::max(gemm_time, mem_time) + launch + bias_grad_time(*o, phase)};
+  return Seconds{std::max(gemm_time, mem_time) + launch + bias_grad_time(*o, phase) +
+                 (attention && backward && !fp32_cores ? attention_backward_passes(*o) : 0.0)};
+}
+
+// A flash backward's passes beside its kernel, over the (B, A, T, D) operands: dO · O summed
+// per row before it (reads dO and O), and the fp32 accumulator of dQ written out in the
+// activation dtype after it (reads 4 bytes, writes one element): 3 · size + 4 bytes per element,
+// at the elementwise bandwidth. cuDNN's sdpa backward on an H100 under DeepSpeed
+// (compute_dot_do_o, convert_dq_to_16bits): 43 us a layer for BERT-large at micro-batch 64 and
+// 128 tokens (priced 40), 33 for GPT-2 at 8 x 1024 (30); the flash kernel's own time scales
+// with T^2, these with T, so they weigh most at short sequences.
+double ComputeModel::attention_backward_passes(const models::Op& o) const {
+  if (o.gemms.empty()) return 0.0;
+  const models::Gemm& s = o.gemms.front();  // the scores product: (T, T, D) over B·A
+  const double elements = static_cast<double>(std::max<std::int64_t>(s.batch, 1)) * static_cast<double>(s.m) *
+                          static_cast<double>(s.k);
+  const double bytes = elements * (3.0 * static_cast<double>(dtype_size(g_.opt.act_dtype)) + 4.0);
+  return bytes / (p_.hbm_bandwidth.v * p_.elementwise_efficiency);
 }
 
 // A layer's bias gradient is not part of either backward GEMM: it is the column sums of the
@@ -583,6 +628,20 @@ Seconds ComputeModel::bias_part(const zero::Event& e) const {
   if (e.kind != zero::EventKind::compute) return Seconds{0};
   if (e.phase == zero::Phase::backward) return bias_grad_cost(e.op, e.phase);
   return unfused_bias_add(e);
+}
+
+double ComputeModel::grad_add_seconds_per_byte() const {
+  if (!deepspeed_loops) return 0.0;
+  return 3.0 / (p_.hbm_bandwidth.v * p_.elementwise_efficiency * p_.op_factor(models::OpKind::add, false));
+}
+
+double grad_accumulate_seconds(const zero::Event& e, double seconds_per_byte, double launch) {
+  if (e.grad_adds <= 0 || seconds_per_byte <= 0) return 0.0;
+  return std::max(static_cast<double>(e.grad_add_bytes.v) * seconds_per_byte, static_cast<double>(e.grad_adds) * launch);
+}
+
+Seconds ComputeModel::grad_accumulate_cost(const zero::Event& e) const {
+  return Seconds{grad_accumulate_seconds(e, grad_add_seconds_per_byte(), grad_add_launch())};
 }
 
 Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
@@ -648,8 +707,7 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
     case EventKind::collective:
       throw std::logic_error("collective events are priced by the collective model, not the compute model");
     case EventKind::compute:
-      return compute_cost(e.op, e.phase, e.flops, e.mem_bytes) +
-             unfused_bias_add(e);
+      return compute_cost(e.op, e.phase, e.flops, e.mem_bytes) + unfused_bias_add(e) + grad_accumulate_cost(e);
     case EventKind::copy:
       // A copy whose kernels per tensor are counted (loop_kernels) is priced by them, not by
       // its pieces.

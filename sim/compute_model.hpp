@@ -89,9 +89,22 @@ struct DeviceProfile {
   double fp32_half() const { return fp32_gemm_half_dim >= 0 ? fp32_gemm_half_dim : gemm_half_dim; }
   // Factor on eff when a GEMM dimension is only 2-byte aligned (an odd 16-bit dimension:
   // GPT-2's vocabulary, 50257): cuBLAS leaves its fastest tensor-core kernels, whose loads want
-  // 16 bytes. A dimension aligned to 4 or 8 bytes pays half or a quarter as much (factor · 2,
-  // · 4, at most 1): BERT's 30522 (4-byte rows) ran 2.0x the speed of GPT-2's 50257 on the H200.
+  // 16 bytes. A dimension aligned to 4 or 8 bytes pays less: factor · (bytes / 2)^0.72, at most 1
+  // (kUnalignedGrading): BERT's 30522 (4-byte rows) ran 1.65x the speed of GPT-2's 50257 on the
+  // H200 (243 against 122 TFLOP/s, 0.33 against 0.20 of the aligned rate) and under DeepSpeed on
+  // an H100 (its decoder's align2 kernels 236-261 TFLOP/s, GPT-2's head backward's align1 141-146).
   double gemm_unaligned_factor = 1.0;
+  // The same factor for PyTorch's products whose output rows are the 2-byte aligned ones (the
+  // forward of a head with an odd vocabulary: its logits), where cuBLAS, as PyTorch calls it,
+  // falls back to a CUTLASS kernel that writes them element by element
+  // (cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1). Under DeepSpeed on an H100,
+  // GPT-2's head forward ran at 94 TFLOP/s against 141-146 for its two backward products, whose
+  // odd dimension is an operand's. zeroplan's executor's products (cuBLASLt as it calls it) keep
+  // gemm_unaligned_factor. Negative: gemm_unaligned_factor.
+  double torch_gemm_unaligned_output_factor = -1;
+  double torch_unaligned_output() const {
+    return torch_gemm_unaligned_output_factor >= 0 ? torch_gemm_unaligned_output_factor : gemm_unaligned_factor;
+  }
   double elementwise_efficiency = 0.8;   // fraction of HBM bandwidth elementwise ops reach
   // Factors on the GEMM-curve efficiency of fused attention (sdpa, flash), forward and
   // backward: its batched products run inside one kernel whose speed is the kernel's own
@@ -109,6 +122,14 @@ struct DeviceProfile {
   // tokens and GPT-2's 1024 need their own curve. Negative: gemm_half_dim (the GEMM curve).
   double attention_half_seq = -1;
   double attention_half() const { return attention_half_seq >= 0 ? attention_half_seq : gemm_half_dim; }
+  // The same half-point for the attention kernel PyTorch runs (F.scaled_dot_product_attention
+  // under DeepSpeed: cuDNN's flash kernel on Hopper), where the kernels priced are PyTorch's
+  // (ComputeModel::deepspeed_loops); attention_half_seq stays zeroplan's executor's, whose own
+  // kernel amortises its tiles over the sequence differently (130 tokens fitted on the H200,
+  // docs/calibration.md, where cuDNN's ran as fast per FLOP at 128 tokens as at 1024: 16).
+  // Negative: attention_half().
+  double torch_attention_half_seq = -1;
+  double torch_attention_half() const { return torch_attention_half_seq >= 0 ? torch_attention_half_seq : attention_half(); }
   // Factor on the forward's efficiency when the kernel draws a dropout mask (sdpa / flash with
   // dropout_p > 0), and on the backward's, which regenerates the mask: each runs below its
   // dropout-free speed, by its own amount (the backward's factor < 0: the forward's).
@@ -198,13 +219,23 @@ nlohmann::json profile_to_json(const DeviceProfile& p);
 // Every entry of a profile database in the format of sim/profiles.json (strict).
 std::vector<DeviceProfile> load_profiles(const std::string& path);
 // GEMM efficiency of the profile: max_eff · s(m) · s(n) · s(k), in (0, gemm_max_efficiency],
-// times the alignment factor when m, n or k is not a multiple of `align` elements (16 bytes:
-// align = 16 / element size): gemm_unaligned_factor · (bytes every dimension is aligned to) / 2,
-// at most 1. On the fp32 cores (fp32_cores: an fp32 GEMM without TF32) the curve's half-point is
-// fp32_gemm_half_dim.
+// times alignment_factor when m, n or k is not a multiple of `align` elements (16 bytes:
+// align = 16 / element size). On the fp32 cores (fp32_cores: an fp32 GEMM without TF32) the
+// curve's half-point is fp32_gemm_half_dim. `out_ld` is the leading dimension of the product's
+// output (0: n, the output C(m, n) of row-major operands); `torch`: the product is PyTorch's
+// (DeepSpeed's), not zeroplan's executor's.
 double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
-                       std::int64_t align = 1, bool fp32_cores = false);
-double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align);
+                       std::int64_t align = 1, bool fp32_cores = false, std::int64_t out_ld = 0, bool torch = true);
+// Event e's autograd adds (Event::grad_adds) at `seconds_per_byte` of accumulated gradient, no
+// quicker than `launch` each: ComputeModel::grad_accumulate_cost, and the trace's share of it.
+double grad_accumulate_seconds(const zero::Event& e, double seconds_per_byte, double launch);
+// 1 when m, n and k are multiples of `align` (or align <= 1); else, with `bytes` the bytes
+// every dimension is aligned to, min(1, f · (bytes / 2)^kUnalignedGrading), f the profile's
+// torch_unaligned_output() for a PyTorch product whose output rows (out_ld; 0: n) are 2-byte
+// aligned, else gemm_unaligned_factor.
+inline constexpr double kUnalignedGrading = 0.72;  // log2(0.33 / 0.20): 4-byte against 2-byte rows, H200 sweep
+double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align,
+                        std::int64_t out_ld = 0, bool torch = true);
 
 class ComputeModel {
  public:
@@ -228,6 +259,15 @@ class ComputeModel {
   // The part of compute event e's time that a profiler sees as elementwise kernels beside its
   // products: its bias gradients' sums in backward, DeepSpeed's separate bias add in forward.
   Seconds bias_part(const zero::Event& e) const;
+  // Autograd's adds of a backward event's input gradients into those another consumer made
+  // first (Event::grad_adds, grad_add_bytes): each reads both and writes one, at the
+  // elementwise bandwidth of an add, never faster than its launch. 0 where the events stand for
+  // zeroplan's executor (deepspeed_loops off), which accumulates inside its kernels.
+  Seconds grad_accumulate_cost(const zero::Event& e) const;
+  // Its two terms: seconds per byte of accumulated gradient (its three bytes moved) and per add
+  // (the launch floor); both 0 with deepspeed_loops off.
+  double grad_add_seconds_per_byte() const;
+  double grad_add_launch() const { return deepspeed_loops ? p_.kernel_launch.v : 0.0; }
   // The local reduction of a scalar all-reduce event (Event::tensors, mem_bytes): 0 for
   // any other collective.
   Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;
@@ -258,6 +298,7 @@ class ComputeModel {
   // The separate bias add event e carries, where DeepSpeed runs it (deepspeed_loops on).
   Seconds unfused_bias_add(const zero::Event& e) const;
   double bias_grad_time(const models::Op& o, zero::Phase phase) const;  // seconds; 0 without a bias
+  double attention_backward_passes(const models::Op& o) const;           // seconds of a flash backward's row passes
   Seconds elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const;
 
   DeviceProfile p_;

@@ -20,7 +20,8 @@ std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeMo
   ops.reserve(g.ops.size());
   for (const auto& op : g.ops) {
     OpTraceInfo oi{models::fn_name(op.fn), !op.gemms.empty(),
-                   op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention, 0.0, 0.0};
+                   op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention, 0.0, 0.0,
+                   cm != nullptr ? cm->grad_add_seconds_per_byte() : 0.0, cm != nullptr ? cm->grad_add_launch() : 0.0};
     if (cm != nullptr && oi.gemm) {
       // The model's own split of a backward event and of a forward one that adds apart.
       zero::Event e;
@@ -67,6 +68,10 @@ std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, dou
         break;
       }
       const OpTraceInfo& oi = ops[static_cast<std::size_t>(e.op)];
+      // Autograd's gradient adds are elementwise kernels whatever the op.
+      const double adds = std::min(seconds, grad_accumulate_seconds(e, oi.grad_add_s_per_byte, oi.grad_add_launch_s));
+      add(ProfiledClass::elementwise, adds);
+      seconds -= adds;
       if (oi.attention) {
         add(ProfiledClass::attention, seconds);
       } else if (oi.gemm) {

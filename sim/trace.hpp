@@ -34,6 +34,9 @@ struct OpTraceInfo {
   bool attention = false;       // a fused attention op (its kernels are one class to a profiler)
   double backward_bias_s = 0;
   double forward_bias_s = 0;    // where the event adds the bias apart; 0 where the model prices no such add
+  // Autograd's gradient adds of a backward event (sim::grad_accumulate_seconds): per byte, per add.
+  double grad_add_s_per_byte = 0;
+  double grad_add_launch_s = 0;
 };
 // `cm` (over `g`): the bias parts' times; without it, none are named.
 std::vector<OpTraceInfo> op_trace_info(const models::OpGraph& g, const ComputeModel* cm = nullptr);

@@ -413,17 +413,21 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
         const std::string label = fmt::format("{}: {} ({})", run, phase, q);
         CAPTURE(label);
         const double r = predicted(label) / by.at(label)->measured.v;
-        // Today's worst: BERT-large's forward attention (cuDNN's kernel at 128 tokens, 2.0x) and
-        // the fp32-named Llama's backward elementwise kernels (0.51x); docs/deepspeed_fidelity.md.
-        CHECK(r > 0.45);
-        CHECK(r < 2.2);
+        // Today's worst: the fp32-named Llama's backward elementwise kernels (0.65x) and BERT-large
+        // stage 3's backward attention (1.45x: recorded without its top kernels, so cuDNN's row
+        // passes stay among its elementwise ones); docs/deepspeed_fidelity.md. Before the joint
+        // fit of the compute model: 0.51x and 2.0x (BERT-large's forward attention).
+        CHECK(r > 0.6);
+        CHECK(r < 1.5);
       }
   }
 
   // Stage 3 adds BERT-large's linear biases by kernels of their own (zero::Event::unfused_bias):
-  // the same products as stage 0's (fp16 and bf16 price alike), and the adds among the rest.
+  // the same products as stage 0's (fp16 and bf16 price alike; to 1e-4: stage 3's GEMM part is
+  // each slice's time less its bias add, which rounds by under a nanosecond a product), and the
+  // adds among the rest.
   CHECK(predicted("bertl-bf16-sdpa-s3: forward (gpu_gemm)") ==
-        doctest::Approx(predicted("bertl-fp16-sdpa-s0: forward (gpu_gemm)")).epsilon(1e-9));
+        doctest::Approx(predicted("bertl-fp16-sdpa-s0: forward (gpu_gemm)")).epsilon(1e-4));
   CHECK(predicted("bertl-bf16-sdpa-s3: forward (gpu_other)") > predicted("bertl-fp16-sdpa-s0: forward (gpu_other)") + 3e-3);
 
   const std::string bad = tmp("classes.json", R"({"runs": [{"name": "x", "model": "gpt2", "seq_len": 128,

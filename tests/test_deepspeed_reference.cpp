@@ -164,7 +164,11 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
   REQUIRE(gpu_runs >= 30);
   MESSAGE(fmt::format("mean |error| of the GPU's busy time: forward {:.1f}%, backward {:.1f}%, step {:.1f}%",
                       100 * gpu_err[0] / gpu_runs, 100 * gpu_err[1] / gpu_runs, 100 * gpu_err[2] / gpu_runs));
-  CHECK(gpu_err[0] / gpu_runs <= 0.10);   // stage 3's separate bias adds (Event::unfused_bias): 10.4% before
+  // The GEMM curve, the odd head's output, flash attention and autograd's adds fitted together
+  // to the H100's kernel profiles (docs/compute_model.md): forward 9.6% and backward 4.7% before
+  // (the attention's excess hiding the GEMMs' and the adds' errors); stage 3's separate bias
+  // adds (Event::unfused_bias) took the forward from 10.4% to 9.6%.
+  CHECK(gpu_err[0] / gpu_runs <= 0.06);
   CHECK(gpu_err[1] / gpu_runs <= 0.055);  // residual sums passing their gradient on: 6.3% before
   CHECK(gpu_err[2] / gpu_runs <= 0.07);  // DeepSpeed's per-tensor step loops (58% short without them)
 
@@ -309,8 +313,8 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H
   REQUIRE(full == 7);
   MESSAGE(fmt::format("H100, mean |error| of the GPU's busy time: forward {:.1f}%, backward {:.1f}%, step {:.1f}%",
                       100 * gpu_err[0] / full, 100 * gpu_err[1] / full, 100 * gpu_err[2] / full));
-  CHECK(gpu_err[0] / full <= 0.08);
-  CHECK(gpu_err[1] / full <= 0.095);
+  CHECK(gpu_err[0] / full <= 0.03);  // 6.6% before the joint fit of the compute model (backward 6.2%)
+  CHECK(gpu_err[1] / full <= 0.065);
   CHECK(gpu_err[2] / full <= 0.08);
 }
 

@@ -1911,3 +1911,54 @@ TEST_CASE("a sum whose output holds a gradient another tensor still holds does n
   for (const auto& [b, n] : held)
     if (p.buffers[static_cast<std::size_t>(b)].role == zero::BufferRole::activation_grad) CHECK(n == 0);
 }
+
+// Autograd adds a tensor's gradients from its consumers as they arrive: the first is stored,
+// each later one is added by a kernel of its own (Event::grad_adds). Counted against the H100
+// kernel profiles of DeepSpeed's runs (`CUDAFunctor_add` in backward;
+// docs/deepspeed_fidelity.md), each of which has one more: the tied word embedding's two
+// gradients, a parameter's, which this does not count.
+// - BERT-large, 97 (98 measured): in each layer the attention's input feeds the query, key and
+//   value products and the residual sum (three adds), the attention block's output the
+//   intermediate product and the residual sum (one); the last layer's output the MLM head and
+//   the pooler (one).
+// - GPT-2, 48 (49): the residual stream feeds each block's two LayerNorms and its sums (two a
+//   layer), and the eager GELU reads its input three times (two a layer, of the MLP's width).
+//   The attention and the KV cache's copies read c_attn's q, k and v column blocks: views of one
+//   split, whose gradients are assembled without an add.
+// - A 16-layer Llama, 177 (177 for the 300M one profiled, whose layers have the same ops): per
+//   layer, the two residual inputs each read by an RMSNorm's cast and a sum (two), each
+//   RMSNorm's fp32 copy read by its pow and its multiply (two), the normed input of q, k and v
+//   (two) and of gate and up (one), RoPE's rotate_half slices of q and k (two each); and the
+//   final norm's fp32 copy (one).
+TEST_CASE("autograd's gradient adds: one per later consumer of a tensor, in the backward event that makes it") {
+  struct Case {
+    const char* model;
+    std::int64_t micro, seq, adds, hidden_adds;  // hidden_adds: those of a (micro, seq, hidden) 16-bit tensor
+  };
+  for (const Case c : {Case{"bert-large-uncased", 4, 128, 97, 97}, Case{"gpt2", 2, 64, 48, 24},
+                       Case{"Llama-3.2-1B", 1, 64, 177, 64}}) {
+    CAPTURE(c.model);
+    const Built b = build(c.model, config(0, c.micro, 1), 1, c.seq);
+    std::int64_t adds = 0, bytes = 0, events = 0;
+    for (const auto& e : b.p.events) {
+      if (e.micro_step != 0 || e.grad_adds == 0) continue;
+      CHECK(e.kind == EventKind::compute);
+      CHECK(e.phase == zero::Phase::backward);
+      adds += e.grad_adds;
+      bytes += e.grad_add_bytes.v;
+      ++events;
+    }
+    CHECK(adds == c.adds);
+    const std::int64_t hidden = b.g.cfg.hidden;
+    const std::int64_t unit = c.micro * c.seq * hidden * 2;
+    if (c.adds == c.hidden_adds) CHECK(bytes == c.adds * unit);
+    CHECK(bytes >= c.adds * unit / 4);  // no add smaller than a 16-bit (micro, seq, hidden / 4) tensor
+    CHECK(events <= adds);
+  }
+  // GPT-2's other 24: the MLP's width (4 · hidden).
+  const Built g = build("gpt2", config(0, 2, 1), 1, 64);
+  std::int64_t bytes = 0;
+  for (const auto& e : g.p.events)
+    if (e.micro_step == 0) bytes += e.grad_add_bytes.v;
+  CHECK(bytes == 24 * 2 * 64 * g.g.cfg.hidden * 2 + 24 * 2 * 64 * 4 * g.g.cfg.hidden * 2);
+}

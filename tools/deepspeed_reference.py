@@ -409,7 +409,9 @@ def peak_composition(before_snap, after_snap, fence_addr_start, fence_addr_end):
 # efficient attention), NCCL, the optimizer's multi-tensor kernels, copies; the rest elementwise.
 KERNEL_CLASSES = (
     ("collective", ("nccl",)),
-    ("attention", ("flash", "fmha", "attention", "attn")),
+    # cudnn::fusion: cuDNN's sdpa backward's own passes beside its flash kernel (dO·O per row,
+    # dQ's conversion to 16 bits, the GQA heads' reduction): the attention's time.
+    ("attention", ("flash", "fmha", "attention", "attn", "cudnn::fusion")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "splitk")),
     ("optimizer", ("adam", "multi_tensor", "multitensor")),
 )

@@ -284,6 +284,13 @@ struct Event {
   // add (sim::ComputeModel::unfused_bias_cost) where it prices DeepSpeed's loops; zeroplan's
   // executor keeps the bias in the product.
   bool unfused_bias = false;
+  // A backward compute event's input gradients that another consumer of the same tensor made
+  // first: PyTorch's autograd accumulates each into it by an add kernel of its own (its input
+  // buffer's accumulate: both read, one written), `grad_adds` of them over `grad_add_bytes`
+  // (one gradient's bytes each). Priced where the simulator prices DeepSpeed's (PyTorch's) work
+  // (sim::ComputeModel::grad_accumulate_cost); zeroplan's executor accumulates in its kernels.
+  std::int32_t grad_adds = 0;
+  Bytes grad_add_bytes{};
   BufferId src_buf = -1, src2_buf = -1, src3_buf = -1, dst_buf = -1;
   std::int32_t root = -1;
   std::int64_t offset = 0;

@@ -18,8 +18,12 @@ struct MicroState {
   // Gradient buffers that stand for several tensors (a sum passing its gradient on): how many
   // of them are not yet consumed; the buffer is freed with the last.
   std::map<BufferId, int> grad_shares;
+  // Per tensor: a consumer reading it as heads (a view of one split) has contributed its
+  // gradient (Walk::backward_op counts the split's contributions as one).
+  std::vector<char> split_grad;
   explicit MicroState(const models::OpGraph& g)
-      : tensor_buf(g.tensors.size(), -1), grad_buf(g.tensors.size(), -1), param_grad(g.params.size(), -1) {}
+      : tensor_buf(g.tensors.size(), -1), grad_buf(g.tensors.size(), -1), param_grad(g.params.size(), -1),
+        split_grad(g.tensors.size(), 0) {}
 };
 
 // The micro-step's gradient of param p, written at op o's backward, lives until a hook

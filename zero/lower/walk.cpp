@@ -227,13 +227,42 @@ void Walk::backward_op(MicroState& st, OpId o) {
                   ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor_grad(t), t);
     b.alloc(gb);
   }
-  // Gradients of the inputs, shaped as the inputs (accumulated when several consumers
-  // contribute).
+  // Gradients of the inputs, shaped as the inputs. Where several consumers contribute,
+  // autograd stores the first and adds each later one into it by a kernel of its own
+  // (Event::grad_adds), with two exceptions:
+  // - consumers that read a (B, T, W) tensor as heads (GPT-2's attention and cache copies of
+  //   c_attn's q, k and v column blocks) take views of one split, whose backward assembles
+  //   their gradients without an add: together they are one contribution;
+  // - a sum passing its gradient on adds nothing.
+  // Inside an op the graph keeps whole, the adds its eager form makes are counted too: RoPE's
+  // q * cos + rotate_half(q) * sin reads q three times (itself and rotate_half's two slices),
+  // two adds of q's size.
+  if (!passes && op.kind == models::OpKind::rope && !op.inputs.empty() &&
+      f.requires_grad[static_cast<std::size_t>(op.inputs[0])]) {
+    Event& cur = b.cur();
+    cur.grad_adds += 2;
+    cur.grad_add_bytes.v += 2 * c_.g.tensors[static_cast<std::size_t>(op.inputs[0])].bytes.v;
+  }
+  const bool reads_heads = op.fn == models::Fn::heads_copy || op.fn == models::Fn::sdpa ||
+                           op.fn == models::Fn::flash_attention || op.fn == models::Fn::attn_scores ||
+                           op.fn == models::Fn::attn_context;
   for (TensorId t : op.inputs) {
     if (!f.requires_grad[static_cast<std::size_t>(t)]) continue;
+    const auto& ten = c_.g.tensors[static_cast<std::size_t>(t)];
     auto& gb = st.grad_buf[static_cast<std::size_t>(t)];
+    const bool view = reads_heads && ten.shape.size() == 3;
+    auto& split_seen = st.split_grad[static_cast<std::size_t>(t)];
+    // A tensor made from nothing that requires a gradient (RoPE's cos and sin tables, the
+    // causal mask) gets none in PyTorch, so nothing is added into it.
+    const models::Op& maker = c_.g.ops[static_cast<std::size_t>(ten.producer)];
+    const bool constant = maker.inputs.empty() && maker.params.empty();
+    if (gb >= 0 && !passes && !constant && !(view && split_seen)) {
+      Event& cur = b.cur();
+      ++cur.grad_adds;
+      cur.grad_add_bytes.v += ten.bytes.v;
+    }
+    if (view) split_seen = 1;
     if (gb < 0) {
-      const auto& ten = c_.g.tensors[static_cast<std::size_t>(t)];
       gb = b.buffer(Category::temporaries, Placement::device, BufferRole::activation_grad, ten.dtype,
                     ten.bytes.v / dtype_size(ten.dtype), c_.names.tensor_grad(t), t);
       b.alloc(gb);
