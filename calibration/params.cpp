@@ -152,11 +152,18 @@ std::vector<ParamDef> build_registry() {
                      true, [](const M& m) { return m.device.fp32_half(); },
                      [](M& m, double v) { m.device.fp32_gemm_half_dim = v; }));
   r.push_back(scalar("compute.gemm_unaligned_factor", ParamGroup::compute, "",
-                     "factor on GEMM efficiency when a dimension is only 2-byte aligned (4-byte aligned: twice it, "
-                     "8-byte: four times, at most 1)",
+                     "factor on GEMM efficiency when a dimension is only 2-byte aligned (graded by (bytes / 2)^0.72: "
+                     "4-byte aligned 1.65 times it, 8-byte 2.71 times, at most 1)",
                      "a GEMM with a dimension not a multiple of 8 elements (GPT-2's vocabulary of 50257)", 0.01, 1, true,
                      [](const M& m) { return m.device.gemm_unaligned_factor; },
                      [](M& m, double v) { m.device.gemm_unaligned_factor = v; }));
+  r.push_back(scalar("compute.torch_gemm_unaligned_output_factor", ParamGroup::compute, "",
+                     "the same factor for PyTorch's products whose output rows are 2-byte aligned (an odd "
+                     "vocabulary's logits: cuBLAS's CUTLASS fallback as PyTorch calls it)",
+                     "the head's forward of a model with an odd vocabulary in DeepSpeed runs' GPU time (GPT-2's "
+                     "50257) beside its backward",
+                     0.01, 1, true, [](const M& m) { return m.device.torch_unaligned_output(); },
+                     [](M& m, double v) { m.device.torch_gemm_unaligned_output_factor = v; }));
   r.push_back(scalar("compute.elementwise_efficiency", ParamGroup::compute, "",
                      "fraction of the HBM bandwidth bandwidth-bound kernels reach",
                      "bandwidth-bound kernels of several MiB (elementwise, normalisation, softmax), or phases they dominate",
@@ -180,6 +187,13 @@ std::vector<ParamDef> build_registry() {
                      "models with short and long sequences, BERT's 128 tokens beside GPT-2's 1024)",
                      1, 1e5, true, [](const M& m) { return m.device.attention_half(); },
                      [](M& m, double v) { m.device.attention_half_seq = v; }));
+  r.push_back(scalar("compute.torch_attention_half_seq", ParamGroup::compute, "",
+                     "the same half-point for the attention kernel PyTorch runs (sdpa under DeepSpeed: cuDNN's "
+                     "flash kernel on Hopper)",
+                     "DeepSpeed runs' attention time (their GPU profiles' attention class) at two or more sequence "
+                     "lengths, BERT's 128 tokens beside GPT-2's 1024",
+                     1, 1e5, true, [](const M& m) { return m.device.torch_attention_half(); },
+                     [](M& m, double v) { m.device.torch_attention_half_seq = v; }));
   r.push_back(scalar("compute.attention_dropout_efficiency", ParamGroup::compute, "",
                      "factor on the forward attention factor when the fused kernel draws a dropout mask (dropout_p > 0)",
                      "forward attention kernels with dropout (training runs of models with attention dropout, GPT-2, "
@@ -357,6 +371,7 @@ std::vector<ParamDef> build_registry() {
         if (o.group == ParamGroup::host && o.name != d.name) d.fields.push_back(o.name);
   for (auto& d : r) {
     if (d.name == "compute.gemm_half_dim" || d.name == "compute.fp32_gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
+        d.name == "compute.torch_gemm_unaligned_output_factor" ||
         d.name == "compute.kernel_launch_us" || d.name == "compute.copy_launch_us" || d.name == "compute.copy_piece_us" || d.name == "compute.host_launch_us" ||
         d.name == "compute.h2d_launch_us" || d.name == "compute.norm_tensor_us")
       d.stage = 1;

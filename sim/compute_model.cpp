@@ -489,6 +489,7 @@ ComputeModel::ComputeModel(const DeviceProfile& profile, const models::OpGraph& 
   if (p_.peak_tensor_flops.v <= 0 || p_.peak_fp32_flops.v <= 0 || p_.hbm_bandwidth.v <= 0 ||
       p_.d2d_copy_bandwidth.v <= 0 || p_.pcie_h2d.v <= 0 || p_.host_memcpy_bandwidth.v <= 0 ||
       p_.cpu_adam_params_per_second <= 0 || p_.gemm_max_efficiency <= 0 || p_.gemm_unaligned_factor <= 0 ||
+      p_.torch_unaligned_output() <= 0 ||
       p_.elementwise_efficiency <= 0 || p_.attention_efficiency <= 0 ||
       p_.attention_backward_efficiency <= 0 || p_.optimizer_efficiency <= 0 || p_.kernels_per_op < 1)
     throw std::logic_error(fmt::format("device profile '{}' has a zero or negative coefficient", p_.device));
@@ -525,7 +526,9 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const bool attention = o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention;
   const std::int64_t head_dim = o->gemms.front().k;
   // `out_ld`: the leading dimension of the product's output. Forward C(m, n): n. Backward
-  // dA(m, k) and the weight gradient, which nn.Linear keeps as (n, k): k.
+  // dA(m, k) and the weight gradient, which nn.Linear keeps as (n, k): k. (A Conv1D weight,
+  // (k, n), has its gradient's rows n wide; no model here has an odd n there, and an odd
+  // output only matters for PyTorch's products: torch_gemm_unaligned_output_factor.)
   auto efficiency = [&](std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t out_ld) {
     if (!attention) return gemm_efficiency(p_, m, n, k, align, fp32_cores, out_ld, deepspeed_loops);
     double e = p_.gemm_max_efficiency;
@@ -534,7 +537,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
                             : deepspeed_loops ? p_.torch_attention_half()
                                               : p_.attention_half();
     for (const std::int64_t x : {m, n, k}) e *= saturation(static_cast<double>(x), x == head_dim ? head_half : seq_half);
-    return e * alignment_factor(p_, m, n, k, align, out_ld, deepspeed_loops);
+    return e * alignment_factor(p_, m, n, k, align, out_ld, false);  // a flash kernel writes no scores
   };
   double geo_flops = 0, weighted = 0;
   for (const auto& g : o->gemms) {
@@ -563,10 +566,12 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const double peak = p_.gemm_peak(g_.opt.act_dtype);
   const double gemm_time = flops.v / (peak * eff);
   return Seconds{std::max(gemm_time, mem_time) + launch + bias_grad_time(*o, phase) +
-                 (attention && backward && !fp32_cores ? attention_backward_passes(*o) : 0.0)};
+                 (attention && backward && !fp32_cores && deepspeed_loops ? attention_backward_passes(*o) : 0.0)};
 }
 
-// A flash backward's passes beside its kernel, over the (B, A, T, D) operands: dO · O summed
+// PyTorch's flash backward's passes beside its kernel, over the (B, A, T, D) operands (priced
+// where the events stand for PyTorch's kernels; the executor's own kernel keeps its backward
+// in its factor, as calibrated): dO · O summed
 // per row before it (reads dO and O), and the fp32 accumulator of dQ written out in the
 // activation dtype after it (reads 4 bytes, writes one element): 3 · size + 4 bytes per element,
 // at the elementwise bandwidth. cuDNN's sdpa backward on an H100 under DeepSpeed
