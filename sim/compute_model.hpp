@@ -125,7 +125,7 @@ struct DeviceProfile {
   // The same half-point for the attention kernel PyTorch runs (F.scaled_dot_product_attention
   // under DeepSpeed: cuDNN's flash kernel on Hopper), where the kernels priced are PyTorch's
   // (ComputeModel::deepspeed_loops); attention_half_seq stays zeroplan's executor's, whose own
-  // kernel amortises its tiles over the sequence differently (130 tokens fitted on the H200,
+  // kernel amortises its tiles over the sequence differently (47 tokens fitted on the H200,
   // docs/calibration.md, where cuDNN's ran as fast per FLOP at 128 tokens as at 1024: 16).
   // Negative: attention_half().
   double torch_attention_half_seq = -1;
