@@ -977,3 +977,34 @@ TEST_CASE("host costs: host.scale and the host probe") {
   bad["host"]["probe_us"] = -1;
   CHECK_THROWS_WITH_AS(zp::sim::profile_from_json("p.json", "", bad), doctest::Contains("host.probe_us"), zp::InputError);
 }
+
+// Autograd's gradient adds (Event::grad_adds) on a backward event: each reads both gradients and
+// writes one at an add's bandwidth, never quicker than a launch; priced where the events stand for
+// PyTorch's kernels only (zeroplan's executor accumulates inside its kernels).
+TEST_CASE("autograd's gradient adds: three bytes moved per byte added, a launch each at least, PyTorch's side only") {
+  const OpGraph g = graph_of("gpt2", 8, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
+  const DeviceProfile p = profile_of("H200-141GB");
+  ComputeModel torch_side(p, g), executor_side(p, g);
+  executor_side.deepspeed_loops = false;
+  const zp::models::Op* ln = nullptr;
+  for (const auto& op : g.ops)
+    if (op.kind == zp::models::OpKind::layernorm) { ln = &op; break; }
+  REQUIRE(ln != nullptr);
+  Event e;
+  e.kind = EventKind::compute;
+  e.phase = Phase::backward;
+  e.op = ln->id;
+  e.flops = ln->bwd_flops;
+  e.mem_bytes = ln->bwd_bytes;
+  const double base = torch_side.cost(e).v;
+  CHECK(executor_side.cost(e).v == doctest::Approx(base));
+  const std::int64_t hidden_grad = 8 * 1024 * 768 * 2;  // one (B, T, C) bf16 gradient
+  e.grad_adds = 2;
+  e.grad_add_bytes = zp::Bytes{2 * hidden_grad};
+  const double add_bw = p.hbm_bandwidth.v * p.elementwise_efficiency * p.op_factor(zp::models::OpKind::add, false);
+  CHECK(torch_side.cost(e).v - base == doctest::Approx(3.0 * 2 * hidden_grad / add_bw));
+  CHECK(executor_side.cost(e).v == doctest::Approx(base));  // the executor's kernels accumulate in place
+  // Tiny gradients: a launch per add.
+  e.grad_add_bytes = zp::Bytes{2 * 64};
+  CHECK(torch_side.cost(e).v - base == doctest::Approx(2 * p.kernel_launch.v));
+}
