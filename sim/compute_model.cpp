@@ -583,8 +583,8 @@ double ComputeModel::attention_backward_passes(const models::Op& o) const {
   const models::Gemm& s = o.gemms.front();  // the scores product: (T, T, D) over B·A
   const double elements = static_cast<double>(std::max<std::int64_t>(s.batch, 1)) * static_cast<double>(s.m) *
                           static_cast<double>(s.k);
-  const double bytes = elements * (3.0 * static_cast<double>(dtype_size(g_.opt.act_dtype)) + 4.0);
-  return bytes / (p_.hbm_bandwidth.v * p_.elementwise_efficiency);
+  const auto bytes = static_cast<std::int64_t>(elements * (3.0 * static_cast<double>(dtype_size(g_.opt.act_dtype)) + 4.0));
+  return elementwise_cost(Flops{0}, Bytes{bytes}, 1.0, 0.0).v;
 }
 
 // A layer's bias gradient is not part of either backward GEMM: it is the column sums of the

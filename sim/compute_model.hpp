@@ -276,10 +276,13 @@ class ComputeModel {
   // does none of it (deepspeed_loops off: calibration from the executor's runs, `plan
   // --verify`'s predictions of the executor).
   Seconds loop_kernels_cost(const zero::Event& e) const;
-  // Off, the events stand for zeroplan's executor: no per-tensor loops (loop_kernels_cost), no
-  // separate bias adds (Event::unfused_bias), and host events (EventKind::host: PyTorch's and
-  // DeepSpeed's Python) cost nothing, the executor's host thread doing only the launches each
-  // kernel's time already counts.
+  // On, the events stand for DeepSpeed's work through PyTorch's kernels; off, for zeroplan's
+  // executor: no per-tensor loops (loop_kernels_cost), no separate bias adds
+  // (Event::unfused_bias), no autograd adds (Event::grad_adds), host events (EventKind::host:
+  // PyTorch's and DeepSpeed's Python) cost nothing, the executor's host thread doing only the
+  // launches each kernel's time already counts, and none of the terms that describe PyTorch's
+  // kernels apply (torch_attention_half_seq, torch_gemm_unaligned_output_factor, cuDNN's flash
+  // backward's row passes): the executor's own kernels take the profile's other coefficients.
   bool deepspeed_loops = true;
   // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
   // bandwidth times optimizer_efficiency (without the norm some steps take first).
