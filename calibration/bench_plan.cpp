@@ -275,7 +275,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
   plan.gpus = gpus;
   const DType dt = g.opt.act_dtype;
   sim::ComputeModel cm(prior, g);
-  cm.deepspeed_loops = false;  // the cases time zeroplan's own kernels
+  cm.deepspeed = false;  // the cases time zeroplan's own kernels
   std::vector<DeviceCase> cases;
   // Weight of a case: the prior's time of the ops it stands for, fwd + bwd, per step.
   std::map<std::string, std::array<std::ptrdiff_t, 2>> op_case;  // an op signature's forward and backward cases (-1: none)

@@ -210,7 +210,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     sim::DeviceProfile prof = m.device;
     prof.fp32_gemm_tf32 = kernel_graph_tf32_[gi];
     compute.emplace_back(prof, kernel_graphs_[gi]);
-    compute.back().deepspeed_loops = false;  // calibrate --device cuda times zeroplan's own kernels
+    compute.back().deepspeed = false;  // calibrate --device cuda times zeroplan's own kernels
   }
   std::optional<sim::ComputeModel> copies;
   for (std::size_t i = 0; i < n; ++i) {
@@ -264,7 +264,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     // The host's costs at the probe the run was timed at (the profile's are at its own).
     prof.host = sim::host_costs_at_probe(prof.host, rc.host_probe_us);
     sim::ComputeModel cm(prof, run.graph);
-    cm.deepspeed_loops = !rc.zeroplan_executor;
+    cm.deepspeed = !rc.zeroplan_executor;
     sim::EngineOptions eo;
     eo.interference = prof.comm_compute_interference;
     const sim::TimeSummary ts = sim::simulate_time(run.program, run.graph, cm, coll, eo);

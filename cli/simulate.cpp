@@ -302,7 +302,7 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   r.memory = std::move(p.memory);
   r.time = std::move(p.time);
   sim::ComputeModel cm(*target(in).profile, *graph);
-  cm.deepspeed_loops = target(in).deepspeed;  // the trace's split follows what priced the events
+  cm.deepspeed = target(in).deepspeed;  // the trace's split follows what priced the events
   r.ops = sim::op_trace_info(*graph, &cm);
   return r;
 }

@@ -369,7 +369,7 @@ double compute_bound_ms(const Problem& pb, const GraphCache& graphs, const Knobs
   lo.keep_output = pb.keep_output;
   const zero::Program p = zero::lower(*g, cfg, zero::Batch{cfg.train_batch_size.value(), mb, 1}, lo);
   sim::ComputeModel cm(pb.profile, *g);
-  cm.deepspeed_loops = pb.deepspeed;
+  cm.deepspeed = pb.deepspeed;
   // The compute stream runs its events one at a time at best at full rate: its own ops
   // and optimizer work bound the iteration from below whatever the communication knobs.
   // A micro-step's forward, backward and recomputation repeat GAS times; the rest once.

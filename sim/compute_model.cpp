@@ -32,6 +32,7 @@ const std::vector<std::string> kProfileKeys = {
     "attention_dropout_backward_efficiency",
     "optimizer_efficiency",
     "op_efficiency",
+    "torch_kernel_efficiency",
     "fp32_gemm_tf32",
     "peak_tensor_tflops",
     "peak_fp32_tflops",
@@ -198,6 +199,23 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
       p.op_factor(*kind, bwd) = positive(orr, *it, key, 100);
     }
   }
+  // {"vectorized": 0.9, "strided": 0.55, ...}: PyTorch's kernel families (TorchKernel).
+  if (auto it = e.find("torch_kernel_efficiency"); it != e.end()) {
+    const json::Reader tr = r.sub("torch_kernel_efficiency");
+    if (!it->is_object())
+      throw InputError(r.file, r.key_path("torch_kernel_efficiency"), "must be a JSON object of kernel family → fraction");
+    const auto& names = torch_kernel_names();
+    for (const auto& [key, v] : it->items()) {
+      const auto at = std::find(names.begin(), names.end(), key);
+      if (at == names.end()) {
+        const std::string near = json::closest(key, names);
+        throw InputError(r.file, tr.key_path(key),
+                         fmt::format("not a kernel family{} (families: {})",
+                                     near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near), fmt::join(names, ", ")));
+      }
+      p.torch_kernel_efficiency[static_cast<std::size_t>(at - names.begin())] = positive(tr, *it, key, 2);
+    }
+  }
   p.kernel_launch = Seconds{r.get_double(e, "kernel_launch_us", 0, 0, 1e6) * kMicro};
   p.copy_launch = e.contains("copy_launch_us") ? Seconds{r.get_double(e, "copy_launch_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.copy_piece = Seconds{r.get_double(e, "copy_piece_us", 0, 0, 1e6) * kMicro};
@@ -276,6 +294,7 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
     p.attention_backward_efficiency = 0.72;
     p.attention_dropout_efficiency = 0.43;
     p.attention_dropout_backward_efficiency = 0.89;
+    p.torch_kernel_efficiency = {0.9, 0.55, 0.76, 0.2, 0.55, 0.28};  // the H100's (TorchKernel's order)
   }
   p.elementwise_efficiency = cpu ? 0.5 : (hopper ? 0.62 : 0.8);
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
@@ -298,6 +317,27 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
 double saturation(double x, double half) { return x / (x + half); }
 
 }  // namespace
+
+const char* torch_kernel_name(TorchKernel k) {
+  switch (k) {
+    case TorchKernel::vectorized: return "vectorized";
+    case TorchKernel::strided: return "strided";
+    case TorchKernel::random: return "random";
+    case TorchKernel::cat: return "cat";
+    case TorchKernel::row_norm: return "row_norm";
+    case TorchKernel::column_sum: return "column_sum";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& torch_kernel_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (int k = 0; k < kNumTorchKernels; ++k) n.emplace_back(torch_kernel_name(static_cast<TorchKernel>(k)));
+    return n;
+  }();
+  return names;
+}
 
 std::vector<DeviceProfile> load_profiles(const std::string& path) { return read_database(path); }
 
@@ -374,6 +414,10 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
       const double f = p.op_factor(static_cast<models::OpKind>(k), bwd);
       if (f != 1.0) ops[fmt::format("{}{}", models::op_kind_name(static_cast<models::OpKind>(k)), bwd ? ".backward" : "")] = f;
     }
+  nlohmann::json torch_families = nlohmann::json::object();  // the families given their own fraction
+  for (int k = 0; k < kNumTorchKernels; ++k)
+    if (p.torch_kernel_efficiency[static_cast<std::size_t>(k)] > 0)
+      torch_families[torch_kernel_name(static_cast<TorchKernel>(k))] = p.torch_kernel_efficiency[static_cast<std::size_t>(k)];
   nlohmann::json j = {{"device", p.device},
           {"peak_tensor_tflops", p.peak_tensor_flops.v / kTera},
           {"peak_fp32_tflops", p.peak_fp32_flops.v / kTera},
@@ -389,6 +433,7 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"optimizer_efficiency", p.optimizer_efficiency},
           {"attention_half_seq", p.attention_half()},
           {"op_efficiency", ops},
+          {"torch_kernel_efficiency", torch_families},
           {"kernel_launch_us", us(p.kernel_launch)},
           {"copy_launch_us", us(p.copy_launch)},
           {"copy_piece_us", us(p.copy_piece)},
@@ -504,6 +549,10 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const models::Op* o = nullptr;
   if (op != models::kNone) o = &op_at(op);
 
+  if (o != nullptr && o->gemms.empty() && deepspeed) {
+    const double t = torch_op_time(*o, backward);
+    if (t >= 0) return Seconds{t};
+  }
   if (o == nullptr || o->gemms.empty())
     return elementwise_cost(flops, bytes, o == nullptr ? 1.0 : p_.op_factor(o->kind, backward), launch);
 
@@ -530,11 +579,11 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   // (k, n), has its gradient's rows n wide; no model here has an odd n there, and an odd
   // output only matters for PyTorch's products: torch_gemm_unaligned_output_factor.)
   auto efficiency = [&](std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t out_ld) {
-    if (!attention) return gemm_efficiency(p_, m, n, k, align, fp32_cores, out_ld, deepspeed_loops);
+    if (!attention) return gemm_efficiency(p_, m, n, k, align, fp32_cores, out_ld, deepspeed);
     double e = p_.gemm_max_efficiency;
     const double head_half = fp32_cores ? p_.fp32_half() : p_.gemm_half_dim;
     const double seq_half = fp32_cores       ? p_.gemm_half_dim
-                            : deepspeed_loops ? p_.torch_attention_half()
+                            : deepspeed ? p_.torch_attention_half()
                                               : p_.attention_half();
     for (const std::int64_t x : {m, n, k}) e *= saturation(static_cast<double>(x), x == head_dim ? head_half : seq_half);
     return e * alignment_factor(p_, m, n, k, align, out_ld, false);  // a flash kernel writes no scores
@@ -566,7 +615,119 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const double peak = p_.gemm_peak(g_.opt.act_dtype);
   const double gemm_time = flops.v / (peak * eff);
   return Seconds{std::max(gemm_time, mem_time) + launch + bias_grad_time(*o, phase) +
-                 (attention && backward && !fp32_cores && deepspeed_loops ? attention_backward_passes(*o) : 0.0)};
+                 (attention && backward && !fp32_cores && deepspeed ? attention_backward_passes(*o) : 0.0)};
+}
+
+// PyTorch's kernels for a bandwidth-bound op of the graph, as Hugging Face's code runs it under
+// autograd, each priced at its family's fraction of the bandwidth (TorchKernel) and no quicker
+// than a launch. Read from the kernels of DeepSpeed 0.19.8 runs profiled on an H100
+// (tests/data/deepspeed/h100_deepspeed_0.19.8.json, gpu_top_kernels; docs/compute_model.md):
+// - RoPE (q * cos + rotate_half(q) * sin, on a strided head view) is five kernels moving ten
+//   times the head tensor's bytes forward (mul, neg, cat, mul, add), seven backward (two muls,
+//   a neg, and for each of rotate_half's slices a zero fill and a copy into it);
+// - pow's backward is grad * (e * x^(e-1)): x^(e-1) (skipped for e = 2), the scaling, the
+//   product with the gradient;
+// - a row-scale or weight multiply's backward is the broadcast product for the input's
+//   gradient, and a product and a sum for the scale's (over the row) or weight's (over rows);
+// - RMSNorm's mean backward writes the expanded gradient; rsqrt's and the eps add's are scalars;
+// - LayerNorm's backward is two kernels: gamma and beta's column sums over dy and x, then the
+//   input's gradient (dy, x in; dx out);
+// - a widening cast runs unvectorised (bf16 -> fp32: about 0.6 of the bandwidth an add gets);
+// - the loss's backward fills log_softmax's output gradient with zeros before nll_loss scatters
+//   into it, then log_softmax's backward reads it and the saved output and writes the logits'.
+// A sum that passes its gradient on runs no kernel (zero/lower/walk.cpp makes it a marker).
+double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
+  using models::Fn;
+  using K = TorchKernel;
+  if (o.outputs.empty() || o.inputs.empty()) return -1;
+  const double launch = p_.kernel_launch.v;
+  const double bw = p_.hbm_bandwidth.v;
+  double t = 0;
+  auto kernel = [&](double bytes, K k, int count = 1) {
+    for (int i = 0; i < count; ++i) t += std::max(bytes / count / (bw * p_.torch_efficiency(k)), launch);
+  };
+  const models::Tensor& x = g_.tensors[static_cast<std::size_t>(o.inputs[0])];
+  const models::Tensor& y = g_.tensors[static_cast<std::size_t>(o.outputs[0])];
+  const auto X = static_cast<double>(x.bytes.v), Y = static_cast<double>(y.bytes.v);
+  const auto fwd = static_cast<double>(o.fwd_bytes.v), bwd = static_cast<double>(o.bwd_bytes.v);
+  const bool widening = dtype_size(y.dtype) > dtype_size(x.dtype);
+  if (!backward) {
+    switch (o.fn) {
+      case Fn::add: case Fn::add_scalar: case Fn::scale: case Fn::mul: case Fn::gelu: case Fn::gelu_tanh:
+      case Fn::relu: case Fn::silu: case Fn::tanh: case Fn::pow:
+        kernel(fwd, K::vectorized);
+        break;
+      case Fn::dropout: kernel(fwd, K::random); break;
+      case Fn::cast: kernel(fwd, widening ? K::strided : K::vectorized); break;
+      case Fn::add_mask: case Fn::causal_where: case Fn::mul_rowscale: case Fn::mul_weight:
+      case Fn::merge_heads: case Fn::repeat_kv:
+        kernel(fwd, K::strided);
+        break;
+      case Fn::heads_copy: kernel(fwd, K::cat); break;
+      case Fn::rope:  // mul, neg (half in, half out), cat, mul, add
+        kernel(2 * Y, K::strided);
+        kernel(Y, K::strided);
+        kernel(2 * Y, K::cat);
+        kernel(2 * Y, K::strided);
+        kernel(3 * Y, K::strided);
+        break;
+      case Fn::rms_rsqrt:  // mean over the row, + eps, rsqrt (the last two on one value a row)
+        kernel(X, K::strided);
+        kernel(2 * Y, K::vectorized, 2);
+        break;
+      case Fn::layernorm: case Fn::softmax: case Fn::cross_entropy: kernel(fwd, K::row_norm); break;
+      default: return -1;
+    }
+    return t;
+  }
+  switch (o.fn) {
+    case Fn::add: case Fn::add_scalar: case Fn::scale: case Fn::gelu: case Fn::gelu_tanh: case Fn::relu:
+    case Fn::silu: case Fn::tanh: case Fn::dropout: case Fn::causal_where:  // where's: grad where the mask keeps
+      kernel(bwd, K::vectorized);
+      break;
+    case Fn::mul: {  // one product per operand that takes a gradient
+      int grads = 0;
+      for (const models::TensorId in : o.inputs) grads += is_float(g_.tensors[static_cast<std::size_t>(in)].dtype) ? 1 : 0;
+      kernel(3 * Y * std::max(grads, 1), K::vectorized, std::max(grads, 1));
+      break;
+    }
+    case Fn::pow:  // grad * (e * x^(e-1))
+      if (o.alpha != 2.0) kernel(2 * X, K::vectorized);
+      kernel(2 * X, K::vectorized);
+      kernel(3 * X, K::vectorized);
+      break;
+    case Fn::cast: kernel(X + Y, dtype_size(x.dtype) > dtype_size(y.dtype) ? K::strided : K::vectorized); break;
+    case Fn::mul_rowscale: case Fn::mul_weight:  // dx = g * s (broadcast); ds = sum(g * x)
+      kernel(2 * Y, K::strided);
+      kernel(3 * Y, K::vectorized);
+      kernel(Y, o.fn == Fn::mul_weight ? K::column_sum : K::strided);
+      break;
+    case Fn::rms_rsqrt:  // the mean's gradient expanded over the row; rsqrt's and the add's on scalars
+      kernel(X, K::strided);
+      kernel(3 * Y, K::vectorized, 3);
+      break;
+    case Fn::layernorm:  // gamma and beta: column sums over dy and x; then dx from dy and x
+      kernel(2 * Y, K::column_sum);
+      kernel(3 * Y, K::row_norm);
+      break;
+    case Fn::rope:  // g * cos, g * sin, neg, and for each slice of rotate_half a fill and a copy
+      kernel(2 * Y, K::strided);
+      kernel(2 * Y, K::strided);
+      kernel(Y, K::strided);
+      kernel(2 * Y, K::vectorized, 2);
+      kernel(2 * Y, K::strided, 2);
+      break;
+    case Fn::add_mask: case Fn::merge_heads: case Fn::repeat_kv: case Fn::heads_copy:
+      kernel(bwd, K::strided);
+      break;
+    case Fn::softmax: kernel(3 * Y, K::row_norm); break;  // dy, y in; dx out (one kernel per row)
+    case Fn::cross_entropy:  // nll_loss's: a zero fill of logp's gradient; log_softmax's: dlogp, logp in, dx out
+      kernel(Y, K::vectorized);
+      kernel(3 * Y, K::row_norm);
+      break;
+    default: return -1;
+  }
+  return t;
 }
 
 // PyTorch's flash backward's passes beside its kernel, over the (B, A, T, D) operands (priced
@@ -596,7 +757,9 @@ double ComputeModel::bias_grad_time(const models::Op& o, zero::Phase phase) cons
   for (const models::Gemm& g : o.gemms) {
     if (!g.bias) continue;
     const Bytes read{g.m * std::max<std::int64_t>(g.batch, 1) * g.n * dtype_size(g_.opt.act_dtype)};
-    t += elementwise_cost(Flops{0}, read, 1.0, p_.kernel_launch.v).v;
+    // PyTorch's is a column sum (TorchKernel::column_sum); the executor's at the elementwise rate.
+    const double factor = deepspeed ? p_.torch_efficiency(TorchKernel::column_sum) / p_.elementwise_efficiency : 1.0;
+    t += elementwise_cost(Flops{0}, read, factor, p_.kernel_launch.v).v;
   }
   return t;
 }
@@ -626,7 +789,7 @@ Seconds ComputeModel::unfused_bias_cost(models::OpId op) const {
 }
 
 Seconds ComputeModel::unfused_bias_add(const zero::Event& e) const {
-  return deepspeed_loops && e.unfused_bias ? unfused_bias_cost(e.op) : Seconds{0};
+  return deepspeed && e.unfused_bias ? unfused_bias_cost(e.op) : Seconds{0};
 }
 
 Seconds ComputeModel::bias_part(const zero::Event& e) const {
@@ -636,8 +799,8 @@ Seconds ComputeModel::bias_part(const zero::Event& e) const {
 }
 
 double ComputeModel::grad_add_seconds_per_byte() const {
-  if (!deepspeed_loops) return 0.0;
-  return 3.0 / (p_.hbm_bandwidth.v * p_.elementwise_efficiency * p_.op_factor(models::OpKind::add, false));
+  if (!deepspeed) return 0.0;
+  return 3.0 / (p_.hbm_bandwidth.v * p_.torch_efficiency(TorchKernel::vectorized));  // CUDAFunctor_add
 }
 
 double grad_accumulate_seconds(const zero::Event& e, double seconds_per_byte, double launch) {
@@ -664,7 +827,7 @@ Seconds ComputeModel::local_reduction_cost(Bytes bytes, std::int64_t tensors) co
 // DeepSpeed's per-tensor loops launch kernels on tensors and scalars too small to reach the
 // bandwidth: each takes the profile's time per loop kernel (docs/deepspeed_fidelity.md).
 Seconds ComputeModel::loop_kernels_cost(const zero::Event& e) const {
-  if (!deepspeed_loops) return Seconds{0};
+  if (!deepspeed) return Seconds{0};
   return Seconds{static_cast<double>(std::max(e.loop_kernels, 0)) * p_.loop_kernel.v +
                  static_cast<double>(std::max<std::int64_t>(e.loop_bytes.v, 0)) /
                      (p_.hbm_bandwidth.v * p_.elementwise_efficiency)};
@@ -708,7 +871,7 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
     case EventKind::marker:
       return Seconds{0};
     case EventKind::host:
-      return deepspeed_loops ? host_cost(p_.host, e) : Seconds{0};
+      return deepspeed ? host_cost(p_.host, e) : Seconds{0};
     case EventKind::collective:
       throw std::logic_error("collective events are priced by the collective model, not the compute model");
     case EventKind::compute:
@@ -717,7 +880,7 @@ Seconds ComputeModel::cost(const zero::Event& e) const {
       // A copy whose kernels per tensor are counted (loop_kernels) is priced by them, not by
       // its pieces.
       return copy_cost(e.mem_bytes, e.src, e.dst,
-                       deepspeed_loops && e.loop_kernels > 0
+                       deepspeed && e.loop_kernels > 0
                            ? 1
                            : std::max<std::int64_t>(e.slice_end - e.slice_begin, e.tensors),
                        e.copy_kernel, e.host_bound) +

@@ -74,6 +74,20 @@ HostCosts scaled_host_costs(const HostCosts& h, double factor);
 // where either probe is unknown (0).
 HostCosts host_costs_at_probe(const HostCosts& h, double probe_us);
 
+// The families PyTorch's bandwidth-bound kernels fall into on a GPU, each with its own fraction
+// of the HBM bandwidth (DeviceProfile::torch_kernel_efficiency): `vectorized`, TensorIterator's
+// kernels over contiguous operands of one shape (adds, multiplies, activations, dropout,
+// narrowing casts); `strided`, its unvectorised kernels (a broadcast operand, a strided view,
+// a widening cast, a row's sum); `random`, a kernel that draws its own random numbers
+// (dropout's mask, Philox); `cat`, torch.cat of strided head views (the KV cache's
+// update, RoPE's rotate_half); `row_norm`, a kernel per row (LayerNorm forward and its input's
+// gradient, softmax and log-softmax); `column_sum`, a sum over rows (LayerNorm's gamma and
+// beta gradients, a weight's or a bias's gradient).
+enum class TorchKernel : std::uint8_t { vectorized, strided, random, cat, row_norm, column_sum };
+inline constexpr int kNumTorchKernels = 6;
+const char* torch_kernel_name(TorchKernel k);
+const std::vector<std::string>& torch_kernel_names();
+
 struct DeviceProfile {
   std::string device;                    // device database name
   FlopsPerSecond peak_tensor_flops{};
@@ -124,7 +138,7 @@ struct DeviceProfile {
   double attention_half() const { return attention_half_seq >= 0 ? attention_half_seq : gemm_half_dim; }
   // The same half-point for the attention kernel PyTorch runs (F.scaled_dot_product_attention
   // under DeepSpeed: cuDNN's flash kernel on Hopper), where the kernels priced are PyTorch's
-  // (ComputeModel::deepspeed_loops); attention_half_seq stays zeroplan's executor's, whose own
+  // (ComputeModel::deepspeed); attention_half_seq stays zeroplan's executor's, whose own
   // kernel amortises its tiles over the sequence differently (47 tokens fitted on the H200,
   // docs/calibration.md, where cuDNN's ran as fast per FLOP at 128 tokens as at 1024: 16).
   // Negative: attention_half().
@@ -156,6 +170,14 @@ struct DeviceProfile {
   }
   double op_factor(models::OpKind k, bool backward) const {
     return op_efficiency[static_cast<std::size_t>(2 * static_cast<int>(k) + (backward ? 1 : 0))];
+  }
+  // PyTorch's kernels per family (TorchKernel), where the events stand for PyTorch's
+  // (ComputeModel::deepspeed): fractions of the HBM bandwidth, profile key
+  // torch_kernel_efficiency {"vectorized": 0.9, ...}. Negative: elementwise_efficiency.
+  std::array<double, kNumTorchKernels> torch_kernel_efficiency = {-1, -1, -1, -1, -1, -1};
+  double torch_efficiency(TorchKernel k) const {
+    const double e = torch_kernel_efficiency[static_cast<std::size_t>(k)];
+    return e > 0 ? e : elementwise_efficiency;
   }
   Seconds kernel_launch{};               // per kernel
   // The floor of a memcpy within the device or within the host (cudaMemcpyAsync, a copy
@@ -262,28 +284,29 @@ class ComputeModel {
   // Autograd's adds of a backward event's input gradients into those another consumer made
   // first (Event::grad_adds, grad_add_bytes): each reads both and writes one, at the
   // elementwise bandwidth of an add, never faster than its launch. 0 where the events stand for
-  // zeroplan's executor (deepspeed_loops off), which accumulates inside its kernels.
+  // zeroplan's executor (deepspeed off), which accumulates inside its kernels.
   Seconds grad_accumulate_cost(const zero::Event& e) const;
   // Its two terms: seconds per byte of accumulated gradient (its three bytes moved) and per add
-  // (the launch floor); both 0 with deepspeed_loops off.
+  // (the launch floor); both 0 with deepspeed off.
   double grad_add_seconds_per_byte() const;
-  double grad_add_launch() const { return deepspeed_loops ? p_.kernel_launch.v : 0.0; }
+  double grad_add_launch() const { return deepspeed ? p_.kernel_launch.v : 0.0; }
   // The local reduction of a scalar all-reduce event (Event::tensors, mem_bytes): 0 for
   // any other collective.
   Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;
   // DeepSpeed's own work in an event (Event::loop_kernels, loop_bytes): its per-tensor loops'
   // small kernels and their bytes. 0 where the events stand for zeroplan's executor, which
-  // does none of it (deepspeed_loops off: calibration from the executor's runs, `plan
+  // does none of it (deepspeed off: calibration from the executor's runs, `plan
   // --verify`'s predictions of the executor).
   Seconds loop_kernels_cost(const zero::Event& e) const;
-  // On, the events stand for DeepSpeed's work through PyTorch's kernels; off, for zeroplan's
-  // executor: no per-tensor loops (loop_kernels_cost), no separate bias adds
-  // (Event::unfused_bias), no autograd adds (Event::grad_adds), host events (EventKind::host:
-  // PyTorch's and DeepSpeed's Python) cost nothing, the executor's host thread doing only the
-  // launches each kernel's time already counts, and none of the terms that describe PyTorch's
-  // kernels apply (torch_attention_half_seq, torch_gemm_unaligned_output_factor, cuDNN's flash
-  // backward's row passes): the executor's own kernels take the profile's other coefficients.
-  bool deepspeed_loops = true;
+  // Whose work the events stand for. On: DeepSpeed's, through PyTorch's kernels and Python.
+  // Off: zeroplan's executor's, which has no per-tensor loops (loop_kernels_cost), no separate
+  // bias adds (Event::unfused_bias), no autograd adds (Event::grad_adds), whose host events
+  // (EventKind::host: PyTorch's and DeepSpeed's Python) cost nothing, its host thread doing only
+  // the launches each kernel's time already counts, and to which none of the terms that
+  // describe PyTorch's kernels apply (torch_op_time's kernel families, torch_attention_half_seq,
+  // torch_gemm_unaligned_output_factor, cuDNN's flash backward's row passes): its own kernels
+  // take the profile's other coefficients (op_efficiency among them).
+  bool deepspeed = true;
   // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
   // bandwidth times optimizer_efficiency (without the norm some steps take first).
   Seconds optimizer_cost(Flops flops, Bytes bytes) const;
@@ -298,10 +321,13 @@ class ComputeModel {
 
  private:
   const models::Op& op_at(models::OpId op) const;  // the graph's op (a logic error outside it)
-  // The separate bias add event e carries, where DeepSpeed runs it (deepspeed_loops on).
+  // The separate bias add event e carries, where DeepSpeed runs it (deepspeed on).
   Seconds unfused_bias_add(const zero::Event& e) const;
   double bias_grad_time(const models::Op& o, zero::Phase phase) const;  // seconds; 0 without a bias
   double attention_backward_passes(const models::Op& o) const;           // seconds of a flash backward's row passes
+  // Seconds of PyTorch's kernels for bandwidth-bound op o as Hugging Face's code runs it under
+  // autograd (deepspeed on); negative where the op's own bytes are priced instead.
+  double torch_op_time(const models::Op& o, bool backward) const;
   Seconds elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const;
 
   DeviceProfile p_;

@@ -37,7 +37,7 @@ Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const ze
   r.memory = replay_memory(r.program, *t.device);
   if (with_time) {
     ComputeModel compute(*t.profile, g);
-    compute.deepspeed_loops = t.deepspeed;
+    compute.deepspeed = t.deepspeed;
     EngineOptions eo;
     eo.interference = t.profile->comm_compute_interference;
     r.time = simulate_time(r.program, g, compute, *t.collectives, eo);

@@ -26,7 +26,7 @@ struct Target {
   bool activation_checkpointing = false;
   bool keep_output = false;          // zero::LowerOptions::keep_output
   // What runs the program: DeepSpeed (its Python's host work, per-tensor loops and stage 3's
-  // separate bias adds priced: ComputeModel::deepspeed_loops), or zeroplan's executor (false:
+  // separate bias adds priced: ComputeModel::deepspeed), or zeroplan's executor (false:
   // it does none of that work; `plan --verify` predicts its candidates so too).
   bool deepspeed = true;
   // PyTorch's cuBLAS/cuBLASLt workspaces (the device's sizes) among the program's buffers:

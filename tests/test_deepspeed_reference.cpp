@@ -167,9 +167,10 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
   // The GEMM curve, the odd head's output, flash attention and autograd's adds fitted together
   // to the H100's kernel profiles (docs/compute_model.md): forward 9.6% and backward 4.7% before
   // (the attention's excess hiding the GEMMs' and the adds' errors); stage 3's separate bias
-  // adds (Event::unfused_bias) took the forward from 10.4% to 9.6%.
-  CHECK(gpu_err[0] / gpu_runs <= 0.06);
-  CHECK(gpu_err[1] / gpu_runs <= 0.055);  // residual sums passing their gradient on: 6.3% before
+  // adds (Event::unfused_bias) took the forward from 10.4% to 9.6%. PyTorch's kernels by family
+  // (sim::TorchKernel) took the forward from 5.6% to 5.0% and the backward from 5.4% to 2.9%.
+  CHECK(gpu_err[0] / gpu_runs <= 0.055);
+  CHECK(gpu_err[1] / gpu_runs <= 0.035);  // residual sums passing their gradient on: 6.3% before
   CHECK(gpu_err[2] / gpu_runs <= 0.07);  // DeepSpeed's per-tensor step loops (58% short without them)
 
   // Bounds per run and on the mean over runs (see the header comment).
@@ -281,8 +282,8 @@ TEST_CASE("DeepSpeed 0.19.8, two and four ranks: per-rank memory at stages 1-3 (
 
 // The same harness on a second device, an H100 SXM 80GB (tests/data/deepspeed/h100_deepspeed_0.19.8.json,
 // seven runs measured in full): memory against the targets on a GPU of another capacity, and the
-// compute model on the H100 preset, whose coefficients are the H200's carried over (sim/profiles.json)
-// apart from the H100's own memory bandwidth. The wall times are the host's, which differs from the
+// compute model on the H100 preset, whose GEMM and attention coefficients were fitted to these
+// runs' kernels (sim/profiles.json). The wall times are the host's, which differs from the
 // H200 machines' (test_calibration_cli: its host costs calibrated).
 TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H100 preset") {
   const json ref = reference("h100_deepspeed_0.19.8.json");

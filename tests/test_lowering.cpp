@@ -394,10 +394,10 @@ TEST_CASE("stage 3: a linear's bias added apart on 3-D inputs, in forward and re
       CHECK(add > 0);
       CHECK(cm.cost(e).v == doctest::Approx(product + add));
       CHECK(cm.bias_part(e).v == doctest::Approx(add));
-      cm.deepspeed_loops = false;
+      cm.deepspeed = false;
       CHECK(cm.cost(e).v == doctest::Approx(product));
       CHECK(cm.bias_part(e).v == 0);
-      cm.deepspeed_loops = true;
+      cm.deepspeed = true;
       break;
     }
   }

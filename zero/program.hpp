@@ -308,7 +308,7 @@ struct Event {
   // (sim::DeviceProfile::loop_kernel per kernel, the bandwidth for the bytes); the executor does
   // not do them, and calibration from its runs leaves them out. A copy with loop kernels is
   // priced by them instead of by its pieces (where the simulator prices DeepSpeed's loops at
-  // all: sim::ComputeModel::deepspeed_loops). 0 for anything else.
+  // all: sim::ComputeModel::deepspeed). 0 for anything else.
   std::int32_t loop_kernels = 0;
   Bytes loop_bytes{};
   // An optimizer event that first reduces the gradients it reads on this rank (stage 0's
