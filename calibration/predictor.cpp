@@ -70,9 +70,14 @@ PhaseName timer_phase(const zero::Event& e) {
 
 PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, const std::vector<std::int32_t>& unmeasured,
                             const sim::ComputeModel* cm, const models::OpGraph* graph) {
-  PhasePrediction out;
   const std::vector<sim::OpTraceInfo> ops =
       cm != nullptr && graph != nullptr ? sim::op_trace_info(*graph, cm) : std::vector<sim::OpTraceInfo>{};
+  return phase_times(p, t, ops, unmeasured);
+}
+
+PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, std::span<const sim::OpTraceInfo> ops,
+                            const std::vector<std::int32_t>& unmeasured) {
+  PhasePrediction out;
   auto set = [&](PhaseName ph, Quantity q, double v) {
     out.seconds[static_cast<std::size_t>(ph)][static_cast<std::size_t>(q)] = v;
   };

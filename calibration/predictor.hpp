@@ -4,6 +4,7 @@
 // once and running its step program through the event engine (sim::simulate_time) under
 // each set of parameters. Whatever coefficient the simulator reads, the predictions follow.
 #include <array>
+#include <span>
 #include <vector>
 
 #include "calibration/observation.hpp"
@@ -13,6 +14,7 @@
 #include "sim/compute_model.hpp"
 #include "sim/device.hpp"
 #include "sim/engine.hpp"
+#include "sim/trace.hpp"
 #include "zero/program.hpp"
 
 namespace zp::calibration {
@@ -33,6 +35,10 @@ struct PhasePrediction {
 PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t,
                             const std::vector<std::int32_t>& unmeasured = {}, const sim::ComputeModel* cm = nullptr,
                             const models::OpGraph* graph = nullptr);
+// The same with the graph's ops as the trace has them (sim::op_trace_info; cli::StageResult::ops):
+// the kernel classes from those, none where `ops` is empty.
+PhasePrediction phase_times(const zero::Program& p, const sim::TimeReport& t, std::span<const sim::OpTraceInfo> ops,
+                            const std::vector<std::int32_t>& unmeasured = {});
 
 // Which of DeepSpeed's timer windows an event falls in: forward, backward (with its
 // recomputation and the reductions issued from the backward hooks and epilogue), or step.

@@ -314,9 +314,71 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H
   REQUIRE(full == 7);
   MESSAGE(fmt::format("H100, mean |error| of the GPU's busy time: forward {:.1f}%, backward {:.1f}%, step {:.1f}%",
                       100 * gpu_err[0] / full, 100 * gpu_err[1] / full, 100 * gpu_err[2] / full));
-  CHECK(gpu_err[0] / full <= 0.03);  // 6.6% before the joint fit of the compute model (backward 6.2%)
-  CHECK(gpu_err[1] / full <= 0.065);
+  // 6.6% before the joint fit of the compute model (backward 6.2%); 2.3% / 6.0% before PyTorch's
+  // kernels by family, which moved the Llama's forward up (+3% to +8%) with RoPE's five kernels.
+  CHECK(gpu_err[0] / full <= 0.04);
+  CHECK(gpu_err[1] / full <= 0.05);
   CHECK(gpu_err[2] / full <= 0.08);
+}
+
+// PyTorch's kernels class by class (tests/data/deepspeed/h100_kernels_0.19.8.json: ten runs on
+// H100s with their kernel profiles, BERT-base and large, GPT-2 and GPT-2 medium, the Llama; fp32,
+// fp16, bf16; sdpa and eager): the GPU time of the GEMMs, the attention and the rest (elementwise
+// kernels and copies) per phase against the profiler's, on the H100 preset. The rest is what
+// PyTorch's kernel families price (sim::TorchKernel, docs/compute_model.md): before them its
+// backward was 14.6% off on average over the profiled runs, GPT-2's eager backward +27%, and the
+// Llama's forward missed RoPE's five kernels.
+TEST_CASE("DeepSpeed 0.19.8 on an H100: PyTorch's kernels class by class") {
+  using zp::calibration::PhaseName;
+  using zp::calibration::Quantity;
+  const json ref = reference("h100_kernels_0.19.8.json");
+  REQUIRE(ref.at("meta").at("versions").at("gpu").get<std::string>().find("H100") != std::string::npos);
+  const fs::path dir = fs::temp_directory_path() / fmt::format("zp_dsrefk_{}", static_cast<long>(::getpid()));
+  fs::create_directories(dir);
+  // Σ |error| per phase (forward, backward) of the GPU's busy time and of the elementwise class.
+  std::array<double, 2> busy_err{}, other_err{};
+  int n = 0;
+  std::string table;
+  for (const auto& run : ref.at("runs")) {
+    const std::string name = run.at("name");
+    CAPTURE(name);
+    ++n;
+    const auto r = predict(run, dir, "1xH100-80GB");
+    const auto& m = run.at("memory");
+    CHECK(std::fabs(rel(static_cast<double>(r.memory.peak_allocated.v), m.at("peak_allocated").get<double>())) <= 0.03);
+    CHECK(std::fabs(rel(static_cast<double>(r.memory.reserved_peak.v), m.at("peak_reserved").get<double>())) <= 0.05);
+    const auto pp =
+        zp::calibration::phase_times(zp::zero::expand(r.program), zp::sim::expand_times(r.program, r.time.report), r.ops);
+    table += fmt::format("{:<22}", name);
+    int k = 0;
+    for (const auto& [phase, ph] : {std::pair{"forward", PhaseName::forward}, std::pair{"backward", PhaseName::backward}}) {
+      CAPTURE(phase);
+      const auto& q = pp.seconds[static_cast<std::size_t>(ph)];
+      const auto& cls = run.at("gpu_by_class_s").at(phase);
+      const double meas_other = cls.value("elementwise", 0.0) + cls.value("copy", 0.0);
+      const double pred_other = q[static_cast<std::size_t>(Quantity::gpu_other)];
+      const double busy = q[static_cast<std::size_t>(Quantity::gpu_busy)];
+      const double e_busy = rel(busy, run.at("gpu_s").at(phase).get<double>()), e_other = rel(pred_other, meas_other);
+      CHECK(std::fabs(e_busy) <= 0.2);    // worst today: the fp32 Llama's backward (-17%)
+      CHECK(std::fabs(e_other) <= 0.3);   // worst today: the fp32 Llama's backward (-26%), stage 2's fp32 hooks
+      busy_err[static_cast<std::size_t>(k)] += std::fabs(e_busy);
+      other_err[static_cast<std::size_t>(k)] += std::fabs(e_other);
+      table += fmt::format("  {} busy {:5.1f}/{:<5.1f}{:+4.0f}%  elementwise {:5.1f}/{:<5.1f}{:+4.0f}%", phase[0] == 'f' ? "fwd" : "bwd",
+                           run.at("gpu_s").at(phase).get<double>() * 1e3, busy * 1e3, e_busy * 100, meas_other * 1e3,
+                           pred_other * 1e3, e_other * 100);
+      ++k;
+    }
+    table += "\n";
+  }
+  fs::remove_all(dir);
+  REQUIRE(n == 10);
+  MESSAGE("H100 kernel profiles, profiler/predicted ms and error\n" << table);
+  MESSAGE(fmt::format("mean |error|: busy forward {:.1f}%, backward {:.1f}%; elementwise forward {:.1f}%, backward {:.1f}%",
+                      100 * busy_err[0] / n, 100 * busy_err[1] / n, 100 * other_err[0] / n, 100 * other_err[1] / n));
+  CHECK(busy_err[0] / n <= 0.05);
+  CHECK(busy_err[1] / n <= 0.06);
+  CHECK(other_err[0] / n <= 0.09);
+  CHECK(other_err[1] / n <= 0.08);
 }
 
 // The H100 machine's times with its calibrated profile (calibration/profiles/h100-80gb_deepspeed-0.19.8.json:
