@@ -3,6 +3,8 @@
 // the recorded H200 runs calibrate; every bad input is one line and exit status 2.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -125,8 +127,8 @@ TEST_CASE("simulate --profile: the fitted coefficients and their interval") {
   // The slow fabric: the exposed gradient reduction grows ten-fold.
   CHECK(b["backward_allreduce_ms"].get<double>() > 5 * a["backward_allreduce_ms"].get<double>());
   const double it = b["iteration_ms"].get<double>(), s = pj["profile"]["iteration_rel_sd"].get<double>();
-  CHECK(b["iteration_interval_ms"][0].get<double>() == doctest::Approx(it * (1 - s)));
-  CHECK(b["iteration_interval_ms"][1].get<double>() == doctest::Approx(it * (1 + s)));
+  CHECK(b["iteration_interval_ms"][0].get<double>() == zp::test::approx(it * (1 - s)));
+  CHECK(b["iteration_interval_ms"][1].get<double>() == zp::test::approx(it * (1 + s)));
   // The table says it too.
   const Run t = run(base + " --profile " + fixture_profile());
   CHECK(t.out.find("with profile " + fixture_profile() + ": iteration times carry ±") != std::string::npos);
@@ -143,12 +145,12 @@ TEST_CASE("simulate and plan on the H200 preset: the interval measured against D
   REQUIRE(j.status == 0);
   const auto doc = nlohmann::json::parse(j.out);
   const double s = doc["uncertainty"]["iteration_rel_sd"].get<double>();
-  CHECK(s == doctest::Approx(0.09));
+  CHECK(s == zp::test::approx(0.09));
   CHECK(doc["uncertainty"]["source"] == "the H200-141GB preset");
   CHECK(doc["uncertainty"]["basis"].get<std::string>().find("DeepSpeed 0.19.8") != std::string::npos);
   CHECK_FALSE(doc.contains("profile"));
   const auto t = doc["results"][0]["time"];
-  CHECK(t["iteration_interval_ms"][0].get<double>() == doctest::Approx(t["iteration_ms"].get<double>() * (1 - s)));
+  CHECK(t["iteration_interval_ms"][0].get<double>() == zp::test::approx(t["iteration_ms"].get<double>() * (1 - s)));
   const Run table = run(base);
   CHECK(table.out.find("with the H200-141GB preset: iteration times carry ±9.0%") != std::string::npos);
   // plan: candidates within the interval of the winner are ties.
@@ -398,14 +400,15 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
     CAPTURE(key.second);
     const auto& s = sums[key];
     // Measured: the events left out as observations (a group of one moves nothing) take ~0.
-    CHECK(p[0] == doctest::Approx(s[0]).epsilon(0.01));
-    CHECK(p[1] == doctest::Approx(s[1]).epsilon(1e-6));
-    CHECK(p[2] == doctest::Approx(s[2]).epsilon(1e-6));
+    CHECK(p[0] == zp::test::approx(s[0]).epsilon(0.01));
+    // The report's microseconds carry six significant digits.
+    CHECK(p[1] == zp::test::approx(s[1]).epsilon(1e-5));
+    CHECK(p[2] == zp::test::approx(s[2]).epsilon(1e-5));
   }
   for (const std::string run_name : {"heldout-gpt2-s0", "heldout-gpt2-s2", "heldout-llama-s0", "heldout-gpt2fg-s0"}) {
     const auto it = phase[{run_name, "iteration"}];
     const double sum = phase[{run_name, "forward"}][1] + phase[{run_name, "backward"}][1] + phase[{run_name, "step"}][1];
-    CHECK(it[1] == doctest::Approx(sum).epsilon(1e-9));
+    CHECK(it[1] == zp::test::approx(sum).epsilon(1e-9));
   }
 }
 
@@ -498,12 +501,12 @@ TEST_CASE("calibrate --save-observations / --observations: the same fit from the
   REQUIRE(ja["observations"].size() == jb["observations"].size());
   for (std::size_t i = 0; i < ja["observations"].size(); ++i) {
     CHECK(ja["observations"][i]["measured_s"] == jb["observations"][i]["measured_s"]);
-    CHECK(ja["observations"][i]["after_s"].get<double>() == doctest::Approx(jb["observations"][i]["after_s"].get<double>()));
+    CHECK(ja["observations"][i]["after_s"].get<double>() == zp::test::approx(jb["observations"][i]["after_s"].get<double>()));
   }
   REQUIRE(ja["parameters"].size() == jb["parameters"].size());
   for (std::size_t i = 0; i < ja["parameters"].size(); ++i) {
     CHECK(ja["parameters"][i]["name"] == jb["parameters"][i]["name"]);
-    CHECK(ja["parameters"][i]["after"].get<double>() == doctest::Approx(jb["parameters"][i]["after"].get<double>()));
+    CHECK(ja["parameters"][i]["after"].get<double>() == zp::test::approx(jb["parameters"][i]["after"].get<double>()));
   }
   // A kernel observation survives the round trip too (its class, shape and dtype).
   const std::string k = tmp("saved_kernel.json");
@@ -524,7 +527,7 @@ TEST_CASE("calibrate --save-observations / --observations: the same fit from the
     return nlohmann::json::parse(r.out)["observations"][0]["before_s"].get<double>();
   };
   const double memcpy_s = before_s("");
-  CHECK(before_s(R"(, "copy_kernel": "memcpy")") == doctest::Approx(memcpy_s));
+  CHECK(before_s(R"(, "copy_kernel": "memcpy")") == zp::test::approx(memcpy_s));
   CHECK(before_s(R"(, "copy_kernel": "cast")") > 1.2 * memcpy_s);  // the H200 preset: 62% of HBM, not 85%
   // (host_bound and optimizer: read back in test_calibration_sources; their pricing in
   // test_compute_model. The presets price both as plain copies and memory kernels.)
@@ -539,9 +542,9 @@ TEST_CASE("calibrate --save-observations / --observations: the same fit from the
     return nlohmann::json::parse(r.out)["observations"][0]["before_s"].get<double>();
   };
   const double no_bias = gemm_before_s("[8192, 3072, 768, 1]");
-  CHECK(gemm_before_s("[8192, 3072, 768, 1, 0]") == doctest::Approx(no_bias));
+  CHECK(gemm_before_s("[8192, 3072, 768, 1, 0]") == zp::test::approx(no_bias));
   // 8192 x 3072 bf16 read at 62% of 4.8 TB/s: about 17 us more.
-  CHECK(gemm_before_s("[8192, 3072, 768, 1, 1]") - no_bias == doctest::Approx(8192.0 * 3072 * 2 / (4.8e12 * 0.62)).epsilon(0.05));
+  CHECK(gemm_before_s("[8192, 3072, 768, 1, 1]") - no_bias == zp::test::approx(8192.0 * 3072 * 2 / (4.8e12 * 0.62)).epsilon(0.05));
   // Bad files: one line naming the file and the key.
   const std::string bad_file = tmp("bad_observations.json");
   auto refused = [&](const std::string& text, const std::string& must) {
@@ -623,12 +626,12 @@ TEST_CASE("simulate --host-probe-us: the host costs scaled from the profile's pr
   const Run at = run(base);
   const Run same = run(base + " --host-probe-us 5.3839");  // the profile's own probe (5.38 us): nothing moves
   const Run slow = run(base + " --host-probe-us 10.77");  // a host twice as slow
-  CHECK(iteration(same) == doctest::Approx(iteration(at)).epsilon(0.001));
+  CHECK(iteration(same) == zp::test::approx(iteration(at)).epsilon(0.001));
   CHECK(iteration(slow) > 1.2 * iteration(at));  // BERT-base at stage 0 is host-bound
   const auto hp = nlohmann::json::parse(slow.out)["host_probe"];
   CHECK(hp["probe_us"].get<double>() == 10.77);
-  CHECK(hp["host_cost_factor"].get<double>() == doctest::Approx(10.77 / hp["profile_probe_us"].get<double>()));
-  CHECK(hp["profile_probe_us"].get<double>() == doctest::Approx(5.38).epsilon(0.01));
+  CHECK(hp["host_cost_factor"].get<double>() == zp::test::approx(10.77 / hp["profile_probe_us"].get<double>()));
+  CHECK(hp["profile_probe_us"].get<double>() == zp::test::approx(5.38).epsilon(0.01));
   CHECK_FALSE(nlohmann::json::parse(at.out).contains("host_probe"));
   // The step's host work (FP16_Optimizer's loops with a read back per tensor) doubles with it.
   CHECK(step(slow) > 1.6 * step(at));

@@ -3,6 +3,8 @@
 // determine are refused with the measurement that would; the closed forms recover exact data.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <cmath>
 #include <random>
 
@@ -260,14 +262,14 @@ TEST_CASE("a tied collective factor moves its cells together and keeps their rat
   REQUIRE(ring != nullptr);
   REQUIRE(all != nullptr);
   ring->set(m, 2.0);
-  CHECK(ring->get(m) == doctest::Approx(2.0));
+  CHECK(ring->get(m) == zp::test::approx(2.0));
   const double before = all->get(m);
   all->set(m, before * 0.5);
-  CHECK(ring->get(m) == doctest::Approx(1.0));
-  CHECK(all->get(m) == doctest::Approx(before * 0.5));
+  CHECK(ring->get(m) == zp::test::approx(1.0));
+  CHECK(all->get(m) == zp::test::approx(before * 0.5));
   using CC = sim::CollectiveCoefficients;
-  CHECK(m.collective.bandwidth[CC::at(CC::inter, 0, 2)] == doctest::Approx(1.0));   // ring Simple
-  CHECK(m.collective.bandwidth[CC::at(CC::inter, 1, 2)] == doctest::Approx(0.5));   // tree Simple
+  CHECK(m.collective.bandwidth[CC::at(CC::inter, 0, 2)] == zp::test::approx(1.0));   // ring Simple
+  CHECK(m.collective.bandwidth[CC::at(CC::inter, 1, 2)] == zp::test::approx(0.5));   // tree Simple
   CHECK(m.collective.bandwidth[CC::at(CC::intra, 0, 2)] == 1.0);                    // the other level untouched
 }
 
@@ -279,15 +281,15 @@ TEST_CASE("the alpha-beta line of a collective curve, in closed form") {
   }
   const AlphaBeta ab = fit_alpha_beta(s, t);
   CHECK(ab.points == 7);
-  CHECK(ab.alpha_s == doctest::Approx(12e-6).epsilon(1e-9));
-  CHECK(ab.beta == doctest::Approx(40e9).epsilon(1e-9));
+  CHECK(ab.alpha_s == zp::test::approx(12e-6).epsilon(1e-9));
+  CHECK(ab.beta == zp::test::approx(40e9).epsilon(1e-9));
   CHECK(ab.rms_rel < 1e-12);
   // A line through the origin: no negative latency.
   std::vector<double> t2;
   for (double b : s) t2.push_back(b / 10e9);
   const AlphaBeta ab2 = fit_alpha_beta(s, t2);
   CHECK(ab2.alpha_s >= 0);
-  CHECK(ab2.beta == doctest::Approx(10e9).epsilon(1e-6));
+  CHECK(ab2.beta == zp::test::approx(10e9).epsilon(1e-6));
 }
 
 TEST_CASE("the GEMM efficiency curve, in closed form") {
@@ -300,8 +302,8 @@ TEST_CASE("the GEMM efficiency curve, in closed form") {
         eff.push_back(0.81 * m / (m + 222) * n / (n + 222) * k / (k + 222));
       }
   const GemmCurve g = fit_gemm_curve(mnk, eff);
-  CHECK(g.max_efficiency == doctest::Approx(0.81).epsilon(1e-4));
-  CHECK(g.half_dim == doctest::Approx(222).epsilon(1e-4));
+  CHECK(g.max_efficiency == zp::test::approx(0.81).epsilon(1e-4));
+  CHECK(g.half_dim == zp::test::approx(222).epsilon(1e-4));
   CHECK(g.rms_rel < 1e-6);
 }
 
@@ -353,7 +355,7 @@ TEST_CASE("fp32 GEMM observations are priced with their own TF32 setting") {
     const double fp32_eff = sim::gemm_efficiency(m.device, 8192, 8192, 8192, 1, true);
     const double tc_eff = sim::gemm_efficiency(m.device, 8192, 8192, 8192, 1, false);
     CHECK(fp32_eff > tc_eff);
-    CHECK(t[0] / t[1] == doctest::Approx(0.5 * 989.0 / 67.0 * tc_eff / fp32_eff).epsilon(0.01));
+    CHECK(t[0] / t[1] == zp::test::approx(0.5 * 989.0 / 67.0 * tc_eff / fp32_eff).epsilon(0.01));
     const double flops = 2.0 * 8192.0 * 8192.0 * 8192.0;
     CHECK(flops / t[0] < 67e12);
     CHECK(flops / t[0] > 0.5 * 67e12);
@@ -374,7 +376,7 @@ TEST_CASE("fused attention kernels are priced with compute.attention_efficiency,
   const auto a = pred.predict(m);
   m.device.attention_efficiency = 0.25;
   const auto b = pred.predict(m);
-  CHECK(b[0] == doctest::Approx(4.0 * a[0]).epsilon(0.05));  // FLOP-bound: 1/4 the efficiency, ~4x the time
+  CHECK(b[0] == zp::test::approx(4.0 * a[0]).epsilon(0.05));  // FLOP-bound: 1/4 the efficiency, ~4x the time
   CHECK(b[1] == a[1]);
 
   Dataset gemms;

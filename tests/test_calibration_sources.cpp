@@ -1,6 +1,8 @@
 // Calibration's readers: nccl-tests tables, DeepSpeed logs and recorded runs, train --out files
 // and cluster profiles; what each reads exactly, and one clear error for every kind of bad input.
 #include <doctest/doctest.h>
+
+#include "test_util.hpp"
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -93,7 +95,7 @@ TEST_CASE("nccl-tests: the header, the device lines and the out-of-place times")
   CHECK(o.coll.ranks_per_node == 2);
   CHECK(o.coll.bytes.v == 1048576);
   CHECK(o.coll.dtype == "float");
-  CHECK(o.measured.v == doctest::Approx(90.50e-6).epsilon(1e-12));
+  CHECK(o.measured.v == zp::test::approx(90.50e-6).epsilon(1e-12));
   CHECK(o.source == "ar.txt:16");
   CHECK(o.tags.at("source") == "nccl-tests");
   CHECK(d.warnings.empty());
@@ -104,7 +106,7 @@ TEST_CASE("nccl-tests: an older layout, with the collective named on the command
   const Dataset d = parse_nccl_tests("out.txt", kOld, zero::CollKind::all_gather);
   REQUIRE(d.obs.size() == 2);
   CHECK(d.obs[1].coll.kind == zero::CollKind::all_gather);
-  CHECK(d.obs[1].measured.v == doctest::Approx(150.3e-6));
+  CHECK(d.obs[1].measured.v == zp::test::approx(150.3e-6));
   // No device lines: nThread x nGpus ranks on one node, with a warning.
   CHECK(d.obs.front().coll.ranks == 8);
   REQUIRE(d.warnings.size() == 1);
@@ -215,14 +217,14 @@ TEST_CASE("DeepSpeed logs: the timer lines, the start-up facts, medians after th
     FAIL("no such phase");
     return d.obs.front();
   };
-  CHECK(find(PhaseName::forward).measured.v == doctest::Approx(0.021));  // median of 20, 22, 21
-  CHECK(find(PhaseName::backward_inner).measured.v == doctest::Approx(0.0285));
-  CHECK(find(PhaseName::step).measured.v == doctest::Approx(0.011));
+  CHECK(find(PhaseName::forward).measured.v == zp::test::approx(0.021));  // median of 20, 22, 21
+  CHECK(find(PhaseName::backward_inner).measured.v == zp::test::approx(0.0285));
+  CHECK(find(PhaseName::step).measured.v == zp::test::approx(0.011));
   CHECK(find(PhaseName::forward).fit);
   CHECK_FALSE(find(PhaseName::backward).fit);   // = inner + allreduce, both fitted
   CHECK_FALSE(find(PhaseName::iteration).fit);
   CHECK(find(PhaseName::forward).repeats == 3);
-  CHECK(find(PhaseName::forward).spread == doctest::Approx(0.0476).epsilon(0.01));
+  CHECK(find(PhaseName::forward).spread == zp::test::approx(0.0476).epsilon(0.01));
 
   // What the log says must match what the command line says.
   const std::string cfg2 = tmp("ds2.json", R"({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}})");
@@ -283,7 +285,7 @@ TEST_CASE("recorded DeepSpeed runs: every run's phases, GPU busy times and step-
   CHECK(d.env.deepspeed == "0.19.8");
   const Observation& f = d.obs.front();  // gpt2-bf16-sdpa-s0 forward
   CHECK(f.label == "gpt2-bf16-sdpa-s0: forward (wall)");
-  CHECK(f.measured.v == doctest::Approx(0.02550186199999871));
+  CHECK(f.measured.v == zp::test::approx(0.02550186199999871));
   CHECK(f.repeats == 12);  // three time-only rounds of four steps
   CHECK(f.spread > 0.1);   // 19.2 to 28.5 ms
   CHECK(f.tags.at("model") == "gpt2");
@@ -325,7 +327,7 @@ TEST_CASE("recorded runs: the host probe of their rounds") {
     for (const auto& r : d.runs)
       if (r.name == e.at("name").get<std::string>()) {
         CAPTURE(r.name);
-        CHECK(r.host_probe_us == doctest::Approx(median));
+        CHECK(r.host_probe_us == zp::test::approx(median));
         CHECK(r.host_probe_us > 4);
         CHECK(r.host_probe_us < 8);
         ++checked;
@@ -360,13 +362,13 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
   // with eager attention has no fused attention kernel (its products are GEMMs, its softmax the rest).
   CHECK(classes == 10 * 7 + 5);
   const Observation* fg = by.at("gpt2-fp32-sdpa-s0: forward (gpu_gemm)");
-  CHECK(fg->measured.v == doctest::Approx(0.021912390625));
+  CHECK(fg->measured.v == zp::test::approx(0.021912390625));
   CHECK(fg->tags.at("quantity") == "gpu_gemm");
   // elementwise and copies together
-  CHECK(by.at("gpt2-fp32-sdpa-s0: forward (gpu_other)")->measured.v == doctest::Approx(0.006144617187500001 + 2.371484375e-05));
+  CHECK(by.at("gpt2-fp32-sdpa-s0: forward (gpu_other)")->measured.v == zp::test::approx(0.006144617187500001 + 2.371484375e-05));
   // the step's optimizer kernels, elementwise kernels and copies
   CHECK(by.at("gpt2-fp32-sdpa-s0: step (gpu_other)")->measured.v ==
-        doctest::Approx(4.5600585937499994e-05 + 0.0013933056640624988 + 0.0013683115234374998));
+        zp::test::approx(4.5600585937499994e-05 + 0.0013933056640624988 + 0.0013683115234374998));
   CHECK(by.count("gpt2-fp32-sdpa-s0: step (gpu_gemm)") == 0);  // no GEMM in the step: not an observation
 
   // Reported, not fitted, unless --fit-where names their quantity (they sum to the GPU-busy
@@ -407,7 +409,7 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
     // times are its busy time.
     const double sum = predicted(run + ": forward (gpu_gemm)") + predicted(run + ": forward (gpu_attention)") +
                        predicted(run + ": forward (gpu_other)");
-    CHECK(sum == doctest::Approx(predicted(run + ": forward (gpu_busy)")).epsilon(1e-9));
+    CHECK(sum == zp::test::approx(predicted(run + ": forward (gpu_busy)")).epsilon(1e-9));
     for (const char* phase : {"forward", "backward"})
       for (const char* q : {"gpu_gemm", "gpu_attention", "gpu_other"}) {
         const std::string label = fmt::format("{}: {} ({})", run, phase, q);
@@ -427,7 +429,7 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
   // each slice's time less its bias add, which rounds by under a nanosecond a product), and the
   // adds among the rest.
   CHECK(predicted("bertl-bf16-sdpa-s3: forward (gpu_gemm)") ==
-        doctest::Approx(predicted("bertl-fp16-sdpa-s0: forward (gpu_gemm)")).epsilon(1e-4));
+        zp::test::approx(predicted("bertl-fp16-sdpa-s0: forward (gpu_gemm)")).epsilon(1e-4));
   CHECK(predicted("bertl-bf16-sdpa-s3: forward (gpu_other)") > predicted("bertl-fp16-sdpa-s0: forward (gpu_other)") + 3e-3);
 
   const std::string bad = tmp("classes.json", R"({"runs": [{"name": "x", "model": "gpt2", "seq_len": 128,
@@ -497,8 +499,8 @@ TEST_CASE("cluster profiles: written, read back, applied, and their differences 
   CHECK(q.cluster.gpu == "H200-141GB");
   CHECK(q.cluster.nccl == "2.28.9");
   CHECK(q.device.gemm_max_efficiency == 0.71);
-  CHECK(q.device.host.grad_hook.v == doctest::Approx(55e-6));
-  CHECK(q.device.host.bucket_hook.v == doctest::Approx(81e-6));
+  CHECK(q.device.host.grad_hook.v == zp::test::approx(55e-6));
+  CHECK(q.device.host.bucket_hook.v == zp::test::approx(81e-6));
   CHECK(q.collective == fit.after.collective);
   REQUIRE(q.parameters.size() == 2);
   CHECK(q.parameters[1].name == "collective.inter.bandwidth");
@@ -595,7 +597,7 @@ TEST_CASE("the device benchmarks: planned from the model's op graph, within the 
       CHECK(c.obs.label.rfind("layernorm_fwd 8x1024x768 bf16 (", 0) == 0);
       sim::ComputeModel executor(prior, g);
       executor.deepspeed = false;  // the cases time zeroplan's own kernels
-      CHECK(c.weight == doctest::Approx(25 * executor.op_cost(op.id, zero::Phase::forward).v));
+      CHECK(c.weight == zp::test::approx(25 * executor.op_cost(op.id, zero::Phase::forward).v));
     }
   }
   CHECK(ln_fwd == 1);

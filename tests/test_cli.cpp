@@ -274,7 +274,7 @@ TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 
         const auto& cls = e["args"]["profiled"];
         double sum = 0;
         for (const auto& [k, us] : cls.items()) sum += us.get<double>();
-        CHECK(sum == doctest::Approx(e["dur"].get<double>()).epsilon(1e-9));
+        CHECK(sum == zp::test::approx(e["dur"].get<double>()).epsilon(1e-9));
         const bool attention = fn == "sdpa" || fn == "flash_attention";
         if (attention) CHECK(cls.size() == 1);
         if (attention) CHECK(cls.contains("attention"));

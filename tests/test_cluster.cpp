@@ -2,7 +2,7 @@
 // the topology graph built from them (sim/topology.cpp).
 #include <doctest/doctest.h>
 
-#include "tests/test_util.hpp"
+#include "test_util.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -98,7 +98,7 @@ TEST_CASE("preset contents") {
   CHECK(a100.intra == IntraNode::nvswitch);
   CHECK(a100.nvlinks_per_gpu == 12);
   CHECK(a100.nvlink_gen == 3);
-  CHECK(a100.nvlink_bw_per_link.v == doctest::Approx(25 * kG));
+  CHECK(a100.nvlink_bw_per_link.v == zp::test::approx(25 * kG));
   CHECK(a100.nics_per_node == 8);
   CHECK(a100.nic_gbps == 200);
 
@@ -136,8 +136,8 @@ TEST_CASE("preset contents") {
   const ClusterSpec cpu = load_cluster("cpu-local");
   CHECK(cpu.gpu == "cpu");
   CHECK(cpu.intra == IntraNode::shared_memory);
-  CHECK(cpu.shm_bandwidth.v == doctest::Approx(10 * kG));
-  CHECK(cpu.shm_latency.us() == doctest::Approx(3));
+  CHECK(cpu.shm_bandwidth.v == zp::test::approx(10 * kG));
+  CHECK(cpu.shm_latency.us() == zp::test::approx(3));
   CHECK(cpu.nics_per_node == 0);
 }
 
@@ -178,7 +178,7 @@ TEST_CASE("a cluster JSON file: every key checked, ranges validated") {
     TempFile f(kMinimal, ".json");
     const ClusterSpec c = load_cluster(f.path);
     CHECK(c.gpu == "A100-80GB");
-    CHECK(c.nvlink_bw_per_link.v == doctest::Approx(25 * kG));  // NVLink3 default
+    CHECK(c.nvlink_bw_per_link.v == zp::test::approx(25 * kG));  // NVLink3 default
     CHECK(c.nodes == 1);
     CHECK(c.name == std::filesystem::path(f.path).stem().string());
     CHECK(contains(input_error([&] { load_cluster(f.path, 2); }), "no NICs"));
@@ -250,7 +250,7 @@ TEST_CASE("measured curves are read in bytes and GB/s") {
   CHECK(m.ranks == 8);
   REQUIRE(m.points.size() == 2);
   CHECK(m.points[1].first.v == 1073741824);
-  CHECK(m.points[1].second.v == doctest::Approx(200 * kG));
+  CHECK(m.points[1].second.v == zp::test::approx(200 * kG));
 }
 
 TEST_CASE("NCCL topology XML: 8-GPU NVSwitch node") {
@@ -265,12 +265,12 @@ TEST_CASE("NCCL topology XML: 8-GPU NVSwitch node") {
   CHECK(c.pcie_width == 16);
   CHECK(c.gpus_per_pcie_switch == 2);
   CHECK(c.nics_per_node == 8);
-  CHECK(c.nic_gbps == doctest::Approx(200));
+  CHECK(c.nic_gbps == zp::test::approx(200));
   CHECK(contains(c.description, "2 CPU sockets"));
   // The same node as the preset, as far as the topology goes.
   const GroupPlan p = Topology(c).plan(iota(8));
   const GroupPlan q = Topology(load_cluster("8xA100-80GB-NVSwitch")).plan(iota(8));
-  CHECK(p.intra_bw.v == doctest::Approx(q.intra_bw.v));
+  CHECK(p.intra_bw.v == zp::test::approx(q.intra_bw.v));
   // sm 90 cannot tell H100 from H200: the override does.
   CHECK(parse_nccl_topo_xml(path, slurp(path), "H200-141GB").gpu == "H200-141GB");
   // --nodes works on an imported node with NICs.
@@ -287,10 +287,10 @@ TEST_CASE("NCCL topology XML: 4-GPU PCIe node") {
   CHECK(c.pcie_width == 16);
   CHECK(c.gpus_per_pcie_switch == 2);
   CHECK(c.nics_per_node == 1);
-  CHECK(c.nic_gbps == doctest::Approx(100));
+  CHECK(c.nic_gbps == zp::test::approx(100));
   const GroupPlan p = Topology(c).plan(iota(4));
   CHECK(p.intra_class == LinkClass::pcie);
-  CHECK(p.intra_bw.v == doctest::Approx(12 * kG));  // PCIe Gen3 x16 as NCCL counts it
+  CHECK(p.intra_bw.v == zp::test::approx(12 * kG));  // PCIe Gen3 x16 as NCCL counts it
 }
 
 TEST_CASE("NCCL topology XML: GPU-to-GPU NVLinks make a mesh; a JSON file can wrap an XML") {
@@ -306,7 +306,7 @@ TEST_CASE("NCCL topology XML: GPU-to-GPU NVLinks make a mesh; a JSON file can wr
   REQUIRE(c.nvlink_pairs.size() == 2);
   CHECK(c.nvlink_pairs[0] == std::vector<std::pair<int, int>>{{1, 4}});
   CHECK(c.nics_per_node == 1);
-  CHECK(c.nic_gbps == doctest::Approx(400));
+  CHECK(c.nic_gbps == zp::test::approx(400));
   CHECK(c.gpus_per_pcie_switch == 0);
 
   TempFile x(xml, ".xml");
@@ -370,8 +370,8 @@ TEST_CASE("topology graph of two A100 nodes") {
     if (ed.cls != LinkClass::nvlink) continue;
     found = true;
     CHECK(ed.links == 12);
-    CHECK(ed.raw.v == doctest::Approx(300 * kG));
-    CHECK(ed.usable.v == doctest::Approx(240 * kG));
+    CHECK(ed.raw.v == zp::test::approx(300 * kG));
+    CHECK(ed.usable.v == zp::test::approx(240 * kG));
     CHECK(t.graph()[boost::target(e, t.graph())].kind == VertexKind::nvswitch);
   }
   CHECK(found);
@@ -387,20 +387,20 @@ TEST_CASE("rank-group plans: one node, two levels, meshes and PCIe trees") {
     const GroupPlan p = Topology(load_cluster("8xA100-80GB-NVSwitch")).plan(iota(8));
     CHECK(!p.spans_nodes());
     CHECK(p.nodes == 1);
-    CHECK(p.intra_bw.v == doctest::Approx(240 * kG));
-    CHECK(p.ring_bw.v == doctest::Approx(240 * kG));
+    CHECK(p.intra_bw.v == zp::test::approx(240 * kG));
+    CHECK(p.ring_bw.v == zp::test::approx(240 * kG));
     CHECK(p.intra_class == LinkClass::nvlink);
     CHECK(p.nvswitch);
     CHECK(p.channels == 12);
     CHECK(p.intra_hops == 8);
     CHECK(p.inter_hops == 0);
-    CHECK(p.a2a_bw.v == doctest::Approx(240 * kG));
+    CHECK(p.a2a_bw.v == zp::test::approx(240 * kG));
     CHECK(p.ring.size() == 8);
   }
   SUBCASE("DGX-1 mesh: rings packed over 6 links per GPU") {
     const Topology t(load_cluster("8xV100-32GB-NVLink"));
     const GroupPlan p = t.plan(iota(8));
-    CHECK(p.intra_bw.v == doctest::Approx(120 * kG));  // 6 x 20 GB/s, REFERENCE §4 ≈ 120
+    CHECK(p.intra_bw.v == zp::test::approx(120 * kG));  // 6 x 20 GB/s, REFERENCE §4 ≈ 120
     CHECK(p.intra_rings == 4);                          // 2 rings over double links, 2 over single
     CHECK(p.intra_class == LinkClass::nvlink);
     CHECK(!p.nvswitch);
@@ -409,15 +409,15 @@ TEST_CASE("rank-group plans: one node, two levels, meshes and PCIe trees") {
     CHECK(r.size() == 2);
     for (auto e : r) CHECK(t.graph()[e].cls == LinkClass::nvlink);
     // A pair with two links.
-    CHECK(t.plan({0, 3}).intra_bw.v == doctest::Approx(40 * kG));  // two links of 20 GB/s each way
+    CHECK(t.plan({0, 3}).intra_bw.v == zp::test::approx(40 * kG));  // two links of 20 GB/s each way
   }
   SUBCASE("4xV100 PCIe: the ring crosses the switches once each way") {
     const GroupPlan p = Topology(load_cluster("4xV100-16GB-PCIe")).plan(iota(4));
-    CHECK(p.intra_bw.v == doctest::Approx(12 * kG));
+    CHECK(p.intra_bw.v == zp::test::approx(12 * kG));
     CHECK(p.intra_class == LinkClass::pcie);
     CHECK(p.channels == 2);
     // All-to-all: each switch uplink carries 2 x 2 flows each way.
-    CHECK(p.a2a_bw.v == doctest::Approx(3.0 / 4.0 * 12 * kG));
+    CHECK(p.a2a_bw.v == zp::test::approx(3.0 / 4.0 * 12 * kG));
   }
   SUBCASE("two A100 nodes with 4 HDR NICs each: the NICs bound the ring") {
     ClusterSpec c = load_cluster("8xA100-80GB-NVSwitch", 2);
@@ -426,8 +426,8 @@ TEST_CASE("rank-group plans: one node, two levels, meshes and PCIe trees") {
     CHECK(p.spans_nodes());
     CHECK(p.nodes == 2);
     CHECK(p.ranks_per_node == 8);
-    CHECK(p.inter_bw.v == doctest::Approx(4 * 25 * 0.94 * kG));
-    CHECK(p.ring_bw.v == doctest::Approx(p.inter_bw.v));
+    CHECK(p.inter_bw.v == zp::test::approx(4 * 25 * 0.94 * kG));
+    CHECK(p.ring_bw.v == zp::test::approx(p.inter_bw.v));
     CHECK(p.intra_hops == 14);
     CHECK(p.inter_hops == 2);
   }
@@ -435,14 +435,14 @@ TEST_CASE("rank-group plans: one node, two levels, meshes and PCIe trees") {
     const GroupPlan p = Topology(load_cluster("1xH200-141GB", 4)).plan(iota(4));
     CHECK(p.nodes == 4);
     CHECK(p.ranks_per_node == 1);
-    CHECK(p.ring_bw.v == doctest::Approx(400.0 / 8 * 0.94 * kG));
+    CHECK(p.ring_bw.v == zp::test::approx(400.0 / 8 * 0.94 * kG));
   }
   SUBCASE("subgroups and bad groups") {
     const Topology t(load_cluster("8xH100-80GB-NVSwitch", 2));
     const GroupPlan p = t.plan({1, 9});  // same local GPU on two nodes: pure inter-node
     CHECK(p.nodes == 2);
     CHECK(p.ranks_per_node == 1);
-    CHECK(p.ring_bw.v == doctest::Approx(48 * kG));  // one GPU's PCIe Gen5 x16 bounds its NICs
+    CHECK(p.ring_bw.v == zp::test::approx(48 * kG));  // one GPU's PCIe Gen5 x16 bounds its NICs
     CHECK(t.plan({0}).ranks == 1);
     CHECK_THROWS_AS(t.plan({}), std::invalid_argument);
     CHECK_THROWS_AS(t.plan({0, 0}), std::invalid_argument);
@@ -452,19 +452,19 @@ TEST_CASE("rank-group plans: one node, two levels, meshes and PCIe trees") {
   SUBCASE("shared memory") {
     const GroupPlan p = Topology(load_cluster("cpu-local")).plan(iota(4));
     CHECK(p.intra_class == LinkClass::shm);
-    CHECK(p.intra_bw.v == doctest::Approx(10 * kG));
+    CHECK(p.intra_bw.v == zp::test::approx(10 * kG));
     CHECK(p.channels == 1);
   }
 }
 
 TEST_CASE("usable link bandwidths follow NCCL's figures") {
-  CHECK(pcie_usable(3, 16).v == doctest::Approx(12 * kG));
-  CHECK(pcie_usable(4, 16).v == doctest::Approx(24 * kG));
-  CHECK(pcie_usable(5, 16).v == doctest::Approx(48 * kG));
-  CHECK(pcie_raw(3, 16).v == doctest::Approx(15.754 * kG).epsilon(0.001));
-  CHECK(nvlink_usable_per_link("ampere", zp::BytesPerSecond{25 * kG}).v == doctest::Approx(20 * kG));
-  CHECK(nvlink_usable_per_link("hopper", zp::BytesPerSecond{25 * kG}).v == doctest::Approx(20.6 * kG));
-  CHECK(nic_raw(400).v == doctest::Approx(50 * kG));
+  CHECK(pcie_usable(3, 16).v == zp::test::approx(12 * kG));
+  CHECK(pcie_usable(4, 16).v == zp::test::approx(24 * kG));
+  CHECK(pcie_usable(5, 16).v == zp::test::approx(48 * kG));
+  CHECK(pcie_raw(3, 16).v == zp::test::approx(15.754 * kG).epsilon(0.001));
+  CHECK(nvlink_usable_per_link("ampere", zp::BytesPerSecond{25 * kG}).v == zp::test::approx(20 * kG));
+  CHECK(nvlink_usable_per_link("hopper", zp::BytesPerSecond{25 * kG}).v == zp::test::approx(20.6 * kG));
+  CHECK(nic_raw(400).v == zp::test::approx(50 * kG));
 }
 
 TEST_CASE("--gpus beyond one server: nodes of 8 with the default NICs") {

@@ -2,6 +2,8 @@
 // REFERENCE.md §4, latency- and bandwidth-bound regimes, monotonicity, measured overrides.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -129,7 +131,7 @@ TEST_CASE("small messages are latency-bound, large ones bandwidth-bound") {
       CHECK(t64k < 64.0 * 1024 / 8 * t8 / 100);  // far from proportional to size
       const double t1g = m.cost(k, iota(n), Bytes{1024 * kMiB}).time.v;
       const double t2g = m.cost(k, iota(n), Bytes{2048 * kMiB}).time.v;
-      CHECK(t2g / t1g == doctest::Approx(2.0).epsilon(0.05));  // ∝ size
+      CHECK(t2g / t1g == zp::test::approx(2.0).epsilon(0.05));  // ∝ size
     }
   }
 }
@@ -179,8 +181,8 @@ TEST_CASE("algorithm and protocol choice follows NCCL's") {
   // Every candidate's busbw follows from its time.
   for (const auto& c : a100.candidates(CollKind::reduce_scatter, iota(8), Bytes{16 * kMiB})) {
     CHECK(c.time.v > 0);
-    CHECK(c.algbw.v == doctest::Approx(16.0 * kMiB / c.time.v));
-    CHECK(c.busbw.v == doctest::Approx(c.algbw.v * 7 / 8));
+    CHECK(c.algbw.v == zp::test::approx(16.0 * kMiB / c.time.v));
+    CHECK(c.busbw.v == zp::test::approx(c.algbw.v * 7 / 8));
   }
 }
 
@@ -192,11 +194,11 @@ TEST_CASE("relations between collectives") {
   const double ar = m.cost(CollKind::all_reduce, r, s).time.v;
   const double rs = m.cost(CollKind::reduce_scatter, r, s).time.v;
   const double ag = m.cost(CollKind::all_gather, r, s).time.v;
-  CHECK(ar == doctest::Approx(rs + ag).epsilon(0.1));
-  CHECK(rs == doctest::Approx(ag));
+  CHECK(ar == zp::test::approx(rs + ag).epsilon(0.1));
+  CHECK(rs == zp::test::approx(ag));
   // Broadcast busbw is its algbw; on a large message it reaches the ring bandwidth.
   const auto bc = m.cost(CollKind::broadcast, r, s);
-  CHECK(bc.busbw.v == doctest::Approx(bc.algbw.v));
+  CHECK(bc.busbw.v == zp::test::approx(bc.algbw.v));
   check_within(bc.busbw.v / kG, 240, 0.15);
   // A subgroup of 2 GPUs on the NVSwitch sees the same per-GPU links.
   check_within(m.cost(CollKind::all_reduce, {3, 6}, s).busbw.v / kG, 240, 0.15);
@@ -215,10 +217,10 @@ TEST_CASE("trivial groups and sizes cost nothing; bad groups are refused") {
 }
 
 TEST_CASE("busbw factors are nccl-tests'") {
-  CHECK(CollectiveModel::busbw_factor(CollKind::all_reduce, 8) == doctest::Approx(1.75));
-  CHECK(CollectiveModel::busbw_factor(CollKind::reduce_scatter, 8) == doctest::Approx(0.875));
-  CHECK(CollectiveModel::busbw_factor(CollKind::all_gather, 4) == doctest::Approx(0.75));
-  CHECK(CollectiveModel::busbw_factor(CollKind::all_to_all, 2) == doctest::Approx(0.5));
+  CHECK(CollectiveModel::busbw_factor(CollKind::all_reduce, 8) == zp::test::approx(1.75));
+  CHECK(CollectiveModel::busbw_factor(CollKind::reduce_scatter, 8) == zp::test::approx(0.875));
+  CHECK(CollectiveModel::busbw_factor(CollKind::all_gather, 4) == zp::test::approx(0.75));
+  CHECK(CollectiveModel::busbw_factor(CollKind::all_to_all, 2) == zp::test::approx(0.5));
   CHECK(CollectiveModel::busbw_factor(CollKind::broadcast, 8) == 1.0);
   CHECK(CollectiveModel::busbw_factor(CollKind::reduce, 8) == 1.0);
 }
@@ -233,12 +235,12 @@ TEST_CASE("a measured curve overrides the model, interpolated in log size") {
   const CollectiveModel m(c);
   const auto at = [&](std::int64_t b) { return m.cost(CollKind::all_reduce, iota(8), Bytes{b}); };
   CHECK(at(kMiB).measured);
-  CHECK(at(kMiB).busbw.v / kG == doctest::Approx(40));
-  CHECK(at(16 * kMiB).busbw.v / kG == doctest::Approx(120));
-  CHECK(at(4 * kMiB).busbw.v / kG == doctest::Approx(80));  // halfway in log size
-  CHECK(at(4096 * kMiB).busbw.v / kG == doctest::Approx(220));
+  CHECK(at(kMiB).busbw.v / kG == zp::test::approx(40));
+  CHECK(at(16 * kMiB).busbw.v / kG == zp::test::approx(120));
+  CHECK(at(4 * kMiB).busbw.v / kG == zp::test::approx(80));  // halfway in log size
+  CHECK(at(4096 * kMiB).busbw.v / kG == zp::test::approx(220));
   // Below the first point: the first point's time.
-  CHECK(at(1024).time.v == doctest::Approx(at(kMiB).time.v));
+  CHECK(at(1024).time.v == zp::test::approx(at(kMiB).time.v));
   double last = 0;
   for (std::int64_t b = 1; b < 8192 * kMiB; b *= 3) {
     CHECK(at(b).time.v >= last);
@@ -253,7 +255,7 @@ TEST_CASE("cpu-local: shared-memory rings with default bandwidth") {
   const CollectiveModel m(load_cluster("cpu-local"));
   check_within(busbw_gbs(m, CollKind::all_reduce, 4, 1024 * kMiB), 10, 0.05);
   const auto small = m.cost(CollKind::all_reduce, iota(4), Bytes{8});
-  CHECK(small.time.us() == doctest::Approx(6 * 3.0).epsilon(0.01));  // 2(n-1) hops of 3 µs
+  CHECK(small.time.us() == zp::test::approx(6 * 3.0).epsilon(0.01));  // 2(n-1) hops of 3 µs
 }
 
 // ------------------------------------------------------------ zeroplan collectives
@@ -319,8 +321,8 @@ TEST_CASE("the collectives table reads like nccl-tests") {
     CHECK(type == "float");
     CHECK(op == "sum");
     CHECK(root == "-1");
-    CHECK(std::stod(bus) == doctest::Approx(std::stod(alg) * 1.75).epsilon(0.01));
-    CHECK(std::stod(time) == doctest::Approx(1048576 / std::stod(alg) / 1e3).epsilon(0.01));
+    CHECK(std::stod(bus) == zp::test::approx(std::stod(alg) * 1.75).epsilon(0.01));
+    CHECK(std::stod(time) == zp::test::approx(1048576 / std::stod(alg) / 1e3).epsilon(0.01));
     CHECK(algo.find('/') != std::string::npos);
     seen = true;
     break;  // the first block is all_reduce
@@ -343,8 +345,8 @@ TEST_CASE("the collectives JSON carries the same numbers") {
   const CollectiveModel m(c);
   for (const auto& r : rows) {
     const auto cost = m.cost(CollKind::all_reduce, iota(8), Bytes{r["size_bytes"].get<std::int64_t>()});
-    CHECK(r["time_us"].get<double>() == doctest::Approx(cost.time.us()));
-    CHECK(r["busbw_gbps"].get<double>() == doctest::Approx(cost.busbw.v / kG));
+    CHECK(r["time_us"].get<double>() == zp::test::approx(cost.time.us()));
+    CHECK(r["busbw_gbps"].get<double>() == zp::test::approx(cost.busbw.v / kG));
     CHECK(r["algorithm"] == algo_name(cost.algo));
   }
 }

@@ -1,6 +1,8 @@
 // Tests of the device database (sim/devices.json through sim/device.cpp).
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -31,10 +33,10 @@ void check_gpu(const std::string& name, std::int64_t memory, double tensor_tflop
   CHECK(d.name == name);
   CHECK(d.arch == arch);
   CHECK(d.memory.v == memory);
-  CHECK(d.peak_tensor_flops.v == doctest::Approx(tensor_tflops * kT));
-  CHECK(d.peak_fp32_flops.v == doctest::Approx(fp32_tflops * kT));
-  CHECK(d.hbm_bandwidth.v == doctest::Approx(hbm_gbps * kG));
-  CHECK(d.nvlink_bandwidth.v == doctest::Approx(nvlink_gbps * kG));
+  CHECK(d.peak_tensor_flops.v == zp::test::approx(tensor_tflops * kT));
+  CHECK(d.peak_fp32_flops.v == zp::test::approx(fp32_tflops * kT));
+  CHECK(d.hbm_bandwidth.v == zp::test::approx(hbm_gbps * kG));
+  CHECK(d.nvlink_bandwidth.v == zp::test::approx(nvlink_gbps * kG));
   CHECK(d.bf16 == bf16);
   CHECK(d.context_overhead.v > 256LL * 1024 * 1024);  // a CUDA context alone is a few hundred MB
   CHECK(d.context_overhead.v < 4LL * 1024 * 1024 * 1024);

@@ -6,6 +6,8 @@
 #include <string>
 
 #include <doctest/doctest.h>
+
+#include "test_util.hpp"
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
@@ -163,8 +165,8 @@ TEST_CASE("the BERT-large example parses") {
   CHECK(c.zero.contiguous_gradients);
   CHECK(c.has_optimizer);
   CHECK(c.optimizer.type == OptimizerType::adam);
-  CHECK(c.optimizer.lr == doctest::Approx(6e-3));
-  CHECK(c.optimizer.weight_decay == doctest::Approx(0.01));
+  CHECK(c.optimizer.lr == zp::test::approx(6e-3));
+  CHECK(c.optimizer.weight_decay == zp::test::approx(0.01));
   CHECK(c.optimizer.state_bytes_per_param() == 8);
   CHECK(c.gradient_clipping == 1.0);
   CHECK(c.train_batch_size == 4096);

@@ -2,6 +2,8 @@
 // interference, determinism, phase accounting and the Chrome trace layout.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -91,8 +93,8 @@ TEST_CASE("one stream runs in program order; a dependency on another stream wait
   CHECK(r.phases.forward.v == 1.0);
   CHECK(r.phases.backward.v == 6.0);
   // Backward compute ran 3 s of the 6 s backward: 3 s were exposed communication.
-  CHECK(r.phases.backward_allreduce.v == doctest::Approx(3.0));
-  CHECK(r.comm.exposed[static_cast<std::size_t>(zero::CollKind::all_reduce)].v == doctest::Approx(3.0));
+  CHECK(r.phases.backward_allreduce.v == zp::test::approx(3.0));
+  CHECK(r.comm.exposed[static_cast<std::size_t>(zero::CollKind::all_reduce)].v == zp::test::approx(3.0));
   // Critical path: a → c → d.
   CHECK(r.critical_path.events() == std::vector<zero::EventId>{a, c, d});
   CHECK(r.processed == 4);
@@ -116,9 +118,9 @@ TEST_CASE("interference slows compute while a collective overlaps it") {
   o.interference = 1.0;  // half speed while overlapped
   const auto r = sim::run_events(t.p, t.d, o);
   // First second at half speed (0.5 s of work), the remaining 1.5 s alone.
-  CHECK(r.events[c].end.v == doctest::Approx(2.5));
+  CHECK(r.events[c].end.v == zp::test::approx(2.5));
   const auto r0 = sim::run_events(t.p, t.d);
-  CHECK(r0.events[c].end.v == doctest::Approx(2.0));
+  CHECK(r0.events[c].end.v == zp::test::approx(2.0));
 }
 
 TEST_CASE("deterministic: the same program gives the same times, ties broken by event id") {
@@ -180,7 +182,7 @@ TEST_CASE("critical path: the chain back from the last event through whichever p
     if (i > 0) idle += path[i].start.v - path[i - 1].end.v;
   }
   CHECK(idle == 0.0);
-  CHECK(busy == doctest::Approx(r.phases.iteration.v - idle));
+  CHECK(busy == zp::test::approx(r.phases.iteration.v - idle));
 
   const auto top = sim::longest_events(path, 2);
   REQUIRE(top.size() == 2);
@@ -243,7 +245,7 @@ TEST_CASE("critical path: equal end times go to the higher event id; the chain i
     }
     CHECK(linked);
   }
-  CHECK(r1.events[static_cast<std::size_t>(r1.critical_path.back())].end.v == doctest::Approx(r1.phases.iteration.v));
+  CHECK(r1.events[static_cast<std::size_t>(r1.critical_path.back())].end.v == zp::test::approx(r1.phases.iteration.v));
 }
 
 TEST_CASE("a dependency on a later event: waits for it on another stream, never ends on the same") {
@@ -406,8 +408,8 @@ TEST_CASE("on real programs: the critical path spans the iteration; --json lists
       if (i > 0) idle += path[i].start.v - path[i - 1].end.v;
     }
     CHECK(idle >= 0);
-    CHECK(busy == doctest::Approx(t.phases.iteration.v - idle).epsilon(1e-9));
-    CHECK(path.back().end.v == doctest::Approx(t.phases.iteration.v));
+    CHECK(busy == zp::test::approx(t.phases.iteration.v - idle).epsilon(1e-9));
+    CHECK(path.back().end.v == zp::test::approx(t.phases.iteration.v));
     CHECK_FALSE(cli::result_json(r)["critical_path"].contains("events"));  // opt-in
     CHECK(cli::result_json(r)["critical_path"]["longest"].size() == 10);
     const auto j = cli::result_json(r, true)["critical_path"];
@@ -416,12 +418,12 @@ TEST_CASE("on real programs: the critical path spans the iteration; --json lists
     const auto& last = j["events"].back();
     CHECK(last["name"] == r.program.event_name(path.back().id));
     CHECK(last["stream"] == zero::stream_name(path.back().stream));
-    CHECK(last["end_ms"].get<double>() == doctest::Approx(t.phases.iteration.ms()));
+    CHECK(last["end_ms"].get<double>() == zp::test::approx(t.phases.iteration.ms()));
     CHECK(last["communication"].is_boolean());
     double compute_ms = 0;
     for (const auto& e : j["events"])
       if (e["kind"] == "compute") compute_ms += e["end_ms"].get<double>() - e["start_ms"].get<double>();
-    CHECK(compute_ms == doctest::Approx(j["compute_ms"].get<double>()));
+    CHECK(compute_ms == zp::test::approx(j["compute_ms"].get<double>()));
   }
 }
 

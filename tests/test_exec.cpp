@@ -398,7 +398,7 @@ TEST_CASE("the loss falls well below its initial value on the synthetic corpus")
   c.seq = 32;
   const auto l = losses(train(c)[0]);
   MESSAGE("tiny-gpt2 stage 2, 2 ranks: loss ", l.front(), " -> ", l.back(), " after ", l.size(), " steps");
-  CHECK(l.front() == doctest::Approx(std::log(256.0)).epsilon(0.02));
+  CHECK(l.front() == zp::test::approx(std::log(256.0)).epsilon(0.02));
   CHECK(l.back() < 0.5 * l.front());
 }
 
@@ -593,9 +593,9 @@ TEST_CASE("the ds_config's scheduler drives the learning rate, with DeepSpeed's 
   REQUIRE(lr.size() == 5);
   CHECK(lr[0] == 0.0);
   CHECK(lr[1] == 0.0);
-  CHECK(lr[2] == doctest::Approx(0.0005));
-  CHECK(lr[3] == doctest::Approx(0.001));
-  CHECK(lr[4] == doctest::Approx(0.0015));
+  CHECK(lr[2] == zp::test::approx(0.0005));
+  CHECK(lr[3] == zp::test::approx(0.001));
+  CHECK(lr[4] == zp::test::approx(0.0015));
   // A flat schedule is the constant lr, bit for bit.
   CHECK(flat["losses"] == none["losses"]);
 }
@@ -619,15 +619,15 @@ TEST_CASE("OneCycle and LRRangeTest drive the executor: DeepSpeed's rates, and O
       "cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 4, "cycle_second_step_size": 6}},)");
   const auto lr = cyc["learning_rates"].get<std::vector<double>>();
   REQUIRE(lr.size() == 5);
-  CHECK(lr[0] == doctest::Approx(0.001));
-  CHECK(lr[1] == doctest::Approx(0.00325));
-  CHECK(lr[4] == doctest::Approx(0.01));
+  CHECK(lr[0] == zp::test::approx(0.001));
+  CHECK(lr[1] == zp::test::approx(0.00325));
+  CHECK(lr[4] == zp::test::approx(0.01));
   const auto rng = run("lrrange", R"({"lr": 0.5})", R"("scheduler": {"type": "LRRangeTest", "params": {
       "lr_range_test_min_lr": 0.002, "lr_range_test_step_size": 2, "lr_range_test_step_rate": 0.5}},)");
   const auto lr2 = rng["learning_rates"].get<std::vector<double>>();
   REQUIRE(lr2.size() == 5);
-  CHECK(lr2[0] == doctest::Approx(0.002));
-  CHECK(lr2[4] == doctest::Approx(0.004));
+  CHECK(lr2[0] == zp::test::approx(0.002));
+  CHECK(lr2[4] == zp::test::approx(0.004));
 }
 
 TEST_CASE("hpZ: stage 3 with secondary partitions of 2 ranks trains like stage 0, exact bytes") {

@@ -4,6 +4,8 @@
 // conversions, Philox).
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -146,7 +148,7 @@ TEST_CASE("linear: forward against a naive loop, backward against finite differe
     for (std::int64_t j = 0; j < N; ++j) {
       double s = b[sz(j)];
       for (std::int64_t p = 0; p < K; ++p) s += static_cast<double>(x[sz(i * K + p)]) * w[sz(j * K + p)];
-      CHECK(y[sz(i * N + j)] == doctest::Approx(s).epsilon(1e-5));
+      CHECK(y[sz(i * N + j)] == zp::test::approx(s).epsilon(1e-5));
     }
   Vec dx(sz(M * K)), dw(sz(N * K)), db(sz(N));
   const auto g = check_accumulate({&dx, &dw, &db}, [&](bool acc) {
@@ -164,7 +166,7 @@ TEST_CASE("linear: forward against a naive loop, backward against finite differe
   kc::linear_forward(y.data(), x.data(), w.data(), nullptr, M, N, K);
   Vec dx2(sz(M * K));
   kc::linear_backward(dx2.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), M, N, K, false);
-  for (std::size_t i = 0; i < dx2.size(); ++i) CHECK(dx2[i] == doctest::Approx(g[0][i]).epsilon(1e-6));
+  for (std::size_t i = 0; i < dx2.size(); ++i) CHECK(dx2[i] == zp::test::approx(g[0][i]).epsilon(1e-6));
 }
 
 TEST_CASE("conv1d (weight (in, out)): equals linear with the transposed weight; gradients") {
@@ -177,7 +179,7 @@ TEST_CASE("conv1d (weight (in, out)): equals linear with the transposed weight; 
   Vec y(sz(M * N)), y2(sz(M * N));
   kc::conv1d_forward(y.data(), x.data(), w.data(), b.data(), M, N, K);
   kc::linear_forward(y2.data(), x.data(), wt.data(), b.data(), M, N, K);
-  for (std::size_t i = 0; i < y.size(); ++i) CHECK(y[i] == doctest::Approx(y2[i]).epsilon(1e-6));
+  for (std::size_t i = 0; i < y.size(); ++i) CHECK(y[i] == zp::test::approx(y2[i]).epsilon(1e-6));
   Vec dx(sz(M * K)), dw(sz(K * N)), db(sz(N));
   const auto g = check_accumulate({&dx, &dw, &db}, [&](bool acc) {
     kc::conv1d_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), M, N, K, acc);
@@ -286,7 +288,7 @@ TEST_CASE("bmm: every transpose combination, forward and both operand gradients"
               const float bv = tb ? b[sz(i * k * n + col * k + p)] : b[sz(i * k * n + p * n + col)];
               s += static_cast<double>(av) * bv;
             }
-            CHECK(c[sz((i * m + r) * n + col)] == doctest::Approx(s).epsilon(1e-5));
+            CHECK(c[sz((i * m + r) * n + col)] == zp::test::approx(s).epsilon(1e-5));
           }
       Vec da(a.size()), db(b.size());
       const auto g = check_accumulate({&da, &db}, [&](bool acc) {
@@ -327,7 +329,7 @@ TEST_CASE("softmax: rows sum to 1, masked entries are exactly 0, gradient") {
   for (std::int64_t i = 0; i < rows; ++i) {
     double s = 0.0;
     for (std::int64_t j = 0; j < n; ++j) s += y[sz(i * n + j)];
-    CHECK(s == doctest::Approx(1.0).epsilon(1e-6));
+    CHECK(s == zp::test::approx(1.0).epsilon(1e-6));
   }
   CHECK(y[2] == 0.0f);
   CHECK(y[sz(n + 5)] == 0.0f);
@@ -337,7 +339,7 @@ TEST_CASE("softmax: rows sum to 1, masked entries are exactly 0, gradient") {
   kc::softmax_forward(out.data(), inf_row.data(), 1, n);
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 0.0f; }));
   kc::softmax_forward(out.data(), min_row.data(), 1, n);
-  for (float v : out) CHECK(v == doctest::Approx(1.0 / static_cast<double>(n)));
+  for (float v : out) CHECK(v == zp::test::approx(1.0 / static_cast<double>(n)));
 
   Vec xs = rand_vec(rows * n, 42, -2.0f, 2.0f);
   const Vec w = rand_vec(rows * n, 43);
@@ -355,7 +357,7 @@ TEST_CASE("softmax: rows sum to 1, masked entries are exactly 0, gradient") {
   const auto gt = check_accumulate(
       {&dxt}, [&](bool acc) { kc::softmax_backward(dxt.data(), y.data(), w.data(), scratch.data(), rows, n, acc); });
   for (std::size_t i = 0; i < scratch.size(); ++i) CHECK(scratch[i] == w[i] * y[i]);
-  for (std::size_t i = 0; i < dxt.size(); ++i) CHECK(gt[0][i] == doctest::Approx(g[0][i]).epsilon(1e-5));
+  for (std::size_t i = 0; i < dxt.size(); ++i) CHECK(gt[0][i] == zp::test::approx(g[0][i]).epsilon(1e-5));
 }
 
 TEST_CASE("masks: causal and padding builders, causal_where") {
@@ -385,7 +387,7 @@ TEST_CASE("masks: causal and padding builders, causal_where") {
         CHECK(p[idx] == 0.0f);
         CHECK(p2[idx] == 0.0f);
       }
-      CHECK(p[idx] == doctest::Approx(p2[idx]).epsilon(1e-6));
+      CHECK(p[idx] == zp::test::approx(p2[idx]).epsilon(1e-6));
     }
 
   // causal_where's backward is its adjoint (a linear map where it passes x through).
@@ -394,7 +396,7 @@ TEST_CASE("masks: causal and padding builders, causal_where") {
   const auto g =
       check_accumulate({&dx}, [&](bool acc) { kc::causal_where_backward(dx.data(), dy.data(), B * H, T, acc); });
   kc::causal_where_forward(pw.data(), s.data(), B * H, T, 0.0f);
-  CHECK(dot(pw, dy) == doctest::Approx(dot(s, g[0])).epsilon(1e-9));
+  CHECK(dot(pw, dy) == zp::test::approx(dot(s, g[0])).epsilon(1e-9));
 }
 
 TEST_CASE("rope: HF tables, rotate_half convention, norm preserving, adjoint backward") {
@@ -402,10 +404,10 @@ TEST_CASE("rope: HF tables, rotate_half convention, norm preserving, adjoint bac
   Vec cs(sz(T * D)), sn(sz(T * D));
   kc::rope_tables(cs.data(), sn.data(), T, D, 10000.0f);
   // inv_freq = {1, 1/100}; position 2: freqs {2, 0.02}, emb = cat(freqs, freqs).
-  CHECK(cs[sz(2 * D + 0)] == doctest::Approx(std::cos(2.0)).epsilon(1e-6));
-  CHECK(cs[sz(2 * D + 2)] == doctest::Approx(std::cos(2.0)).epsilon(1e-6));
-  CHECK(sn[sz(2 * D + 1)] == doctest::Approx(std::sin(0.02)).epsilon(1e-6));
-  CHECK(sn[sz(2 * D + 3)] == doctest::Approx(std::sin(0.02)).epsilon(1e-6));
+  CHECK(cs[sz(2 * D + 0)] == zp::test::approx(std::cos(2.0)).epsilon(1e-6));
+  CHECK(cs[sz(2 * D + 2)] == zp::test::approx(std::cos(2.0)).epsilon(1e-6));
+  CHECK(sn[sz(2 * D + 1)] == zp::test::approx(std::sin(0.02)).epsilon(1e-6));
+  CHECK(sn[sz(2 * D + 3)] == zp::test::approx(std::sin(0.02)).epsilon(1e-6));
   CHECK(cs[0] == 1.0f);
   CHECK(sn[0] == 0.0f);
 
@@ -415,20 +417,20 @@ TEST_CASE("rope: HF tables, rotate_half convention, norm preserving, adjoint bac
   kc::rope_forward(y1.data(), x1.data(), cs.data() + D, sn.data() + D, 1, 1, 1, D);
   const float* c = cs.data() + D;
   const float* s = sn.data() + D;
-  CHECK(y1[0] == doctest::Approx(1.0 * c[0] - 3.0 * s[0]));
-  CHECK(y1[1] == doctest::Approx(2.0 * c[1] - 4.0 * s[1]));
-  CHECK(y1[2] == doctest::Approx(3.0 * c[2] + 1.0 * s[2]));
-  CHECK(y1[3] == doctest::Approx(4.0 * c[3] + 2.0 * s[3]));
+  CHECK(y1[0] == zp::test::approx(1.0 * c[0] - 3.0 * s[0]));
+  CHECK(y1[1] == zp::test::approx(2.0 * c[1] - 4.0 * s[1]));
+  CHECK(y1[2] == zp::test::approx(3.0 * c[2] + 1.0 * s[2]));
+  CHECK(y1[3] == zp::test::approx(4.0 * c[3] + 2.0 * s[3]));
 
   const Vec x = rand_vec(B * H * T * D, 51);
   Vec y(x.size());
   kc::rope_forward(y.data(), x.data(), cs.data(), sn.data(), B, H, T, D);
-  CHECK(dot(y, y) == doctest::Approx(dot(x, x)).epsilon(1e-6));
+  CHECK(dot(y, y) == zp::test::approx(dot(x, x)).epsilon(1e-6));
   const Vec dy = rand_vec(B * H * T * D, 52);
   Vec dx(x.size());
   const auto g = check_accumulate(
       {&dx}, [&](bool acc) { kc::rope_backward(dx.data(), dy.data(), cs.data(), sn.data(), B, H, T, D, acc); });
-  CHECK(dot(y, dy) == doctest::Approx(dot(x, g[0])).epsilon(1e-6));
+  CHECK(dot(y, dy) == zp::test::approx(dot(x, g[0])).epsilon(1e-6));
 }
 
 // ------------------------------------------------------------------------------------
@@ -446,7 +448,7 @@ TEST_CASE("layernorm: normalised rows (mean 0, var 1), gradients for x, weight, 
     for (std::int64_t j = 0; j < C; ++j) s += y[sz(i * C + j)];
     for (std::int64_t j = 0; j < C; ++j) s2 += static_cast<double>(y[sz(i * C + j)]) * y[sz(i * C + j)];
     CHECK(std::abs(s / C) < 1e-6);
-    CHECK(s2 / C == doctest::Approx(1.0).epsilon(1e-4));  // eps shifts it by ~eps/var
+    CHECK(s2 / C == zp::test::approx(1.0).epsilon(1e-4));  // eps shifts it by ~eps/var
   }
   const Vec dy = rand_vec(rows * C, 64);
   kc::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, C, eps);
@@ -531,7 +533,7 @@ TEST_CASE("rmsnorm pieces: pow2, rms_rsqrt, mul_rowscale, mul_weight, and their 
     for (std::int64_t j = 0; j < C; ++j) ms += static_cast<double>(x[sz(i * C + j)]) * x[sz(i * C + j)];
     const double inv = 1.0 / std::sqrt(ms / C + eps);
     for (std::int64_t j = 0; j < C; ++j)
-      CHECK(out[sz(i * C + j)] == doctest::Approx(x[sz(i * C + j)] * inv * w[sz(j)]).epsilon(1e-5));
+      CHECK(out[sz(i * C + j)] == zp::test::approx(x[sz(i * C + j)] * inv * w[sz(j)]).epsilon(1e-5));
   }
 }
 
@@ -543,13 +545,13 @@ TEST_CASE("activations: golden values") {
   const Vec one{1.0f};
   Vec y(1);
   kc::gelu_forward(y.data(), one.data(), 1);
-  CHECK(y[0] == doctest::Approx(0.8413447).epsilon(1e-6));
+  CHECK(y[0] == zp::test::approx(0.8413447).epsilon(1e-6));
   kc::gelu_tanh_forward(y.data(), one.data(), 1);
-  CHECK(y[0] == doctest::Approx(0.8411920).epsilon(1e-6));
+  CHECK(y[0] == zp::test::approx(0.8411920).epsilon(1e-6));
   kc::silu_forward(y.data(), one.data(), 1);
-  CHECK(y[0] == doctest::Approx(0.7310586).epsilon(1e-6));
+  CHECK(y[0] == zp::test::approx(0.7310586).epsilon(1e-6));
   kc::tanh_forward(y.data(), one.data(), 1);
-  CHECK(y[0] == doctest::Approx(0.7615942).epsilon(1e-6));
+  CHECK(y[0] == zp::test::approx(0.7615942).epsilon(1e-6));
   const Vec neg{-2.0f};
   kc::relu_forward(y.data(), neg.data(), 1);
   CHECK(y[0] == 0.0f);
@@ -581,7 +583,7 @@ TEST_CASE("gelu_new as GPT-2 writes it (scale, pow3, add, tanh, add_scalar, mul)
   kc::add_scalar_forward(one_p.data(), th.data(), n, 1.0f);
   kc::mul_forward(y.data(), half.data(), one_p.data(), n);
   kc::gelu_tanh_forward(ref.data(), x.data(), n);
-  for (std::int64_t i = 0; i < n; ++i) CHECK(y[sz(i)] == doctest::Approx(ref[sz(i)]).epsilon(1e-5));
+  for (std::int64_t i = 0; i < n; ++i) CHECK(y[sz(i)] == zp::test::approx(ref[sz(i)]).epsilon(1e-5));
 }
 
 TEST_CASE("elementwise: add, mul, scale, add_scalar gradients and accumulation") {
@@ -679,7 +681,7 @@ TEST_CASE("split_heads / merge_heads: permutation, GPT-2 qkv split, adjoint back
   kc::split_heads_backward(dqkv.data(), dk.data(), B, T, H, D, W, C, false);
   CHECK(std::isnan(dqkv[sz(2 * C)]));  // v's columns not yet written
   kc::split_heads_backward(dqkv.data(), dv.data(), B, T, H, D, W, 2 * C, false);
-  CHECK(dot(q, dq) + dot(k, dk) + dot(v, dv) == doctest::Approx(dot(qkv, dqkv)).epsilon(1e-9));
+  CHECK(dot(q, dq) + dot(k, dk) + dot(v, dv) == zp::test::approx(dot(qkv, dqkv)).epsilon(1e-9));
   // Adding into k's columns adds dk there and leaves q's and v's as they were.
   Vec added = dqkv;
   kc::split_heads_backward(added.data(), dk.data(), B, T, H, D, W, C, true);
@@ -687,7 +689,7 @@ TEST_CASE("split_heads / merge_heads: permutation, GPT-2 qkv split, adjoint back
     for (std::int64_t c = 0; c < W; ++c) {
       const auto i = sz(r * W + c);
       if (c < C || c >= 2 * C) CHECK(added[i] == dqkv[i]);
-      else CHECK(added[i] == doctest::Approx(2.0 * dqkv[i]).epsilon(1e-6));
+      else CHECK(added[i] == zp::test::approx(2.0 * dqkv[i]).epsilon(1e-6));
     }
 
   // merge_heads undoes the (B,T,H,D) -> (B,H,T,D) permutation.
@@ -700,7 +702,7 @@ TEST_CASE("split_heads / merge_heads: permutation, GPT-2 qkv split, adjoint back
   Vec dh(x.size());
   const auto g =
       check_accumulate({&dh}, [&](bool acc) { kc::merge_heads_backward(dh.data(), dy.data(), B, T, H, D, acc); });
-  CHECK(dot(back, dy) == doctest::Approx(dot(heads, g[0])).epsilon(1e-9));
+  CHECK(dot(back, dy) == zp::test::approx(dot(heads, g[0])).epsilon(1e-9));
 }
 
 TEST_CASE("repeat_kv and select_token: adjoint backward") {
@@ -714,7 +716,7 @@ TEST_CASE("repeat_kv and select_token: adjoint backward") {
   Vec dx(x.size());
   const auto g =
       check_accumulate({&dx}, [&](bool acc) { kc::repeat_kv_backward(dx.data(), dy.data(), B, KV, rep, T, D, acc); });
-  CHECK(dot(y, dy) == doctest::Approx(dot(x, g[0])).epsilon(1e-6));  // the rep copies are summed in fp32
+  CHECK(dot(y, dy) == zp::test::approx(dot(x, g[0])).epsilon(1e-6));  // the rep copies are summed in fp32
 
   const std::int64_t C = 3;
   const Vec h = rand_vec(B * T * C, 123);
@@ -725,7 +727,7 @@ TEST_CASE("repeat_kv and select_token: adjoint backward") {
   Vec dh(h.size());
   const auto gs =
       check_accumulate({&dh}, [&](bool acc) { kc::select_token_backward(dh.data(), df.data(), B, T, C, 0, acc); });
-  CHECK(dot(first, df) == doctest::Approx(dot(h, gs[0])).epsilon(1e-9));
+  CHECK(dot(first, df) == zp::test::approx(dot(h, gs[0])).epsilon(1e-9));
 }
 
 // ------------------------------------------------------------------------------------
@@ -747,7 +749,7 @@ TEST_CASE("dropout: p = 0 is the identity; the mask is reproducible from (seed, 
   CHECK(mask == mask2);
   CHECK(y == y2);
   const double kept = static_cast<double>(std::accumulate(mask.begin(), mask.end(), std::int64_t{0})) / n;
-  CHECK(kept == doctest::Approx(0.7).epsilon(0.02));
+  CHECK(kept == zp::test::approx(0.7).epsilon(0.02));
   for (std::int64_t i = 0; i < n; i += 997)
     CHECK(y[sz(i)] == (mask[sz(i)] != 0 ? x[sz(i)] * (1.0f / (1.0f - p)) : 0.0f));
   // A sub-range with the shifted offset draws the same mask (offsets are element indices).
@@ -806,7 +808,7 @@ TEST_CASE("cross entropy over a vocabulary-long row (vectorised exp) agrees with
       for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(logits[sz(i * V + j)]));
       for (std::int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(logits[sz(i * V + j)]) - mx);
       const double l = mx + std::log(s);
-      CHECK(lse[sz(i)] == doctest::Approx(l).epsilon(1e-6));
+      CHECK(lse[sz(i)] == zp::test::approx(l).epsilon(1e-6));
       want += l - logits[sz(i * V + t[sz(i)])];
       for (std::int64_t j = 0; j < V; ++j) {
         const double p = std::exp(static_cast<double>(logits[sz(i * V + j)]) - l);
@@ -814,7 +816,7 @@ TEST_CASE("cross entropy over a vocabulary-long row (vectorised exp) agrees with
         CHECK(std::abs(d[sz(i * V + j)] - g) <= 1e-9 + 1e-5 * std::abs(g));
       }
     }
-    CHECK(loss == doctest::Approx(want / static_cast<double>(N)).epsilon(1e-6));
+    CHECK(loss == zp::test::approx(want / static_cast<double>(N)).epsilon(1e-6));
     // A NaN logit (an fp16 overflow upstream) reaches the loss and the gradient.
     logits[sz(2)] = std::numeric_limits<float>::quiet_NaN();
     CHECK(std::isnan(kc::cross_entropy_forward(lse.data(), logits.data(), t.data(), N, V)));
@@ -834,7 +836,7 @@ TEST_CASE("cross entropy: uniform logits give log(V); ignore_index; gradient; lo
   Vec zeros(sz(N * V), 0.0f);
   std::vector<std::int64_t> t{0, 3, kc::kIgnoreIndex, 6, 2};
   CHECK(kc::cross_entropy_forward(nullptr, zeros.data(), t.data(), N, V) ==
-        doctest::Approx(std::log(7.0)).epsilon(1e-6));
+        zp::test::approx(std::log(7.0)).epsilon(1e-6));
 
   Vec logits = rand_vec(N * V, 151, -3.0f, 3.0f), lse(sz(N));
   const float loss = kc::cross_entropy_forward(lse.data(), logits.data(), t.data(), N, V);
@@ -845,7 +847,7 @@ TEST_CASE("cross entropy: uniform logits give log(V); ignore_index; gradient; lo
     for (std::int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(logits[sz(i * V + j)]));
     want += std::log(s) - logits[sz(i * V + t[sz(i)])];
   }
-  CHECK(loss == doctest::Approx(want / 4.0).epsilon(1e-6));
+  CHECK(loss == zp::test::approx(want / 4.0).epsilon(1e-6));
 
   const float dloss = 0.75f;
   Vec dl(logits.size());
@@ -862,15 +864,15 @@ TEST_CASE("cross entropy: uniform logits give log(V); ignore_index; gradient; lo
   // Recomputing lse inside the backward gives the same gradient.
   Vec dl2(logits.size());
   kc::cross_entropy_backward(dl2.data(), logits.data(), nullptr, t.data(), N, V, dloss, false);
-  for (std::size_t i = 0; i < dl2.size(); ++i) CHECK(dl2[i] == doctest::Approx(g[0][i]).epsilon(1e-6));
+  for (std::size_t i = 0; i < dl2.size(); ++i) CHECK(dl2[i] == zp::test::approx(g[0][i]).epsilon(1e-6));
 
   // log_softmax + nll_loss: the same loss and gradient.
   Vec logp(logits.size()), dl3(logits.size());
   kc::log_softmax_forward(logp.data(), logits.data(), N, V);
-  CHECK(kc::nll_loss_forward(logp.data(), t.data(), N, V) == doctest::Approx(loss).epsilon(1e-6));
+  CHECK(kc::nll_loss_forward(logp.data(), t.data(), N, V) == zp::test::approx(loss).epsilon(1e-6));
   const auto g3 = check_accumulate(
       {&dl3}, [&](bool acc) { kc::log_softmax_nll_backward(dl3.data(), logp.data(), t.data(), N, V, dloss, acc); });
-  for (std::size_t i = 0; i < dl3.size(); ++i) CHECK(g3[0][i] == doctest::Approx(g[0][i]).epsilon(1e-5));
+  for (std::size_t i = 0; i < dl3.size(); ++i) CHECK(g3[0][i] == zp::test::approx(g[0][i]).epsilon(1e-5));
   // The two steps autograd runs, through the gradient of logp: nll_loss's backward writes
   // -dloss/count at each kept row's target (here count = 4), log_softmax's reads it. The
   // result is the fused backward's, bit for bit (the row sums are exactly -dloss/count).
@@ -893,7 +895,7 @@ TEST_CASE("cross entropy: uniform logits give log(V); ignore_index; gradient; lo
     for (std::int64_t j = 0; j < V; ++j) rs += gin[sz(i * V + j)];
     for (std::int64_t j = 0; j < V; ++j) {
       const double want5 = gin[sz(i * V + j)] - std::exp(static_cast<double>(logp[sz(i * V + j)])) * rs;
-      CHECK(dl5[sz(i * V + j)] == doctest::Approx(want5).epsilon(1e-5));
+      CHECK(dl5[sz(i * V + j)] == zp::test::approx(want5).epsilon(1e-5));
     }
   }
 
@@ -923,16 +925,16 @@ TEST_CASE("AdamW / Adam: one step by hand, several steps against a double refere
   float p = 1.0f, m = 0.0f, v = 0.0f;
   const float g = 0.5f;
   kc::adam_step(&p, &g, &m, &v, 1, 1, cfg);
-  CHECK(p == doctest::Approx(0.99899).epsilon(1e-7));
-  CHECK(m == doctest::Approx(0.05).epsilon(1e-7));
-  CHECK(v == doctest::Approx(2.5e-4).epsilon(1e-6));
+  CHECK(p == zp::test::approx(0.99899).epsilon(1e-7));
+  CHECK(m == zp::test::approx(0.05).epsilon(1e-7));
+  CHECK(v == zp::test::approx(2.5e-4).epsilon(1e-6));
 
   // Adam (L2): g' = 0.5 + 0.01 * 1 = 0.51; m_hat = 0.51, sqrt(v_hat) = 0.51; p = 1 - 1e-3.
   cfg.decoupled = false;
   p = 1.0f;
   m = v = 0.0f;
   kc::adam_step(&p, &g, &m, &v, 1, 1, cfg);
-  CHECK(p == doctest::Approx(0.999).epsilon(1e-7));
+  CHECK(p == zp::test::approx(0.999).epsilon(1e-7));
 
   for (const bool decoupled : {false, true}) {
     cfg.decoupled = decoupled;
@@ -956,7 +958,7 @@ TEST_CASE("AdamW / Adam: one step by hand, several steps against a double refere
         rp[i] -= cfg.lr * mh / (std::sqrt(vh) + cfg.eps);
       }
     }
-    for (std::size_t i = 0; i < sz(n); ++i) CHECK(pv[i] == doctest::Approx(rp[i]).epsilon(1e-5));
+    for (std::size_t i = 0; i < sz(n); ++i) CHECK(pv[i] == zp::test::approx(rp[i]).epsilon(1e-5));
   }
 }
 
@@ -968,24 +970,24 @@ TEST_CASE("SGD: momentum, nesterov, weight decay (torch.optim.SGD)") {
   float p = 1.0f, buf = 123.0f;  // the buffer's old contents are ignored at step 1
   kc::sgd_step(&p, &g, &buf, 1, 1, cfg);
   CHECK(buf == 0.5f);
-  CHECK(p == doctest::Approx(0.95));
+  CHECK(p == zp::test::approx(0.95));
   kc::sgd_step(&p, &g, &buf, 1, 2, cfg);  // buf = 0.9*0.5 + 0.5 = 0.95; p = 0.95 - 0.095
-  CHECK(buf == doctest::Approx(0.95));
-  CHECK(p == doctest::Approx(0.855));
+  CHECK(buf == zp::test::approx(0.95));
+  CHECK(p == zp::test::approx(0.855));
 
   cfg.nesterov = true;
   p = 1.0f;
   kc::sgd_step(&p, &g, &buf, 1, 1, cfg);  // g + 0.9*buf = 0.95
-  CHECK(p == doctest::Approx(0.905));
+  CHECK(p == zp::test::approx(0.905));
   kc::sgd_step(&p, &g, &buf, 1, 2, cfg);  // buf = 0.95; g + 0.9*0.95 = 1.355
-  CHECK(p == doctest::Approx(0.7695));
+  CHECK(p == zp::test::approx(0.7695));
 
   kc::SgdConfig plain;
   plain.lr = 0.1;
   plain.weight_decay = 0.1;
   p = 1.0f;
   kc::sgd_step(&p, &g, nullptr, 1, 1, plain);  // g = 0.5 + 0.1 = 0.6
-  CHECK(p == doctest::Approx(0.94));
+  CHECK(p == zp::test::approx(0.94));
 }
 
 TEST_CASE("scale_inplace, has_inf_or_nan, sum_squares") {
@@ -1003,7 +1005,7 @@ TEST_CASE("scale_inplace, has_inf_or_nan, sum_squares") {
   long double ref = 0.0L;
   for (float e : v) ref += static_cast<long double>(e) * static_cast<long double>(e);
   const double s1 = kc::sum_squares(v.data(), n);
-  CHECK(s1 == doctest::Approx(static_cast<double>(ref)).epsilon(1e-12));
+  CHECK(s1 == zp::test::approx(static_cast<double>(ref)).epsilon(1e-12));
   const double s2 = kc::sum_squares(v.data(), n);
   CHECK(std::bit_cast<std::uint64_t>(s1) == std::bit_cast<std::uint64_t>(s2));
   const Vec small{3.0f, 4.0f};
@@ -1250,7 +1252,7 @@ TEST_CASE("sdpa: forward equals the eager chain (scale, mask, softmax, dropout, 
           }
           worst = std::max(worst, std::abs(acc - o[sz((bh * T + i) * D + x)]));
         }
-        CHECK(lse[sz(bh * T + i)] == doctest::Approx(m + std::log(l)).epsilon(1e-6));
+        CHECK(lse[sz(bh * T + i)] == zp::test::approx(m + std::log(l)).epsilon(1e-6));
       }
     CHECK(worst < 1e-6);
     // Gradients of sum(w * o) for q, k and v.

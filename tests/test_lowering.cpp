@@ -2,6 +2,8 @@
 // collective semantics (REFERENCE.md §1), and the memory replay's golden numbers.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <map>
 #include <set>
 #include <numeric>
@@ -278,7 +280,7 @@ TEST_CASE("per-rank volume per step: about 3Ψ at stages 1/2, not the paper's 2�
   const std::int64_t P = psi(b.g);
   const double expected = 4.0 * static_cast<double>(P) * (N - 1) / N +
                           2.0 * static_cast<double>(b.p.info.padded_params) * (N - 1) / N;
-  CHECK(static_cast<double>(sent) == doctest::Approx(expected).epsilon(0.001));
+  CHECK(static_cast<double>(sent) == zp::test::approx(expected).epsilon(0.001));
 }
 
 TEST_CASE("ipg buckets: one buffer, two under overlap_comm; stage 1 keeps it across micro-steps") {
@@ -392,10 +394,10 @@ TEST_CASE("stage 3: a linear's bias added apart on 3-D inputs, in forward and re
       const double product = cm.compute_cost(e.op, e.phase, e.flops, e.mem_bytes).v;
       const double add = cm.unfused_bias_cost(e.op).v;
       CHECK(add > 0);
-      CHECK(cm.cost(e).v == doctest::Approx(product + add));
-      CHECK(cm.bias_part(e).v == doctest::Approx(add));
+      CHECK(cm.cost(e).v == zp::test::approx(product + add));
+      CHECK(cm.bias_part(e).v == zp::test::approx(add));
       cm.deepspeed = false;
-      CHECK(cm.cost(e).v == doctest::Approx(product));
+      CHECK(cm.cost(e).v == zp::test::approx(product));
       CHECK(cm.bias_part(e).v == 0);
       cm.deepspeed = true;
       break;

@@ -28,13 +28,13 @@ TEST_CASE("WarmupLR: log warm-up by default; the first two updates run at warmup
   const auto s = schedule(R"({"scheduler": {"type": "WarmupLR"}})");  // min 0, max 1e-3, 1000 steps, log
   CHECK(s.lr_for(0) == 0.0);  // the constructor's rate: get_lr(-1) = min
   CHECK(s.lr_for(1) == 0.0);  // after the first scheduler.step(): iteration 0, log(1) = 0
-  CHECK(s.lr_for(2) == doctest::Approx(0.001 * std::log(2.0) / std::log(1000.0)).epsilon(1e-15));
-  CHECK(s.get_lr(999) == doctest::Approx(0.001).epsilon(1e-15));
+  CHECK(s.lr_for(2) == zp::test::approx(0.001 * std::log(2.0) / std::log(1000.0)).epsilon(1e-15));
+  CHECK(s.get_lr(999) == zp::test::approx(0.001).epsilon(1e-15));
   CHECK(s.get_lr(1000) == 0.001);
   CHECK(s.get_lr(5000) == 0.001);
   const auto l = schedule(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.1,
       "warmup_max_lr": 1.1, "warmup_num_steps": 10, "warmup_type": "linear"}}})");
-  CHECK(l.get_lr(5) == doctest::Approx(0.6).epsilon(1e-15));
+  CHECK(l.get_lr(5) == zp::test::approx(0.6).epsilon(1e-15));
   CHECK(l.get_lr(10) == 1.1);
   // warmup_num_steps is clamped to 2, as DeepSpeed does (log(1) would divide by zero).
   CHECK(schedule(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1}}})").warmup_num_steps == 2);
@@ -43,7 +43,7 @@ TEST_CASE("WarmupLR: log warm-up by default; the first two updates run at warmup
 TEST_CASE("WarmupDecayLR and WarmupCosineLR") {
   const auto d = schedule(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 20,
       "warmup_min_lr": 0, "warmup_max_lr": 1, "warmup_num_steps": 10, "warmup_type": "linear"}}})");
-  CHECK(d.get_lr(9) == doctest::Approx(0.9));
+  CHECK(d.get_lr(9) == zp::test::approx(0.9));
   CHECK(d.get_lr(10) == 1.0);
   CHECK(d.get_lr(15) == 0.5);
   CHECK(d.get_lr(25) == 0.0);
@@ -51,11 +51,11 @@ TEST_CASE("WarmupDecayLR and WarmupCosineLR") {
       "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 20, "warmup_num_steps": 10,
       "warmup_type": "linear"}}})");
   CHECK(c.lr_for(0) == 0.0);  // WarmupCosineLR.get_lr before it has started
-  CHECK(c.get_lr(5) == doctest::Approx(2.0 * 0.5));
+  CHECK(c.get_lr(5) == zp::test::approx(2.0 * 0.5));
   const double cosv = (1.0 + std::cos(3.14159265358979323846 * 0.1)) / 2.0;
-  CHECK(c.get_lr(10) == doctest::Approx(2.0 * (1e-4 + (1.0 - 1e-4) * cosv)).epsilon(1e-14));
-  CHECK(c.get_lr(19) == doctest::Approx(2.0 * 1e-4).epsilon(1e-12));  // cos(pi) = -1: the floor ratio
-  CHECK(c.get_lr(29) == doctest::Approx(2.0));  // DeepSpeed's cosine goes on past total_num_steps
+  CHECK(c.get_lr(10) == zp::test::approx(2.0 * (1e-4 + (1.0 - 1e-4) * cosv)).epsilon(1e-14));
+  CHECK(c.get_lr(19) == zp::test::approx(2.0 * 1e-4).epsilon(1e-12));  // cos(pi) = -1: the floor ratio
+  CHECK(c.get_lr(29) == zp::test::approx(2.0));  // DeepSpeed's cosine goes on past total_num_steps
 }
 
 TEST_CASE("scheduler: bad input names the key and what is allowed") {
@@ -97,15 +97,15 @@ void check_golden(const exec::LrSchedule& s, const std::vector<Golden>& g) {
   for (std::size_t k = 0; k < g.size(); ++k) {
     CAPTURE(k);
     const auto applied = static_cast<std::int64_t>(k);
-    CHECK(s.lr_for(applied) == doctest::Approx(g[k].lr).epsilon(1e-12));
+    CHECK(s.lr_for(applied) == zp::test::approx(g[k].lr).epsilon(1e-12));
     const auto b = s.betas_for(applied);
     if (g[k].beta1 < 0) {
       CHECK_FALSE(b.has_value());
       continue;
     }
     REQUIRE(b.has_value());
-    CHECK(b->first == doctest::Approx(g[k].beta1).epsilon(1e-12));
-    CHECK(b->second == doctest::Approx(g[k].beta2).epsilon(1e-12));
+    CHECK(b->first == zp::test::approx(g[k].beta1).epsilon(1e-12));
+    CHECK(b->second == zp::test::approx(g[k].beta2).epsilon(1e-12));
   }
 }
 }  // namespace

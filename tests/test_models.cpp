@@ -2,7 +2,7 @@
 // closed forms, FLOPs, bad input, and the structure of the op graph.
 #include <doctest/doctest.h>
 
-#include "tests/test_util.hpp"
+#include "test_util.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -372,7 +372,7 @@ TEST_CASE("forward GEMM FLOPs: 2 x weights x tokens + 4bs^2hL") {
     CHECK(std::fabs(gemm_flops(g) / expect - 1.0) < 0.01);
     // The graph totals include the GEMMs, and backward is about twice forward.
     CHECK(g.fwd_flops().v >= gemm_flops(g));
-    CHECK(g.bwd_flops().v / g.fwd_flops().v == doctest::Approx(2.0).epsilon(0.05));
+    CHECK(g.bwd_flops().v / g.fwd_flops().v == zp::test::approx(2.0).epsilon(0.05));
   }
 }
 
@@ -675,7 +675,7 @@ TEST_CASE("sdpa attention saves q, k, v, its output (the merged tensor), logsume
   const auto causal = sdpa_graph("gpt2", 1, 512);
   const std::int64_t s = 512, h = 768;
   for (const auto& op : causal.ops)
-    if (op.name == "layer0.attn.sdpa") CHECK(op.fwd_flops.v == doctest::Approx(2.0 * s * s * h));
+    if (op.name == "layer0.attn.sdpa") CHECK(op.fwd_flops.v == zp::test::approx(2.0 * s * s * h));
 }
 
 TEST_CASE("the default attention is what transformers picks, and the docs say which") {
@@ -762,8 +762,8 @@ TEST_CASE("flash_attention_2 saves q, k, v as given (no repeat_kv), its output, 
     CHECK(!fa.causal);
     CHECK(op_named(g, "layer0.attention.output.dense").inputs[0] == fa.outputs[0]);
     // Non-causal: 4·b·s²·h forward, 2.5× that backward (Q Kᵀ recomputed + four gradient GEMMs).
-    CHECK(fa.fwd_flops.v == doctest::Approx(4.0 * b * s * s * h));
-    CHECK(fa.bwd_flops.v == doctest::Approx(2.5 * 4.0 * b * s * s * h));
+    CHECK(fa.fwd_flops.v == zp::test::approx(4.0 * b * s * s * h));
+    CHECK(fa.bwd_flops.v == zp::test::approx(2.5 * 4.0 * b * s * s * h));
   }
   // GPT-2 (gelu_new): what sdpa saves, 62sbh with transformers 5's KV cache copies, 58sbh
   // with 4.46's views.
@@ -776,8 +776,8 @@ TEST_CASE("flash_attention_2 saves q, k, v as given (no repeat_kv), its output, 
     // Causal: the lower triangle with its diagonal, s(s+1)/2 pairs: 4·b·a·d·s(s+1)/2.
     const Op& fa = op_named(g, "layer0.attn.flash_attn");
     CHECK(fa.causal);
-    CHECK(fa.fwd_flops.v == doctest::Approx(2.0 * b * h * s * (s + 1)));
-    CHECK(fa.bwd_flops.v == doctest::Approx(2.5 * 2.0 * b * h * s * (s + 1)));
+    CHECK(fa.fwd_flops.v == zp::test::approx(2.0 * b * h * s * (s + 1)));
+    CHECK(fa.bwd_flops.v == zp::test::approx(2.5 * 2.0 * b * h * s * (s + 1)));
   }
   // Llama-2 (K = A): 24sbh + 8sbI, as sdpa.
   {

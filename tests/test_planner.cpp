@@ -116,7 +116,7 @@ TEST_CASE("regret: the search's choice is within 1% of the exhaustive grid's bes
                     Dim::zero_hpz_partition_size})
         planner::set(shape, d, get(e.knobs, d));
       auto [it, fresh] = bound_of_shape.emplace(shape, b);
-      if (!fresh) CHECK(it->second == doctest::Approx(b).epsilon(1e-12));
+      if (!fresh) CHECK(it->second == zp::test::approx(b).epsilon(1e-12));
     }
   }
 }
@@ -266,10 +266,10 @@ TEST_CASE("GAS above the direct limit: two short programs extrapolate the long o
                                        planner::target_of(pb, other != 0));
       CHECK(ev.device_used == direct.memory.device_used);
       CHECK(ev.peak_allocated == direct.memory.peak_allocated);
-      CHECK(ev.iteration_ms == doctest::Approx(direct.time.report.phases.iteration.ms()).epsilon(1e-6));
-      CHECK(ev.backward_allreduce_ms == doctest::Approx(direct.time.report.phases.backward_allreduce.ms()).epsilon(1e-6));
-      CHECK(ev.comm_bytes == doctest::Approx(static_cast<double>(direct.time.report.comm.total.v)).epsilon(1e-9));
-      CHECK(ev.mfu == doctest::Approx(direct.time.mfu).epsilon(1e-6));
+      CHECK(ev.iteration_ms == zp::test::approx(direct.time.report.phases.iteration.ms()).epsilon(1e-6));
+      CHECK(ev.backward_allreduce_ms == zp::test::approx(direct.time.report.phases.backward_allreduce.ms()).epsilon(1e-6));
+      CHECK(ev.comm_bytes == zp::test::approx(static_cast<double>(direct.time.report.comm.total.v)).epsilon(1e-9));
+      CHECK(ev.mfu == zp::test::approx(direct.time.mfu).epsilon(1e-6));
     }
 }
 
@@ -357,7 +357,7 @@ TEST_CASE("the winner's ds_config is the base with the searched keys replaced, a
   const auto sj = nlohmann::json::parse(s.out)["results"][0];
   CHECK(sj["memory"]["device_used_bytes"] == j["best"]["memory"]["device_used_bytes"]);
   CHECK(sj["time"]["iteration_ms"].get<double>() ==
-        doctest::Approx(j["best"]["time"]["iteration_ms"].get<double>()).epsilon(1e-6));
+        zp::test::approx(j["best"]["time"]["iteration_ms"].get<double>()).epsilon(1e-6));
 }
 
 TEST_CASE("plan: bad input is one line and exit status 2") {

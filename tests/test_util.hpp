@@ -16,6 +16,11 @@
 
 namespace zp::test {
 
+// doctest::Approx with a relative tolerance only. doctest's default adds its scale (1) to the
+// magnitudes it compares, so any two values below about 1e-5 (a kernel's seconds) would pass as
+// equal; this scale keeps exact zeros equal and nothing else.
+inline doctest::Approx approx(double v) { return doctest::Approx(v).scale(1e-30); }
+
 // The message of the InputError thrown by `f` ("" when none is thrown, so a check on
 // the message's content fails).
 template <class F>
