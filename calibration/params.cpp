@@ -283,14 +283,15 @@ std::vector<ParamDef> build_registry() {
     r.push_back(std::move(d));
   }
   // PyTorch's bandwidth-bound kernels per family (sim::TorchKernel), where the events stand for
-  // PyTorch's (DeepSpeed runs): not in the default set, as the executor runs none of them.
+  // PyTorch's (DeepSpeed runs): not in the default set, as the executor runs none of them. A
+  // family the profile leaves unset reads as elementwise_efficiency, and a fit writes it in.
   for (int k = 0; k < sim::kNumTorchKernels; ++k) {
     const auto family = static_cast<sim::TorchKernel>(k);
     ParamDef d = scalar(fmt::format("compute.torch_kernel_efficiency.{}", sim::torch_kernel_name(family)), ParamGroup::compute,
                         "", fmt::format("fraction of the HBM bandwidth PyTorch's {} kernels reach", sim::torch_kernel_name(family)),
                         "DeepSpeed runs' GPU time of bandwidth-bound kernels (their profiles' elementwise class, or the "
                         "phases it dominates)",
-                        0.01, 2, true, [family](const M& m) { return m.device.torch_efficiency(family); },
+                        0.01, 1, false, [family](const M& m) { return m.device.torch_efficiency(family); },
                         [k](M& m, double v) { m.device.torch_kernel_efficiency[static_cast<std::size_t>(k)] = v; });
     d.stage = 2;
     r.push_back(std::move(d));

@@ -213,7 +213,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
                          fmt::format("not a kernel family{} (families: {})",
                                      near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near), fmt::join(names, ", ")));
       }
-      p.torch_kernel_efficiency[static_cast<std::size_t>(at - names.begin())] = positive(tr, *it, key, 2);
+      p.torch_kernel_efficiency[static_cast<std::size_t>(at - names.begin())] = fraction(tr, *it, key);
     }
   }
   p.kernel_launch = Seconds{r.get_double(e, "kernel_launch_us", 0, 0, 1e6) * kMicro};
@@ -294,7 +294,15 @@ DeviceProfile derived_profile(const DeviceSpec& dev) {
     p.attention_backward_efficiency = 0.72;
     p.attention_dropout_efficiency = 0.43;
     p.attention_dropout_backward_efficiency = 0.89;
-    p.torch_kernel_efficiency = {0.9, 0.55, 0.76, 0.2, 0.55, 0.28};  // the H100's (TorchKernel's order)
+    // PyTorch's kernel families: the H100's fractions; a contiguous add's is the H200's own
+    // (0.76 of 4.8 TB/s) on faster memory, where the same SMs do not reach the H100's 0.90.
+    auto family = [&](TorchKernel k, double v) { p.torch_kernel_efficiency[static_cast<std::size_t>(k)] = v; };
+    family(TorchKernel::vectorized, dev.hbm_bandwidth.v > 4e12 ? 0.76 : 0.9);
+    family(TorchKernel::strided, 0.55);
+    family(TorchKernel::random, 0.76);
+    family(TorchKernel::cat, 0.2);
+    family(TorchKernel::row_norm, 0.55);
+    family(TorchKernel::column_sum, 0.28);
   }
   p.elementwise_efficiency = cpu ? 0.5 : (hopper ? 0.62 : 0.8);
   p.kernel_launch = Seconds{(cpu ? 10.0 : hopper ? 3.5 : 5.0) * kMicro};
@@ -370,7 +378,7 @@ HostCosts default_host_costs() {
   // with the step's per-tensor kernels on the device (Event::loop_kernels) and a ZeRO step's
   // loops apart from its fixed part, priced on the compute model of the H100's kernel profiles
   // (sim/profiles.json) with PyTorch's kernels by family. Mean |error| in sample, over the 40
-  // fitted runs: forward 9.0%, backward 9.6%, step 9.0%, iteration 6.6%; over all 41
+  // fitted runs: forward 9.0%, backward 9.7%, step 9.0%, iteration 6.7%; over all 41
   // (tests/test_deepspeed_reference.cpp): docs/time_model.md. bf16_optimizer was not measured
   // (zero_optimizer's values); `plain` rests on one run.
   HostCosts c;
@@ -619,20 +627,24 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
 }
 
 // PyTorch's kernels for a bandwidth-bound op of the graph, as Hugging Face's code runs it under
-// autograd, each priced at its family's fraction of the bandwidth (TorchKernel) and no quicker
-// than a launch. Read from the kernels of DeepSpeed 0.19.8 runs profiled on an H100
-// (tests/data/deepspeed/h100_deepspeed_0.19.8.json, gpu_top_kernels; docs/compute_model.md):
+// autograd, each priced at its family's fraction of the bandwidth (torch_kernel_cost). Read from
+// the top kernels of DeepSpeed 0.19.8 runs profiled on H100s (tests/data/deepspeed/
+// h100_deepspeed_0.19.8.json and h100_kernels_0.19.8.json, gpu_top_kernels; docs/compute_model.md):
 // - RoPE (q * cos + rotate_half(q) * sin, on a strided head view) is five kernels moving ten
 //   times the head tensor's bytes forward (mul, neg, cat, mul, add), seven backward (two muls,
 //   a neg, and for each of rotate_half's slices a zero fill and a copy into it);
-// - pow's backward is grad * (e * x^(e-1)): x^(e-1) (skipped for e = 2), the scaling, the
-//   product with the gradient;
+// - pow's backward is grad * (e * x^(e-1)): x^(e-1) (for e = 2, x.pow(1): a device memcpy), the
+//   scaling, the product with the gradient;
 // - a row-scale or weight multiply's backward is the broadcast product for the input's
 //   gradient, and a product and a sum for the scale's (over the row) or weight's (over rows);
-// - RMSNorm's mean backward writes the expanded gradient; rsqrt's and the eps add's are scalars;
+// - RMSNorm's mean is a reduction at the rate of an add; its backward writes the expanded
+//   gradient; rsqrt's and the eps add's kernels are scalars';
 // - LayerNorm's backward is two kernels: gamma and beta's column sums over dy and x, then the
 //   input's gradient (dy, x in; dx out);
-// - a widening cast runs unvectorised (bf16 -> fp32: about 0.6 of the bandwidth an add gets);
+// - an add or a mask with a broadcast operand, and a widening cast, run unvectorised;
+// - a mask added to the attention scores passes its gradient on (the mask takes none): no kernel;
+// - the KV cache's copies of the key and value heads (the model's outputs) are torch.cat, the
+//   copy of a strided operand for a matmul (GPT-2's eager q) a strided copy;
 // - the loss's backward fills log_softmax's output gradient with zeros before nll_loss scatters
 //   into it, then log_softmax's backward reads it and the saved output and writes the logits'.
 // A sum that passes its gradient on runs no kernel (zero/lower/walk.cpp makes it a marker).
@@ -640,20 +652,26 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
   using models::Fn;
   using K = TorchKernel;
   if (o.outputs.empty() || o.inputs.empty()) return -1;
-  const double launch = p_.kernel_launch.v;
-  const double bw = p_.hbm_bandwidth.v;
   double t = 0;
-  auto kernel = [&](double bytes, K k, int count = 1) {
-    for (int i = 0; i < count; ++i) t += std::max(bytes / count / (bw * p_.torch_efficiency(k)), launch);
-  };
+  auto kernel = [&](double bytes, K k, int count = 1) { t += torch_kernel_cost(bytes, k, count); };
   const models::Tensor& x = g_.tensors[static_cast<std::size_t>(o.inputs[0])];
   const models::Tensor& y = g_.tensors[static_cast<std::size_t>(o.outputs[0])];
   const auto X = static_cast<double>(x.bytes.v), Y = static_cast<double>(y.bytes.v);
   const auto fwd = static_cast<double>(o.fwd_bytes.v), bwd = static_cast<double>(o.bwd_bytes.v);
   const bool widening = dtype_size(y.dtype) > dtype_size(x.dtype);
+  // An operand with fewer elements than the output is broadcast (a position table, a mask).
+  auto numel = [](const models::Tensor& tensor) {
+    std::int64_t n = 1;
+    for (const std::int64_t d : tensor.shape) n *= d;
+    return n;
+  };
+  const bool broadcast = std::any_of(o.inputs.begin(), o.inputs.end(), [&](models::TensorId in) {
+    return numel(g_.tensors[static_cast<std::size_t>(in)]) < numel(y);
+  });
   if (!backward) {
     switch (o.fn) {
-      case Fn::add: case Fn::add_scalar: case Fn::scale: case Fn::mul: case Fn::gelu: case Fn::gelu_tanh:
+      case Fn::add: kernel(fwd, broadcast ? K::strided : K::vectorized); break;
+      case Fn::add_scalar: case Fn::scale: case Fn::mul: case Fn::gelu: case Fn::gelu_tanh:
       case Fn::relu: case Fn::silu: case Fn::tanh: case Fn::pow:
         kernel(fwd, K::vectorized);
         break;
@@ -663,7 +681,11 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
       case Fn::merge_heads: case Fn::repeat_kv:
         kernel(fwd, K::strided);
         break;
-      case Fn::heads_copy: kernel(fwd, K::cat); break;
+      case Fn::heads_copy: {
+        const bool cache = std::find(g_.outputs.begin(), g_.outputs.end(), o.outputs[0]) != g_.outputs.end();
+        kernel(fwd, cache ? K::cat : K::strided);
+        break;
+      }
       case Fn::rope:  // mul, neg (half in, half out), cat, mul, add
         kernel(2 * Y, K::strided);
         kernel(Y, K::strided);
@@ -671,9 +693,9 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
         kernel(2 * Y, K::strided);
         kernel(3 * Y, K::strided);
         break;
-      case Fn::rms_rsqrt:  // mean over the row, + eps, rsqrt (the last two on one value a row)
-        kernel(X, K::strided);
-        kernel(2 * Y, K::vectorized, 2);
+      case Fn::rms_rsqrt:  // the mean over the row; + eps and rsqrt on one value a row
+        kernel(X + Y, K::vectorized);
+        kernel(4 * Y, K::vectorized, 2);
         break;
       case Fn::layernorm: case Fn::softmax: case Fn::cross_entropy: kernel(fwd, K::row_norm); break;
       default: return -1;
@@ -682,9 +704,10 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
   }
   switch (o.fn) {
     case Fn::add: case Fn::add_scalar: case Fn::scale: case Fn::gelu: case Fn::gelu_tanh: case Fn::relu:
-    case Fn::silu: case Fn::tanh: case Fn::dropout: case Fn::causal_where:  // where's: grad where the mask keeps
+    case Fn::silu: case Fn::tanh: case Fn::dropout:
       kernel(bwd, K::vectorized);
       break;
+    case Fn::add_mask: case Fn::causal_where: break;  // the scores' gradient passes on
     case Fn::mul: {  // one product per operand that takes a gradient
       int grads = 0;
       for (const models::TensorId in : o.inputs) grads += is_float(g_.tensors[static_cast<std::size_t>(in)].dtype) ? 1 : 0;
@@ -692,7 +715,10 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
       break;
     }
     case Fn::pow:  // grad * (e * x^(e-1))
-      if (o.alpha != 2.0) kernel(2 * X, K::vectorized);
+      if (o.alpha == 2.0)
+        t += copy_cost(Bytes{2 * x.bytes.v}, zero::Placement::device, zero::Placement::device, 1).v;
+      else
+        kernel(2 * X, K::vectorized);
       kernel(2 * X, K::vectorized);
       kernel(3 * X, K::vectorized);
       break;
@@ -704,7 +730,7 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
       break;
     case Fn::rms_rsqrt:  // the mean's gradient expanded over the row; rsqrt's and the add's on scalars
       kernel(X, K::strided);
-      kernel(3 * Y, K::vectorized, 3);
+      kernel(9 * Y, K::vectorized, 3);
       break;
     case Fn::layernorm:  // gamma and beta: column sums over dy and x; then dx from dy and x
       kernel(2 * Y, K::column_sum);
@@ -717,9 +743,7 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
       kernel(2 * Y, K::vectorized, 2);
       kernel(2 * Y, K::strided, 2);
       break;
-    case Fn::add_mask: case Fn::merge_heads: case Fn::repeat_kv: case Fn::heads_copy:
-      kernel(bwd, K::strided);
-      break;
+    case Fn::merge_heads: case Fn::repeat_kv: case Fn::heads_copy: kernel(bwd, K::strided); break;
     case Fn::softmax: kernel(3 * Y, K::row_norm); break;  // dy, y in; dx out (one kernel per row)
     case Fn::cross_entropy:  // nll_loss's: a zero fill of logp's gradient; log_softmax's: dlogp, logp in, dx out
       kernel(Y, K::vectorized);
@@ -728,6 +752,14 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
     default: return -1;
   }
   return t;
+}
+
+// `count` kernels of PyTorch's family k moving `bytes` between them, each no quicker than a launch.
+double ComputeModel::torch_kernel_cost(double bytes, TorchKernel k, int count) const {
+  const double each = elementwise_cost(Flops{0}, Bytes{static_cast<std::int64_t>(bytes / std::max(count, 1))},
+                                       p_.torch_efficiency(k) / p_.elementwise_efficiency, p_.kernel_launch.v)
+                          .v;
+  return each * std::max(count, 1);
 }
 
 // PyTorch's flash backward's passes beside its kernel, over the (B, A, T, D) operands (priced
@@ -758,8 +790,8 @@ double ComputeModel::bias_grad_time(const models::Op& o, zero::Phase phase) cons
     if (!g.bias) continue;
     const Bytes read{g.m * std::max<std::int64_t>(g.batch, 1) * g.n * dtype_size(g_.opt.act_dtype)};
     // PyTorch's is a column sum (TorchKernel::column_sum); the executor's at the elementwise rate.
-    const double factor = deepspeed ? p_.torch_efficiency(TorchKernel::column_sum) / p_.elementwise_efficiency : 1.0;
-    t += elementwise_cost(Flops{0}, read, factor, p_.kernel_launch.v).v;
+    t += deepspeed ? torch_kernel_cost(static_cast<double>(read.v), TorchKernel::column_sum)
+                   : elementwise_cost(Flops{0}, read, 1.0, p_.kernel_launch.v).v;
   }
   return t;
 }
@@ -781,9 +813,7 @@ Seconds ComputeModel::unfused_bias_cost(models::OpId op) const {
     if (!g.bias) continue;
     const std::int64_t out = g.m * std::max<std::int64_t>(g.batch, 1) * g.n;
     const Bytes moved{(2 * out + g.n) * dtype_size(g_.opt.act_dtype)};
-    t += elementwise_cost(Flops{static_cast<double>(out)}, moved, p_.op_factor(models::OpKind::add, false),
-                          p_.kernel_launch.v)
-             .v;
+    t += torch_kernel_cost(static_cast<double>(moved.v), TorchKernel::strided);  // the bias broadcast over the rows
   }
   return Seconds{t};
 }
@@ -800,7 +830,7 @@ Seconds ComputeModel::bias_part(const zero::Event& e) const {
 
 double ComputeModel::grad_add_seconds_per_byte() const {
   if (!deepspeed) return 0.0;
-  return 3.0 / (p_.hbm_bandwidth.v * p_.torch_efficiency(TorchKernel::vectorized));  // CUDAFunctor_add
+  return 3.0 / (p_.hbm_bandwidth.v * p_.torch_efficiency(TorchKernel::vectorized));  // CUDAFunctor_add: torch_kernel_cost's rate
 }
 
 double grad_accumulate_seconds(const zero::Event& e, double seconds_per_byte, double launch) {

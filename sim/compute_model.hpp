@@ -268,7 +268,8 @@ class ComputeModel {
   // own FLOPs and bytes: what cost() gives for the compute event that runs it.
   Seconds op_cost(models::OpId op, zero::Phase phase) const;
   // A compute kernel of `flops` and `bytes` in `phase`: GEMM-shaped by graph op `op`
-  // (kNone: a non-GEMM op).
+  // (kNone: a non-GEMM op). A bandwidth-bound op of the graph priced as PyTorch's kernels
+  // (`deepspeed` true) takes its bytes from the op's tensors (torch_op_time), not these.
   Seconds compute_cost(models::OpId op, zero::Phase phase, Flops flops, Bytes bytes) const;
   // The part of op `op`'s time in `phase` that its bias gradients take: the column sums of
   // the output gradient after the backward GEMMs (a reduction kernel to a profiler, not a
@@ -284,10 +285,10 @@ class ComputeModel {
   // Autograd's adds of a backward event's input gradients into those another consumer made
   // first (Event::grad_adds, grad_add_bytes): each reads both and writes one, at the
   // elementwise bandwidth of an add, never faster than its launch. 0 where the events stand for
-  // zeroplan's executor (deepspeed off), which accumulates inside its kernels.
+  // zeroplan's executor (`deepspeed` false), which accumulates inside its kernels.
   Seconds grad_accumulate_cost(const zero::Event& e) const;
   // Its two terms: seconds per byte of accumulated gradient (its three bytes moved) and per add
-  // (the launch floor); both 0 with deepspeed off.
+  // (the launch floor); both 0 with `deepspeed` false.
   double grad_add_seconds_per_byte() const;
   double grad_add_launch() const { return deepspeed ? p_.kernel_launch.v : 0.0; }
   // The local reduction of a scalar all-reduce event (Event::tensors, mem_bytes): 0 for
@@ -295,7 +296,7 @@ class ComputeModel {
   Seconds local_reduction_cost(Bytes bytes, std::int64_t tensors) const;
   // DeepSpeed's own work in an event (Event::loop_kernels, loop_bytes): its per-tensor loops'
   // small kernels and their bytes. 0 where the events stand for zeroplan's executor, which
-  // does none of it (deepspeed off: calibration from the executor's runs, `plan
+  // does none of it (`deepspeed` false: calibration from the executor's runs, `plan
   // --verify`'s predictions of the executor).
   Seconds loop_kernels_cost(const zero::Event& e) const;
   // Whose work the events stand for. On: DeepSpeed's, through PyTorch's kernels and Python.
@@ -321,13 +322,15 @@ class ComputeModel {
 
  private:
   const models::Op& op_at(models::OpId op) const;  // the graph's op (a logic error outside it)
-  // The separate bias add event e carries, where DeepSpeed runs it (deepspeed on).
+  // The separate bias add event e carries, where DeepSpeed runs it (`deepspeed` true).
   Seconds unfused_bias_add(const zero::Event& e) const;
   double bias_grad_time(const models::Op& o, zero::Phase phase) const;  // seconds; 0 without a bias
   double attention_backward_passes(const models::Op& o) const;           // seconds of a flash backward's row passes
   // Seconds of PyTorch's kernels for bandwidth-bound op o as Hugging Face's code runs it under
-  // autograd (deepspeed on); negative where the op's own bytes are priced instead.
+  // autograd (`deepspeed` true); negative where the op's own bytes are priced instead.
   double torch_op_time(const models::Op& o, bool backward) const;
+  // `count` kernels of PyTorch's family k moving `bytes` between them (seconds).
+  double torch_kernel_cost(double bytes, TorchKernel k, int count = 1) const;
   Seconds elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const;
 
   DeviceProfile p_;

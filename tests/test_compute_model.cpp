@@ -3,6 +3,8 @@
 // of the efficiency curves, host-side costs, and strict reading of profile files.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -137,11 +139,11 @@ TEST_CASE("every device of the database has a profile with every coefficient and
     CHECK(p.comm_compute_interference <= 0.5);
   }
   // Device generations: PCIe gen3 / gen4 / gen5, Hopper launches faster than Volta.
-  CHECK(profile_of("V100-16GB").pcie_h2d.v == doctest::Approx(12e9));
-  CHECK(profile_of("A100-80GB").pcie_h2d.v == doctest::Approx(24e9));
-  CHECK(profile_of("H200-141GB").pcie_h2d.v == doctest::Approx(50e9));
+  CHECK(profile_of("V100-16GB").pcie_h2d.v == zp::test::approx(12e9));
+  CHECK(profile_of("A100-80GB").pcie_h2d.v == zp::test::approx(24e9));
+  CHECK(profile_of("H200-141GB").pcie_h2d.v == zp::test::approx(50e9));
   CHECK(profile_of("H200-141GB").kernel_launch.v < profile_of("V100-16GB").kernel_launch.v);
-  CHECK(profile_of("H200-141GB").d2d_copy_bandwidth.v == doctest::Approx(4.3e12));
+  CHECK(profile_of("H200-141GB").d2d_copy_bandwidth.v == zp::test::approx(4.3e12));
 }
 
 TEST_CASE("GEMM efficiency: monotone in each dimension, bounded, and the measured large-GEMM points") {
@@ -160,7 +162,7 @@ TEST_CASE("GEMM efficiency: monotone in each dimension, bounded, and the measure
     }
   }
   // A100 fp16 GEMM ≈ 82% of peak at large sizes; H200 8192³ bf16 ≈ 770–800 TFLOP/s.
-  CHECK(zp::sim::gemm_efficiency(profile_of("A100-80GB"), 8192, 8192, 8192) == doctest::Approx(0.82).epsilon(0.03));
+  CHECK(zp::sim::gemm_efficiency(profile_of("A100-80GB"), 8192, 8192, 8192) == zp::test::approx(0.82).epsilon(0.03));
   const DeviceProfile h200 = profile_of("H200-141GB");
   const double h200_tflops = zp::sim::gemm_efficiency(h200, 8192, 8192, 8192) * h200.peak_tensor_flops.v / 1e12;
   CHECK(h200_tflops >= 760);
@@ -179,7 +181,7 @@ TEST_CASE("bert-large forward, micro-batch 64, seq 128, fp16 on V100: about 100 
   // The same sum through cost() of the events the lowering emits.
   double via_events = 0;
   for (const auto& op : g.ops) via_events += cm.cost(compute_event(g, op.id, Phase::forward)).v;
-  CHECK(via_events == doctest::Approx(fwd));
+  CHECK(via_events == zp::test::approx(fwd));
   // Backward does about twice the forward's work.
   const double bwd = phase_seconds(cm, g, Phase::backward);
   MESSAGE("bert-large bwd: " << bwd * 1e3 << " ms");
@@ -231,7 +233,7 @@ TEST_CASE("GPT-2 124M on H200 in bf16: time and model FLOPs utilisation of forwa
     return nlohmann::json{};
   };
   // Reproduces the earlier measurement of the default model within 2%.
-  CHECK(find("hf_sdpa", 16)["fwd_bwd_ms"].get<double>() == doctest::Approx(86.3).epsilon(0.02));
+  CHECK(find("hf_sdpa", 16)["fwd_bwd_ms"].get<double>() == zp::test::approx(86.3).epsilon(0.02));
   auto cfg = zp::models::load_model("gpt2");
   cfg.act = zp::models::Act::gelu_pytorch_tanh;
   cfg.vocab = 50304;
@@ -295,35 +297,35 @@ TEST_CASE("a vocabulary off the 16-byte alignment costs what cuBLAS charges for 
   const DeviceProfile p = profile_of("H200-141GB");
   const double aligned = zp::sim::gemm_efficiency(p, 16384, 50304, 768, 8);
   const double odd = zp::sim::gemm_efficiency(p, 16384, 50257, 768, 8);
-  CHECK(aligned * 989 == doctest::Approx(608).epsilon(0.25));
-  CHECK(odd / aligned == doctest::Approx(p.torch_unaligned_output()).epsilon(0.01));
+  CHECK(aligned * 989 == zp::test::approx(608).epsilon(0.25));
+  CHECK(odd / aligned == zp::test::approx(p.torch_unaligned_output()).epsilon(0.01));
   CHECK(odd * 989 > 80);
   CHECK(odd * 989 < 140);
-  CHECK(zp::sim::gemm_efficiency(p, 16384, 50257, 768) == doctest::Approx(zp::sim::gemm_efficiency(p, 16384, 50257, 768, 8) / p.torch_unaligned_output()));
+  CHECK(zp::sim::gemm_efficiency(p, 16384, 50257, 768) == zp::test::approx(zp::sim::gemm_efficiency(p, 16384, 50257, 768, 8) / p.torch_unaligned_output()));
   // The backward's products: the odd dimension is an operand's (dX: k = 50257; dW, which
   // nn.Linear keeps as (50257, 768): its output rows are 768 wide).
   const double dx = zp::sim::gemm_efficiency(p, 8192, 768, 50257, 8, false, 768);
   const double dw = zp::sim::gemm_efficiency(p, 768, 50257, 8192, 8, false, 768);
-  CHECK(dx / zp::sim::gemm_efficiency(p, 8192, 768, 50304, 8, false, 768) == doctest::Approx(p.gemm_unaligned_factor).epsilon(0.01));
-  CHECK(dw * 989 == doctest::Approx(143).epsilon(0.1));
-  CHECK(zp::sim::gemm_efficiency(p, 8192, 50257, 768, 8) * 989 == doctest::Approx(94).epsilon(0.1));
+  CHECK(dx / zp::sim::gemm_efficiency(p, 8192, 768, 50304, 8, false, 768) == zp::test::approx(p.gemm_unaligned_factor).epsilon(0.01));
+  CHECK(dw * 989 == zp::test::approx(143).epsilon(0.1));
+  CHECK(zp::sim::gemm_efficiency(p, 8192, 50257, 768, 8) * 989 == zp::test::approx(94).epsilon(0.1));
   // Graded by the alignment kept, (bytes / 2)^0.72: BERT's 30522 keeps 4-byte rows (0.33 of the
   // aligned rate where the 2-byte factor is 0.20: 243 TFLOP/s measured), 30524 8-byte rows, fp32's
   // odd dimension 4 bytes. 4-byte rows pay the operand's factor whether they are the output's or not
   // (BERT's decoder under DeepSpeed on an H100: 243 TFLOP/s forward, 236 and 261 backward).
-  CHECK(zp::sim::alignment_factor(p, 16384, 30522, 1024, 8) == doctest::Approx(p.gemm_unaligned_factor * std::pow(2.0, 0.72)));
-  CHECK(zp::sim::alignment_factor(p, 16384, 30522, 1024, 8) == doctest::Approx(0.33).epsilon(0.03));
-  CHECK(zp::sim::gemm_efficiency(p, 8192, 30522, 1024, 8) * 989 == doctest::Approx(243).epsilon(0.1));
-  CHECK(zp::sim::alignment_factor(p, 16384, 30524, 1024, 8) == doctest::Approx(std::min(1.0, p.gemm_unaligned_factor * std::pow(4.0, 0.72))));
-  CHECK(zp::sim::alignment_factor(p, 16384, 50257, 1024, 4) == doctest::Approx(p.gemm_unaligned_factor * std::pow(2.0, 0.72)));
+  CHECK(zp::sim::alignment_factor(p, 16384, 30522, 1024, 8) == zp::test::approx(p.gemm_unaligned_factor * std::pow(2.0, 0.72)));
+  CHECK(zp::sim::alignment_factor(p, 16384, 30522, 1024, 8) == zp::test::approx(0.33).epsilon(0.03));
+  CHECK(zp::sim::gemm_efficiency(p, 8192, 30522, 1024, 8) * 989 == zp::test::approx(243).epsilon(0.1));
+  CHECK(zp::sim::alignment_factor(p, 16384, 30524, 1024, 8) == zp::test::approx(std::min(1.0, p.gemm_unaligned_factor * std::pow(4.0, 0.72))));
+  CHECK(zp::sim::alignment_factor(p, 16384, 50257, 1024, 4) == zp::test::approx(p.gemm_unaligned_factor * std::pow(2.0, 0.72)));
   CHECK(zp::sim::alignment_factor(p, 16384, 50304, 1024, 8) == 1.0);
   CHECK(zp::sim::alignment_factor(p, 16384, 50257, 1024, 1) == 1.0);  // alignment not asked for
   // Without torch_gemm_unaligned_output_factor, and in zeroplan's executor's products (cuBLASLt
   // as it calls it: 124 TFLOP/s for the forward on the H200), an odd output pays the operand's factor.
   DeviceProfile q = p;
   q.torch_gemm_unaligned_output_factor = -1;
-  CHECK(zp::sim::alignment_factor(q, 16384, 50257, 768, 8) == doctest::Approx(q.gemm_unaligned_factor));
-  CHECK(zp::sim::alignment_factor(p, 16384, 50257, 768, 8, 0, false) == doctest::Approx(p.gemm_unaligned_factor));
+  CHECK(zp::sim::alignment_factor(q, 16384, 50257, 768, 8) == zp::test::approx(q.gemm_unaligned_factor));
+  CHECK(zp::sim::alignment_factor(p, 16384, 50257, 768, 8, 0, false) == zp::test::approx(p.gemm_unaligned_factor));
 }
 
 TEST_CASE("--fused-loss's padded logits rows: GPT-2's head priced as aligned, HF's packed head as odd") {
@@ -341,7 +343,8 @@ TEST_CASE("--fused-loss's padded logits rows: GPT-2's head priced as aligned, HF
   auto head_cost = [&](const OpGraph& g, Phase phase) {
     for (const auto& op : g.ops)
       if (op.name == "lm_head") {
-        const ComputeModel cm(p, g);
+        ComputeModel cm(p, g);
+        cm.deepspeed = false;  // the executor's products (PyTorch's odd output has its own factor)
         const bool fwd = phase == Phase::forward;
         return cm.compute_cost(op.id, phase, fwd ? op.fwd_flops : op.bwd_flops, fwd ? op.fwd_bytes : op.bwd_bytes).v;
       }
@@ -355,7 +358,7 @@ TEST_CASE("--fused-loss's padded logits rows: GPT-2's head priced as aligned, HF
     const double h = head_cost(hf, phase), q = head_cost(padded, phase);
     CHECK(q < h);
     // GEMM-bound at this size: the ratio is the alignment factor's.
-    CHECK(q / h == doctest::Approx(p.gemm_unaligned_factor).epsilon(0.1));
+    CHECK(q / h == zp::test::approx(p.gemm_unaligned_factor).epsilon(0.1));
   }
 }
 
@@ -376,14 +379,14 @@ TEST_CASE("phases: recompute costs the forward, backward launches twice the kern
     ++seen;
     REQUIRE(op.params.size() == 1);  // tied to wte, no bias
     CHECK(cm.op_cost(op.id, Phase::backward).v / cm.op_cost(op.id, Phase::forward).v ==
-          doctest::Approx(2.0).epsilon(0.05));
+          zp::test::approx(2.0).epsilon(0.05));
   }
   for (const auto& op : g.ops) {
     if (op.name != "layer0.mlp.c_fc") continue;
     ++seen;
     const double f = cm.op_cost(op.id, Phase::forward).v, b = cm.op_cost(op.id, Phase::backward).v;
     const double bias = 8.0 * 1024 * 3072 * 2 / (p.hbm_bandwidth.v * p.elementwise_efficiency);
-    CHECK((b - bias) / f == doctest::Approx(2.0).epsilon(0.05));
+    CHECK((b - bias) / f == zp::test::approx(2.0).epsilon(0.05));
     const double tflops = op.fwd_flops.v / f / 1e12;
     MESSAGE("gpt2 c_fc fwd on A100: " << tflops << " TFLOP/s");
     CHECK(tflops > 150);
@@ -392,41 +395,61 @@ TEST_CASE("phases: recompute costs the forward, backward launches twice the kern
   CHECK(seen == 2);
 }
 
-TEST_CASE("a GEMM with a tiny dimension is bandwidth-bound: the roofline takes the bytes") {
-  // BERT's pooler: (B, h) x (h, h) on the CLS tokens only.
+TEST_CASE("a GEMM with a tiny dimension: the roofline takes the larger of its FLOPs' time and its bytes'") {
+  // BERT's pooler: (B, h) x (h, h) on the CLS tokens only, and the NSP head (B, h) x (h, 2).
   const OpGraph g = graph_of("bert-large-uncased", 8, 128, zp::DType::fp16);
   const DeviceProfile p = profile_of("V100-16GB");
   const ComputeModel cm(p, g);
-  bool seen = false;
+  int seen = 0, bandwidth_bound = 0;
   for (const auto& op : g.ops) {
     if (op.gemms.empty() || op.gemms.front().m != 8) continue;
-    seen = true;
+    ++seen;
+    CAPTURE(op.name);
+    const auto& gm = op.gemms.front();
     const double mem = static_cast<double>(op.fwd_bytes.v) / (p.hbm_bandwidth.v * p.elementwise_efficiency);
-    CHECK(cm.op_cost(op.id, Phase::forward).v == doctest::Approx(mem + p.kernel_launch.v));
+    const double gemm = op.fwd_flops.v / (p.peak_tensor_flops.v * zp::sim::gemm_efficiency(p, gm.m, gm.n, gm.k, 8));
+    CHECK(cm.op_cost(op.id, Phase::forward).v == zp::test::approx(std::max(mem, gemm) + p.kernel_launch.v));
+    bandwidth_bound += mem > 0.5 * gemm ? 1 : 0;  // the pooler's bytes weigh as much as its FLOPs
   }
-  CHECK(seen);
+  CHECK(seen == 2);
+  CHECK(bandwidth_bound >= 1);
 }
 
 TEST_CASE("small elementwise ops hit the launch floor") {
   const OpGraph g = graph_of("tiny-gpt2", 1, 8, zp::DType::fp16);
   const DeviceProfile p = profile_of("H200-141GB");
-  const ComputeModel cm(p, g);
+  // The executor's kernels: kernels_per_op forward, twice that backward.
+  ComputeModel cm(p, g);
+  cm.deepspeed = false;
+  // PyTorch's: each op its own kernels, each at least a launch (dropout's backward one, a mask
+  // passing the scores' gradient on none).
+  const ComputeModel torch_side(p, g);
   int elementwise = 0;
   for (const auto& op : g.ops) {
     if (!op.gemms.empty()) continue;
     ++elementwise;
     CAPTURE(op.name);
-    CHECK(cm.op_cost(op.id, Phase::forward).v == doctest::Approx(p.kernel_launch.v));
-    CHECK(cm.op_cost(op.id, Phase::backward).v == doctest::Approx(2 * p.kernel_launch.v));
+    CHECK(cm.op_cost(op.id, Phase::forward).v == zp::test::approx(p.kernel_launch.v));
+    CHECK(cm.op_cost(op.id, Phase::backward).v == zp::test::approx(2 * p.kernel_launch.v));
+    const double launches = torch_side.op_cost(op.id, Phase::forward).v / p.kernel_launch.v;
+    CHECK(launches == zp::test::approx(std::round(launches)));  // whole kernels at the floor
+    CHECK(launches >= 1);
+    if (op.fn == zp::models::Fn::dropout)
+      CHECK(torch_side.op_cost(op.id, Phase::backward).v == zp::test::approx(p.kernel_launch.v));
   }
   CHECK(elementwise > 5);
   // A large elementwise op is bandwidth-bound instead.
   const OpGraph big = graph_of("gpt2", 32, 1024, zp::DType::bf16);
-  const ComputeModel cmb(p, big);
+  ComputeModel cmb(p, big);
+  cmb.deepspeed = false;
+  const ComputeModel torch_big(p, big);
   for (const auto& op : big.ops) {
     if (op.name != "layer0.ln_1") continue;
     const double mem = static_cast<double>(op.fwd_bytes.v) / (p.hbm_bandwidth.v * p.elementwise_efficiency);
-    CHECK(cmb.op_cost(op.id, Phase::forward).v == doctest::Approx(mem));
+    CHECK(cmb.op_cost(op.id, Phase::forward).v == zp::test::approx(mem));
+    // PyTorch's LayerNorm kernel: its row_norm family's fraction.
+    CHECK(torch_big.op_cost(op.id, Phase::forward).v ==
+          zp::test::approx(mem * p.elementwise_efficiency / p.torch_efficiency(zp::sim::TorchKernel::row_norm)));
     CHECK(mem > 5 * p.kernel_launch.v);
   }
 }
@@ -442,13 +465,13 @@ TEST_CASE("host-side costs: CPU Adam, PCIe, device and host copies, device optim
   opt.flops = Flops{12.0 * 1e9};  // the lowering's 12 FLOPs per element
   opt.mem_bytes = Bytes{static_cast<std::int64_t>(1e9) * 28};
   opt.src = opt.dst = Placement::host;
-  CHECK(cm.cost(opt).v == doctest::Approx(1e9 / v100.cpu_adam_params_per_second));
-  CHECK(cm.cost(opt).v == doctest::Approx(1.0));  // 1e9 params/s on a V100-era host
+  CHECK(cm.cost(opt).v == zp::test::approx(1e9 / v100.cpu_adam_params_per_second));
+  CHECK(cm.cost(opt).v == zp::test::approx(1.0));  // 1e9 params/s on a V100-era host
 
   // The same update on the device: bandwidth-bound on 28 bytes per element.
   opt.src = opt.dst = Placement::device;
   const double dev = cm.cost(opt).v;
-  CHECK(dev == doctest::Approx(28e9 / (v100.hbm_bandwidth.v * v100.elementwise_efficiency)));
+  CHECK(dev == zp::test::approx(28e9 / (v100.hbm_bandwidth.v * v100.elementwise_efficiency)));
   CHECK(dev < 0.1);
 
   Event copy;
@@ -456,26 +479,26 @@ TEST_CASE("host-side costs: CPU Adam, PCIe, device and host copies, device optim
   copy.mem_bytes = Bytes{1'000'000'000};
   copy.src = Placement::device;
   copy.dst = Placement::host;
-  CHECK(cm.cost(copy).v == doctest::Approx(1.0 / 12.0));  // PCIe gen3
+  CHECK(cm.cost(copy).v == zp::test::approx(1.0 / 12.0));  // PCIe gen3
   copy.src = Placement::host;
   copy.dst = Placement::device;
-  CHECK(cm.cost(copy).v == doctest::Approx(1.0 / 12.0));
+  CHECK(cm.cost(copy).v == zp::test::approx(1.0 / 12.0));
   copy.dst = Placement::host;
-  CHECK(cm.cost(copy).v == doctest::Approx(1e9 / v100.host_memcpy_bandwidth.v));
+  CHECK(cm.cost(copy).v == zp::test::approx(1e9 / v100.host_memcpy_bandwidth.v));
   copy.src = copy.dst = Placement::device;
-  CHECK(cm.cost(copy).v == doctest::Approx(1e9 / 740e9));
+  CHECK(cm.cost(copy).v == zp::test::approx(1e9 / 740e9));
   // A tiny copy still costs a launch.
   copy.mem_bytes = Bytes{64};
-  CHECK(cm.cost(copy).v == doctest::Approx(v100.kernel_launch.v));
+  CHECK(cm.cost(copy).v == zp::test::approx(v100.kernel_launch.v));
 
   // H200: a 1 GB PCIe gen5 copy ≈ 20 ms; device copy at 4.3 TB/s.
   const ComputeModel h(profile_of("H200-141GB"), g);
   copy.mem_bytes = Bytes{1'000'000'000};
   copy.dst = Placement::host;
-  CHECK(h.cost(copy).v == doctest::Approx(0.02));
+  CHECK(h.cost(copy).v == zp::test::approx(0.02));
   copy.dst = Placement::device;
   copy.src = Placement::device;
-  CHECK(h.cost(copy).v == doctest::Approx(1e9 / 4.3e12));
+  CHECK(h.cost(copy).v == zp::test::approx(1e9 / 4.3e12));
 }
 
 TEST_CASE("markers are free, collectives are not priced here") {
@@ -514,13 +537,13 @@ TEST_CASE("load_profile reads a single profile, strictly") {
   const DeviceProfile p = zp::sim::load_profile(path);
   std::remove(path.c_str());
   CHECK(p.device == "A100-80GB");
-  CHECK(p.peak_tensor_flops.v == doctest::Approx(312e12));  // from the device database
-  CHECK(p.hbm_bandwidth.v == doctest::Approx(2039e9));
+  CHECK(p.peak_tensor_flops.v == zp::test::approx(312e12));  // from the device database
+  CHECK(p.hbm_bandwidth.v == zp::test::approx(2039e9));
   CHECK(p.gemm_max_efficiency == 0.85);
   CHECK(p.gemm_half_dim == 100);
-  CHECK(p.kernel_launch.v == doctest::Approx(4e-6));
-  CHECK(p.d2d_copy_bandwidth.v == doctest::Approx(1.7e12));
-  CHECK(p.pcie_h2d.v == doctest::Approx(25e9));
+  CHECK(p.kernel_launch.v == zp::test::approx(4e-6));
+  CHECK(p.d2d_copy_bandwidth.v == zp::test::approx(1.7e12));
+  CHECK(p.pcie_h2d.v == zp::test::approx(25e9));
   CHECK(p.cpu_adam_params_per_second == 1.2e9);
   CHECK(p.comm_compute_interference == 0.1);
   CHECK(p.source == "test");
@@ -530,7 +553,7 @@ TEST_CASE("load_profile reads a single profile, strictly") {
   std::remove(alias.c_str());
   // Measured peaks may override the datasheet.
   const std::string over = write_temp(with(kGoodProfile, "\"source\"", "\"hbm_gbps\": 1900, \"source\""));
-  CHECK(zp::sim::load_profile(over).hbm_bandwidth.v == doctest::Approx(1.9e12));
+  CHECK(zp::sim::load_profile(over).hbm_bandwidth.v == zp::test::approx(1.9e12));
   std::remove(over.c_str());
 
   std::string e = profile_error(with(kGoodProfile, "\"gemm_half_dim\"", "\"gemm_half_dims\""));
@@ -594,7 +617,7 @@ TEST_CASE("a device without an entry gets a derived profile from its own peaks")
   CHECK(p.source.find("derived") != std::string::npos);
   CHECK(p.hbm_bandwidth.v == 2e12);
   CHECK(p.d2d_copy_bandwidth.v < 2 * 2e12);
-  CHECK(p.pcie_h2d.v == doctest::Approx(50e9));
+  CHECK(p.pcie_h2d.v == zp::test::approx(50e9));
 }
 
 TEST_CASE("every event of lowered programs gets a finite, non-negative cost") {
@@ -643,7 +666,7 @@ TEST_CASE("every event of lowered programs gets a finite, non-negative cost") {
     if (c.offload) {
       // The partition (Ψ/4 elements) through CPU Adam at 1.5e9 params/s.
       const double expected = static_cast<double>(prog.info.partition_elements) / 1.5e9;
-      CHECK(host_opt == doctest::Approx(expected).epsilon(0.02));
+      CHECK(host_opt == zp::test::approx(expected).epsilon(0.02));
       CHECK(pcie > 0.0);
     } else {
       CHECK(host_opt == 0.0);
@@ -675,16 +698,16 @@ TEST_CASE("per op kind bandwidth factors, attention's dropout factor, a copy's f
     const double b0 = before.op_cost(op.id, Phase::backward).v, b1 = after.op_cost(op.id, Phase::backward).v;
     if (op.kind == zp::models::OpKind::layernorm) {
       ++norms;
-      CHECK(f1 == doctest::Approx(f0));
-      CHECK(b1 == doctest::Approx(4 * b0));  // bandwidth-bound at these sizes
+      CHECK(f1 == zp::test::approx(f0));
+      CHECK(b1 == zp::test::approx(4 * b0));  // bandwidth-bound at these sizes
     } else if (op.fn == zp::models::Fn::sdpa) {
       ++attention;
       CHECK(op.alpha > 0);  // GPT-2's attention dropout
       CHECK(f1 > 1.9 * f0);
       CHECK(b1 > 1.7 * b0);
     } else {
-      CHECK(f1 == doctest::Approx(f0));
-      CHECK(b1 == doctest::Approx(b0));
+      CHECK(f1 == zp::test::approx(f0));
+      CHECK(b1 == zp::test::approx(b0));
     }
   }
   CHECK(norms == 25);
@@ -695,7 +718,7 @@ TEST_CASE("per op kind bandwidth factors, attention's dropout factor, a copy's f
   bwd_only.deepspeed = false;
   for (const auto& op : g.ops)
     if (op.fn == zp::models::Fn::sdpa) {
-      CHECK(bwd_only.op_cost(op.id, Phase::forward).v == doctest::Approx(after.op_cost(op.id, Phase::forward).v));
+      CHECK(bwd_only.op_cost(op.id, Phase::forward).v == zp::test::approx(after.op_cost(op.id, Phase::forward).v));
       CHECK(bwd_only.op_cost(op.id, Phase::backward).v > 1.7 * after.op_cost(op.id, Phase::backward).v);
     }
   p.attention_dropout_backward_efficiency = bwd_drop;
@@ -705,39 +728,39 @@ TEST_CASE("per op kind bandwidth factors, attention's dropout factor, a copy's f
   p.h2d_launch = Seconds{50e-6};
   p.copy_piece = Seconds{2e-6};
   const ComputeModel c(p, g);
-  CHECK(c.copy_cost(Bytes{64}, Placement::device, Placement::device, 1).v == doctest::Approx(4e-6));
-  CHECK(c.copy_cost(Bytes{64}, Placement::host, Placement::device, 1).v == doctest::Approx(50e-6));
-  CHECK(c.copy_cost(Bytes{64}, Placement::device, Placement::device, 148).v == doctest::Approx(4e-6 + 147 * 2e-6));
+  CHECK(c.copy_cost(Bytes{64}, Placement::device, Placement::device, 1).v == zp::test::approx(4e-6));
+  CHECK(c.copy_cost(Bytes{64}, Placement::host, Placement::device, 1).v == zp::test::approx(50e-6));
+  CHECK(c.copy_cost(Bytes{64}, Placement::device, Placement::device, 148).v == zp::test::approx(4e-6 + 147 * 2e-6));
   const double big = 1e9 / p.d2d_copy_bandwidth.v;
-  CHECK(c.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 3).v == doctest::Approx(big + 4e-6));
+  CHECK(c.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 3).v == zp::test::approx(big + 4e-6));
   // A converting or accumulating copy is an elementwise kernel: the bandwidth of its op kind.
   p.op_factor(zp::models::OpKind::cast, false) = 0.5;
   const ComputeModel ck(p, g);
   const double cast = 1e9 / (p.hbm_bandwidth.v * p.elementwise_efficiency * 0.5);
   CHECK(ck.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 1, zp::zero::CopyKernel::cast).v ==
-        doctest::Approx(cast));
+        zp::test::approx(cast));
   CHECK(ck.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 1, zp::zero::CopyKernel::add).v ==
-        doctest::Approx(1e9 / (p.hbm_bandwidth.v * p.elementwise_efficiency)));
-  CHECK(ck.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 1).v == doctest::Approx(big));
+        zp::test::approx(1e9 / (p.hbm_bandwidth.v * p.elementwise_efficiency)));
+  CHECK(ck.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 1).v == zp::test::approx(big));
   // An event's pieces are its slices.
   Event e;
   e.kind = EventKind::copy;
   e.mem_bytes = Bytes{64};
   e.slice_begin = 10;
   e.slice_end = 20;
-  CHECK(c.cost(e).v == doctest::Approx(4e-6 + 9 * 2e-6));
+  CHECK(c.cost(e).v == zp::test::approx(4e-6 + 9 * 2e-6));
   // Issued right after the host read a value back: no quicker than the host issues its pieces;
   // where the device's own time is longer, that.
   p.host_launch = Seconds{6e-6};
   const ComputeModel ch(p, g);
   e.host_bound = true;
-  CHECK(ch.cost(e).v == doctest::Approx(10 * 6e-6));
+  CHECK(ch.cost(e).v == zp::test::approx(10 * 6e-6));
   CHECK(ch.copy_cost(Bytes{64}, Placement::device, Placement::device, 148, zp::zero::CopyKernel::memcpy, true).v ==
-        doctest::Approx(148 * 6e-6));
+        zp::test::approx(148 * 6e-6));
   CHECK(ch.copy_cost(Bytes{1'000'000'000}, Placement::device, Placement::device, 3, zp::zero::CopyKernel::memcpy, true)
-            .v == doctest::Approx(big + 2 * 2e-6));
+            .v == zp::test::approx(big + 2 * 2e-6));
   e.host_bound = false;
-  CHECK(ch.cost(e).v == doctest::Approx(4e-6 + 9 * 2e-6));
+  CHECK(ch.cost(e).v == zp::test::approx(4e-6 + 9 * 2e-6));
 }
 
 TEST_CASE("the optimizer's update: its bytes at the elementwise bandwidth times optimizer_efficiency") {
@@ -750,15 +773,15 @@ TEST_CASE("the optimizer's update: its bytes at the elementwise bandwidth times 
   e.mem_bytes = Bytes{28'000'000'000};
   e.flops = zp::Flops{12e9};
   const double base = bytes / (p.hbm_bandwidth.v * p.elementwise_efficiency);
-  CHECK(ComputeModel(p, g).cost(e).v == doctest::Approx(base));
+  CHECK(ComputeModel(p, g).cost(e).v == zp::test::approx(base));
   p.optimizer_efficiency = 1.25;
   const ComputeModel cm(p, g);
-  CHECK(cm.cost(e).v == doctest::Approx(base / 1.25));
-  CHECK(cm.optimizer_cost(e.flops, e.mem_bytes).v == doctest::Approx(base / 1.25));
+  CHECK(cm.cost(e).v == zp::test::approx(base / 1.25));
+  CHECK(cm.optimizer_cost(e.flops, e.mem_bytes).v == zp::test::approx(base / 1.25));
   // The norm the step takes first adds its own read and tensors.
   e.reduce_bytes = Bytes{4'000'000'000};
   e.tensors = 1;
-  CHECK(cm.cost(e).v == doctest::Approx(base / 1.25 + cm.local_reduction_cost(e.reduce_bytes, 1).v));
+  CHECK(cm.cost(e).v == zp::test::approx(base / 1.25 + cm.local_reduction_cost(e.reduce_bytes, 1).v));
 }
 
 TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read and write back") {
@@ -775,18 +798,18 @@ TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read 
   CHECK(p.op_factor(zp::models::OpKind::cross_entropy, false) == 0.5);
   CHECK(p.attention_dropout_efficiency == 0.45);
   CHECK(p.attention_dropout_backward() == 0.45);  // not given: the forward's
-  CHECK(p.copy_launch.v == doctest::Approx(3.9e-6));
-  CHECK(p.h2d_launch.v == doctest::Approx(52e-6));
-  CHECK(p.copy_piece.v == doctest::Approx(2.1e-6));
-  CHECK(p.host_launch.v == doctest::Approx(6.2e-6));
+  CHECK(p.copy_launch.v == zp::test::approx(3.9e-6));
+  CHECK(p.h2d_launch.v == zp::test::approx(52e-6));
+  CHECK(p.copy_piece.v == zp::test::approx(2.1e-6));
+  CHECK(p.host_launch.v == zp::test::approx(6.2e-6));
   CHECK(p.optimizer_efficiency == 1.4);
   const auto j = zp::sim::profile_to_json(p);
   CHECK(j["op_efficiency"].size() == 2);  // only the factors that are not 1
   CHECK(j["op_efficiency"]["layernorm.backward"] == 0.2);
   const DeviceProfile q = zp::sim::profile_from_json("back", "", j);
   CHECK(q.op_efficiency == p.op_efficiency);
-  CHECK(q.copy_piece.v == doctest::Approx(p.copy_piece.v));
-  CHECK(q.host_launch.v == doctest::Approx(p.host_launch.v));
+  CHECK(q.copy_piece.v == zp::test::approx(p.copy_piece.v));
+  CHECK(q.host_launch.v == zp::test::approx(p.host_launch.v));
   CHECK(q.optimizer_efficiency == p.optimizer_efficiency);
   CHECK(q.attention_dropout_backward() == 0.45);
   const std::string own = write_temp(with(kGoodProfile, "\"source\"", "\"attention_dropout_efficiency\": 0.45, "
@@ -800,8 +823,8 @@ TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read 
   const std::string plain = write_temp(kGoodProfile);
   const DeviceProfile d = zp::sim::load_profile(plain);
   std::remove(plain.c_str());
-  CHECK(d.copy_launch.v == doctest::Approx(d.kernel_launch.v));
-  CHECK(d.h2d_launch.v == doctest::Approx(d.kernel_launch.v));
+  CHECK(d.copy_launch.v == zp::test::approx(d.kernel_launch.v));
+  CHECK(d.h2d_launch.v == zp::test::approx(d.kernel_launch.v));
   CHECK(d.copy_piece.v == 0);
   CHECK(d.host_launch.v == 0);
   CHECK(d.optimizer_efficiency == 1.0);
@@ -814,6 +837,32 @@ TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read 
   CHECK(e.find("op_efficiency.add.backward") != std::string::npos);
   e = profile_error(with(kGoodProfile, "\"source\"", "\"op_efficiency\": [1], \"source\""));
   CHECK(e.find("op_efficiency") != std::string::npos);
+
+  // PyTorch's kernel families: read, unset ones at elementwise_efficiency, written back as given.
+  const std::string fam = write_temp(with(kGoodProfile, "\"source\"",
+                                          "\"torch_kernel_efficiency\": {\"vectorized\": 0.9, \"cat\": 0.2}, \"source\""));
+  const DeviceProfile f = zp::sim::load_profile(fam);
+  std::remove(fam.c_str());
+  using zp::sim::TorchKernel;
+  CHECK(f.torch_efficiency(TorchKernel::vectorized) == 0.9);
+  CHECK(f.torch_efficiency(TorchKernel::cat) == 0.2);
+  CHECK(f.torch_efficiency(TorchKernel::row_norm) == f.elementwise_efficiency);
+  const auto fj = zp::sim::profile_to_json(f);
+  CHECK(fj["torch_kernel_efficiency"].size() == 2);
+  const DeviceProfile fb = zp::sim::profile_from_json("back", "", fj);
+  CHECK(fb.torch_kernel_efficiency == f.torch_kernel_efficiency);
+  CHECK(d.torch_efficiency(TorchKernel::strided) == d.elementwise_efficiency);
+  e = profile_error(with(kGoodProfile, "\"source\"", "\"torch_kernel_efficiency\": {\"vectorised\": 0.9}, \"source\""));
+  CHECK(e.find("torch_kernel_efficiency.vectorised") != std::string::npos);
+  CHECK(e.find("did you mean 'vectorized'") != std::string::npos);
+  CHECK(e.find("row_norm, column_sum") != std::string::npos);  // the families listed
+  e = profile_error(with(kGoodProfile, "\"source\"", "\"torch_kernel_efficiency\": {\"cat\": 1.5}, \"source\""));
+  CHECK(e.find("torch_kernel_efficiency.cat") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"source\"", "\"torch_kernel_efficiency\": {\"cat\": 0}, \"source\""));
+  CHECK(e.find("torch_kernel_efficiency.cat") != std::string::npos);
+  e = profile_error(with(kGoodProfile, "\"source\"", "\"torch_kernel_efficiency\": 0.9, \"source\""));
+  CHECK(e.find("torch_kernel_efficiency") != std::string::npos);
+  CHECK(e.find("JSON object") != std::string::npos);
 }
 
 TEST_CASE("the gradient norm's local reduction: its bytes at the bandwidth, plus its tensors; a view copies nothing") {
@@ -822,13 +871,13 @@ TEST_CASE("the gradient norm's local reduction: its bytes at the bandwidth, plus
   p.norm_tensor = Seconds{10e-6};
   const ComputeModel cm(p, g);
   const double read = 1e9 / (p.hbm_bandwidth.v * p.elementwise_efficiency);
-  CHECK(cm.local_reduction_cost(Bytes{1'000'000'000}, 148).v == doctest::Approx(read + 148 * 10e-6));
-  CHECK(cm.local_reduction_cost(Bytes{1'000'000'000}, 1).v == doctest::Approx(read + 10e-6));
+  CHECK(cm.local_reduction_cost(Bytes{1'000'000'000}, 148).v == zp::test::approx(read + 148 * 10e-6));
+  CHECK(cm.local_reduction_cost(Bytes{1'000'000'000}, 1).v == zp::test::approx(read + 10e-6));
   CHECK(cm.local_reduction_cost(Bytes{0}, 0).v == 0);
   CHECK(cm.copy_cost(Bytes{0}, Placement::device, Placement::device, 148).v == 0);
   // The default: a launch per tensor.
   const DeviceProfile d = profile_of("H200-141GB");
-  CHECK(d.norm_tensor.v == doctest::Approx(d.kernel_launch.v));
+  CHECK(d.norm_tensor.v == zp::test::approx(d.kernel_launch.v));
 }
 
 // Fused attention's own curve along the sequence: by default the GEMM curve (unchanged
@@ -857,9 +906,9 @@ TEST_CASE("attention_half_seq: the sequence dimensions of fused attention on the
     CAPTURE(op.name);
     for (const Phase ph : {Phase::forward, Phase::backward}) {
       const double t0 = gemm_curve.op_cost(op.id, ph).v;
-      CHECK(same.op_cost(op.id, ph).v == doctest::Approx(t0));
+      CHECK(same.op_cost(op.id, ph).v == zp::test::approx(t0));
       if (op.fn != zp::models::Fn::sdpa) {
-        CHECK(short_half.op_cost(op.id, ph).v == doctest::Approx(t0));
+        CHECK(short_half.op_cost(op.id, ph).v == zp::test::approx(t0));
         continue;
       }
       ++attention;
@@ -886,8 +935,8 @@ TEST_CASE("attention_half_seq: the sequence dimensions of fused attention on the
   for (const auto& op : bert.ops)
     if (op.fn == zp::models::Fn::sdpa) {
       for (const Phase ph : {Phase::forward, Phase::backward})
-        CHECK(torch_kernels.op_cost(op.id, ph).v == doctest::Approx(gemm_curve.op_cost(op.id, ph).v));
-      CHECK(executor_kernels.op_cost(op.id, Phase::forward).v == doctest::Approx(short_half.op_cost(op.id, Phase::forward).v));
+        CHECK(torch_kernels.op_cost(op.id, ph).v == zp::test::approx(gemm_curve.op_cost(op.id, ph).v));
+      CHECK(executor_kernels.op_cost(op.id, Phase::forward).v == zp::test::approx(short_half.op_cost(op.id, Phase::forward).v));
       CHECK(executor_kernels.op_cost(op.id, Phase::backward).v < short_half.op_cost(op.id, Phase::backward).v);
     }
   const auto jt = zp::sim::profile_to_json(p);
@@ -905,8 +954,8 @@ TEST_CASE("fp32_gemm_half_dim: fp32 GEMMs and attention on the fp32 cores' curve
   // cores' half-point of 96, 0.63 on the tensor-core curve (110).
   const double fp32 = zp::sim::gemm_efficiency(p, 4096, 768, 768, 1, true);
   const double tc = zp::sim::gemm_efficiency(p, 4096, 768, 768, 1, false);
-  CHECK(fp32 == doctest::Approx(p.gemm_max_efficiency * (4096.0 / 4192) * (768.0 / 864) * (768.0 / 864)));
-  CHECK(tc == doctest::Approx(p.gemm_max_efficiency * (4096.0 / 4206) * (768.0 / 878) * (768.0 / 878)));
+  CHECK(fp32 == zp::test::approx(p.gemm_max_efficiency * (4096.0 / 4192) * (768.0 / 864) * (768.0 / 864)));
+  CHECK(tc == zp::test::approx(p.gemm_max_efficiency * (4096.0 / 4206) * (768.0 / 878) * (768.0 / 878)));
   const OpGraph g32 = graph_of("gpt2", 4, 1024, zp::DType::fp32, zp::models::Attention::sdpa);
   const OpGraph g16 = graph_of("gpt2", 4, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
   const ComputeModel own32(p, g32), own16(p, g16);
@@ -921,7 +970,7 @@ TEST_CASE("fp32_gemm_half_dim: fp32 GEMMs and attention on the fp32 cores' curve
     ++gemms;
     for (const Phase ph : {Phase::forward, Phase::backward}) {
       CHECK(own32.op_cost(op.id, ph).v < shared32.op_cost(op.id, ph).v);  // the fp32 cores' curve is faster
-      CHECK(own16.op_cost(op.id, ph).v == doctest::Approx(shared16.op_cost(op.id, ph).v));  // 16 bit unchanged
+      CHECK(own16.op_cost(op.id, ph).v == zp::test::approx(shared16.op_cost(op.id, ph).v));  // 16 bit unchanged
     }
   }
   CHECK(gemms >= 12 * 5);
@@ -929,7 +978,7 @@ TEST_CASE("fp32_gemm_half_dim: fp32 GEMMs and attention on the fp32 cores' curve
   p.fp32_gemm_tf32 = q.fp32_gemm_tf32 = true;
   const ComputeModel tf32_own(p, g32), tf32_shared(q, g32);
   for (const auto& op : g32.ops)
-    if (!op.gemms.empty()) CHECK(tf32_own.op_cost(op.id, Phase::forward).v == doctest::Approx(tf32_shared.op_cost(op.id, Phase::forward).v));
+    if (!op.gemms.empty()) CHECK(tf32_own.op_cost(op.id, Phase::forward).v == zp::test::approx(tf32_shared.op_cost(op.id, Phase::forward).v));
   // Read and written back; absent, it stays absent (the fp32 curve keeps following gemm_half_dim).
   const auto j = zp::sim::profile_to_json(p);
   CHECK(j["fp32_gemm_half_dim"] == 96);
@@ -954,33 +1003,33 @@ TEST_CASE("host costs: host.scale and the host probe") {
   e.host.ops = 10;
   e.host.module_visits = 2;
   const double t = zp::sim::host_cost(h, e).v;
-  CHECK(t == doctest::Approx(10 * h.forward_op.v + 2 * h.stage3_module_forward.v));
+  CHECK(t == zp::test::approx(10 * h.forward_op.v + 2 * h.stage3_module_forward.v));
   const zp::sim::HostCosts half = zp::sim::scaled_host_costs(h, 0.5);
   CHECK(half.scale == 0.5);
   CHECK(half.forward_op.v == h.forward_op.v);  // the costs as listed; the scale multiplies them
-  CHECK(zp::sim::host_cost(half, e).v == doctest::Approx(0.5 * t));
+  CHECK(zp::sim::host_cost(half, e).v == zp::test::approx(0.5 * t));
   e.host = {};
   e.host.step = zp::zero::HostStep::zero_optimizer;
   e.host.tensors = 148;
-  CHECK(zp::sim::host_cost(half, e).v == doctest::Approx(0.5 * (h.zero_optimizer.base.v + 148 * h.zero_optimizer.per_tensor.v)));
+  CHECK(zp::sim::host_cost(half, e).v == zp::test::approx(0.5 * (h.zero_optimizer.base.v + 148 * h.zero_optimizer.per_tensor.v)));
   // Without a probe on either side nothing moves; with both, the ratio scales.
   CHECK(zp::sim::host_costs_at_probe(h, 7.0) == h);
   h.probe_us = 5.0;
   CHECK(zp::sim::host_costs_at_probe(h, 0) == h);
   const zp::sim::HostCosts slow = zp::sim::host_costs_at_probe(h, 7.5);
-  CHECK(slow.scale == doctest::Approx(1.5));
-  CHECK(slow.probe_us == doctest::Approx(7.5));
-  CHECK(zp::sim::host_cost(slow, e).v == doctest::Approx(1.5 * zp::sim::host_cost(h, e).v));
+  CHECK(slow.scale == zp::test::approx(1.5));
+  CHECK(slow.probe_us == zp::test::approx(7.5));
+  CHECK(zp::sim::host_cost(slow, e).v == zp::test::approx(1.5 * zp::sim::host_cost(h, e).v));
   CHECK_THROWS_AS(zp::sim::scaled_host_costs(h, 0), std::logic_error);
   // Read and written back; a scale of 0 or below is refused with its key.
   DeviceProfile p = profile_of("H100-80GB");
   p.host = slow;
   const auto j = zp::sim::profile_to_json(p);
-  CHECK(j["host"]["scale"] == doctest::Approx(1.5));
-  CHECK(j["host"]["probe_us"] == doctest::Approx(7.5));
+  CHECK(j["host"]["scale"] == zp::test::approx(1.5));
+  CHECK(j["host"]["probe_us"] == zp::test::approx(7.5));
   const DeviceProfile back = zp::sim::profile_from_json("back", "", j);
-  CHECK(back.host.scale == doctest::Approx(1.5));
-  CHECK(back.host.probe_us == doctest::Approx(7.5));
+  CHECK(back.host.scale == zp::test::approx(1.5));
+  CHECK(back.host.probe_us == zp::test::approx(7.5));
   auto bad = j;
   bad["host"]["scale"] = 0;
   CHECK_THROWS_WITH_AS(zp::sim::profile_from_json("p.json", "", bad), doctest::Contains("host.scale"), zp::InputError);
@@ -1013,14 +1062,14 @@ TEST_CASE("autograd's gradient adds: three bytes moved per byte added, a launch 
   e.grad_add_bytes = zp::Bytes{2 * hidden_grad};
   // PyTorch's CUDAFunctor_add over contiguous gradients: its vectorized kernels' fraction.
   const double add_bw = p.hbm_bandwidth.v * p.torch_efficiency(zp::sim::TorchKernel::vectorized);
-  CHECK(torch_side.cost(e).v - base == doctest::Approx(3.0 * 2 * hidden_grad / add_bw));
-  CHECK(executor_side.cost(e).v == doctest::Approx(base_executor));  // the executor's kernels accumulate in place
+  CHECK(torch_side.cost(e).v - base == zp::test::approx(3.0 * 2 * hidden_grad / add_bw));
+  CHECK(executor_side.cost(e).v == zp::test::approx(base_executor));  // the executor's kernels accumulate in place
   // Tiny gradients: a launch per add.
   e.grad_add_bytes = zp::Bytes{2 * 64};
-  CHECK(torch_side.cost(e).v - base == doctest::Approx(2 * p.kernel_launch.v));
+  CHECK(torch_side.cost(e).v - base == zp::test::approx(2 * p.kernel_launch.v));
 }
 
-// PyTorch's kernels for the graph's bandwidth-bound ops (ComputeModel::deepspeed on):
+// PyTorch's kernels for the graph's bandwidth-bound ops (ComputeModel::deepspeed true):
 // each op as the kernels Hugging Face's code runs, each at its family's fraction of the bandwidth
 // (DeviceProfile::torch_kernel_efficiency). Goldens from an H100's kernel profile of DeepSpeed
 // 0.19.8 runs (tests/data/deepspeed/h100_deepspeed_0.19.8.json, gpu_top_kernels): BERT-large at
@@ -1049,13 +1098,16 @@ TEST_CASE("PyTorch's kernels by family: Hugging Face's ops as the kernels PyTorc
   CHECK(y == 64.0 * 128 * 1024 * 2);
   // Gamma and beta's column sums over dy and x, then dx from dy and x.
   const double ln_bwd = 2 * y / (bw * eff(TorchKernel::column_sum)) + 3 * y / (bw * eff(TorchKernel::row_norm));
-  CHECK(torch_side.op_cost(ln->id, Phase::backward).v == doctest::Approx(ln_bwd));
-  CHECK(ln_bwd == doctest::Approx(62.6e-6).epsilon(0.1));
+  CHECK(torch_side.op_cost(ln->id, Phase::backward).v == zp::test::approx(ln_bwd));
+  // The sum within 10%; each kernel less well (gamma and beta 36 us priced against 43 measured,
+  // dx 27 against 19.6): a family's one fraction covers kernels 0.2-0.3 (column sums) and
+  // 0.4-0.77 (row kernels) apart.
+  CHECK(ln_bwd == zp::test::approx(62.6e-6).epsilon(0.1));
   CHECK(torch_side.op_cost(ln->id, Phase::forward).v ==
-        doctest::Approx(static_cast<double>(ln->fwd_bytes.v) / (bw * eff(TorchKernel::row_norm))));
+        zp::test::approx(static_cast<double>(ln->fwd_bytes.v) / (bw * eff(TorchKernel::row_norm))));
   const double gelu_fwd = torch_side.op_cost(gelu->id, Phase::forward).v;
-  CHECK(gelu_fwd == doctest::Approx(static_cast<double>(gelu->fwd_bytes.v) / (bw * eff(TorchKernel::vectorized))));
-  CHECK(gelu_fwd == doctest::Approx(47.1e-6).epsilon(0.1));
+  CHECK(gelu_fwd == zp::test::approx(static_cast<double>(gelu->fwd_bytes.v) / (bw * eff(TorchKernel::vectorized))));
+  CHECK(gelu_fwd == zp::test::approx(47.1e-6).epsilon(0.1));
 
   const OpGraph gpt2 = graph_of("gpt2", 8, 1024, zp::DType::bf16, zp::models::Attention::sdpa);
   const ComputeModel gpt2_torch(p, gpt2);
@@ -1063,7 +1115,7 @@ TEST_CASE("PyTorch's kernels by family: Hugging Face's ops as the kernels PyTorc
   for (const auto& op : gpt2.ops)
     if (op.fn == zp::models::Fn::heads_copy) {
       ++caches;
-      CHECK(gpt2_torch.op_cost(op.id, Phase::forward).v == doctest::Approx(39.9e-6).epsilon(0.1));
+      CHECK(gpt2_torch.op_cost(op.id, Phase::forward).v == zp::test::approx(39.9e-6).epsilon(0.1));
     }
   CHECK(caches == 24);
 
@@ -1077,8 +1129,11 @@ TEST_CASE("PyTorch's kernels by family: Hugging Face's ops as the kernels PyTorc
     if (op.fn != zp::models::Fn::rope) continue;
     ++ropes;
     const auto yr = static_cast<double>(llama.tensors[static_cast<std::size_t>(op.outputs[0])].bytes.v);
-    const double five = 8 * yr / (bw * eff(TorchKernel::strided)) + 2 * yr / (bw * eff(TorchKernel::cat));
-    CHECK(llama_torch.op_cost(op.id, Phase::forward).v == doctest::Approx(five));
+    auto kernel = [&](double bytes, TorchKernel k) { return std::max(bytes / (bw * eff(k)), p.kernel_launch.v); };
+    const double five = kernel(2 * yr, TorchKernel::strided) + kernel(yr, TorchKernel::strided) +
+                        kernel(2 * yr, TorchKernel::cat) + kernel(2 * yr, TorchKernel::strided) +
+                        kernel(3 * yr, TorchKernel::strided);
+    CHECK(llama_torch.op_cost(op.id, Phase::forward).v == zp::test::approx(five));
     CHECK(llama_torch.op_cost(op.id, Phase::forward).v > 4 * llama_executor.op_cost(op.id, Phase::forward).v);
   }
   CHECK(ropes == 2 * 16);
@@ -1094,7 +1149,7 @@ TEST_CASE("PyTorch's kernels by family: Hugging Face's ops as the kernels PyTorc
     CAPTURE(op.name);
     for (const Phase ph : {Phase::forward, Phase::backward}) {
       const double before = torch_side.op_cost(op.id, ph).v, after = torch_half.op_cost(op.id, ph).v;
-      CHECK(executor_half.op_cost(op.id, ph).v == doctest::Approx(executor_side.op_cost(op.id, ph).v));
+      CHECK(executor_half.op_cost(op.id, ph).v == zp::test::approx(executor_side.op_cost(op.id, ph).v));
       const bool column_sums = ph == Phase::backward && (op.fn == zp::models::Fn::layernorm ||
                                                          std::any_of(op.gemms.begin(), op.gemms.end(),
                                                                      [](const zp::models::Gemm& g) { return g.bias; }));
@@ -1102,7 +1157,7 @@ TEST_CASE("PyTorch's kernels by family: Hugging Face's ops as the kernels PyTorc
         CHECK(after >= before);  // the pooler's and the NSP head's 64-row sums stay at a launch
         slower += after > before ? 1 : 0;
       } else {
-        CHECK(after == doctest::Approx(before));
+        CHECK(after == zp::test::approx(before));
       }
     }
   }
@@ -1110,5 +1165,5 @@ TEST_CASE("PyTorch's kernels by family: Hugging Face's ops as the kernels PyTorc
   // transform (a biased product and a LayerNorm) and its decoder's bias.
   CHECK(slower == 24 * (2 + 6) + 1 + 3);
   CHECK(torch_half.op_cost(ln->id, Phase::backward).v ==
-        doctest::Approx(ln_bwd + 2 * y / (bw * eff(TorchKernel::column_sum))));
+        zp::test::approx(ln_bwd + 2 * y / (bw * eff(TorchKernel::column_sum))));
 }

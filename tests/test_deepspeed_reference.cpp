@@ -168,7 +168,7 @@ TEST_CASE("DeepSpeed 0.19.8 on an H200: memory and time of every recorded run") 
   // to the H100's kernel profiles (docs/compute_model.md): forward 9.6% and backward 4.7% before
   // (the attention's excess hiding the GEMMs' and the adds' errors); stage 3's separate bias
   // adds (Event::unfused_bias) took the forward from 10.4% to 9.6%. PyTorch's kernels by family
-  // (sim::TorchKernel) took the forward from 5.6% to 5.0% and the backward from 5.4% to 2.9%.
+  // (sim::TorchKernel) took the forward from 5.6% to 5.0% and the backward from 5.4% to 2.7%.
   CHECK(gpu_err[0] / gpu_runs <= 0.055);
   CHECK(gpu_err[1] / gpu_runs <= 0.035);  // residual sums passing their gradient on: 6.3% before
   CHECK(gpu_err[2] / gpu_runs <= 0.07);  // DeepSpeed's per-tensor step loops (58% short without them)
@@ -315,7 +315,7 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H
   MESSAGE(fmt::format("H100, mean |error| of the GPU's busy time: forward {:.1f}%, backward {:.1f}%, step {:.1f}%",
                       100 * gpu_err[0] / full, 100 * gpu_err[1] / full, 100 * gpu_err[2] / full));
   // 6.6% before the joint fit of the compute model (backward 6.2%); 2.3% / 6.0% before PyTorch's
-  // kernels by family, which moved the Llama's forward up (+3% to +8%) with RoPE's five kernels.
+  // kernels by family (2.9% / 4.2% with them: the fp32 Llama's forward moved from -4% to +7%).
   CHECK(gpu_err[0] / full <= 0.04);
   CHECK(gpu_err[1] / full <= 0.05);
   CHECK(gpu_err[2] / full <= 0.08);
@@ -326,8 +326,11 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H
 // fp16, bf16; sdpa and eager): the GPU time of the GEMMs, the attention and the rest (elementwise
 // kernels and copies) per phase against the profiler's, on the H100 preset. The rest is what
 // PyTorch's kernel families price (sim::TorchKernel, docs/compute_model.md): before them its
-// backward was 14.6% off on average over the profiled runs, GPT-2's eager backward +27%, and the
-// Llama's forward missed RoPE's five kernels.
+// backward was 15.8% off on average over these runs (6.7% now), GPT-2's eager backward +22%
+// (-7%), and the Llama's forward missed RoPE's five kernels (-15%, now -1%); the GPU's busy
+// backward 8.6% (3.1%). The forward's elementwise mean was 7.2% before (7.3%): BERT-large's
+// eager forward, short by the copies PyTorch makes of q, k and v for its matmuls (not in the
+// graph), and the fp32 Llama's stage 2 hooks stay the largest errors.
 TEST_CASE("DeepSpeed 0.19.8 on an H100: PyTorch's kernels class by class") {
   using zp::calibration::PhaseName;
   using zp::calibration::Quantity;
@@ -359,8 +362,8 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: PyTorch's kernels class by class") {
       const double pred_other = q[static_cast<std::size_t>(Quantity::gpu_other)];
       const double busy = q[static_cast<std::size_t>(Quantity::gpu_busy)];
       const double e_busy = rel(busy, run.at("gpu_s").at(phase).get<double>()), e_other = rel(pred_other, meas_other);
-      CHECK(std::fabs(e_busy) <= 0.2);    // worst today: the fp32 Llama's backward (-17%)
-      CHECK(std::fabs(e_other) <= 0.3);   // worst today: the fp32 Llama's backward (-26%), stage 2's fp32 hooks
+      CHECK(std::fabs(e_busy) <= 0.2);    // worst today: the fp32 Llama's backward (-15%)
+      CHECK(std::fabs(e_other) <= 0.3);   // worst today: the fp32 Llama's backward (-24%), stage 2's fp32 hooks
       busy_err[static_cast<std::size_t>(k)] += std::fabs(e_busy);
       other_err[static_cast<std::size_t>(k)] += std::fabs(e_other);
       table += fmt::format("  {} busy {:5.1f}/{:<5.1f}{:+4.0f}%  elementwise {:5.1f}/{:<5.1f}{:+4.0f}%", phase[0] == 'f' ? "fwd" : "bwd",
@@ -375,9 +378,10 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: PyTorch's kernels class by class") {
   MESSAGE("H100 kernel profiles, profiler/predicted ms and error\n" << table);
   MESSAGE(fmt::format("mean |error|: busy forward {:.1f}%, backward {:.1f}%; elementwise forward {:.1f}%, backward {:.1f}%",
                       100 * busy_err[0] / n, 100 * busy_err[1] / n, 100 * other_err[0] / n, 100 * other_err[1] / n));
-  CHECK(busy_err[0] / n <= 0.05);
-  CHECK(busy_err[1] / n <= 0.06);
-  CHECK(other_err[0] / n <= 0.09);
+  // Today 3.8% / 3.1% and 7.3% / 6.7%; before the families 4.3% / 8.6% and 7.2% / 15.8%.
+  CHECK(busy_err[0] / n <= 0.045);
+  CHECK(busy_err[1] / n <= 0.04);
+  CHECK(other_err[0] / n <= 0.085);
   CHECK(other_err[1] / n <= 0.08);
 }
 
