@@ -276,8 +276,8 @@ class ComputeModel {
   // GEMM). 0 outside backward and for ops without a bias.
   Seconds bias_grad_cost(models::OpId op, zero::Phase phase) const;
   // Adding op `op`'s biases by a kernel of their own after the products (zero::Event::
-  // unfused_bias: DeepSpeed stage 3's linear function): each output read and written once more,
-  // at the elementwise bandwidth of an add. 0 for an op without a bias.
+  // unfused_bias: DeepSpeed stage 3's linear function): each output read and written once more
+  // by PyTorch's add of a broadcast bias (TorchKernel::strided). 0 for an op without a bias.
   Seconds unfused_bias_cost(models::OpId op) const;
   // The part of compute event e's time that a profiler sees as elementwise kernels beside its
   // products: its bias gradients' sums in backward, DeepSpeed's separate bias add in forward.
