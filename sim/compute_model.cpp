@@ -659,18 +659,21 @@ double ComputeModel::torch_op_time(const models::Op& o, bool backward) const {
   const auto X = static_cast<double>(x.bytes.v), Y = static_cast<double>(y.bytes.v);
   const auto fwd = static_cast<double>(o.fwd_bytes.v), bwd = static_cast<double>(o.bwd_bytes.v);
   const bool widening = dtype_size(y.dtype) > dtype_size(x.dtype);
-  // An operand with fewer elements than the output is broadcast (a position table, a mask).
-  auto numel = [](const models::Tensor& tensor) {
-    std::int64_t n = 1;
-    for (const std::int64_t d : tensor.shape) n *= d;
-    return n;
+  // An operand with fewer elements than the output is broadcast (a position table, a mask);
+  // asked of adds only, as every event of every micro-step comes here.
+  auto broadcast = [&] {
+    auto numel = [](const models::Tensor& tensor) {
+      std::int64_t n = 1;
+      for (const std::int64_t d : tensor.shape) n *= d;
+      return n;
+    };
+    const std::int64_t out = numel(y);
+    return std::any_of(o.inputs.begin(), o.inputs.end(),
+                       [&](models::TensorId in) { return numel(g_.tensors[static_cast<std::size_t>(in)]) < out; });
   };
-  const bool broadcast = std::any_of(o.inputs.begin(), o.inputs.end(), [&](models::TensorId in) {
-    return numel(g_.tensors[static_cast<std::size_t>(in)]) < numel(y);
-  });
   if (!backward) {
     switch (o.fn) {
-      case Fn::add: kernel(fwd, broadcast ? K::strided : K::vectorized); break;
+      case Fn::add: kernel(fwd, broadcast() ? K::strided : K::vectorized); break;
       case Fn::add_scalar: case Fn::scale: case Fn::mul: case Fn::gelu: case Fn::gelu_tanh:
       case Fn::relu: case Fn::silu: case Fn::tanh: case Fn::pow:
         kernel(fwd, K::vectorized);
