@@ -35,6 +35,7 @@
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/rng.cuh"
 #include "kernels/cuda/sdpa.cuh"
+#include "kernels/cuda/sdpa_cudnn.cuh"
 
 namespace kg = zp::kernels::cuda;
 using zp::DType;
@@ -470,6 +471,14 @@ int main(int argc, char** argv) {
       kg::ContextOptions kv_registers_options;  // dK/dV: K and V in registers, three blocks an SM
       kv_registers_options.sdpa_backward_kv_registers = true;
       kg::Context kv_registers(kv_registers_options);
+      // cuDNN's flash attention (ContextOptions::sdpa_cudnn; no additive mask), where built.
+      kg::ContextOptions cudnn_options;
+      cudnn_options.sdpa_cudnn = true;
+      kg::Context cudnn(cudnn_options);
+      Buffer rng(16);
+      const std::int64_t seed_offset[2] = {7, 0};
+      ZP_CUDA_CHECK(cudaMemcpy(rng.get(), seed_offset, sizeof seed_offset, cudaMemcpyHostToDevice));
+      const auto* rng_ptr = static_cast<const std::int64_t*>(rng.get());
       for (DType dt : {DType::bf16, DType::fp16}) {
         for (const Attn& a : attns) {
           const std::int64_t n = a.B * a.H * a.T * a.D, rows_n = a.B * a.H * a.T;
@@ -507,6 +516,22 @@ int main(int argc, char** argv) {
           });
           report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", steps of 32", shape,
                  ms, 2.5 * fwd_flops, true, gemm_ceiling);
+          if (!a.mask && kg::sdpa_cudnn_refusal(a.T, a.D, dt).empty()) {
+            ms = time_ms(opt, [&] {
+              kg::sdpa_cudnn_forward(cudnn, o.get(), lse.as<float>(), q.get(), k.get(), v.get(), a.B, a.H, a.T, a.D,
+                                     a.causal, sc, a.p, rng_ptr, dt, nullptr);
+            });
+            report(std::string("sdpa fwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", cuDNN " +
+                       std::to_string(kg::sdpa_cudnn_version()),
+                   shape, ms, fwd_flops, true, gemm_ceiling);
+            ms = time_ms(opt, [&] {
+              kg::sdpa_cudnn_backward(cudnn, dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(), v.get(),
+                                      o.get(), lse.as<float>(), a.B, a.H, a.T, a.D, a.causal, sc, a.p, rng_ptr, dt,
+                                      nullptr, kg::SdpaAccumulate{false, false, false});
+            });
+            report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", cuDNN", shape, ms,
+                   2.5 * fwd_flops, true, gemm_ceiling);
+          }
           if (a.D <= 64) {  // K and V in registers only up to head dim 64
             ms = time_ms(opt, [&] {
               kg::sdpa_backward(kv_registers, dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(), v.get(), o.get(),

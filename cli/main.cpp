@@ -234,6 +234,10 @@ int main(int argc, char** argv) {
   train->add_option("--save-batch", tr.save_batch, "write step 1's micro-batches (rank 0) as JSON, by input name");
   train->add_option("--device", tr.device, "cpu (default) or cuda: the step program on one GPU per rank (the local rank's)");
   train->add_flag("--allow-tf32", tr.allow_tf32, "--device cuda: fp32 GEMMs on TF32 tensor cores (off: exact fp32)");
+  train->add_option("--attention-kernel", tr.attention_kernel,
+                    "--device cuda: the 16-bit fused attention's kernels: own (kernels/cuda/sdpa; dropout masks "
+                    "equal to the CPU device's) or cudnn (cuDNN's flash attention; its own dropout masks)")
+      ->default_str("own");
   train->add_option("--comm", tr.comm, "auto (default), nccl or mpi: the collectives' backend; auto takes NCCL with "
                                        "--device cuda when every rank has its own GPU, else MPI (through host memory)");
   train->add_option("--comm-timeout", tr.comm_timeout, "seconds a collective may take once this rank (its GPU, for NCCL) "

@@ -26,6 +26,7 @@
 #include "kernels/cuda/multi.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/sdpa_cudnn.cuh"
 #include "zero/program.hpp"
 
 namespace zp::exec {
@@ -111,6 +112,9 @@ class CudaDevice final : public Device {
     for (auto& st : streams_) ZP_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     stream_ = streams_[0];
     ctx_options_.allow_tf32 = o.allow_tf32;
+    if (o.cudnn_attention && !kc::sdpa_cudnn_built())
+      throw std::runtime_error("--attention-kernel cudnn: " + kc::sdpa_cudnn_refusal(2, 64, DType::bf16));
+    ctx_options_.sdpa_cudnn = o.cudnn_attention;
     ctx_[0] = std::make_unique<kc::Context>(ctx_options_);
     if (ctx_[0]->device_bytes() != kComputeContextBytes)  // exec/cuda_memory.hpp predicts it so
       throw std::logic_error(fmt::format("cuda device: the kernels' Context holds {} bytes, exec/cuda_memory.hpp "

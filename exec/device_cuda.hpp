@@ -17,6 +17,9 @@ struct CudaDeviceOptions {
   int device = -1;          // CUDA device ordinal (-1: local rank modulo the visible devices)
   int local_rank = 0;
   bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores
+  // The 16-bit fused attention through cuDNN (kernels/cuda/sdpa_cudnn.cuh) instead of
+  // kernels/cuda/sdpa; a build without cuDNN refuses it.
+  bool cudnn_attention = false;
 };
 
 // What the driver reports in use on the device (cudaMemGetInfo: total - free), at three

@@ -25,6 +25,7 @@
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/sdpa.cuh"
+#include "kernels/cuda/sdpa_cudnn.cuh"
 
 namespace zp::exec {
 
@@ -160,6 +161,10 @@ class FusedAttention {
     v_ = o.act_ref(f_.v.tensor);
     out_ = o.act_ref(f_.o.tensor);
     dt_ = float_dtype(op, {q_, k_, v_, out_});  // its layouts were checked by its scratch rule
+    // cuDNN's flash attention where asked for and it takes the operands (16-bit, head dims
+    // multiples of 8, T > 1: kernels/common/sdpa_dims.hpp); the forward and the backward decide alike, so one kernel's saved
+    // logsumexp and dropout stream never meet the other's backward.
+    cudnn_ = env.ctx->sdpa_cudnn() && cuda::sdpa_cudnn_refusal(f_.T, f_.D, dt_).empty();
     seed_ = o.dropout_seed();
     offset_ = static_cast<std::uint64_t>(op.rng_stream) << 32;
   }
@@ -177,8 +182,12 @@ class FusedAttention {
     if (rng.dt != DType::i64) fail(op_, fmt::format("rng_state stored as {}, not i64", dtype_name(rng.dt)));
     const std::int64_t state[2] = {static_cast<std::int64_t>(seed_), static_cast<std::int64_t>(offset_)};
     write_bytes(ptr(rng), state, sizeof state, env_.stream);
-    cuda::sdpa_forward(oh, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, nullptr, f_.B, f_.H, f_.T, f_.D, f_.causal,
-                       scale(), p(), seed_, offset_, dt_, env_.stream);
+    if (cudnn_)
+      cuda::sdpa_cudnn_forward(*env_.ctx, oh, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, f_.B, f_.H, f_.T, f_.D,
+                               f_.causal, scale(), p(), static_cast<const std::int64_t*>(ptr(rng)), dt_, env_.stream);
+    else
+      cuda::sdpa_forward(oh, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, nullptr, f_.B, f_.H, f_.T, f_.D, f_.causal,
+                         scale(), p(), seed_, offset_, dt_, env_.stream);
     cuda::merge_heads_forward(ptr(out_.at(f_.o.offset)), oh, f_.B, f_.T, f_.H, f_.D, dt_, env_.stream);
   }
 
@@ -211,8 +220,13 @@ class FusedAttention {
     void* dk = k_direct ? ptr(gk.at(f_.k.offset)) : dkh;
     void* dv = v_direct ? ptr(gv.at(f_.v.offset)) : dvh;
     const cuda::SdpaAccumulate add{q_direct && aq, k_direct && ak, v_direct && av};
-    cuda::sdpa_backward(*env_.ctx, dq, dk, dv, doh, q, k, v, oh, fp32_of(op_, o_.act_ref(f_.lse)), nullptr, f_.B,
-                        f_.H, f_.T, f_.D, f_.causal, scale(), p(), seed_, offset_, dt_, env_.stream, add);
+    if (cudnn_)  // the forward's (seed, offset), as it wrote them into rng_state
+      cuda::sdpa_cudnn_backward(*env_.ctx, dq, dk, dv, doh, q, k, v, oh, fp32_of(op_, o_.act_ref(f_.lse)), f_.B, f_.H,
+                                f_.T, f_.D, f_.causal, scale(), p(),
+                                static_cast<const std::int64_t*>(ptr(o_.act_ref(f_.rng))), dt_, env_.stream, add);
+    else
+      cuda::sdpa_backward(*env_.ctx, dq, dk, dv, doh, q, k, v, oh, fp32_of(op_, o_.act_ref(f_.lse)), nullptr, f_.B,
+                          f_.H, f_.T, f_.D, f_.causal, scale(), p(), seed_, offset_, dt_, env_.stream, add);
     if (!q_direct) give_back(f_.q, gq, f_.H, dqh, nullptr, aq);
     if (!k_direct) give_back(f_.k, gk, f_.K, dkh, dkc, ak);
     if (!v_direct) give_back(f_.v, gv, f_.K, dvh, dvc, av);
@@ -261,6 +275,7 @@ class FusedAttention {
   Ref q_, k_, v_, out_;
   DType dt_ = DType::fp32;
   std::uint64_t seed_ = 0, offset_ = 0;
+  bool cudnn_ = false;  // cuDNN's attention (ContextOptions::sdpa_cudnn), else kernels/cuda/sdpa
 };
 
 }  // namespace

@@ -260,6 +260,10 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
   if (!opt.save_weights.empty() && s.prog.info.stage == 3 && N > 1)
     throw InputError("--save-weights", "", "stage 3 with several ranks holds each parameter in shards; gathering them is not written yet (run 1 rank, or stages 0-2)");
   if (opt.allow_tf32 && opt.device != "cuda") throw InputError("--allow-tf32", "", "needs --device cuda");
+  if (opt.attention_kernel != "own" && opt.attention_kernel != "cudnn")
+    throw InputError("--attention-kernel", "", fmt::format("must be own or cudnn, got '{}'", opt.attention_kernel));
+  if (opt.attention_kernel == "cudnn" && opt.device != "cuda")
+    throw InputError("--attention-kernel", "", "cudnn needs --device cuda");
   if (opt.comm != "auto" && opt.comm != "nccl" && opt.comm != "mpi")
     throw InputError("--comm", "", fmt::format("must be auto, nccl or mpi, got '{}'", opt.comm));
   if (opt.comm == "nccl" && opt.device != "cuda") throw InputError("--comm", "", "nccl needs --device cuda");
@@ -336,6 +340,7 @@ json train(const TrainOptions& opt, Comm& boot) {
       CudaDeviceOptions co;
       co.local_rank = local_rank(rank);
       co.allow_tf32 = opt.allow_tf32;
+      co.cudnn_attention = opt.attention_kernel == "cudnn";
       device = make_cuda_device(co);
     } catch (const std::runtime_error& e) {  // no usable GPU: refused like bad input, on every rank
       refused = e.what();
@@ -437,6 +442,7 @@ json train(const TrainOptions& opt, Comm& boot) {
                      {"library_workspace_bytes", zero::library_workspace_bytes(prog).v},
                      {"nccl_version", nccl ? nccl_version() : ""},
                      {"allow_tf32", opt.allow_tf32},
+                     {"attention_kernel", opt.attention_kernel},
                      {"cpu_gemm", kernels::cpu::isa_name(kernels::cpu::gemm_isa())}};
     for (const models::KernelVariantInfo& k : models::kernel_variants())
       doc["config"][k.key] = g.opt.variants.*k.member;

@@ -44,6 +44,7 @@ struct TrainOptions {
   std::string save_batch;             // JSON: step 1's micro-batches of rank 0, by input name
   std::string device = "cpu";         // cpu | cuda (one GPU per rank: the local rank's)
   bool allow_tf32 = false;            // --device cuda: fp32 GEMMs on TF32 tensor cores
+  std::string attention_kernel = "own";  // --device cuda: the fused attention's kernels, own or cudnn
   std::string comm = "auto";          // auto | nccl | mpi (auto: NCCL when every rank has its own GPU)
   double comm_timeout = 600.0;        // seconds a collective may take once the stream reaches it
 };

@@ -2,7 +2,7 @@
 # (scripts/gpu_bundle.sh writes one): with BUNDLE set to its folder, unpacks its bundle.tgz
 # there when the binaries are not there yet, puts the
 # bundle's libraries, the machine's CUDA toolkit and PyTorch's nvidia-* wheels (NCCL, cuBLAS,
-# the CUDA runtime) on LD_LIBRARY_PATH, and points the data folder the binary was built with
+# the CUDA runtime, cuDNN, NVRTC) on LD_LIBRARY_PATH, and points the data folder the binary was built with
 # (models/catalog, sim/*.json: the bundle's data_dir file) at this checkout. Returns 1 when it
 # cannot.
 if [ ! -x "$BUNDLE/zeroplan" ] && [ -f "$BUNDLE/bundle.tgz" ]; then
@@ -17,7 +17,7 @@ for lib in "$BUNDLE"/lib/*; do
 done
 extra=$(python3 -c 'import os, nvidia
 base = os.path.dirname(nvidia.__path__[0] + "/")
-print(":".join(os.path.join(base, d, "lib") for d in ("nccl", "cublas", "cuda_runtime") if os.path.isdir(os.path.join(base, d, "lib"))))' 2>/dev/null)
+print(":".join(os.path.join(base, d, "lib") for d in ("nccl", "cublas", "cuda_runtime", "cudnn", "cuda_nvrtc", "cu13") if os.path.isdir(os.path.join(base, d, "lib"))))' 2>/dev/null)
 export LD_LIBRARY_PATH="$BUNDLE:/usr/local/cuda/lib64:${extra}:${LD_LIBRARY_PATH:-}"
 src=$(cat "$BUNDLE/data_dir" 2>/dev/null || true)
 if [ -n "$src" ] && [ ! -f "$src/sim/devices.json" ]; then

@@ -18,6 +18,33 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# cudnn-frontend's headers (header-only, for cuDNN's fused attention in the CUDA build): taken
+# from its PyPI wheel without its Python dependencies, into .deps/ (ignored by git). Only
+# where nvcc is; a machine that cannot reach PyPI builds without cuDNN's attention.
+cudnn_frontend() {
+  local dest=.deps/cudnn-frontend version=1.32.0
+  command -v nvcc >/dev/null 2>&1 || return 0
+  [ -f "$dest/include/cudnn_frontend.h" ] && return 0
+  local tmp
+  tmp=$(mktemp -d)
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: "nvidia-cudnn-frontend==$version" -d "$tmp" 2>/dev/null; then
+    python3 - "$tmp" "$dest" <<'PY'
+import pathlib, sys, zipfile
+wheel = next(pathlib.Path(sys.argv[1]).glob("*.whl"))
+dest = pathlib.Path(sys.argv[2])
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith("include/") and not name.endswith("/"):
+            z.extract(name, dest)
+PY
+    echo "setup: cudnn-frontend $version headers in $dest"
+  else
+    echo "setup: cudnn-frontend not downloaded (no PyPI?): the CUDA build goes without cuDNN's attention"
+  fi
+  rm -rf "$tmp"
+}
+(cd "$(dirname "$0")/.." && cudnn_frontend)
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
   exit 0

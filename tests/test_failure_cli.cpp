@@ -375,6 +375,8 @@ TEST_CASE("train --device: bad values, and cuda where it cannot run, end in one 
       {"--comm tcp", "--comm: must be auto, nccl or mpi, got 'tcp'"},
       {"--comm nccl", "--comm: nccl needs --device cuda"},
       {"--comm-timeout 0", "--comm-timeout: must be > 0 seconds"},
+      {"--attention-kernel flash", "--attention-kernel: must be own or cudnn, got 'flash'"},
+      {"--attention-kernel cudnn", "--attention-kernel: cudnn needs --device cuda"},
   };
   for (const auto& [flags, line] : refusals) {
     const auto refused = sh(kBin + " train --model tiny-gpt2 --steps 1 " + flags);

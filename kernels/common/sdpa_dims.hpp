@@ -7,4 +7,20 @@ namespace zp::kernels {
 
 constexpr bool sdpa_head_dim_supported(std::int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128; }
 
+// Whether cuDNN's flash attention (kernels/cuda/sdpa_cudnn.cpp, train --attention-kernel cudnn)
+// takes an attention: 16-bit storage, a head dim that is a multiple of 8 up to 128, more than
+// one position (cuDNN 9.19 refuses s_q = s_kv = 1). Elsewhere the own kernels run.
+constexpr bool sdpa_cudnn_takes(std::int64_t T, std::int64_t D, bool sixteen_bit) {
+  return sixteen_bit && D > 0 && D <= 128 && D % 8 == 0 && T > 1;
+}
+
+// The workspace cuDNN's backward asks for (cudnn-frontend's get_workspace_size), as cuDNN 9.19
+// does on Hopper: an fp32 dQ accumulator (B·H·T·D) and an fp32 sum per row (B·H·T), plus a
+// little, rounded up to the 256 bytes the launcher aligns to. tests/gpu/test_kernels_cuda.cpp
+// checks it against the cuDNN at hand. The forward asks for none.
+constexpr std::int64_t sdpa_cudnn_backward_workspace(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D) {
+  const std::int64_t bytes = 4 * B * H * T * D + 4 * B * H * T + 1;
+  return (bytes + 255) / 256 * 256;
+}
+
 }  // namespace zp::kernels

@@ -58,6 +58,8 @@ struct Context::Impl {
   bool sdpa_backward_atomic_dq = false;
   bool sdpa_backward_kv_registers = false;
   std::int64_t layernorm_backward_warps = 0;
+  bool sdpa_cudnn = false;
+  std::shared_ptr<void> cudnn;  // released first by ~Impl (cuDNN's handle before the buffers)
   std::uint64_t staged_products = 0;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;

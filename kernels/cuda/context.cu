@@ -26,6 +26,7 @@ void check_cublas(cublasStatus_t status, const char* what, const char* file, int
 
 Context::Impl::~Impl() {
   // Destructors do not throw: failures while freeing are ignored.
+  cudnn.reset();
   for (auto& [key, plan] : plans) {
     cublasLtMatrixLayoutDestroy(plan.a);
     cublasLtMatrixLayoutDestroy(plan.b);
@@ -57,6 +58,7 @@ Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()
     throw std::invalid_argument("ContextOptions::layernorm_backward_warps is " +
                                 std::to_string(options.layernorm_backward_warps) + "; allowed: 0 (built in) or more");
   s.layernorm_backward_warps = options.layernorm_backward_warps;
+  s.sdpa_cudnn = options.sdpa_cudnn;
   ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
   if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
   s.workspace_bytes = options.blas_workspace_bytes;
@@ -79,6 +81,8 @@ bool Context::sdpa_backward_one_pass() const { return impl_->sdpa_backward_one_p
 bool Context::sdpa_backward_atomic_dq() const { return impl_->sdpa_backward_atomic_dq; }
 bool Context::sdpa_backward_kv_registers() const { return impl_->sdpa_backward_kv_registers; }
 std::int64_t Context::layernorm_backward_warps() const { return impl_->layernorm_backward_warps; }
+bool Context::sdpa_cudnn() const { return impl_->sdpa_cudnn; }
+std::shared_ptr<void>& Context::cudnn_state() { return impl_->cudnn; }
 
 void* Context::buffer(std::size_t bytes) {
   Impl& s = *impl_;

@@ -43,6 +43,10 @@ struct ContextOptions {
   // same products in the same order: the same bits. On an H100, four blocks take 11-16% less
   // time (bench/cuda_vs_torch.md).
   bool sdpa_backward_kv_registers = false;
+  // The 16-bit fused attention through cuDNN's flash attention (kernels/cuda/sdpa_cudnn.cpp)
+  // instead of kernels/cuda/sdpa.cu, where this build has cuDNN and the head dim suits it.
+  // Dropout then draws cuDNN's masks, not the CPU twin's (same rate, other elements).
+  bool sdpa_cudnn = false;
   // Warps of the one-pass LayerNorm backward (kernels/cuda/norm.cu), each taking the rows k,
   // k + warps, ...: 0 as many as this GPU holds at once (one wave). The parameters' gradients
   // are summed in the warps' order: a fixed number gives the same bits on every GPU.
@@ -67,6 +71,10 @@ class Context {
   bool sdpa_backward_atomic_dq() const;
   bool sdpa_backward_kv_registers() const;
   std::int64_t layernorm_backward_warps() const;
+  bool sdpa_cudnn() const;
+  // cuDNN's handle and the attention graphs it built (kernels/cuda/sdpa_cudnn.cpp's type),
+  // made at first use and released with the Context.
+  std::shared_ptr<void>& cudnn_state();
 
   // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
   // than scratch_bytes()). Valid until the next launcher that takes this Context runs.

@@ -54,7 +54,9 @@
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/rng.cuh"
+#include "kernels/common/sdpa_dims.hpp"
 #include "kernels/cuda/sdpa.cuh"
+#include "kernels/cuda/sdpa_cudnn.cuh"
 
 namespace kg = zp::kernels::cuda;
 using zp::DType;
@@ -1928,6 +1930,156 @@ TEST_CASE("sdpa: the one-buffer kernels give the two-buffer kernels' bits (head 
     const char* names[] = {"O", "lse", "dq", "dk", "dv"};
     for (int i = 0; i < 5; ++i) expect_equal_bits(names[i], out[0][i], out[1][i]);
   }
+}
+
+// cuDNN's flash attention (ContextOptions::sdpa_cudnn) on the same operands: without dropout
+// against the CPU twin at our kernels' bounds, written and added into; with dropout, each
+// element of dropout(P) is 0 or P/(1 - p) at about the rate p, and the backward draws the
+// forward's mask (with V = I, O is dropout(P) itself; with dO = I, dV is its transpose).
+TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask, forward and backward") {
+  CHECK_FALSE(kg::sdpa_cudnn_refusal(16, 64, DType::fp32).empty());
+  CHECK_FALSE(kg::sdpa_cudnn_refusal(16, 60, DType::bf16).empty());
+  CHECK_FALSE(kg::sdpa_cudnn_refusal(1, 64, DType::bf16).empty());
+  if (!kg::sdpa_cudnn_built()) {
+    MESSAGE("skipped: " << kg::sdpa_cudnn_refusal(16, 64, DType::bf16));
+    return;
+  }
+  CHECK(kg::sdpa_cudnn_refusal(2, 64, DType::bf16).empty());
+  CHECK(kg::sdpa_cudnn_refusal(16, 128, DType::fp16).empty());
+  kg::ContextOptions options;
+  options.sdpa_cudnn = true;
+  kg::Context ctx(options);
+  struct Case {
+    std::int64_t B, H, T, D;
+    bool causal;
+  };
+  const Case cases[] = {{2, 2, 130, 64, true}, {2, 3, 130, 64, false}, {1, 2, 96, 128, true}, {2, 1, 2, 64, false},
+                        {1, 2, 200, 32, true}, {1, 2, 37, 16, false}};
+  auto rng = device_raw(std::vector<std::int64_t>{4242, std::int64_t{9} << 32});
+  const auto* seed_offset = static_cast<const std::int64_t*>(rng->get());
+  for (DType dt : {DType::bf16, DType::fp16})
+    for (const Case& c : cases) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(c.T);
+      CAPTURE(c.D);
+      CAPTURE(c.causal);
+      const std::int64_t n = c.B * c.H * c.T * c.D, rows = c.B * c.H * c.T;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+      const Vec q = rand_vec(n, 231, dt, -2.0f, 2.0f), k = rand_vec(n, 232, dt, -2.0f, 2.0f), v = rand_vec(n, 233, dt);
+      auto gq = device(q, dt), gk = device(k, dt), gv = device(v, dt);
+      auto o = output(sz(n), dt);
+      Dev lse(sz(rows) * 4);
+      lse.poison();
+      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), c.B, c.H, c.T, c.D,
+                             c.causal, scale, 0.0f, seed_offset, dt, kStream);
+      Vec ro(sz(n)), rlse(sz(rows));
+      kc::sdpa_forward(ro.data(), rlse.data(), q.data(), k.data(), v.data(), nullptr, c.B, c.H, c.T, c.D, c.causal,
+                       scale, 0.0f, 0, 0);
+      expect_close("cuDNN sdpa O", download(*o, sz(n), dt), ro, Tol{0.2 * eps(dt), eps(dt) + 16 * 0x1p-23, band(dt)});
+      expect_close("cuDNN sdpa logsumexp", download(lse, sz(rows), DType::fp32), rlse, Tol{1e-5, 1e-5, 0.0});
+      const Vec dout = rand_vec(n, 234, dt);
+      auto ddout = device(dout, dt);
+      const Vec qi = rand_vec(n, 235, dt, -0.01f, 0.01f), ki = rand_vec(n, 236, dt, -0.01f, 0.01f),
+                vi = rand_vec(n, 237, dt, -0.01f, 0.01f);
+      Vec rdq = qi, rdk = ki, rdv = vi;
+      kc::sdpa_backward(rdq.data(), rdk.data(), rdv.data(), dout.data(), q.data(), k.data(), v.data(), rlse.data(),
+                        nullptr, c.B, c.H, c.T, c.D, c.causal, scale, 0.0f, 0, 0);
+      const Vec zeros(sz(n), 0.0f);
+      Vec wq = zeros, wk = zeros, wv = zeros;
+      kc::sdpa_backward(wq.data(), wk.data(), wv.data(), dout.data(), q.data(), k.data(), v.data(), rlse.data(),
+                        nullptr, c.B, c.H, c.T, c.D, c.causal, scale, 0.0f, 0, 0);
+      for (bool add : {true, false}) {
+        CAPTURE(add);
+        // Written whole: what the gradients held (NaN) is not read.
+        auto gdq = add ? device(qi, dt) : output(sz(n), dt), gdk = add ? device(ki, dt) : output(sz(n), dt),
+             gdv = add ? device(vi, dt) : output(sz(n), dt);
+        if (!add) {
+          gdq->poison();
+          gdk->poison();
+          gdv->poison();
+        }
+        kg::sdpa_cudnn_backward(ctx, gdq->get(), gdk->get(), gdv->get(), ddout->get(), gq->get(), gk->get(), gv->get(),
+                                o->get(), lse.as<float>(), c.B, c.H, c.T, c.D, c.causal, scale, 0.0f, seed_offset, dt,
+                                kStream, kg::SdpaAccumulate{add, add, add});
+        const double b = 2.0 * band(dt), floor = 1e-4;
+        expect_added("cuDNN sdpa dq", download(*gdq, sz(n), dt), add ? rdq : wq, add ? qi : zeros, b, floor, dt);
+        expect_added("cuDNN sdpa dk", download(*gdk, sz(n), dt), add ? rdk : wk, add ? ki : zeros, b, floor, dt);
+        expect_added("cuDNN sdpa dv", download(*gdv, sz(n), dt), add ? rdv : wv, add ? vi : zeros, b, floor, dt);
+      }
+    }
+
+  // Dropout: T = D = 64, V = I per head, so O = dropout(P); P from the CPU twin without dropout.
+  const std::int64_t B = 2, H = 2, T = 64, D = 64, n = B * H * T * D;
+  const float p = 0.2f, scale = 0.125f;
+  Vec eye(sz(n), 0.0f);
+  for (std::int64_t bh = 0; bh < B * H; ++bh)
+    for (std::int64_t j = 0; j < T; ++j) eye[sz((bh * T + j) * D + j)] = 1.0f;
+  for (DType dt : {DType::bf16, DType::fp16})
+    for (bool causal : {false, true}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(causal);
+      const Vec q = rand_vec(n, 241, dt, -1.0f, 1.0f), k = rand_vec(n, 242, dt, -1.0f, 1.0f);
+      Vec P(sz(n)), rlse(sz(B * H * T));
+      kc::sdpa_forward(P.data(), rlse.data(), q.data(), k.data(), eye.data(), nullptr, B, H, T, D, causal, scale, 0.0f, 0,
+                       0);
+      auto gq = device(q, dt), gk = device(k, dt), gv = device(eye, dt), dout = device(eye, dt);
+      auto o = output(sz(n), dt);
+      Dev lse(sz(B * H * T) * 4);
+      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), B, H, T, D, causal, scale, p,
+                             seed_offset, dt, kStream);
+      const Vec got = download(*o, sz(n), dt);
+      std::int64_t positive = 0, dropped = 0, wrong = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (P[i] <= 1e-3f) continue;  // too small to tell kept from dropped in 16 bits
+        ++positive;
+        const double kept = P[i] / (1.0 - p);
+        if (std::fabs(got[i]) < 0.5 * kept)
+          ++dropped;
+        else if (std::fabs(got[i] - kept) > 4 * eps(dt) * kept + 1e-4)
+          ++wrong;
+      }
+      CHECK(wrong == 0);
+      REQUIRE(positive > 2000);
+      const double rate = static_cast<double>(dropped) / static_cast<double>(positive);
+      const double sigma = std::sqrt(static_cast<double>(p) * (1.0 - p) / static_cast<double>(positive));
+      INFO("dropped " << dropped << " of " << positive << " (rate " << rate << ")");
+      CHECK(std::fabs(rate - p) < 5 * sigma);
+      // dO = I: dV[j][d] = Σ_i dropout(P)[i][j]·δ(i, d) = O[d][j] per head, if the masks agree.
+      auto gdq = output(sz(n), dt), gdk = output(sz(n), dt), gdv = output(sz(n), dt);
+      kg::sdpa_cudnn_backward(ctx, gdq->get(), gdk->get(), gdv->get(), dout->get(), gq->get(), gk->get(), gv->get(),
+                              o->get(), lse.as<float>(), B, H, T, D, causal, scale, p, seed_offset, dt, kStream,
+                              kg::SdpaAccumulate{false, false, false});
+      const Vec dv = download(*gdv, sz(n), dt);
+      Vec ot(sz(n));
+      for (std::int64_t bh = 0; bh < B * H; ++bh)
+        for (std::int64_t j = 0; j < T; ++j)
+          for (std::int64_t d = 0; d < D; ++d) ot[sz((bh * T + j) * D + d)] = got[sz((bh * T + d) * D + j)];
+      expect_close("cuDNN sdpa dV = dropout(P)^T", dv, ot, Tol{1e-6, 4 * eps(dt), 0.0});
+    }
+  // The workspace the memory prediction counts (kernels/common/sdpa_dims.hpp), at the shapes of
+  // the models' attention: tiny GPT-2, GPT-2, GPT-2 medium, BERT-large, the Llama; with and
+  // without dropout and the causal mask.
+  struct Shape {
+    std::int64_t B, H, T, D;
+  };
+  for (const Shape s : {Shape{4, 4, 64, 16}, Shape{16, 12, 1024, 64}, Shape{16, 16, 1024, 64}, Shape{64, 16, 128, 64},
+                        Shape{4, 32, 2048, 128}, Shape{2, 2, 130, 64}})
+    for (const bool causal : {true, false})
+      for (const float drop : {0.0f, 0.1f}) {
+        CAPTURE(s.B);
+        CAPTURE(s.H);
+        CAPTURE(s.T);
+        CAPTURE(s.D);
+        CAPTURE(causal);
+        CAPTURE(drop);
+        const kg::SdpaCudnnWorkspace w = kg::sdpa_cudnn_workspace(ctx, s.B, s.H, s.T, s.D, causal, 0.125f, drop, DType::bf16);
+        MESSAGE("cuDNN " << kg::sdpa_cudnn_version() << " workspace " << s.B << "x" << s.H << "x" << s.T << "x" << s.D
+                         << (causal ? " causal" : "") << " dropout " << drop << ": forward " << w.forward
+                         << " B, backward " << w.backward << " B (4BHTD + 4BHT = " << 4 * s.B * s.H * s.T * (s.D + 1)
+                         << ")");
+        CHECK(w.forward == 0);
+        CHECK((w.backward + 255) / 256 * 256 == zp::kernels::sdpa_cudnn_backward_workspace(s.B, s.H, s.T, s.D));
+      }
 }
 
 TEST_CASE("kernels refuse storage dtypes other than fp32, bf16, fp16 by name") {

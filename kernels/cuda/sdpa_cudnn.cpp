@@ -1,0 +1,265 @@
+// cuDNN's fused flash attention through cudnn-frontend's SDPA graphs (sdpa_cudnn.cuh).
+// Without cuDNN in the build, every entry point says so (sdpa_cudnn_refusal) or throws.
+#include "kernels/cuda/sdpa_cudnn.cuh"
+
+#include <fmt/format.h>
+
+#include <bit>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <unordered_map>
+
+#include "kernels/common/sdpa_dims.hpp"
+#include "kernels/cuda/elementwise.cuh"
+
+#ifdef ZP_HAVE_CUDNN
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+#endif
+
+namespace zp::kernels::cuda {
+
+std::string sdpa_cudnn_refusal(std::int64_t T, std::int64_t D, DType dt) {
+  if (!sdpa_cudnn_built())
+    return "this build has no cuDNN attention (cuDNN 9 and cudnn-frontend's headers were not found at configure "
+           "time: scripts/setup.sh puts the headers in .deps/)";
+  const bool sixteen = dt == DType::bf16 || dt == DType::fp16;
+  if (sdpa_cudnn_takes(T, D, sixteen)) return "";
+  if (!sixteen) return fmt::format("cuDNN's attention takes bf16 or fp16 storage, not {}", dtype_name(dt));
+  if (T <= 1) return fmt::format("cuDNN's attention takes more than one position, not {}", T);
+  return fmt::format("cuDNN's attention takes head dims that are multiples of 8 up to 128, not {}", D);
+}
+
+#ifndef ZP_HAVE_CUDNN
+
+bool sdpa_cudnn_built() { return false; }
+std::int64_t sdpa_cudnn_version() { return 0; }
+
+namespace {
+[[noreturn]] void not_built() { throw CudaError(sdpa_cudnn_refusal(2, 64, DType::bf16)); }
+}  // namespace
+
+void sdpa_cudnn_forward(Context&, void*, float*, const void*, const void*, const void*, std::int64_t, std::int64_t,
+                        std::int64_t, std::int64_t, bool, float, float, const std::int64_t*, DType, cudaStream_t) {
+  not_built();
+}
+void sdpa_cudnn_backward(Context&, void*, void*, void*, const void*, const void*, const void*, const void*,
+                         const void*, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, float,
+                         float, const std::int64_t*, DType, cudaStream_t, SdpaAccumulate) {
+  not_built();
+}
+SdpaCudnnWorkspace sdpa_cudnn_workspace(Context&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, float,
+                                        float, DType) {
+  not_built();
+}
+
+#else
+
+bool sdpa_cudnn_built() { return true; }
+std::int64_t sdpa_cudnn_version() { return static_cast<std::int64_t>(cudnnGetVersion()); }
+
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// The graphs' tensors by uid.
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeed, kOffset };
+
+struct Shape {
+  std::int64_t B, H, T, D;
+  bool causal;
+  float scale, p;
+  DType dt;
+  auto key(bool backward) const {
+    return std::make_tuple(backward, B, H, T, D, causal, std::bit_cast<std::uint32_t>(scale),
+                           std::bit_cast<std::uint32_t>(p), static_cast<int>(dt));
+  }
+};
+using Key = decltype(std::declval<Shape>().key(false));
+
+struct Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::int64_t workspace = 0;
+};
+
+// The Context's cuDNN state (Context::cudnn_state): one handle, the graphs built so far.
+struct State {
+  cudnnHandle_t handle = nullptr;
+  std::map<Key, Built> graphs;
+  State() {
+    const cudnnStatus_t st = cudnnCreate(&handle);
+    if (st != CUDNN_STATUS_SUCCESS)
+      throw CudaError(fmt::format("cudnnCreate: {} (cuDNN {} at run time)", cudnnGetErrorString(st), cudnnGetVersion()));
+  }
+  ~State() {
+    if (handle != nullptr) cudnnDestroy(handle);
+  }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+};
+
+State& state(Context& ctx) {
+  auto& slot = ctx.cudnn_state();
+  if (!slot) slot = std::make_shared<State>();
+  return *static_cast<State*>(slot.get());
+}
+
+void check(fe::error_t e, const char* step, const Shape& s) {
+  if (e.is_good()) return;
+  throw CudaError(fmt::format("cuDNN attention ({} B={} H={} T={} D={}{}{}, cuDNN {}): {}", step, s.B, s.H, s.T, s.D,
+                              s.causal ? " causal" : "", s.p > 0 ? fmt::format(" dropout {}", s.p) : "",
+                              cudnnGetVersion(), e.get_message()));
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> heads(fe::graph::Graph& g, const char* name, std::int64_t uid,
+                                                    const Shape& s) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({s.B, s.H, s.T, s.D})
+                      .set_stride({s.H * s.T * s.D, s.T * s.D, s.D, 1}));
+}
+std::shared_ptr<fe::graph::Tensor_attributes> stats(fe::graph::Graph& g, const Shape& s) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name("stats")
+                      .set_uid(kStats)
+                      .set_dim({s.B, s.H, s.T, 1})
+                      .set_stride({s.H * s.T, s.T, 1, 1})
+                      .set_data_type(fe::DataType_t::FLOAT));
+}
+std::shared_ptr<fe::graph::Tensor_attributes> scalar(fe::graph::Graph& g, const char* name, std::int64_t uid) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({1, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(fe::DataType_t::INT64));
+}
+
+// Causal as torch's is_causal: key j <= query i (the diagonal from the top left).
+template <class Attributes>
+void mask(Attributes& a, const Shape& s) {
+  if (s.causal) a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+}
+
+const Built& graph(Context& ctx, const Shape& s, bool backward) {
+  State& st = state(ctx);
+  const Key key = s.key(backward);
+  if (auto it = st.graphs.find(key); it != st.graphs.end()) return it->second;
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.dt == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = heads(*g, "q", kQ, s), k = heads(*g, "k", kK, s), v = heads(*g, "v", kV, s);
+  if (!backward) {
+    auto a = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(s.scale);
+    mask(a, s);
+    if (s.p > 0) a.set_dropout(s.p, scalar(*g, "seed", kSeed), scalar(*g, "offset", kOffset));
+    auto [o, lse] = g->sdpa(q, k, v, a);
+    o->set_output(true).set_uid(kO).set_dim({s.B, s.H, s.T, s.D}).set_stride({s.H * s.T * s.D, s.T * s.D, s.D, 1});
+    lse->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
+  } else {
+    auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
+    mask(a, s);
+    if (s.p > 0) a.set_dropout(s.p, scalar(*g, "seed", kSeed), scalar(*g, "offset", kOffset));
+    auto o = heads(*g, "o", kO, s), dout = heads(*g, "dout", kDO, s);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats(*g, s), a);
+    const std::vector<std::int64_t> dim{s.B, s.H, s.T, s.D}, stride{s.H * s.T * s.D, s.T * s.D, s.D, 1};
+    dq->set_output(true).set_uid(kDQ).set_dim(dim).set_stride(stride);
+    dk->set_output(true).set_uid(kDK).set_dim(dim).set_stride(stride);
+    dv->set_output(true).set_uid(kDV).set_dim(dim).set_stride(stride);
+  }
+  check(g->validate(), "validate", s);
+  check(g->build_operation_graph(st.handle), "build_operation_graph", s);
+  check(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", s);
+  check(g->check_support(), "check_support", s);
+  check(g->build_plans(), "build_plans", s);
+  Built b{g, 0};
+  check(g->get_workspace_size(b.workspace), "get_workspace_size", s);
+  return st.graphs.emplace(key, std::move(b)).first->second;
+}
+
+Shape shape_of(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
+               DType dt) {
+  if (const std::string why = sdpa_cudnn_refusal(T, D, dt); !why.empty()) throw std::invalid_argument(why);
+  if (B <= 0 || H <= 0 || T <= 0) throw std::invalid_argument(fmt::format("cuDNN attention: B={} H={} T={}", B, H, T));
+  if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument(fmt::format("cuDNN attention: dropout {}", p));
+  return {B, H, T, D, causal, scale, p, dt};
+}
+
+constexpr std::size_t kAlign = 256;
+std::size_t aligned(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+void run(Context& ctx, const Built& b, const Shape& s, std::unordered_map<std::int64_t, void*>& pack, void* workspace,
+         cudaStream_t stream, const char* what) {
+  State& st = state(ctx);
+  if (const cudnnStatus_t e = cudnnSetStream(st.handle, stream); e != CUDNN_STATUS_SUCCESS)
+    throw CudaError(fmt::format("cudnnSetStream: {}", cudnnGetErrorString(e)));
+  check(b.graph->execute(st.handle, pack, workspace), what, s);
+}
+
+}  // namespace
+
+void sdpa_cudnn_forward(Context& ctx, void* o, float* lse, const void* q, const void* k, const void* v, std::int64_t B,
+                        std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
+                        const std::int64_t* rng, DType dt, cudaStream_t stream) {
+  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt);
+  const Built& b = graph(ctx, s, false);
+  std::unordered_map<std::int64_t, void*> pack{{kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},
+                                               {kV, const_cast<void*>(v)}, {kO, o},
+                                               {kStats, lse}};
+  if (p > 0) {
+    pack[kSeed] = const_cast<std::int64_t*>(rng);
+    pack[kOffset] = const_cast<std::int64_t*>(rng + 1);
+  }
+  void* w = b.workspace > 0 ? ctx.buffer(static_cast<std::size_t>(b.workspace)) : nullptr;
+  run(ctx, b, s, pack, w, stream, "execute forward");
+}
+
+void sdpa_cudnn_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                         const void* v, const void* o, const float* lse, std::int64_t B, std::int64_t H,
+                         std::int64_t T, std::int64_t D, bool causal, float scale, float p, const std::int64_t* rng,
+                         DType dt, cudaStream_t stream, SdpaAccumulate acc) {
+  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt);
+  const Built& b = graph(ctx, s, true);
+  // The workspace, then a temporary for each gradient to add into, or not wanted (nullptr):
+  // cuDNN writes all three whole.
+  const std::int64_t n = B * H * T * D;
+  const std::size_t one = aligned(static_cast<std::size_t>(n * dtype_size(dt)));
+  const std::size_t ws = aligned(static_cast<std::size_t>(b.workspace));
+  auto temp = [](void* grad, bool add) { return grad == nullptr || add; };
+  const std::size_t temps =
+      one * (std::size_t{temp(dq, acc.q)} + std::size_t{temp(dk, acc.k)} + std::size_t{temp(dv, acc.v)});
+  auto* base = static_cast<char*>(ws + temps > 0 ? ctx.buffer(ws + temps) : nullptr);
+  char* next = base + ws;
+  auto out = [&](void* grad, bool add) -> void* {
+    if (!temp(grad, add)) return grad;
+    void* t = next;
+    next += one;
+    return t;
+  };
+  void *tq = out(dq, acc.q), *tk = out(dk, acc.k), *tv = out(dv, acc.v);
+  std::unordered_map<std::int64_t, void*> pack{
+      {kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},       {kV, const_cast<void*>(v)},
+      {kO, const_cast<void*>(o)}, {kDO, const_cast<void*>(dout)},   {kStats, const_cast<float*>(lse)},
+      {kDQ, tq},                  {kDK, tk},                        {kDV, tv}};
+  if (p > 0) {
+    pack[kSeed] = const_cast<std::int64_t*>(rng);
+    pack[kOffset] = const_cast<std::int64_t*>(rng + 1);
+  }
+  run(ctx, b, s, pack, base, stream, "execute backward");
+  if (dq != nullptr && tq != dq) copy_accumulate(dq, tq, n, true, dt, stream);
+  if (dk != nullptr && tk != dk) copy_accumulate(dk, tk, n, true, dt, stream);
+  if (dv != nullptr && tv != dv) copy_accumulate(dv, tv, n, true, dt, stream);
+}
+
+SdpaCudnnWorkspace sdpa_cudnn_workspace(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D,
+                                        bool causal, float scale, float p, DType dt) {
+  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt);
+  return {graph(ctx, s, false).workspace, graph(ctx, s, true).workspace};
+}
+
+#endif
+
+}  // namespace zp::kernels::cuda
