@@ -63,6 +63,7 @@ struct KernelSample {
   DType dtype = DType::bf16;         // the activations' dtype (tensor cores unless fp32)
   bool backward = false;             // the op's backward (twice the kernels; dA and dB GEMMs)
   bool tf32 = false;                 // fp32 GEMMs ran on TF32 tensor cores (else the fp32 cores)
+  bool cudnn_attention = false;      // fused attention ran cuDNN's kernel (train --attention-kernel cudnn)
   std::optional<models::OpKind> op_kind;  // the graph op's kind (a training run's event): its
                                      // bandwidth factor (DeviceProfile::op_efficiency) applies
   double dropout = 0;                // fused attention: its dropout_p
@@ -142,6 +143,7 @@ struct RunConfig {
   // Trained by zeroplan's executor (train --out), not by DeepSpeed: none of DeepSpeed's
   // per-tensor step loops (zero::Event::loop_kernels) ran.
   bool zeroplan_executor = false;
+  bool cudnn_attention = false;      // the executor's fused attention was cuDNN's (train --attention-kernel)
   // Events of the program the run's file has no time for (events the program gained after it
   // was written): left out of the phases' sums of event times, as they were of the measured ones.
   std::vector<std::int32_t> unmeasured_events;

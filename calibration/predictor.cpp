@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -135,7 +136,7 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
   kernel_graph_.assign(n, -1);
   kernel_op_.assign(n, models::kNone);
   groups_.resize(n);
-  std::map<std::pair<DType, bool>, int> graph_of_dtype;  // (dtype, fp32 GEMMs in TF32)
+  std::map<std::tuple<DType, bool, bool>, int> graph_of_dtype;  // (dtype, fp32 GEMMs in TF32, cuDNN attention)
   for (std::size_t i = 0; i < n; ++i) {
     const Observation& o = data.obs[i];
     if (o.kind == ObsKind::collective || (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::collective)) {
@@ -148,11 +149,13 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     if (k.cls == KernelClass::copy_d2d || k.cls == KernelClass::copy_h2d || k.cls == KernelClass::copy_host ||
         k.cls == KernelClass::reduction)
       continue;
-    auto [it, fresh] = graph_of_dtype.emplace(std::pair{k.dtype, k.tf32}, static_cast<int>(kernel_graphs_.size()));
+    auto [it, fresh] = graph_of_dtype.emplace(std::tuple{k.dtype, k.tf32, k.cudnn_attention},
+                                              static_cast<int>(kernel_graphs_.size()));
     if (fresh) {
       kernel_graphs_.emplace_back();
       kernel_graphs_.back().opt.act_dtype = k.dtype;
       kernel_graph_tf32_.push_back(k.tf32);
+      kernel_graph_cudnn_.push_back(k.cudnn_attention);
     }
     kernel_graph_[i] = it->second;
     // An op of its own where its pricing depends on the op: a GEMM's shapes, fused attention
@@ -216,6 +219,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     prof.fp32_gemm_tf32 = kernel_graph_tf32_[gi];
     compute.emplace_back(prof, kernel_graphs_[gi]);
     compute.back().deepspeed = false;  // calibrate --device cuda times zeroplan's own kernels
+    compute.back().cudnn_attention = kernel_graph_cudnn_[gi];
   }
   std::optional<sim::ComputeModel> copies;
   for (std::size_t i = 0; i < n; ++i) {
@@ -270,6 +274,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     prof.host = sim::host_costs_at_probe(prof.host, rc.host_probe_us);
     sim::ComputeModel cm(prof, run.graph);
     cm.deepspeed = !rc.zeroplan_executor;
+    cm.cudnn_attention = rc.cudnn_attention;
     sim::EngineOptions eo;
     eo.interference = prof.comm_compute_interference;
     const sim::TimeSummary ts = sim::simulate_time(run.program, run.graph, cm, coll, eo);

@@ -159,11 +159,14 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
     ds.driver.push_back(f);
   }
   const bool tf32 = cr.get_bool(c, "allow_tf32", false);  // train --allow-tf32
+  const std::string kernel = cr.get_enum(c, "attention_kernel", "own", {"own", "cudnn"});  // train --attention-kernel
+  const bool cudnn = kernel == "cudnn";
   // The run (rank 0's configuration of its world size) its events and phases belong to, named
   // by the file.
   ds.runs.push_back(make_run(fs::path(path).stem().string(), path, model, cfg, seq, att, world, ckpt));
   ds.runs.back().model_config = mc;
   ds.runs.back().zeroplan_executor = true;
+  ds.runs.back().cudnn_attention = cudnn;
   ds.runs.back().unmeasured_events = unmeasured;
   ds.runs.back().rank = rank;
   ds.runs.back().variants = go.variants;
@@ -206,6 +209,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
     k.run = 0;
     k.dtype = g.opt.act_dtype;
     k.tf32 = tf32;
+    k.cudnn_attention = cudnn;
     switch (ev.kind) {
       case zero::EventKind::compute: {
         k.flops = ev.flops;

@@ -166,6 +166,10 @@ int main(int argc, char** argv) {
   sim->add_option("--ranks-per-gpu", sim_req.ranks_per_gpu,
                   "--executor cuda-mpi: ranks 0..K-1 share GPU 0 (train --comm mpi on one GPU); also predict the whole "
                   "GPU's device-used bytes, the sum of theirs");
+  sim->add_option("--attention-kernel", sim_req.attention_kernel,
+                  "with --executor: the fused attention's kernels the run takes (train --attention-kernel): own or "
+                  "cudnn, whose backward's workspace the executor's scratch then holds")
+      ->default_str("own");
 
   zp::cli::ExplainRequest ex_req;
   std::string ex_micro, ex_seq;

@@ -90,6 +90,10 @@ Inputs load_inputs(const SimRequest& req) {
   if (!req.executor.empty() && req.executor != "cuda" && req.executor != "cuda-mpi")
     throw InputError("--executor", "", fmt::format("must be cuda (train --device cuda, NCCL) or cuda-mpi (--comm mpi), "
                                                    "got '{}'", req.executor));
+  if (req.attention_kernel != "own" && req.attention_kernel != "cudnn")
+    throw InputError("--attention-kernel", "", fmt::format("must be own or cudnn, got '{}'", req.attention_kernel));
+  if (req.attention_kernel == "cudnn" && req.executor.empty())
+    throw InputError("--attention-kernel", "", "needs --executor cuda or cuda-mpi (it says which kernels the executor's run takes)");
   if (req.ranks_per_gpu < 1)
     throw InputError("--ranks-per-gpu", "", fmt::format("must be an integer >= 1, got {}", req.ranks_per_gpu));
   if (req.executor_workspaces && req.executor.empty())
@@ -265,7 +269,7 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
   const Bytes reserved = m.memory.reserved_peak;
   m.library_workspaces = zero::library_workspace_bytes(program);
   try {
-    m.scratch = exec::predict_cuda_scratch(g, program, cfg);
+    m.scratch = exec::predict_cuda_scratch(g, program, cfg, req.attention_kernel == "cudnn");
   } catch (const std::logic_error& e) {  // an op the CUDA device refuses (a layout, a dtype)
     throw InputError("--executor", "", fmt::format("{}: {}", req.executor, e.what()));
   }
@@ -276,7 +280,8 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
     if (k != r.rank) {
       t.rank = k;
       const sim::Prediction p = sim::predict(g, cfg, r.batch, t, false);
-      u = exec::predict_cuda_device_used(in.executor_memory, p.memory.reserved_peak, exec::predict_cuda_scratch(g, p.program, cfg),
+      u = exec::predict_cuda_device_used(in.executor_memory, p.memory.reserved_peak, exec::predict_cuda_scratch(g, p.program, cfg,
+                                                                                              req.attention_kernel == "cudnn"),
                                          m.nccl);
     }
     m.gpu_total += u.total;
@@ -480,6 +485,7 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
                        {"peak_event", x.peak_event},
                        {"by_category", category_json(x.memory.at_peak)}}},
                      {"stream_contexts_bytes", x.scratch.stream_contexts.v},
+                     {"context_buffer_bytes", x.scratch.context_buffer.v},
                      {"arenas", std::move(arenas)},
                      {"device_used", std::move(used)}};
     if (!x.gpu_ranks.empty()) {
@@ -557,6 +563,10 @@ std::string executor_table(const Inputs& in, const std::vector<StageResult>& rs)
     out += fmt::format("context, libraries{}: measured on {} ({}); scratch: the executor's own arenas (exec/cuda_memory.hpp); "
                        "pages: their rounding to 2 MiB\n",
                        nccl ? ", nccl (one rank's communicator)" : "", in.device->name, e.source);
+  if (const auto& x = rs.front().executor->scratch; x.context_buffer.v > 0)
+    out += fmt::format("scratch holds cuDNN's attention workspace ({} MiB, {}: kernels/common/sdpa_dims.hpp); cuDNN's "
+                       "handle and kernels themselves are not counted\n",
+                       mb(x.context_buffer), x.context_buffer_by);
   if (nccl && in.world_size > 1)
     out += "note: NCCL's buffers grow with its peers and channels; the nccl column is one rank's communicator\n";
   for (const auto& r : rs)

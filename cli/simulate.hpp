@@ -57,6 +57,7 @@ struct SimRequest {
   std::string executor;                  // --executor: cuda | cuda-mpi (zeroplan's own executor's device memory); empty: none
   bool executor_workspaces = false;      // --executor-workspaces: the run holds PyTorch's workspaces (train --workspaces-of)
   int ranks_per_gpu = 1;                 // --ranks-per-gpu: ranks 0..K-1 share GPU 0 (--executor cuda-mpi): its whole figure
+  std::string attention_kernel = "own";  // --attention-kernel: the executor's fused attention (train's flag): own | cudnn
 };
 
 // Everything one configuration's prediction needs, loaded and validated once.

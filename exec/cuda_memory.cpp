@@ -16,6 +16,7 @@
 #include "exec/cuda_scratch.hpp"
 #include "exec/device_placed.hpp"
 #include "exec/interpreter.hpp"
+#include "kernels/common/sdpa_dims.hpp"
 #include "exec/numeric.hpp"
 
 namespace zp::exec {
@@ -82,7 +83,8 @@ class AddressRange {
 // the device in chunks. Host buffers are real (the allocator's, zero pages) and never touched.
 class ProbeDevice final : public Device {
  public:
-  explicit ProbeDevice(const zero::Program& p) : p_(p), placed_(runs_placed(p)) {}
+  ProbeDevice(const zero::Program& p, bool cudnn_attention)
+      : p_(p), placed_(runs_placed(p)), cudnn_(cudnn_attention) {}
 
   const char* name() const override { return "cuda (memory probe)"; }
   bool host_addressable() const override { return false; }
@@ -97,6 +99,7 @@ class ProbeDevice final : public Device {
   void backward(const models::Op& op, Operands& o) override {
     batching_ = false;
     ops(op, "backward", cuda_backward_scratch(op, o));
+    if (cudnn_ && (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention)) cudnn_workspace(op, o);
   }
 
   // The fp32 views exec/device_cuda.cpp takes: a 16-bit gradient in slot 0, the params and
@@ -193,7 +196,9 @@ class ProbeDevice final : public Device {
       if (s != 0 && contexts_[static_cast<std::size_t>(s)])
         r.stream_contexts += Bytes{static_cast<std::int64_t>(kStreamContextBytes)};
     }
-    r.total += r.stream_contexts;
+    r.context_buffer = Bytes{static_cast<std::int64_t>(buffer_)};
+    r.context_buffer_by = buffer_by_;
+    r.total += r.stream_contexts + r.context_buffer;
     return r;
   }
 
@@ -234,6 +239,20 @@ class ProbeDevice final : public Device {
     return on;
   }
   void context() { contexts_[static_cast<std::size_t>(stream_)] = true; }
+  // cuDNN's backward workspace in the compute Context's buffer (grown, never shrunk), where
+  // cuDNN takes the attention (exec/device_cuda_ops.cpp's FusedAttention decides alike). Its
+  // gradients are written whole where the executor asks for it (every model here); one added
+  // into would take a temporary in the buffer as well, which is not counted.
+  void cudnn_workspace(const models::Op& op, const Operands& o) {
+    const models::HeadsLayout f = models::heads_layout(o.graph(), op);
+    const DType dt = o.act_ref(f.q.tensor).dt;
+    if (!kernels::sdpa_cudnn_takes(f.T, f.D, dt == DType::bf16 || dt == DType::fp16)) return;
+    const auto bytes = static_cast<std::size_t>(kernels::sdpa_cudnn_backward_workspace(f.B, f.H, f.T, f.D));
+    if (bytes > buffer_) {
+      buffer_ = bytes;
+      buffer_by_ = who(fmt::format("backward of {}", op.name));
+    }
+  }
   void ops(const models::Op& op, const char* pass, const OpScratch& s) {
     context();  // an op runs with its stream's Context
     const std::string what = fmt::format("{} of {}", pass, op.name);
@@ -248,18 +267,21 @@ class ProbeDevice final : public Device {
   std::size_t event_ = SIZE_MAX;
   std::array<std::array<Arena, kCudaDeviceSlots>, zero::kNumStreams> arenas_{};
   std::array<bool, zero::kNumStreams> contexts_{};
-  const bool placed_;      // host buffers: PlacedDevice in front of the CUDA device
+  const bool placed_;
+  const bool cudnn_;         // train --attention-kernel cudnn
+  std::size_t buffer_ = 0;   // the compute Context's buffer (cuDNN's workspace)
+  std::string buffer_by_;      // host buffers: PlacedDevice in front of the CUDA device
   bool batching_ = false;  // exec/device_cuda.cpp holds runs only between batch(true) and batch(false)
 };
 
 }  // namespace
 
 CudaScratchPrediction predict_cuda_scratch(const models::OpGraph& g, const zero::Program& p,
-                                           const zero::DsConfig& cfg) {
+                                           const zero::DsConfig& cfg, bool cudnn_attention) {
   // The interpreter runs a repeating program expanded: the probe names its events so.
   std::optional<zero::Program> expanded;
   if (p.repeat.copies > 0) expanded = zero::expand(p);
-  ProbeDevice dev(expanded ? *expanded : p);
+  ProbeDevice dev(expanded ? *expanded : p, cudnn_attention);
   NullComm comm(p.info.rank, p.info.world_size);
   TrackingAllocator mem(p.buffers.size(), Bytes{0}, &dev);
   Interpreter interp(g, p, cfg, comm, mem, 1, &dev);

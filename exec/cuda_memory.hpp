@@ -33,13 +33,18 @@ struct CudaArena {
 struct CudaScratchPrediction {
   std::vector<CudaArena> arenas;  // by stream, then slot
   Bytes stream_contexts{};        // the Contexts of streams other than compute (workspace-less)
-  Bytes total{};                  // arenas + stream_contexts: DriverMemory::device_scratch
+  // The compute stream's Context's buffer (kernels::cuda::Context::buffer): cuDNN's attention
+  // workspace, with train --attention-kernel cudnn (kernels/common/sdpa_dims.hpp).
+  Bytes context_buffer{};
+  std::string context_buffer_by;  // the op that needs it at its largest
+  Bytes total{};                  // arenas + stream_contexts + context_buffer: DriverMemory::device_scratch
 };
 
 // The prediction for one rank of a program (zero::expand's or a repeating one; run
 // expanded). Throws std::logic_error where the CUDA device would refuse an op.
+// `cudnn_attention`: the run's fused attention is cuDNN's (train --attention-kernel cudnn).
 CudaScratchPrediction predict_cuda_scratch(const models::OpGraph& g, const zero::Program& p,
-                                           const zero::DsConfig& cfg);
+                                           const zero::DsConfig& cfg, bool cudnn_attention = false);
 
 // The bytes a kernels::cuda::Context holds on the device: the compute stream's (the default
 // ContextOptions: a 32 MiB cuBLASLt workspace and 64 MiB of scratch; exec/device_cuda.cpp

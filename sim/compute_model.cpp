@@ -591,7 +591,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     double e = p_.gemm_max_efficiency;
     const double head_half = fp32_cores ? p_.fp32_half() : p_.gemm_half_dim;
     const double seq_half = fp32_cores       ? p_.gemm_half_dim
-                            : deepspeed ? p_.torch_attention_half()
+                            : prices_cudnn_attention() ? p_.torch_attention_half()
                                               : p_.attention_half();
     for (const std::int64_t x : {m, n, k}) e *= saturation(static_cast<double>(x), x == head_dim ? head_half : seq_half);
     return e * alignment_factor(p_, m, n, k, align, out_ld, false);  // a flash kernel writes no scores
@@ -623,7 +623,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const double peak = p_.gemm_peak(g_.opt.act_dtype);
   const double gemm_time = flops.v / (peak * eff);
   return Seconds{std::max(gemm_time, mem_time) + launch + bias_grad_time(*o, phase) +
-                 (attention && backward && !fp32_cores && deepspeed ? attention_backward_passes(*o) : 0.0)};
+                 (attention && backward && !fp32_cores && prices_cudnn_attention() ? attention_backward_passes(*o) : 0.0)};
 }
 
 // PyTorch's kernels for a bandwidth-bound op of the graph, as Hugging Face's code runs it under

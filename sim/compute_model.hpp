@@ -308,6 +308,12 @@ class ComputeModel {
   // torch_gemm_unaligned_output_factor, cuDNN's flash backward's row passes): its own kernels
   // take the profile's other coefficients (op_efficiency among them).
   bool deepspeed = true;
+  // Whose fused attention runs where `deepspeed` is off: zeroplan's own kernels (false) or
+  // cuDNN's flash attention (`train --attention-kernel cudnn`), the kernel PyTorch runs on
+  // Hopper, priced as it is under DeepSpeed (torch_attention_half_seq, the backward's row
+  // passes). With `deepspeed` on, cuDNN's always.
+  bool cudnn_attention = false;
+  bool prices_cudnn_attention() const { return deepspeed || cudnn_attention; }
   // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
   // bandwidth times optimizer_efficiency (without the norm some steps take first).
   Seconds optimizer_cost(Flops flops, Bytes bytes) const;

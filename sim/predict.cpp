@@ -38,6 +38,7 @@ Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const ze
   if (with_time) {
     ComputeModel compute(*t.profile, g);
     compute.deepspeed = t.deepspeed;
+    compute.cudnn_attention = t.cudnn_attention;
     EngineOptions eo;
     eo.interference = t.profile->comm_compute_interference;
     r.time = simulate_time(r.program, g, compute, *t.collectives, eo);

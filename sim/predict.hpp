@@ -29,6 +29,8 @@ struct Target {
   // separate bias adds priced: ComputeModel::deepspeed), or zeroplan's executor (false:
   // it does none of that work; `plan --verify` predicts its candidates so too).
   bool deepspeed = true;
+  // With `deepspeed` off: the executor runs cuDNN's fused attention (ComputeModel::cudnn_attention).
+  bool cudnn_attention = false;
   // PyTorch's cuBLAS/cuBLASLt workspaces (the device's sizes) among the program's buffers:
   // DeepSpeed's runs hold them; zeroplan's executor allocates them only under
   // `train --workspaces-of` (false: none, as `train` runs by default).

@@ -362,6 +362,28 @@ TEST_CASE("fp32 GEMM observations are priced with their own TF32 setting") {
   }
 }
 
+// Attention that ran cuDNN's kernel (train --attention-kernel cudnn) is priced on PyTorch's
+// kernel's curve (torch_attention_half_seq), the executor's own kernel on attention_half_seq.
+TEST_CASE("attention observations are priced as the kernel that ran them: the executor's or cuDNN's") {
+  const sim::ClusterSpec cluster = sim::single_node("H200-141GB", 1);
+  Dataset data;
+  for (bool cudnn : {false, true}) {
+    Observation o = attention(16, 16, 512, 64, false);  // the products' time, not their bytes'
+    o.kernel.cudnn_attention = cudnn;
+    data.obs.push_back(o);
+  }
+  const Predictor pred(data, cluster);
+  ModelParams m;
+  m.device = sim::default_profile(sim::find_device("H200-141GB"));
+  m.device.attention_half_seq = 200;
+  m.device.torch_attention_half_seq = 16;
+  auto t = pred.predict(m);
+  CHECK(t[1] < 0.8 * t[0]);
+  m.device.torch_attention_half_seq = 200;
+  t = pred.predict(m);
+  CHECK(t[1] == zp::test::approx(t[0]));
+}
+
 // Fused attention has its own factor: it moves attention kernels and nothing else, and without
 // an attention measurement it is refused, naming the measurement that would determine it.
 TEST_CASE("fused attention kernels are priced with compute.attention_efficiency, and only they") {

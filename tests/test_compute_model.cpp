@@ -930,15 +930,27 @@ TEST_CASE("attention_half_seq: the sequence dimensions of fused attention on the
   // (deepspeed); zeroplan's executor's keep attention_half_seq, and their backward has
   // no cuDNN row passes beside it.
   p.torch_attention_half_seq = h;
-  ComputeModel torch_kernels(p, bert), executor_kernels(p, bert);
-  executor_kernels.deepspeed = false;
-  for (const auto& op : bert.ops)
+  // The executor running cuDNN's attention (train --attention-kernel cudnn) is priced as
+  // PyTorch's kernel is, its other ops staying the executor's.
+  ComputeModel torch_kernels(p, bert), executor_kernels(p, bert), executor_cudnn(p, bert);
+  executor_kernels.deepspeed = executor_cudnn.deepspeed = false;
+  executor_cudnn.cudnn_attention = true;
+  int compared = 0;
+  for (const auto& op : bert.ops) {
     if (op.fn == zp::models::Fn::sdpa) {
-      for (const Phase ph : {Phase::forward, Phase::backward})
+      for (const Phase ph : {Phase::forward, Phase::backward}) {
         CHECK(torch_kernels.op_cost(op.id, ph).v == zp::test::approx(gemm_curve.op_cost(op.id, ph).v));
+        CHECK(executor_cudnn.op_cost(op.id, ph).v == zp::test::approx(torch_kernels.op_cost(op.id, ph).v));
+      }
       CHECK(executor_kernels.op_cost(op.id, Phase::forward).v == zp::test::approx(short_half.op_cost(op.id, Phase::forward).v));
       CHECK(executor_kernels.op_cost(op.id, Phase::backward).v < short_half.op_cost(op.id, Phase::backward).v);
+    } else if (op.fn == zp::models::Fn::layernorm) {
+      ++compared;
+      for (const Phase ph : {Phase::forward, Phase::backward})
+        CHECK(executor_cudnn.op_cost(op.id, ph).v == zp::test::approx(executor_kernels.op_cost(op.id, ph).v));
     }
+  }
+  CHECK(compared > 0);
   const auto jt = zp::sim::profile_to_json(p);
   CHECK(jt["torch_attention_half_seq"] == h);
   CHECK(zp::sim::profile_from_json("back", "", jt).torch_attention_half_seq == h);
