@@ -290,6 +290,10 @@ int main(int argc, char** argv) {
   pl->add_option("--verify-max-minutes", plan_req.verify_max_minutes,
                  "skip candidates the CPU executor would need longer for (default 10)");
   pl->add_option("--verify-device", plan_req.verify_device, "where --verify trains: cpu, cuda, or auto (default: cuda when a GPU is visible, else cpu)");
+  pl->add_option("--verify-attention-kernel", plan_req.verify_attention_kernel,
+                 "where --verify trains on GPUs: their fused attention's kernels (train --attention-kernel): own or "
+                 "cudnn; the executor's predictions price that kernel")
+      ->default_str("own");
   pl->add_option("--verify-launcher", plan_req.verify_launcher, "rank launcher, {N} = ranks (default: mpirun --oversubscribe -np {N})");
   pl->add_flag("--json", plan_req.base.json, "machine-readable output");
 

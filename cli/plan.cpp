@@ -362,6 +362,11 @@ planner::Problem plan_problem(const PlanRequest& req, Inputs* inputs_out) {
     throw InputError("--verify-max-minutes", "", fmt::format("must be a number > 0, got {}", req.verify_max_minutes));
   if (req.verify_device != "auto" && req.verify_device != "cpu" && req.verify_device != "cuda")
     throw InputError("--verify-device", "", fmt::format("must be cpu, cuda or auto, got '{}'", json::printable(req.verify_device)));
+  if (req.verify_attention_kernel != "own" && req.verify_attention_kernel != "cudnn")
+    throw InputError("--verify-attention-kernel", "",
+                     fmt::format("must be own or cudnn, got '{}'", json::printable(req.verify_attention_kernel)));
+  if (req.verify_attention_kernel == "cudnn" && req.verify_device == "cpu")
+    throw InputError("--verify-attention-kernel", "", "cudnn needs GPUs (--verify-device cuda or auto)");
   if (req.verify_steps < 2)
     throw InputError("--verify-steps", "", fmt::format("must be an integer >= 2 (the first step is not timed), got {}", req.verify_steps));
   planner::Objective obj;
@@ -642,6 +647,7 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     // again as the executor runs it, and the ranking is checked against that prediction.
     planner::Problem exec_pb = pb;
     exec_pb.deepspeed = false;
+    exec_pb.cudnn_attention = on_gpu && req.verify_attention_kernel == "cudnn";
     planner::GraphCache exec_graphs(exec_pb);
     t += "  pred_samples/s: the plan's (DeepSpeed's); exec_pred: the same candidate as zeroplan's executor runs it\n";
     t += fmt::format("  {:>4} {:>5} {:>5} {:>16} {:>16} {:>7} {:>14} {:>14} {:>14}\n", "rank", "stage", "micro",
@@ -694,6 +700,7 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
                          models::transformers_name(pb.transformers), shell_quote(pb.device->name));
       if (pb.keep_output) cmd += " --keep-output";
       if (on_gpu) cmd += " --device cuda";
+      if (exec_pb.cudnn_attention) cmd += " --attention-kernel cudnn";
       if (get(e.knobs, Dim::activation_checkpointing)) cmd += " --activation-checkpointing";
       const fs::path log = dir / fmt::format("candidate{}.log", n);
       cmd += fmt::format(" > {} 2>&1", shell_quote(log.string()));

@@ -28,6 +28,7 @@ struct PlanRequest {
   int verify_steps = 3;
   double verify_max_minutes = 10.0;   // skip candidates the CPU executor would take longer on
   std::string verify_device = "auto";  // cpu | cuda | auto (cuda when a GPU is visible)
+  std::string verify_attention_kernel = "own";  // on a GPU: train --attention-kernel (own | cudnn)
   std::string verify_launcher;        // how to start ranks; default: mpirun (see docs/planner.md)
 };
 

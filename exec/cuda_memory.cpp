@@ -318,6 +318,7 @@ CudaDeviceUsed predict_cuda_device_used(const sim::DeviceSpec::ExecutorMemory& f
   for (const CudaArena& a : s.arenas) pages += page_rounding(static_cast<std::size_t>(a.bytes.v));
   const std::int64_t contexts = s.stream_contexts.v / static_cast<std::int64_t>(kStreamContextBytes);
   pages += contexts * page_rounding(kStreamContextBytes);
+  if (s.context_buffer.v > 0) pages += page_rounding(static_cast<std::size_t>(s.context_buffer.v));
   // The interpreter's loss slots (one fp32 per micro-step) are a few bytes: the runtime
   // places them in a page it already holds (the one the device's 8-byte norm took at init,
   // part of the libraries' figure), so they add nothing. The 14 recorded H200 runs left 1-5

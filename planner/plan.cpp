@@ -329,6 +329,7 @@ sim::Target target_of(const Problem& pb, bool activation_checkpointing) {
   t.activation_checkpointing = activation_checkpointing;
   t.keep_output = pb.keep_output;
   t.deepspeed = pb.deepspeed;
+  t.cudnn_attention = pb.cudnn_attention;
   return t;
 }
 
@@ -370,6 +371,7 @@ double compute_bound_ms(const Problem& pb, const GraphCache& graphs, const Knobs
   const zero::Program p = zero::lower(*g, cfg, zero::Batch{cfg.train_batch_size.value(), mb, 1}, lo);
   sim::ComputeModel cm(pb.profile, *g);
   cm.deepspeed = pb.deepspeed;
+  cm.cudnn_attention = pb.cudnn_attention;
   // The compute stream runs its events one at a time at best at full rate: its own ops
   // and optimizer work bound the iteration from below whatever the communication knobs.
   // A micro-step's forward, backward and recomputation repeat GAS times; the rest once.

@@ -79,6 +79,7 @@ struct Problem {
   models::Transformers transformers = models::kDefaultTransformers;
   bool keep_output = false;          // zero::LowerOptions::keep_output
   bool deepspeed = true;             // sim::Target::deepspeed: DeepSpeed runs the plan, or (false) zeroplan's executor
+  bool cudnn_attention = false;      // sim::Target::cudnn_attention: the executor's attention is cuDNN's
   Objective objective = Objective::throughput;
   double headroom = 0.9;             // fraction of device (and host) memory a plan may use
   double price_per_gpu_hour = 1.0;   // cost objective (currency per GPU-hour)

@@ -211,6 +211,32 @@ TEST_CASE("cuda scratch: the arenas of GPT-2's program follow the CUDA device's 
   }
 }
 
+TEST_CASE("cuda scratch: cuDNN's attention holds its backward's workspace in the compute Context's buffer") {
+  const std::int64_t B = 2, T = 256, H = 12, D = 64;
+  for (const std::string dtype : {"bf16", "fp32"}) {
+    CAPTURE(dtype);
+    const auto pr = gpt2_program(B, T, dtype.c_str(), 1);
+    const auto own = zp::exec::predict_cuda_scratch(pr.g, pr.p, pr.cfg);
+    const auto cudnn = zp::exec::predict_cuda_scratch(pr.g, pr.p, pr.cfg, true);
+    CHECK(own.context_buffer.v == 0);
+    if (dtype == "bf16") {
+      // An fp32 dQ accumulator and an fp32 sum per row, rounded up to 256 bytes.
+      CHECK(cudnn.context_buffer.v == 4 * B * H * T * (D + 1) + 256);
+      CHECK(cudnn.context_buffer_by.find("backward of") != std::string::npos);
+      CHECK(cudnn.context_buffer_by.find("attn.sdpa") != std::string::npos);
+    } else {
+      CHECK(cudnn.context_buffer.v == 0);  // fp32: the own kernels run
+    }
+    CHECK(cudnn.total.v == own.total.v + cudnn.context_buffer.v);
+    const auto& h100 = zp::sim::find_device("h100");
+    const zp::Bytes reserved{1LL << 30};
+    const auto u = zp::exec::predict_cuda_device_used(h100.executor, reserved, cudnn, true);
+    const auto u0 = zp::exec::predict_cuda_device_used(h100.executor, reserved, own, true);
+    // Its own cudaMalloc: whole 2 MiB pages.
+    CHECK(u.total.v - u0.total.v == (cudnn.context_buffer.v + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+  }
+}
+
 TEST_CASE("cuda scratch: the device-used figure adds the GPU's measured parts and rounds allocations to pages") {
   const auto pr = gpt2_program(2, 256, "bf16", 0);
   const auto s = zp::exec::predict_cuda_scratch(pr.g, pr.p, pr.cfg);

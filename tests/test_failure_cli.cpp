@@ -400,4 +400,15 @@ TEST_CASE("plan --verify-device: a bad value is refused before the search") {
   auto r = sh(kBin + " plan --model tiny-gpt2 --cluster cpu-local --global-batch 8 --seq-len 32 --verify --verify-device tpu");
   CHECK(r.status == 2);
   CHECK(r.out == "zeroplan: --verify-device: must be cpu, cuda or auto, got 'tpu'\n");
+  r = sh(kBin + " plan --model tiny-gpt2 --cluster cpu-local --global-batch 8 --seq-len 32 --verify --verify-attention-kernel flash");
+  CHECK(r.status == 2);
+  CHECK(r.out == "zeroplan: --verify-attention-kernel: must be own or cudnn, got 'flash'\n");
+  r = sh(kBin + " plan --model tiny-gpt2 --cluster cpu-local --global-batch 8 --seq-len 32 --verify --verify-device cpu "
+                "--verify-attention-kernel cudnn");
+  CHECK(r.status == 2);
+  CHECK(r.out == "zeroplan: --verify-attention-kernel: cudnn needs GPUs (--verify-device cuda or auto)\n");
+  r = sh(kBin + " simulate --model tiny-gpt2 --gpus 1 --gpu H100-80GB --seq-len 32 --attention-kernel cudnn");
+  CHECK(r.status == 2);
+  CHECK(r.out == "zeroplan: --attention-kernel: needs --executor cuda or cuda-mpi (it says which kernels the executor's "
+                 "run takes)\n");
 }
