@@ -240,13 +240,16 @@ class ProbeDevice final : public Device {
   }
   void context() { contexts_[static_cast<std::size_t>(stream_)] = true; }
   // cuDNN's backward workspace in the compute Context's buffer (grown, never shrunk), where
-  // cuDNN takes the attention (exec/device_cuda_ops.cpp's FusedAttention decides alike). Its
-  // gradients are written whole where the executor asks for it (every model here); one added
-  // into would take a temporary in the buffer as well, which is not counted.
+  // cuDNN takes the attention (exec/device_cuda_ops.cpp's FusedAttention decides alike). A
+  // gradient without a buffer of its own gets one among the op's temporaries (the scratch rule
+  // above), so cuDNN always has three to write. A gradient added into (not written whole) would
+  // take a (B, H, T, D) temporary after the workspace; the models here write theirs whole, and
+  // that case is not counted.
   void cudnn_workspace(const models::Op& op, const Operands& o) {
     const models::HeadsLayout f = models::heads_layout(o.graph(), op);
     const DType dt = o.act_ref(f.q.tensor).dt;
     if (!kernels::sdpa_cudnn_takes(f.T, f.D, dt == DType::bf16 || dt == DType::fp16)) return;
+    if (!o.grad_peek(f.q.tensor) && !o.grad_peek(f.k.tensor) && !o.grad_peek(f.v.tensor)) return;  // no backward
     const auto bytes = static_cast<std::size_t>(kernels::sdpa_cudnn_backward_workspace(f.B, f.H, f.T, f.D));
     if (bytes > buffer_) {
       buffer_ = bytes;

@@ -22,24 +22,26 @@ done
 # from its PyPI wheel without its Python dependencies, into .deps/ (ignored by git). Only
 # where nvcc is; a machine that cannot reach PyPI builds without cuDNN's attention.
 cudnn_frontend() {
-  local dest=.deps/cudnn-frontend version=1.32.0
-  command -v nvcc >/dev/null 2>&1 || return 0
+  local dest=.deps/cudnn-frontend version=1.32.0 tmp
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
   [ -f "$dest/include/cudnn_frontend.h" ] && return 0
-  local tmp
   tmp=$(mktemp -d)
-  if python3 -m pip download --quiet --no-deps --only-binary=:all: "nvidia-cudnn-frontend==$version" -d "$tmp" 2>/dev/null; then
-    python3 - "$tmp" "$dest" <<'PY'
+  if python3 -m pip download --quiet --timeout 20 --retries 1 --no-deps --only-binary=:all: \
+       "nvidia-cudnn-frontend==$version" -d "$tmp" 2>/dev/null &&
+     python3 - "$tmp" <<'PY'
 import pathlib, sys, zipfile
-wheel = next(pathlib.Path(sys.argv[1]).glob("*.whl"))
-dest = pathlib.Path(sys.argv[2])
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        if name.startswith("include/") and not name.endswith("/"):
-            z.extract(name, dest)
+tmp = pathlib.Path(sys.argv[1])
+with zipfile.ZipFile(next(tmp.glob("*.whl"))) as z:
+    names = [n for n in z.namelist() if n.startswith("include/") and not n.endswith("/")]
+    for name in names:
+        z.extract(name, tmp / "unpacked")
+sys.exit(0 if (tmp / "unpacked/include/cudnn_frontend.h").is_file() else 1)
 PY
+  then
+    rm -rf "$dest" && mkdir -p "$(dirname "$dest")" && mv "$tmp/unpacked" "$dest"
     echo "setup: cudnn-frontend $version headers in $dest"
   else
-    echo "setup: cudnn-frontend not downloaded (no PyPI?): the CUDA build goes without cuDNN's attention"
+    echo "setup: cudnn-frontend's headers not downloaded (no PyPI?): the CUDA build goes without cuDNN's attention"
   fi
   rm -rf "$tmp"
 }

@@ -93,6 +93,7 @@ struct State {
       throw CudaError(fmt::format("cudnnCreate: {} (cuDNN {} at run time)", cudnnGetErrorString(st), cudnnGetVersion()));
   }
   ~State() {
+    graphs.clear();  // their plans were built with the handle: released before it
     if (handle != nullptr) cudnnDestroy(handle);
   }
   State(const State&) = delete;
@@ -134,6 +135,7 @@ std::shared_ptr<fe::graph::Tensor_attributes> scalar(fe::graph::Graph& g, const 
                       .set_uid(uid)
                       .set_dim({1, 1, 1, 1})
                       .set_stride({1, 1, 1, 1})
+                      .set_alignment(8)  // the offset is rng_state's second int64
                       .set_data_type(fe::DataType_t::INT64));
 }
 
