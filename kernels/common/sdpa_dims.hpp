@@ -3,6 +3,8 @@
 // the CPU-side rules that predict what the CUDA device runs (exec/cuda_scratch.cpp).
 #include <cstdint>
 
+#include "kernels/common/align.hpp"
+
 namespace zp::kernels {
 
 constexpr bool sdpa_head_dim_supported(std::int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128; }
@@ -19,8 +21,7 @@ constexpr bool sdpa_cudnn_takes(std::int64_t T, std::int64_t D, bool sixteen_bit
 // little, rounded up to the 256 bytes the launcher aligns to. tests/gpu/test_kernels_cuda.cpp
 // checks it against the cuDNN at hand. The forward asks for none.
 constexpr std::int64_t sdpa_cudnn_backward_workspace(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D) {
-  const std::int64_t bytes = 4 * B * H * T * D + 4 * B * H * T + 1;
-  return (bytes + 255) / 256 * 256;
+  return carve_aligned(4 * B * H * T * D + 4 * B * H * T + 1);
 }
 
 }  // namespace zp::kernels

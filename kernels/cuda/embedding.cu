@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/common/align.hpp"
 #include "kernels/cuda/detail.cuh"
 #include "kernels/cuda/embedding.cuh"
 
@@ -214,7 +215,7 @@ int key_bits(std::int64_t V) {
   return bits;
 }
 
-std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
+std::size_t round_up(std::size_t n) { return static_cast<std::size_t>(carve_aligned(static_cast<std::int64_t>(n))); }
 
 }  // namespace
 

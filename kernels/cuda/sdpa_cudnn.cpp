@@ -190,8 +190,7 @@ Shape shape_of(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, b
   return {B, H, T, D, causal, scale, p, dt};
 }
 
-constexpr std::size_t kAlign = 256;
-std::size_t aligned(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+std::size_t aligned(std::int64_t n) { return static_cast<std::size_t>(carve_aligned(n)); }
 
 void run(Context& ctx, const Built& b, const Shape& s, std::unordered_map<std::int64_t, void*>& pack, void* workspace,
          cudaStream_t stream, const char* what) {
@@ -228,8 +227,8 @@ void sdpa_cudnn_backward(Context& ctx, void* dq, void* dk, void* dv, const void*
   // The workspace, then a temporary for each gradient to add into, or not wanted (nullptr):
   // cuDNN writes all three whole.
   const std::int64_t n = B * H * T * D;
-  const std::size_t one = aligned(static_cast<std::size_t>(n * dtype_size(dt)));
-  const std::size_t ws = aligned(static_cast<std::size_t>(b.workspace));
+  const std::size_t one = aligned(n * dtype_size(dt));
+  const std::size_t ws = aligned(b.workspace);
   auto temp = [](void* grad, bool add) { return grad == nullptr || add; };
   const std::size_t temps =
       one * (std::size_t{temp(dq, acc.q)} + std::size_t{temp(dk, acc.k)} + std::size_t{temp(dv, acc.v)});
