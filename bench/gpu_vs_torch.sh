@@ -12,7 +12,9 @@
 #                               # (train --attention-kernel; default own); PyTorch runs once per model
 # The four rows take about eight minutes on an H200 (torch.compile's compilation most of it).
 # MFU counts 6 · params · tokens (the model FLOPs of a training step, without attention's)
-# against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure). Memory, in
+# against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure); MFU+attn adds
+# attention's 12 · layers · hidden · seq per token, as PaLM's appendix B and nanoGPT count it
+# (the full T×T scores, causal or not). Memory, in
 # GiB as the driver sees it: zeroplan's peak (cudaMemGetInfo after every allocation: context,
 # libraries, reserved segments, scratch) beside PyTorch's device use after its steps (context,
 # libraries and the caching allocator's segments, which it keeps).
@@ -26,7 +28,7 @@ CASES=("gpt2 16 1024 bf16" "gpt2-medium 16 1024 bf16" "bert-large-uncased 64 128
 [ "${1:-}" = quick ] && CASES=("gpt2 16 1024 bf16")
 [ -n "${ZEROPLAN_BENCH_CASES:-}" ] && IFS=';' read -r -a CASES <<< "$ZEROPLAN_BENCH_CASES"
 ATTN=(${ZEROPLAN_BENCH_ATTENTION:-own})
-printf '%-20s %-5s %-5s %12s %12s %12s %8s %8s %8s %9s %9s %9s\n' model dtype attn zeroplan_tok/s eager_tok/s compile_tok/s zp_MFU vs_eager vs_compile zp_GiB eager_GiB comp_GiB
+printf '%-20s %-5s %-5s %12s %12s %12s %8s %9s %8s %8s %9s %9s %9s\n' model dtype attn zeroplan_tok/s eager_tok/s compile_tok/s zp_MFU MFU+attn vs_eager vs_compile zp_GiB eager_GiB comp_GiB
 for c in "${CASES[@]}"; do
   set -- $c
   m=$1 mb=$2 seq=$3 dt=$4
@@ -54,11 +56,15 @@ def params(j):
 z = tok / float(zp) if zp not in ("nan", "0", "0.0") else float("nan")
 te, tk = tps(e), tps(k)
 mfu = 6 * params(e) * z / float(peak)
+cat = json.load(open(f"models/catalog/{m}.json"))
+layers = cat.get("n_layer", cat.get("num_hidden_layers", 0))
+hidden = cat.get("n_embd", cat.get("hidden_size", 0))
+mfu_attn = (6 * params(e) + 12 * layers * hidden * int(seq)) * z / float(peak)
 def used(j):  # GiB the driver saw in use after PyTorch's steps
     try: return json.loads(j)["device_used"] / 2**30
     except Exception: return float("nan")
 zg = float(zpmem) / 2**30 if zpmem != "nan" else float("nan")  # zeroplan: the driver's peak
-print(f"{m:<20} {dt:<5} {ak:<5} {z:12.0f} {te:12.0f} {tk:12.0f} {100*mfu:7.1f}% {z/te:8.2f} {z/tk:8.2f} {zg:9.2f} {used(e):9.2f} {used(k):9.2f}")
+print(f"{m:<20} {dt:<5} {ak:<5} {z:12.0f} {te:12.0f} {tk:12.0f} {100*mfu:7.1f}% {100*mfu_attn:8.1f}% {z/te:8.2f} {z/tk:8.2f} {zg:9.2f} {used(e):9.2f} {used(k):9.2f}")
 PY
   done
 done

@@ -112,8 +112,9 @@ class CudaDevice final : public Device {
     for (auto& st : streams_) ZP_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     stream_ = streams_[0];
     ctx_options_.allow_tf32 = o.allow_tf32;
-    if (o.cudnn_attention && !kc::sdpa_cudnn_built())
-      throw std::runtime_error("--attention-kernel cudnn: " + kc::sdpa_cudnn_refusal(2, 64, DType::bf16));
+    if (o.cudnn_attention)
+      if (const std::string why = kc::sdpa_cudnn_load(); !why.empty())
+        throw std::runtime_error("--attention-kernel cudnn: " + why);
     ctx_options_.sdpa_cudnn = o.cudnn_attention;
     ctx_[0] = std::make_unique<kc::Context>(ctx_options_);
     if (ctx_[0]->device_bytes() != kComputeContextBytes)  // exec/cuda_memory.hpp predicts it so
@@ -530,6 +531,8 @@ std::string cuda_bus_id(const Device& d) {
 }
 
 bool cuda_device_built() { return true; }
+
+std::string cudnn_attention_refusal() { return kc::sdpa_cudnn_load(); }
 
 int cuda_devices_visible() {
   int count = 0;

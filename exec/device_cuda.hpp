@@ -54,5 +54,8 @@ std::string cuda_bus_id(const Device& d);
 bool cuda_device_built();
 // CUDA devices this process can use (0: none, or a build without CUDA).
 int cuda_devices_visible();
+// "" where `train --attention-kernel cudnn` can run (a build with cuDNN's attention, and cuDNN 9
+// loaded at run time); else one line saying why not.
+std::string cudnn_attention_refusal();
 
 }  // namespace zp::exec

@@ -15,5 +15,6 @@ int cuda_ordinal(const Device&) { throw std::logic_error("built without CUDA"); 
 std::string cuda_bus_id(const Device&) { throw std::logic_error("built without CUDA"); }
 bool cuda_device_built() { return false; }
 int cuda_devices_visible() { return 0; }
+std::string cudnn_attention_refusal() { return "this zeroplan was built without CUDA (no CUDA toolkit found at configure time)"; }
 
 }  // namespace zp::exec

@@ -264,6 +264,9 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
     throw InputError("--attention-kernel", "", fmt::format("must be own or cudnn, got '{}'", opt.attention_kernel));
   if (opt.attention_kernel == "cudnn" && opt.device != "cuda")
     throw InputError("--attention-kernel", "", "cudnn needs --device cuda");
+  if (opt.attention_kernel == "cudnn")
+    if (const std::string why = cudnn_attention_refusal(); !why.empty())
+      throw InputError("--attention-kernel", "", "cudnn: " + why);
   if (opt.comm != "auto" && opt.comm != "nccl" && opt.comm != "mpi")
     throw InputError("--comm", "", fmt::format("must be auto, nccl or mpi, got '{}'", opt.comm));
   if (opt.comm == "nccl" && opt.device != "cuda") throw InputError("--comm", "", "nccl needs --device cuda");

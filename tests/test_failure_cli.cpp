@@ -394,6 +394,28 @@ TEST_CASE("train --device: bad values, and cuda where it cannot run, end in one 
            r.out.find("built without CUDA") != std::string::npos));
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
+  // cuDNN is opened at run time, not linked: where it cannot be loaded (here a library that is
+  // not there), cuDNN's attention is refused with one line before any device work; a build
+  // without cuDNN's attention or without CUDA says that instead.
+  r = sh("ZEROPLAN_CUDNN_LIBRARY=/nonexistent/libcudnn.so.9 " + kBin +
+         " train --model tiny-gpt2 --steps 1 --quiet --device cuda --attention-kernel cudnn");
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  CHECK(contains(r.out, "zeroplan: --attention-kernel: cudnn: "));
+  CHECK((contains(r.out, "cuDNN 9 could not be loaded (/nonexistent/libcudnn.so.9: cannot open shared object file") ||
+         contains(r.out, "this build has no cuDNN attention") || contains(r.out, "built without CUDA")));
+}
+
+// The CUDA binary needs neither cuDNN nor NVRTC to start: they are opened at first use of
+// --attention-kernel cudnn, not listed among the libraries the loader must find.
+TEST_CASE("zeroplan does not link cuDNN or NVRTC") {
+  const auto r = sh("readelf -d " + kBin + " | grep NEEDED");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "libc.so"));
+  CHECK_FALSE(contains(r.out, "libcudnn"));
+  CHECK_FALSE(contains(r.out, "libnvrtc"));
 }
 
 TEST_CASE("plan --verify-device: a bad value is refused before the search") {

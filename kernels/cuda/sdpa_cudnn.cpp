@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <bit>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -14,6 +15,12 @@
 #include "kernels/cuda/elementwise.cuh"
 
 #ifdef ZP_HAVE_CUDNN
+// cuDNN (and NVRTC, which cudnn-frontend's runtime-compiled engines use) are opened at run time,
+// on the first use of cuDNN's attention, not linked: a binary built with them starts where
+// they are missing, and only `--attention-kernel cudnn` asks for them.
+#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+#include <dlfcn.h>
+#include <mutex>
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 #endif
@@ -24,6 +31,7 @@ std::string sdpa_cudnn_refusal(std::int64_t T, std::int64_t D, DType dt) {
   if (!sdpa_cudnn_built())
     return "this build has no cuDNN attention (cuDNN 9 and cudnn-frontend's headers were not found at configure "
            "time: scripts/setup.sh puts the headers in .deps/)";
+  if (const std::string why = sdpa_cudnn_load(); !why.empty()) return why;
   const bool sixteen = dt == DType::bf16 || dt == DType::fp16;
   if (sdpa_cudnn_takes(T, D, sixteen)) return "";
   if (!sixteen) return fmt::format("cuDNN's attention takes bf16 or fp16 storage, not {}", dtype_name(dt));
@@ -34,6 +42,7 @@ std::string sdpa_cudnn_refusal(std::int64_t T, std::int64_t D, DType dt) {
 #ifndef ZP_HAVE_CUDNN
 
 bool sdpa_cudnn_built() { return false; }
+std::string sdpa_cudnn_load() { return sdpa_cudnn_refusal(2, 64, DType::bf16); }
 std::int64_t sdpa_cudnn_version() { return 0; }
 
 namespace {
@@ -56,12 +65,52 @@ SdpaCudnnWorkspace sdpa_cudnn_workspace(Context&, std::int64_t, std::int64_t, st
 
 #else
 
+}  // namespace zp::kernels::cuda
+
+// cudnn-frontend's dynamic loading reads the library's handle from here.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace zp::kernels::cuda {
+
 bool sdpa_cudnn_built() { return true; }
-std::int64_t sdpa_cudnn_version() { return static_cast<std::int64_t>(cudnnGetVersion()); }
+
+std::string sdpa_cudnn_load() {
+  // Once per process: cuDNN 9's front library (it opens its engine libraries from its own
+  // folder), found as the dynamic loader finds any (LD_LIBRARY_PATH, the ld.so cache), or the
+  // file ZEROPLAN_CUDNN_LIBRARY names (another cuDNN than the system's: PyTorch's wheel's, say).
+  static const std::string why = [] {
+    const char* env = std::getenv("ZEROPLAN_CUDNN_LIBRARY");
+    const std::string lib = env != nullptr && *env != '\0' ? env : "libcudnn.so.9";
+    dlerror();
+    void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (h == nullptr) {
+      const char* e = dlerror();
+      return fmt::format("cuDNN 9 could not be loaded ({}); install cuDNN 9, put its lib folder on "
+                         "LD_LIBRARY_PATH or name the library in ZEROPLAN_CUDNN_LIBRARY, or use --attention-kernel own",
+                         e != nullptr ? e : lib + " not found");
+    }
+    cudnn_frontend::cudnn_dlhandle = h;
+    if (cudnn_frontend::detail::get_backend_version() < 90000)
+      return fmt::format("cuDNN {} was loaded; cuDNN's attention takes cuDNN 9 or later",
+                         cudnn_frontend::detail::get_backend_version());
+    return std::string();
+  }();
+  return why;
+}
+
+std::int64_t sdpa_cudnn_version() {
+  return sdpa_cudnn_load().empty() ? static_cast<std::int64_t>(cudnn_frontend::detail::get_backend_version()) : 0;
+}
 
 namespace {
 
 namespace fe = cudnn_frontend;
+
+// The backend's calls through cudnn-frontend's loader (fe::detail: dlsym on the handle above).
+const char* status_name(cudnnStatus_t st) { return fe::detail::get_error_string(st); }
+std::size_t loaded_version() { return fe::detail::get_backend_version(); }
 
 // The graphs' tensors by uid.
 enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeed, kOffset };
@@ -88,13 +137,14 @@ struct State {
   cudnnHandle_t handle = nullptr;
   std::map<Key, Built> graphs;
   State() {
-    const cudnnStatus_t st = cudnnCreate(&handle);
+    if (const std::string why = sdpa_cudnn_load(); !why.empty()) throw CudaError(why);
+    const cudnnStatus_t st = fe::detail::create_handle(&handle);
     if (st != CUDNN_STATUS_SUCCESS)
-      throw CudaError(fmt::format("cudnnCreate: {} (cuDNN {} at run time)", cudnnGetErrorString(st), cudnnGetVersion()));
+      throw CudaError(fmt::format("cudnnCreate: {} (cuDNN {} at run time)", status_name(st), loaded_version()));
   }
   ~State() {
     graphs.clear();  // their plans were built with the handle: released before it
-    if (handle != nullptr) cudnnDestroy(handle);
+    if (handle != nullptr) fe::detail::destroy_handle(handle);
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -110,7 +160,7 @@ void check(fe::error_t e, const char* step, const Shape& s) {
   if (e.is_good()) return;
   throw CudaError(fmt::format("cuDNN attention ({} B={} H={} T={} D={}{}{}, cuDNN {}): {}", step, s.B, s.H, s.T, s.D,
                               s.causal ? " causal" : "", s.p > 0 ? fmt::format(" dropout {}", s.p) : "",
-                              cudnnGetVersion(), e.get_message()));
+                              loaded_version(), e.get_message()));
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> heads(fe::graph::Graph& g, const char* name, std::int64_t uid,
@@ -195,8 +245,8 @@ std::size_t aligned(std::int64_t n) { return static_cast<std::size_t>(carve_alig
 void run(Context& ctx, const Built& b, const Shape& s, std::unordered_map<std::int64_t, void*>& pack, void* workspace,
          cudaStream_t stream, const char* what) {
   State& st = state(ctx);
-  if (const cudnnStatus_t e = cudnnSetStream(st.handle, stream); e != CUDNN_STATUS_SUCCESS)
-    throw CudaError(fmt::format("cudnnSetStream: {}", cudnnGetErrorString(e)));
+  if (const cudnnStatus_t e = fe::detail::set_stream(st.handle, stream); e != CUDNN_STATUS_SUCCESS)
+    throw CudaError(fmt::format("cudnnSetStream: {}", status_name(e)));
   check(b.graph->execute(st.handle, pack, workspace), what, s);
 }
 

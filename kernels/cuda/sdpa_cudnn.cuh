@@ -23,12 +23,17 @@
 
 namespace zp::kernels::cuda {
 
-// Whether this build has cuDNN's attention (cuDNN and cudnn-frontend found at configure time).
+// Whether this build has cuDNN's attention (cuDNN's and cudnn-frontend's headers found at
+// configure time).
 bool sdpa_cudnn_built();
+// Opens cuDNN 9 (libcudnn.so.9) once per process: "" when it is there, else one line saying
+// why not. Binaries do not link cuDNN or NVRTC; they are opened here, on first use.
+std::string sdpa_cudnn_load();
 // The cuDNN library loaded at run time (cudnnGetVersion: 91900 for 9.19.0); 0 without cuDNN.
 std::int64_t sdpa_cudnn_version();
 // "" where cuDNN's attention takes these operands (kernels/common/sdpa_dims.hpp,
-// sdpa_cudnn_takes); else one line saying why not (a build without cuDNN, a storage dtype
+// sdpa_cudnn_takes); else one line saying why not (a build without cuDNN, cuDNN 9 not found at
+// run time, a storage dtype
 // other than bf16/fp16, a head dim that is not a multiple of 8 up to 128, one position).
 std::string sdpa_cudnn_refusal(std::int64_t T, std::int64_t D, DType dt);
 

@@ -56,10 +56,13 @@ struct Case {
   bool nccl = false;
   std::string variants = "";  // kernel variants of the graph for train and simulate, e.g. " --fused-loss"
   std::string zero_extra = "";  // more zero_optimization keys, e.g. R"(, "offload_optimizer": {"device": "cpu"})"
+  // Flags of the GPU run (and of simulate --executor cuda) only, e.g. " --attention-kernel cudnn":
+  // the CPU run it is held against takes the own kernels.
+  std::string cuda_flags = "";
 };
 
 std::string name_of(const Case& c) {
-  std::string v = c.variants;
+  std::string v = c.variants + c.cuda_flags;
   std::replace(v.begin(), v.end(), ' ', '_');
   return fmt::format("{}-s{}-{}-g{}-{}{}-n{}{}{}{}", fs::path(c.model).stem().string(), c.stage, c.dtype, c.gas, c.attention, c.ckpt ? "-ckpt" : "",
                      c.np, c.nccl ? "-nccl" : "", v, c.zero_extra.empty() ? "" : fmt::format("-z{:08x}", std::hash<std::string>{}(c.zero_extra) & 0xffffffffu));
@@ -96,7 +99,7 @@ json train(const Case& c, const std::string& device) {
                                       "--attention {} --device {} --workspaces-of H200-141GB --out {}{}{}{}",
                                       bin(), c.model, cfg.string(), c.attention, device, out.string(),
                                       c.ckpt ? " --activation-checkpointing" : "", c.nccl && device == "cuda" ? " --comm nccl" : "",
-                                      c.variants);
+                                      c.variants + (device == "cuda" ? c.cuda_flags : ""));
   const auto r = zp::test::run_shell(c.np == 1 ? cmd : mpirun(c.np, c.nccl && device == "cuda", cmd));
   INFO(name, "\n", r.out);
   REQUIRE(r.status == 0);
@@ -121,11 +124,11 @@ void check_compare(const Case& c) {
   const fs::path predicted = dir() / (name_of(c) + ".predicted.json");
   const auto r = zp::test::run_shell(fmt::format(
       "{0} simulate --model {1} --ds-config {2} --cluster 8xH200-141GB-NVSwitch --gpus {3} --rank 0 --seq-len 16 "
-      "--attention {4}{5}{8} --executor {9} --executor-workspaces --json > {6} && "
+      "--attention {4}{5}{8}{10} --executor {9} --executor-workspaces --json > {6} && "
       "{0} compare --predicted {6} --measured {7} --json",
       bin(), c.model, cfg.string(), c.np, c.attention, c.ckpt ? " --activation-checkpointing" : "", predicted.string(),
       measured.string(), c.variants,
-      c.np == 1 || c.nccl ? std::string("cuda") : fmt::format("cuda-mpi --ranks-per-gpu {}", c.np)), false);
+      c.np == 1 || c.nccl ? std::string("cuda") : fmt::format("cuda-mpi --ranks-per-gpu {}", c.np), c.cuda_flags), false);
   INFO(r.out);
   REQUIRE(r.status == 0);
   const json cmp = json::parse(r.out);
@@ -229,6 +232,20 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
   std::ofstream(odd) << m.dump();
   check({odd.string(), 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss"});
   check({odd.string(), 0, "fp32", 2, "sdpa", false, 1, false, " --fused-loss"});
+}
+
+// cuDNN's flash attention (train --attention-kernel cudnn) in training, held against the CPU
+// device's own kernels: its dropout masks are cuDNN's own (tiny GPT-2's and BERT's attention
+// dropout 0.1), so the losses agree within the 16-bit tolerance, not to the mask; the program's
+// bytes are equal, and the compare with simulate --attention-kernel cudnn is exact, cuDNN's
+// backward workspace in the device's scratch included. Causal and not, stages 0-3, checkpointing
+// (the forward recomputed through cuDNN) and the Llama's repeated key/value heads.
+TEST_CASE("train --device cuda --attention-kernel cudnn: against the cpu device's own kernels") {
+  const std::string cudnn = " --attention-kernel cudnn";
+  check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss", "", cudnn});
+  check({"tiny-gpt2", 0, "fp16", 2, "sdpa", false, 1, false, "", "", cudnn});
+  check({"tiny-bert", 1, "bf16", 2, "sdpa", false, 1, false, "", "", cudnn});
+  check({"tiny-llama", 3, "bf16", 2, "sdpa", true, 1, false, "", "", cudnn});
 }
 
 // overlap_comm: reductions on the reduction stream, stage 3's fetches on the allgather stream,
