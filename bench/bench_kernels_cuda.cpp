@@ -219,6 +219,45 @@ int main(int argc, char** argv) {
                true, gemm_ceiling);
       };
       for (const Lin& l : lins) run(ctx, l, l.name);
+      // The whole backward of GPT-2 medium's Conv1Ds and BERT-large's FFN Linear (dX, dW and
+      // the bias gradient, dW added into as under gradient accumulation), the bias gradient as
+      // a column sum of its own over dY (the default) and by cuBLASLt's bias-gradient epilogue
+      // on the dW product (ContextOptions::bias_grad_epilogue), which reads dY anyway.
+      {
+        kg::ContextOptions bgrad_options;
+        bgrad_options.bias_grad_epilogue = true;
+        kg::Context bgrad(bgrad_options);
+        const Lin mediums[] = {{"gpt2-medium c_attn", M, 3072, 1024},
+                               {"gpt2-medium attn.c_proj", M, 1024, 1024},
+                               {"gpt2-medium c_fc", M, 4096, 1024},
+                               {"gpt2-medium mlp.c_proj", M, 1024, 4096},
+                               {"bert-large ffn (Linear)", 64 * 128 / scale, 4096, 1024}};
+        for (const Lin& l : mediums) {
+          const bool conv = l.name[0] == 'g';
+          Buffer x(static_cast<std::size_t>(l.M * l.K) * 2), w(static_cast<std::size_t>(l.N * l.K) * 2),
+              dy(static_cast<std::size_t>(l.M * l.N) * 2), dx(static_cast<std::size_t>(l.M * l.K) * 2),
+              dw(static_cast<std::size_t>(l.N * l.K) * 2), db(static_cast<std::size_t>(l.N) * 2);
+          fill(x, l.M * l.K, DType::bf16, 31);
+          fill(w, l.N * l.K, DType::bf16, 32);
+          fill(dy, l.M * l.N, DType::bf16, 33);
+          for (kg::Context* c : {&ctx, &bgrad}) {
+            const std::uint64_t before = c->bias_grad_epilogues();
+            const double ms = time_ms(opt, [&] {
+              if (conv)
+                kg::conv1d_backward(*c, dx.get(), dw.get(), db.get(), dy.get(), x.get(), w.get(), l.M, l.N, l.K, true,
+                                    DType::bf16, nullptr);
+              else
+                kg::linear_backward(*c, dx.get(), dw.get(), db.get(), dy.get(), x.get(), w.get(), l.M, l.N, l.K, true,
+                                    DType::bf16, nullptr);
+            });
+            const std::string how = c == &ctx                            ? ", bias column sum"
+                                    : c->bias_grad_epilogues() > before ? ", bias grad epilogue"
+                                                                         : ", bias grad epilogue refused: column sum";
+            report(std::string(conv ? "conv1d" : "linear") + " bf16 bwd " + l.name + how, dims({l.M, l.N, l.K}), ms,
+                   4.0 * f(l.M) * f(l.N) * f(l.K), true, gemm_ceiling);
+          }
+        }
+      }
       // GPT-2's odd vocabulary leaves the logits' rows misaligned: by default such products
       // run in pieces staged through the Context's scratch (kernels/cuda/bmm.cu); here also
       // as they are, and with a larger scratch (fewer, larger pieces).

@@ -34,18 +34,30 @@ struct Matmul {
 };
 void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream);
 
+// mm (batch 1, no bias) with the sum over k of op(A) (length m), or of op(B) (length n) when
+// `of_b`, written (not added) in fp32 to bias_grad by cuBLASLt's bias-gradient epilogue as
+// the product reads that operand. Returns false, having run nothing, where the product would
+// be staged (a dimension not a multiple of 8, an operand not 16-byte aligned or not packed)
+// or cuBLASLt has no algorithm for the epilogue on this GPU (remembered per shape).
+bool matmul_bias_grad(Context& ctx, const Matmul& mm, float* bias_grad, bool of_b, cudaStream_t stream);
+
 // A cached plan: descriptors and the heuristic's algorithm for one shape.
 struct MatmulPlan {
+  bool unsupported = false;  // cuBLASLt had no algorithm (asked only of the optional epilogues)
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::size_t workspace = 0;
 };
 
-// (dtype, batch, m, n, k, strides a/b/c, row strides a/b/c, trans a/b, bias, alignments a/b/c,
+// The epilogue of a cached plan: none, the bias added, or a bias gradient (the sum over k of
+// op(A), or of op(B)) written.
+enum class Epilogue : int { none, bias, bias_grad_a, bias_grad_b };
+
+// (dtype, batch, m, n, k, strides a/b/c, row strides a/b/c, trans a/b, epilogue, alignments a/b/c,
 // TF32 allowed, C in fp32)
 using MatmulKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                             std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, int, int, int,
+                             std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, int, int, int, int,
                              int, bool>;
 
 struct Context::Impl {
@@ -61,6 +73,8 @@ struct Context::Impl {
   bool sdpa_cudnn = false;
   std::shared_ptr<void> cudnn;  // released first by ~Impl (cuDNN's handle before the buffers)
   std::uint64_t staged_products = 0;
+  bool bias_grad_epilogue = false;
+  std::uint64_t bias_grad_epilogues = 0;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;

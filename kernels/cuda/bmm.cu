@@ -75,7 +75,7 @@ void destroy_plan(MatmulPlan& plan) {
   plan = MatmulPlan{};
 }
 
-void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, bool epilogue_bias, int align_a, int align_b,
+void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, Epilogue epilogue, int align_a, int align_b,
                int align_c) {
   const cudaDataType_t type = cuda_type(mm.dt);
   const cublasComputeType_t compute =
@@ -84,9 +84,15 @@ void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, bool epilog
   // Row-major C (m,n) is column-major C^T (n,m) = op(B)^T op(A)^T: cuBLASLt's A is our B.
   set_attr(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, mm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attr(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, mm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-  if (epilogue_bias) {
+  if (epilogue == Epilogue::bias) {
     set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type);
+  } else if (epilogue == Epilogue::bias_grad_a || epilogue == Epilogue::bias_grad_b) {
+    // cuBLASLt's A is our B: the sum of our op(A) over k is its BGRADB (a value per column of
+    // its D, our row), of our op(B) its BGRADA. Summed and written in fp32.
+    set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+             epilogue == Epilogue::bias_grad_a ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA);
+    set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_32F);
   }
   // Column-major views of the row-major operands (rows, cols, leading dimension).
   const std::uint64_t la_rows = static_cast<std::uint64_t>(mm.trans_b ? mm.k : mm.n);
@@ -158,10 +164,15 @@ void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, bool epilog
 }
 
 // Descriptors and algorithm for one shape; nothing is left allocated when it throws.
-MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, bool epilogue_bias, int align_a, int align_b, int align_c) {
+MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, Epilogue epilogue, int align_a, int align_b, int align_c) {
   MatmulPlan plan;
   try {
-    fill_plan(plan, s, mm, epilogue_bias, align_a, align_b, align_c);
+    fill_plan(plan, s, mm, epilogue, align_a, align_b, align_c);
+  } catch (const CudaError&) {
+    destroy_plan(plan);
+    // The optional epilogues fall back to a plain product: no algorithm is remembered as such.
+    if (epilogue != Epilogue::bias_grad_a && epilogue != Epilogue::bias_grad_b) throw;
+    plan.unsupported = true;
   } catch (...) {
     destroy_plan(plan);
     throw;
@@ -169,12 +180,17 @@ MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, bool epilogue_bias, int
   return plan;
 }
 
-// One cuBLASLt call for mm (bias already 16-byte aligned, or nullptr): the plan for its
-// shape, strides and alignments is made once and cached in the Context.
-void launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t stream) {
+// One cuBLASLt call for mm (bias already 16-byte aligned, or nullptr; with a bias-gradient
+// epilogue, `bias` is its fp32 output): the plan for its shape, strides, alignments and
+// epilogue is made once and cached in the Context. Returns false, having run nothing, where
+// an optional epilogue has no algorithm.
+bool launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t stream,
+            Epilogue epilogue_grad = Epilogue::none) {
   Context::Impl& s = ctx.impl();
   const std::int64_t elem = dtype_size(mm.dt);
-  const bool epilogue_bias = bias != nullptr;
+  const Epilogue epilogue = epilogue_grad != Epilogue::none ? epilogue_grad
+                            : bias != nullptr             ? Epilogue::bias
+                                                          : Epilogue::none;
   const int align_a = alignment(mm.a, mm.stride_a * elem, mm.batch);
   const int align_b = alignment(mm.b, mm.stride_b * elem, mm.batch);
   const int align_c = alignment(mm.c, mm.stride_c * elem, mm.batch);
@@ -191,7 +207,7 @@ void launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t strea
                       mm.ldc,
                       mm.trans_a,
                       mm.trans_b,
-                      epilogue_bias,
+                      static_cast<int>(epilogue),
                       align_a,
                       align_b,
                       align_c,
@@ -199,14 +215,16 @@ void launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t strea
                       mm.c_fp32};
   auto it = s.plans.find(key);
   if (it == s.plans.end()) {
-    MatmulPlan plan = make_plan(s, mm, epilogue_bias, align_a, align_b, align_c);
+    MatmulPlan plan = make_plan(s, mm, epilogue, align_a, align_b, align_c);
     it = s.plans.emplace(key, plan).first;
   }
   const MatmulPlan& plan = it->second;
-  if (epilogue_bias) set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (plan.unsupported) return false;
+  if (epilogue != Epilogue::none) set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.0f, beta = mm.accumulate ? 1.0f : 0.0f;
   ZP_CUBLAS_CHECK(cublasLtMatmul(s.lt, plan.op, &alpha, mm.b, plan.a, mm.a, plan.b, &beta, mm.c, plan.c, mm.c, plan.c,
                                  &plan.algo, s.workspace, s.workspace_bytes, stream));
+  return true;
 }
 
 // Row d of `width` elements written by the block, value(j) at j: each thread stores whole
@@ -397,6 +415,18 @@ void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
     scratch_used = static_cast<std::size_t>(ceil_div(mm.n * elem, 256) * 256);
   }
   if (!staged(ctx, mm, bias, scratch_used, stream)) launch(ctx, mm, bias, stream);
+}
+
+bool matmul_bias_grad(Context& ctx, const Matmul& mm, float* bias_grad, bool of_b, cudaStream_t stream) {
+  require_float(mm.dt, "matmul_bias_grad");
+  if (bias_grad == nullptr || mm.bias != nullptr || mm.c_fp32 || mm.batch != 1) return false;
+  if (mm.m <= 0 || mm.n <= 0 || mm.k <= 0 || mm.m % 8 != 0 || mm.n % 8 != 0 || mm.k % 8 != 0) return false;
+  if (mm.lda != 0 || mm.ldb != 0 || mm.ldc != 0) return false;
+  if (!detail::aligned16(mm.a) || !detail::aligned16(mm.b) || !detail::aligned16(mm.c) || !detail::aligned16(bias_grad))
+    return false;
+  if (!launch(ctx, mm, bias_grad, stream, of_b ? Epilogue::bias_grad_b : Epilogue::bias_grad_a)) return false;
+  ++ctx.impl().bias_grad_epilogues;
+  return true;
 }
 
 void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k,

@@ -59,6 +59,7 @@ Context::Context(const ContextOptions& options) : impl_(std::make_unique<Impl>()
                                 std::to_string(options.layernorm_backward_warps) + "; allowed: 0 (built in) or more");
   s.layernorm_backward_warps = options.layernorm_backward_warps;
   s.sdpa_cudnn = options.sdpa_cudnn;
+  s.bias_grad_epilogue = options.bias_grad_epilogue;
   ZP_CUBLAS_CHECK(cublasLtCreate(&s.lt));
   if (options.blas_workspace_bytes > 0) ZP_CUDA_CHECK(cudaMalloc(&s.workspace, options.blas_workspace_bytes));
   s.workspace_bytes = options.blas_workspace_bytes;
@@ -76,6 +77,8 @@ std::size_t Context::device_bytes() const {
 std::size_t Context::scratch_bytes() const { return impl_->scratch_bytes; }
 bool Context::allow_tf32() const { return impl_->allow_tf32; }
 std::uint64_t Context::staged_products() const { return impl_->staged_products; }
+bool Context::bias_grad_epilogue() const { return impl_->bias_grad_epilogue; }
+std::uint64_t Context::bias_grad_epilogues() const { return impl_->bias_grad_epilogues; }
 int Context::sdpa_backward_chunk() const { return impl_->sdpa_backward_chunk; }
 bool Context::sdpa_backward_one_pass() const { return impl_->sdpa_backward_one_pass; }
 bool Context::sdpa_backward_atomic_dq() const { return impl_->sdpa_backward_atomic_dq; }

@@ -51,6 +51,11 @@ struct ContextOptions {
   // k + warps, ...: 0 as many as this GPU holds at once (one wave). The parameters' gradients
   // are summed in the warps' order: a fixed number gives the same bits on every GPU.
   std::int64_t layernorm_backward_warps = 0;
+  // A Linear's bias gradient summed by cuBLASLt's bias-gradient epilogue (BGRADA/BGRADB) as
+  // the weight-gradient product reads dY, instead of a column sum over dY of its own
+  // (kernels/cuda/linear.cu). Only where the product runs unstaged (dims multiples of 8,
+  // 16-byte aligned operands) and cuBLASLt has an algorithm for it; else the column sum.
+  bool bias_grad_epilogue = false;
 };
 
 class Context {
@@ -66,6 +71,8 @@ class Context {
   std::size_t scratch_bytes() const;
   bool allow_tf32() const;
   std::uint64_t staged_products() const;  // products run in staged pieces so far
+  bool bias_grad_epilogue() const;
+  std::uint64_t bias_grad_epilogues() const;  // bias gradients summed by cuBLASLt's epilogue so far
   int sdpa_backward_chunk() const;
   bool sdpa_backward_one_pass() const;
   bool sdpa_backward_atomic_dq() const;

@@ -39,6 +39,43 @@ void bias_backward_ld(Context& ctx, void* db, const void* dy, std::int64_t M, st
   });
 }
 
+// db = (db +) sums, rounded once to db's type.
+template <class T>
+__global__ void add_sums_kernel(T* __restrict__ db, const float* __restrict__ sums, std::int64_t n, bool accumulate) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    db[i] = detail::from_float<T>(sums[i] + (accumulate ? detail::to_float(db[i]) : 0.0f));
+}
+
+// The weight gradient dw (+)= op(a)·op(b) (an (m, n) product over k = the rows of dY) with the
+// bias gradient db (+)= the sum over k of dY (op(a) when !of_b, op(b) when of_b: n_bias
+// values), by cuBLASLt's bias-gradient epilogue into fp32 sums in the scratch, then added into
+// db. Only where the Context asks for it and matmul_bias_grad takes the product; false:
+// nothing ran, and the caller runs the product and the column sum.
+bool weight_and_bias_grad(Context& ctx, void* dw, void* db, const void* a, const void* b, std::int64_t m,
+                          std::int64_t n, std::int64_t k, bool of_b, bool accumulate, DType dt, cudaStream_t stream) {
+  if (!ctx.bias_grad_epilogue() || dw == nullptr || db == nullptr) return false;
+  const std::int64_t n_bias = of_b ? n : m;
+  auto* sums = static_cast<float*>(ctx.scratch(static_cast<std::size_t>(n_bias) * sizeof(float), "bias gradient"));
+  Matmul mm;
+  mm.c = dw;
+  mm.a = a;
+  mm.b = b;
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.trans_a = true;
+  mm.accumulate = accumulate;
+  mm.dt = dt;
+  if (!matmul_bias_grad(ctx, mm, sums, of_b, stream)) return false;
+  detail::dispatch(dt, "bias gradient", [&](auto tag) {
+    using T = decltype(tag);
+    add_sums_kernel<T><<<detail::grid_for(n_bias, 256), 256, 0, stream>>>(static_cast<T*>(db), sums, n_bias, accumulate);
+    ZP_CUDA_CHECK_LAUNCH("add_sums_kernel");
+  });
+  return true;
+}
+
 }  // namespace
 
 void bias_backward(Context& ctx, void* db, const void* dy, std::int64_t M, std::int64_t N, bool accumulate, DType dt,
@@ -57,6 +94,8 @@ void linear_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy,
   // dy's rows ld_dy apart (a padded pitch): A of both products.
   const std::int64_t ld = ld_dy != 0 ? ld_dy : N;
   if (dx != nullptr) gemm(ctx, dx, dy, w, M, K, N, false, false, accumulate, dt, stream, ld);
+  // dW = dY^T X: the bias gradient is the sum of op(A) = dY^T over k.
+  if (ld == N && weight_and_bias_grad(ctx, dw, db, dy, x, N, K, M, false, accumulate, dt, stream)) return;
   if (dw != nullptr) gemm(ctx, dw, dy, x, N, K, M, true, false, accumulate, dt, stream, ld);
   if (db != nullptr) bias_backward_ld(ctx, db, dy, M, N, ld, accumulate, dt, stream);
 }
@@ -69,6 +108,8 @@ void conv1d_forward(Context& ctx, void* y, const void* x, const void* w, const v
 void conv1d_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const void* w,
                      std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream) {
   if (dx != nullptr) gemm(ctx, dx, dy, w, M, K, N, false, true, accumulate, dt, stream);
+  // dW = X^T dY: the bias gradient is the sum of op(B) = dY over k.
+  if (weight_and_bias_grad(ctx, dw, db, x, dy, K, N, M, true, accumulate, dt, stream)) return;
   if (dw != nullptr) gemm(ctx, dw, x, dy, K, N, M, true, false, accumulate, dt, stream);
   if (db != nullptr) bias_backward(ctx, db, dy, M, N, accumulate, dt, stream);
 }
