@@ -33,6 +33,9 @@ struct Matmul {
   bool c_fp32 = false;  // C is fp32 whatever dt (A and B in dt): an accumulator of staged parts
 };
 void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream);
+// The Matmul of gemm()'s arguments (bmm.cuh): packed B and C, A's row stride lda (0: packed).
+Matmul gemm_operands(void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a,
+                     bool trans_b, bool accumulate, DType dt, std::int64_t lda = 0);
 
 // mm (batch 1, no bias) with the sum over k of op(A) (length m), or of op(B) (length n) when
 // `of_b`, written (not added) in fp32 to bias_grad by cuBLASLt's bias-gradient epilogue as

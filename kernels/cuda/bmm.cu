@@ -429,8 +429,8 @@ bool matmul_bias_grad(Context& ctx, const Matmul& mm, float* bias_grad, bool of_
   return true;
 }
 
-void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k,
-          bool trans_a, bool trans_b, bool accumulate, DType dt, cudaStream_t stream, std::int64_t lda) {
+Matmul gemm_operands(void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a,
+                     bool trans_b, bool accumulate, DType dt, std::int64_t lda) {
   Matmul mm;
   mm.c = c;
   mm.a = a;
@@ -443,7 +443,12 @@ void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, s
   mm.trans_b = trans_b;
   mm.accumulate = accumulate;
   mm.dt = dt;
-  matmul(ctx, mm, stream);
+  return mm;
+}
+
+void gemm(Context& ctx, void* c, const void* a, const void* b, std::int64_t m, std::int64_t n, std::int64_t k,
+          bool trans_a, bool trans_b, bool accumulate, DType dt, cudaStream_t stream, std::int64_t lda) {
+  matmul(ctx, gemm_operands(c, a, b, m, n, k, trans_a, trans_b, accumulate, dt, lda), stream);
 }
 
 namespace {

@@ -57,17 +57,8 @@ bool weight_and_bias_grad(Context& ctx, void* dw, void* db, const void* a, const
   if (!ctx.bias_grad_epilogue() || dw == nullptr || db == nullptr) return false;
   const std::int64_t n_bias = of_b ? n : m;
   auto* sums = static_cast<float*>(ctx.scratch(static_cast<std::size_t>(n_bias) * sizeof(float), "bias gradient"));
-  Matmul mm;
-  mm.c = dw;
-  mm.a = a;
-  mm.b = b;
-  mm.m = m;
-  mm.n = n;
-  mm.k = k;
-  mm.trans_a = true;
-  mm.accumulate = accumulate;
-  mm.dt = dt;
-  if (!matmul_bias_grad(ctx, mm, sums, of_b, stream)) return false;
+  if (!matmul_bias_grad(ctx, gemm_operands(dw, a, b, m, n, k, true, false, accumulate, dt), sums, of_b, stream))
+    return false;
   detail::dispatch(dt, "bias gradient", [&](auto tag) {
     using T = decltype(tag);
     add_sums_kernel<T><<<detail::grid_for(n_bias, 256), 256, 0, stream>>>(static_cast<T*>(db), sums, n_bias, accumulate);
