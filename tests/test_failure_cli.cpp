@@ -405,6 +405,14 @@ TEST_CASE("train --device: bad values, and cuda where it cannot run, end in one 
   CHECK(contains(r.out, "zeroplan: --attention-kernel: cudnn: "));
   CHECK((contains(r.out, "cuDNN 9 could not be loaded (/nonexistent/libcudnn.so.9: cannot open shared object file") ||
          contains(r.out, "this build has no cuDNN attention") || contains(r.out, "built without CUDA")));
+  // A library that loads but is not cuDNN: refused the same way, naming it.
+  r = sh("ZEROPLAN_CUDNN_LIBRARY=libc.so.6 " + kBin +
+         " train --model tiny-gpt2 --steps 1 --quiet --device cuda --attention-kernel cudnn");
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  CHECK((contains(r.out, "zeroplan: --attention-kernel: cudnn: libc.so.6 is not cuDNN (no cudnnGetVersion in it)") ||
+         contains(r.out, "this build has no cuDNN attention") || contains(r.out, "built without CUDA")));
 }
 
 // The CUDA binary needs neither cuDNN nor NVRTC to start: they are opened at first use of

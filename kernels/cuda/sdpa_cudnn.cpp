@@ -91,10 +91,15 @@ std::string sdpa_cudnn_load() {
                          "LD_LIBRARY_PATH or name the library in ZEROPLAN_CUDNN_LIBRARY, or use --attention-kernel own",
                          e != nullptr ? e : lib + " not found");
     }
+    if (dlsym(h, "cudnnGetVersion") == nullptr) {
+      dlclose(h);
+      return fmt::format("{} is not cuDNN (no cudnnGetVersion in it); name cuDNN 9's libcudnn.so.9 in "
+                         "ZEROPLAN_CUDNN_LIBRARY, or use --attention-kernel own",
+                         lib);
+    }
     cudnn_frontend::cudnn_dlhandle = h;
-    if (cudnn_frontend::detail::get_backend_version() < 90000)
-      return fmt::format("cuDNN {} was loaded; cuDNN's attention takes cuDNN 9 or later",
-                         cudnn_frontend::detail::get_backend_version());
+    if (const std::size_t v = cudnn_frontend::detail::get_backend_version(); v < 90000)
+      return fmt::format("{} is cuDNN {}; cuDNN's attention takes cuDNN 9 or later", lib, v);
     return std::string();
   }();
   return why;
