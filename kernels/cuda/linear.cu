@@ -56,6 +56,7 @@ bool weight_and_bias_grad(Context& ctx, void* dw, void* db, const void* a, const
                           std::int64_t n, std::int64_t k, bool of_b, bool accumulate, DType dt, cudaStream_t stream) {
   if (!ctx.bias_grad_epilogue() || dw == nullptr || db == nullptr) return false;
   const std::int64_t n_bias = of_b ? n : m;
+  if (static_cast<std::size_t>(n_bias) * sizeof(float) > ctx.scratch_bytes()) return false;
   auto* sums = static_cast<float*>(ctx.scratch(static_cast<std::size_t>(n_bias) * sizeof(float), "bias gradient"));
   if (!matmul_bias_grad(ctx, gemm_operands(dw, a, b, m, n, k, true, false, accumulate, dt), sums, of_b, stream))
     return false;

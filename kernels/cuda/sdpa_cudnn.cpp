@@ -81,6 +81,9 @@ std::string sdpa_cudnn_load() {
   // folder), found as the dynamic loader finds any (LD_LIBRARY_PATH, the ld.so cache), or the
   // file ZEROPLAN_CUDNN_LIBRARY names (another cuDNN than the system's: PyTorch's wheel's, say).
   static const std::string why = [] {
+    // cudnn-frontend opens a CUDA runtime of its own for its memsets and copies, the first of
+    // libcudart.so.12 and .13 it finds: the one this binary runs on, unless the user chose.
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", fmt::format("libcudart.so.{}", CUDART_VERSION / 1000).c_str(), 0);
     const char* env = std::getenv("ZEROPLAN_CUDNN_LIBRARY");
     const std::string lib = env != nullptr && *env != '\0' ? env : "libcudnn.so.9";
     dlerror();

@@ -27,7 +27,8 @@ namespace zp::kernels::cuda {
 // configure time).
 bool sdpa_cudnn_built();
 // Opens cuDNN 9 (libcudnn.so.9) once per process: "" when it is there, else one line saying
-// why not. Binaries do not link cuDNN or NVRTC; they are opened here, on first use.
+// why not. Binaries do not link cuDNN or NVRTC: cuDNN is opened here, on first use; NVRTC by
+// cudnn-frontend, only for its run-time compiled engines.
 std::string sdpa_cudnn_load();
 // The cuDNN library loaded at run time (cudnnGetVersion: 91900 for 9.19.0); 0 without cuDNN.
 std::int64_t sdpa_cudnn_version();
