@@ -239,7 +239,8 @@ class ProbeDevice final : public Device {
     return on;
   }
   void context() { contexts_[static_cast<std::size_t>(stream_)] = true; }
-  // cuDNN's backward workspace in the compute Context's buffer (grown, never shrunk), where
+  // cuDNN's workspace (its backward's; the forward's 256 B for an attention without one) in the
+  // compute Context's buffer (grown, never shrunk), where
   // cuDNN takes the attention (exec/device_cuda_ops.cpp's FusedAttention decides alike). A
   // gradient without a buffer of its own gets one among the op's temporaries (the scratch rule
   // above), so cuDNN always has three to write. A gradient added into (not written whole) would
@@ -249,11 +250,12 @@ class ProbeDevice final : public Device {
     const models::HeadsLayout f = models::heads_layout(o.graph(), op);
     const DType dt = o.act_ref(f.q.tensor).dt;
     if (!kernels::sdpa_cudnn_takes(f.T, f.D, dt == DType::bf16 || dt == DType::fp16)) return;
-    if (!o.grad_peek(f.q.tensor) && !o.grad_peek(f.k.tensor) && !o.grad_peek(f.v.tensor)) return;  // no backward
-    const auto bytes = static_cast<std::size_t>(kernels::sdpa_cudnn_backward_workspace(f.B, f.H, f.T, f.D));
+    const bool backward = o.grad_peek(f.q.tensor) || o.grad_peek(f.k.tensor) || o.grad_peek(f.v.tensor);
+    const auto bytes = static_cast<std::size_t>(backward ? kernels::sdpa_cudnn_backward_workspace(f.B, f.H, f.T, f.D)
+                                                         : kernels::kSdpaCudnnForwardWorkspace);
     if (bytes > buffer_) {
       buffer_ = bytes;
-      buffer_by_ = who(fmt::format("backward of {}", op.name));
+      buffer_by_ = who(fmt::format("{} of {}", backward ? "backward" : "forward", op.name));
     }
   }
   void ops(const models::Op& op, const char* pass, const OpScratch& s) {

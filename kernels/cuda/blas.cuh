@@ -38,11 +38,12 @@ Matmul gemm_operands(void* c, const void* a, const void* b, std::int64_t m, std:
                      bool trans_b, bool accumulate, DType dt, std::int64_t lda = 0);
 
 // mm (batch 1, no bias) with the sum over k of op(A) (length m), or of op(B) (length n) when
-// `of_b`, written (not added) in fp32 to bias_grad by cuBLASLt's bias-gradient epilogue as
-// the product reads that operand. Returns false, having run nothing, where the product would
-// be staged (a dimension not a multiple of 8, an operand not 16-byte aligned or not packed)
-// or cuBLASLt has no algorithm for the epilogue on this GPU (remembered per shape).
-bool matmul_bias_grad(Context& ctx, const Matmul& mm, float* bias_grad, bool of_b, cudaStream_t stream);
+// `of_b`, written (not added) to bias_grad by cuBLASLt's bias-gradient epilogue as the product
+// reads that operand: in fp32 when `sums_fp32`, else in mm.dt. Returns false, having run
+// nothing, where the product would be staged (a dimension not a multiple of 8, an operand not
+// 16-byte aligned or not packed) or cuBLASLt has no algorithm for the epilogue on this GPU
+// (remembered per shape).
+bool matmul_bias_grad(Context& ctx, const Matmul& mm, void* bias_grad, bool of_b, bool sums_fp32, cudaStream_t stream);
 
 // A cached plan: descriptors and the heuristic's algorithm for one shape.
 struct MatmulPlan {
@@ -55,7 +56,9 @@ struct MatmulPlan {
 
 // The epilogue of a cached plan: none, the bias added, or a bias gradient (the sum over k of
 // op(A), or of op(B)) written.
-enum class Epilogue : int { none, bias, bias_grad_a, bias_grad_b };
+// (The bias gradient in fp32, or in the product's dtype: *_in_dt.)
+enum class Epilogue : int { none, bias, bias_grad_a, bias_grad_b, bias_grad_a_in_dt, bias_grad_b_in_dt };
+constexpr bool is_bias_grad(Epilogue e) { return e != Epilogue::none && e != Epilogue::bias; }
 
 // (dtype, batch, m, n, k, strides a/b/c, row strides a/b/c, trans a/b, epilogue, alignments a/b/c,
 // TF32 allowed, C in fp32)

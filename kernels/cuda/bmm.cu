@@ -87,12 +87,13 @@ void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, Epilogue ep
   if (epilogue == Epilogue::bias) {
     set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type);
-  } else if (epilogue == Epilogue::bias_grad_a || epilogue == Epilogue::bias_grad_b) {
+  } else if (is_bias_grad(epilogue)) {
     // cuBLASLt's A is our B: the sum of our op(A) over k is its BGRADB (a value per column of
-    // its D, our row), of our op(B) its BGRADA. Summed and written in fp32.
-    set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-             epilogue == Epilogue::bias_grad_a ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA);
-    set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_32F);
+    // its D, our row), of our op(B) its BGRADA. Written in fp32, or in the product's type.
+    const bool of_a = epilogue == Epilogue::bias_grad_a || epilogue == Epilogue::bias_grad_a_in_dt;
+    const bool fp32 = epilogue == Epilogue::bias_grad_a || epilogue == Epilogue::bias_grad_b;
+    set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, of_a ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA);
+    set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, fp32 ? CUDA_R_32F : type);
   }
   // Column-major views of the row-major operands (rows, cols, leading dimension).
   const std::uint64_t la_rows = static_cast<std::uint64_t>(mm.trans_b ? mm.k : mm.n);
@@ -171,7 +172,7 @@ MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, Epilogue epilogue, int 
   } catch (const CudaError&) {
     destroy_plan(plan);
     // The optional epilogues fall back to a plain product: no algorithm is remembered as such.
-    if (epilogue != Epilogue::bias_grad_a && epilogue != Epilogue::bias_grad_b) throw;
+    if (!is_bias_grad(epilogue)) throw;
     plan.unsupported = true;
   } catch (...) {
     destroy_plan(plan);
@@ -417,14 +418,16 @@ void matmul(Context& ctx, const Matmul& mm, cudaStream_t stream) {
   if (!staged(ctx, mm, bias, scratch_used, stream)) launch(ctx, mm, bias, stream);
 }
 
-bool matmul_bias_grad(Context& ctx, const Matmul& mm, float* bias_grad, bool of_b, cudaStream_t stream) {
+bool matmul_bias_grad(Context& ctx, const Matmul& mm, void* bias_grad, bool of_b, bool sums_fp32, cudaStream_t stream) {
   require_float(mm.dt, "matmul_bias_grad");
   if (bias_grad == nullptr || mm.bias != nullptr || mm.c_fp32 || mm.batch != 1) return false;
   if (mm.m <= 0 || mm.n <= 0 || mm.k <= 0 || mm.m % 8 != 0 || mm.n % 8 != 0 || mm.k % 8 != 0) return false;
   if (mm.lda != 0 || mm.ldb != 0 || mm.ldc != 0) return false;
   if (!detail::aligned16(mm.a) || !detail::aligned16(mm.b) || !detail::aligned16(mm.c) || !detail::aligned16(bias_grad))
     return false;
-  if (!launch(ctx, mm, bias_grad, stream, of_b ? Epilogue::bias_grad_b : Epilogue::bias_grad_a)) return false;
+  const Epilogue e = of_b ? (sums_fp32 ? Epilogue::bias_grad_b : Epilogue::bias_grad_b_in_dt)
+                          : (sums_fp32 ? Epilogue::bias_grad_a : Epilogue::bias_grad_a_in_dt);
+  if (!launch(ctx, mm, bias_grad, stream, e)) return false;
   ++ctx.impl().bias_grad_epilogues;
   return true;
 }

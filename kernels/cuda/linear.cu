@@ -39,30 +39,40 @@ void bias_backward_ld(Context& ctx, void* db, const void* dy, std::int64_t M, st
   });
 }
 
-// db = (db +) sums, rounded once to db's type.
-template <class T>
-__global__ void add_sums_kernel(T* __restrict__ db, const float* __restrict__ sums, std::int64_t n, bool accumulate) {
+// db = (db +) sums, rounded once to db's type (sums in fp32, or in db's type).
+template <class T, class S>
+__global__ void add_sums_kernel(T* __restrict__ db, const S* __restrict__ sums, std::int64_t n, bool accumulate) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    db[i] = detail::from_float<T>(sums[i] + (accumulate ? detail::to_float(db[i]) : 0.0f));
+    db[i] = detail::from_float<T>(detail::to_float(sums[i]) + (accumulate ? detail::to_float(db[i]) : 0.0f));
 }
 
 // The weight gradient dw (+)= op(a)·op(b) (an (m, n) product over k = the rows of dY) with the
 // bias gradient db (+)= the sum over k of dY (op(a) when !of_b, op(b) when of_b: n_bias
-// values), by cuBLASLt's bias-gradient epilogue into fp32 sums in the scratch, then added into
-// db. Only where the Context asks for it and matmul_bias_grad takes the product; false:
-// nothing ran, and the caller runs the product and the column sum.
+// values), by cuBLASLt's bias-gradient epilogue into sums in the scratch (fp32 where cuBLASLt
+// takes that, else in dt), then added into db. Only where the Context asks for it and
+// matmul_bias_grad takes the product; false: nothing ran, and the caller runs the product and
+// the column sum.
 bool weight_and_bias_grad(Context& ctx, void* dw, void* db, const void* a, const void* b, std::int64_t m,
                           std::int64_t n, std::int64_t k, bool of_b, bool accumulate, DType dt, cudaStream_t stream) {
   if (!ctx.bias_grad_epilogue() || dw == nullptr || db == nullptr) return false;
   const std::int64_t n_bias = of_b ? n : m;
   if (static_cast<std::size_t>(n_bias) * sizeof(float) > ctx.scratch_bytes()) return false;
-  auto* sums = static_cast<float*>(ctx.scratch(static_cast<std::size_t>(n_bias) * sizeof(float), "bias gradient"));
-  if (!matmul_bias_grad(ctx, gemm_operands(dw, a, b, m, n, k, true, false, accumulate, dt), sums, of_b, stream))
-    return false;
+  void* sums = ctx.scratch(static_cast<std::size_t>(n_bias) * sizeof(float), "bias gradient");
+  const Matmul mm = gemm_operands(dw, a, b, m, n, k, true, false, accumulate, dt);
+  bool fp32 = true;
+  if (!matmul_bias_grad(ctx, mm, sums, of_b, true, stream)) {
+    fp32 = false;  // cuBLASLt 13 on an H100 takes fp32 sums only for fp32 products
+    if (dt == DType::fp32 || !matmul_bias_grad(ctx, mm, sums, of_b, false, stream)) return false;
+  }
   detail::dispatch(dt, "bias gradient", [&](auto tag) {
     using T = decltype(tag);
-    add_sums_kernel<T><<<detail::grid_for(n_bias, 256), 256, 0, stream>>>(static_cast<T*>(db), sums, n_bias, accumulate);
+    if (fp32)
+      add_sums_kernel<T, float><<<detail::grid_for(n_bias, 256), 256, 0, stream>>>(
+          static_cast<T*>(db), static_cast<const float*>(sums), n_bias, accumulate);
+    else
+      add_sums_kernel<T, T><<<detail::grid_for(n_bias, 256), 256, 0, stream>>>(
+          static_cast<T*>(db), static_cast<const T*>(sums), n_bias, accumulate);
     ZP_CUDA_CHECK_LAUNCH("add_sums_kernel");
   });
   return true;
