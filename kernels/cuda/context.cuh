@@ -55,6 +55,7 @@ struct ContextOptions {
   // the weight-gradient product reads dY, instead of a column sum over dY of its own
   // (kernels/cuda/linear.cu). Only where the product runs unstaged (dims multiples of 8,
   // 16-byte aligned operands) and cuBLASLt has an algorithm for it; else the column sum.
+  // Off: not yet timed (docs/cuda.md, "The bias gradient in the dW product").
   bool bias_grad_epilogue = false;
 };
 
