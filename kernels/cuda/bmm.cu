@@ -182,7 +182,7 @@ MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, Epilogue epilogue, int 
 }
 
 // One cuBLASLt call for mm (bias already 16-byte aligned, or nullptr; with a bias-gradient
-// epilogue, `bias` is its fp32 output): the plan for its shape, strides, alignments and
+// epilogue, `bias` is its output, in fp32 or in mm.dt as the epilogue says): the plan for its shape, strides, alignments and
 // epilogue is made once and cached in the Context. Returns false, having run nothing, where
 // an optional epilogue has no algorithm.
 bool launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t stream,

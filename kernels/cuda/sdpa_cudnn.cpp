@@ -15,12 +15,12 @@
 #include "kernels/cuda/elementwise.cuh"
 
 #ifdef ZP_HAVE_CUDNN
-// cuDNN (and NVRTC, which cudnn-frontend's runtime-compiled engines use) are opened at run time,
-// on the first use of cuDNN's attention, not linked: a binary built with them starts where
-// they are missing, and only `--attention-kernel cudnn` asks for them.
+// cuDNN is opened at run time (sdpa_cudnn_load), on the first use of cuDNN's attention, not
+// linked: a binary built with it starts where it is missing, and only `--attention-kernel
+// cudnn` asks for it. NVRTC, which cudnn-frontend's run-time compiled engines use, is opened by
+// cudnn-frontend itself, and only for those.
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 #include <dlfcn.h>
-#include <mutex>
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 #endif
