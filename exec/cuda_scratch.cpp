@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "exec/numeric.hpp"
+#include "kernels/common/norm_dims.hpp"
 #include "kernels/common/sdpa_dims.hpp"
 
 namespace zp::exec {
@@ -218,6 +219,15 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
       const Ref glogp = grad(op.outputs[0]);
       s.temp = {glogp && glogp.dt == dt ? 0 : nbytes(rows * V, dt)};
       if (dy.dt != dt) s.convert = nbytes(1, dt);
+      break;
+    }
+    case Fn::dropout_add_layernorm: {
+      // Rows too long for the warp kernels: the sum's gradient in a temporary before the epilogue.
+      const Ref gb = dx(0), gx = dx(1);
+      if (!gb && !gx) break;
+      const std::int64_t C = shape(y).back();
+      const DType dt = cuda_op_dtype(op, {dy, act(op.outputs[3]), gb, gx});
+      if (kernels::dropout_add_layernorm_backward_needs_scratch(C, dtype_size(dt))) s.temp = {nbytes(n, dt)};
       break;
     }
     case Fn::sdpa:

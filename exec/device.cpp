@@ -36,6 +36,8 @@ bool backward_assigns(const models::OpGraph& g, const models::Op& op, std::size_
     case Fn::cross_entropy:
     case Fn::cross_entropy_fused: return i == 0;
     case Fn::mul: return true;
+    // The dropped operand's and the residual's, each one pass.
+    case Fn::dropout_add_layernorm: return op.inputs.size() == 2 && op.inputs[0] != op.inputs[1];
     case Fn::mul_rowscale:
     case Fn::mul_weight: return i == 0;
     // Both operands of a same-shape sum (a residual); a broadcast operand's gradient is a

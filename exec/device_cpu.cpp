@@ -43,6 +43,15 @@ void unpack_rows(float* dst, const float* src, std::int64_t rows, std::int64_t w
   for (std::int64_t r = 0; r < rows; ++r) std::copy_n(src + r * width, width, dst + r * pitch);
 }
 
+// v rounded to dt in place: a 16-bit tensor between two kernels of a fused op, as the chain of
+// ops it replaces stores it.
+void round_to(float* v, std::int64_t n, DType dt) {
+  if (dt == DType::bf16)
+    for (std::int64_t i = 0; i < n; ++i) v[i] = cpu::bf16_to_float(cpu::float_to_bf16(v[i]));
+  else if (dt == DType::fp16)
+    for (std::int64_t i = 0; i < n; ++i) v[i] = cpu::fp16_to_float(cpu::float_to_fp16(v[i]));
+}
+
 }  // namespace
 
 namespace {
@@ -155,6 +164,23 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
     case Fn::layernorm: {
       const std::int64_t C = shape(y).back();
       cpu::layernorm_forward(act(y), act(op.outputs[1]), act(op.outputs[2]), in(0), param(op.params[0]),
+                             op.params.size() > 1 ? param(op.params[1]) : nullptr, n / C, C, alpha);
+      break;
+    }
+    case Fn::dropout_add_layernorm: {  // s = x + dropout(b), y = LayerNorm(s); s rounded before the norm reads it
+      const std::int64_t C = shape(y).back();
+      const TensorId s = op.outputs[3];
+      const DType dt = ops.act_ref(s).dt;
+      float* d = scratch(0, n);
+      if (op.p > 0.0)
+        cpu::dropout_forward(d, reinterpret_cast<std::uint8_t*>(act(op.outputs[4])), in(0), n, static_cast<float>(op.p),
+                             dropout_seed(), static_cast<std::uint64_t>(op.rng_stream) << 32);
+      else
+        std::copy_n(in(0), n, d);
+      round_to(d, n, dt);
+      cpu::add_forward(act(s), d, in(1), n);
+      round_to(act(s), n, dt);
+      cpu::layernorm_forward(act(y), act(op.outputs[1]), act(op.outputs[2]), act(s), param(op.params[0]),
                              op.params.size() > 1 ? param(op.params[1]) : nullptr, n / C, C, alpha);
       break;
     }
@@ -438,6 +464,28 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       const float* rstd = act(op.outputs[2]);
       cpu::layernorm_backward(dx(0), pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, x(0), mean, rstd,
                               param(op.params[0]), n / C, C, a, true);
+      break;
+    }
+    case Fn::dropout_add_layernorm: {
+      // t = the sum's gradient: LayerNorm's input gradient, plus what a later reader of the sum
+      // gave it, rounded once; the residual's gradient is t, the dropped operand's t·mask/(1-p).
+      const std::int64_t C = shape(y).back();
+      const TensorId s = op.outputs[3];
+      const bool ab = acc(0), ax = acc(1);
+      float* t = scratch(0, n);
+      const float* ds = grad(s);
+      if (ds) std::copy_n(ds, n, t);
+      cpu::layernorm_backward(t, pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, act(s), act(op.outputs[1]),
+                              act(op.outputs[2]), param(op.params[0]), n / C, C, ds != nullptr, true);
+      round_to(t, n, ops.act_ref(s).dt);
+      if (float* d = dx(1)) cpu::copy_accumulate(d, t, n, ax);
+      if (float* d = dx(0)) {
+        if (op.p > 0.0)
+          cpu::dropout_backward(d, reinterpret_cast<const std::uint8_t*>(act(op.outputs[4])), t, n,
+                                static_cast<float>(op.p), ab);
+        else
+          cpu::copy_accumulate(d, t, n, ab);
+      }
       break;
     }
     case Fn::pow: {

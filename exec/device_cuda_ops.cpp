@@ -406,6 +406,19 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
                               ptr(w), ptr(b), n / C, C, alpha, dtype({yr, in(0), w, b}), stream);
       break;
     }
+    case Fn::dropout_add_layernorm: {  // outputs y, mean, rstd, the sum, the mask (where p > 0)
+      const std::int64_t C = shape(y).back();
+      const Ref w = param(op.params[0]);
+      const Ref b = op.params.size() > 1 ? param(op.params[1]) : Ref{};
+      const Ref sum = act(op.outputs[3]);
+      std::uint8_t* mask = op.p > 0.0 ? mask_of(op, act(op.outputs[4])) : nullptr;
+      cuda::dropout_add_layernorm_forward(yp, fp32_of(op, act(op.outputs[1])), fp32_of(op, act(op.outputs[2])),
+                                          ptr(sum), mask, ptr(in(0)), ptr(in(1)), ptr(w), ptr(b), n / C, C, alpha,
+                                          static_cast<float>(op.p), o.dropout_seed(),
+                                          static_cast<std::uint64_t>(std::max(op.rng_stream, 0)) << 32,
+                                          dtype({yr, sum, in(0), in(1), w, b}), stream);
+      break;
+    }
     case Fn::pow: {
       const DType dt = dtype({yr, in(0)});
       if (op.alpha == 2.0) cuda::pow2_forward(yp, ptr(in(0)), n, dt, stream);
@@ -722,6 +735,23 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       // The input's gradient written or added, the params' added (one pass where it can).
       cuda::layernorm_backward(ctx, ptr(gx), ptr(gw), ptr(gb), dyp, ptr(x(0)), mean, rstd, ptr(w), n / C, C, a, true,
                                dt, stream);
+      break;
+    }
+    case Fn::dropout_add_layernorm: {
+      const std::int64_t C = shape(y).back();
+      const bool ab = acc(0), ax = acc(1);
+      const Ref w = param(op.params[0]);
+      const Ref gw = pg(0);
+      const Ref gbeta = op.params.size() > 1 ? pg(1) : Ref{};
+      const Ref gb = dx(0), gx = dx(1);
+      const Ref sum = act(op.outputs[3]);
+      const Ref ds = grad(op.outputs[3]);  // where a later op reads the sum (a pre-LN block's residual)
+      const DType dt = dtype({dy, sum, w, gw, gbeta, gb, gx, ds});
+      const std::uint8_t* mask = op.p > 0.0 ? mask_of(op, act(op.outputs[4])) : nullptr;
+      cuda::dropout_add_layernorm_backward(ctx, ptr(gb), ptr(gx), ptr(gw), ptr(gbeta), dyp, ptr(ds), ptr(sum), mask,
+                                           fp32_of(op, act(op.outputs[1])), fp32_of(op, act(op.outputs[2])), ptr(w),
+                                           n / C, C, static_cast<float>(op.p), ab, ax,
+                                           maybe(op, carve(env, sc.temp), 0), dt, stream);
       break;
     }
     case Fn::pow: {

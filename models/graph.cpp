@@ -84,6 +84,10 @@ const std::vector<KernelVariantInfo>& kernel_variants() {
        "per row, the logits' rows padded to whole 16 bytes (zeroplan's kernel variant; HF upcasts the logits to "
        "fp32 and saves fp32 log-probabilities)",
        &KernelVariants::fused_loss},
+      {"fused_residual_norm", "--fused-residual-norm",
+       "a dropout, the residual sum after it and the LayerNorm of the sum as one op (BERT's two a layer, GPT-2's "
+       "ln_2), saving what HF's three save (zeroplan's kernel variant; HF runs three kernels)",
+       &KernelVariants::fused_residual_norm},
   };
   return all;
 }
@@ -128,6 +132,7 @@ const char* fn_name(Fn f) {
     case Fn::flash_attention: return "flash_attention";
     case Fn::cross_entropy_fused: return "cross_entropy_fused";
     case Fn::heads_copy: return "heads_copy";
+    case Fn::dropout_add_layernorm: return "dropout_add_layernorm";
   }
   return "?";
 }
@@ -194,6 +199,7 @@ class Builder {
   DType act() const { return act_; }
   Attention attention() const { return g_.opt.attention; }
   bool kv_cache() const { return g_.kv_cache; }
+  bool fused_residual_norm() const { return g_.opt.variants.fused_residual_norm; }
   Transformers transformers() const { return g_.opt.transformers; }
   // A tensor the model's output object references (OpGraph::outputs).
   void output(TensorId t) { g_.outputs.push_back(t); }
@@ -278,7 +284,9 @@ class Builder {
 
   OpId emit(Op op, bool default_costs = true) {
     op.id = static_cast<OpId>(g_.ops.size());
-    if (op.fn == Fn::dropout || op.fn == Fn::sdpa || op.fn == Fn::flash_attention) op.rng_stream = rng_streams_++;
+    if (op.fn == Fn::dropout || op.fn == Fn::sdpa || op.fn == Fn::flash_attention ||
+        (op.fn == Fn::dropout_add_layernorm && op.p > 0.0))
+      op.rng_stream = rng_streams_++;
     op.name = prefix_ + op.name;
     op.layer = layer_;
     for (TensorId t : op.outputs) g_.tensors[static_cast<std::size_t>(t)].producer = op.id;
@@ -422,6 +430,46 @@ class Builder {
     op.saved = {x, mean, rstd};
     op.params = M(m).params;
     emit(std::move(op));
+    return y;
+  }
+
+  // KernelVariants::fused_residual_norm: dropout(b) + x, then nn.LayerNorm of the sum, as one
+  // op that saves what the three save (the sum, mean and rstd, the mask) and draws the
+  // dropout's stream in its place, so its masks are the chain's. The tensors keep the chain's
+  // names; the op is named after the LayerNorm. `sum_read_later`: the sum is also a later op's
+  // input (a pre-LN block's residual), so its gradient comes into the backward too.
+  // Returns y; *sum, when asked, is s.
+  TensorId dropout_add_layernorm(const std::string& dropout_name, const std::string& sum_name,
+                                 const std::string& name, ModuleId m, TensorId b, TensorId x, double p,
+                                 bool sum_read_later, TensorId* sum = nullptr) {
+    const Shape shape = T(x).shape;
+    Shape stat = shape;
+    stat.back() = 1;
+    const TensorId y = tensor(name, shape, T(x).dtype);
+    const TensorId mean = tensor(name + ".mean", stat, DType::fp32);
+    const TensorId rstd = tensor(name + ".rstd", stat, DType::fp32);
+    const TensorId s = tensor(sum_name, shape, T(x).dtype);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::layernorm;
+    op.fn = Fn::dropout_add_layernorm;
+    op.alpha = g_.cfg.norm_eps;
+    op.p = p > 0.0 ? p : 0.0;
+    op.module = m;
+    op.inputs = {b, x};
+    op.outputs = {y, mean, rstd, s};
+    op.saved = {s, mean, rstd};
+    if (op.p > 0.0) {
+      const TensorId mask = tensor(dropout_name + ".mask", shape, DType::b1);
+      op.outputs.push_back(mask);
+      op.saved.push_back(mask);
+    }
+    op.params = M(m).params;
+    elementwise_costs(op);
+    // Its backward reads the sum's gradient only where a later op made one.
+    if (!sum_read_later) op.bwd_bytes.v -= T(s).bytes.v;
+    emit(std::move(op), false);
+    if (sum) *sum = s;
     return y;
   }
 
@@ -833,10 +881,18 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
     }
   }
   TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h, std::nullopt, Fn::conv1d);
-  o = bd.dropout("attn.resid_dropout", o, c.hidden_dropout);
-  const TensorId x2 = bd.simple("attn.residual", OpKind::add, {o, x}, {d.b, d.s, d.h}, bd.act(), {});
-  bd.tag(Fn::add);
-  const TensorId y2 = bd.layernorm("ln_2", bd.mod(p + "ln_2"), x2);
+  TensorId x2 = kNone, y2 = kNone;
+  if (bd.fused_residual_norm()) {
+    // The sum is the MLP's residual too. (The MLP's dropout and sum are not fused with the next
+    // layer's ln_1: the op would straddle two layers, which checkpointing recomputes apart.)
+    y2 = bd.dropout_add_layernorm("attn.resid_dropout", "attn.residual", "ln_2", bd.mod(p + "ln_2"), o, x,
+                                  c.hidden_dropout, true, &x2);
+  } else {
+    o = bd.dropout("attn.resid_dropout", o, c.hidden_dropout);
+    x2 = bd.simple("attn.residual", OpKind::add, {o, x}, {d.b, d.s, d.h}, bd.act(), {});
+    bd.tag(Fn::add);
+    y2 = bd.layernorm("ln_2", bd.mod(p + "ln_2"), x2);
+  }
   const TensorId fc = bd.linear("mlp.c_fc", bd.mod(p + "mlp.c_fc"), y2, d.h, d.f, std::nullopt, Fn::conv1d);  // (B, T, F)
   const TensorId g = bd.activation("mlp.act", c.act, fc);
   TensorId m = bd.linear("mlp.c_proj", bd.mod(p + "mlp.c_proj"), g, d.f, d.h, std::nullopt, Fn::conv1d);
@@ -945,17 +1001,30 @@ TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
       break;
   }
   TensorId o = bd.linear("attention.output.dense", bd.mod(p + "attention.output.dense"), merged, d.h, d.h);
-  o = bd.dropout("attention.output.dropout", o, c.hidden_dropout);
-  o = bd.simple("attention.output.residual", OpKind::add, {o, x}, bsh, bd.act(), {});
-  bd.tag(Fn::add);
-  const TensorId ao = bd.layernorm("attention.output.LayerNorm", bd.mod(p + "attention.output.LayerNorm"), o);
+  const bool fuse = bd.fused_residual_norm();
+  TensorId ao = kNone;
+  if (fuse) {
+    ao = bd.dropout_add_layernorm("attention.output.dropout", "attention.output.residual", "attention.output.LayerNorm",
+                                  bd.mod(p + "attention.output.LayerNorm"), o, x, c.hidden_dropout, false);
+  } else {
+    o = bd.dropout("attention.output.dropout", o, c.hidden_dropout);
+    o = bd.simple("attention.output.residual", OpKind::add, {o, x}, bsh, bd.act(), {});
+    bd.tag(Fn::add);
+    ao = bd.layernorm("attention.output.LayerNorm", bd.mod(p + "attention.output.LayerNorm"), o);
+  }
   TensorId i = bd.linear("intermediate.dense", bd.mod(p + "intermediate.dense"), ao, d.h, d.f);  // (B, T, F)
   i = bd.activation("intermediate.act", c.act, i);
   TensorId o2 = bd.linear("output.dense", bd.mod(p + "output.dense"), i, d.f, d.h);
-  o2 = bd.dropout("output.dropout", o2, c.hidden_dropout);
-  o2 = bd.simple("output.residual", OpKind::add, {o2, ao}, bsh, bd.act(), {});
-  bd.tag(Fn::add);
-  const TensorId out = bd.layernorm("output.LayerNorm", bd.mod(p + "output.LayerNorm"), o2);
+  TensorId out = kNone;
+  if (fuse) {
+    out = bd.dropout_add_layernorm("output.dropout", "output.residual", "output.LayerNorm",
+                                   bd.mod(p + "output.LayerNorm"), o2, ao, c.hidden_dropout, false);
+  } else {
+    o2 = bd.dropout("output.dropout", o2, c.hidden_dropout);
+    o2 = bd.simple("output.residual", OpKind::add, {o2, ao}, bsh, bd.act(), {});
+    bd.tag(Fn::add);
+    out = bd.layernorm("output.LayerNorm", bd.mod(p + "output.LayerNorm"), o2);
+  }
   bd.end_layer();
   return out;
 }

@@ -103,6 +103,9 @@ enum class Fn : std::uint8_t {
   heads_copy,          // y(B,X,T,D) contiguous = the head view of x: columns [col[0], col[0] + X·D) of a
                        // (B,T,W) tensor, or a 4-D tensor (the KV cache's torch.cat, matmul's copy of a
                        // strided operand)
+  dropout_add_layernorm,  // inputs (b, x): s = x + dropout(b) (p: Op::p; 0: no dropout), y = LayerNorm(s)
+                          // (alpha = eps); outputs y, mean, rstd (fp32), s, and the byte mask where p > 0;
+                          // saves s, mean, rstd, mask (KernelVariants::fused_residual_norm)
 };
 const char* fn_name(Fn f);
 
@@ -166,6 +169,7 @@ struct Op {
   // The op's random stream (dropout, and the fused attentions' dropout): its ordinal among
   // such ops in forward order, so ops that draw nothing (copies) do not move it; -1: none.
   std::int32_t rng_stream = -1;
+  double p = 0.0;                    // dropout_add_layernorm's dropout probability (alpha is its eps)
 };
 
 // zeroplan's kernel variants of HF's graph: fused ops that save less, which its executor runs
@@ -180,6 +184,12 @@ struct KernelVariants {
   // and log_softmax + nll_loss, which save fp32 log-probabilities of the logits' size. The
   // logits' rows are padded to whole 16 bytes (Tensor::row_pitch) where the vocabulary is not.
   bool fused_loss = false;
+  // A dropout, the residual sum after it and the LayerNorm of that sum as one op (BERT's two
+  // per layer, GPT-2's ln_2): the same formulas and roundings (the dropout's output and the sum
+  // rounded to the activation dtype), saving what HF's three ops save (the sum, the fp32 mean
+  // and rstd, the byte mask), so only the kernels change: one pass instead of three forward,
+  // and in backward the LayerNorm's input gradient, the residual's and the dropout's in one.
+  bool fused_residual_norm = false;
   bool operator==(const KernelVariants&) const = default;
 };
 // Each variant: its key in train --out's config and simulate --json, its command-line flag, its

@@ -76,6 +76,7 @@ struct Case {
   std::string workspaces_of = "";   // train --workspaces-of GPU (empty: none)
   bool fused_gelu = false;          // train --fused-gelu
   bool fused_loss = false;          // train --fused-loss
+  bool fused_residual_norm = false; // train --fused-residual-norm
 };
 
 std::string config_text(const Case& c) {
@@ -98,7 +99,8 @@ std::string name_of(const Case& c) {
                      c.ckpt, c.bucket, c.contiguous, c.dtype, c.hpz, c.reuse, c.prefetch, c.offload, c.attention,
                      std::string(c.fp32_accum ? "-acc32" : "") + (c.offload_param ? "-offp" : "") + "-t" +
                          c.transformers + (c.keep_output ? "-keep" : "") +
-                         (c.workspaces_of.empty() ? "" : "-ws" + c.workspaces_of) + (c.fused_gelu ? "-fg" : "") + (c.fused_loss ? "-fl" : ""));
+                         (c.workspaces_of.empty() ? "" : "-ws" + c.workspaces_of) + (c.fused_gelu ? "-fg" : "") + (c.fused_loss ? "-fl" : "") +
+                         (c.fused_residual_norm ? "-frn" : ""));
 }
 
 // Runs the case and returns each rank's measurements.
@@ -107,12 +109,13 @@ std::vector<json> train(const Case& c) {
   const std::string cfg = write(name + ".json", config_text(c));
   const std::string out = (dir() / (name + ".out.json")).string();
   const Run r = sh(mpirun(c.np) + fmt::format("{} train --model {} --ds-config {} --steps {} --seq-len {} --quiet {} --out {} "
-                                              "--attention {} --transformers {}{}{}{}{}",
+                                              "--attention {} --transformers {}{}{}{}{}{}",
                                               ZEROPLAN_BIN, c.model, cfg, c.steps, c.seq,
                                               c.ckpt ? "--activation-checkpointing" : "", out, c.attention,
                                               c.transformers, c.keep_output ? " --keep-output" : "",
                                               c.workspaces_of.empty() ? "" : " --workspaces-of " + c.workspaces_of,
-                                              c.fused_gelu ? " --fused-gelu" : "", c.fused_loss ? " --fused-loss" : ""));
+                                              c.fused_gelu ? " --fused-gelu" : "", c.fused_loss ? " --fused-loss" : "",
+                                              c.fused_residual_norm ? " --fused-residual-norm" : ""));
   INFO(name, "\n", r.out);
   REQUIRE(r.status == 0);
   std::vector<json> ranks;
@@ -140,6 +143,7 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
   go.transformers = zp::models::parse_transformers("--transformers", "", c.transformers);
   go.variants.fused_gelu = c.fused_gelu;
   go.variants.fused_loss = c.fused_loss;
+  go.variants.fused_residual_norm = c.fused_residual_norm;
   const auto g = zp::models::build_graph(mc, go);
   for (int k = 0; k < c.np; ++k) {
     zp::zero::LowerOptions lo;
@@ -841,9 +845,10 @@ TEST_CASE("--keep-output, --workspaces-of and --transformers 4.46: measured byte
 namespace {
 
 // A kernel variant of the graph (`flag`, recorded in train --out as config.`key`) trains each
-// model at stages 0 and 3 to HF's graph's losses (fp32 within 1e-6, bf16 within 2e-3), with
-// exactly the predicted bytes.
-void check_variant_trains(const std::vector<std::string>& models, bool Case::*flag, const char* key) {
+// model at stages 0 and 3 to HF's graph's losses (fp32 within `fp32_rel`, bf16 within
+// `bf16_rel`), with exactly the predicted bytes.
+void check_variant_trains(const std::vector<std::string>& models, bool Case::*flag, const char* key,
+                          double fp32_rel = 1e-6, double bf16_rel = 2e-3) {
   for (const std::string& model : models)
     for (const std::string dtype : {"fp32", "bf16"})
       for (int stage : {0, 3}) {
@@ -857,17 +862,18 @@ void check_variant_trains(const std::vector<std::string>& models, bool Case::*fl
         const auto variant = train(c);
         check_against_prediction(c, variant);
         CHECK(variant[0]["config"][key].get<bool>());
-        check_same_losses(losses(hf[0]), losses(variant[0]), dtype == "fp32" ? 1e-6 : 2e-3);
+        check_same_losses(losses(hf[0]), losses(variant[0]), dtype == "fp32" ? fp32_rel : bf16_rel);
       }
 }
 
-// tiny-gpt2's graph in bf16 at micro-batch 2, sequence 16: HF's, and with the variant `flag`.
-std::pair<zp::models::OpGraph, zp::models::OpGraph> tiny_gpt2_graphs(bool zp::models::KernelVariants::*flag) {
+// A tiny model's graph in bf16 at micro-batch 2, sequence 16: HF's, and with the variant `flag`.
+std::pair<zp::models::OpGraph, zp::models::OpGraph> tiny_graphs(bool zp::models::KernelVariants::*flag,
+                                                                 const std::string& model = "tiny-gpt2") {
   zp::models::GraphOptions go;
   go.micro_batch = 2;
   go.seq_len = 16;
   go.act_dtype = zp::DType::bf16;
-  const auto mc = zp::models::load_model("tiny-gpt2");
+  const auto mc = zp::models::load_model(model);
   auto hf = zp::models::build_graph(mc, go);
   go.variants.*flag = true;
   return {std::move(hf), zp::models::build_graph(mc, go)};
@@ -882,13 +888,46 @@ TEST_CASE("--fused-gelu: GPT-2's gelu_new as one op trains to HF's eight ops' lo
   // What the variant changes in the graph: seven ops fewer per layer (HF writes it in eight),
   // and of what the activation saved only its input (HF's chain keeps x, 0.5·x, tanh's output
   // and 1 + tanh).
-  const auto [hf, fused] = tiny_gpt2_graphs(&zp::models::KernelVariants::fused_gelu);
+  const auto [hf, fused] = tiny_graphs(&zp::models::KernelVariants::fused_gelu);
   const auto layers = static_cast<std::int64_t>(hf.layers.size());
   REQUIRE(layers == hf.cfg.layers);
   CHECK(static_cast<std::int64_t>(hf.ops.size() - fused.ops.size()) == 7 * layers);
   const std::int64_t inner = 2 * 16 * hf.cfg.intermediate * 2;  // one (B, T, 4H) bf16 tensor
   for (std::int32_t l = 0; l < layers; ++l)
     CHECK(hf.saved_bytes_of_layer(l).v - fused.saved_bytes_of_layer(l).v == 3 * inner);
+}
+
+TEST_CASE("--fused-residual-norm: dropout, residual sum and LayerNorm as one op train to HF's three ops' losses "
+          "bit for bit, exact bytes") {
+  // The same masks (the op draws the dropout's stream), the same roundings of the dropout's
+  // output and the sum, the same LayerNorm: in fp32 and in bf16 the losses are the chain's bits.
+  // GPT-2's fused sum is read again by the MLP's residual, so its gradient comes into the op's
+  // backward too; BERT's is not.
+  check_variant_trains({"tiny-bert", "tiny-gpt2"}, &Case::fused_residual_norm, "fused_residual_norm", 0.0, 0.0);
+  for (const auto& [model, fused_per_layer] : {std::pair{std::string("tiny-bert"), 2}, std::pair{std::string("tiny-gpt2"), 1}}) {
+    CAPTURE(model);
+    const auto [hf, fused] = tiny_graphs(&zp::models::KernelVariants::fused_residual_norm, model);
+    const auto layers = static_cast<std::int64_t>(hf.layers.size());
+    REQUIRE(layers == hf.cfg.layers);
+    // Three ops become one, and what is saved for backward is HF's, byte for byte.
+    CHECK(static_cast<std::int64_t>(hf.ops.size() - fused.ops.size()) == 2 * fused_per_layer * layers);
+    for (std::int32_t l = 0; l < layers; ++l) CHECK(hf.saved_bytes_of_layer(l).v == fused.saved_bytes_of_layer(l).v);
+    std::int64_t ops = 0;
+    for (const auto& op : fused.ops) {
+      if (op.fn != zp::models::Fn::dropout_add_layernorm) continue;
+      ++ops;
+      CHECK(op.p == doctest::Approx(0.1));
+      CHECK(op.rng_stream >= 0);
+      REQUIRE(op.outputs.size() == 5);  // y, mean, rstd, the sum, the mask
+      CHECK(fused.tensors[static_cast<std::size_t>(op.outputs[4])].dtype == zp::DType::b1);
+    }
+    CHECK(ops == fused_per_layer * layers);
+    // The random streams are the chain's: the same count, so every other dropout keeps its masks.
+    std::int32_t hf_streams = 0, fused_streams = 0;
+    for (const auto& op : hf.ops) hf_streams = std::max(hf_streams, op.rng_stream + 1);
+    for (const auto& op : fused.ops) fused_streams = std::max(fused_streams, op.rng_stream + 1);
+    CHECK(hf_streams == fused_streams);
+  }
 }
 
 TEST_CASE("--fused-loss: one cross entropy on the 16-bit logits trains to HF's upcast loss, exact bytes") {
@@ -898,7 +937,7 @@ TEST_CASE("--fused-loss: one cross entropy on the 16-bit logits trains to HF's u
   check_variant_trains({"tiny-gpt2", "tiny-llama"}, &Case::fused_loss, "fused_loss");
   // In the graph: bf16 logits are neither upcast nor turned into log-probabilities; the op saves
   // them with one fp32 logsumexp per row.
-  const auto [hf, fused] = tiny_gpt2_graphs(&zp::models::KernelVariants::fused_loss);
+  const auto [hf, fused] = tiny_graphs(&zp::models::KernelVariants::fused_loss);
   CHECK(hf.ops.size() - fused.ops.size() == 1);  // the upcast
   const auto& loss_op = fused.ops.back();
   CHECK(loss_op.fn == zp::models::Fn::cross_entropy_fused);

@@ -6,8 +6,13 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/common/norm_dims.hpp"
+#include "kernels/common/philox.hpp"
 #include "kernels/cuda/columns.cuh"
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/detail.cuh"
+#include "kernels/cuda/dropout.cuh"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/norm.cuh"
 
 namespace zp::kernels::cuda {
@@ -149,69 +154,151 @@ __device__ __forceinline__ void for_warp_rows(std::int64_t rows, F&& f) {
     f(row, lane);
 }
 
+// LayerNorm of one row held in registers (v: the lane's P packs), written to y, mean and rstd.
+template <class T, int P>
+__device__ __forceinline__ void layernorm_warp_row(float (&v)[P][detail::kPack<T>], T* __restrict__ y,
+                                                   float* __restrict__ mean, float* __restrict__ rstd,
+                                                   const T* __restrict__ w, const T* __restrict__ b, std::int64_t row,
+                                                   std::int64_t C, int lane, float eps) {
+  constexpr int W = detail::kPack<T>;
+  const float fc = static_cast<float>(C);
+  float s = 0.0f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    if (static_cast<std::int64_t>(p * 32 + lane) * W < C) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) s += v[p][k];
+    }
+  }
+  const float mu = detail::warp_sum(s) / fc;
+  float q = 0.0f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    if (static_cast<std::int64_t>(p * 32 + lane) * W < C) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float d = v[p][k] - mu;
+        q += d * d;
+      }
+    }
+  }
+  const float rs = 1.0f / sqrtf(detail::warp_sum(q) / fc + eps);
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
+    if (j >= C) continue;
+    float wv[W], bv[W], o[W];
+    if (w != nullptr) load_f<T, W>(w + j, wv);
+    if (b != nullptr) load_f<T, W>(b + j, bv);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      o[k] = (v[p][k] - mu) * rs;
+      if (w != nullptr) o[k] *= wv[k];
+      if (b != nullptr) o[k] += bv[k];
+    }
+    detail::store_f<T, W>(y + row * C + j, o);
+  }
+}
+
 template <class T, int P>
 __global__ void layernorm_forward_warp_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
                                               const T* __restrict__ x, const T* __restrict__ w,
                                               const T* __restrict__ b, std::int64_t rows, std::int64_t C, float eps) {
   constexpr int W = detail::kPack<T>;
-  const float fc = static_cast<float>(C);
   for_warp_rows(rows, [&](std::int64_t row, int lane) {
-    const T* xr = x + row * C;
     float v[P][W];
-    float s = 0.0f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
-      if (j < C) {
-        load_f<T, W>(xr + j, v[p]);
-#pragma unroll
-        for (int k = 0; k < W; ++k) s += v[p][k];
-      }
+      if (j < C) load_f<T, W>(x + row * C + j, v[p]);
     }
-    const float mu = detail::warp_sum(s) / fc;
-    float q = 0.0f;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (static_cast<std::int64_t>(p * 32 + lane) * W < C) {
-#pragma unroll
-        for (int k = 0; k < W; ++k) {
-          const float d = v[p][k] - mu;
-          q += d * d;
-        }
-      }
-    }
-    const float rs = 1.0f / sqrtf(detail::warp_sum(q) / fc + eps);
-    if (lane == 0) {
-      mean[row] = mu;
-      rstd[row] = rs;
-    }
+    layernorm_warp_row<T, P>(v, y, mean, rstd, w, b, row, C, lane, eps);
+  });
+}
+
+// The fused residual LayerNorm's forward (dropout_add_layernorm_forward): per pack, the dropped
+// operand's kept elements scaled (the mask drawn as dropout_forward draws it: element i of the
+// op's stream at offset + i, a multiple of 4), rounded to T, added to the residual and rounded
+// again, as the three kernels of the chain store them; the sum and the mask written, and the
+// row's LayerNorm taken from the registers. mask nullptr: no dropout (p = 0).
+template <class T, int P>
+__global__ void dropout_add_layernorm_warp_kernel(T* __restrict__ y, float* __restrict__ mean,
+                                                  float* __restrict__ rstd, T* __restrict__ sum,
+                                                  std::uint8_t* __restrict__ mask, const T* __restrict__ b,
+                                                  const T* __restrict__ x, const T* __restrict__ w,
+                                                  const T* __restrict__ beta, std::int64_t rows, std::int64_t C,
+                                                  float eps, float keep, float scale, std::uint64_t seed,
+                                                  std::uint64_t offset) {
+  constexpr int W = detail::kPack<T>;
+  static_assert(W % 4 == 0, "a pack covers whole Philox blocks");
+  for_warp_rows(rows, [&](std::int64_t row, int lane) {
+    float v[P][W];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const std::int64_t j = static_cast<std::int64_t>(p * 32 + lane) * W;
       if (j >= C) continue;
-      float wv[W], bv[W], o[W];
-      if (w != nullptr) load_f<T, W>(w + j, wv);
-      if (b != nullptr) load_f<T, W>(b + j, bv);
+      const std::int64_t i = row * C + j;
+      float bv[W], xv[W];
+      load_f<T, W>(b + i, bv);
+      load_f<T, W>(x + i, xv);
+      std::uint8_t m[W];
+#pragma unroll
+      for (int q = 0; q < W / 4; ++q) {
+        const philox::Block r =
+            mask != nullptr ? philox::block_at(seed, (offset >> 2) + static_cast<std::uint64_t>(i / 4) + q, 0u)
+                            : philox::Block{};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) m[q * 4 + k] = mask == nullptr || philox::to_unit(r.w[k]) < keep ? 1 : 0;
+      }
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        o[k] = (v[p][k] - mu) * rs;
-        if (w != nullptr) o[k] *= wv[k];
-        if (b != nullptr) o[k] += bv[k];
+        const float d = mask == nullptr ? bv[k] : m[k] != 0 ? __fmul_rn(bv[k], scale) : 0.0f;
+        v[p][k] = to_float(from_float<T>(__fadd_rn(to_float(from_float<T>(d)), xv[k])));
       }
-      detail::store_f<T, W>(y + row * C + j, o);
+      detail::store_f<T, W>(sum + i, v[p]);
+      if (mask != nullptr) {
+        if constexpr (W == 8) {
+          uint2 raw;
+          memcpy(&raw, m, sizeof raw);
+          *reinterpret_cast<uint2*>(mask + i) = raw;
+        } else {
+          std::uint32_t raw;
+          memcpy(&raw, m, sizeof raw);
+          *reinterpret_cast<std::uint32_t*>(mask + i) = raw;
+        }
+      }
     }
+    layernorm_warp_row<T, P>(v, y, mean, rstd, w, beta, row, C, lane, eps);
   });
 }
+
+// The fused residual LayerNorm's epilogue of dx (dropout_add_layernorm_backward): t = ds + dx
+// rounded once to T (as the chain's LayerNorm backward adds into the sum's gradient); the
+// residual's gradient t, the dropped operand's t·mask·scale (each written or added into).
+template <class T>
+struct ResidualDropout {
+  const T* ds = nullptr;               // the sum's gradient from a later reader, or nullptr
+  T* dres = nullptr;                   // or nullptr
+  T* db = nullptr;                     // or nullptr
+  const std::uint8_t* mask = nullptr;  // nullptr: no dropout
+  float scale = 1.0f;
+  bool acc_res = false, acc_b = false;
+};
 
 // dx of one row (the warp's lanes each own the same columns in every row); with Sums, the
 // row's dy·x̂ and dy added into the lane's sums for dw and db, kept in shared memory (the
 // warp's P·W·32 floats each, element (p, k) of lane l at (p·W + k)·32 + l: no bank conflicts).
-// In registers they took 64 of the 162 a thread (bf16, P = 4): 12 warps an SM.
-template <class T, int P, bool Sums>
+// In registers they took 64 of the 162 a thread (bf16, P = 4): 12 warps an SM. With Res, dx
+// goes through the fused residual LayerNorm's epilogue r instead of to dx.
+template <class T, int P, bool Sums, bool Res>
 __device__ __forceinline__ void layernorm_dx_row(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                                                  float mu, float rs, const T* __restrict__ w, std::int64_t row,
                                                  std::int64_t C, int lane, bool accumulate, float* __restrict__ sw,
-                                                 float* __restrict__ sb) {
+                                                 float* __restrict__ sb, const ResidualDropout<T>& r) {
   constexpr int W = detail::kPack<T>;
   const float fc = static_cast<float>(C);
   float g[P][W], xh[P][W];
@@ -246,16 +333,50 @@ __device__ __forceinline__ void layernorm_dx_row(T* __restrict__ dx, const T* __
     float o[W];
 #pragma unroll
     for (int k = 0; k < W; ++k) o[k] = rs * (g[p][k] - mean_g - xh[p][k] * mean_gx);
-    detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
+    if constexpr (Res) {
+      const std::int64_t i = row * C + j;
+      if (r.ds != nullptr) {
+        float a[W];
+        load_f<T, W>(r.ds + i, a);
+#pragma unroll
+        for (int k = 0; k < W; ++k) o[k] = __fadd_rn(a[k], o[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < W; ++k) o[k] = to_float(from_float<T>(o[k]));
+      if (r.db != nullptr) {
+        float d[W];
+        if (r.mask != nullptr) {
+          std::uint8_t m[W];
+          if constexpr (W == 8) {
+            const uint2 raw = *reinterpret_cast<const uint2*>(r.mask + i);
+            memcpy(m, &raw, sizeof raw);
+          } else {
+            const std::uint32_t raw = *reinterpret_cast<const std::uint32_t*>(r.mask + i);
+            memcpy(m, &raw, sizeof raw);
+          }
+#pragma unroll
+          for (int k = 0; k < W; ++k) d[k] = m[k] != 0 ? __fmul_rn(o[k], r.scale) : 0.0f;
+        } else {
+#pragma unroll
+          for (int k = 0; k < W; ++k) d[k] = o[k];
+        }
+        detail::store_acc<T, W>(r.db + i, d, r.acc_b);
+      }
+      if (r.dres != nullptr) detail::store_acc<T, W>(r.dres + i, o, r.acc_res);
+    } else {
+      detail::store_acc<T, W>(dx + row * C + j, o, accumulate);
+    }
   }
 }
 
-template <class T, int P>
+template <class T, int P, bool Res>
 __global__ void layernorm_dx_warp_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                                          const float* __restrict__ mean, const float* __restrict__ rstd,
-                                         const T* __restrict__ w, std::int64_t rows, std::int64_t C, bool accumulate) {
+                                         const T* __restrict__ w, std::int64_t rows, std::int64_t C, bool accumulate,
+                                         ResidualDropout<T> r) {
   for_warp_rows(rows, [&](std::int64_t row, int lane) {
-    layernorm_dx_row<T, P, false>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, nullptr, nullptr);
+    layernorm_dx_row<T, P, false, Res>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, nullptr, nullptr,
+                                       r);
   });
 }
 
@@ -264,12 +385,12 @@ __global__ void layernorm_dx_warp_kernel(T* __restrict__ dx, const T* __restrict
 // partial[1][block][c], fp32. Warp k takes rows k, k + warps, ...; the sums are the same bits
 // for the same `warps`. dy and x are read once for all three gradients (the separate column
 // reduction read them again).
-template <class T, int P>
+template <class T, int P, bool Res>
 __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __restrict__ partial,
                                                const T* __restrict__ dy, const T* __restrict__ x,
                                                const float* __restrict__ mean, const float* __restrict__ rstd,
                                                const T* __restrict__ w, std::int64_t rows, std::int64_t C,
-                                               std::int64_t warps, bool accumulate) {
+                                               std::int64_t warps, bool accumulate, ResidualDropout<T> r) {
   constexpr int W = detail::kPack<T>;
   constexpr int kSums = P * W * 32;
   __shared__ float sums[kWarpRowsPerBlock][2][kSums];
@@ -280,7 +401,7 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
   float* sb = sums[in_block][1];
   for (int i = lane; i < kSums; i += 32) sw[i] = sb[i] = 0.0f;  // each lane its own elements
   for (std::int64_t row = warp; row < rows && warp < warps; row += warps)
-    layernorm_dx_row<T, P, true>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, sw, sb);
+    layernorm_dx_row<T, P, true, Res>(dx, dy, x, mean[row], rstd[row], w, row, C, lane, accumulate, sw, sb, r);
   __syncthreads();
   // The block's sums, its warps added in order (a warp past `warps` adds zeros).
   const std::int64_t blocks = gridDim.x;
@@ -299,6 +420,20 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
   }
 }
 
+// The fused residual LayerNorm's epilogue over a whole tensor, from t (LayerNorm's input
+// gradient with the sum's gradient added, in T): the rows too long for the warp kernels.
+template <class T>
+__global__ void residual_dropout_backward_kernel(T* __restrict__ dres, T* __restrict__ db, const T* __restrict__ t,
+                                                 const std::uint8_t* __restrict__ mask, std::int64_t n, float scale,
+                                                 bool acc_res, bool acc_b) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float v = to_float(t[i]);
+    if (db != nullptr) detail::store1(db + i, mask == nullptr ? v : mask[i] != 0 ? __fmul_rn(v, scale) : 0.0f, acc_b);
+    if (dres != nullptr) detail::store1(dres + i, v, acc_res);
+  }
+}
+
 // The occupancy query is a driver call on every backward's host path (tens a step), and its
 // answer depends only on the kernel and the device: asked once per device, kept per kernel,
 // by the ordinal of the device current now (the one the query asks about and the kernel
@@ -312,7 +447,7 @@ std::int64_t one_wave_warps(const Context& ctx) {
                    ? resident_blocks[static_cast<std::size_t>(dev)].load(std::memory_order_relaxed)
                    : 0;
   if (blocks == 0) {
-    ZP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layernorm_backward_warp_kernel<T, P>,
+    ZP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, layernorm_backward_warp_kernel<T, P, false>,
                                                                 32 * kWarpRowsPerBlock, 0));
     if (dev >= 0 && dev < static_cast<int>(resident_blocks.size()))
       resident_blocks[static_cast<std::size_t>(dev)].store(blocks, std::memory_order_relaxed);
@@ -612,20 +747,53 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
   layernorm_backward(ctx, dx, dw, db, dy, x, mean, rstd, w, rows, C, accumulate, accumulate, dt, stream);
 }
 
-void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const float* mean,
-                        const float* rstd, const void* w, std::int64_t rows, std::int64_t C, bool accumulate_dx,
-                        bool accumulate_params, DType dt, cudaStream_t stream) {
+namespace {
+
+// The fused residual LayerNorm's epilogue, before its element type is known.
+struct ResidualArgs {
+  const void* ds = nullptr;
+  void* dres = nullptr;
+  void* db = nullptr;
+  const std::uint8_t* mask = nullptr;
+  float scale = 1.0f;
+  bool acc_res = false, acc_b = false;
+  void* scratch = nullptr;  // rows·C elements for the rows the warp kernels do not take
+};
+
+template <class T>
+ResidualDropout<T> typed(const ResidualArgs* a) {
+  if (a == nullptr) return {};
+  return {static_cast<const T*>(a->ds), static_cast<T*>(a->dres), static_cast<T*>(a->db), a->mask, a->scale,
+          a->acc_res, a->acc_b};
+}
+
+float keep_scale(float p) { return p <= 0.0f ? 1.0f : p >= 1.0f ? 0.0f : 1.0f / (1.0f - p); }
+
+// layernorm_backward with the input's gradient through the epilogue `res` where it is given
+// (then dx is not written; the row kernels' dx goes to res->scratch first).
+void layernorm_backward_impl(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x,
+                             const float* mean, const float* rstd, const void* w, std::int64_t rows, std::int64_t C,
+                             bool accumulate_dx, bool accumulate_params, const ResidualArgs* res, DType dt,
+                             cudaStream_t stream) {
   if (C <= 0) return;
   detail::dispatch(dt, "layernorm_backward", [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = rows_vec<T>(C, {dx, dy, x, w});
+    const ResidualDropout<T> r = typed<T>(res);
+    const bool fused = res != nullptr;
+    bool vec = rows_vec<T>(C, {dx, dy, x, w});
+    if (fused)
+      vec = vec && rows_vec<T>(C, {res->ds, res->dres, res->db}) &&
+            !kernels::dropout_add_layernorm_backward_needs_scratch(C, static_cast<std::int64_t>(sizeof(T))) &&
+            (reinterpret_cast<std::uintptr_t>(res->mask) & 7u) == 0;
     const int packs = vec ? warp_row_packs<T>(C, 4) : 0;
     const bool params = dw != nullptr || db != nullptr;
+    const bool gives_dx = dx != nullptr || (fused && (res->dres != nullptr || res->db != nullptr));
     // All three in one pass over dy and x: the warps' partial sums at the scratch's end, the
     // column reduction's own partials (at most 2·C floats per 32 warps) at its start.
-    const bool one_pass = dx != nullptr && params && packs > 0 && rows > 0;
+    const bool one_pass = gives_dx && params && packs > 0 && rows > 0;
     std::int64_t cap = ctx.layernorm_backward_warps();
-    if (cap == 0 && one_pass) with_packs<4>(packs, [&](auto P) { cap = one_wave_warps<T, decltype(P)::value>(ctx); });
+    if (cap == 0 && one_pass)
+      with_packs<4>(packs, [&](auto P) { cap = one_wave_warps<T, decltype(P)::value>(ctx); });
     const std::int64_t warps = std::min(detail::ceil_div(rows, kLayerNormBackwardRowsPerWarp), std::max<std::int64_t>(cap, 1));
     const std::int64_t blocks = detail::ceil_div(warps, kWarpRowsPerBlock);
     const std::size_t mine = sizeof(float) * 2 * static_cast<std::size_t>(blocks * C);
@@ -635,28 +803,51 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
       auto* base = static_cast<char*>(ctx.scratch(ctx.scratch_bytes(), "layernorm_backward"));
       auto* partial = reinterpret_cast<float*>(base + ((ctx.scratch_bytes() - mine) & ~std::size_t{255}));
       with_packs<4>(packs, [&](auto P) {
-        layernorm_backward_warp_kernel<T, decltype(P)::value>
-            <<<static_cast<unsigned>(blocks), 32 * kWarpRowsPerBlock, 0, stream>>>(
-                static_cast<T*>(dx), partial, static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
-                static_cast<const T*>(w), rows, C, warps, accumulate_dx);
+        auto launch = [&](auto kernel) {
+          kernel<<<static_cast<unsigned>(blocks), 32 * kWarpRowsPerBlock, 0, stream>>>(
+              static_cast<T*>(dx), partial, static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
+              static_cast<const T*>(w), rows, C, warps, accumulate_dx, r);
+        };
+        if (fused) launch(layernorm_backward_warp_kernel<T, decltype(P)::value, true>);
+        else launch(layernorm_backward_warp_kernel<T, decltype(P)::value, false>);
       });
       ZP_CUDA_CHECK_LAUNCH("layernorm_backward_warp_kernel");
       detail::column_reduce<T, 2>(ctx, detail::ColumnOutputs<T, 2>{{static_cast<T*>(dw), static_cast<T*>(db)}}, blocks,
                                   C, accumulate_params, WarpPartials{partial, blocks, C}, stream, "layernorm_backward");
       return;
     }
-    if (dx != nullptr && rows > 0) {
+    if (gives_dx && rows > 0) {
       if (packs > 0) {
         with_packs<4>(packs, [&](auto P) {
-          layernorm_dx_warp_kernel<T, decltype(P)::value>
-              <<<detail::grid_for(rows, kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, 0, stream>>>(
-                  static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
-                  static_cast<const T*>(w), rows, C, accumulate_dx);
+          auto launch = [&](auto kernel) {
+            kernel<<<detail::grid_for(rows, kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, 0, stream>>>(
+                static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
+                static_cast<const T*>(w), rows, C, accumulate_dx, r);
+          };
+          if (fused) launch(layernorm_dx_warp_kernel<T, decltype(P)::value, true>);
+          else launch(layernorm_dx_warp_kernel<T, decltype(P)::value, false>);
         });
         ZP_CUDA_CHECK_LAUNCH("layernorm_dx_warp_kernel");
-      } else {
+      } else if (!fused) {
         ZP_LAUNCH_ROWS(layernorm_dx_kernel, vec, rows, C, static_cast<T*>(dx), static_cast<const T*>(dy),
                        static_cast<const T*>(x), mean, rstd, static_cast<const T*>(w), rows, C, accumulate_dx);
+      } else {
+        // Rows the warp kernels do not take: t = ds + dx made in the scratch (ds copied there,
+        // dx added by the row kernel and rounded once, as the warp kernels do), then the epilogue.
+        if (res->scratch == nullptr)
+          throw std::logic_error("dropout_add_layernorm_backward: rows of " + std::to_string(C) +
+                                 " elements need a scratch of rows·C elements");
+        T* t = static_cast<T*>(res->scratch);
+        const std::int64_t n = rows * C;
+        const bool from_ds = res->ds != nullptr;
+        if (from_ds) convert(t, dt, res->ds, dt, n, stream);
+        const bool tv = rows_vec<T>(C, {t, dy, x, w});
+        ZP_LAUNCH_ROWS(layernorm_dx_kernel, tv, rows, C, t, static_cast<const T*>(dy), static_cast<const T*>(x), mean,
+                       rstd, static_cast<const T*>(w), rows, C, from_ds);
+        residual_dropout_backward_kernel<T><<<detail::grid_for(n, kElemBlock), kElemBlock, 0, stream>>>(
+            static_cast<T*>(res->dres), static_cast<T*>(res->db), t, res->mask, n, res->scale, res->acc_res,
+            res->acc_b);
+        ZP_CUDA_CHECK_LAUNCH("residual_dropout_backward_kernel");
       }
     }
     if (params)
@@ -665,6 +856,67 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
           LayerNormParamGrads<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, C}, stream,
           "layernorm_backward");
   });
+}
+
+}  // namespace
+
+void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy, const void* x, const float* mean,
+                        const float* rstd, const void* w, std::int64_t rows, std::int64_t C, bool accumulate_dx,
+                        bool accumulate_params, DType dt, cudaStream_t stream) {
+  layernorm_backward_impl(ctx, dx, dw, db, dy, x, mean, rstd, w, rows, C, accumulate_dx, accumulate_params, nullptr, dt,
+                          stream);
+}
+
+void dropout_add_layernorm_forward(void* y, float* mean, float* rstd, void* sum, std::uint8_t* mask, const void* b,
+                                   const void* x, const void* w, const void* beta, std::int64_t rows, std::int64_t C,
+                                   float eps, float p, std::uint64_t seed, std::uint64_t offset, DType dt,
+                                   cudaStream_t stream) {
+  if (rows <= 0 || C <= 0) return;
+  const bool drop = p > 0.0f;
+  if (drop && mask == nullptr) throw std::logic_error("dropout_add_layernorm_forward: p > 0 without a mask");
+  bool fused = false;
+  detail::dispatch(dt, "dropout_add_layernorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = rows_vec<T>(C, {y, sum, b, x, w, beta}) && offset % 4 == 0 &&
+                     (!drop || (reinterpret_cast<std::uintptr_t>(mask) & 7u) == 0);
+    const int packs = vec ? warp_row_packs<T>(C, 8) : 0;
+    if (packs == 0) return;
+    with_packs<8>(packs, [&](auto P) {
+      dropout_add_layernorm_warp_kernel<T, decltype(P)::value>
+          <<<detail::grid_for(rows, kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, 0, stream>>>(
+              static_cast<T*>(y), mean, rstd, static_cast<T*>(sum), drop ? mask : nullptr, static_cast<const T*>(b),
+              static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(beta), rows, C, eps, 1.0f - p,
+              keep_scale(p), seed, offset);
+    });
+    ZP_CUDA_CHECK_LAUNCH("dropout_add_layernorm_warp_kernel");
+    fused = true;
+  });
+  if (fused) return;
+  // Rows the warp kernel does not take: the chain's three kernels, the dropped operand through y
+  // (free until the norm writes it).
+  const std::int64_t n = rows * C;
+  if (drop) dropout_forward(y, mask, b, n, p, seed, offset, dt, stream);
+  else convert(y, dt, b, dt, n, stream);
+  add_forward(sum, y, x, n, dt, stream);
+  layernorm_forward(y, mean, rstd, sum, w, beta, rows, C, eps, dt, stream);
+}
+
+void dropout_add_layernorm_backward(Context& ctx, void* db, void* dres, void* dw, void* dbeta, const void* dy,
+                                    const void* ds, const void* sum, const std::uint8_t* mask, const float* mean,
+                                    const float* rstd, const void* w, std::int64_t rows, std::int64_t C, float p,
+                                    bool accumulate_b, bool accumulate_res, void* scratch, DType dt,
+                                    cudaStream_t stream) {
+  if (p > 0.0f && mask == nullptr) throw std::logic_error("dropout_add_layernorm_backward: p > 0 without a mask");
+  ResidualArgs a;
+  a.ds = ds;
+  a.dres = dres;
+  a.db = db;
+  a.mask = p > 0.0f ? mask : nullptr;
+  a.scale = keep_scale(p);
+  a.acc_res = accumulate_res;
+  a.acc_b = accumulate_b;
+  a.scratch = scratch;
+  layernorm_backward_impl(ctx, nullptr, dw, dbeta, dy, sum, mean, rstd, w, rows, C, false, true, &a, dt, stream);
 }
 
 void rms_rsqrt_forward(void* r, const void* sq, std::int64_t rows, std::int64_t C, float eps, DType dt,

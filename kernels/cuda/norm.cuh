@@ -43,6 +43,39 @@ void layernorm_backward(Context& ctx, void* dx, void* dw, void* db, const void* 
                         const float* rstd, const void* w, std::int64_t rows, std::int64_t C, bool accumulate_dx,
                         bool accumulate_params, DType dt, cudaStream_t stream);
 
+// zeroplan's fused residual LayerNorm (models::Fn::dropout_add_layernorm):
+//   sum = x + dropout(b), y = LayerNorm(sum)
+// the dropout's mask drawn as dropout_forward draws it (element i at offset + i), its output
+// and the sum rounded to dt as the chain dropout_forward, add_forward, layernorm_forward stores
+// them, so y, sum, mask, mean and rstd are that chain's bits. p = 0: no dropout (mask unused,
+// may be nullptr). One pass where a warp holds a row (rows of at most 256 16-byte packs), else
+// the chain's kernels.
+void dropout_add_layernorm_forward(void* y,               // (rows, C)
+                                   float* mean,           // (rows)
+                                   float* rstd,           // (rows)
+                                   void* sum,             // (rows, C)
+                                   std::uint8_t* mask,    // (rows, C), or nullptr where p = 0
+                                   const void* b,         // (rows, C): the dropped operand
+                                   const void* x,         // (rows, C): the residual
+                                   const void* w,         // (C), or nullptr
+                                   const void* beta,      // (C), or nullptr
+                                   std::int64_t rows, std::int64_t C, float eps, float p, std::uint64_t seed,
+                                   std::uint64_t offset, DType dt, cudaStream_t stream);
+// Its backward: t = ds + LayerNorm's input gradient (ds: the sum's gradient from a later reader
+// of it, or nullptr), rounded once to dt as the chain's LayerNorm backward adds into the sum's
+// gradient; dres = t, db = t · mask / (1 - p), each written or added into (accumulate_*; either
+// may be nullptr); dw and dbeta added into as layernorm_backward's. In the pass of
+// layernorm_backward's warp kernels; other rows go through `scratch` (rows · C elements of dt
+// where kernels::dropout_add_layernorm_backward_needs_scratch, kernels/common/norm_dims.hpp):
+// t made there by the row kernels (ds copied first, LayerNorm's gradient added), then the
+// epilogue over it. Either way the chain's bits. Throws std::logic_error where the scratch is
+// needed and not given.
+void dropout_add_layernorm_backward(Context& ctx, void* db, void* dres, void* dw, void* dbeta, const void* dy,
+                                    const void* ds, const void* sum, const std::uint8_t* mask, const float* mean,
+                                    const float* rstd, const void* w, std::int64_t rows, std::int64_t C, float p,
+                                    bool accumulate_b, bool accumulate_res, void* scratch, DType dt,
+                                    cudaStream_t stream);
+
 // r = 1 / sqrt(mean(sq over C) + eps).
 void rms_rsqrt_forward(void* r,         // (rows)
                        const void* sq,  // (rows, C)

@@ -235,6 +235,16 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
   check({odd.string(), 0, "fp32", 2, "sdpa", false, 1, false, " --fused-loss"});
 }
 
+// --fused-residual-norm: dropout, residual sum and LayerNorm as one op (BERT's two a layer,
+// GPT-2's ln_2), its CUDA kernels against the CPU device's composition of the chain's kernels.
+TEST_CASE("train --device cuda --fused-residual-norm: BERT and GPT-2 against the cpu device") {
+  check({"tiny-bert", 1, "bf16", 2, "sdpa", false, 1, false, " --fused-residual-norm"});
+  check({"tiny-bert", 3, "fp32", 2, "eager", false, 1, false, " --fused-residual-norm"});
+  check({"tiny-bert", 0, "fp16", 2, "sdpa", false, 1, false, " --fused-residual-norm"});
+  check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss --fused-residual-norm"});
+  check({"tiny-gpt2", 0, "bf16", 2, "sdpa", true, 1, false, " --fused-residual-norm"});
+}
+
 // cuDNN's flash attention (train --attention-kernel cudnn) in training, held against the CPU
 // device's own kernels: its dropout masks are cuDNN's own (tiny GPT-2's and BERT's attention
 // dropout 0.1), so the losses agree within the 16-bit tolerance, not to the mask; the program's

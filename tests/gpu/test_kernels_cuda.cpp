@@ -23,6 +23,7 @@
 
 #include "harness.hpp"
 #include "kernels/common/gemm_pieces.hpp"
+#include "kernels/common/norm_dims.hpp"
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/bmm.hpp"
@@ -69,6 +70,11 @@ constexpr cudaStream_t kStream = nullptr;
 
 // Rounds a CPU reference that the GPU stores in dt (for exact comparisons).
 Vec stored(const Vec& v, DType dt) { return rounded(v, dt); }
+
+// Whether the fused residual LayerNorm's backward needs its scratch (kernels/common/norm_dims.hpp).
+bool kernels_needs_scratch(std::int64_t C, DType dt) {
+  return zp::kernels::dropout_add_layernorm_backward_needs_scratch(C, zp::dtype_size(dt));
+}
 
 // `rows` rows of `width` elements from packed to rows `ld` apart, the padding NaN (a kernel
 // that reads it shows), and back; `padding_kept` checks that nothing wrote the padding.
@@ -961,6 +967,101 @@ TEST_CASE("layernorm: forward statistics and output, backward dx, dw, db (determ
   kg::ContextOptions negative;
   negative.layernorm_backward_warps = -1;
   CHECK_THROWS_AS(kg::Context{negative}, std::invalid_argument);
+}
+
+TEST_CASE("fused residual LayerNorm: the bits of the chain dropout, add, layernorm, forward and backward") {
+  // models::Fn::dropout_add_layernorm against the three kernels it replaces, on the GPU: the
+  // same masks, sums, outputs, statistics, and gradients (the residual's, the dropped
+  // operand's, the params'), bit for bit. C: 768 (one warp a row both ways in 16 bits; fp32's
+  // backward rows through the scratch), 64 (one pack a lane), 2048 (16 bits: the forward's
+  // warps, the backward through the scratch), 100 (16 bits: not whole packs, the chain's
+  // kernels forward and the scratch backward; fp32: whole packs, the mask not whole 8-byte
+  // words: the scratch backward). With and without a gradient of the sum from a later reader
+  // (GPT-2's residual) and with the inputs' gradients written or added into.
+  kg::Context ctx;
+  const std::uint64_t seed = 0x9E3779B97F4A7C15ull ^ 77u, offset = std::uint64_t{5} << 32;
+  for (DType dt : kDtypes)
+    for (std::int64_t C : {std::int64_t{768}, std::int64_t{64}, std::int64_t{2048}, std::int64_t{100}})
+      for (float p : {0.1f, 0.0f}) {
+        CAPTURE(dtype_str(dt));
+        CAPTURE(C);
+        CAPTURE(p);
+        const std::int64_t rows = 301, n = rows * C;
+        const float eps_ln = 1e-12f;
+        const Vec b = rand_vec(n, 141, dt, -2.0f, 2.0f), x = rand_vec(n, 142, dt, -1.0f, 3.0f),
+                  w = rand_vec(C, 143, dt, 0.5f, 1.5f), beta = rand_vec(C, 144, dt);
+        auto db_in = device(b, dt), dx_in = device(x, dt), dw = device(w, dt), dbeta = device(beta, dt);
+        // The chain.
+        auto d = output(sz(n), dt), s1 = output(sz(n), dt), y1 = output(sz(n), dt);
+        Dev m1(sz(n)), mean1(sz(rows) * 4), rstd1(sz(rows) * 4);
+        m1.poison();
+        if (p > 0.0f) kg::dropout_forward(d->get(), m1.as<std::uint8_t>(), db_in->get(), n, p, seed, offset, dt, kStream);
+        else kg::convert(d->get(), dt, db_in->get(), dt, n, kStream);
+        kg::add_forward(s1->get(), d->get(), dx_in->get(), n, dt, kStream);
+        kg::layernorm_forward(y1->get(), mean1.as<float>(), rstd1.as<float>(), s1->get(), dw->get(), dbeta->get(), rows,
+                              C, eps_ln, dt, kStream);
+        // The fused op.
+        auto s2 = output(sz(n), dt), y2 = output(sz(n), dt);
+        Dev m2(sz(n)), mean2(sz(rows) * 4), rstd2(sz(rows) * 4);
+        m2.poison();
+        mean2.poison();
+        rstd2.poison();
+        kg::dropout_add_layernorm_forward(y2->get(), mean2.as<float>(), rstd2.as<float>(), s2->get(),
+                                          p > 0.0f ? m2.as<std::uint8_t>() : nullptr, db_in->get(), dx_in->get(),
+                                          dw->get(), dbeta->get(), rows, C, eps_ln, p, seed, offset, dt, kStream);
+        expect_equal_bits("fused residual LayerNorm: the sum", bits(*s1), bits(*s2));
+        expect_equal_bits("fused residual LayerNorm: y", bits(*y1), bits(*y2));
+        expect_equal_bits("fused residual LayerNorm: mean", bits(mean1), bits(mean2));
+        expect_equal_bits("fused residual LayerNorm: rstd", bits(rstd1), bits(rstd2));
+        if (p > 0.0f) {
+          CHECK(download_raw<std::uint8_t>(m1, sz(n)) == download_raw<std::uint8_t>(m2, sz(n)));
+        }
+        const Vec dy = rand_vec(n, 145, dt), ds = rand_vec(n, 146, dt), res0 = rand_vec(n, 147, dt),
+                  b0 = rand_vec(n, 148, dt), w0 = rand_vec(C, 149, dt), beta0 = rand_vec(C, 150, dt);
+        auto ddy = device(dy, dt);
+        for (bool with_ds : {false, true})
+          for (bool acc : {false, true}) {
+            CAPTURE(with_ds);
+            CAPTURE(acc);
+            // The chain: LayerNorm's input gradient written (or added into the sum's), then the
+            // residual's gradient the sum's (or added into), the dropped operand's through the mask.
+            auto gs = with_ds ? device(ds, dt) : output(sz(n), dt);
+            auto gw1 = device(w0, dt), gbeta1 = device(beta0, dt);
+            kg::layernorm_backward(ctx, gs->get(), gw1->get(), gbeta1->get(), ddy->get(), s1->get(), mean1.as<float>(),
+                                   rstd1.as<float>(), dw->get(), rows, C, with_ds, true, dt, kStream);
+            auto gres1 = acc ? device(res0, dt) : output(sz(n), dt);
+            auto gb1 = acc ? device(b0, dt) : output(sz(n), dt);
+            auto put = [&](void* dst, const void* src) {
+              if (acc) kg::convert_accumulate(dst, dt, src, dt, n, kStream);
+              else kg::convert(dst, dt, src, dt, n, kStream);
+            };
+            put(gres1->get(), gs->get());
+            if (p > 0.0f) kg::dropout_backward(gb1->get(), m1.as<std::uint8_t>(), gs->get(), n, p, acc, dt, kStream);
+            else put(gb1->get(), gs->get());
+            // The fused op, from the same ds.
+            auto ds2 = device(ds, dt);
+            auto gw2 = device(w0, dt), gbeta2 = device(beta0, dt);
+            auto gres2 = acc ? device(res0, dt) : output(sz(n), dt);
+            auto gb2 = acc ? device(b0, dt) : output(sz(n), dt);
+            auto scratch = kernels_needs_scratch(C, dt) ? output(sz(n), dt) : nullptr;
+            kg::dropout_add_layernorm_backward(ctx, gb2->get(), gres2->get(), gw2->get(), gbeta2->get(), ddy->get(),
+                                               with_ds ? ds2->get() : nullptr, s2->get(),
+                                               p > 0.0f ? m2.as<std::uint8_t>() : nullptr, mean2.as<float>(),
+                                               rstd2.as<float>(), dw->get(), rows, C, p, acc, acc,
+                                               scratch ? scratch->get() : nullptr, dt, kStream);
+            expect_equal_bits("fused residual LayerNorm: the residual's gradient", bits(*gres1), bits(*gres2));
+            expect_equal_bits("fused residual LayerNorm: the dropped operand's gradient", bits(*gb1), bits(*gb2));
+            expect_equal_bits("fused residual LayerNorm: dw", bits(*gw1), bits(*gw2));
+            expect_equal_bits("fused residual LayerNorm: dbeta", bits(*gbeta1), bits(*gbeta2));
+          }
+      }
+  // Rows the warp kernels do not take, with no scratch given: refused by name.
+  auto big = output(sz(2 * 2048), DType::bf16);
+  Dev stat(2 * 4);
+  CHECK_THROWS_AS(kg::dropout_add_layernorm_backward(ctx, big->get(), big->get(), nullptr, nullptr, big->get(), nullptr,
+                                                     big->get(), nullptr, stat.as<float>(), stat.as<float>(), nullptr, 2,
+                                                     2048, 0.0f, false, false, nullptr, DType::bf16, kStream),
+                  std::logic_error);
 }
 
 TEST_CASE("RMSNorm: HF's decomposition (rms_rsqrt, mul_rowscale, mul_weight) and the fused kernel, both ways") {
