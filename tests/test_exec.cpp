@@ -904,6 +904,19 @@ TEST_CASE("--fused-residual-norm: dropout, residual sum and LayerNorm as one op 
   // GPT-2's fused sum is read again by the MLP's residual, so its gradient comes into the op's
   // backward too; BERT's is not.
   check_variant_trains({"tiny-bert", "tiny-gpt2"}, &Case::fused_residual_norm, "fused_residual_norm", 0.0, 0.0);
+  // Under activation checkpointing the fused op is recomputed with its layer (it never straddles
+  // two), with the same masks.
+  for (const std::string model : {"tiny-bert", "tiny-gpt2"}) {
+    CAPTURE(model);
+    Case c{model, 2, 1, 2};
+    c.dtype = "bf16";
+    c.ckpt = true;
+    const auto hf = train(c);
+    c.fused_residual_norm = true;
+    const auto variant = train(c);
+    check_against_prediction(c, variant);
+    check_same_losses(losses(hf[0]), losses(variant[0]), 0.0);
+  }
   for (const auto& [model, fused_per_layer] : {std::pair{std::string("tiny-bert"), 2}, std::pair{std::string("tiny-gpt2"), 1}}) {
     CAPTURE(model);
     const auto [hf, fused] = tiny_graphs(&zp::models::KernelVariants::fused_residual_norm, model);
