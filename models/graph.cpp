@@ -473,6 +473,19 @@ class Builder {
     return y;
   }
 
+  // A residual block's tail, LayerNorm(x + dropout(b)): HF's three ops, or with
+  // KernelVariants::fused_residual_norm the one above. *sum, when asked, is the sum.
+  TensorId residual_layernorm(const std::string& dropout_name, const std::string& sum_name, const std::string& name,
+                              ModuleId m, TensorId b, TensorId x, double p, bool sum_read_later,
+                              TensorId* sum = nullptr) {
+    if (fused_residual_norm()) return dropout_add_layernorm(dropout_name, sum_name, name, m, b, x, p, sum_read_later, sum);
+    const TensorId d = dropout(dropout_name, b, p);
+    const TensorId s = simple(sum_name, OpKind::add, {d, x}, T(x).shape, act_, {});
+    tag(Fn::add);
+    if (sum) *sum = s;
+    return layernorm(name, m, s);
+  }
+
   // LlamaRMSNorm as Hugging Face writes it:
   //   x32 = x.to(fp32); var = x32.pow(2).mean(-1, keepdim); r = rsqrt(var + eps)
   //   return weight * (x32 * r).to(x.dtype)
@@ -881,18 +894,11 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
     }
   }
   TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h, std::nullopt, Fn::conv1d);
-  TensorId x2 = kNone, y2 = kNone;
-  if (bd.fused_residual_norm()) {
-    // The sum is the MLP's residual too. (The MLP's dropout and sum are not fused with the next
-    // layer's ln_1: the op would straddle two layers, which checkpointing recomputes apart.)
-    y2 = bd.dropout_add_layernorm("attn.resid_dropout", "attn.residual", "ln_2", bd.mod(p + "ln_2"), o, x,
-                                  c.hidden_dropout, true, &x2);
-  } else {
-    o = bd.dropout("attn.resid_dropout", o, c.hidden_dropout);
-    x2 = bd.simple("attn.residual", OpKind::add, {o, x}, {d.b, d.s, d.h}, bd.act(), {});
-    bd.tag(Fn::add);
-    y2 = bd.layernorm("ln_2", bd.mod(p + "ln_2"), x2);
-  }
+  // The sum is the MLP's residual too. (The MLP's dropout and sum are not fused with the next
+  // layer's ln_1: that op would straddle two layers, which checkpointing recomputes apart.)
+  TensorId x2 = kNone;
+  const TensorId y2 = bd.residual_layernorm("attn.resid_dropout", "attn.residual", "ln_2", bd.mod(p + "ln_2"), o, x,
+                                            c.hidden_dropout, true, &x2);
   const TensorId fc = bd.linear("mlp.c_fc", bd.mod(p + "mlp.c_fc"), y2, d.h, d.f, std::nullopt, Fn::conv1d);  // (B, T, F)
   const TensorId g = bd.activation("mlp.act", c.act, fc);
   TensorId m = bd.linear("mlp.c_proj", bd.mod(p + "mlp.c_proj"), g, d.f, d.h, std::nullopt, Fn::conv1d);
@@ -961,7 +967,7 @@ void bert_params(Builder& bd, const ModelConfig& c) {
 
 TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32_t l, TensorId x, TensorId mask) {
   const std::string p = fmt::format("bert.encoder.layer.{}.", l);
-  const Shape bash{d.b, d.a, d.s, d.s}, bsh{d.b, d.s, d.h};
+  const Shape bash{d.b, d.a, d.s, d.s};
   bd.begin_layer(l, x);
   // Q, K and V each save the same input x.
   const TensorId q = bd.linear("attention.self.query", bd.mod(p + "attention.self.query"), x, d.h, d.h);
@@ -1001,30 +1007,14 @@ TensorId bert_layer(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
       break;
   }
   TensorId o = bd.linear("attention.output.dense", bd.mod(p + "attention.output.dense"), merged, d.h, d.h);
-  const bool fuse = bd.fused_residual_norm();
-  TensorId ao = kNone;
-  if (fuse) {
-    ao = bd.dropout_add_layernorm("attention.output.dropout", "attention.output.residual", "attention.output.LayerNorm",
-                                  bd.mod(p + "attention.output.LayerNorm"), o, x, c.hidden_dropout, false);
-  } else {
-    o = bd.dropout("attention.output.dropout", o, c.hidden_dropout);
-    o = bd.simple("attention.output.residual", OpKind::add, {o, x}, bsh, bd.act(), {});
-    bd.tag(Fn::add);
-    ao = bd.layernorm("attention.output.LayerNorm", bd.mod(p + "attention.output.LayerNorm"), o);
-  }
+  const TensorId ao = bd.residual_layernorm("attention.output.dropout", "attention.output.residual",
+                                            "attention.output.LayerNorm", bd.mod(p + "attention.output.LayerNorm"), o, x,
+                                            c.hidden_dropout, false);
   TensorId i = bd.linear("intermediate.dense", bd.mod(p + "intermediate.dense"), ao, d.h, d.f);  // (B, T, F)
   i = bd.activation("intermediate.act", c.act, i);
   TensorId o2 = bd.linear("output.dense", bd.mod(p + "output.dense"), i, d.f, d.h);
-  TensorId out = kNone;
-  if (fuse) {
-    out = bd.dropout_add_layernorm("output.dropout", "output.residual", "output.LayerNorm",
-                                   bd.mod(p + "output.LayerNorm"), o2, ao, c.hidden_dropout, false);
-  } else {
-    o2 = bd.dropout("output.dropout", o2, c.hidden_dropout);
-    o2 = bd.simple("output.residual", OpKind::add, {o2, ao}, bsh, bd.act(), {});
-    bd.tag(Fn::add);
-    out = bd.layernorm("output.LayerNorm", bd.mod(p + "output.LayerNorm"), o2);
-  }
+  const TensorId out = bd.residual_layernorm("output.dropout", "output.residual", "output.LayerNorm",
+                                             bd.mod(p + "output.LayerNorm"), o2, ao, c.hidden_dropout, false);
   bd.end_layer();
   return out;
 }
