@@ -375,7 +375,8 @@ int main(int argc, char** argv) {
         // as the chain's three kernels and as the one op of --fused-residual-norm. The fused
         // forward reads b and x and writes the sum, the mask and y; its backward reads dy, the
         // sum and the mask and writes the residual's and the dropped operand's gradients.
-        Buffer sum(static_cast<std::size_t>(R * C) * 4), gres(static_cast<std::size_t>(R * C) * 4);
+        Buffer sum(static_cast<std::size_t>(R * C) * 4), gres(static_cast<std::size_t>(R * C) * 4),
+            temp(static_cast<std::size_t>(R * C) * 4);
         const std::uint64_t off = std::uint64_t{9} << 32;
         ms = time_ms(opt, [&] {
           kg::dropout_forward(dx.get(), mask.as<std::uint8_t>(), dy.get(), R * C, 0.1f, 1234, off, dt, nullptr);
@@ -383,7 +384,12 @@ int main(int argc, char** argv) {
           kg::layernorm_forward(y.get(), mean.as<float>(), rstd.as<float>(), sum.get(), w.get(), b.get(), R, C, 1e-5f,
                                 dt, nullptr);
         });
-        report("residual layernorm fwd, chain " + tn, dims({R, C}), ms, 4.0 * rc + mb, false, copy_ceiling);
+        // The chain moves 7 tensors and the mask forward (the dropout's output written and read),
+        // 5 and the mask backward; the fused op 4 and the mask each way where a warp holds a
+        // row (16-bit rows here). fp32 rows of 1024 are too long for the backward's warps: the
+        // chain's LayerNorm reads dy and the sum twice (7), the fused op also writes and reads
+        // its temporary (8).
+        report("residual layernorm fwd, chain " + tn, dims({R, C}), ms, 7.0 * rc + mb, false, copy_ceiling);
         ms = time_ms(opt, [&] {
           kg::dropout_add_layernorm_forward(y.get(), mean.as<float>(), rstd.as<float>(), sum.get(),
                                             mask.as<std::uint8_t>(), dy.get(), x.get(), w.get(), b.get(), R, C, 1e-5f,
@@ -395,13 +401,15 @@ int main(int argc, char** argv) {
                                  rstd.as<float>(), w.get(), R, C, false, true, dt, nullptr);
           kg::dropout_backward(dx.get(), mask.as<std::uint8_t>(), gres.get(), R * C, 0.1f, false, dt, nullptr);
         });
-        report("residual layernorm bwd, chain " + tn, dims({R, C}), ms, 4.0 * rc + mb, false, copy_ceiling);
+        report("residual layernorm bwd, chain " + tn, dims({R, C}), ms, (dt == DType::fp32 ? 7.0 : 5.0) * rc + mb, false,
+               copy_ceiling);
         ms = time_ms(opt, [&] {
           kg::dropout_add_layernorm_backward(ctx, dx.get(), gres.get(), dw.get(), db.get(), dy.get(), nullptr, sum.get(),
                                              mask.as<std::uint8_t>(), mean.as<float>(), rstd.as<float>(), w.get(), R,
-                                             C, 0.1f, false, false, dx.get(), dt, nullptr);
+                                             C, 0.1f, false, false, temp.get(), dt, nullptr);
         });
-        report("residual layernorm bwd, fused " + tn, dims({R, C}), ms, 4.0 * rc + mb, false, copy_ceiling);
+        report("residual layernorm bwd, fused " + tn, dims({R, C}), ms, (dt == DType::fp32 ? 8.0 : 4.0) * rc + mb, false,
+               copy_ceiling);
       }
       {  // eager softmax over GPT-2 attention scores (B·H·T rows of T)
         const std::int64_t R = 16 * 12 * 1024 / scale, n = 1024;

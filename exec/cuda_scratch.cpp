@@ -223,11 +223,21 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
     }
     case Fn::dropout_add_layernorm: {
       // Rows too long for the warp kernels: the sum's gradient in a temporary before the epilogue.
+      // The pointers the kernel asks about, as it will see them (a param's offset in its flat
+      // buffer decides the weight's alignment; every buffer's base is aligned).
       const Ref gb = dx(0), gx = dx(1);
       if (!gb && !gx) break;
       const std::int64_t C = shape(y).back();
-      const DType dt = cuda_op_dtype(op, {dy, act(op.outputs[3]), gb, gx});
-      if (kernels::dropout_add_layernorm_backward_needs_scratch(C, dtype_size(dt))) s.temp = {nbytes(n, dt)};
+      const TensorId sum = op.outputs[3];
+      const DType dt = cuda_op_dtype(op, {dy, act(sum), gb, gx});
+      auto at = [](const Ref& r) -> const void* {
+        return r ? static_cast<const char*>(r.base) + r.off * dtype_size(r.dt) : nullptr;
+      };
+      const void* mask = op.outputs.size() > 4 ? at(act(op.outputs[4])) : nullptr;
+      if (!kernels::dropout_add_layernorm_backward_warp_takes(
+              C, dtype_size(dt), {at(dy), at(act(sum)), at(o.param_ref(op.params[0])), at(grad(sum)), at(gx), at(gb)},
+              mask))
+        s.temp = {nbytes(n, dt)};
       break;
     }
     case Fn::sdpa:

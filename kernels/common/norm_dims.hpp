@@ -2,6 +2,7 @@
 // Which rows kernels/cuda/norm.cu's warp kernels take (one warp a row, the row in registers),
 // shared with the CPU-side rules that predict what the CUDA device runs (exec/cuda_scratch.cpp).
 #include <cstdint>
+#include <initializer_list>
 
 namespace zp::kernels {
 
@@ -15,11 +16,17 @@ constexpr bool layernorm_backward_warp_takes(std::int64_t C, std::int64_t elem_b
   return C > 0 && C % pack == 0 && (C / pack + 31) / 32 <= 4;
 }
 
-// Whether the fused residual LayerNorm's backward (models::Fn::dropout_add_layernorm) needs
-// its temporary of rows · C elements: rows the warp kernels do not take, or whose byte mask a
-// lane cannot read as one 8-byte word (C not a multiple of 8).
-constexpr bool dropout_add_layernorm_backward_needs_scratch(std::int64_t C, std::int64_t elem_bytes) {
-  return !(layernorm_backward_warp_takes(C, elem_bytes) && C % 8 == 0);
+// Whether the fused residual LayerNorm's backward (models::Fn::dropout_add_layernorm) runs in
+// the warp kernels: rows they take, every row operand (dy, the sum, the weight, the gradients;
+// nullptr: not read) 16-byte aligned, and the byte mask aligned to a lane's pack of it (one
+// 8-byte word in 16 bits, 4 bytes in fp32). Elsewhere it needs its temporary of rows · C
+// elements. Both the kernel and the prediction of its temporaries ask this, of the same pointers.
+inline bool dropout_add_layernorm_backward_warp_takes(std::int64_t C, std::int64_t elem_bytes,
+                                                      std::initializer_list<const void*> rows, const void* mask) {
+  if (!layernorm_backward_warp_takes(C, elem_bytes)) return false;
+  for (const void* p : rows)
+    if ((reinterpret_cast<std::uintptr_t>(p) & 15u) != 0) return false;
+  return (reinterpret_cast<std::uintptr_t>(mask) % static_cast<std::uintptr_t>(row_pack(elem_bytes))) == 0;
 }
 
 }  // namespace zp::kernels

@@ -780,11 +780,10 @@ void layernorm_backward_impl(Context& ctx, void* dx, void* dw, void* db, const v
     using T = decltype(tag);
     const ResidualDropout<T> r = typed<T>(res);
     const bool fused = res != nullptr;
-    bool vec = rows_vec<T>(C, {dx, dy, x, w});
-    if (fused)
-      vec = vec && rows_vec<T>(C, {res->ds, res->dres, res->db}) &&
-            !kernels::dropout_add_layernorm_backward_needs_scratch(C, static_cast<std::int64_t>(sizeof(T))) &&
-            (reinterpret_cast<std::uintptr_t>(res->mask) & 7u) == 0;
+    const bool vec = fused ? kernels::dropout_add_layernorm_backward_warp_takes(
+                                 C, static_cast<std::int64_t>(sizeof(T)), {dy, x, w, res->ds, res->dres, res->db},
+                                 res->mask)
+                           : rows_vec<T>(C, {dx, dy, x, w});
     const int packs = vec ? warp_row_packs<T>(C, 4) : 0;
     const bool params = dw != nullptr || db != nullptr;
     const bool gives_dx = dx != nullptr || (fused && (res->dres != nullptr || res->db != nullptr));

@@ -65,11 +65,11 @@ void dropout_add_layernorm_forward(void* y,               // (rows, C)
 // of it, or nullptr), rounded once to dt as the chain's LayerNorm backward adds into the sum's
 // gradient; dres = t, db = t · mask / (1 - p), each written or added into (accumulate_*; either
 // may be nullptr); dw and dbeta added into as layernorm_backward's. In the pass of
-// layernorm_backward's warp kernels; other rows go through `scratch` (rows · C elements of dt
-// where kernels::dropout_add_layernorm_backward_needs_scratch, kernels/common/norm_dims.hpp):
-// t made there by the row kernels (ds copied first, LayerNorm's gradient added), then the
-// epilogue over it. Either way the chain's bits. Throws std::logic_error where the scratch is
-// needed and not given.
+// layernorm_backward's warp kernels where kernels::dropout_add_layernorm_backward_warp_takes
+// (kernels/common/norm_dims.hpp); elsewhere through `scratch` (rows · C elements of dt): t made
+// there by the row kernels (ds copied first, LayerNorm's gradient added), then the epilogue over
+// it. Either way the chain's bits. Throws std::logic_error where the scratch is needed and not
+// given.
 void dropout_add_layernorm_backward(Context& ctx, void* db, void* dres, void* dw, void* dbeta, const void* dy,
                                     const void* ds, const void* sum, const std::uint8_t* mask, const float* mean,
                                     const float* rstd, const void* w, std::int64_t rows, std::int64_t C, float p,

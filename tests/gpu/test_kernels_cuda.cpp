@@ -71,10 +71,9 @@ constexpr cudaStream_t kStream = nullptr;
 // Rounds a CPU reference that the GPU stores in dt (for exact comparisons).
 Vec stored(const Vec& v, DType dt) { return rounded(v, dt); }
 
-// Whether the fused residual LayerNorm's backward needs its scratch (kernels/common/norm_dims.hpp).
-bool kernels_needs_scratch(std::int64_t C, DType dt) {
-  return zp::kernels::dropout_add_layernorm_backward_needs_scratch(C, zp::dtype_size(dt));
-}
+// Whether the fused residual LayerNorm's backward needs its scratch for rows of C (every
+// buffer aligned; kernels/common/norm_dims.hpp).
+bool kernels_needs_scratch(std::int64_t C, DType dt) { return !zp::kernels::layernorm_backward_warp_takes(C, zp::dtype_size(dt)); }
 
 // `rows` rows of `width` elements from packed to rows `ld` apart, the padding NaN (a kernel
 // that reads it shows), and back; `padding_kept` checks that nothing wrote the padding.
@@ -975,9 +974,11 @@ TEST_CASE("fused residual LayerNorm: the bits of the chain dropout, add, layerno
   // operand's, the params'), bit for bit. C: 768 (one warp a row both ways in 16 bits; fp32's
   // backward rows through the scratch), 64 (one pack a lane), 2048 (16 bits: the forward's
   // warps, the backward through the scratch), 100 (16 bits: not whole packs, the chain's
-  // kernels forward and the scratch backward; fp32: whole packs, the mask not whole 8-byte
-  // words: the scratch backward). With and without a gradient of the sum from a later reader
-  // (GPT-2's residual) and with the inputs' gradients written or added into.
+  // kernels forward and the scratch backward; fp32: whole packs of 4, the mask read 4 bytes a
+  // lane, the warps both ways). With and without a gradient of the sum from a later reader
+  // (GPT-2's residual), with the inputs' gradients written or added into, each on its own; and
+  // with a weight 4 bytes off its alignment (a parameter at an odd offset of its flat buffer):
+  // the scratch path, which the prediction's rule asks for there too.
   kg::Context ctx;
   const std::uint64_t seed = 0x9E3779B97F4A7C15ull ^ 77u, offset = std::uint64_t{5} << 32;
   for (DType dt : kDtypes)
@@ -1020,40 +1021,62 @@ TEST_CASE("fused residual LayerNorm: the bits of the chain dropout, add, layerno
                   b0 = rand_vec(n, 148, dt), w0 = rand_vec(C, 149, dt), beta0 = rand_vec(C, 150, dt);
         auto ddy = device(dy, dt);
         for (bool with_ds : {false, true})
-          for (bool acc : {false, true}) {
+          for (int accs = 0; accs < 4; ++accs) {
+            const bool acc_res = (accs & 1) != 0, acc_b = (accs & 2) != 0;
             CAPTURE(with_ds);
-            CAPTURE(acc);
+            CAPTURE(acc_res);
+            CAPTURE(acc_b);
             // The chain: LayerNorm's input gradient written (or added into the sum's), then the
             // residual's gradient the sum's (or added into), the dropped operand's through the mask.
             auto gs = with_ds ? device(ds, dt) : output(sz(n), dt);
             auto gw1 = device(w0, dt), gbeta1 = device(beta0, dt);
             kg::layernorm_backward(ctx, gs->get(), gw1->get(), gbeta1->get(), ddy->get(), s1->get(), mean1.as<float>(),
                                    rstd1.as<float>(), dw->get(), rows, C, with_ds, true, dt, kStream);
-            auto gres1 = acc ? device(res0, dt) : output(sz(n), dt);
-            auto gb1 = acc ? device(b0, dt) : output(sz(n), dt);
-            auto put = [&](void* dst, const void* src) {
+            auto gres1 = acc_res ? device(res0, dt) : output(sz(n), dt);
+            auto gb1 = acc_b ? device(b0, dt) : output(sz(n), dt);
+            auto put = [&](void* dst, const void* src, bool acc) {
               if (acc) kg::convert_accumulate(dst, dt, src, dt, n, kStream);
               else kg::convert(dst, dt, src, dt, n, kStream);
             };
-            put(gres1->get(), gs->get());
-            if (p > 0.0f) kg::dropout_backward(gb1->get(), m1.as<std::uint8_t>(), gs->get(), n, p, acc, dt, kStream);
-            else put(gb1->get(), gs->get());
+            put(gres1->get(), gs->get(), acc_res);
+            if (p > 0.0f) kg::dropout_backward(gb1->get(), m1.as<std::uint8_t>(), gs->get(), n, p, acc_b, dt, kStream);
+            else put(gb1->get(), gs->get(), acc_b);
             // The fused op, from the same ds.
             auto ds2 = device(ds, dt);
             auto gw2 = device(w0, dt), gbeta2 = device(beta0, dt);
-            auto gres2 = acc ? device(res0, dt) : output(sz(n), dt);
-            auto gb2 = acc ? device(b0, dt) : output(sz(n), dt);
+            auto gres2 = acc_res ? device(res0, dt) : output(sz(n), dt);
+            auto gb2 = acc_b ? device(b0, dt) : output(sz(n), dt);
             auto scratch = kernels_needs_scratch(C, dt) ? output(sz(n), dt) : nullptr;
             kg::dropout_add_layernorm_backward(ctx, gb2->get(), gres2->get(), gw2->get(), gbeta2->get(), ddy->get(),
                                                with_ds ? ds2->get() : nullptr, s2->get(),
                                                p > 0.0f ? m2.as<std::uint8_t>() : nullptr, mean2.as<float>(),
-                                               rstd2.as<float>(), dw->get(), rows, C, p, acc, acc,
+                                               rstd2.as<float>(), dw->get(), rows, C, p, acc_b, acc_res,
                                                scratch ? scratch->get() : nullptr, dt, kStream);
             expect_equal_bits("fused residual LayerNorm: the residual's gradient", bits(*gres1), bits(*gres2));
             expect_equal_bits("fused residual LayerNorm: the dropped operand's gradient", bits(*gb1), bits(*gb2));
             expect_equal_bits("fused residual LayerNorm: dw", bits(*gw1), bits(*gw2));
             expect_equal_bits("fused residual LayerNorm: dbeta", bits(*gbeta1), bits(*gbeta2));
           }
+        // A weight off its 16-byte alignment: the rule sends the backward to the scratch path,
+        // with the chain's dx (the chain's LayerNorm goes to its block kernels there too).
+        if (C == 768 && p > 0.0f) {
+          auto wodd = device(w, dt, 4);
+          CHECK(!zp::kernels::dropout_add_layernorm_backward_warp_takes(C, zp::dtype_size(dt),
+                                                                        {ddy->get(), s2->get(), wodd->get()},
+                                                                        m2.as<std::uint8_t>()));
+          auto gs = output(sz(n), dt);
+          auto gw1 = device(w0, dt), gbeta1 = device(beta0, dt), gw2 = device(w0, dt), gbeta2 = device(beta0, dt);
+          kg::layernorm_backward(ctx, gs->get(), gw1->get(), gbeta1->get(), ddy->get(), s1->get(), mean1.as<float>(),
+                                 rstd1.as<float>(), wodd->get(), rows, C, false, true, dt, kStream);
+          auto gb1 = output(sz(n), dt), gres2 = output(sz(n), dt), gb2 = output(sz(n), dt), scratch = output(sz(n), dt);
+          kg::dropout_backward(gb1->get(), m1.as<std::uint8_t>(), gs->get(), n, p, false, dt, kStream);
+          kg::dropout_add_layernorm_backward(ctx, gb2->get(), gres2->get(), gw2->get(), gbeta2->get(), ddy->get(), nullptr,
+                                             s2->get(), m2.as<std::uint8_t>(), mean2.as<float>(), rstd2.as<float>(),
+                                             wodd->get(), rows, C, p, false, false, scratch->get(), dt, kStream);
+          expect_equal_bits("fused residual LayerNorm, odd weight: the residual's gradient", bits(*gs), bits(*gres2));
+          expect_equal_bits("fused residual LayerNorm, odd weight: the dropped operand's", bits(*gb1), bits(*gb2));
+          expect_equal_bits("fused residual LayerNorm, odd weight: dw", bits(*gw1), bits(*gw2));
+        }
       }
   // Rows the warp kernels do not take, with no scratch given: refused by name.
   auto big = output(sz(2 * 2048), DType::bf16);
