@@ -85,8 +85,9 @@ const std::vector<KernelVariantInfo>& kernel_variants() {
        "fp32 and saves fp32 log-probabilities)",
        &KernelVariants::fused_loss},
       {"fused_residual_norm", "--fused-residual-norm",
-       "a dropout, the residual sum after it and the LayerNorm of the sum as one op (BERT's two a layer, GPT-2's "
-       "ln_2), saving what HF's three save (zeroplan's kernel variant; HF runs three kernels)",
+       "a dropout, the residual sum after it and the LayerNorm of the sum as one op (two a layer in BERT and GPT-2; "
+       "GPT-2's ln_2 alone under activation checkpointing), saving what HF's three save (zeroplan's kernel variant; "
+       "HF runs three kernels)",
        &KernelVariants::fused_residual_norm},
   };
   return all;
@@ -200,6 +201,7 @@ class Builder {
   Attention attention() const { return g_.opt.attention; }
   bool kv_cache() const { return g_.kv_cache; }
   bool fused_residual_norm() const { return g_.opt.variants.fused_residual_norm; }
+  bool gradient_checkpointing() const { return g_.opt.gradient_checkpointing; }
   Transformers transformers() const { return g_.opt.transformers; }
   // A tensor the model's output object references (OpGraph::outputs).
   void output(TensorId t) { g_.outputs.push_back(t); }
@@ -835,10 +837,22 @@ void gpt2_params(Builder& bd, const ModelConfig& c) {
     bd.module("lm_head", kNone, {{"weight", {c.vocab, h}}}, false);
 }
 
-TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32_t l, TensorId x) {
+// The residual stream between GPT-2's layers: x, or with `branch` the sum x + dropout(branch)
+// not taken yet (KernelVariants::fused_residual_norm without checkpointing: the MLP's dropout
+// and sum are fused with the next LayerNorm, the next layer's ln_1 or ln_f).
+struct Residual {
+  TensorId x = kNone, branch = kNone;
+};
+
+Residual gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32_t l, Residual stream) {
   const std::string p = fmt::format("transformer.h.{}.", l);
-  bd.begin_layer(l, x);
-  const TensorId y = bd.layernorm("ln_1", bd.mod(p + "ln_1"), x);
+  bd.begin_layer(l, stream.x);
+  TensorId x = stream.x, y = kNone;
+  if (stream.branch != kNone)  // the previous layer's MLP dropout and sum, and this layer's ln_1
+    y = bd.dropout_add_layernorm("mlp_in.dropout", "mlp_in.residual", "ln_1", bd.mod(p + "ln_1"), stream.branch,
+                                 stream.x, c.hidden_dropout, true, &x);
+  else
+    y = bd.layernorm("ln_1", bd.mod(p + "ln_1"), x);
   const TensorId qkv = bd.linear("attn.c_attn", bd.mod(p + "attn.c_attn"), y, d.h, 3 * d.h, std::nullopt, Fn::conv1d);  // (B, T, 3C)
   // q, k, v are the column blocks [0, C), [C, 2C), [2C, 3C) of qkv, split into heads. With a
   // KV cache, its update copies k and v into contiguous (B, A, T, D) tensors.
@@ -894,19 +908,24 @@ TensorId gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
     }
   }
   TensorId o = bd.linear("attn.c_proj", bd.mod(p + "attn.c_proj"), merged, d.h, d.h, std::nullopt, Fn::conv1d);
-  // The sum is the MLP's residual too. (The MLP's dropout and sum are not fused with the next
-  // layer's ln_1: that op would straddle two layers, which checkpointing recomputes apart.)
+  // The sum is the MLP's residual too.
   TensorId x2 = kNone;
   const TensorId y2 = bd.residual_layernorm("attn.resid_dropout", "attn.residual", "ln_2", bd.mod(p + "ln_2"), o, x,
                                             c.hidden_dropout, true, &x2);
   const TensorId fc = bd.linear("mlp.c_fc", bd.mod(p + "mlp.c_fc"), y2, d.h, d.f, std::nullopt, Fn::conv1d);  // (B, T, F)
   const TensorId g = bd.activation("mlp.act", c.act, fc);
   TensorId m = bd.linear("mlp.c_proj", bd.mod(p + "mlp.c_proj"), g, d.f, d.h, std::nullopt, Fn::conv1d);
+  // The MLP's dropout and sum go with the next LayerNorm, unless checkpointing recomputes the
+  // layers apart (an op of two layers' would be in neither's recomputation).
+  if (bd.fused_residual_norm() && !bd.gradient_checkpointing()) {
+    bd.end_layer();
+    return {x2, m};
+  }
   m = bd.dropout("mlp.dropout", m, c.hidden_dropout);
   const TensorId out = bd.simple("mlp.residual", OpKind::add, {x2, m}, {d.b, d.s, d.h}, bd.act(), {});
   bd.tag(Fn::add);
   bd.end_layer();
-  return out;
+  return {out, kNone};
 }
 
 void gpt2_graph(Builder& bd, OpGraph& g) {
@@ -921,8 +940,13 @@ void gpt2_graph(Builder& bd, OpGraph& g) {
   TensorId x = bd.simple("transformer.embed_add", OpKind::add, {tok, pos}, {d.b, d.s, d.h}, bd.act(), {});
   bd.tag(Fn::add);
   x = bd.dropout("transformer.drop", x, c.embedding_dropout);
-  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) x = gpt2_block(bd, c, d, l, x);
-  x = bd.layernorm("transformer.ln_f", bd.mod("transformer.ln_f"), x);
+  Residual r{x, kNone};
+  for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) r = gpt2_block(bd, c, d, l, r);
+  if (r.branch != kNone)  // the last layer's MLP dropout and sum, and ln_f
+    x = bd.dropout_add_layernorm("transformer.mlp_out.dropout", "transformer.mlp_out.residual", "transformer.ln_f",
+                                 bd.mod("transformer.ln_f"), r.branch, r.x, c.hidden_dropout, false);
+  else
+    x = bd.layernorm("transformer.ln_f", bd.mod("transformer.ln_f"), r.x);
   const TensorId logits = bd.linear("lm_head", bd.mod("lm_head"), x, d.h, d.v);  // (B, T, V)
   bd.output(logits);
   g.loss = bd.causal_lm_loss(logits, labels, d.v);

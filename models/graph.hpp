@@ -184,8 +184,9 @@ struct KernelVariants {
   // and log_softmax + nll_loss, which save fp32 log-probabilities of the logits' size. The
   // logits' rows are padded to whole 16 bytes (Tensor::row_pitch) where the vocabulary is not.
   bool fused_loss = false;
-  // A dropout, the residual sum after it and the LayerNorm of that sum as one op (BERT's two
-  // per layer, GPT-2's ln_2): the same formulas and roundings (the dropout's output and the sum
+  // A dropout, the residual sum after it and the LayerNorm of that sum as one op (two a layer in
+  // BERT and GPT-2: GPT-2's MLP tail with the next layer's ln_1 or ln_f, except under activation
+  // checkpointing, which recomputes the layers apart): the same formulas and roundings (the dropout's output and the sum
   // rounded to the activation dtype), saving what HF's three ops save (the sum, the fp32 mean
   // and rstd, the byte mask), so only the kernels change: one pass instead of three forward,
   // and in backward the LayerNorm's input gradient, the residual's and the dropout's in one.
