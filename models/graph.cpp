@@ -839,7 +839,8 @@ void gpt2_params(Builder& bd, const ModelConfig& c) {
 
 // The residual stream between GPT-2's layers: x, or with `branch` the sum x + dropout(branch)
 // not taken yet (KernelVariants::fused_residual_norm without checkpointing: the MLP's dropout
-// and sum are fused with the next LayerNorm, the next layer's ln_1 or ln_f).
+// and sum are fused with the next LayerNorm, the next layer's ln_1 or ln_f; their tensors are
+// named prev_mlp.* in the next layer, transformer.last_mlp.* after the last).
 struct Residual {
   TensorId x = kNone, branch = kNone;
 };
@@ -849,7 +850,7 @@ Residual gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   bd.begin_layer(l, stream.x);
   TensorId x = stream.x, y = kNone;
   if (stream.branch != kNone)  // the previous layer's MLP dropout and sum, and this layer's ln_1
-    y = bd.dropout_add_layernorm("mlp_in.dropout", "mlp_in.residual", "ln_1", bd.mod(p + "ln_1"), stream.branch,
+    y = bd.dropout_add_layernorm("prev_mlp.dropout", "prev_mlp.residual", "ln_1", bd.mod(p + "ln_1"), stream.branch,
                                  stream.x, c.hidden_dropout, true, &x);
   else
     y = bd.layernorm("ln_1", bd.mod(p + "ln_1"), x);
@@ -943,7 +944,7 @@ void gpt2_graph(Builder& bd, OpGraph& g) {
   Residual r{x, kNone};
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(c.layers); ++l) r = gpt2_block(bd, c, d, l, r);
   if (r.branch != kNone)  // the last layer's MLP dropout and sum, and ln_f
-    x = bd.dropout_add_layernorm("transformer.mlp_out.dropout", "transformer.mlp_out.residual", "transformer.ln_f",
+    x = bd.dropout_add_layernorm("transformer.last_mlp.dropout", "transformer.last_mlp.residual", "transformer.ln_f",
                                  bd.mod("transformer.ln_f"), r.branch, r.x, c.hidden_dropout, false);
   else
     x = bd.layernorm("transformer.ln_f", bd.mod("transformer.ln_f"), r.x);
@@ -1355,6 +1356,21 @@ OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt) {
     case Family::bert: bert_graph(bd, g); break;
     case Family::llama: llama_graph(bd, g); break;
   }
+  // What checkpointing recomputes is each layer's span from its input: an op of a layer may read
+  // another layer's tensor only as that input (a variant that fuses across layers keeps to it by
+  // not fusing there under checkpointing).
+  if (g.opt.gradient_checkpointing)
+    for (std::size_t l = 0; l < g.layers.size(); ++l) {
+      const LayerSpan& span = g.layers[l];
+      for (OpId o = span.first; o >= 0 && o <= span.last; ++o)
+        for (TensorId t : g.ops[static_cast<std::size_t>(o)].inputs) {
+          const std::int32_t tl = g.tensors[static_cast<std::size_t>(t)].layer;
+          if (tl != kNone && tl != static_cast<std::int32_t>(l) && t != span.input)
+            throw std::logic_error(fmt::format("graph: op {} of layer {} reads {} of layer {}, not the layer's input",
+                                               g.ops[static_cast<std::size_t>(o)].name, l,
+                                               g.tensors[static_cast<std::size_t>(t)].name, tl));
+        }
+    }
   return g;
 }
 

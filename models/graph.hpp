@@ -222,7 +222,11 @@ struct GraphOptions {
 // One layer's extent in the op list, for activation checkpointing.
 struct LayerSpan {
   OpId first = kNone, last = kNone;  // inclusive range of ops of the layer
-  TensorId input = kNone;            // the layer's input hidden states (kept when checkpointing)
+  // The layer's input hidden states (kept when checkpointing). With GPT-2's MLP tail fused with
+  // the next layer's ln_1 (KernelVariants::fused_residual_norm, never under checkpointing) the
+  // layer reads two tensors of the one before: its input is the residual of the two (x2), and
+  // the hidden states HF passes in are made by the layer's first op.
+  TensorId input = kNone;
 };
 
 struct OpGraph {
@@ -244,6 +248,8 @@ struct OpGraph {
   std::int64_t param_count() const;       // everything trained (with heads)
   std::int64_t base_param_count() const;  // the backbone (BertModel with pooler, GPT2Model, ...)
   // Bytes of activations saved for backward by the ops of layer `l` (each tensor once).
+  // (With GPT-2's MLP tail fused across layers, a layer's tail mask is charged to the next layer,
+  // the last layer's to none: layer 0 is one byte mask below the others.)
   Bytes saved_bytes_of_layer(std::int32_t l) const;
   // Same, leaving out per-token statistics (LayerNorm mean/rstd, RMSNorm rsqrt: one fp32
   // value per token, shape (B, T, 1)). Tensors shared by all layers (RoPE cos/sin) are
