@@ -230,13 +230,12 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
       const std::int64_t C = shape(y).back();
       const TensorId sum = op.outputs[3];
       const DType dt = cuda_op_dtype(op, {dy, act(sum), gb, gx});
-      auto at = [](const Ref& r) -> const void* {
-        return r ? static_cast<const char*>(r.base) + r.off * dtype_size(r.dt) : nullptr;
-      };
-      const void* mask = op.outputs.size() > 4 ? at(act(op.outputs[4])) : nullptr;
-      if (!kernels::dropout_add_layernorm_backward_warp_takes(
-              C, dtype_size(dt), {at(dy), at(act(sum)), at(o.param_ref(op.params[0])), at(grad(sum)), at(gx), at(gb)},
-              mask))
+      const void* mask = op.outputs.size() > 4 ? act(op.outputs[4]).address() : nullptr;
+      if (!kernels::dropout_add_layernorm_backward_warp_takes(C, dtype_size(dt),
+                                                              {dy.address(), act(sum).address(),
+                                                               o.param_ref(op.params[0]).address(),
+                                                               grad(sum).address(), gx.address(), gb.address()},
+                                                              mask))
         s.temp = {nbytes(n, dt)};
       break;
     }

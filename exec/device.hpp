@@ -24,6 +24,8 @@ struct Ref {
   DType dt = DType::fp32;
   std::int64_t off = 0;
   Ref at(std::int64_t k) const { return {base, dt, off + k}; }
+  // The address of element `off`; nullptr where the Ref is unbound.
+  void* address() const { return base ? static_cast<char*>(base) + off * dtype_size(dt) : nullptr; }
   explicit operator bool() const { return base != nullptr; }
 };
 

@@ -171,13 +171,14 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
       const std::int64_t C = shape(y).back();
       const TensorId s = op.outputs[3];
       const DType dt = ops.act_ref(s).dt;
-      float* d = scratch(0, n);
-      if (op.p > 0.0)
-        cpu::dropout_forward(d, reinterpret_cast<std::uint8_t*>(act(op.outputs[4])), in(0), n, static_cast<float>(op.p),
+      const float* d = in(0);
+      if (op.p > 0.0) {
+        float* t = scratch(0, n);
+        cpu::dropout_forward(t, reinterpret_cast<std::uint8_t*>(act(op.outputs[4])), in(0), n, static_cast<float>(op.p),
                              dropout_seed(), static_cast<std::uint64_t>(op.rng_stream) << 32);
-      else
-        std::copy_n(in(0), n, d);
-      round_to(d, n, dt);
+        round_to(t, n, dt);
+        d = t;
+      }
       cpu::add_forward(act(s), d, in(1), n);
       round_to(act(s), n, dt);
       cpu::layernorm_forward(act(y), act(op.outputs[1]), act(op.outputs[2]), act(s), param(op.params[0]),

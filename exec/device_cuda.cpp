@@ -35,7 +35,7 @@ namespace kc = zp::kernels::cuda;
 
 namespace {
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
-void* at(Ref r) { return static_cast<std::byte*>(r.base) + r.off * dtype_size(r.dt); }
+void* at(const Ref& r) { return r.address(); }
 float* f32(Ref r) { return static_cast<float*>(r.base) + r.off; }
 
 // Device memory the device keeps for itself (not a program buffer), grown on demand.

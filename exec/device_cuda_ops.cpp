@@ -38,7 +38,7 @@ namespace {
 std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 
 // The first element of a Ref (nullptr when not bound).
-void* ptr(const Ref& r) { return r ? static_cast<char*>(r.base) + r.off * dtype_size(r.dt) : nullptr; }
+void* ptr(const Ref& r) { return r.address(); }
 std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n * dtype_size(dt)); }
 
 [[noreturn]] void fail(const models::Op& op, const std::string& what) { cuda_op_fail(op, what); }

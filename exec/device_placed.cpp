@@ -17,7 +17,7 @@ namespace {
 
 std::size_t U(std::int64_t v) { return static_cast<std::size_t>(v); }
 
-void* at(const Ref& r) { return static_cast<char*>(r.base) + r.off * dtype_size(r.dt); }
+void* at(const Ref& r) { return r.address(); }
 
 Ref f32(float* p) { return {p, DType::fp32, 0}; }
 

@@ -904,6 +904,24 @@ TEST_CASE("--fused-residual-norm: dropout, residual sum and LayerNorm as one op 
   // GPT-2's fused sum is read again by the MLP's residual, so its gradient comes into the op's
   // backward too; BERT's is not.
   check_variant_trains({"tiny-bert", "tiny-gpt2"}, &Case::fused_residual_norm, "fused_residual_norm", 0.0, 0.0);
+  // Without hidden dropout (p = 0): the fused op is the sum and the LayerNorm, no mask, no stream.
+  {
+    std::ifstream in(std::string(ZEROPLAN_SHARED_DIR) + "/models/catalog/tiny-bert.json");
+    json m = json::parse(in);
+    m["hidden_dropout_prob"] = 0.0;
+    const std::string model = write("tiny-bert-p0.json", m.dump());
+    check_variant_trains({model}, &Case::fused_residual_norm, "fused_residual_norm", 0.0, 0.0);
+    zp::models::GraphOptions go;
+    go.micro_batch = 2;
+    go.seq_len = 16;
+    go.variants.fused_residual_norm = true;
+    const auto g = zp::models::build_graph(zp::models::load_model(model), go);
+    for (const auto& op : g.ops)
+      if (op.fn == zp::models::Fn::dropout_add_layernorm) {
+        CHECK(op.outputs.size() == 4);
+        CHECK(op.rng_stream == -1);
+      }
+  }
   // Under activation checkpointing GPT-2's MLP tail stays HF's (an op of two layers would be in
   // neither's recomputation): ln_2's is fused, recomputed with its layer, with the same masks.
   for (const std::string model : {"tiny-bert", "tiny-gpt2"}) {

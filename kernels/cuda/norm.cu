@@ -891,12 +891,15 @@ void dropout_add_layernorm_forward(void* y, float* mean, float* rstd, void* sum,
     fused = true;
   });
   if (fused) return;
-  // Rows the warp kernel does not take: the chain's three kernels, the dropped operand through y
-  // (free until the norm writes it).
+  // Rows the warp kernel does not take: the chain's kernels, the dropout's output through y (free
+  // until the norm writes it).
   const std::int64_t n = rows * C;
-  if (drop) dropout_forward(y, mask, b, n, p, seed, offset, dt, stream);
-  else convert(y, dt, b, dt, n, stream);
-  add_forward(sum, y, x, n, dt, stream);
+  if (drop) {
+    dropout_forward(y, mask, b, n, p, seed, offset, dt, stream);
+    add_forward(sum, y, x, n, dt, stream);
+  } else {
+    add_forward(sum, b, x, n, dt, stream);
+  }
   layernorm_forward(y, mean, rstd, sum, w, beta, rows, C, eps, dt, stream);
 }
 
