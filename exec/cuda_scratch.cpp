@@ -222,21 +222,22 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
       break;
     }
     case Fn::dropout_add_layernorm: {
-      // Rows too long for the warp kernels: the sum's gradient in a temporary before the epilogue.
-      // The pointers the kernel asks about, as it will see them (a param's offset in its flat
-      // buffer decides the weight's alignment; every buffer's base is aligned).
+      // Rows too long for the warp kernels: the sum's gradient in a temporary before the epilogue
+      // (one part, 0 bytes where the warp kernels take the rows). The pointers the kernel asks
+      // about, as it will see them (a param's offset in its flat buffer decides the weight's
+      // alignment; every buffer's base is aligned).
       const Ref gb = dx(0), gx = dx(1);
-      if (!gb && !gx) break;
       const std::int64_t C = shape(y).back();
       const TensorId sum = op.outputs[3];
       const DType dt = cuda_op_dtype(op, {dy, act(sum), gb, gx});
       const void* mask = op.outputs.size() > 4 ? act(op.outputs[4]).address() : nullptr;
-      if (!kernels::dropout_add_layernorm_backward_warp_takes(C, dtype_size(dt),
-                                                              {dy.address(), act(sum).address(),
-                                                               o.param_ref(op.params[0]).address(),
-                                                               grad(sum).address(), gx.address(), gb.address()},
-                                                              mask))
-        s.temp = {nbytes(n, dt)};
+      const bool warp = (!gb && !gx) ||
+                        kernels::dropout_add_layernorm_backward_warp_takes(
+                            C, dtype_size(dt),
+                            {dy.address(), act(sum).address(), o.param_ref(op.params[0]).address(), grad(sum).address(),
+                             gx.address(), gb.address()},
+                            mask);
+      s.temp = {warp ? 0 : nbytes(n, dt)};
       break;
     }
     case Fn::sdpa:

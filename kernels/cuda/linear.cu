@@ -50,7 +50,7 @@ __global__ void add_sums_kernel(T* __restrict__ db, const S* __restrict__ sums, 
 // The weight gradient dw (+)= op(a)·op(b) (an (m, n) product over k = the rows of dY) with the
 // bias gradient db (+)= the sum over k of dY (op(a) when !of_b, op(b) when of_b: n_bias
 // values), by cuBLASLt's bias-gradient epilogue into sums in the scratch (fp32 where cuBLASLt
-// takes that, else in dt), then added into db. Only where the Context asks for it and
+// takes that, else in dt where db is not added into), then added into db. Only where the Context asks for it and
 // matmul_bias_grad takes the product; false: nothing ran, and the caller runs the product and
 // the column sum.
 bool weight_and_bias_grad(Context& ctx, void* dw, void* db, const void* a, const void* b, std::int64_t m,
@@ -62,8 +62,11 @@ bool weight_and_bias_grad(Context& ctx, void* dw, void* db, const void* a, const
   const Matmul mm = gemm_operands(dw, a, b, m, n, k, true, false, accumulate, dt);
   bool fp32 = true;
   if (!matmul_bias_grad(ctx, mm, sums, of_b, true, stream)) {
-    fp32 = false;  // cuBLASLt 13 on an H100 takes fp32 sums only for fp32 products
-    if (dt == DType::fp32 || !matmul_bias_grad(ctx, mm, sums, of_b, false, stream)) return false;
+    // cuBLASLt 13 on an H100 takes fp32 sums only for fp32 products. Sums in the product's
+    // dtype are rounded once there; added into db they would be rounded twice (a bf16 ulp off
+    // the column sum's one rounding, seen on an H100): only where db is written, not added into.
+    fp32 = false;
+    if (dt == DType::fp32 || accumulate || !matmul_bias_grad(ctx, mm, sums, of_b, false, stream)) return false;
   }
   detail::dispatch(dt, "bias gradient", [&](auto tag) {
     using T = decltype(tag);
