@@ -344,7 +344,7 @@ TEST_CASE("recorded runs: the host probe of their rounds") {
                        doctest::Contains("runs[0].timing.rounds_s[0].host_probe_us[1]: must be a host probe"), InputError);
 }
 
-// The profiler's kernel time per class (gpu_by_class_s, the eleven profiled H100 runs): GEMMs,
+// The profiler's kernel time per class (gpu_by_class_s, the fourteen profiled H100 runs): GEMMs,
 // fused attention, and the rest, per phase; and the simulator's events classed the same way.
 TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
   const std::string path = kData + "deepspeed/h100_deepspeed_0.19.8.json";
@@ -358,9 +358,10 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
       ++classes;
       by[o.label] = &o;
     }
-  // Ten runs: GEMMs, attention and the rest in forward and backward, the rest in the step; GPT-2
-  // with eager attention has no fused attention kernel (its products are GEMMs, its softmax the rest).
-  CHECK(classes == 10 * 7 + 5);
+  // Thirteen runs (the three stage-3 runs profiled on 2026-12-07 among them): GEMMs, attention
+  // and the rest in forward and backward, the rest in the step; GPT-2 with eager attention has no
+  // fused attention kernel (its products are GEMMs, its softmax the rest).
+  CHECK(classes == 13 * 7 + 5);
   const Observation* fg = by.at("gpt2-fp32-sdpa-s0: forward (gpu_gemm)");
   CHECK(fg->measured.v == zp::test::approx(0.021912390625));
   CHECK(fg->tags.at("quantity") == "gpu_gemm");

@@ -311,7 +311,7 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H
     }
   }
   fs::remove_all(dir);
-  REQUIRE(full == 7);
+  REQUIRE(full == 10);  // the three stage-3 runs timed in rounds only had their memory and profile measured on 2026-12-07
   MESSAGE(fmt::format("H100, mean |error| of the GPU's busy time: forward {:.1f}%, backward {:.1f}%, step {:.1f}%",
                       100 * gpu_err[0] / full, 100 * gpu_err[1] / full, 100 * gpu_err[2] / full));
   // 6.6% before the joint fit of the compute model (backward 6.2%); 2.3% / 6.0% before PyTorch's

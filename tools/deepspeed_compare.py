@@ -195,27 +195,47 @@ def profile_fields(run):
     return out
 
 
-def take_profiles(runs, dirs):
-    """Runs with the GPU profiles of the full runs of the same name and inputs in dirs (a later
-    job's profiles of runs whose memory and times an earlier reference holds)."""
+def later_full_runs(runs, dirs, field, what):
+    """(base run, later run) for each run of dirs that has `field` and whose name and inputs a
+    run of runs has (a later job's measurements of runs an earlier reference holds)."""
     by_name = {r["name"]: r for r in runs}
     for d in dirs:
         for r in read_runs(os.path.join(d, "runs.jsonl")):
-            if "error" in r or "profile" not in r:
+            if "error" in r or field not in r:
                 continue
             if r["name"] not in by_name:
-                print(f"deepspeed_compare: {d}: run {r['name']} is not among the runs; its profile is left out",
+                print(f"deepspeed_compare: {d}: run {r['name']} is not among the runs; its {what} is left out",
                       file=sys.stderr)
                 continue
             base = by_name[r["name"]]
             diff = [k for k in INPUTS if k in base and k in r and base[k] != r[k]]
             if diff:
-                raise SystemExit(f"deepspeed_compare: run {r['name']}: the profile's {', '.join(diff)} differ from the "
+                raise SystemExit(f"deepspeed_compare: run {r['name']}: the {what}'s {', '.join(diff)} differ from the "
                                  f"base file's: not the same run")
-            for k in ("gpu_s", "gpu_by_class_s", "gpu_top_kernels"):
-                base.pop(k, None)
-            base["profile"] = r["profile"]  # what --write-reference keeps of it, as of a run measured with it
-            base.update(profile_fields(r))
+            yield base, r
+
+
+def take_profiles(runs, dirs):
+    """Runs with the GPU profiles of the full runs of the same name and inputs in dirs."""
+    for base, r in later_full_runs(runs, dirs, "profile", "profile"):
+        for k in ("gpu_s", "gpu_by_class_s", "gpu_top_kernels"):
+            base.pop(k, None)
+        base["profile"] = r["profile"]  # what --write-reference keeps of it, as of a run measured with it
+        base.update(profile_fields(r))
+    return runs
+
+
+def take_memory(runs, dirs):
+    """Runs measured in time-only rounds alone with the memory (and the process's constants) of
+    the full runs of the same name and inputs in dirs; a run that has its memory keeps it."""
+    for base, r in later_full_runs(runs, dirs, "memory", "memory"):
+        if base.get("memory"):
+            print(f"deepspeed_compare: run {r['name']} has its memory already; the later one is left out",
+                  file=sys.stderr)
+            continue
+        base["memory"] = r["memory"]
+        if "process_constants" in r:
+            base["process_constants"] = r["process_constants"]
     return runs
 
 
@@ -471,6 +491,8 @@ def main():
     ap.add_argument("--profiles", nargs="+", default=[],
                     help="folders of full runs whose GPU profiles (busy time, kernel classes, top kernels) replace "
                          "those of the same runs")
+    ap.add_argument("--memory-from", nargs="+", default=[],
+                    help="folders of full runs whose memory joins the runs measured only in rounds")
     ap.add_argument("--write-reference")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -485,6 +507,8 @@ def main():
         runs = read_runs(os.path.join(args.dir, "runs.jsonl"))
     if args.profiles:
         runs = take_profiles(runs, args.profiles)
+    if args.memory_from:
+        runs = take_memory(runs, args.memory_from)
     runs = reclassify(runs)
     if args.timing:
         runs = pool_timing(runs, args.timing)
@@ -590,7 +614,8 @@ def main():
                                               "world_size", "rank",
                                               "gas", "keep_output", "ds_config", "params", "param_tensors", "param_modules",
                                               "optimizer_class", "inner_optimizer_class", "memory", "phases_s",
-                                              "iteration_s", "phases_all_s", "host_probe_us", "timing", "skipped_steps", "gpu_s")
+                                              "iteration_s", "phases_all_s", "host_probe_us", "timing", "skipped_steps", "gpu_s",
+                                              "process_constants")
                          if k in run})
             if "memory" in run:
                 keep[-1]["memory"] = {k: v for k, v in run["memory"].items() if k != "at_peak"}
