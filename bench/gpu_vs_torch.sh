@@ -5,13 +5,13 @@
 #
 #   ZEROPLAN=path/to/zeroplan bash bench/gpu_vs_torch.sh [quick]
 #   ZEROPLAN_BENCH_CASES='bert-large-uncased 64 128 fp16' ...  # some rows only (';' between rows)
-#   ZEROPLAN_BENCH_FLAGS='...'  # zeroplan train's kernel variants (default --fused-gelu --fused-loss:
-#                               # GPT-2's gelu_new as one op, the loss as one cross entropy on the
-#                               # 16-bit logits, as torch.compile fuses them; '' for HF's graph;
-#                               # add --fused-residual-norm for dropout + residual sum + LayerNorm
-#                               # as one op, not yet the default: its kernels have not run on a GPU)
+#   ZEROPLAN_BENCH_FLAGS='...'  # zeroplan train's kernel variants (default --fused-gelu --fused-loss
+#                               # --fused-residual-norm: GPT-2's gelu_new as one op, the loss as one
+#                               # cross entropy on the 16-bit logits, dropout + residual sum + LayerNorm
+#                               # as one op, as torch.compile fuses them; '' for HF's graph)
 #   ZEROPLAN_BENCH_ATTENTION='own cudnn'  # zeroplan's fused attention kernels, a row each
-#                               # (train --attention-kernel; default own); PyTorch runs once per model
+#                               # (train --attention-kernel; default cudnn, the flash kernels PyTorch's
+#                               # sdpa runs on Hopper); PyTorch runs once per model
 # The four rows take about eight minutes on an H200 (torch.compile's compilation most of it).
 # MFU counts 6 · params · tokens (the model FLOPs of a training step, without attention's)
 # against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure); MFU+attn adds
@@ -29,7 +29,7 @@ PEAK=989e12
 CASES=("gpt2 16 1024 bf16" "gpt2-medium 16 1024 bf16" "bert-large-uncased 64 128 bf16" "bert-large-uncased 64 128 fp16")
 [ "${1:-}" = quick ] && CASES=("gpt2 16 1024 bf16")
 [ -n "${ZEROPLAN_BENCH_CASES:-}" ] && IFS=';' read -r -a CASES <<< "$ZEROPLAN_BENCH_CASES"
-ATTN=(${ZEROPLAN_BENCH_ATTENTION:-own})
+ATTN=(${ZEROPLAN_BENCH_ATTENTION:-cudnn})
 printf '%-20s %-5s %-5s %12s %12s %12s %8s %9s %8s %8s %9s %9s %9s\n' model dtype attn zeroplan_tok/s eager_tok/s compile_tok/s zp_MFU MFU+attn vs_eager vs_compile zp_GiB eager_GiB comp_GiB
 for c in "${CASES[@]}"; do
   set -- $c
@@ -41,7 +41,7 @@ for c in "${CASES[@]}"; do
   for ak in "${ATTN[@]}"; do
   run=zp_${m}_$dt$([ "$ak" = own ] || echo "_$ak")
   "$ZP" train --model "$m" --ds-config "$cfg" --seq-len "$seq" --steps 6 --device cuda --attention sdpa --quiet \
-    --attention-kernel "$ak" ${ZEROPLAN_BENCH_FLAGS---fused-gelu --fused-loss} \
+    --attention-kernel "$ak" ${ZEROPLAN_BENCH_FLAGS---fused-gelu --fused-loss --fused-residual-norm} \
     --out "$OUTDIR/$run.json" > "$OUTDIR/$run.log" 2>&1
   zp=$(python3 -c "import json;d=json.load(open('$OUTDIR/$run.json'));print(d['step_seconds'])" 2>/dev/null || echo nan)
   zpmem=$(python3 -c "import json;d=json.load(open('$OUTDIR/$run.json'));print(d['driver_memory']['peak'])" 2>/dev/null || echo nan)
