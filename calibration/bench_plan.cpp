@@ -13,6 +13,7 @@
 
 #include "calibration/device_bench.hpp"
 #include "sim/collective_model.hpp"
+#include "zero/lower/graph_facts.hpp"
 
 namespace zp::calibration {
 
@@ -157,8 +158,10 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 }
 
 // What an op of the graph reads and writes, as a key: ops with the same key run the same
-// kernels on the same sizes (the twelve layers' LayerNorms are one case).
-std::string op_signature(const models::OpGraph& g, const models::Op& op) {
+// kernels on the same sizes (the twelve layers' LayerNorms are one case). Which outputs have a
+// gradient at its backward is part of it: GPT-2's fused residual LayerNorms read their sum's
+// gradient, the last one (with ln_f) has none, and GraphOpRunner binds it the same way.
+std::string op_signature(const models::OpGraph& g, const zero::lowering::GraphFacts& facts, const models::Op& op) {
   std::string key = fmt::format("{}/{}/{}", models::op_kind_name(op.kind), static_cast<int>(op.fn), op.alpha != 0 ? 1 : 0);
   auto tensors = [&](const char* what, const std::vector<models::TensorId>& ts) {
     key += what;
@@ -172,6 +175,8 @@ std::string op_signature(const models::OpGraph& g, const models::Op& op) {
   tensors("|saved ", op.saved);
   key += "|params ";
   for (auto p : op.params) key += shape_text(g.params[static_cast<std::size_t>(p)].shape) + ",";
+  key += "|out grads ";
+  for (auto t : op.outputs) key += facts.grad_first[static_cast<std::size_t>(t)] >= 0 ? 'g' : '-';
   return key;
 }
 
@@ -276,6 +281,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
   const DType dt = g.opt.act_dtype;
   sim::ComputeModel cm(prior, g);
   cm.deepspeed = false;  // the cases time zeroplan's own kernels
+  const zero::lowering::GraphFacts facts = zero::lowering::analyse(g);
   std::vector<DeviceCase> cases;
   // Weight of a case: the prior's time of the ops it stands for, fwd + bwd, per step.
   std::map<std::string, std::array<std::ptrdiff_t, 2>> op_case;  // an op signature's forward and backward cases (-1: none)
@@ -353,7 +359,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
     const bool differentiable = !op.params.empty() || std::any_of(op.inputs.begin(), op.inputs.end(), [&](models::TensorId t) {
       return is_float(g.tensors[static_cast<std::size_t>(t)].dtype);
     });
-    const std::string key = op_signature(g, op);
+    const std::string key = op_signature(g, facts, op);
     const double ow[2] = {cm.op_cost(op.id, zero::Phase::forward).v, cm.op_cost(op.id, zero::Phase::backward).v};
     auto [it, fresh] = op_case.emplace(key, std::array<std::ptrdiff_t, 2>{-1, -1});
     for (int b = 0; b < 2; ++b) {

@@ -39,6 +39,7 @@
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/rng.cuh"
 #include "kernels/cuda/sdpa.cuh"
+#include "zero/lower/graph_facts.hpp"
 
 namespace zp::calibration {
 
@@ -320,13 +321,17 @@ class KernelRunner {
 // (its inputs, outputs, saved tensors and backward scratch; their gradients; its params and
 // their gradients), zero-filled (a valid index for the integer ones), then its forward or
 // backward timed as a training step times an event: CUDA events on the device's stream around
-// `iters` calls. The dtypes are the lowering's, restated for one op without lowering a program:
+// `iters` calls. The gradients bound are those a training step has at the op's backward: an
+// input's where it requires one, an output's where a later op reads it (GraphFacts, as the
+// lowering decides them; BERT's fused residual LayerNorm then runs without a gradient of its
+// sum, which no op reads, as in training). The dtypes are the lowering's, restated for one op without lowering a program:
 // a tensor and its gradient in the tensor's dtype (zero/lower/walk.cpp), params and their
 // gradients in the model dtype, which the graph's activation dtype is (zero/lower/autograd.hpp).
 // A micro-benchmark, not a second interpreter: it decides no buffer of a training step.
 class GraphOpRunner final : public exec::Operands {
  public:
-  GraphOpRunner(const models::OpGraph& g) : g_(g), dev_(exec::make_cuda_device(exec::CudaDeviceOptions{0, 0, false})) {}
+  GraphOpRunner(const models::OpGraph& g)
+      : g_(g), facts_(zero::lowering::analyse(g)), dev_(exec::make_cuda_device(exec::CudaDeviceOptions{0, 0, false})) {}
   ~GraphOpRunner() override { release(); }
   GraphOpRunner(const GraphOpRunner&) = delete;
   GraphOpRunner& operator=(const GraphOpRunner&) = delete;
@@ -338,10 +343,13 @@ class GraphOpRunner final : public exec::Operands {
     };
     for (const auto* list : {&op.inputs, &op.outputs, &op.saved, &op.bwd_scratch})
       for (auto t : *list) tensor(t, act_);
-    if (backward)
-      for (const auto* list : {&op.inputs, &op.outputs, &op.bwd_grads})
-        for (auto t : *list)
-          if (g_.tensors[static_cast<std::size_t>(t)].dtype != DType::i64) tensor(t, grad_);
+    if (backward) {
+      for (auto t : op.inputs)
+        if (facts_.requires_grad[static_cast<std::size_t>(t)]) tensor(t, grad_);
+      for (auto t : op.outputs)
+        if (facts_.grad_first[static_cast<std::size_t>(t)] >= 0) tensor(t, grad_);
+      for (auto t : op.bwd_grads) tensor(t, grad_);
+    }
     const std::size_t psz = static_cast<std::size_t>(dtype_size(g_.opt.act_dtype));
     for (auto p : op.params) {
       const auto numel = static_cast<std::size_t>(g_.params[static_cast<std::size_t>(p)].numel);
@@ -423,6 +431,7 @@ class GraphOpRunner final : public exec::Operands {
     pgrad_.clear();
   }
   const models::OpGraph& g_;
+  zero::lowering::GraphFacts facts_;
   std::unique_ptr<exec::Device> dev_;
   std::vector<void*> owned_;
   std::map<models::TensorId, void*> act_, grad_;

@@ -603,6 +603,34 @@ TEST_CASE("the device benchmarks: planned from the model's op graph, within the 
   }
   CHECK(ln_fwd == 1);
   CHECK(ln_bwd == 1);
+  // Under --fused-residual-norm, GPT-2's fused residual LayerNorms are two cases each way: those
+  // whose sum a later op reads (ln_2, the next layer's ln_1: the backward adds the sum's
+  // gradient) and the last, with ln_f (no gradient of its sum), weighed by 23 and 1 of them.
+  {
+    models::GraphOptions fo = go;
+    fo.variants.fused_residual_norm = true;
+    const models::OpGraph fg = models::build_graph(mc, fo);
+    const BenchPlan fp = plan_device_benchmarks(fg, prior, sim::single_node("H200-141GB", 1), 1, 120);
+    sim::ComputeModel executor(prior, fg);
+    executor.deepspeed = false;
+    std::vector<double> weights;
+    int fused_bwd = 0;
+    for (const auto& c : fp.cases) {
+      if (c.op != DeviceOp::op_fwd && c.op != DeviceOp::op_bwd) continue;
+      const auto& op = fg.ops[static_cast<std::size_t>(c.dims[0])];
+      if (op.fn != models::Fn::dropout_add_layernorm) continue;
+      if (c.op == DeviceOp::op_bwd) {
+        ++fused_bwd;
+        continue;
+      }
+      weights.push_back(c.weight / executor.op_cost(op.id, zero::Phase::forward).v);
+    }
+    std::sort(weights.begin(), weights.end());
+    REQUIRE(weights.size() == 2);
+    CHECK(weights[0] == zp::test::approx(1.0));
+    CHECK(weights[1] == zp::test::approx(23.0));
+    CHECK(fused_bwd == 2);
+  }
   bool ar8 = false, ag2 = false;
   for (const auto& c : plan.cases) {
     ar8 |= c.op == DeviceOp::collective && c.coll == zero::CollKind::all_reduce && c.dims[0] == 8;
