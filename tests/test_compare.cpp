@@ -389,6 +389,20 @@ TEST_CASE("compare: ranks sharing one GPU are held against the sum of their pred
   CHECK(b3.out == "zeroplan: --ranks-per-gpu: must be at most the 2 ranks simulated, got 4\n");
 }
 
+// `compare --json`'s memory object where the prediction is the executor's program: every
+// category, the peak, reserved and the peak event agree to the byte.
+static void check_program_memory_exact(const nlohmann::json& cm) {
+  CHECK(cm["predicted_program"] == "simulate --executor");
+  CHECK(cm["by_category"].size() == 7);  // params ... temporaries: the loop below sees every category
+  for (const auto& [cat, row] : cm["by_category"].items()) {
+    CAPTURE(cat);
+    CHECK(row["diff"] == 0);
+  }
+  CHECK(cm["peak_allocated"]["diff"] == 0);
+  CHECK(cm["reserved"]["diff"] == 0);
+  CHECK(cm["peak_event"]["same"] == true);
+}
+
 // One recorded `train --device cuda --out` run of tests/data/calibration/<dir>, predicted by
 // `simulate --executor cuda` on `gpu` with the run's configuration: the run's JSON and the
 // prediction's "executor" object.
@@ -408,9 +422,13 @@ static std::vector<RecordedExecutorRun> recorded_executor_runs(const std::string
     const std::string model = c["model"] == "llama-300m" ? (fs::path(ZEROPLAN_SHARED_DIR) / "tests/data/deepspeed/llama-300m.json").string()
                                                          : c["model"].get<std::string>();
     const std::string ds = file("rec-" + dir + "-" + name, c["ds_config_json"].dump());
+    // The kernels the run took: its attention kernel and variants, where it recorded them.
+    std::string kernels = c.contains("attention_kernel") ? " --attention-kernel " + c["attention_kernel"].get<std::string>() : "";
+    for (const auto& v : zp::models::kernel_variants())
+      if (c.value(v.key, false)) kernels += std::string(" ") + v.flag;
     const Run r = sh(bin() + "simulate --model " + model + " --ds-config " + ds + " --gpus 1 --gpu " + gpu + " --seq-len " +
                          std::to_string(c["seq_len"].get<int>()) + " --attention " + c["attention"].get<std::string>() +
-                         " --executor cuda --json",
+                         kernels + " --executor cuda --json",
                      false);
     REQUIRE(r.status == 0);
     out.push_back({name, m, nlohmann::json::parse(r.out)["results"][0]["executor"], entry.path().string(),
@@ -447,16 +465,7 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs' device scratch and 
     const Run c = sh(bin() + "compare --json --predicted " + run.predicted_file + " --measured " +
                      file("m-" + run.name, m.dump()));
     REQUIRE(c.status == 0);
-    const auto cm = nlohmann::json::parse(c.out)["memory"];
-    CHECK(cm["predicted_program"] == "simulate --executor");
-    CHECK(cm["by_category"].size() == 7);  // params ... temporaries: the loops below see every category
-    for (const auto& [cat, row] : cm["by_category"].items()) {
-      CAPTURE(cat);
-      CHECK(row["diff"] == 0);
-    }
-    CHECK(cm["peak_allocated"]["diff"] == 0);
-    CHECK(cm["reserved"]["diff"] == 0);
-    CHECK(cm["peak_event"]["same"] == true);
+    check_program_memory_exact(nlohmann::json::parse(c.out)["memory"]);
     // As recorded (no key), the file is compared with the prediction's own program, which holds
     // PyTorch's workspaces: every category agrees but the temporaries they are counted in.
     const Run legacy = sh(bin() + "compare --json --predicted " + run.predicted_file + " --measured " + run.measured_file);
@@ -484,45 +493,20 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs' device scratch and 
 // beyond the predicted page rounding in all four runs, where the own kernels' runs of
 // ../h100_executor leave none (docs/cuda.md, "cuDNN's attention").
 TEST_CASE("simulate --executor cuda: the recorded H100 runs of the kernel variants, to the byte") {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(ZEROPLAN_SHARED_DIR) / "tests/data/calibration/h100_executor_variants";
   int runs = 0, fused = 0;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.path().extension() != ".json") continue;
-    const std::string name = entry.path().filename().string();
-    CAPTURE(name);
-    const auto m = nlohmann::json::parse(std::ifstream(entry.path()));
-    const auto& c = m["config"];
-    std::string flags = " --attention-kernel " + c["attention_kernel"].get<std::string>();
-    for (const auto& v : zp::models::kernel_variants())
-      if (c.value(v.key, false)) flags += std::string(" ") + v.flag;
-    fused += c.value("fused_residual_norm", false) ? 1 : 0;
-    const std::string ds = file("var-" + name, c["ds_config_json"].dump());
-    const Run r = sh(bin() + "simulate --model " + c["model"].get<std::string>() + " --ds-config " + ds +
-                         " --gpus 1 --gpu h100 --seq-len " + std::to_string(c["seq_len"].get<int>()) + " --attention " +
-                         c["attention"].get<std::string>() + flags + " --executor cuda --json",
-                     false);
-    REQUIRE(r.status == 0);
-    const auto x = nlohmann::json::parse(r.out)["results"][0]["executor"];
-    const auto& dm = m["driver_memory"];
+  for (const auto& run : recorded_executor_runs("h100_executor_variants", "h100")) {
+    CAPTURE(run.name);
+    fused += run.measured["config"].value("fused_residual_norm", false) ? 1 : 0;
+    const auto& dm = run.measured["driver_memory"];
+    const auto& x = run.predicted;
     CHECK(dm["device_scratch"].get<std::int64_t>() == x["device_scratch_bytes"].get<std::int64_t>());
     const double peak = dm["peak"].get<double>();
     CHECK(std::fabs(peak - x["device_used"]["total_bytes"].get<double>()) <= 0.001 * peak);
     const std::int64_t beyond = dm["unexplained_at_peak"].get<std::int64_t>() - x["device_used"]["pages_bytes"].get<std::int64_t>();
     CHECK(beyond == std::int64_t{8} << 20);
-    const Run cmp = sh(bin() + "compare --json --predicted " + file("var-pred-" + name, r.out) + " --measured " +
-                       entry.path().string());
+    const Run cmp = sh(bin() + "compare --json --predicted " + run.predicted_file + " --measured " + run.measured_file);
     REQUIRE(cmp.status == 0);
-    const auto cm = nlohmann::json::parse(cmp.out)["memory"];
-    CHECK(cm["predicted_program"] == "simulate --executor");
-    CHECK(cm["by_category"].size() == 7);
-    for (const auto& [cat, row] : cm["by_category"].items()) {
-      CAPTURE(cat);
-      CHECK(row["diff"] == 0);
-    }
-    CHECK(cm["peak_allocated"]["diff"] == 0);
-    CHECK(cm["reserved"]["diff"] == 0);
-    CHECK(cm["peak_event"]["same"] == true);
+    check_program_memory_exact(nlohmann::json::parse(cmp.out)["memory"]);
     ++runs;
   }
   CHECK(runs == 4);
