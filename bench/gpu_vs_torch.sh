@@ -11,7 +11,9 @@
 #                               # as one op, as torch.compile fuses them; '' for HF's graph)
 #   ZEROPLAN_BENCH_ATTENTION='own cudnn'  # zeroplan's fused attention kernels, a row each
 #                               # (train --attention-kernel; default cudnn, the flash kernels PyTorch's
-#                               # sdpa runs on Hopper); PyTorch runs once per model
+#                               # sdpa runs on Hopper: 16-bit cases, a build with cuDNN; 'own' for fp32
+#                               # rows or a build without it, whose zeroplan cells are otherwise nan);
+#                               # PyTorch runs once per model
 # The four rows take about eight minutes on an H200 (torch.compile's compilation most of it).
 # MFU counts 6 · params · tokens (the model FLOPs of a training step, without attention's)
 # against the H200's dense peak (989 TFLOP/s bf16/fp16, sim/device.cpp's figure); MFU+attn adds

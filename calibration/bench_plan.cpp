@@ -158,10 +158,12 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 }
 
 // What an op of the graph reads and writes, as a key: ops with the same key run the same
-// kernels on the same sizes (the twelve layers' LayerNorms are one case). Which outputs have a
-// gradient at its backward is part of it: GPT-2's fused residual LayerNorms read their sum's
-// gradient, the last one (with ln_f) has none, and GraphOpRunner binds it the same way.
-std::string op_signature(const models::OpGraph& g, const zero::lowering::GraphFacts& facts, const models::Op& op) {
+// kernels on the same sizes (the twelve layers' LayerNorms are one case). The backward's key
+// says which outputs have a gradient there (zero::lowering::gets_grad, as GraphOpRunner binds
+// them): GPT-2's fused residual LayerNorms read their sum's gradient, the last one (with ln_f)
+// has none; their forwards are one case.
+std::string op_signature(const models::OpGraph& g, const zero::lowering::GraphFacts& facts, const models::Op& op,
+                         bool backward) {
   std::string key = fmt::format("{}/{}/{}", models::op_kind_name(op.kind), static_cast<int>(op.fn), op.alpha != 0 ? 1 : 0);
   auto tensors = [&](const char* what, const std::vector<models::TensorId>& ts) {
     key += what;
@@ -175,8 +177,10 @@ std::string op_signature(const models::OpGraph& g, const zero::lowering::GraphFa
   tensors("|saved ", op.saved);
   key += "|params ";
   for (auto p : op.params) key += shape_text(g.params[static_cast<std::size_t>(p)].shape) + ",";
-  key += "|out grads ";
-  for (auto t : op.outputs) key += facts.grad_first[static_cast<std::size_t>(t)] >= 0 ? 'g' : '-';
+  if (backward) {
+    key += "|out grads ";
+    for (auto t : op.outputs) key += zero::lowering::gets_grad(facts, t) ? 'g' : '-';
+  }
   return key;
 }
 
@@ -284,7 +288,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
   const zero::lowering::GraphFacts facts = zero::lowering::analyse(g);
   std::vector<DeviceCase> cases;
   // Weight of a case: the prior's time of the ops it stands for, fwd + bwd, per step.
-  std::map<std::string, std::array<std::ptrdiff_t, 2>> op_case;  // an op signature's forward and backward cases (-1: none)
+  std::map<std::string, std::ptrdiff_t> op_case[2];  // per signature its forward [0] and backward [1] case (-1: none)
   std::map<std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>, std::size_t> seen;
   auto add = [&](DeviceOp op, std::array<std::int64_t, 5> dims, double weight) {
     const auto key = std::make_tuple(static_cast<int>(op), dims[0], dims[1], dims[2], dims[3], dims[4]);
@@ -359,12 +363,11 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
     const bool differentiable = !op.params.empty() || std::any_of(op.inputs.begin(), op.inputs.end(), [&](models::TensorId t) {
       return is_float(g.tensors[static_cast<std::size_t>(t)].dtype);
     });
-    const std::string key = op_signature(g, facts, op);
     const double ow[2] = {cm.op_cost(op.id, zero::Phase::forward).v, cm.op_cost(op.id, zero::Phase::backward).v};
-    auto [it, fresh] = op_case.emplace(key, std::array<std::ptrdiff_t, 2>{-1, -1});
     for (int b = 0; b < 2; ++b) {
+      auto [it, fresh] = op_case[b].emplace(op_signature(g, facts, op, b == 1), -1);
       if (!fresh) {
-        if (it->second[b] >= 0) cases[static_cast<std::size_t>(it->second[b])].weight += ow[b];
+        if (it->second >= 0) cases[static_cast<std::size_t>(it->second)].weight += ow[b];
         continue;
       }
       // A view (no bytes, no FLOPs) launches nothing to time.
@@ -376,7 +379,7 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
       c.dims = {op.id, 0, 0, 0, 0};
       c.weight = ow[b];
       describe_op(c, g);
-      it->second[b] = static_cast<std::ptrdiff_t>(cases.size());
+      it->second = static_cast<std::ptrdiff_t>(cases.size());
       cases.push_back(std::move(c));
     }
   }

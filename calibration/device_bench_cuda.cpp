@@ -347,7 +347,7 @@ class GraphOpRunner final : public exec::Operands {
       for (auto t : op.inputs)
         if (facts_.requires_grad[static_cast<std::size_t>(t)]) tensor(t, grad_);
       for (auto t : op.outputs)
-        if (facts_.grad_first[static_cast<std::size_t>(t)] >= 0) tensor(t, grad_);
+        if (zero::lowering::gets_grad(facts_, t)) tensor(t, grad_);
       for (auto t : op.bwd_grads) tensor(t, grad_);
     }
     const std::size_t psz = static_cast<std::size_t>(dtype_size(g_.opt.act_dtype));

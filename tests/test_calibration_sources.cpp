@@ -358,9 +358,9 @@ TEST_CASE("recorded runs: kernel time per class, measured and predicted") {
       ++classes;
       by[o.label] = &o;
     }
-  // Thirteen runs (the three stage-3 runs profiled on 2026-12-07 among them): GEMMs, attention
-  // and the rest in forward and backward, the rest in the step; GPT-2 with eager attention has no
-  // fused attention kernel (its products are GEMMs, its softmax the rest).
+  // Fourteen runs (the three stage-3 runs profiled on 2026-12-07 among them): GEMMs, attention
+  // and the rest in forward and backward, the rest in the step, in thirteen; GPT-2 with eager
+  // attention has no fused attention kernel (its products are GEMMs, its softmax the rest).
   CHECK(classes == 13 * 7 + 5);
   const Observation* fg = by.at("gpt2-fp32-sdpa-s0: forward (gpu_gemm)");
   CHECK(fg->measured.v == zp::test::approx(0.021912390625));
@@ -603,9 +603,10 @@ TEST_CASE("the device benchmarks: planned from the model's op graph, within the 
   }
   CHECK(ln_fwd == 1);
   CHECK(ln_bwd == 1);
-  // Under --fused-residual-norm, GPT-2's fused residual LayerNorms are two cases each way: those
-  // whose sum a later op reads (ln_2, the next layer's ln_1: the backward adds the sum's
-  // gradient) and the last, with ln_f (no gradient of its sum), weighed by 23 and 1 of them.
+  // Under --fused-residual-norm, GPT-2's 24 fused residual LayerNorms are one forward case and
+  // two backward cases: those whose sum a later op reads (ln_2, the next layer's ln_1: the
+  // backward adds the sum's gradient) and the last, with ln_f (no gradient of its sum), weighed
+  // by 23 and 1 of them.
   {
     models::GraphOptions fo = go;
     fo.variants.fused_residual_norm = true;
@@ -613,23 +614,20 @@ TEST_CASE("the device benchmarks: planned from the model's op graph, within the 
     const BenchPlan fp = plan_device_benchmarks(fg, prior, sim::single_node("H200-141GB", 1), 1, 120);
     sim::ComputeModel executor(prior, fg);
     executor.deepspeed = false;
-    std::vector<double> weights;
-    int fused_bwd = 0;
+    std::vector<double> fwd, bwd;  // each case's weight in ops it stands for
     for (const auto& c : fp.cases) {
       if (c.op != DeviceOp::op_fwd && c.op != DeviceOp::op_bwd) continue;
       const auto& op = fg.ops[static_cast<std::size_t>(c.dims[0])];
       if (op.fn != models::Fn::dropout_add_layernorm) continue;
-      if (c.op == DeviceOp::op_bwd) {
-        ++fused_bwd;
-        continue;
-      }
-      weights.push_back(c.weight / executor.op_cost(op.id, zero::Phase::forward).v);
+      const bool b = c.op == DeviceOp::op_bwd;
+      (b ? bwd : fwd).push_back(c.weight / executor.op_cost(op.id, b ? zero::Phase::backward : zero::Phase::forward).v);
     }
-    std::sort(weights.begin(), weights.end());
-    REQUIRE(weights.size() == 2);
-    CHECK(weights[0] == zp::test::approx(1.0));
-    CHECK(weights[1] == zp::test::approx(23.0));
-    CHECK(fused_bwd == 2);
+    REQUIRE(fwd.size() == 1);
+    CHECK(fwd[0] == zp::test::approx(24.0));
+    std::sort(bwd.begin(), bwd.end());
+    REQUIRE(bwd.size() == 2);
+    CHECK(bwd[0] == zp::test::approx(1.0));
+    CHECK(bwd[1] == zp::test::approx(23.0));
   }
   bool ar8 = false, ag2 = false;
   for (const auto& c : plan.cases) {

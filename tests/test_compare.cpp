@@ -487,11 +487,12 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs' device scratch and 
 // The executor's kernel variants on a GPU (tests/data/calibration/h100_executor_variants: BERT-large
 // 64 x 128 and GPT-2 medium 16 x 1024, bf16, stage 0, cuDNN's attention, --fused-gelu
 // --fused-loss, with and without --fused-residual-norm, one H100 call on 2026-12-07):
-// `simulate --executor cuda` with each run's variants predicts every memory category, the peak,
-// reserved, the peak event and the device scratch to the byte, and the driver's device-used peak
-// within 0.1%. What it leaves out is cuDNN's own (its handle and the kernels it loads): 8 MiB
-// beyond the predicted page rounding in all four runs, where the own kernels' runs of
-// ../h100_executor leave none (docs/cuda.md, "cuDNN's attention").
+// `simulate --executor cuda` with each run's attention kernel and variants predicts every memory
+// category, the peak, reserved, the peak event and the device scratch to the byte, and the
+// driver's device-used peak within 0.1%. What it leaves out is cuDNN's own (its handle and the
+// kernels it loads): 8 MiB beyond the predicted page rounding in all four runs, where the own
+// kernels' runs of BERT-large and GPT-2 medium in ../h100_executor leave nothing beyond it
+// (docs/cuda.md, "cuDNN's attention").
 TEST_CASE("simulate --executor cuda: the recorded H100 runs of the kernel variants, to the byte") {
   int runs = 0, fused = 0;
   for (const auto& run : recorded_executor_runs("h100_executor_variants", "h100")) {

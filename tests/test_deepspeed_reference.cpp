@@ -281,7 +281,7 @@ TEST_CASE("DeepSpeed 0.19.8, two and four ranks: per-rank memory at stages 1-3 (
 }
 
 // The same harness on a second device, an H100 SXM 80GB (tests/data/deepspeed/h100_deepspeed_0.19.8.json,
-// seven runs measured in full): memory against the targets on a GPU of another capacity, and the
+// ten runs measured in full, three of them on 2026-12-07): memory against the targets on a GPU of another capacity, and the
 // compute model on the H100 preset, whose GEMM and attention coefficients were fitted to these
 // runs' kernels (sim/profiles.json). The wall times are the host's, which differs from the
 // H200 machines' (test_calibration_cli: its host costs calibrated).

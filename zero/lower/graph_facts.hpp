@@ -26,4 +26,8 @@ struct GraphFacts {
 
 GraphFacts analyse(const models::OpGraph& g);
 
+// Whether tensor t has a gradient when its producer's backward runs: a later op reads it and it
+// requires one (an output nothing reads, as LayerNorm's mean, gets none).
+inline bool gets_grad(const GraphFacts& f, models::TensorId t) { return f.grad_first[static_cast<std::size_t>(t)] >= 0; }
+
 }  // namespace zp::zero::lowering
