@@ -324,7 +324,8 @@ class KernelRunner {
 // `iters` calls. The gradients bound are those a training step has at the op's backward: an
 // input's where it requires one, an output's where a later op reads it (GraphFacts, as the
 // lowering decides them; BERT's fused residual LayerNorm then runs without a gradient of its
-// sum, which no op reads, as in training). The dtypes are the lowering's, restated for one op without lowering a program:
+// sum, which no op reads, as in training). The dtypes are the lowering's, restated for one op
+// without lowering a program:
 // a tensor and its gradient in the tensor's dtype (zero/lower/walk.cpp), params and their
 // gradients in the model dtype, which the graph's activation dtype is (zero/lower/autograd.hpp).
 // A micro-benchmark, not a second interpreter: it decides no buffer of a training step.

@@ -195,29 +195,30 @@ def profile_fields(run):
     return out
 
 
-def later_full_runs(runs, dirs, field, what):
-    """(base run, later run) for each run of dirs that has `field` and whose name and inputs a
-    run of runs has (a later job's measurements of runs an earlier reference holds)."""
+def later_full_runs(runs, dirs, field):
+    """(base run, later run) for each run of dirs that has `field` (its profile, its memory) and
+    whose name and inputs a run of runs has (a later job's measurements of runs an earlier
+    reference holds)."""
     by_name = {r["name"]: r for r in runs}
     for d in dirs:
         for r in read_runs(os.path.join(d, "runs.jsonl")):
             if "error" in r or field not in r:
                 continue
             if r["name"] not in by_name:
-                print(f"deepspeed_compare: {d}: run {r['name']} is not among the runs; its {what} is left out",
+                print(f"deepspeed_compare: {d}: run {r['name']} is not among the runs; its {field} is left out",
                       file=sys.stderr)
                 continue
             base = by_name[r["name"]]
             diff = [k for k in INPUTS if k in base and k in r and base[k] != r[k]]
             if diff:
-                raise SystemExit(f"deepspeed_compare: run {r['name']}: the {what}'s {', '.join(diff)} differ from the "
+                raise SystemExit(f"deepspeed_compare: run {r['name']}: the {field}'s {', '.join(diff)} differ from the "
                                  f"base file's: not the same run")
             yield base, r
 
 
 def take_profiles(runs, dirs):
     """Runs with the GPU profiles of the full runs of the same name and inputs in dirs."""
-    for base, r in later_full_runs(runs, dirs, "profile", "profile"):
+    for base, r in later_full_runs(runs, dirs, "profile"):
         for k in ("gpu_s", "gpu_by_class_s", "gpu_top_kernels"):
             base.pop(k, None)
         base["profile"] = r["profile"]  # what --write-reference keeps of it, as of a run measured with it
@@ -228,7 +229,7 @@ def take_profiles(runs, dirs):
 def take_memory(runs, dirs):
     """Runs measured in time-only rounds alone with the memory (and the process's constants) of
     the full runs of the same name and inputs in dirs; a run that has its memory keeps it."""
-    for base, r in later_full_runs(runs, dirs, "memory", "memory"):
+    for base, r in later_full_runs(runs, dirs, "memory"):
         if base.get("memory"):
             print(f"deepspeed_compare: run {r['name']} has its memory already; the later one is left out",
                   file=sys.stderr)

@@ -482,9 +482,9 @@ constexpr std::int64_t kLayerNormBackwardRowsPerWarp = 4;
 // The warps of layernorm_backward_warp_kernel<T, P, Res> resident at once on this GPU (the
 // fewer of its plain and fused instances), in whole 128s: the kernel's warps then run in one
 // wave. The fused instance, asked for the plain one's 2560 warps where it holds 2112 (bf16,
-// 16384 × 1024 on an H100), took 0.103 ms against the plain LayerNorm's 0.058. The cap was 2048 warps: with the sums in
-// registers (162 a thread at bf16, 4 packs a lane) an H100 held 12 warps an SM, 1,584 in all,
-// so 2048 ran in two waves, the second a quarter full. On an H100 (zeroplan_bench_cuda, GPT-2's
+// 16384 × 1024 on an H100), took 0.103 ms against the plain LayerNorm's 0.058. Before that, the
+// cap was 2048 warps: with the sums in registers (162 a thread at bf16, 4 packs a lane) an H100
+// held 12 warps an SM, 1,584 in all, so 2048 ran in two waves, the second a quarter full. On an H100 (zeroplan_bench_cuda, GPT-2's
 // 16384 × 768 rows, dx added into the residual's gradient) one wave of 1536 took 0.087 ms
 // against 0.120 (16384 × 1024: 0.109 against 0.153). The parameters' gradients are sums in
 // the warps' order, so their last bits follow the number of warps: the same on GPUs with the

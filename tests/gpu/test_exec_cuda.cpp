@@ -236,7 +236,8 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
 }
 
 // --fused-residual-norm: dropout, residual sum and LayerNorm as one op (BERT's two a layer,
-// GPT-2's ln_2 and its MLP tail with the next ln_1 or ln_f; under checkpointing ln_2's alone), its CUDA kernels against the CPU device's composition of the chain's kernels.
+// GPT-2's ln_2 and its MLP tail with the next ln_1 or ln_f; under checkpointing ln_2's alone),
+// its CUDA kernels against the CPU device's composition of the chain's kernels.
 TEST_CASE("train --device cuda --fused-residual-norm: BERT and GPT-2 against the cpu device") {
   check({"tiny-bert", 1, "bf16", 2, "sdpa", false, 1, false, " --fused-residual-norm"});
   check({"tiny-bert", 3, "fp32", 2, "eager", false, 1, false, " --fused-residual-norm"});
