@@ -258,6 +258,48 @@ int main(int argc, char** argv) {
           }
         }
       }
+      // --fused-mlp's products (GPT-2 and GPT-2 medium, bf16): c_fc and its GELU as the chain
+      // (the product with the bias epilogue, then the GELU kernel) and as one product with the
+      // GELU epilogue; c_proj's input gradient and the GELU's backward as the chain and as one
+      // product with the derivative's epilogue. TFLOP/s count the products' FLOPs only.
+      for (const Lin& l : {Lin{"gpt2 c_fc", M, 3072, 768}, Lin{"gpt2-medium c_fc", M, 4096, 1024}}) {
+        const std::int64_t MN = l.M * l.N;
+        Buffer x(static_cast<std::size_t>(l.M * l.K) * 2), w(static_cast<std::size_t>(l.N * l.K) * 2),
+            bias(static_cast<std::size_t>(l.N) * 2), pre(static_cast<std::size_t>(MN) * 2),
+            a(static_cast<std::size_t>(MN) * 2), dy(static_cast<std::size_t>(l.M * l.K) * 2),
+            da(static_cast<std::size_t>(MN) * 2), dpre(static_cast<std::size_t>(MN) * 2);
+        fill(x, l.M * l.K, DType::bf16, 41);
+        fill(w, l.N * l.K, DType::bf16, 42, -0.05f, 0.05f);
+        fill(bias, l.N, DType::bf16, 43);
+        fill(dy, l.M * l.K, DType::bf16, 44);
+        const double flops = 2.0 * f(l.M) * f(l.N) * f(l.K);
+        double ms = time_ms(opt, [&] {
+          kg::conv1d_forward(ctx, pre.get(), x.get(), w.get(), bias.get(), l.M, l.N, l.K, DType::bf16, nullptr);
+          kg::gelu_tanh_forward(a.get(), pre.get(), MN, DType::bf16, nullptr);
+        });
+        report(std::string(l.name) + " + gelu fwd, chain", dims({l.M, l.N, l.K}), ms, flops, true, gemm_ceiling);
+        ms = time_ms(opt, [&] {
+          if (!kg::conv1d_gelu_forward(ctx, a.get(), pre.get(), x.get(), w.get(), bias.get(), l.M, l.N, l.K,
+                                       DType::bf16, nullptr))
+            throw std::runtime_error("the GELU epilogue refused an aligned product");
+        });
+        report(std::string(l.name) + " + gelu fwd, epilogue", dims({l.M, l.N, l.K}), ms, flops, true, gemm_ceiling);
+        // c_proj's W (N, K) read transposed: d_pre (M, N) = dy (M, K) · Wᵀ, here w's (K, N) bytes as (N, K).
+        ms = time_ms(opt, [&] {
+          kg::conv1d_backward(ctx, da.get(), nullptr, nullptr, dy.get(), a.get(), w.get(), l.M, l.K, l.N, false,
+                              DType::bf16, nullptr);
+          kg::gelu_tanh_backward(dpre.get(), pre.get(), da.get(), MN, false, DType::bf16, nullptr);
+        });
+        report(std::string(l.name) + " input grad + gelu bwd, chain", dims({l.M, l.N, l.K}), ms, flops, true,
+               gemm_ceiling);
+        ms = time_ms(opt, [&] {
+          if (!kg::conv1d_dgelu_backward(ctx, dpre.get(), dy.get(), w.get(), pre.get(), l.M, l.K, l.N, DType::bf16,
+                                         nullptr))
+            throw std::runtime_error("the DGELU epilogue refused an aligned product");
+        });
+        report(std::string(l.name) + " input grad + gelu bwd, epilogue", dims({l.M, l.N, l.K}), ms, flops, true,
+               gemm_ceiling);
+      }
       // GPT-2's odd vocabulary leaves the logits' rows misaligned: by default such products
       // run in pieces staged through the Context's scratch (kernels/cuda/bmm.cu); here also
       // as they are, and with a larger scratch (fewer, larger pieces).

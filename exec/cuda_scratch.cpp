@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "exec/numeric.hpp"
+#include "kernels/common/gelu_epilogue.hpp"
 #include "kernels/common/norm_dims.hpp"
 #include "kernels/common/sdpa_dims.hpp"
 
@@ -238,6 +239,18 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
                              gx.address(), gb.address()},
                             mask);
       s.temp = {warp ? 0 : nbytes(n, dt)};
+      break;
+    }
+    case Fn::mlp_gelu_tanh: {
+      // The pre-activation's gradient (M, F); and where the derivative cannot be the product's
+      // epilogue (kernels::gelu_epilogue_takes, of the pointers the kernel sees; its output is
+      // this temporary, always aligned), c_proj's input gradient before the GELU's backward.
+      const Ref pre = act(op.outputs[1]), w2 = o.param_ref(op.params[2]);
+      const DType dt = cuda_op_dtype(op, {dy, pre, w2, dx(0)});
+      const auto& ws = g.params[U(op.params[0])].shape;  // (C, F)
+      const std::int64_t C = ws[0], F = ws[1], M = n / C;
+      const bool epilogue = kernels::gelu_epilogue_takes(M, F, C, {dy.address(), w2.address(), pre.address()});
+      s.temp = {nbytes(M * F, dt), epilogue ? 0 : nbytes(M * F, dt)};
       break;
     }
     case Fn::sdpa:

@@ -19,6 +19,7 @@ bool backward_assigns(const models::OpGraph& g, const models::Op& op, std::size_
     // One product (or one elementwise pass) writes the input's gradient: beta 0, or `=`.
     case Fn::linear:
     case Fn::conv1d:
+    case Fn::mlp_gelu_tanh:
     case Fn::scale:
     case Fn::add_scalar:
     case Fn::dropout:

@@ -110,6 +110,17 @@ void CpuDevice::forward(const models::Op& op, Operands& ops) {
       if (ld != Nn) unpack_rows(act(y), out, n / Nn, Nn, ld);
       break;
     }
+    case Fn::mlp_gelu_tanh: {  // outputs y, pre, a: the GELU of pre's fp32 sums, a rounded before c_proj reads it
+      const auto& w1 = graph.params[U(op.params[0])].shape;  // (C, F)
+      const std::int64_t C = w1[0], F = w1[1], M = n / C;
+      float* pre = act(op.outputs[1]);
+      float* a = act(op.outputs[2]);
+      cpu::conv1d_forward(pre, in(0), param(op.params[0]), param(op.params[1]), M, F, C);
+      cpu::gelu_tanh_forward(a, pre, M * F);
+      round_to(a, M * F, ops.act_ref(op.outputs[2]).dt);
+      cpu::conv1d_forward(act(y), a, param(op.params[2]), param(op.params[3]), M, C, F);
+      break;
+    }
     case Fn::attn_scores:
     case Fn::attn_context: {
       const auto& ys = shape(y);  // (B, H, T, T) or (B, H, T, D)
@@ -465,6 +476,23 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       const float* rstd = act(op.outputs[2]);
       cpu::layernorm_backward(dx(0), pg(0), op.params.size() > 1 ? pg(1) : nullptr, dy, x(0), mean, rstd,
                               param(op.params[0]), n / C, C, a, true);
+      break;
+    }
+    case Fn::mlp_gelu_tanh: {
+      // c_proj's input gradient in fp32 sums, times the GELU's derivative at the saved
+      // pre-activation, rounded once: the pre-activation's gradient, which c_fc's products read.
+      const auto& w1 = graph.params[U(op.params[0])].shape;  // (C, F)
+      const std::int64_t C = w1[0], F = w1[1], M = n / C;
+      const bool ax = acc(0);
+      const float* a = act(op.outputs[2]);
+      float* da = scratch(0, M * F);
+      float* dpre = scratch(1, M * F);
+      cpu::conv1d_backward(da, nullptr, nullptr, dy, a, param(op.params[2]), M, C, F, false);
+      cpu::conv1d_backward(nullptr, pg(2), pg(3), dy, a, param(op.params[2]), M, C, F, true);
+      cpu::gelu_tanh_backward(dpre, act(op.outputs[1]), da, M * F, false);
+      round_to(dpre, M * F, ops.act_ref(op.outputs[1]).dt);
+      if (float* d = dx(0)) cpu::conv1d_backward(d, nullptr, nullptr, dpre, x(0), param(op.params[0]), M, F, C, ax);
+      cpu::conv1d_backward(nullptr, pg(0), pg(1), dpre, x(0), param(op.params[0]), M, F, C, true);
       break;
     }
     case Fn::dropout_add_layernorm: {

@@ -330,6 +330,19 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
       else cuda::linear_forward(ctx, yp, x, ptr(w), ptr(b), n / Nn, Nn, K, dt, stream, ld);
       break;
     }
+    case Fn::mlp_gelu_tanh: {  // outputs y, pre, a; the GELU as c_fc's epilogue where cuBLASLt takes it
+      const Ref w1 = param(op.params[0]), b1 = param(op.params[1]), w2 = param(op.params[2]), b2 = param(op.params[3]);
+      const Ref pre = act(op.outputs[1]), a = act(op.outputs[2]);
+      const DType dt = dtype({yr, in(0), w1, b1, w2, b2, pre, a});
+      const auto& ws = graph.params[U(op.params[0])].shape;  // (C, F)
+      const std::int64_t C = ws[0], F = ws[1], M = n / C;
+      if (!cuda::conv1d_gelu_forward(ctx, ptr(a), ptr(pre), ptr(in(0)), ptr(w1), ptr(b1), M, F, C, dt, stream)) {
+        cuda::conv1d_forward(ctx, ptr(pre), ptr(in(0)), ptr(w1), ptr(b1), M, F, C, dt, stream);
+        cuda::gelu_tanh_forward(ptr(a), ptr(pre), M * F, dt, stream);
+      }
+      cuda::conv1d_forward(ctx, yp, ptr(a), ptr(w2), ptr(b2), M, C, F, dt, stream);
+      break;
+    }
     case Fn::attn_scores:
     case Fn::attn_context: {
       const auto& ys = shape(y);  // (B, H, T, T) or (B, H, T, D)
@@ -808,6 +821,31 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
         cuda::mul_weight_backward(ctx, ptr(dx(0)), nullptr, dyp, ptr(x(0)), ptr(w), n / C, C, false, dt, stream);
         cuda::mul_weight_backward(ctx, nullptr, ptr(pg(0)), dyp, ptr(x(0)), ptr(w), n / C, C, true, dt, stream);
       }
+      break;
+    }
+    case Fn::mlp_gelu_tanh: {
+      // c_proj's params' gradients; the pre-activation's gradient into the op's temporary (the
+      // derivative as the input-gradient product's epilogue, or that product into a second
+      // temporary and the GELU's backward kernel); then c_fc's gradients from it.
+      const Ref w1 = param(op.params[0]), w2 = param(op.params[2]);
+      const Ref pre = act(op.outputs[1]), a = act(op.outputs[2]);
+      const Ref gw1 = pg(0), gb1 = pg(1), gw2 = pg(2), gb2 = pg(3);
+      const bool ax = acc(0);
+      const Ref gx = dx(0);
+      const DType dt = dtype({dy, x(0), w1, w2, pre, a, gw1, gb1, gw2, gb2, gx});
+      const auto& ws = graph.params[U(op.params[0])].shape;  // (C, F)
+      const std::int64_t C = ws[0], F = ws[1], M = n / C;
+      const std::vector<void*> t = carve(env, sc.temp);
+      void* dpre = part(op, t, 0);
+      if (gw2 || gb2) cuda::conv1d_backward(ctx, nullptr, ptr(gw2), ptr(gb2), dyp, ptr(a), ptr(w2), M, C, F, true, dt, stream);
+      if (!cuda::conv1d_dgelu_backward(ctx, dpre, dyp, ptr(w2), ptr(pre), M, C, F, dt, stream)) {
+        void* da = part(op, t, 1);
+        cuda::conv1d_backward(ctx, da, nullptr, nullptr, dyp, ptr(a), ptr(w2), M, C, F, false, dt, stream);
+        cuda::gelu_tanh_backward(dpre, ptr(pre), da, M * F, false, dt, stream);
+      }
+      if (gx && !ax) cuda::conv1d_backward(ctx, ptr(gx), nullptr, nullptr, dpre, ptr(x(0)), ptr(w1), M, F, C, false, dt, stream);
+      cuda::conv1d_backward(ctx, gx && ax ? ptr(gx) : nullptr, ptr(gw1), ptr(gb1), dpre, ptr(x(0)), ptr(w1), M, F, C, true,
+                            dt, stream);
       break;
     }
     case Fn::gelu: {

@@ -89,6 +89,11 @@ const std::vector<KernelVariantInfo>& kernel_variants() {
        "GPT-2's ln_2 alone under activation checkpointing), saving what HF's three save (zeroplan's kernel variant; "
        "HF runs three kernels)",
        &KernelVariants::fused_residual_norm},
+      {"fused_mlp", "--fused-mlp",
+       "GPT-2's MLP (c_fc, the tanh-form GELU, c_proj) as one op whose products carry the GELU and its gradient as "
+       "cuBLASLt epilogues, saving what HF's three save (zeroplan's kernel variant; HF runs the products and the "
+       "GELU's kernels apart; models with another activation keep their MLP)",
+       &KernelVariants::fused_mlp},
   };
   return all;
 }
@@ -134,6 +139,7 @@ const char* fn_name(Fn f) {
     case Fn::cross_entropy_fused: return "cross_entropy_fused";
     case Fn::heads_copy: return "heads_copy";
     case Fn::dropout_add_layernorm: return "dropout_add_layernorm";
+    case Fn::mlp_gelu_tanh: return "mlp_gelu_tanh";
   }
   return "?";
 }
@@ -201,6 +207,7 @@ class Builder {
   Attention attention() const { return g_.opt.attention; }
   bool kv_cache() const { return g_.kv_cache; }
   bool fused_residual_norm() const { return g_.opt.variants.fused_residual_norm; }
+  bool fused_mlp() const { return g_.opt.variants.fused_mlp; }
   bool gradient_checkpointing() const { return g_.opt.gradient_checkpointing; }
   Transformers transformers() const { return g_.opt.transformers; }
   // A tensor the model's output object references (OpGraph::outputs).
@@ -342,6 +349,48 @@ class Builder {
     op.fwd_bytes = Bytes{(xe + we + be + ye) * dsz_};
     // dgrad reads dY, W and writes dX; wgrad reads dY, X and writes dW (and db).
     op.bwd_bytes = Bytes{(2 * ye + 2 * we + 2 * xe + be) * dsz_};
+    emit(std::move(op), false);
+    return y;
+  }
+
+  // KernelVariants::fused_mlp: GPT-2's c_fc (Conv1D, `fc`), the tanh-form GELU and c_proj
+  // (`proj`) as one op. Its outputs are c_proj's output, the pre-activation (c_fc's output,
+  // rounded from its fp32 sums) and the activation (the GELU of those sums, rounded once); it
+  // saves x, the pre-activation and the activation, as the chain's three ops do. Its params are
+  // both modules' (the op is c_fc's module's: stage 3 fetches them on one visit). Backward: c_proj's
+  // gradients, its input gradient times the GELU's derivative at the saved pre-activation
+  // (rounded once: the pre-activation's gradient, the op's own temporary), then c_fc's.
+  TensorId mlp_gelu_tanh(const std::string& name, ModuleId fc, ModuleId proj, TensorId x, std::int64_t h,
+                         std::int64_t f) {
+    Shape ps = T(x).shape;
+    ps.back() = f;
+    const std::int64_t rows = numel_of(T(x).shape) / h;
+    const TensorId y = tensor(name + ".c_proj", T(x).shape, act_);
+    const TensorId pre = tensor(name + ".c_fc", ps, act_);
+    const TensorId a = tensor(name + ".act", ps, act_);
+    Op op;
+    op.name = name;
+    op.kind = OpKind::linear;
+    op.fn = Fn::mlp_gelu_tanh;
+    op.module = fc;
+    op.inputs = {x};
+    op.outputs = {y, pre, a};
+    op.saved = {x, pre, a};
+    op.params = M(fc).params;
+    op.params.insert(op.params.end(), M(proj).params.begin(), M(proj).params.end());
+    op.gemms = {Gemm{rows, f, h, 1, true}, Gemm{rows, h, f, 1, true}};
+    const double mnk = static_cast<double>(rows) * static_cast<double>(f) * static_cast<double>(h);
+    const double pe = static_cast<double>(rows * f);
+    // Two products and their biases; the GELU (about 8 operations an element) and its derivative (about 12).
+    op.fwd_flops = Flops{4.0 * mnk + pe + static_cast<double>(rows * h) + 8.0 * pe};
+    op.bwd_flops = Flops{8.0 * mnk + pe + static_cast<double>(rows * h) + 12.0 * pe};
+    const std::int64_t xe = rows * h, we = h * f, fe = rows * f;
+    // Forward: x, W1, b1 in; pre and a out; a, W2, b2 in; y out.
+    op.fwd_bytes = Bytes{(xe + we + f + 2 * fe + fe + we + h + xe) * dsz_};
+    // Backward: c_proj's products (dY twice, W2, a; dW2 out) with the derivative's epilogue
+    // reading pre and writing the pre-activation's gradient; c_fc's products read that twice
+    // with W1 and x (dW1, dx out); the bias gradients are column sums of dY and of it.
+    op.bwd_bytes = Bytes{(2 * xe + 2 * we + fe + h + 2 * fe + 2 * fe + 2 * we + 2 * xe + fe + f) * dsz_};
     emit(std::move(op), false);
     return y;
   }
@@ -913,9 +962,14 @@ Residual gpt2_block(Builder& bd, const ModelConfig& c, const Dims& d, std::int32
   TensorId x2 = kNone;
   const TensorId y2 = bd.residual_layernorm("attn.resid_dropout", "attn.residual", "ln_2", bd.mod(p + "ln_2"), o, x,
                                             c.hidden_dropout, true, &x2);
-  const TensorId fc = bd.linear("mlp.c_fc", bd.mod(p + "mlp.c_fc"), y2, d.h, d.f, std::nullopt, Fn::conv1d);  // (B, T, F)
-  const TensorId g = bd.activation("mlp.act", c.act, fc);
-  TensorId m = bd.linear("mlp.c_proj", bd.mod(p + "mlp.c_proj"), g, d.f, d.h, std::nullopt, Fn::conv1d);
+  TensorId m = kNone;
+  if (bd.fused_mlp() && (c.act == Act::gelu_new || c.act == Act::gelu_pytorch_tanh)) {
+    m = bd.mlp_gelu_tanh("mlp", bd.mod(p + "mlp.c_fc"), bd.mod(p + "mlp.c_proj"), y2, d.h, d.f);
+  } else {
+    const TensorId fc = bd.linear("mlp.c_fc", bd.mod(p + "mlp.c_fc"), y2, d.h, d.f, std::nullopt, Fn::conv1d);  // (B, T, F)
+    const TensorId g = bd.activation("mlp.act", c.act, fc);
+    m = bd.linear("mlp.c_proj", bd.mod(p + "mlp.c_proj"), g, d.f, d.h, std::nullopt, Fn::conv1d);
+  }
   // The MLP's dropout and sum go with the next LayerNorm, unless checkpointing recomputes the
   // layers apart (an op of two layers' would be in neither's recomputation).
   if (bd.fused_residual_norm() && !bd.gradient_checkpointing()) {

@@ -106,6 +106,9 @@ enum class Fn : std::uint8_t {
   dropout_add_layernorm,  // inputs (b, x): s = x + dropout(b) (p: Op::p; 0: no dropout), y = LayerNorm(s)
                           // (alpha = eps); outputs y, mean, rstd (fp32), s, and the byte mask where p > 0;
                           // saves s, mean, rstd, mask (KernelVariants::fused_residual_norm)
+  mlp_gelu_tanh,          // GPT-2's MLP (Conv1D weights W1 (C,F), W2 (F,C)): pre = x W1 + b1, a = gelu_tanh(pre)
+                          // computed from pre's fp32 sum, y = a W2 + b2; outputs y, pre, a; saves x, pre, a
+                          // (KernelVariants::fused_mlp)
 };
 const char* fn_name(Fn f);
 
@@ -191,6 +194,12 @@ struct KernelVariants {
   // and rstd, the byte mask), so only the kernels change: one pass instead of three forward,
   // and in backward the LayerNorm's input gradient, the residual's and the dropout's in one.
   bool fused_residual_norm = false;
+  // GPT-2's MLP (c_fc, the tanh-form GELU, c_proj) as one op whose products carry the GELU as
+  // their epilogues (cuBLASLt's GELU_AUX_BIAS forward, DGELU backward): the GELU is computed
+  // from c_fc's fp32 sums (one rounding fewer than the chain in 16 bits) and its gradient from
+  // c_proj's input-gradient sums, so neither the chain's GELU kernels nor the gradient of the
+  // GELU's output exist. Saves what the chain saves (x, the pre-activation, the activation).
+  bool fused_mlp = false;
   bool operator==(const KernelVariants&) const = default;
 };
 // Each variant: its key in train --out's config and simulate --json, its command-line flag, its

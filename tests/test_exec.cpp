@@ -77,6 +77,7 @@ struct Case {
   bool fused_gelu = false;          // train --fused-gelu
   bool fused_loss = false;          // train --fused-loss
   bool fused_residual_norm = false; // train --fused-residual-norm
+  bool fused_mlp = false;           // train --fused-mlp
 };
 
 std::string config_text(const Case& c) {
@@ -100,7 +101,7 @@ std::string name_of(const Case& c) {
                      std::string(c.fp32_accum ? "-acc32" : "") + (c.offload_param ? "-offp" : "") + "-t" +
                          c.transformers + (c.keep_output ? "-keep" : "") +
                          (c.workspaces_of.empty() ? "" : "-ws" + c.workspaces_of) + (c.fused_gelu ? "-fg" : "") + (c.fused_loss ? "-fl" : "") +
-                         (c.fused_residual_norm ? "-frn" : ""));
+                         (c.fused_residual_norm ? "-frn" : "") + (c.fused_mlp ? "-fm" : ""));
 }
 
 // Runs the case and returns each rank's measurements.
@@ -109,13 +110,14 @@ std::vector<json> train(const Case& c) {
   const std::string cfg = write(name + ".json", config_text(c));
   const std::string out = (dir() / (name + ".out.json")).string();
   const Run r = sh(mpirun(c.np) + fmt::format("{} train --model {} --ds-config {} --steps {} --seq-len {} --quiet {} --out {} "
-                                              "--attention {} --transformers {}{}{}{}{}{}",
+                                              "--attention {} --transformers {}{}{}{}{}{}{}",
                                               ZEROPLAN_BIN, c.model, cfg, c.steps, c.seq,
                                               c.ckpt ? "--activation-checkpointing" : "", out, c.attention,
                                               c.transformers, c.keep_output ? " --keep-output" : "",
                                               c.workspaces_of.empty() ? "" : " --workspaces-of " + c.workspaces_of,
                                               c.fused_gelu ? " --fused-gelu" : "", c.fused_loss ? " --fused-loss" : "",
-                                              c.fused_residual_norm ? " --fused-residual-norm" : ""));
+                                              c.fused_residual_norm ? " --fused-residual-norm" : "",
+                                              c.fused_mlp ? " --fused-mlp" : ""));
   INFO(name, "\n", r.out);
   REQUIRE(r.status == 0);
   std::vector<json> ranks;
@@ -144,6 +146,7 @@ void check_against_prediction(const Case& c, const std::vector<json>& measured) 
   go.variants.fused_gelu = c.fused_gelu;
   go.variants.fused_loss = c.fused_loss;
   go.variants.fused_residual_norm = c.fused_residual_norm;
+  go.variants.fused_mlp = c.fused_mlp;
   const auto g = zp::models::build_graph(mc, go);
   for (int k = 0; k < c.np; ++k) {
     zp::zero::LowerOptions lo;
@@ -989,6 +992,74 @@ TEST_CASE("--fused-residual-norm: dropout, residual sum and LayerNorm as one op 
     for (const auto& op : hf.ops) hf_streams = std::max(hf_streams, op.rng_stream + 1);
     for (const auto& op : fused.ops) fused_streams = std::max(fused_streams, op.rng_stream + 1);
     CHECK(hf_streams == fused_streams);
+  }
+}
+
+TEST_CASE("--fused-mlp: GPT-2's MLP as one op trains to the chain's losses (fp32: --fused-gelu's bits), exact bytes") {
+  // In fp32 the op computes what c_fc, the fused GELU and c_proj compute, in the same order:
+  // the losses are --fused-gelu's bits. In 16 bits the GELU reads c_fc's fp32 sums, not their
+  // rounding, and the pre-activation's gradient is rounded once, not twice.
+  check_variant_trains({"tiny-gpt2"}, &Case::fused_mlp, "fused_mlp");
+  for (int stage : {0, 3}) {
+    CAPTURE(stage);
+    Case c{"tiny-gpt2", stage, 2, 2};
+    c.fused_gelu = true;
+    const auto chain = train(c);
+    c.fused_mlp = true;
+    const auto fused = train(c);
+    check_against_prediction(c, fused);
+    check_same_losses(losses(chain[0]), losses(fused[0]), 0.0);
+  }
+  // With every other variant and checkpointing (the op recomputed with its layer), bf16.
+  for (const bool ckpt : {false, true}) {
+    CAPTURE(ckpt);
+    Case c{"tiny-gpt2", 2, 1, 2};
+    c.dtype = "bf16";
+    c.ckpt = ckpt;
+    c.fused_gelu = c.fused_loss = c.fused_residual_norm = true;
+    const auto chain = train(c);
+    c.fused_mlp = true;
+    const auto fused = train(c);
+    check_against_prediction(c, fused);
+    check_same_losses(losses(chain[0]), losses(fused[0]), 2e-3);
+  }
+  // In the graph: c_fc, the GELU and c_proj are one op a layer (HF writes the GELU in eight), with
+  // four params (both modules'), two GEMMs, and what the three save: x, the pre-activation and
+  // the activation, byte for byte --fused-gelu's.
+  const auto [gelu, mlp] = [] {
+    zp::models::GraphOptions go;
+    go.micro_batch = 2;
+    go.seq_len = 16;
+    go.act_dtype = zp::DType::bf16;
+    go.variants.fused_gelu = true;
+    const auto mc = zp::models::load_model("tiny-gpt2");
+    auto a = zp::models::build_graph(mc, go);
+    go.variants.fused_mlp = true;
+    return std::pair{std::move(a), zp::models::build_graph(mc, go)};
+  }();
+  const auto layers = static_cast<std::int64_t>(gelu.layers.size());
+  CHECK(static_cast<std::int64_t>(gelu.ops.size() - mlp.ops.size()) == 2 * layers);
+  for (std::int32_t l = 0; l < layers; ++l) CHECK(gelu.saved_bytes_of_layer(l).v == mlp.saved_bytes_of_layer(l).v);
+  std::int64_t ops = 0;
+  for (const auto& op : mlp.ops) {
+    if (op.fn != zp::models::Fn::mlp_gelu_tanh) continue;
+    ++ops;
+    CHECK(op.params.size() == 4);
+    CHECK(op.gemms.size() == 2);
+    REQUIRE(op.outputs.size() == 3);
+    CHECK(op.saved == std::vector<zp::models::TensorId>{op.inputs[0], op.outputs[1], op.outputs[2]});
+    CHECK(mlp.tensors[static_cast<std::size_t>(op.outputs[1])].shape.back() == mlp.cfg.intermediate);
+  }
+  CHECK(ops == layers);
+  // BERT's exact GELU has no such epilogue: its MLP stays as HF writes it.
+  {
+    zp::models::GraphOptions go;
+    go.micro_batch = 2;
+    go.seq_len = 16;
+    const auto mc = zp::models::load_model("tiny-bert");
+    const auto hf = zp::models::build_graph(mc, go);
+    go.variants.fused_mlp = true;
+    CHECK(zp::models::build_graph(mc, go).ops.size() == hf.ops.size());
   }
 }
 

@@ -45,6 +45,15 @@ Matmul gemm_operands(void* c, const void* a, const void* b, std::int64_t m, std:
 // (remembered per shape).
 bool matmul_bias_grad(Context& ctx, const Matmul& mm, void* bias_grad, bool of_b, bool sums_fp32, cudaStream_t stream);
 
+// mm (batch 1, packed, not accumulating) with cuBLASLt's GELU epilogues, the GELU in its tanh
+// form computed from the fp32 sums and rounded once to mm.dt: forward (`derivative` false), C =
+// gelu(op(A)·op(B) + bias) and aux = op(A)·op(B) + bias (mm.bias required; one not 16-byte
+// aligned is copied to the Context's scratch first); backward (`derivative` true, no bias), C =
+// gelu'(aux) · (op(A)·op(B)), aux read. aux is (m, n) in C's layout. Returns false, having run
+// nothing, where kernels::gelu_epilogue_takes refuses the operands; throws CudaError where
+// cuBLASLt has no algorithm for the epilogue on this GPU.
+bool matmul_gelu(Context& ctx, const Matmul& mm, const void* aux, bool derivative, cudaStream_t stream);
+
 // A cached plan: descriptors and the heuristic's algorithm for one shape.
 struct MatmulPlan {
   bool unsupported = false;  // cuBLASLt had no algorithm (asked only of the optional epilogues)
@@ -54,11 +63,16 @@ struct MatmulPlan {
   std::size_t workspace = 0;
 };
 
-// The epilogue of a cached plan: none, the bias added, or a bias gradient (the sum over k of
-// op(A), or of op(B)) written.
-// (The bias gradient in fp32, or in the product's dtype: *_in_dt.)
-enum class Epilogue : int { none, bias, bias_grad_a, bias_grad_b, bias_grad_a_in_dt, bias_grad_b_in_dt };
-constexpr bool is_bias_grad(Epilogue e) { return e != Epilogue::none && e != Epilogue::bias; }
+// The epilogue of a cached plan: none, the bias added, a bias gradient (the sum over k of
+// op(A), or of op(B)) written (in fp32, or in the product's dtype: *_in_dt), or the GELU with
+// the bias and the pre-activation written aside (gelu_aux_bias), or the GELU's derivative at a
+// pre-activation read aside (dgelu).
+enum class Epilogue : int { none, bias, bias_grad_a, bias_grad_b, bias_grad_a_in_dt, bias_grad_b_in_dt, gelu_aux_bias, dgelu };
+constexpr bool is_bias_grad(Epilogue e) {
+  return e == Epilogue::bias_grad_a || e == Epilogue::bias_grad_b || e == Epilogue::bias_grad_a_in_dt ||
+         e == Epilogue::bias_grad_b_in_dt;
+}
+constexpr bool is_gelu(Epilogue e) { return e == Epilogue::gelu_aux_bias || e == Epilogue::dgelu; }
 
 // (dtype, batch, m, n, k, strides a/b/c, row strides a/b/c, trans a/b, epilogue, alignments a/b/c,
 // TF32 allowed, C in fp32)

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/gelu_epilogue.hpp"
 #include "kernels/common/gemm_pieces.hpp"
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/bmm.cuh"
@@ -94,6 +95,15 @@ void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, Epilogue ep
     const bool fp32 = epilogue == Epilogue::bias_grad_a || epilogue == Epilogue::bias_grad_b;
     set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, of_a ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA);
     set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, fp32 ? CUDA_R_32F : type);
+  } else if (is_gelu(epilogue)) {
+    // The auxiliary matrix (the pre-activation) has C's layout and type: cuBLASLt's (n, m), ld n.
+    if (epilogue == Epilogue::gelu_aux_bias) {
+      set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+      set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type);
+    } else {
+      set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DGELU);
+    }
+    set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(mm.ldc > 0 ? mm.ldc : mm.n));
   }
   // Column-major views of the row-major operands (rows, cols, leading dimension).
   const std::uint64_t la_rows = static_cast<std::uint64_t>(mm.trans_b ? mm.k : mm.n);
@@ -144,7 +154,11 @@ void fill_plan(MatmulPlan& plan, Context::Impl& s, const Matmul& mm, Epilogue ep
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (found == 0)
-    throw CudaError("cuBLASLt has no algorithm for a " + std::string(dtype_name(mm.dt)) + " GEMM of batch " +
+    throw CudaError("cuBLASLt has no algorithm for a " + std::string(dtype_name(mm.dt)) + " GEMM" +
+                    (epilogue == Epilogue::gelu_aux_bias ? std::string(" with the GELU_AUX_BIAS epilogue")
+                     : epilogue == Epilogue::dgelu      ? std::string(" with the DGELU epilogue")
+                                                        : std::string()) +
+                    " of batch " +
                     std::to_string(mm.batch) + ", m " + std::to_string(mm.m) + ", n " + std::to_string(mm.n) +
                     ", k " + std::to_string(mm.k));
   plan.algo = result.algo;
@@ -186,7 +200,7 @@ MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, Epilogue epilogue, int 
 // epilogue is made once and cached in the Context. Returns false, having run nothing, where
 // an optional epilogue has no algorithm.
 bool launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t stream,
-            Epilogue epilogue_grad = Epilogue::none) {
+            Epilogue epilogue_grad = Epilogue::none, const void* aux = nullptr) {
   Context::Impl& s = ctx.impl();
   const std::int64_t elem = dtype_size(mm.dt);
   const Epilogue epilogue = epilogue_grad != Epilogue::none ? epilogue_grad
@@ -221,7 +235,9 @@ bool launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t strea
   }
   const MatmulPlan& plan = it->second;
   if (plan.unsupported) return false;
-  if (epilogue != Epilogue::none) set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (epilogue != Epilogue::none && epilogue != Epilogue::dgelu)
+    set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (is_gelu(epilogue)) set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
   const float alpha = 1.0f, beta = mm.accumulate ? 1.0f : 0.0f;
   ZP_CUBLAS_CHECK(cublasLtMatmul(s.lt, plan.op, &alpha, mm.b, plan.a, mm.a, plan.b, &beta, mm.c, plan.c, mm.c, plan.c,
                                  &plan.algo, s.workspace, s.workspace_bytes, stream));
@@ -429,6 +445,24 @@ bool matmul_bias_grad(Context& ctx, const Matmul& mm, void* bias_grad, bool of_b
                           : (sums_fp32 ? Epilogue::bias_grad_a : Epilogue::bias_grad_a_in_dt);
   if (!launch(ctx, mm, bias_grad, stream, e)) return false;
   ++ctx.impl().bias_grad_epilogues;
+  return true;
+}
+
+bool matmul_gelu(Context& ctx, const Matmul& mm, const void* aux, bool derivative, cudaStream_t stream) {
+  require_float(mm.dt, "matmul_gelu");
+  if (derivative == (mm.bias != nullptr))
+    throw std::invalid_argument(derivative ? "matmul_gelu: the derivative's epilogue takes no bias"
+                                           : "matmul_gelu: the GELU's epilogue needs the bias");
+  if (mm.batch != 1 || mm.accumulate || mm.c_fp32 || mm.lda != 0 || mm.ldb != 0 || mm.ldc != 0) return false;
+  if (!gelu_epilogue_takes(mm.m, mm.n, mm.k, {mm.a, mm.b, mm.c, aux})) return false;
+  const void* bias = mm.bias;
+  if (bias != nullptr && !detail::aligned16(bias)) {
+    const auto bytes = static_cast<std::size_t>(mm.n * dtype_size(mm.dt));
+    void* aligned = ctx.scratch(bytes, "linear bias");
+    ZP_CUDA_CHECK(cudaMemcpyAsync(aligned, bias, bytes, cudaMemcpyDeviceToDevice, stream));
+    bias = aligned;
+  }
+  launch(ctx, mm, bias, stream, derivative ? Epilogue::dgelu : Epilogue::gelu_aux_bias, aux);
   return true;
 }
 

@@ -119,4 +119,18 @@ void conv1d_backward(Context& ctx, void* dx, void* dw, void* db, const void* dy,
   if (db != nullptr) bias_backward(ctx, db, dy, M, N, accumulate, dt, stream);
 }
 
+bool conv1d_gelu_forward(Context& ctx, void* y, void* pre, const void* x, const void* w, const void* b, std::int64_t M,
+                         std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream) {
+  Matmul mm = gemm_operands(y, x, w, M, N, K, false, false, false, dt);
+  mm.bias = b;
+  return matmul_gelu(ctx, mm, pre, false, stream);
+}
+
+bool conv1d_dgelu_backward(Context& ctx, void* d_pre, const void* dy, const void* w, const void* pre, std::int64_t M,
+                           std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream) {
+  // d_pre (M, K) = dy (M, N) · W^T, W stored (K, N).
+  const Matmul mm = gemm_operands(d_pre, dy, w, M, K, N, false, true, false, dt);
+  return matmul_gelu(ctx, mm, pre, true, stream);
+}
+
 }  // namespace zp::kernels::cuda

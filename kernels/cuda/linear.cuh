@@ -50,6 +50,31 @@ void conv1d_backward(Context& ctx,
                      const void* w,   // (K, N)
                      std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate, DType dt, cudaStream_t stream);
 
+// GPT-2's c_fc with the tanh-form GELU as the product's epilogue (models::Fn::mlp_gelu_tanh):
+// pre = x · W + b and y = gelu_tanh(x · W + b), both rounded once from the fp32 sums (the GELU
+// is taken before pre is rounded). Returns false, having run nothing, where
+// kernels::gelu_epilogue_takes refuses the operands: the caller runs conv1d_forward, then
+// gelu_tanh_forward on pre.
+bool conv1d_gelu_forward(Context& ctx,
+                         void* y,        // (M, N)
+                         void* pre,      // (M, N)
+                         const void* x,  // (M, K)
+                         const void* w,  // (K, N)
+                         const void* b,  // (N)
+                         std::int64_t M, std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream);
+
+// The gradient of the pre-activation in front of a Conv1D (y = gelu_tanh(pre) · W + b):
+// d_pre = gelu_tanh'(pre) · (dy · W^T), the derivative the product's epilogue, rounded once
+// from the fp32 sums. Written, not added. Returns false, having run nothing, where
+// kernels::gelu_epilogue_takes refuses the operands: the caller runs the input gradient of
+// conv1d_backward into a temporary, then gelu_tanh_backward.
+bool conv1d_dgelu_backward(Context& ctx,
+                           void* d_pre,      // (M, K)
+                           const void* dy,   // (M, N)
+                           const void* w,    // (K, N)
+                           const void* pre,  // (M, K)
+                           std::int64_t M, std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream);
+
 // db = sum over rows of dy (fp32, deterministic: no atomics).
 void bias_backward(Context& ctx,
                    void* db,        // (N)

@@ -246,6 +246,22 @@ TEST_CASE("train --device cuda --fused-residual-norm: BERT and GPT-2 against the
   check({"tiny-gpt2", 0, "bf16", 2, "sdpa", true, 1, false, " --fused-residual-norm"});
 }
 
+// --fused-mlp: GPT-2's c_fc, GELU and c_proj as one op, the GELU and its derivative as
+// cuBLASLt's epilogues, against the CPU device's twin (the GELU of the fp32 sums); with an MLP
+// width of 100, where the epilogues refuse the operands, through the chain's kernels (its
+// temporary predicted by the same rule: the compare's scratch is exact either way).
+TEST_CASE("train --device cuda --fused-mlp: GPT-2 against the cpu device, epilogues and the chain") {
+  check({"tiny-gpt2", 0, "fp32", 2, "eager", false, 1, false, " --fused-mlp"});
+  check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss --fused-residual-norm --fused-mlp"});
+  check({"tiny-gpt2", 3, "fp16", 2, "sdpa", false, 1, false, " --fused-mlp"});
+  check({"tiny-gpt2", 1, "bf16", 2, "sdpa", true, 1, false, " --fused-mlp"});
+  json m = json::parse(std::ifstream(std::string(ZEROPLAN_DATA_DIR) + "/models/catalog/tiny-gpt2.json"));
+  m["n_inner"] = 100;
+  const fs::path odd = dir() / "tiny-gpt2-inner100.json";
+  std::ofstream(odd) << m.dump();
+  check({odd.string(), 0, "bf16", 2, "sdpa", false, 1, false, " --fused-mlp"});
+}
+
 // cuDNN's flash attention (train --attention-kernel cudnn) in training, held against the CPU
 // device's own kernels: its dropout masks are cuDNN's own (tiny GPT-2's and BERT's attention
 // dropout 0.1), so the losses agree within the 16-bit tolerance, not to the mask; the program's

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "kernels/common/gelu_epilogue.hpp"
 #include "kernels/common/gemm_pieces.hpp"
 #include "kernels/common/norm_dims.hpp"
 #include "kernels/cpu/activation.hpp"
@@ -841,6 +842,74 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
                      Tol{1e-7 * static_cast<double>(M), eps(dt), band(dt)});
         expect_equal_bits("bias_backward", bits(*db1), bits(*db2));
       }
+}
+
+// The fused MLP's products (models::Fn::mlp_gelu_tanh): c_fc with the GELU as cuBLASLt's
+// epilogue, and c_proj's input gradient with the GELU's derivative as its epilogue, against
+// the CPU twin of the same sums (exec/device_cpu.cpp: the GELU of the fp32 sums, rounded once;
+// the derivative at the rounded pre-activation times the fp32 sums, rounded once). Where the
+// operands refuse the epilogue (a width not a multiple of 8, an operand not 16-byte aligned)
+// nothing runs and the call says so, for the caller to run the chain.
+TEST_CASE("conv1d with the GELU epilogue and the GELU's derivative epilogue: the CPU twin's values; refusals") {
+  kg::Context ctx;
+  constexpr double kSlope = 1.2;  // |gelu_tanh'| <= 1.13: an error in pre grows by at most this in a
+  for (DType dt : kDtypes)
+    for (std::size_t bias_offset : {std::size_t{0}, std::size_t{4}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(bias_offset);
+      const std::int64_t M = 96, N = 128, K = 64;  // pre, a (M, N) = x (M, K) · W (K, N) + b
+      const Vec x = rand_vec(M * K, 211, dt), w = rand_vec(K * N, 212, dt, -0.5f, 0.5f), b = rand_vec(N, 213, dt);
+      auto dx = device(x, dt), dw = device(w, dt), db = device(b, dt, bias_offset);
+      auto pre = output(sz(M * N), dt), a = output(sz(M * N), dt);
+      REQUIRE(kg::conv1d_gelu_forward(ctx, a->get(), pre->get(), dx->get(), dw->get(), db->get(), M, N, K, dt, kStream));
+      Vec r32(sz(M * N)), s(sz(M * N)), ra(sz(M * N));
+      kc::conv1d_forward(r32.data(), x.data(), w.data(), b.data(), M, N, K);
+      kc::conv1d_forward(s.data(), abs_of(x).data(), abs_of(w).data(), abs_of(b).data(), M, N, K);
+      kc::gelu_tanh_forward(ra.data(), r32.data(), M * N);
+      const Vec rpre = rounded(r32, dt);
+      expect_dot("pre-activation", download(*pre, rpre.size(), dt), rpre, s, K + 1, dt);
+      // The GELU of the GPU's own fp32 sums: their error through the GELU's slope, cuBLASLt's
+      // GELU against libm's tanh (16 fp32 ulps of the result and of the sum), one rounding.
+      const double u = 0x1p-24, u_dt = dt == DType::fp32 ? 0.0 : eps(dt) / 2.0;
+      expect_within(
+          "GELU epilogue", download(*a, ra.size(), dt), rounded(ra, dt),
+          [&](std::size_t i) {
+            const double sum_err = kSlope * 5.0 * static_cast<double>(K + 1) * u * static_cast<double>(s[i]);
+            const double math = 16 * 0x1p-23 * (std::fabs(static_cast<double>(ra[i])) + std::fabs(static_cast<double>(r32[i])));
+            return u_dt * (std::fabs(static_cast<double>(ra[i])) + sum_err + math) + sum_err + math + underflow(dt);
+          },
+          band(dt));
+      // Backward: d_pre (M, N) = gelu'(pre) · (dy (M, K') · W2^T), W2 (N, K'), at the saved (rounded) pre.
+      const std::int64_t Kp = 48;
+      const Vec dyv = rand_vec(M * Kp, 214, dt), w2 = rand_vec(N * Kp, 215, dt);
+      auto ddy = device(dyv, dt), dw2 = device(w2, dt);
+      auto dpre = output(sz(M * N), dt);
+      const Vec got_pre = download(*pre, rpre.size(), dt);
+      REQUIRE(kg::conv1d_dgelu_backward(ctx, dpre->get(), ddy->get(), dw2->get(), pre->get(), M, Kp, N, dt, kStream));
+      Vec da(sz(M * N)), sa(sz(M * N)), rd(sz(M * N));
+      kc::conv1d_backward(da.data(), nullptr, nullptr, dyv.data(), got_pre.data(), w2.data(), M, Kp, N, false);
+      kc::conv1d_backward(sa.data(), nullptr, nullptr, abs_of(dyv).data(), got_pre.data(), abs_of(w2).data(), M, Kp, N, false);
+      kc::gelu_tanh_backward(rd.data(), got_pre.data(), da.data(), M * N, false);
+      expect_within(
+          "DGELU epilogue", download(*dpre, rd.size(), dt), rounded(rd, dt),
+          [&](std::size_t i) {
+            const double sum_err = kSlope * 5.0 * static_cast<double>(Kp) * u * static_cast<double>(sa[i]);
+            const double math = 16 * 0x1p-23 * kSlope * std::fabs(static_cast<double>(da[i]));
+            return u_dt * (std::fabs(static_cast<double>(rd[i])) + sum_err + math) + sum_err + math + underflow(dt);
+          },
+          band(dt));
+      // Refused: a width of 100 (not a multiple of 8); an operand 2 bytes off 16-byte alignment.
+      auto x_off = device(x, dt, 2);
+      CHECK_FALSE(kg::conv1d_gelu_forward(ctx, a->get(), pre->get(), x_off->get(), dw->get(), db->get(), M, N, K, dt,
+                                          kStream));
+      CHECK_FALSE(kg::conv1d_dgelu_backward(ctx, dpre->get(), x_off->get(), dw2->get(), pre->get(), M, Kp, N, dt, kStream));
+      const Vec w100 = rand_vec(K * 100, 216, dt), b100 = rand_vec(100, 217, dt);
+      auto dw100 = device(w100, dt), db100 = device(b100, dt);
+      CHECK_FALSE(kg::conv1d_gelu_forward(ctx, a->get(), pre->get(), dx->get(), dw100->get(), db100->get(), M, 100, K,
+                                          dt, kStream));
+      CHECK(zp::kernels::gelu_epilogue_takes(M, N, K, {dx->get(), dw->get(), pre->get(), a->get()}));
+      CHECK_FALSE(zp::kernels::gelu_epilogue_takes(M, 100, K, {dx->get(), dw->get(), pre->get(), a->get()}));
+    }
 }
 
 // ------------------------------------------------------------------------------------
