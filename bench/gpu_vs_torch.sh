@@ -6,9 +6,10 @@
 #   ZEROPLAN=path/to/zeroplan bash bench/gpu_vs_torch.sh [quick]
 #   ZEROPLAN_BENCH_CASES='bert-large-uncased 64 128 fp16' ...  # some rows only (';' between rows)
 #   ZEROPLAN_BENCH_FLAGS='...'  # zeroplan train's kernel variants (default --fused-gelu --fused-loss
-#                               # --fused-residual-norm: GPT-2's gelu_new as one op, the loss as one
-#                               # cross entropy on the 16-bit logits, dropout + residual sum + LayerNorm
-#                               # as one op, as torch.compile fuses them; '' for HF's graph)
+#                               # --fused-residual-norm --fused-mlp: GPT-2's gelu_new as one op, the loss
+#                               # as one cross entropy on the 16-bit logits, dropout + residual sum +
+#                               # LayerNorm as one op, as torch.compile fuses them, and GPT-2's MLP with
+#                               # the GELU as its products' cuBLASLt epilogues; '' for HF's graph)
 #   ZEROPLAN_BENCH_ATTENTION='own cudnn'  # zeroplan's fused attention kernels, a row each
 #                               # (train --attention-kernel; default cudnn, the flash kernels PyTorch's
 #                               # sdpa runs on Hopper: 16-bit cases, a build with cuDNN; 'own' for fp32
@@ -43,7 +44,7 @@ for c in "${CASES[@]}"; do
   for ak in "${ATTN[@]}"; do
   run=zp_${m}_$dt$([ "$ak" = own ] || echo "_$ak")
   "$ZP" train --model "$m" --ds-config "$cfg" --seq-len "$seq" --steps 6 --device cuda --attention sdpa --quiet \
-    --attention-kernel "$ak" ${ZEROPLAN_BENCH_FLAGS---fused-gelu --fused-loss --fused-residual-norm} \
+    --attention-kernel "$ak" ${ZEROPLAN_BENCH_FLAGS---fused-gelu --fused-loss --fused-residual-norm --fused-mlp} \
     --out "$OUTDIR/$run.json" > "$OUTDIR/$run.log" 2>&1
   zp=$(python3 -c "import json;d=json.load(open('$OUTDIR/$run.json'));print(d['step_seconds'])" 2>/dev/null || echo nan)
   zpmem=$(python3 -c "import json;d=json.load(open('$OUTDIR/$run.json'));print(d['driver_memory']['peak'])" 2>/dev/null || echo nan)

@@ -479,8 +479,10 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       break;
     }
     case Fn::mlp_gelu_tanh: {
-      // c_proj's input gradient in fp32 sums, times the GELU's derivative at the saved
-      // pre-activation, rounded once: the pre-activation's gradient, which c_fc's products read.
+      // c_proj's input gradient rounded to the activation dtype (as cuBLASLt's derivative
+      // epilogue rounds the product in 16 bits, and the chain stores it), times the GELU's
+      // derivative at the saved pre-activation, rounded: the pre-activation's gradient, which
+      // c_fc's products read.
       const auto& w1 = graph.params[U(op.params[0])].shape;  // (C, F)
       const std::int64_t C = w1[0], F = w1[1], M = n / C;
       const bool ax = acc(0);
@@ -489,6 +491,7 @@ void CpuDevice::backward(const models::Op& op, Operands& ops) {
       float* dpre = scratch(1, M * F);
       cpu::conv1d_backward(da, nullptr, nullptr, dy, a, param(op.params[2]), M, C, F, false);
       cpu::conv1d_backward(nullptr, pg(2), pg(3), dy, a, param(op.params[2]), M, C, F, true);
+      round_to(da, M * F, ops.act_ref(op.outputs[1]).dt);
       cpu::gelu_tanh_backward(dpre, act(op.outputs[1]), da, M * F, false);
       round_to(dpre, M * F, ops.act_ref(op.outputs[1]).dt);
       if (float* d = dx(0)) cpu::conv1d_backward(d, nullptr, nullptr, dpre, x(0), param(op.params[0]), M, F, C, ax);

@@ -358,8 +358,9 @@ class Builder {
   // rounded from its fp32 sums) and the activation (the GELU of those sums, rounded once); it
   // saves x, the pre-activation and the activation, as the chain's three ops do. Its params are
   // both modules' (the op is c_fc's module's: stage 3 fetches them on one visit). Backward: c_proj's
-  // gradients, its input gradient times the GELU's derivative at the saved pre-activation
-  // (rounded once: the pre-activation's gradient, the op's own temporary), then c_fc's.
+  // gradients, its input gradient (rounded to the activation dtype, as the chain stores it)
+  // times the GELU's derivative at the saved pre-activation, rounded: the pre-activation's
+  // gradient, the op's own temporary; then c_fc's.
   TensorId mlp_gelu_tanh(const std::string& name, ModuleId fc, ModuleId proj, TensorId x, std::int64_t h,
                          std::int64_t f) {
     Shape ps = T(x).shape;

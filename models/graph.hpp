@@ -197,8 +197,9 @@ struct KernelVariants {
   // GPT-2's MLP (c_fc, the tanh-form GELU, c_proj) as one op whose products carry the GELU as
   // their epilogues (cuBLASLt's GELU_AUX_BIAS forward, DGELU backward): the GELU is computed
   // from c_fc's fp32 sums (one rounding fewer than the chain in 16 bits) and its gradient from
-  // c_proj's input-gradient sums, so neither the chain's GELU kernels nor the gradient of the
-  // GELU's output exist. Saves what the chain saves (x, the pre-activation, the activation).
+  // c_proj's input gradient as the chain rounds it, so neither the chain's GELU kernels nor the
+  // gradient of the GELU's output in memory exist. Saves what the chain saves (x, the
+  // pre-activation, the activation).
   bool fused_mlp = false;
   bool operator==(const KernelVariants&) const = default;
 };

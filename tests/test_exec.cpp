@@ -998,7 +998,8 @@ TEST_CASE("--fused-residual-norm: dropout, residual sum and LayerNorm as one op 
 TEST_CASE("--fused-mlp: GPT-2's MLP as one op trains to the chain's losses (fp32: --fused-gelu's bits), exact bytes") {
   // In fp32 the op computes what c_fc, the fused GELU and c_proj compute, in the same order:
   // the losses are --fused-gelu's bits. In 16 bits the GELU reads c_fc's fp32 sums, not their
-  // rounding, and the pre-activation's gradient is rounded once, not twice.
+  // rounding (the backward rounds as the chain does: cuBLASLt's derivative epilogue rounds the
+  // product first).
   check_variant_trains({"tiny-gpt2"}, &Case::fused_mlp, "fused_mlp");
   for (int stage : {0, 3}) {
     CAPTURE(stage);

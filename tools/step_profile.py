@@ -6,7 +6,8 @@ class of work as bench/cuda_vs_torch.md tabulates them.
 Usage: step_profile.py RUN.json [--top N]
 
 Classes (by the event's op name): the attention (sdpa), the layers' GEMMs (Linear / Conv1D
-layers: c_attn, c_proj, c_fc, dense, query, key, value, q/k/v/o/gate/up/down projections), the
+layers: c_attn, c_proj, c_fc, dense, query, key, value, q/k/v/o/gate/up/down projections, and
+--fused-mlp's mlp, GPT-2's two MLP products with the GELU as their epilogues), the
 head (lm_head, the MLM decoder), DeepSpeed's step and its bucket copies (the step's events and
 the reduction's flatten / copy_to_partition / unflatten), the attention's key/value cache
 copies, and every other op (bandwidth-bound: loss, norms, activations, dropouts, residual adds,
@@ -17,7 +18,7 @@ import collections
 import json
 import re
 
-GEMM = re.compile(r"(c_attn|c_proj|c_fc|dense|query|key|value|[qkvo]_proj|gate_proj|up_proj|down_proj)$")
+GEMM = re.compile(r"(c_attn|c_proj|c_fc|mlp|dense|query|key|value|[qkvo]_proj|gate_proj|up_proj|down_proj)$")
 HEAD = re.compile(r"(lm_head|decoder)$")
 
 

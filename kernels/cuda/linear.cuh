@@ -64,8 +64,11 @@ bool conv1d_gelu_forward(Context& ctx,
                          std::int64_t M, std::int64_t N, std::int64_t K, DType dt, cudaStream_t stream);
 
 // The gradient of the pre-activation in front of a Conv1D (y = gelu_tanh(pre) · W + b):
-// d_pre = gelu_tanh'(pre) · (dy · W^T), the derivative the product's epilogue, rounded once
-// from the fp32 sums. Written, not added. Returns false, having run nothing, where
+// d_pre = gelu_tanh'(pre) · (dy · W^T), the derivative the product's epilogue. cuBLASLt rounds
+// the product to dt before it applies the derivative (measured on an H100: in bf16 12,182 of
+// 12,288 elements are round(gelu'(pre) · round(dy · W^T)), the chain's two roundings, against
+// 9,137 for one rounding of the fp32 sums); in fp32 nothing is rounded on the way. Written, not
+// added. Returns false, having run nothing, where
 // kernels::gelu_epilogue_takes refuses the operands: the caller runs the input gradient of
 // conv1d_backward into a temporary, then gelu_tanh_backward.
 bool conv1d_dgelu_backward(Context& ctx,

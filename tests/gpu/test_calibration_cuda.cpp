@@ -1,6 +1,6 @@
 // `calibrate --device cuda` on a GPU (ctest label `gpu`): the micro-benchmarks of a model run
 // within their budget, every time is physical (no GEMM above the tensor peak, no kernel moving
-// bytes faster than the HBM), and the fit through the simulator brings their predictions closer.
+// bytes faster than the HBM, or than three times its rate where they fit in the L2), and the fit through the simulator brings their predictions closer.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
@@ -21,6 +21,9 @@ TEST_CASE("the device benchmarks of GPT-2 run within their budget and measure ph
   const std::string dev = device_for_gpu_name(info.gpu_name);
   REQUIRE_MESSAGE(!dev.empty(), info.gpu_name);
   const sim::DeviceSpec& spec = sim::find_device(dev);
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  const auto l2_bytes = static_cast<std::int64_t>(prop.l2CacheSize);
   models::GraphOptions go;
   go.micro_batch = 4;
   go.seq_len = 1024;
@@ -39,8 +42,14 @@ TEST_CASE("the device benchmarks of GPT-2 run within their budget and measure ph
     CHECK(o.measured.v > 0);
     if (o.kind != ObsKind::kernel) continue;
     if (o.kernel.cls == KernelClass::gemm) CHECK(o.kernel.flops.v / o.measured.v < 1.1 * spec.peak_tensor_flops.v);
-    if (o.kernel.cls == KernelClass::memory || o.kernel.cls == KernelClass::copy_d2d)
-      CHECK(static_cast<double>(o.kernel.bytes.v) / o.measured.v < 1.1 * spec.hbm_bandwidth.v);
+    // Bytes that fit in the L2 may be served from it when the benchmark repeats the kernel: on
+    // an H100 (50 MB L2, 3.35 TB/s HBM) an 18.9 MB residual add ran at 4.0 TB/s. Those are
+    // held to three times the HBM's rate, the rest to the HBM's.
+    if (o.kernel.cls == KernelClass::memory || o.kernel.cls == KernelClass::copy_d2d) {
+      const bool in_l2 = o.kernel.bytes.v <= l2_bytes;
+      CAPTURE(in_l2);
+      CHECK(static_cast<double>(o.kernel.bytes.v) / o.measured.v < (in_l2 ? 3.0 : 1.1) * spec.hbm_bandwidth.v);
+    }
   }
 }
 
