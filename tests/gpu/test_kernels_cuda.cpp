@@ -908,7 +908,9 @@ TEST_CASE("conv1d with the GELU epilogue and the GELU's derivative epilogue: the
       // fp32 product times the derivative (A), the product rounded to dt first (B: the chain's
       // rounding), and the derivative rounded to dt too (C); the relative L2 error of each. On
       // an H100 (2026-12-07) B: bf16 12,182 of 12,288 equal (relative L2 1.75e-4), against A's
-      // 9,137 (2.74e-3) and C's 8,912; fp16 11,980 (3.0e-5). The executor's CPU twin is B.
+      // 9,137 (2.74e-3) and C's 8,912; fp16 11,980 (3.0e-5). The executor's CPU twin is B. (The
+      // forward's GELU is of the fp32 sums: 12,204 bf16 elements equal that twin, 8,253 the
+      // GELU of the rounded sums.)
       {
         Vec db_(rd.size()), dc(rd.size());
         const Vec da_r = rounded(da, dt);
@@ -946,7 +948,7 @@ TEST_CASE("conv1d with the GELU epilogue and the GELU's derivative epilogue: the
             return u_dt * (std::fabs(static_cast<double>(rbw[i])) + sum_err + flip + math) + sum_err + flip + math +
                    underflow(dt);
           },
-          dt == DType::fp32 ? band(dt) : 0.1 * eps(dt));
+          dt == DType::fp32 ? band(dt) : 0.5 * eps(dt));  // the output's rounding alone: about 0.2 eps
       // Refused: a width of 100 (not a multiple of 8); an operand 2 bytes off 16-byte alignment.
       auto x_off = device(x, dt, 2);
       CHECK_FALSE(kg::conv1d_gelu_forward(ctx, a->get(), pre->get(), x_off->get(), dw->get(), db->get(), M, N, K, dt,
