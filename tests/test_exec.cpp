@@ -847,6 +847,18 @@ TEST_CASE("--keep-output, --workspaces-of and --transformers 4.46: measured byte
 
 namespace {
 
+// Trains `c` as it is and with the variant `flag` on as well: the variant's bytes are exactly
+// the prediction's and its losses within `rel` of the other run's. Returns the variant's
+// measurements.
+std::vector<json> check_variant_against(Case c, bool Case::*flag, double rel) {
+  const auto base = train(c);
+  c.*flag = true;
+  auto variant = train(c);
+  check_against_prediction(c, variant);
+  check_same_losses(losses(base[0]), losses(variant[0]), rel);
+  return variant;
+}
+
 // A kernel variant of the graph (`flag`, recorded in train --out as config.`key`) trains each
 // model at stages 0 and 3 to HF's graph's losses (fp32 within `fp32_rel`, bf16 within
 // `bf16_rel`), with exactly the predicted bytes.
@@ -860,12 +872,8 @@ void check_variant_trains(const std::vector<std::string>& models, bool Case::*fl
         CAPTURE(stage);
         Case c{model, stage, 2, 2};
         c.dtype = dtype;
-        const auto hf = train(c);
-        c.*flag = true;
-        const auto variant = train(c);
-        check_against_prediction(c, variant);
+        const auto variant = check_variant_against(c, flag, dtype == "fp32" ? fp32_rel : bf16_rel);
         CHECK(variant[0]["config"][key].get<bool>());
-        check_same_losses(losses(hf[0]), losses(variant[0]), dtype == "fp32" ? fp32_rel : bf16_rel);
       }
 }
 
@@ -932,11 +940,7 @@ TEST_CASE("--fused-residual-norm: dropout, residual sum and LayerNorm as one op 
     Case c{model, 2, 1, 2};
     c.dtype = "bf16";
     c.ckpt = true;
-    const auto hf = train(c);
-    c.fused_residual_norm = true;
-    const auto variant = train(c);
-    check_against_prediction(c, variant);
-    check_same_losses(losses(hf[0]), losses(variant[0]), 0.0);
+    check_variant_against(c, &Case::fused_residual_norm, 0.0);
   }
   zp::models::GraphOptions go;
   go.micro_batch = 2;
@@ -1005,11 +1009,7 @@ TEST_CASE("--fused-mlp: GPT-2's MLP as one op trains to the chain's losses (fp32
     CAPTURE(stage);
     Case c{"tiny-gpt2", stage, 2, 2};
     c.fused_gelu = true;
-    const auto chain = train(c);
-    c.fused_mlp = true;
-    const auto fused = train(c);
-    check_against_prediction(c, fused);
-    check_same_losses(losses(chain[0]), losses(fused[0]), 0.0);
+    check_variant_against(c, &Case::fused_mlp, 0.0);
   }
   // With every other variant and checkpointing (the op recomputed with its layer), bf16.
   for (const bool ckpt : {false, true}) {
@@ -1018,11 +1018,7 @@ TEST_CASE("--fused-mlp: GPT-2's MLP as one op trains to the chain's losses (fp32
     c.dtype = "bf16";
     c.ckpt = ckpt;
     c.fused_gelu = c.fused_loss = c.fused_residual_norm = true;
-    const auto chain = train(c);
-    c.fused_mlp = true;
-    const auto fused = train(c);
-    check_against_prediction(c, fused);
-    check_same_losses(losses(chain[0]), losses(fused[0]), 2e-3);
+    check_variant_against(c, &Case::fused_mlp, 2e-3);
   }
   // In the graph: c_fc, the GELU and c_proj are one op a layer (HF writes the GELU in eight), with
   // four params (both modules'), two GEMMs, and what the three save: x, the pre-activation and
