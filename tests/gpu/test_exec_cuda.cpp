@@ -204,6 +204,16 @@ void check(const Case& c) {
   CHECK(sum > 0.0);
 }
 
+// The catalog's tiny GPT-2 with one key of its config set to `value`, written as `name` in the
+// test folder.
+fs::path tiny_gpt2_with(const char* key, std::int64_t value, const char* name) {
+  json m = json::parse(std::ifstream(std::string(ZEROPLAN_DATA_DIR) + "/models/catalog/tiny-gpt2.json"));
+  m[key] = value;
+  const fs::path p = dir() / name;
+  std::ofstream(p) << m.dump();
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("train --device cuda: the three families at stages 0-3, fp32, against the cpu device") {
@@ -227,10 +237,7 @@ TEST_CASE("train --device cuda: bf16 and fp16, sdpa and checkpointing") {
   // to 16 bytes, the head's products and the loss on those strides, the gradient's padding
   // poisoned and never read. (Products this small run whole on the padded strides; the cut
   // plan, from ContextOptions::staged_min_work up, is test_kernels_cuda's.)
-  json m = json::parse(std::ifstream(std::string(ZEROPLAN_DATA_DIR) + "/models/catalog/tiny-gpt2.json"));
-  m["vocab_size"] = 257;
-  const fs::path odd = dir() / "tiny-gpt2-v257.json";
-  std::ofstream(odd) << m.dump();
+  const fs::path odd = tiny_gpt2_with("vocab_size", 257, "tiny-gpt2-v257.json");
   check({odd.string(), 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss"});
   check({odd.string(), 0, "fp32", 2, "sdpa", false, 1, false, " --fused-loss"});
 }
@@ -255,10 +262,7 @@ TEST_CASE("train --device cuda --fused-mlp: GPT-2 against the cpu device, epilog
   check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss --fused-residual-norm --fused-mlp"});
   check({"tiny-gpt2", 3, "fp16", 2, "sdpa", false, 1, false, " --fused-mlp"});
   check({"tiny-gpt2", 1, "bf16", 2, "sdpa", true, 1, false, " --fused-mlp"});
-  json m = json::parse(std::ifstream(std::string(ZEROPLAN_DATA_DIR) + "/models/catalog/tiny-gpt2.json"));
-  m["n_inner"] = 100;
-  const fs::path odd = dir() / "tiny-gpt2-inner100.json";
-  std::ofstream(odd) << m.dump();
+  const fs::path odd = tiny_gpt2_with("n_inner", 100, "tiny-gpt2-inner100.json");
   check({odd.string(), 0, "bf16", 2, "sdpa", false, 1, false, " --fused-mlp"});
 }
 
