@@ -321,9 +321,17 @@ BenchPlan plan_device_benchmarks(const models::OpGraph& g, const sim::DeviceProf
       continue;
     }
     if (!op.gemms.empty()) {
+      // An op of several products (--fused-mlp's two) weighs each by its share of the op's work.
+      auto work = [](const models::Gemm& gm) {
+        return static_cast<double>(gm.m) * static_cast<double>(gm.n) * static_cast<double>(gm.k) *
+               static_cast<double>(std::max<std::int64_t>(gm.batch, 1));
+      };
+      double total = 0.0;
+      for (const auto& gm : op.gemms) total += work(gm);
       for (const auto& gm : op.gemms) {
-        add(DeviceOp::gemm, {gm.m, gm.n, gm.k, gm.batch, 0}, cm.op_cost(op.id, zero::Phase::forward).v);
-        add(DeviceOp::gemm_bwd, {gm.m, gm.n, gm.k, gm.batch, 0}, cm.op_cost(op.id, zero::Phase::backward).v);
+        const double share = total > 0.0 ? work(gm) / total : 1.0 / static_cast<double>(op.gemms.size());
+        add(DeviceOp::gemm, {gm.m, gm.n, gm.k, gm.batch, 0}, share * cm.op_cost(op.id, zero::Phase::forward).v);
+        add(DeviceOp::gemm_bwd, {gm.m, gm.n, gm.k, gm.batch, 0}, share * cm.op_cost(op.id, zero::Phase::backward).v);
       }
       continue;
     }

@@ -91,8 +91,8 @@ const std::vector<KernelVariantInfo>& kernel_variants() {
        &KernelVariants::fused_residual_norm},
       {"fused_mlp", "--fused-mlp",
        "GPT-2's MLP (c_fc, the tanh-form GELU, c_proj) as one op whose products carry the GELU and its gradient as "
-       "cuBLASLt epilogues, saving what HF's three save (zeroplan's kernel variant; HF runs the products and the "
-       "GELU's kernels apart; models with another activation keep their MLP)",
+       "cuBLASLt epilogues, saving what c_fc, --fused-gelu's one GELU op and c_proj save (zeroplan's kernel "
+       "variant; HF runs the products and the GELU's eight ops apart; models with another activation keep their MLP)",
        &KernelVariants::fused_mlp},
   };
   return all;
@@ -356,7 +356,8 @@ class Builder {
   // KernelVariants::fused_mlp: GPT-2's c_fc (Conv1D, `fc`), the tanh-form GELU and c_proj
   // (`proj`) as one op. Its outputs are c_proj's output, the pre-activation (c_fc's output,
   // rounded from its fp32 sums) and the activation (the GELU of those sums, rounded once); it
-  // saves x, the pre-activation and the activation, as the chain's three ops do. Its params are
+  // saves x, the pre-activation and the activation, as c_fc, --fused-gelu's GELU op and c_proj
+  // do (HF's eight-op gelu_new saves three (B, T, 4H) tensors more). Its params are
   // both modules' (the op is c_fc's module's: stage 3 fetches them on one visit). Backward: c_proj's
   // gradients, its input gradient (rounded to the activation dtype, as the chain stores it)
   // times the GELU's derivative at the saved pre-activation, rounded: the pre-activation's
@@ -388,10 +389,10 @@ class Builder {
     const std::int64_t xe = rows * h, we = h * f, fe = rows * f;
     // Forward: x, W1, b1 in; pre and a out; a, W2, b2 in; y out.
     op.fwd_bytes = Bytes{(xe + we + f + 2 * fe + fe + we + h + xe) * dsz_};
-    // Backward: c_proj's products (dY twice, W2, a; dW2 out) with the derivative's epilogue
-    // reading pre and writing the pre-activation's gradient; c_fc's products read that twice
-    // with W1 and x (dW1, dx out); the bias gradients are column sums of dY and of it.
-    op.bwd_bytes = Bytes{(2 * xe + 2 * we + fe + h + 2 * fe + 2 * fe + 2 * we + 2 * xe + fe + f) * dsz_};
+    // Backward, counted as linear() counts each product pair (dgrad reads dY and W and writes
+    // dX; wgrad reads dY and X and writes dW; the bias): c_proj's, whose dX is the
+    // pre-activation's gradient, plus the derivative's epilogue reading pre; then c_fc's.
+    op.bwd_bytes = Bytes{((2 * xe + 2 * we + 2 * fe + h) + fe + (2 * fe + 2 * we + 2 * xe + f)) * dsz_};
     emit(std::move(op), false);
     return y;
   }

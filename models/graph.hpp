@@ -198,8 +198,11 @@ struct KernelVariants {
   // their epilogues (cuBLASLt's GELU_AUX_BIAS forward, DGELU backward): the GELU is computed
   // from c_fc's fp32 sums (one rounding fewer than the chain in 16 bits) and its gradient from
   // c_proj's input gradient as the chain rounds it, so neither the chain's GELU kernels nor the
-  // gradient of the GELU's output in memory exist. Saves what the chain saves (x, the
-  // pre-activation, the activation).
+  // gradient of the GELU's output in memory exist. Saves what c_fc, --fused-gelu's GELU op and
+  // c_proj save (x, the pre-activation, the activation): on its own it also drops what HF's
+  // eight-op gelu_new saves beyond them, as fused_gelu does. Where cuBLASLt's epilogues cannot
+  // take the operands (kernels::gelu_epilogue_takes) the CUDA device runs the chain's kernels:
+  // the GELU of the rounded pre-activation, in 16 bits one rounding more than the epilogue.
   bool fused_mlp = false;
   bool operator==(const KernelVariants&) const = default;
 };

@@ -491,8 +491,8 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs' device scratch and 
 // `simulate --executor cuda` with each run's attention kernel and variants predicts every memory
 // category, the peak, reserved, the peak event and the device scratch to the byte, and the
 // driver's device-used peak within 0.1%. What it leaves out is cuDNN's own (its handle and the
-// kernels it loads): 8 MiB beyond the predicted page rounding in all five runs (10 in the
-// --fused-mlp run: 2 MiB not identified), where the own
+// kernels it loads): 8 MiB beyond the predicted page rounding in four runs, 10 in the
+// --fused-mlp run (2 MiB more, not identified), where the own
 // kernels' runs of BERT-large and GPT-2 medium in ../h100_executor leave nothing beyond it
 // (docs/cuda.md, "cuDNN's attention").
 TEST_CASE("simulate --executor cuda: the recorded H100 runs of the kernel variants, to the byte") {

@@ -196,7 +196,8 @@ MatmulPlan make_plan(Context::Impl& s, const Matmul& mm, Epilogue epilogue, int 
 }
 
 // One cuBLASLt call for mm (bias already 16-byte aligned, or nullptr; with a bias-gradient
-// epilogue, `bias` is its output, in fp32 or in mm.dt as the epilogue says): the plan for its shape, strides, alignments and
+// epilogue, `bias` is its output, in fp32 or in mm.dt as the epilogue says; with a GELU epilogue,
+// `aux` is the pre-activation, written or read): the plan for its shape, strides, alignments and
 // epilogue is made once and cached in the Context. Returns false, having run nothing, where
 // an optional epilogue has no algorithm.
 bool launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t stream,
@@ -462,7 +463,9 @@ bool matmul_gelu(Context& ctx, const Matmul& mm, const void* aux, bool derivativ
     ZP_CUDA_CHECK(cudaMemcpyAsync(aligned, bias, bytes, cudaMemcpyDeviceToDevice, stream));
     bias = aligned;
   }
-  launch(ctx, mm, bias, stream, derivative ? Epilogue::dgelu : Epilogue::gelu_aux_bias, aux);
+  // No algorithm for a GELU epilogue throws in make_plan (only the bias-gradient ones are optional).
+  if (!launch(ctx, mm, bias, stream, derivative ? Epilogue::dgelu : Epilogue::gelu_aux_bias, aux))
+    throw std::logic_error("matmul_gelu: a GELU epilogue's plan was marked optional");
   return true;
 }
 

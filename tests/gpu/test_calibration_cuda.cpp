@@ -1,6 +1,6 @@
 // `calibrate --device cuda` on a GPU (ctest label `gpu`): the micro-benchmarks of a model run
 // within their budget, every time is physical (no GEMM above the tensor peak, no kernel moving
-// bytes faster than the HBM, or than three times its rate where they fit in the L2), and the fit through the simulator brings their predictions closer.
+// bytes faster than the HBM, or than twice its rate where they fit in the L2), and the fit through the simulator brings their predictions closer.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
@@ -43,12 +43,12 @@ TEST_CASE("the device benchmarks of GPT-2 run within their budget and measure ph
     if (o.kind != ObsKind::kernel) continue;
     if (o.kernel.cls == KernelClass::gemm) CHECK(o.kernel.flops.v / o.measured.v < 1.1 * spec.peak_tensor_flops.v);
     // Bytes that fit in the L2 may be served from it when the benchmark repeats the kernel: on
-    // an H100 (50 MB L2, 3.35 TB/s HBM) an 18.9 MB residual add ran at 4.0 TB/s. Those are
-    // held to three times the HBM's rate, the rest to the HBM's.
+    // an H100 (50 MB L2, 3.35 TB/s HBM) an 18.9 MB residual add ran at 4.0 TB/s (1.2 times the
+    // HBM's rate). Those are held to twice the HBM's rate, the rest to the HBM's.
     if (o.kernel.cls == KernelClass::memory || o.kernel.cls == KernelClass::copy_d2d) {
       const bool in_l2 = o.kernel.bytes.v <= l2_bytes;
       CAPTURE(in_l2);
-      CHECK(static_cast<double>(o.kernel.bytes.v) / o.measured.v < (in_l2 ? 3.0 : 1.1) * spec.hbm_bandwidth.v);
+      CHECK(static_cast<double>(o.kernel.bytes.v) / o.measured.v < (in_l2 ? 2.0 : 1.1) * spec.hbm_bandwidth.v);
     }
   }
 }

@@ -256,7 +256,8 @@ TEST_CASE("train --device cuda --fused-residual-norm: BERT and GPT-2 against the
 // --fused-mlp: GPT-2's c_fc, GELU and c_proj as one op, the GELU and its derivative as
 // cuBLASLt's epilogues, against the CPU device's twin (the GELU of the fp32 sums); with an MLP
 // width of 100, where the epilogues refuse the operands, through the chain's kernels (its
-// temporary predicted by the same rule: the compare's scratch is exact either way).
+// temporary predicted by the same rule: the compare's scratch is exact either way; its GELU is
+// of the rounded pre-activation, one 16-bit rounding away from the CPU twin's).
 TEST_CASE("train --device cuda --fused-mlp: GPT-2 against the cpu device, epilogues and the chain") {
   check({"tiny-gpt2", 0, "fp32", 2, "eager", false, 1, false, " --fused-mlp"});
   check({"tiny-gpt2", 2, "bf16", 2, "sdpa", false, 1, false, " --fused-gelu --fused-loss --fused-residual-norm --fused-mlp"});

@@ -844,6 +844,14 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
       }
 }
 
+// How many elements of `got` equal `ref` rounded to dt.
+static std::size_t equal_after_rounding(const Vec& got, const Vec& ref, DType dt) {
+  const Vec rr = rounded(ref, dt);
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < rr.size(); ++i) same += got[i] == rr[i] ? 1 : 0;
+  return same;
+}
+
 // The fused MLP's products (models::Fn::mlp_gelu_tanh): c_fc with the GELU as cuBLASLt's
 // epilogue, and c_proj's input gradient with the GELU's derivative as its epilogue, against
 // the CPU twin of the same sums (exec/device_cpu.cpp: the GELU of the fp32 sums, rounded once;
@@ -852,7 +860,7 @@ TEST_CASE("linear and conv1d: bias in the GEMM epilogue (aligned, or copied alig
 // nothing runs and the call says so, for the caller to run the chain.
 TEST_CASE("conv1d with the GELU epilogue and the GELU's derivative epilogue: the CPU twin's values; refusals") {
   kg::Context ctx;
-  constexpr double kSlope = 1.2;  // |gelu_tanh'| <= 1.13: an error in pre grows by at most this in a
+  constexpr double kSlope = 1.2;  // |gelu_tanh'| <= 1.13: an error in pre grows by at most this in the GELU
   for (DType dt : kDtypes)
     for (std::size_t bias_offset : {std::size_t{0}, std::size_t{4}}) {
       CAPTURE(dtype_str(dt));
@@ -872,14 +880,12 @@ TEST_CASE("conv1d with the GELU epilogue and the GELU's derivative epilogue: the
         const Vec got_a = download(*a, ra.size(), dt);
         Vec rb(ra.size());
         kc::gelu_tanh_forward(rb.data(), rpre.data(), M * N);
-        auto equal = [&](const Vec& r) {
-          const Vec rr = rounded(r, dt);
-          std::size_t same = 0;
-          for (std::size_t i = 0; i < rr.size(); ++i) same += got_a[i] == rr[i] ? 1 : 0;
-          return same;
-        };
-        MESSAGE("GELU ", dtype_str(dt), ": of the fp32 sums ", equal(ra), ", of their rounding ", equal(rb), " of ",
+        const std::size_t of_sums = equal_after_rounding(got_a, ra, dt), of_rounded = equal_after_rounding(got_a, rb, dt);
+        MESSAGE("GELU ", dtype_str(dt), ": of the fp32 sums ", of_sums, ", of their rounding ", of_rounded, " of ",
                 ra.size(), " equal");
+        // In 16 bits the epilogue is the GELU of the sums: on an H100 99.3% (bf16) of the elements
+        // are that twin's rounding, 67% the chain's. (fp32 results differ by ulps: not counted.)
+        if (dt != DType::fp32) CHECK(static_cast<double>(of_sums) >= 0.95 * static_cast<double>(ra.size()));
       }
       // The GELU of the GPU's own fp32 sums: their error through the GELU's slope, cuBLASLt's
       // GELU against libm's tanh (16 fp32 ulps of the result and of the sum), one rounding.
@@ -922,17 +928,21 @@ TEST_CASE("conv1d with the GELU epilogue and the GELU's derivative epilogue: the
         auto rel = [&](const Vec& r) {
           const Vec rr = rounded(r, dt);
           double num = 0, den = 0;
-          std::size_t same = 0;
           for (std::size_t i = 0; i < rr.size(); ++i) {
             num += (got_d[i] - rr[i]) * (got_d[i] - rr[i]);
             den += rr[i] * rr[i];
-            same += got_d[i] == rr[i] ? 1 : 0;
           }
-          char line[96];
-          std::snprintf(line, sizeof line, "rel L2 %.3g, %zu of %zu equal", std::sqrt(num / den), same, rr.size());
-          return std::string(line);
+          return std::sqrt(num / den);
         };
-        MESSAGE("DGELU ", dtype_str(dt), ": A ", rel(rd), "; B ", rel(db_), "; C ", rel(dc));
+        MESSAGE("DGELU ", dtype_str(dt), ": A rel L2 ", rel(rd), ", ", equal_after_rounding(got_d, rd, dt), " equal; B ",
+                rel(db_), ", ", equal_after_rounding(got_d, db_, dt), " equal; C ", rel(dc), ", ",
+                equal_after_rounding(got_d, dc, dt), " of ", rd.size(), " equal");
+        // The CPU twin's rounding point, asserted: in 16 bits B's rounding for 95% of the elements
+        // and its relative L2 within 0.05 eps (H100: 99.1% and 0.022 eps in bf16; A's 74%, 0.35 eps).
+        if (dt != DType::fp32) {
+          CHECK(static_cast<double>(equal_after_rounding(got_d, db_, dt)) >= 0.95 * static_cast<double>(rd.size()));
+          CHECK(rel(db_) <= 0.05 * eps(dt));
+        }
       }
       // Against B unrounded: half an ulp of dt, the products' fp32 error through the slope, the
       // formula's fp32 ulps, and where the two products round to neighbours in dt (their fp32
