@@ -195,6 +195,16 @@ Inputs load_inputs(const SimRequest& req) {
   if (!module_note.empty() && !req.ds_config.empty()) in.warnings.push_back(module_note);
   in.warnings.insert(in.warnings.end(), profile_warnings.begin(), profile_warnings.end());
   if (!attention.note.empty()) in.warnings.push_back(attention.note);
+  {
+    models::GraphOptions go;
+    go.seq_len = in.seq_len;
+    go.act_dtype = in.cfg.model_dtype();
+    go.attention = in.attention;
+    go.transformers = in.transformers;
+    go.gradient_checkpointing = in.activation_checkpointing;
+    go.variants = in.variants;
+    if (const std::string note = models::inert_variants_note(in.model, go); !note.empty()) in.warnings.push_back(note);
+  }
   if (in.cfg.sparse_attention.present)
     in.warnings.push_back(fmt::format(
         "{}: sparse_attention: accepted but not modelled: attention FLOPs and memory are predicted for dense "

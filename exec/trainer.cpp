@@ -228,6 +228,9 @@ void prepare(Setup& s, const TrainOptions& opt, int N, int rank) {
   if (!opt.transformers.empty()) go.transformers = models::parse_transformers("--transformers", "", opt.transformers);
   go.gradient_checkpointing = opt.activation_checkpointing;
   go.variants = opt.variants;
+  if (rank == 0)
+    if (const std::string note = models::inert_variants_note(mcfg, go); !note.empty())
+      std::fprintf(stderr, "warning: %s\n", note.c_str());
   s.graph = std::make_unique<models::OpGraph>(models::build_graph(mcfg, go));
   const models::OpGraph& g = *s.graph;
   zero::LowerOptions lo;

@@ -1430,6 +1430,46 @@ OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt) {
   return g;
 }
 
+std::string inert_variants_note(const ModelConfig& cfg, const GraphOptions& opt) {
+  const auto& all = kernel_variants();
+  if (std::none_of(all.begin(), all.end(), [&](const KernelVariantInfo& k) { return opt.variants.*k.member; }))
+    return "";
+  auto same_ops = [](const OpGraph& a, const OpGraph& b) {
+    return a.ops.size() == b.ops.size() && std::equal(a.ops.begin(), a.ops.end(), b.ops.begin(), [](const Op& x, const Op& y) {
+             return x.fn == y.fn && x.name == y.name;
+           });
+  };
+  const OpGraph with = build_graph(cfg, opt);
+  GraphOptions none = opt;
+  none.variants = KernelVariants{};
+  const OpGraph hf = build_graph(cfg, none);
+  std::vector<std::string> absent, subsumed;
+  for (const KernelVariantInfo& k : all) {
+    if (!(opt.variants.*k.member)) continue;
+    GraphOptions o = opt;
+    o.variants.*k.member = false;
+    if (!same_ops(with, build_graph(cfg, o))) continue;
+    // On its own it would change the graph: the other variants on fuse its ops already.
+    GraphOptions alone = none;
+    alone.variants.*k.member = true;
+    (same_ops(hf, build_graph(cfg, alone)) ? absent : subsumed).emplace_back(k.flag);
+  }
+  auto joined = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& f : v) s += (s.empty() ? "" : " and ") + f;
+    return s;
+  };
+  std::string note;
+  if (!absent.empty())
+    note = fmt::format("{} {} {}'s graph as it is: the model has none of the ops {}", joined(absent),
+                       absent.size() == 1 ? "leaves" : "leave", cfg.name, absent.size() == 1 ? "it fuses" : "they fuse");
+  if (!subsumed.empty())
+    note += fmt::format("{}{} {} nothing in {}'s graph beside the other variants on, which fuse {} ops already",
+                        note.empty() ? "" : "; ", joined(subsumed), subsumed.size() == 1 ? "changes" : "change", cfg.name,
+                        subsumed.size() == 1 ? "its" : "their");
+  return note;
+}
+
 HeadsLayout heads_layout(const OpGraph& g, const Op& op) {
   if ((op.fn != Fn::flash_attention && op.fn != Fn::sdpa) || op.outputs.size() != 3 ||
       (op.inputs.size() != 1 && op.inputs.size() != 3))

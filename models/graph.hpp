@@ -274,6 +274,13 @@ struct OpGraph {
 
 OpGraph build_graph(const ModelConfig& cfg, const GraphOptions& opt);
 
+// The kernel variants on in `opt` that leave `cfg`'s graph as it is, in one line for a warning:
+// those of a model without the ops they fuse (--fused-mlp or --fused-gelu on BERT,
+// --fused-residual-norm on the Llama's RMSNorm), and those whose ops another variant on fuses
+// already (--fused-gelu beside --fused-mlp); "" when each variant on changes the graph. Each is
+// found by building the graph without it (and with it alone): the same ops, op for op.
+std::string inert_variants_note(const ModelConfig& cfg, const GraphOptions& opt);
+
 // Where a fused attention op (sdpa, flash_attention) reads q, k, v and writes its output:
 // element (b, h, t, d) of an operand at offset + b·sb + h·sh + t·st + d of the tensor named
 // by `tensor`. Inputs are either one packed (B, T, 3·H·D) projection (GPT-2's c_attn: q, k,

@@ -143,6 +143,36 @@ TEST_CASE("simulate prints a table and warns about sparse_attention") {
   CHECK(r.out.find("peak event") != std::string::npos);
 }
 
+TEST_CASE("a kernel variant that changes nothing in the model's graph is said, in simulate and train") {
+  // --fused-mlp on BERT (exact GELU: no cuBLASLt epilogue), --fused-residual-norm on the Llama
+  // (RMSNorm): each named once; a variant that applies is not named, one whose ops another
+  // variant fuses already is said to change nothing beside it.
+  const Run bert = run("simulate --model tiny-bert --gpus 1 --gpu H100-80GB --micro-batch 2 --seq-len 16 "
+                       "--fused-mlp --fused-residual-norm");
+  REQUIRE(bert.status == 0);
+  CHECK(bert.out.find("warning: --fused-mlp leaves tiny-bert's graph as it is") != std::string::npos);
+  CHECK(bert.out.find("--fused-residual-norm leave") == std::string::npos);
+  const Run gpt2 = run("simulate --model tiny-gpt2 --gpus 1 --gpu H100-80GB --micro-batch 2 --seq-len 16 --fused-mlp "
+                       "--fused-gelu --fused-loss --fused-residual-norm");
+  REQUIRE(gpt2.status == 0);
+  CHECK(gpt2.out.find("as it is") == std::string::npos);
+  // --fused-mlp's op holds the GELU: --fused-gelu beside it changes nothing, and is said so.
+  CHECK(gpt2.out.find("warning: --fused-gelu changes nothing in tiny-gpt2's graph beside the other variants on, which "
+                      "fuse its ops already") != std::string::npos);
+  const Run llama = run("simulate --model tiny-llama --gpus 1 --gpu H100-80GB --micro-batch 2 --seq-len 16 "
+                        "--fused-residual-norm --fused-mlp --fused-loss --json");
+  REQUIRE(llama.status == 0);
+  const auto doc = nlohmann::json::parse(llama.out.substr(llama.out.find('{')));
+  bool said = false;
+  for (const auto& w : doc["warnings"])
+    said |= w.get<std::string>() ==
+            "--fused-residual-norm and --fused-mlp leave tiny-llama's graph as it is: the model has none of the ops they fuse";
+  CHECK(said);
+  const Run train = run("train --model tiny-bert --steps 1 --seq-len 16 --quiet --fused-mlp");
+  REQUIRE(train.status == 0);
+  CHECK(train.out.find("warning: --fused-mlp leaves tiny-bert's graph as it is") != std::string::npos);
+}
+
 TEST_CASE("explain stage 1 vs 2 on the example names the causes") {
   const Run r = run("explain --model bert-large-uncased --ds-config " + kExample +
                     " --gpus 4 --gpu V100-16GB --micro-batch 64 --seq-len 128 --stage 1 --vs-stage 2");
