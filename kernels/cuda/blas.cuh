@@ -45,11 +45,12 @@ Matmul gemm_operands(void* c, const void* a, const void* b, std::int64_t m, std:
 // (remembered per shape).
 bool matmul_bias_grad(Context& ctx, const Matmul& mm, void* bias_grad, bool of_b, bool sums_fp32, cudaStream_t stream);
 
-// mm (batch 1, packed, not accumulating) with cuBLASLt's GELU epilogues, the GELU in its tanh
-// form computed from the fp32 sums and rounded once to mm.dt: forward (`derivative` false), C =
-// gelu(op(A)·op(B) + bias) and aux = op(A)·op(B) + bias (mm.bias required; one not 16-byte
-// aligned is copied to the Context's scratch first); backward (`derivative` true, no bias), C =
-// gelu'(aux) · (op(A)·op(B)), aux read. aux is (m, n) in C's layout. Returns false, having run
+// mm (batch 1, packed, not accumulating) with cuBLASLt's GELU epilogues (its tanh form):
+// forward (`derivative` false), C = gelu(op(A)·op(B) + bias), the GELU of the fp32 sums rounded
+// once to mm.dt, and aux = op(A)·op(B) + bias (mm.bias required; one not 16-byte aligned is
+// copied to the Context's scratch first); backward (`derivative` true, no bias), C = gelu'(aux) ·
+// (op(A)·op(B)), aux read, the product rounded to a 16-bit mm.dt before the derivative applies
+// (measured: linear.cuh). aux is (m, n) in C's layout. Returns false, having run
 // nothing, where kernels::gelu_epilogue_takes refuses the operands; throws CudaError where
 // cuBLASLt has no algorithm for the epilogue on this GPU.
 bool matmul_gelu(Context& ctx, const Matmul& mm, const void* aux, bool derivative, cudaStream_t stream);
