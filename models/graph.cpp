@@ -1442,7 +1442,7 @@ std::string inert_variants_note(const ModelConfig& cfg, const GraphOptions& opt)
   const OpGraph with = build_graph(cfg, opt);
   GraphOptions none = opt;
   none.variants = KernelVariants{};
-  const OpGraph hf = build_graph(cfg, none);
+  std::optional<OpGraph> hf;  // HF's graph, built only where a variant turns out inert
   std::vector<std::string> absent, subsumed;
   for (const KernelVariantInfo& k : all) {
     if (!(opt.variants.*k.member)) continue;
@@ -1450,9 +1450,10 @@ std::string inert_variants_note(const ModelConfig& cfg, const GraphOptions& opt)
     o.variants.*k.member = false;
     if (!same_ops(with, build_graph(cfg, o))) continue;
     // On its own it would change the graph: the other variants on fuse its ops already.
+    if (!hf) hf = build_graph(cfg, none);
     GraphOptions alone = none;
     alone.variants.*k.member = true;
-    (same_ops(hf, build_graph(cfg, alone)) ? absent : subsumed).emplace_back(k.flag);
+    (same_ops(*hf, build_graph(cfg, alone)) ? absent : subsumed).emplace_back(k.flag);
   }
   auto joined = [](const std::vector<std::string>& v) {
     std::string s;
