@@ -151,6 +151,11 @@ class CudaDevice final : public Device {
     // one-pass attention backward, ContextOptions::sdpa_backward_one_pass).
     scratch += static_cast<std::int64_t>(ctx_[0]->device_bytes() - kComputeContextBytes);
     m.device_scratch = Bytes{scratch};
+    for (const auto& c : ctx_) {
+      if (!c) continue;
+      m.cublaslt_loaded.v += c->driver_growth(kc::Context::Library::cublaslt);
+      m.cudnn.v += c->driver_growth(kc::Context::Library::cudnn);
+    }
     return m;
   }
   void mark_after_comm() { mem_.after_comm = used(); mem_.peak = std::max(mem_.peak, mem_.after_comm); }

@@ -34,6 +34,11 @@ struct DriverMemory {
   // The device's own scratch (exec/device_cuda.cpp: fp32 views of 16-bit operands, the
   // ops' temporaries and dtype conversions) at its largest: outside the program's buffers.
   Bytes device_scratch{0};
+  // What the libraries took after init, outside our allocations (kc::Context::driver_growth):
+  // cuBLASLt's kernels loaded at a GEMM plan's first product, and cuDNN's handle and attention
+  // engines (--attention-kernel cudnn). In the peak once made; never freed before the end.
+  Bytes cublaslt_loaded{0};
+  Bytes cudnn{0};
   std::string gpu;         // the device's name
 };
 

@@ -464,10 +464,13 @@ json train(const TrainOptions& opt, Comm& boot) {
                               {"after_comm", dm.after_comm.v},
                               {"peak", dm.peak.v},
                               {"device_scratch", dm.device_scratch.v},
+                              {"cublaslt_loaded", dm.cublaslt_loaded.v},
+                              {"cudnn", dm.cudnn.v},
                               {"outside_program_at_peak", dm.peak.v - mr.reserved_peak.v},
                               // what the parts above do not explain: driver granularity,
                               // NCCL's lazily made buffers, memory of other processes
                               {"unexplained_at_peak", dm.peak.v - mr.reserved_peak.v - dm.device_scratch.v -
+                                                          dm.cublaslt_loaded.v - dm.cudnn.v -
                                                           std::max(dm.after_init.v, dm.after_comm.v)}};
     }
     // A model given as a config.json (not a catalogue name): its config, so that the file can be

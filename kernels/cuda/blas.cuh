@@ -104,6 +104,7 @@ struct Context::Impl {
   void* buffer = nullptr;
   std::size_t buffer_bytes = 0;
   std::map<MatmulKey, MatmulPlan> plans;
+  std::int64_t driver_growth[2] = {0, 0};  // by Context::Library
   ~Impl();
 };
 

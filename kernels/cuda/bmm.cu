@@ -230,7 +230,11 @@ bool launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t strea
                       s.allow_tf32 ? 1 : 0,
                       mm.c_fp32};
   auto it = s.plans.find(key);
+  // A new plan's first product loads its kernels (cuBLASLt loads them lazily): the driver's
+  // used bytes across it are the library's (Context::driver_growth).
+  std::int64_t before = -1;
   if (it == s.plans.end()) {
+    before = driver_used_bytes();
     MatmulPlan plan = make_plan(s, mm, epilogue, align_a, align_b, align_c);
     it = s.plans.emplace(key, plan).first;
   }
@@ -242,6 +246,7 @@ bool launch(Context& ctx, const Matmul& mm, const void* bias, cudaStream_t strea
   const float alpha = 1.0f, beta = mm.accumulate ? 1.0f : 0.0f;
   ZP_CUBLAS_CHECK(cublasLtMatmul(s.lt, plan.op, &alpha, mm.b, plan.a, mm.a, plan.b, &beta, mm.c, plan.c, mm.c, plan.c,
                                  &plan.algo, s.workspace, s.workspace_bytes, stream));
+  if (before >= 0) ctx.add_driver_growth(Context::Library::cublaslt, driver_used_bytes() - before);
   return true;
 }
 

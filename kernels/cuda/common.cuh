@@ -38,6 +38,13 @@ inline void check_cuda(cudaError_t err, const char* what, const char* file, int 
 // fp32, bf16 or fp16; anything else throws std::invalid_argument naming `what`.
 void require_float(DType dt, const char* what);
 
+// The bytes the driver reports in use on the current device (cudaMemGetInfo: total - free).
+inline std::int64_t driver_used_bytes() {
+  std::size_t free = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", __FILE__, __LINE__);
+  return static_cast<std::int64_t>(total - free);
+}
+
 }  // namespace zp::kernels::cuda
 
 #define ZP_CUDA_CHECK(call) ::zp::kernels::cuda::check_cuda((call), #call, __FILE__, __LINE__)

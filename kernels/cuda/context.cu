@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -86,6 +87,10 @@ bool Context::sdpa_backward_kv_registers() const { return impl_->sdpa_backward_k
 std::int64_t Context::layernorm_backward_warps() const { return impl_->layernorm_backward_warps; }
 bool Context::sdpa_cudnn() const { return impl_->sdpa_cudnn; }
 std::shared_ptr<void>& Context::cudnn_state() { return impl_->cudnn; }
+std::int64_t Context::driver_growth(Library l) const { return impl_->driver_growth[static_cast<int>(l)]; }
+void Context::add_driver_growth(Library l, std::int64_t bytes) {
+  impl_->driver_growth[static_cast<int>(l)] += std::max<std::int64_t>(bytes, 0);
+}
 
 void* Context::buffer(std::size_t bytes) {
   Impl& s = *impl_;

@@ -84,6 +84,15 @@ class Context {
   // made at first use and released with the Context.
   std::shared_ptr<void>& cudnn_state();
 
+  // Device memory the libraries take after the Context was made, outside every allocation of
+  // ours: what the driver's used bytes (cudaMemGetInfo) grew by across the calls that load
+  // code or make state there. Each call is measured on the host thread, where nothing else
+  // allocates meanwhile: a GEMM plan's first product (cuBLASLt loads its kernels lazily), and
+  // cuDNN's handle, each attention graph's build and its first execution.
+  enum class Library : int { cublaslt, cudnn };
+  std::int64_t driver_growth(Library l) const;
+  void add_driver_growth(Library l, std::int64_t bytes);
+
   // The scratch area, at least `bytes` long (throws CudaError naming `what` when larger
   // than scratch_bytes()). Valid until the next launcher that takes this Context runs.
   void* scratch(std::size_t bytes, const char* what);

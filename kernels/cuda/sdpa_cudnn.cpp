@@ -138,6 +138,7 @@ using Key = decltype(std::declval<Shape>().key(false));
 struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
   std::int64_t workspace = 0;
+  bool executed = false;  // its first execution loads its engine's kernels: measured (run)
 };
 
 // The Context's cuDNN state (Context::cudnn_state): one handle, the graphs built so far.
@@ -160,7 +161,11 @@ struct State {
 
 State& state(Context& ctx) {
   auto& slot = ctx.cudnn_state();
-  if (!slot) slot = std::make_shared<State>();
+  if (!slot) {
+    const std::int64_t before = driver_used_bytes();
+    slot = std::make_shared<State>();
+    ctx.add_driver_growth(Context::Library::cudnn, driver_used_bytes() - before);
+  }
   return *static_cast<State*>(slot.get());
 }
 
@@ -203,10 +208,11 @@ void mask(Attributes& a, const Shape& s) {
   if (s.causal) a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
 }
 
-const Built& graph(Context& ctx, const Shape& s, bool backward) {
+Built& graph(Context& ctx, const Shape& s, bool backward) {
   State& st = state(ctx);
   const Key key = s.key(backward);
   if (auto it = st.graphs.find(key); it != st.graphs.end()) return it->second;
+  const std::int64_t before = driver_used_bytes();  // its engine's plans (run-time compiled kernels)
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(s.dt == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -237,6 +243,7 @@ const Built& graph(Context& ctx, const Shape& s, bool backward) {
   check(g->build_plans(), "build_plans", s);
   Built b{g, 0};
   check(g->get_workspace_size(b.workspace), "get_workspace_size", s);
+  ctx.add_driver_growth(Context::Library::cudnn, driver_used_bytes() - before);
   return st.graphs.emplace(key, std::move(b)).first->second;
 }
 
@@ -250,12 +257,15 @@ Shape shape_of(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, b
 
 std::size_t aligned(std::int64_t n) { return static_cast<std::size_t>(carve_aligned(n)); }
 
-void run(Context& ctx, const Built& b, const Shape& s, std::unordered_map<std::int64_t, void*>& pack, void* workspace,
+void run(Context& ctx, Built& b, const Shape& s, std::unordered_map<std::int64_t, void*>& pack, void* workspace,
          cudaStream_t stream, const char* what) {
   State& st = state(ctx);
   if (const cudnnStatus_t e = fe::detail::set_stream(st.handle, stream); e != CUDNN_STATUS_SUCCESS)
     throw CudaError(fmt::format("cudnnSetStream: {}", status_name(e)));
+  const std::int64_t before = b.executed ? -1 : driver_used_bytes();
   check(b.graph->execute(st.handle, pack, workspace), what, s);
+  if (before >= 0) ctx.add_driver_growth(Context::Library::cudnn, driver_used_bytes() - before);
+  b.executed = true;
 }
 
 }  // namespace
@@ -264,7 +274,7 @@ void sdpa_cudnn_forward(Context& ctx, void* o, float* lse, const void* q, const 
                         std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
                         const std::int64_t* rng, DType dt, cudaStream_t stream) {
   const Shape s = shape_of(B, H, T, D, causal, scale, p, dt);
-  const Built& b = graph(ctx, s, false);
+  Built& b = graph(ctx, s, false);
   std::unordered_map<std::int64_t, void*> pack{{kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},
                                                {kV, const_cast<void*>(v)}, {kO, o},
                                                {kStats, lse}};
@@ -281,7 +291,7 @@ void sdpa_cudnn_backward(Context& ctx, void* dq, void* dk, void* dv, const void*
                          std::int64_t T, std::int64_t D, bool causal, float scale, float p, const std::int64_t* rng,
                          DType dt, cudaStream_t stream, SdpaAccumulate acc) {
   const Shape s = shape_of(B, H, T, D, causal, scale, p, dt);
-  const Built& b = graph(ctx, s, true);
+  Built& b = graph(ctx, s, true);
   // The workspace, then a temporary for each gradient to add into, or not wanted (nullptr):
   // cuDNN writes all three whole.
   const std::int64_t n = B * H * T * D;
