@@ -69,6 +69,7 @@ DriverSummary summarize(const std::vector<DriverFigures>& runs) {
   stat(&DriverFigures::context, r.context, r.context_spread);
   stat(&DriverFigures::libraries, r.libraries, r.libraries_spread);
   stat(&DriverFigures::nccl, r.nccl, r.nccl_spread);
+  stat(&DriverFigures::cudnn, r.cudnn, r.cudnn_spread);
   return r;
 }
 

@@ -171,14 +171,15 @@ struct Environment {
 struct DriverFigures {
   std::string file, gpu_name;
   std::int64_t context = 0, libraries = 0, nccl = -1;
+  std::int64_t cudnn = -1;  // cuDNN's handle and engines, in a run with --attention-kernel cudnn
 };
 
 // The figures of several runs: medians (what a profile keeps) and spreads (max - min), NCCL
 // over the runs that had it (nccl -1: none did).
 struct DriverSummary {
   int runs = 0;
-  std::int64_t context = 0, libraries = 0, nccl = -1;
-  std::int64_t context_spread = 0, libraries_spread = 0, nccl_spread = 0;
+  std::int64_t context = 0, libraries = 0, nccl = -1, cudnn = -1;
+  std::int64_t context_spread = 0, libraries_spread = 0, nccl_spread = 0, cudnn_spread = 0;
 };
 DriverSummary summarize(const std::vector<DriverFigures>& runs);
 

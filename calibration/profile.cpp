@@ -99,6 +99,7 @@ json::json profile_to_json(const ClusterProfile& p) {
     j["executor_memory"] = {{"context_bytes", e.context.v},
                             {"library_bytes", e.libraries.v},
                             {"nccl_one_rank_bytes", e.nccl_measured ? json::json(e.nccl_one_rank.v) : json::json(nullptr)},
+                            {"cudnn_bytes", e.cudnn_measured ? json::json(e.cudnn.v) : json::json(nullptr)},
                             {"runs", p.executor_runs},
                             {"source", e.source}};
   }
@@ -124,7 +125,7 @@ ClusterProfile profile_from_json(const std::string& file, const json::json& doc)
   if (auto it = doc.find("executor_memory"); it != doc.end()) {
     const json::Reader er = r.sub("executor_memory");
     er.require_object(*it, "executor_memory");
-    er.reject_unknown(*it, {"context_bytes", "library_bytes", "nccl_one_rank_bytes", "runs", "source"});
+    er.reject_unknown(*it, {"context_bytes", "library_bytes", "nccl_one_rank_bytes", "cudnn_bytes", "runs", "source"});
     for (const char* k : {"context_bytes", "library_bytes", "nccl_one_rank_bytes", "runs"})
       if (!it->contains(k)) throw InputError(file, er.key_path(k), "missing required key");
     const std::int64_t big = std::int64_t{1} << 50;
@@ -134,6 +135,10 @@ ClusterProfile profile_from_json(const std::string& file, const json::json& doc)
     e.libraries = Bytes{er.get_int(*it, "library_bytes", 0, 0, big)};
     e.nccl_measured = !it->at("nccl_one_rank_bytes").is_null();
     if (e.nccl_measured) e.nccl_one_rank = Bytes{er.get_int(*it, "nccl_one_rank_bytes", 0, 0, big)};
+    // Optional (a profile from before it has none): cuDNN's handle and engines, null where no
+    // run used cuDNN's attention.
+    e.cudnn_measured = it->contains("cudnn_bytes") && !it->at("cudnn_bytes").is_null();
+    if (e.cudnn_measured) e.cudnn = Bytes{er.get_int(*it, "cudnn_bytes", 0, 0, big)};
     p.executor_runs = static_cast<int>(er.get_int(*it, "runs", 0, 1, 1 << 20));
     e.source = er.get_string(*it, "source", "");
   }

@@ -339,6 +339,8 @@ ClusterProfile make_profile(const Dataset& data, const FitResult& fit, const sim
     e.libraries = Bytes{d.libraries};
     e.nccl_measured = d.nccl >= 0;
     if (e.nccl_measured) e.nccl_one_rank = Bytes{d.nccl};
+    e.cudnn_measured = d.cudnn >= 0;
+    if (e.cudnn_measured) e.cudnn = Bytes{d.cudnn};
     p.executor_runs = d.runs;
     e.source = fmt::format("cudaMemGetInfo in {} train --device cuda run{} ({}), medians; calibrate {}", d.runs,
                            d.runs == 1 ? "" : "s", data.driver.front().gpu_name, created);

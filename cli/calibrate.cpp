@@ -447,10 +447,12 @@ CalibrateOutput run_calibrate(const CalibrateRequest& req, const Progress& progr
   if (const auto& e = out.profile.executor_memory; e.measured)
     out.text += fmt::format("zeroplan's CUDA executor on this GPU ({} train --out run{}; simulate --executor reads them): "
                             "context {:.1f} MiB, libraries {:.1f} MiB beyond the kernels' 96 MiB, one rank's NCCL "
-                            "communicator {}\n",
+                            "communicator {}, cuDNN's handle and attention engines {}\n",
                             out.profile.executor_runs, out.profile.executor_runs == 1 ? "" : "s", e.context.mib(),
                             e.libraries.mib(),
-                            e.nccl_measured ? fmt::format("{:.1f} MiB", e.nccl_one_rank.mib()) : std::string("not measured"));
+                            e.nccl_measured ? fmt::format("{:.1f} MiB", e.nccl_one_rank.mib()) : std::string("not measured"),
+                            e.cudnn_measured ? fmt::format("{:.1f} MiB", e.cudnn.mib())
+                                             : std::string("not measured (no run with --attention-kernel cudnn)"));
   out.json = calibration_json(data, out.fit, cluster);
   out.json["uncertainty"] = {{"iteration_rel_sd", u.iteration_rel_sd}, {"basis", u.basis}, {"by_class", u.by_class}};
   if (!req.out.empty()) {

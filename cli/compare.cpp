@@ -387,7 +387,12 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
     const std::int64_t comm = dm["after_comm"].integer(0), peak = dm["peak"].integer(0);
     const std::int64_t scratch = dm["device_scratch"].integer(0), reserved = mm["reserved_peak"].integer(0);
     const std::int64_t nccl = comm > init ? comm - init : 0;
-    const std::int64_t rest = peak - ctx - (init - ctx) - nccl - reserved - scratch;
+    // What the libraries took after init (a run recorded before these keys has them in the
+    // unexplained rest): cuDNN's handle and attention engines, cuBLASLt's kernels loaded at a
+    // GEMM shape's first product.
+    const std::int64_t cudnn = dm.has("cudnn") ? dm["cudnn"].integer(0) : 0;
+    const std::int64_t loaded = dm.has("cublaslt_loaded") ? dm["cublaslt_loaded"].integer(0) : 0;
+    const std::int64_t rest = peak - ctx - (init - ctx) - nccl - cudnn - loaded - reserved - scratch;
     const bool ex = R.has("executor");
     std::optional<Node> pu;
     if (ex) pu = R["executor"]["device_used"];
@@ -415,6 +420,7 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
       if (!ex || (!known && std::string_view(key) != "reserved_bytes" && std::string_view(key) != "scratch_bytes" &&
                   std::string_view(key) != "pages_bytes"))
         return std::nullopt;
+      if (std::string_view(key) == "cudnn_bytes" && !pu->has(key)) return 0;  // a prediction from before the key
       return (*pu)[key].integer(0);
     };
     // Ranks sharing the GPU (train --comm mpi on one GPU): the driver's figures are all of
@@ -440,6 +446,8 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
         {"CUDA context", "CUDA context", ctx, pred("context_bytes")},
         {"libraries (cuBLASLt, kernels)", "libraries (cuBLASLt, kernels)", init - ctx, pred("libraries_bytes")},
         {"communicator (NCCL)", "communicator (NCCL)", nccl, pred("communicator_bytes")},
+        {"cuDNN (handle, engines)", "cuDNN (handle, engines)", cudnn, pred("cudnn_bytes")},
+        {"cuBLASLt kernels loaded later", "cuBLASLt kernels loaded later", loaded, std::nullopt},
         {"program's reserved segments", "program's reserved segments", reserved, ex ? pred("reserved_bytes") : pr_reserved},
         {"device scratch", "device scratch", scratch, pred("scratch_bytes")},
         {"unexplained", ex ? "pages / unexplained" : "unexplained", rest, pred("pages_bytes")},
@@ -513,7 +521,11 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
   j["comm"] = {{"by_kind", jkind}, {"bytes_per_rank", total.to_json()}};
 
   // ---- time per phase of one optimizer step
-  const Node pt = R["time"];
+  // A GPU run against the executor's own step where the prediction has it (simulate --executor
+  // cuda): the top-level time prices DeepSpeed's host work, which zeroplan's executor does not do.
+  const bool cpu = backend.rfind("cpu", 0) == 0;
+  const bool exec_time = !cpu && R.has("executor") && R["executor"].has("time");
+  const Node pt = exec_time ? R["executor"]["time"] : R["time"];
   double fwd = 0, bwd = 0, step = 0;
   // The phases as the simulator defines them (intervals of the measured timeline, overlapped
   // streams counted once: train --out's phase_times); a file without them: the sums of its
@@ -545,14 +557,19 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
       {"iteration", "iteration", pt["iteration_ms"].number(), 1e3 * M["step_seconds"].number()},
   };
   const double psps = pt["samples_per_s"].number(), msps = M["samples_per_s"].number();
-  const bool cpu = backend.rfind("cpu", 0) == 0;
   const std::string note =
       cpu ? fmt::format("the measured backend is CPU ({}): its times come from CPU kernels and MPI, not from the {} "
                         "the prediction models, so they are not expected to match; these ratios are what "
                         "calibration will fit",
                         ju::printable(backend), ju::printable(gpu))
-          : fmt::format("the measured backend is {}; the prediction models {}", ju::printable(backend),
-                        ju::printable(gpu));
+      : exec_time
+          ? fmt::format("the measured backend is {}; predicted: the step as zeroplan's executor runs it on {} "
+                        "(simulate --executor), without the DeepSpeed host work the prediction's own times price",
+                        ju::printable(backend), ju::printable(gpu))
+          : fmt::format("the measured backend is {}; the prediction models {} as DeepSpeed runs it (its Python on "
+                        "the host, per-tensor loops), which zeroplan's executor does not do: simulate --executor cuda "
+                        "predicts the executor's own step",
+                        ju::printable(backend), ju::printable(gpu));
   t += fmt::format("\n{:<29}{:>14} {:>14} {:>20}\n", "time per optimizer step, ms", "predicted", "measured",
                    "measured/predicted");
   json jphase = json::object();
@@ -575,6 +592,7 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
   t += fmt::format("note: {}\n", note);
   j["time"] = {{"device", gpu},
                {"backend", backend},
+               {"predicted", exec_time ? "executor" : "deepspeed"},
                {"phases", jphase},
                {"samples_per_s", {{"predicted", psps}, {"measured", msps}, {"ratio", opt_json(sq)}}},
                {"note", note}};

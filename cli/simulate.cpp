@@ -260,7 +260,7 @@ bool graph_fits(const models::OpGraph* graph, const Inputs& in, const zero::DsCo
 // H100 runs of tests/data/calibration/h100_executor held 62-66 MiB less than the program with
 // them, and exactly what the program without them predicts.
 ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const zero::DsConfig& cfg,
-                               const models::OpGraph& g, const StageResult& r) {
+                               const models::OpGraph& g, const StageResult& r, bool with_time) {
   if (const auto why = exec::unsupported_reason(g, r.program, cfg); !why.empty())
     throw InputError("--executor", "", fmt::format("{}: zeroplan's executor cannot run stage {} of this configuration: {}",
                                                    req.executor, r.stage, why));
@@ -284,6 +284,13 @@ ExecutorMemory executor_memory(const Inputs& in, const SimRequest& req, const ze
     throw InputError("--executor", "", fmt::format("{}: {}", req.executor, e.what()));
   }
   m.used = exec::predict_cuda_device_used(in.executor_memory, reserved, m.scratch, m.nccl);
+  if (with_time && m.nccl) {
+    sim::Target te = t;
+    te.rank = r.rank;
+    te.deepspeed = false;
+    te.cudnn_attention = req.attention_kernel == "cudnn";
+    m.time = sim::predict(g, cfg, r.batch, te, true).time;
+  }
   // Ranks sharing the GPU: each one's program (lowered for it) and scratch, summed.
   for (int k = 0; k < req.ranks_per_gpu && req.ranks_per_gpu > 1; ++k) {
     exec::CudaDeviceUsed u = m.used;
@@ -360,7 +367,7 @@ std::vector<StageResult> simulate(const Inputs& in, const SimRequest& req) {
       have_graph = true;
     }
     out.push_back(simulate_one(in, c, &graph));
-    if (!req.executor.empty()) out.back().executor = executor_memory(in, req, c, graph, out.back());
+    if (!req.executor.empty()) out.back().executor = executor_memory(in, req, c, graph, out.back(), true);
   }
   return out;
 }
@@ -386,6 +393,21 @@ nlohmann::json category_json(const sim::CategoryBytes& b) {
 }
 }  // namespace
 
+namespace {
+nlohmann::json time_json(const sim::TimeSummary& t) {
+  const auto& ph = t.report.phases;
+  return {{"forward_ms", ph.forward.ms()},
+          {"backward_ms", ph.backward.ms()},
+          {"backward_allreduce_ms", ph.backward_allreduce.ms()},
+          {"step_ms", ph.step.ms()},
+          {"iteration_ms", ph.iteration.ms()},
+          {"samples_per_s", t.samples_per_s},
+          {"tokens_per_s", t.tokens_per_s},
+          {"tflops", t.tflops},
+          {"mfu", t.mfu}};
+}
+}  // namespace
+
 nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
   nlohmann::json cats = category_json(r.memory.at_peak);
   nlohmann::json host = category_json(r.memory.host_at_peak);
@@ -397,16 +419,7 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
   j["train_batch_size"] = r.batch.train_batch_size;
   j["events"] = r.program.num_events();
   const auto& t = r.time;
-  const auto& ph = t.report.phases;
-  j["time"] = {{"forward_ms", ph.forward.ms()},
-               {"backward_ms", ph.backward.ms()},
-               {"backward_allreduce_ms", ph.backward_allreduce.ms()},
-               {"step_ms", ph.step.ms()},
-               {"iteration_ms", ph.iteration.ms()},
-               {"samples_per_s", t.samples_per_s},
-               {"tokens_per_s", t.tokens_per_s},
-               {"tflops", t.tflops},
-               {"mfu", t.mfu}};
+  j["time"] = time_json(t);
   nlohmann::json kinds = nlohmann::json::object();
   for (int k = 0; k < zero::kNumCollKinds; ++k) {
     const auto ki = static_cast<std::size_t>(k);
@@ -479,6 +492,7 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
                            {"context_bytes", u.context.v},
                            {"libraries_bytes", u.libraries.v},
                            {"communicator_bytes", u.communicator.v},
+                           {"cudnn_bytes", u.cudnn.v},
                            {"reserved_bytes", u.reserved.v},
                            {"scratch_bytes", u.scratch.v},
                            {"pages_bytes", u.pages.v},
@@ -498,6 +512,7 @@ nlohmann::json result_json(const StageResult& r, bool full_critical_path) {
                      {"context_buffer_bytes", x.scratch.context_buffer.v},
                      {"arenas", std::move(arenas)},
                      {"device_used", std::move(used)}};
+    if (x.time) j["executor"]["time"] = time_json(*x.time);
     if (!x.gpu_ranks.empty()) {
       auto ranks = nlohmann::json::array();
       for (const auto& g : x.gpu_ranks)
@@ -558,27 +573,41 @@ std::string executor_table(const Inputs& in, const std::vector<StageResult>& rs)
       if (!big || a.bytes > big->bytes) big = &a;
     const auto& u = x.used;
     out += fmt::format("{:>5} {:>9} {:>10} {:>9} {:>10} {:>9} {:>7} {:>10}  {}\n", r.stage,
-                       u.known ? mb(u.context) : "?", u.known ? mb(u.libraries) : "?",
+                       u.known ? mb(u.context) : "?", u.known ? mb(u.libraries + u.cudnn) : "?",
                        u.known ? mb(u.communicator) : "?", mb(u.reserved), mb(u.scratch), mb(u.pages),
                        u.known ? mb(u.total) : "?",
                        big ? fmt::format("{} M, {}", mb(big->bytes), big->largest_by) : std::string("-"));
   }
   const auto& e = in.executor_memory;
+  const bool cudnn = rs.front().executor->scratch.cudnn;
   if (!e.measured)
     out += fmt::format("?: not measured on {} (sim/devices.json has no executor_cuda entry for it: calibrate --train-out "
                        "on train --device cuda --out runs of it measures them into a profile)\n", in.device->name);
   else if (nccl && !e.nccl_measured)
     out += fmt::format("?: the communicator's memory was not measured ({} has no NCCL run)\n", e.source);
+  else if (cudnn && !e.cudnn_measured)
+    out += fmt::format("?: cuDNN's own memory (its handle and attention engines) was not measured on {} ({}: no run "
+                       "with --attention-kernel cudnn)\n", in.device->name, e.source);
   else
     out += fmt::format("context, libraries{}: measured on {} ({}); scratch: the executor's own arenas (exec/cuda_memory.hpp); "
                        "pages: their rounding to 2 MiB\n",
                        nccl ? ", nccl (one rank's communicator)" : "", in.device->name, e.source);
   if (const auto& x = rs.front().executor->scratch; x.context_buffer.v > 0)
-    out += fmt::format("scratch holds cuDNN's attention workspace ({} MiB, {}: kernels/common/sdpa_dims.hpp); cuDNN's "
-                       "handle and kernels themselves are not counted\n",
+    out += fmt::format("scratch holds cuDNN's attention workspace ({} MiB, {}: kernels/common/sdpa_dims.hpp)\n",
                        mb(x.context_buffer), x.context_buffer_by);
+  if (cudnn && e.cudnn_measured)
+    out += fmt::format("libraries include cuDNN's handle and attention engines' code, {} MiB as measured on {}\n",
+                       mb(e.cudnn), in.device->name);
   if (nccl && in.world_size > 1)
     out += "note: NCCL's buffers grow with its peers and channels; the nccl column is one rank's communicator\n";
+  // Its time: none of DeepSpeed's host work, which the main table prices.
+  for (const auto& r : rs)
+    if (const auto& t = r.executor->time)
+      out += fmt::format("stage {}: the executor's own step (no DeepSpeed Python, per-tensor loops or separate bias adds{}): "
+                         "forward {:.1f} ms, backward {:.1f} ms, step {:.1f} ms, iteration {:.1f} ms, {:.1f} samples/s\n",
+                         r.stage, r.executor->scratch.cudnn ? "; cuDNN's attention" : "", t->report.phases.forward.ms(),
+                         t->report.phases.backward.ms(), t->report.phases.step.ms(), t->report.phases.iteration.ms(),
+                         t->samples_per_s);
   for (const auto& r : rs)
     if (!r.executor->gpu_ranks.empty())
       out += fmt::format("stage {}: ranks 0-{} on the one GPU use {} MiB of it together (each its own context, "

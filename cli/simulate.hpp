@@ -105,6 +105,10 @@ struct ExecutorMemory {
   // program and scratch: the device-used bytes of each and of the whole GPU (their sum).
   std::vector<exec::CudaDeviceUsed> gpu_ranks;
   Bytes gpu_total{};
+  // --executor cuda (NCCL, a GPU each), with time: the step as the executor runs it (sim::Target
+  // deepspeed false: none of DeepSpeed's Python, per-tensor loops or separate bias adds; cuDNN's
+  // attention where --attention-kernel cudnn), which `compare` holds a GPU run's times to.
+  std::optional<sim::TimeSummary> time;
 };
 
 struct StageResult {

@@ -198,6 +198,7 @@ class ProbeDevice final : public Device {
     }
     r.context_buffer = Bytes{static_cast<std::int64_t>(buffer_)};
     r.context_buffer_by = buffer_by_;
+    r.cudnn = cudnn_used_;
     r.total += r.stream_contexts + r.context_buffer;
     return r;
   }
@@ -250,6 +251,7 @@ class ProbeDevice final : public Device {
     const models::HeadsLayout f = models::heads_layout(o.graph(), op);
     const DType dt = o.act_ref(f.q.tensor).dt;
     if (!kernels::sdpa_cudnn_takes(f.T, f.D, dt == DType::bf16 || dt == DType::fp16)) return;
+    cudnn_used_ = true;
     const bool backward = o.grad_peek(f.q.tensor) || o.grad_peek(f.k.tensor) || o.grad_peek(f.v.tensor);
     const auto bytes = static_cast<std::size_t>(backward ? kernels::sdpa_cudnn_backward_workspace(f.B, f.H, f.T, f.D)
                                                          : kernels::kSdpaCudnnForwardWorkspace);
@@ -274,6 +276,7 @@ class ProbeDevice final : public Device {
   std::array<bool, zero::kNumStreams> contexts_{};
   const bool placed_;
   const bool cudnn_;         // train --attention-kernel cudnn
+  bool cudnn_used_ = false;  // ... and cuDNN takes an attention of the program
   std::size_t buffer_ = 0;   // the compute Context's buffer (cuDNN's workspace)
   std::string buffer_by_;      // host buffers: PlacedDevice in front of the CUDA device
   bool batching_ = false;  // exec/device_cuda.cpp holds runs only between batch(true) and batch(false)
@@ -311,11 +314,12 @@ std::int64_t page_rounding(std::size_t bytes) {
 CudaDeviceUsed predict_cuda_device_used(const sim::DeviceSpec::ExecutorMemory& figures, Bytes reserved_peak,
                                         const CudaScratchPrediction& s, bool nccl) {
   CudaDeviceUsed u;
-  u.known = figures.measured && (!nccl || figures.nccl_measured);
+  u.known = figures.measured && (!nccl || figures.nccl_measured) && (!s.cudnn || figures.cudnn_measured);
   if (u.known) {
     u.context = figures.context;
     u.libraries = Bytes{static_cast<std::int64_t>(kComputeContextBytes)} + figures.libraries;
     u.communicator = nccl ? figures.nccl_one_rank : Bytes{0};
+    u.cudnn = s.cudnn ? figures.cudnn : Bytes{0};
   }
   u.reserved = reserved_peak;
   u.scratch = s.total;
@@ -329,7 +333,7 @@ CudaDeviceUsed predict_cuda_device_used(const sim::DeviceSpec::ExecutorMemory& f
   // part of the libraries' figure), so they add nothing. The 14 recorded H200 runs left 1-5
   // MiB unexplained, within the rounding above.
   u.pages = Bytes{pages};
-  u.total = u.context + u.libraries + u.communicator + u.reserved + u.scratch + u.pages;
+  u.total = u.context + u.libraries + u.communicator + u.cudnn + u.reserved + u.scratch + u.pages;
   return u;
 }
 

@@ -37,6 +37,7 @@ struct CudaScratchPrediction {
   // workspace, with train --attention-kernel cudnn (kernels/common/sdpa_dims.hpp).
   Bytes context_buffer{};
   std::string context_buffer_by;  // the op that needs it at its largest
+  bool cudnn = false;             // cuDNN takes an attention: its handle and engines are made
   Bytes total{};                  // arenas + stream_contexts + context_buffer: DriverMemory::device_scratch
 };
 
@@ -58,8 +59,8 @@ inline constexpr std::size_t kDevicePageBytes = std::size_t{2} << 20;
 // exec::DriverMemory), part by part: the program's reserved segments (sim/'s prediction),
 // the scratch above with the pages its allocations round up to, and what the GPU's entry in
 // sim/devices.json measured for the context, the libraries and one rank's NCCL
-// communicator (or a cluster profile's). `known` is false where there are no such figures, or
-// no communicator figure for a run that has one (those parts 0).
+// communicator, and cuDNN's handle and engines (or a cluster profile's). `known` is false where
+// there are no such figures, or none for a communicator or cuDNN a run has (those parts 0).
 struct CudaDeviceUsed {
   bool known = false;
   Bytes context{};       // DriverMemory::after_context
@@ -67,6 +68,7 @@ struct CudaDeviceUsed {
   Bytes communicator{};  // after_comm - after_init (NCCL; 0 with --comm mpi)
   Bytes reserved{};      // the program's segments (the caching allocator's reserved peak)
   Bytes scratch{};       // DriverMemory::device_scratch
+  Bytes cudnn{};         // DriverMemory::cudnn: cuDNN's handle and engines, where cuDNN runs
   Bytes pages{};         // the rounding of the scratch's allocations up to whole pages
   Bytes total{};
 };

@@ -26,6 +26,7 @@ const std::vector<std::string> kEntryKeys = {
     "peak_fp32_tflops", "hbm_gbps",      "nvlink_gbps", "context_overhead_bytes", "cublas_workspace_bytes",
     "cublaslt_workspace_bytes", "bf16",  "source", "executor_cuda"};
 const std::vector<std::string> kExecutorKeys = {"context_bytes", "library_bytes", "nccl_one_rank_bytes", "source"};
+const std::vector<std::string> kExecutorOptionalKeys = {"cudnn_bytes"};
 const std::vector<std::string> kRequiredKeys = {
     "name",     "arch",        "memory_bytes",           "peak_tensor_tflops", "peak_fp32_tflops",
     "hbm_gbps", "nvlink_gbps", "context_overhead_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes",
@@ -62,7 +63,9 @@ Entry read_entry(const json::Reader& r, const json::json& e) {
   if (auto it = e.find("executor_cuda"); it != e.end()) {
     if (!it->is_object()) throw InputError(r.file, r.key_path("executor_cuda"), "must be an object");
     const json::Reader x = r.sub("executor_cuda");
-    x.reject_unknown(*it, kExecutorKeys);
+    std::vector<std::string> allowed = kExecutorKeys;
+    allowed.insert(allowed.end(), kExecutorOptionalKeys.begin(), kExecutorOptionalKeys.end());
+    x.reject_unknown(*it, allowed);
     for (const auto& k : kExecutorKeys)
       if (!it->contains(k)) throw InputError(x.file, x.key_path(k), "missing required key");
     d.executor.measured = true;
@@ -70,6 +73,8 @@ Entry read_entry(const json::Reader& r, const json::json& e) {
     d.executor.libraries = Bytes{x.get_int(*it, "library_bytes", 0, 0, d.memory.v)};
     d.executor.nccl_one_rank = Bytes{x.get_int(*it, "nccl_one_rank_bytes", 0, 0, d.memory.v)};
     d.executor.nccl_measured = true;
+    d.executor.cudnn_measured = it->contains("cudnn_bytes");
+    if (d.executor.cudnn_measured) d.executor.cudnn = Bytes{x.get_int(*it, "cudnn_bytes", 0, 0, d.memory.v)};
     d.executor.source = x.get_string(*it, "source", "");
     if (d.executor.source.empty()) throw InputError(x.file, x.key_path("source"), "must say where the figures come from");
   }

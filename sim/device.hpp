@@ -32,6 +32,10 @@ struct DeviceSpec {
     Bytes libraries{};
     Bytes nccl_one_rank{};
     bool nccl_measured = false;  // a profile of MPI runs only has no communicator figure
+    // cuDNN's handle and its attention engines' code (train --attention-kernel cudnn): what the
+    // driver's used bytes grew by across cuDNN's calls (exec::DriverMemory::cudnn).
+    Bytes cudnn{};
+    bool cudnn_measured = false;
     std::string source;
   } executor;
 };

@@ -685,6 +685,26 @@ TEST_CASE("calibrate: each model's micro-benchmarks fit attention's sequence cur
   CHECK(fitted);
 }
 
+// cuDNN's own memory (its handle and attention engines) from runs with --attention-kernel cudnn
+// (tests/data/calibration/h100_executor_parts: 8, 8 and 10 MiB, and a run with the own kernels,
+// which has none): the median goes into the profile, as sim/devices.json's H100 figure is.
+TEST_CASE("calibrate --train-out: cuDNN's handle and engines into the profile") {
+  const std::string dir = std::string(ZEROPLAN_SHARED_DIR) + "/tests/data/calibration/h100_executor_parts/";
+  const std::string prof = tmp("executor_profile_parts.json");
+  std::string args;
+  for (const char* f : {"gpt2-medium-own", "gpt2-medium-cudnn", "gpt2-medium-cudnn-fused-mlp", "bert-large-uncased-cudnn"})
+    args += std::string(" --train-out ") + dir + f + ".json";
+  const Run r = run("calibrate --cluster 1xH100-80GB" + args + " --out " + prof);
+  CAPTURE(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("cuDNN's handle and attention engines 8.0 MiB") != std::string::npos);
+  const auto e = nlohmann::json::parse(std::ifstream(prof))["executor_memory"];
+  CHECK(e["cudnn_bytes"] == 8 << 20);
+  CHECK(e["runs"] == 4);
+  // The 2 MiB spread of cuDNN's figure (the driver's code memory steps) is no warning.
+  CHECK(r.err.find("driver figures differ") == std::string::npos);
+}
+
 // The executor's memory outside the program, measured by train --device cuda's driver figures,
 // goes into the profile, and simulate --executor takes it from there over the device
 // database's (for a GPU the database never measured, the only source).
@@ -703,6 +723,7 @@ TEST_CASE("calibrate --train-out: the CUDA executor's context, library and NCCL 
   CHECK(e["context_bytes"] == 552468480);  // each run's after_context
   CHECK(e["library_bytes"] == 4194304);    // after_init - after_context - 96 MiB
   CHECK(e["nccl_one_rank_bytes"] == 606076928);
+  CHECK(e["cudnn_bytes"].is_null());  // no run with --attention-kernel cudnn
   CHECK(e["runs"] == 3);
   // simulate --executor with the profile: its figures, not the database's.
   doc["executor_memory"]["context_bytes"] = 1LL << 30;
@@ -745,6 +766,32 @@ TEST_CASE("calibrate --train-out: the CUDA executor's context, library and NCCL 
     CHECK(w.err.find("the train --out runs' driver figures differ by up to 8.0 MiB (context), 0.0 MiB (libraries) and "
                      "0.0 MiB (NCCL)") != std::string::npos);
     CHECK(nlohmann::json::parse(std::ifstream(p2))["executor_memory"]["context_bytes"] == 552468480);  // the median
+  }
+  // cuDNN's handle and engines: unknown on the H200 (sim/devices.json has no figure for it), so a
+  // run through cuDNN's attention has no device-used prediction there; a profile with the
+  // figure gives one.
+  {
+    const std::string ds16 = tmp("executor_ds16.json");
+    std::ofstream(ds16) << R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}})";
+    const auto used = [&](const std::string& extra) {
+      const Run m = run("simulate --model tiny-gpt2 --ds-config " + ds16 + " --seq-len 16 --gpus 1 --gpu h200 --attention sdpa "
+                        "--executor cuda --attention-kernel cudnn --json" + extra);
+      REQUIRE(m.status == 0);
+      return nlohmann::json::parse(m.out)["results"][0]["executor"]["device_used"];
+    };
+    CHECK(used("")["known"] == false);
+    auto withc = nlohmann::json::parse(std::ifstream(prof));
+    withc["executor_memory"]["cudnn_bytes"] = 6 << 20;
+    const std::string pc = tmp("executor_profile_cudnn.json");
+    std::ofstream(pc) << withc.dump();
+    const auto u = used(" --profile " + pc);
+    CHECK(u["known"] == true);
+    CHECK(u["cudnn_bytes"] == 6 << 20);
+    CHECK(u["total_bytes"].get<std::int64_t>() ==
+          u["context_bytes"].get<std::int64_t>() + u["libraries_bytes"].get<std::int64_t>() +
+              u["communicator_bytes"].get<std::int64_t>() + u["cudnn_bytes"].get<std::int64_t>() +
+              u["reserved_bytes"].get<std::int64_t>() + u["scratch_bytes"].get<std::int64_t>() +
+              u["pages_bytes"].get<std::int64_t>());
   }
   // A profile whose executor figures lack a key is refused.
   doc["executor_memory"].erase("library_bytes");

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -490,11 +491,11 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs' device scratch and 
 // medium with --fused-residual-norm --fused-mlp, a later call that day):
 // `simulate --executor cuda` with each run's attention kernel and variants predicts every memory
 // category, the peak, reserved, the peak event and the device scratch to the byte, and the
-// driver's device-used peak within 0.1%. What it leaves out is cuDNN's own (its handle and the
-// kernels it loads): 8 MiB beyond the predicted page rounding in four runs, 10 in the
-// --fused-mlp run (2 MiB more, not identified), where the own
-// kernels' runs of BERT-large and GPT-2 medium in ../h100_executor leave nothing beyond it
-// (docs/cuda.md, "cuDNN's attention").
+// driver's device-used peak, cuDNN's own 8 MiB in it (its handle and engines: sim/devices.json,
+// measured since by the runs of ../h100_executor_parts), to the byte in four runs and 2 MiB under
+// it in the --fused-mlp run: one more 2 MiB step of the driver's code memory, which the kernels
+// loaded before cuDNN's in that run pushed across (docs/cuda.md, "cuDNN's attention"). These
+// files predate driver_memory.cudnn, so their unexplained bytes hold cuDNN's.
 TEST_CASE("simulate --executor cuda: the recorded H100 runs of the kernel variants, to the byte") {
   int runs = 0, fused = 0, mlp = 0;
   for (const auto& run : recorded_executor_runs("h100_executor_variants", "h100")) {
@@ -504,12 +505,13 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs of the kernel varian
     const auto& dm = run.measured["driver_memory"];
     const auto& x = run.predicted;
     CHECK(dm["device_scratch"].get<std::int64_t>() == x["device_scratch_bytes"].get<std::int64_t>());
-    const double peak = dm["peak"].get<double>();
-    CHECK(std::fabs(peak - x["device_used"]["total_bytes"].get<double>()) <= 0.001 * peak);
-    const std::int64_t beyond = dm["unexplained_at_peak"].get<std::int64_t>() - x["device_used"]["pages_bytes"].get<std::int64_t>();
-    // cuDNN's 8 MiB, and in the one --fused-mlp run 2 MiB more, not identified (cuBLASLt's
-    // epilogue kernels, loaded at their first launch, are the likely part); neither is modelled.
-    CHECK(beyond == (run.measured["config"].value("fused_mlp", false) ? std::int64_t{10} : std::int64_t{8}) << 20);
+    CHECK(x["device_used"]["known"] == true);
+    CHECK(x["device_used"]["cudnn_bytes"] == std::int64_t{8} << 20);
+    const std::int64_t step = run.measured["config"].value("fused_mlp", false) ? std::int64_t{2} << 20 : 0;
+    CHECK(dm["peak"].get<std::int64_t>() - x["device_used"]["total_bytes"].get<std::int64_t>() == step);
+    const std::int64_t beyond = dm["unexplained_at_peak"].get<std::int64_t>() - x["device_used"]["pages_bytes"].get<std::int64_t>() -
+                                x["device_used"]["cudnn_bytes"].get<std::int64_t>();
+    CHECK(beyond == step);
     const Run cmp = sh(bin() + "compare --json --predicted " + run.predicted_file + " --measured " + run.measured_file);
     REQUIRE(cmp.status == 0);
     check_program_memory_exact(nlohmann::json::parse(cmp.out)["memory"]);
@@ -518,6 +520,58 @@ TEST_CASE("simulate --executor cuda: the recorded H100 runs of the kernel varian
   CHECK(runs == 5);
   CHECK(fused == 3);
   CHECK(mlp == 1);
+}
+
+// The driver's memory by part (tests/data/calibration/h100_executor_parts: GPT-2 medium with the
+// own attention and cuDNN's, with and without --fused-mlp, and BERT-large with cuDNN's, runs that
+// measured what the libraries took after init): `compare` lays cuDNN's handle and engines and
+// cuBLASLt's later-loaded kernels beside the prediction; the H100's cudnn_bytes in
+// sim/devices.json is these runs' median; the driver's peak is predicted within one 2 MiB step of
+// its code memory (docs/cuda.md, "cuDNN's attention").
+TEST_CASE("simulate --executor cuda: the driver's memory by part, on the recorded H100 runs") {
+  const std::int64_t MiB = 1 << 20;
+  std::vector<std::int64_t> cudnn;
+  int runs = 0;
+  for (const auto& run : recorded_executor_runs("h100_executor_parts", "h100")) {
+    CAPTURE(run.name);
+    const auto& dm = run.measured["driver_memory"];
+    const auto& x = run.predicted;
+    const bool with_cudnn = run.measured["config"]["attention_kernel"] == "cudnn";
+    CHECK(x["device_used"]["known"] == true);
+    CHECK(dm["device_scratch"].get<std::int64_t>() == x["device_scratch_bytes"].get<std::int64_t>());
+    CHECK(x["device_used"]["cudnn_bytes"] == (with_cudnn ? 8 * MiB : 0));
+    CHECK(std::abs(dm["peak"].get<std::int64_t>() - x["device_used"]["total_bytes"].get<std::int64_t>()) <= 2 * MiB);
+    CHECK((dm["cudnn"].get<std::int64_t>() > 0) == with_cudnn);
+    if (with_cudnn) cudnn.push_back(dm["cudnn"].get<std::int64_t>());
+    const Run c = sh(bin() + "compare --json --predicted " + run.predicted_file + " --measured " + run.measured_file);
+    REQUIRE(c.status == 0);
+    const auto cmp = nlohmann::json::parse(c.out);
+    check_program_memory_exact(cmp["memory"]);
+    const auto& parts = cmp["driver_memory"];
+    CHECK(parts["cuDNN (handle, engines)"]["measured"] == dm["cudnn"]);
+    CHECK(parts["cuDNN (handle, engines)"]["predicted"] == x["device_used"]["cudnn_bytes"]);
+    CHECK(parts["cuBLASLt kernels loaded later"]["measured"] == dm["cublaslt_loaded"]);
+    CHECK(parts["cuBLASLt kernels loaded later"]["predicted"].is_null());
+    // The parts add up to the driver's peak.
+    std::int64_t sum = 0;
+    for (const auto& [k, v] : parts.items())
+      if (v.is_object() && k != "driver's peak") sum += v["measured"].get<std::int64_t>();
+    CHECK(sum == dm["peak"].get<std::int64_t>());
+    CHECK(parts["device_used_within_1pct"] == true);
+    // The times: held to the executor's own step (no DeepSpeed host work), not DeepSpeed's,
+    // whose step prices its Python at several times the executor's 7 ms. Measured / predicted
+    // iteration on these runs: 0.98-1.13 (the own attention's backward is priced as cuDNN-class
+    // flash attention, 1.22 of it measured).
+    CHECK(cmp["time"]["predicted"] == "executor");
+    const double it = cmp["time"]["phases"]["iteration"]["ratio"].get<double>();
+    CHECK(it > 0.9);
+    CHECK(it < 1.2);
+    ++runs;
+  }
+  CHECK(runs == 4);
+  REQUIRE(cudnn.size() == 3);
+  std::sort(cudnn.begin(), cudnn.end());
+  CHECK(cudnn[1] == 8 * MiB);  // the median, sim/devices.json's cudnn_bytes for the H100
 }
 
 // The same against the 14 runs recorded on an H200 (tests/data/calibration/h200_executor).
