@@ -212,6 +212,26 @@ std::vector<ParamDef> build_registry() {
                      "the step's optimizer events of training runs (zeroplan train --out)", 0.05, 10, false,
                      [](const M& m) { return m.device.optimizer_efficiency; },
                      [](M& m, double v) { m.device.optimizer_efficiency = v; }));
+  // zeroplan's executor's own kernels (priced so only where ComputeModel::deepspeed is off).
+  for (const auto& [pass, field] : std::vector<std::pair<std::string, double sim::DeviceProfile::*>>{
+           {"forward", &sim::DeviceProfile::executor_attention_efficiency},
+           {"backward", &sim::DeviceProfile::executor_attention_backward_efficiency}})
+    r.push_back(scalar(pass == "forward" ? "compute.executor_attention_efficiency"
+                                         : "compute.executor_attention_backward_efficiency",
+                       ParamGroup::compute, "",
+                       "factor on the attention factors for zeroplan's executor's own 16-bit fused attention, " + pass +
+                           " (its kernels, not cuDNN's)",
+                       fmt::format("the {} attention events of train --device cuda --out runs with the own kernels "
+                                   "(the default --attention-kernel)",
+                                   pass),
+                       0.01, 10, true, [field](const M& m) { return m.device.*field; },
+                       [field](M& m, double v) { m.device.*field = v; }));
+  r.push_back(scalar("compute.executor_optimizer_efficiency", ParamGroup::compute, "",
+                     "factor on the optimizer's efficiency for zeroplan's executor's Adam (one kernel over the flat "
+                     "partition)",
+                     "the step's optimizer events of train --device cuda --out runs", 0.05, 10, false,
+                     [](const M& m) { return m.device.executor_optimizer_efficiency; },
+                     [](M& m, double v) { m.device.executor_optimizer_efficiency = v; }));
   r.push_back(scalar("compute.kernel_launch_us", ParamGroup::compute, "us", "launch overhead per kernel",
                      "kernels too small to be bandwidth- or FLOP-bound (a few KiB)", 0.01, 1000, true,
                      [](const M& m) { return m.device.kernel_launch.v / kMicro; },

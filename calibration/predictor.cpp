@@ -221,7 +221,16 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     compute.back().deepspeed = false;  // calibrate --device cuda times zeroplan's own kernels
     compute.back().cudnn_attention = kernel_graph_cudnn_[gi];
   }
+  // Copies and reductions of the kernel observations: zeroplan's own (train --out's events,
+  // calibrate --device cuda's cases), whose norm sums every tensor in one kernel.
   std::optional<sim::ComputeModel> copies;
+  auto copy_model = [&]() -> const sim::ComputeModel& {
+    if (!copies) {
+      copies.emplace(m.device, empty_graph_);
+      copies->deepspeed = false;
+    }
+    return *copies;
+  };
   for (std::size_t i = 0; i < n; ++i) {
     if (!wanted(i)) continue;
     const Observation& o = data_.obs[i];
@@ -234,22 +243,18 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     switch (k.cls) {
       case KernelClass::collective:
         out[i] = coll.cost(o.coll.kind, groups_[i], o.coll.bytes).time.v;
-        if (k.bytes.v > 0) {  // a scalar all-reduce's local reduction first
-          if (!copies) copies.emplace(m.device, empty_graph_);
-          out[i] += copies->local_reduction_cost(k.bytes, k.pieces).v;
-        }
+        if (k.bytes.v > 0) out[i] += copy_model().local_reduction_cost(k.bytes, k.pieces).v;  // a scalar all-reduce's local reduction first
         break;
       case KernelClass::reduction:
-        if (!copies) copies.emplace(m.device, empty_graph_);
-        out[i] = copies->local_reduction_cost(k.bytes, k.pieces).v;
+        out[i] = copy_model().local_reduction_cost(k.bytes, k.pieces).v;
         break;
       case KernelClass::copy_d2d:
       case KernelClass::copy_h2d:
       case KernelClass::copy_host: {
-        if (!copies) copies.emplace(m.device, empty_graph_);
+        const sim::ComputeModel& cp = copy_model();
         const auto src = k.cls == KernelClass::copy_d2d ? zero::Placement::device : zero::Placement::host;
         const auto dst = k.cls == KernelClass::copy_host ? zero::Placement::host : zero::Placement::device;
-        out[i] = copies->copy_cost(k.bytes, src, dst, k.pieces, k.copy_kernel, k.host_bound).v;
+        out[i] = cp.copy_cost(k.bytes, src, dst, k.pieces, k.copy_kernel, k.host_bound).v;
         break;
       }
       default: {

@@ -31,6 +31,9 @@ const std::vector<std::string> kProfileKeys = {
     "attention_dropout_efficiency",
     "attention_dropout_backward_efficiency",
     "optimizer_efficiency",
+    "executor_attention_efficiency",
+    "executor_attention_backward_efficiency",
+    "executor_optimizer_efficiency",
     "op_efficiency",
     "torch_kernel_efficiency",
     "fp32_gemm_tf32",
@@ -179,6 +182,11 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   if (e.contains("attention_dropout_backward_efficiency"))
     p.attention_dropout_backward_efficiency = positive(r, e, "attention_dropout_backward_efficiency", 10);
   if (e.contains("optimizer_efficiency")) p.optimizer_efficiency = positive(r, e, "optimizer_efficiency", 10);
+  for (const auto& [key, field] : std::vector<std::pair<const char*, double DeviceProfile::*>>{
+           {"executor_attention_efficiency", &DeviceProfile::executor_attention_efficiency},
+           {"executor_attention_backward_efficiency", &DeviceProfile::executor_attention_backward_efficiency},
+           {"executor_optimizer_efficiency", &DeviceProfile::executor_optimizer_efficiency}})
+    if (e.contains(key)) p.*field = positive(r, e, key, 10);
   if (e.contains("attention_half_seq")) p.attention_half_seq = r.get_double(e, "attention_half_seq", 0, 0, 1e6);
   if (e.contains("torch_attention_half_seq"))
     p.torch_attention_half_seq = r.get_double(e, "torch_attention_half_seq", 0, 0, 1e6);
@@ -439,6 +447,9 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"attention_dropout_efficiency", p.attention_dropout_efficiency},
           {"attention_dropout_backward_efficiency", p.attention_dropout_backward()},
           {"optimizer_efficiency", p.optimizer_efficiency},
+          {"executor_attention_efficiency", p.executor_attention_efficiency},
+          {"executor_attention_backward_efficiency", p.executor_attention_backward_efficiency},
+          {"executor_optimizer_efficiency", p.executor_optimizer_efficiency},
           {"attention_half_seq", p.attention_half()},
           {"op_efficiency", ops},
           {"torch_kernel_efficiency", torch_families},
@@ -544,7 +555,8 @@ ComputeModel::ComputeModel(const DeviceProfile& profile, const models::OpGraph& 
       p_.cpu_adam_params_per_second <= 0 || p_.gemm_max_efficiency <= 0 || p_.gemm_unaligned_factor <= 0 ||
       p_.torch_unaligned_output() <= 0 ||
       p_.elementwise_efficiency <= 0 || p_.attention_efficiency <= 0 ||
-      p_.attention_backward_efficiency <= 0 || p_.optimizer_efficiency <= 0 || p_.kernels_per_op < 1)
+      p_.attention_backward_efficiency <= 0 || p_.optimizer_efficiency <= 0 || p_.executor_attention_efficiency <= 0 ||
+      p_.executor_attention_backward_efficiency <= 0 || p_.executor_optimizer_efficiency <= 0 || p_.kernels_per_op < 1)
     throw std::logic_error(fmt::format("device profile '{}' has a zero or negative coefficient", p_.device));
 }
 
@@ -617,6 +629,8 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   if (attention && !fp32_cores) {  // the 16-bit kernels' own factors (DeviceProfile::attention_efficiency)
     eff *= backward ? p_.attention_backward_efficiency : p_.attention_efficiency;
     if (o->alpha > 0) eff *= backward ? p_.attention_dropout_backward() : p_.attention_dropout_efficiency;  // alpha: dropout_p
+    if (!prices_cudnn_attention())  // zeroplan's own kernels
+      eff *= backward ? p_.executor_attention_backward_efficiency : p_.executor_attention_efficiency;
   }
   // fp32 models run their GEMMs on the fp32 cores (PyTorch's default leaves TF32 matmuls off),
   // or in TF32 at half the 16-bit tensor peak where the profile says the stack allows it.
@@ -854,7 +868,10 @@ Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
 Seconds ComputeModel::local_reduction_cost(Bytes bytes, std::int64_t tensors) const {
   if (tensors <= 0 && bytes.v <= 0) return Seconds{0};
   const double read = static_cast<double>(bytes.v) / (p_.hbm_bandwidth.v * p_.elementwise_efficiency);
-  return Seconds{read + static_cast<double>(std::max<std::int64_t>(tensors, 1)) * p_.norm_tensor.v};
+  // DeepSpeed's norm takes each tensor in a kernel of its own; zeroplan's executor sums the
+  // squares of all of them in one multi-tensor kernel (kernels/cuda multi_sum_squares).
+  const std::int64_t kernels = deepspeed ? std::max<std::int64_t>(tensors, 1) : 1;
+  return Seconds{read + static_cast<double>(kernels) * p_.norm_tensor.v};
 }
 
 // DeepSpeed's per-tensor loops launch kernels on tensors and scalars too small to reach the
@@ -875,7 +892,8 @@ Seconds ComputeModel::elementwise_cost(Flops flops, Bytes bytes, double factor, 
 }
 
 Seconds ComputeModel::optimizer_cost(Flops flops, Bytes bytes) const {
-  return elementwise_cost(flops, bytes, p_.optimizer_efficiency, p_.kernels_per_op * p_.kernel_launch.v);
+  return elementwise_cost(flops, bytes, p_.optimizer_efficiency * (deepspeed ? 1.0 : p_.executor_optimizer_efficiency),
+                          p_.kernels_per_op * p_.kernel_launch.v);
 }
 
 Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces,

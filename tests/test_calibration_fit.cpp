@@ -377,11 +377,17 @@ TEST_CASE("attention observations are priced as the kernel that ran them: the ex
   m.device = sim::default_profile(sim::find_device("H200-141GB"));
   m.device.attention_half_seq = 200;
   m.device.torch_attention_half_seq = 16;
+  m.device.executor_attention_efficiency = m.device.executor_attention_backward_efficiency = 1;  // the curves alone
   auto t = pred.predict(m);
   CHECK(t[1] < 0.8 * t[0]);
   m.device.torch_attention_half_seq = 200;
   t = pred.predict(m);
   CHECK(t[1] == zp::test::approx(t[0]));
+  // The executor's own kernel's factor prices its kernel and not cuDNN's.
+  m.device.executor_attention_efficiency = 0.5;
+  const auto t2 = pred.predict(m);
+  CHECK(t2[0] > 1.5 * t[0]);
+  CHECK(t2[1] == zp::test::approx(t[1]));
 }
 
 // Fused attention has its own factor: it moves attention kernels and nothing else, and without

@@ -896,6 +896,7 @@ TEST_CASE("attention_half_seq: the sequence dimensions of fused attention on the
   p.attention_half_seq = p.torch_attention_half_seq = -1;
   p.attention_efficiency = p.attention_backward_efficiency = 1;
   p.attention_dropout_efficiency = p.attention_dropout_backward_efficiency = 1;
+  p.executor_attention_efficiency = p.executor_attention_backward_efficiency = 1;  // below
   CHECK(p.attention_half() == p.gemm_half_dim);
   const ComputeModel gemm_curve(p, bert);
   const double h = p.gemm_half_dim;
@@ -946,6 +947,20 @@ TEST_CASE("attention_half_seq: the sequence dimensions of fused attention on the
       }
       CHECK(executor_kernels.op_cost(op.id, Phase::forward).v == zp::test::approx(short_half.op_cost(op.id, Phase::forward).v));
       CHECK(executor_kernels.op_cost(op.id, Phase::backward).v < short_half.op_cost(op.id, Phase::backward).v);
+      // The executor's own kernels' factors (sim/profiles.json executor_*) move its own
+      // attention and nothing else: not cuDNN's, not PyTorch's.
+      zp::sim::DeviceProfile q = p;
+      q.executor_attention_efficiency = 0.5;
+      q.executor_attention_backward_efficiency = 0.25;
+      ComputeModel slower(q, bert), slower_cudnn(q, bert), slower_torch(q, bert);
+      slower.deepspeed = slower_cudnn.deepspeed = false;
+      slower_cudnn.cudnn_attention = true;
+      CHECK(slower.op_cost(op.id, Phase::forward).v > 1.5 * executor_kernels.op_cost(op.id, Phase::forward).v);
+      CHECK(slower.op_cost(op.id, Phase::backward).v > 3 * executor_kernels.op_cost(op.id, Phase::backward).v);
+      for (const Phase ph : {Phase::forward, Phase::backward}) {
+        CHECK(slower_cudnn.op_cost(op.id, ph).v == zp::test::approx(executor_cudnn.op_cost(op.id, ph).v));
+        CHECK(slower_torch.op_cost(op.id, ph).v == zp::test::approx(torch_kernels.op_cost(op.id, ph).v));
+      }
     } else if (op.fn == zp::models::Fn::layernorm) {
       ++compared;
       for (const Phase ph : {Phase::forward, Phase::backward})

@@ -232,8 +232,13 @@ TEST_CASE("cuda scratch: cuDNN's attention holds its backward's workspace in the
     const zp::Bytes reserved{1LL << 30};
     const auto u = zp::exec::predict_cuda_device_used(h100.executor, reserved, cudnn, true);
     const auto u0 = zp::exec::predict_cuda_device_used(h100.executor, reserved, own, true);
-    // Its own cudaMalloc: whole 2 MiB pages.
-    CHECK(u.total.v - u0.total.v == (cudnn.context_buffer.v + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+    // Its own cudaMalloc: whole 2 MiB pages; and where cuDNN takes the attention (16 bits),
+    // cuDNN's handle and engines (the H100's 8 MiB, sim/devices.json).
+    CHECK(cudnn.cudnn == (dtype == "bf16"));
+    CHECK_FALSE(own.cudnn);
+    CHECK(u.cudnn.v == (dtype == "bf16" ? 8 << 20 : 0));
+    CHECK(u.total.v - u0.total.v ==
+          (cudnn.context_buffer.v + (2 << 20) - 1) / (2 << 20) * (2 << 20) + u.cudnn.v);
   }
 }
 
