@@ -209,8 +209,9 @@ std::vector<ParamDef> build_registry() {
   r.push_back(scalar("compute.optimizer_efficiency", ParamGroup::compute, "",
                      "factor on the elementwise efficiency for the optimizer's update on the device (fused Adam over "
                      "master, gradients and states)",
-                     "the step's optimizer events of training runs (zeroplan train --out)", 0.05, 10, false,
-                     [](const M& m) { return m.device.optimizer_efficiency; },
+                     "the step's optimizer events of training runs (zeroplan train --out; there its product with "
+                     "compute.executor_optimizer_efficiency, which the same events cannot tell apart)",
+                     0.05, 10, false, [](const M& m) { return m.device.optimizer_efficiency; },
                      [](M& m, double v) { m.device.optimizer_efficiency = v; }));
   // zeroplan's executor's own kernels (priced so only where ComputeModel::deepspeed is off).
   for (const auto& [pass, field] : std::vector<std::pair<std::string, double sim::DeviceProfile::*>>{
@@ -246,11 +247,18 @@ std::vector<ParamDef> build_registry() {
                      [](const M& m) { return m.device.h2d_launch.v / kMicro; },
                      [](M& m, double v) { m.device.h2d_launch = Seconds{v * kMicro}; }));
   r.push_back(scalar("compute.norm_tensor_us", ParamGroup::compute, "us",
-                     "the gradient norm's (and overflow check's) local work per gradient tensor it visits",
-                     "the step's gradient-norm events of training runs (zeroplan train --out) at stages 1 and 2, whose "
-                     "norm visits every parameter's gradient",
+                     "DeepSpeed's gradient norm's (and overflow check's) local work per gradient tensor it visits (a "
+                     "kernel each; zeroplan's executor sums them all in one, priced at the kernel launch)",
+                     "the step's GPU time of DeepSpeed runs at stages 1 and 2, whose norm visits every parameter's "
+                     "gradient",
                      0.01, 1e4, true, [](const M& m) { return m.device.norm_tensor.v / kMicro; },
                      [](M& m, double v) { m.device.norm_tensor = Seconds{v * kMicro}; }));
+  r.push_back(scalar("compute.executor_norm_us", ParamGroup::compute, "us",
+                     "zeroplan's executor's gradient norm (and overflow check): the fixed cost of its one "
+                     "multi-tensor kernel, beside reading the gradients",
+                     "the step's gradient-norm events of train --device cuda --out runs", 0.01, 1e4, true,
+                     [](const M& m) { return m.device.executor_norm_cost().v / kMicro; },
+                     [](M& m, double v) { m.device.executor_norm = Seconds{v * kMicro}; }));
   {
     ParamDef d = scalar("compute.copy_piece_us", ParamGroup::compute, "us",
                         "cost per contiguous piece of a copy beyond the first (a stack that copies a flatten's tensors one "
@@ -407,7 +415,7 @@ std::vector<ParamDef> build_registry() {
     if (d.name == "compute.gemm_half_dim" || d.name == "compute.fp32_gemm_half_dim" || d.name == "compute.gemm_unaligned_factor" ||
         d.name == "compute.torch_gemm_unaligned_output_factor" ||
         d.name == "compute.kernel_launch_us" || d.name == "compute.copy_launch_us" || d.name == "compute.copy_piece_us" || d.name == "compute.host_launch_us" ||
-        d.name == "compute.h2d_launch_us" || d.name == "compute.norm_tensor_us")
+        d.name == "compute.h2d_launch_us" || d.name == "compute.norm_tensor_us" || d.name == "compute.executor_norm_us")
       d.stage = 1;
     if (d.name == "compute.comm_compute_interference" || d.name == "collective.fill_fraction") d.stage = 2;
   }

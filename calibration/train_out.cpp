@@ -156,10 +156,13 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
       if (comm < init) throw InputError(path, dr.key_path("after_comm"), fmt::format("{} B, less than after_init's {} B", comm, init));
       f.nccl = comm - init;
     }
-    // cuDNN's handle and engines, in a run that ran its attention (a run recorded before the key
-    // has no figure).
-    if (cr.get_enum(c, "attention_kernel", "own", {"own", "cudnn"}) == "cudnn" && dm.contains("cudnn"))
-      f.cudnn = dr.get_int(dm, "cudnn", 0, 0, big);
+    // cuDNN's handle and engines, in a run where cuDNN ran an attention (a run recorded before
+    // the key has no figure; one whose attentions cuDNN does not take, fp32 or eager, made no
+    // handle and has 0).
+    if (cr.get_enum(c, "attention_kernel", "own", {"own", "cudnn"}) == "cudnn" && dm.contains("cudnn")) {
+      const std::int64_t b = dr.get_int(dm, "cudnn", 0, 0, big);
+      if (b > 0) f.cudnn = b;
+    }
     ds.driver.push_back(f);
   }
   const bool tf32 = cr.get_bool(c, "allow_tf32", false);  // train --allow-tf32

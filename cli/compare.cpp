@@ -566,9 +566,14 @@ Comparison compare_documents(const json& predicted, const std::string& predicted
           ? fmt::format("the measured backend is {}; predicted: the step as zeroplan's executor runs it on {} "
                         "(simulate --executor), without the DeepSpeed host work the prediction's own times price",
                         ju::printable(backend), ju::printable(gpu))
-          : fmt::format("the measured backend is {}; the prediction models {} as DeepSpeed runs it (its Python on "
+      : backend == "cuda+nccl"
+          ? fmt::format("the measured backend is {}; the prediction models {} as DeepSpeed runs it (its Python on "
                         "the host, per-tensor loops), which zeroplan's executor does not do: simulate --executor cuda "
                         "predicts the executor's own step",
+                        ju::printable(backend), ju::printable(gpu))
+          : fmt::format("the measured backend is {}; the prediction models {} as DeepSpeed runs it (its Python on "
+                        "the host, per-tensor loops) with NCCL; ranks that share a GPU and stage their collectives "
+                        "through the host have no time model",
                         ju::printable(backend), ju::printable(gpu));
   t += fmt::format("\n{:<29}{:>14} {:>14} {:>20}\n", "time per optimizer step, ms", "predicted", "measured",
                    "measured/predicted");

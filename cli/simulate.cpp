@@ -128,7 +128,15 @@ Inputs load_inputs(const SimRequest& req) {
     // its executor figures the device database's.
     const calibration::ClusterProfile cp = calibration::load_cluster_profile(req.profile);
     calibration::apply_profile(cp, *in.device, in.profile, in.cluster);
-    if (cp.executor_memory.measured) in.executor_memory = cp.executor_memory;
+    if (cp.executor_memory.measured) {
+      // A profile from runs without cuDNN's attention has no figure for it: the device's stays.
+      const sim::DeviceSpec::ExecutorMemory device = in.executor_memory;
+      in.executor_memory = cp.executor_memory;
+      if (!in.executor_memory.cudnn_measured && device.cudnn_measured) {
+        in.executor_memory.cudnn = device.cudnn;
+        in.executor_memory.cudnn_measured = true;
+      }
+    }
     profile_warnings = calibration::compatibility_warnings(cp, in.cluster, in.world_size, calibration::local_nccl_version());
     in.profile_file = req.profile;
     in.profile_rel_sd = cp.uncertainty.iteration_rel_sd;

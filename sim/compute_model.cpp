@@ -13,6 +13,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/json_util.hpp"
+#include "kernels/common/sdpa_dims.hpp"
 
 namespace zp::sim {
 
@@ -56,6 +57,7 @@ const std::vector<std::string> kProfileKeys = {
     "host_launch_us",
     "h2d_launch_us",
     "norm_tensor_us",
+    "executor_norm_us",
     "loop_kernel_us",
     "kernels_per_op",
     "d2d_copy_gbps",
@@ -230,6 +232,7 @@ DeviceProfile read_profile(const json::Reader& r, const json::json& e, const std
   p.host_launch = Seconds{r.get_double(e, "host_launch_us", 0, 0, 1e6) * kMicro};
   p.h2d_launch = e.contains("h2d_launch_us") ? Seconds{r.get_double(e, "h2d_launch_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.norm_tensor = e.contains("norm_tensor_us") ? Seconds{r.get_double(e, "norm_tensor_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
+  if (e.contains("executor_norm_us")) p.executor_norm = Seconds{r.get_double(e, "executor_norm_us", 0, 0, 1e6) * kMicro};
   p.loop_kernel = e.contains("loop_kernel_us") ? Seconds{r.get_double(e, "loop_kernel_us", 0, 0, 1e6) * kMicro} : p.kernel_launch;
   p.kernels_per_op = static_cast<int>(r.get_int(e, "kernels_per_op", 1, 1, 1000));
   p.d2d_copy_bandwidth = BytesPerSecond{positive(r, e, "d2d_copy_gbps", 1e6) * kGiga};
@@ -459,6 +462,7 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
           {"host_launch_us", us(p.host_launch)},
           {"h2d_launch_us", us(p.h2d_launch)},
           {"norm_tensor_us", us(p.norm_tensor)},
+          {"executor_norm_us", us(p.executor_norm_cost())},
           {"loop_kernel_us", us(p.loop_kernel)},
           {"kernels_per_op", p.kernels_per_op},
           {"d2d_copy_gbps", p.d2d_copy_bandwidth.v / kGiga},
@@ -603,7 +607,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
     double e = p_.gemm_max_efficiency;
     const double head_half = fp32_cores ? p_.fp32_half() : p_.gemm_half_dim;
     const double seq_half = fp32_cores       ? p_.gemm_half_dim
-                            : prices_cudnn_attention() ? p_.torch_attention_half()
+                            : prices_cudnn_attention(*o) ? p_.torch_attention_half()
                                               : p_.attention_half();
     for (const std::int64_t x : {m, n, k}) e *= saturation(static_cast<double>(x), x == head_dim ? head_half : seq_half);
     return e * alignment_factor(p_, m, n, k, align, out_ld, false);  // a flash kernel writes no scores
@@ -629,7 +633,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   if (attention && !fp32_cores) {  // the 16-bit kernels' own factors (DeviceProfile::attention_efficiency)
     eff *= backward ? p_.attention_backward_efficiency : p_.attention_efficiency;
     if (o->alpha > 0) eff *= backward ? p_.attention_dropout_backward() : p_.attention_dropout_efficiency;  // alpha: dropout_p
-    if (!prices_cudnn_attention())  // zeroplan's own kernels
+    if (!prices_cudnn_attention(*o))  // zeroplan's own kernels
       eff *= backward ? p_.executor_attention_backward_efficiency : p_.executor_attention_efficiency;
   }
   // fp32 models run their GEMMs on the fp32 cores (PyTorch's default leaves TF32 matmuls off),
@@ -637,7 +641,7 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const double peak = p_.gemm_peak(g_.opt.act_dtype);
   const double gemm_time = flops.v / (peak * eff);
   return Seconds{std::max(gemm_time, mem_time) + launch + bias_grad_time(*o, phase) +
-                 (attention && backward && !fp32_cores && prices_cudnn_attention() ? attention_backward_passes(*o) : 0.0)};
+                 (attention && backward && !fp32_cores && prices_cudnn_attention(*o) ? attention_backward_passes(*o) : 0.0)};
 }
 
 // PyTorch's kernels for a bandwidth-bound op of the graph, as Hugging Face's code runs it under
@@ -865,13 +869,24 @@ Seconds ComputeModel::op_cost(models::OpId op, zero::Phase phase) const {
   return compute_cost(op, phase, backward ? o.bwd_flops : o.fwd_flops, backward ? o.bwd_bytes : o.fwd_bytes);
 }
 
+bool ComputeModel::prices_cudnn_attention(const models::Op& o) const {
+  if (deepspeed) return true;
+  if (!cudnn_attention) return false;
+  // What exec/device_cuda_ops.cpp asks: the scores product (T × D)·(D × T) gives the sequence
+  // and the head dimension.
+  if (o.gemms.empty()) return true;
+  const auto& s = o.gemms.front();
+  return kernels::sdpa_cudnn_takes(s.n, s.k, g_.opt.act_dtype == DType::bf16 || g_.opt.act_dtype == DType::fp16);
+}
+
 Seconds ComputeModel::local_reduction_cost(Bytes bytes, std::int64_t tensors) const {
   if (tensors <= 0 && bytes.v <= 0) return Seconds{0};
   const double read = static_cast<double>(bytes.v) / (p_.hbm_bandwidth.v * p_.elementwise_efficiency);
-  // DeepSpeed's norm takes each tensor in a kernel of its own; zeroplan's executor sums the
-  // squares of all of them in one multi-tensor kernel (kernels/cuda multi_sum_squares).
-  const std::int64_t kernels = deepspeed ? std::max<std::int64_t>(tensors, 1) : 1;
-  return Seconds{read + static_cast<double>(kernels) * p_.norm_tensor.v};
+  // DeepSpeed's norm takes each tensor in a kernel of its own (norm_tensor each); zeroplan's
+  // executor sums the squares of all of them in one multi-tensor kernel (kernels/cuda
+  // multi_sum_squares): one fixed cost, whatever the tensors.
+  if (!deepspeed) return Seconds{read + p_.executor_norm_cost().v};
+  return Seconds{read + static_cast<double>(std::max<std::int64_t>(tensors, 1)) * p_.norm_tensor.v};
 }
 
 // DeepSpeed's per-tensor loops launch kernels on tensors and scalars too small to reach the

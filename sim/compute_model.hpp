@@ -205,6 +205,10 @@ struct DeviceProfile {
   // per gradient tensor it visits (its kernels' launches), on top of reading their bytes at
   // elementwise_efficiency. The same as a kernel's launch unless measured otherwise.
   Seconds norm_tensor{};
+  // The same local reduction in zeroplan's executor, which sums every tensor's squares in one
+  // multi-tensor kernel: its fixed cost, once per reduction. Negative: a kernel's launch.
+  Seconds executor_norm{-1};
+  Seconds executor_norm_cost() const { return executor_norm.v >= 0 ? executor_norm : kernel_launch; }
   // The mean device time of one kernel of DeepSpeed's per-tensor loops in the optimizer step
   // (zero::Event::loop_kernels: has_inf_or_nan's reductions and scalar ops, a cast and a copy
   // per parameter), beyond the bytes the events already price. The same as a kernel's launch
@@ -321,7 +325,9 @@ class ComputeModel {
   // Hopper, priced as it is under DeepSpeed (torch_attention_half_seq, the backward's row
   // passes). With `deepspeed` on, cuDNN's always.
   bool cudnn_attention = false;
-  bool prices_cudnn_attention() const { return deepspeed || cudnn_attention; }
+  // Whether fused attention op `o` runs cuDNN's kernel (PyTorch's under DeepSpeed; the
+  // executor's under cudnn_attention where cuDNN takes its operands, else its own kernels).
+  bool prices_cudnn_attention(const models::Op& o) const;
   // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
   // bandwidth times optimizer_efficiency (without the norm some steps take first).
   Seconds optimizer_cost(Flops flops, Bytes bytes) const;

@@ -782,6 +782,12 @@ TEST_CASE("the optimizer's update: its bytes at the elementwise bandwidth times 
   e.reduce_bytes = Bytes{4'000'000'000};
   e.tensors = 1;
   CHECK(cm.cost(e).v == zp::test::approx(base / 1.25 + cm.local_reduction_cost(e.reduce_bytes, 1).v));
+  // zeroplan's executor's Adam at its own factor on top; DeepSpeed's FusedAdam without it.
+  p.executor_optimizer_efficiency = 1.3;
+  ComputeModel executor(p, g), deepspeed(p, g);
+  executor.deepspeed = false;
+  CHECK(executor.optimizer_cost(e.flops, e.mem_bytes).v == zp::test::approx(base / (1.25 * 1.3)));
+  CHECK(deepspeed.optimizer_cost(e.flops, e.mem_bytes).v == zp::test::approx(base / 1.25));
 }
 
 TEST_CASE("profiles: op_efficiency, the dropout factor and the copy floors read and write back") {
@@ -877,6 +883,12 @@ TEST_CASE("the gradient norm's local reduction: its bytes at the bandwidth, plus
   CHECK(cm.local_reduction_cost(Bytes{1'000'000'000}, 1).v == zp::test::approx(read + 10e-6));
   CHECK(cm.local_reduction_cost(Bytes{0}, 0).v == 0);
   CHECK(cm.copy_cost(Bytes{0}, Placement::device, Placement::device, 148).v == 0);
+  // zeroplan's executor sums every tensor's squares in one kernel: one launch, however many
+  // tensors, and norm_tensor stays DeepSpeed's.
+  ComputeModel executor(p, g);
+  executor.deepspeed = false;
+  CHECK(executor.local_reduction_cost(Bytes{1'000'000'000}, 148).v == zp::test::approx(read + p.kernel_launch.v));
+  CHECK(executor.local_reduction_cost(Bytes{1'000'000'000}, 1).v == zp::test::approx(read + p.kernel_launch.v));
   // The default: a launch per tensor.
   const DeviceProfile d = profile_of("H200-141GB");
   CHECK(d.norm_tensor.v == zp::test::approx(d.kernel_launch.v));
@@ -968,6 +980,31 @@ TEST_CASE("attention_half_seq: the sequence dimensions of fused attention on the
     }
   }
   CHECK(compared > 0);
+  // Where cuDNN does not take the operands (a head dim off the multiple of 8), the executor
+  // runs its own kernels under --attention-kernel cudnn too, and is priced so.
+  {
+    zp::models::ModelConfig odd = zp::models::load_model("tiny-gpt2");
+    odd.head_dim = 12;  // a multiple of 4, not of 8
+    odd.hidden = odd.heads * odd.head_dim;
+    GraphOptions go;
+    go.micro_batch = 2;
+    go.seq_len = 32;
+    go.act_dtype = zp::DType::bf16;
+    go.attention = zp::models::Attention::sdpa;
+    const OpGraph g15 = zp::models::build_graph(odd, go);
+    zp::sim::DeviceProfile q = p;
+    q.executor_attention_efficiency = 0.5;
+    ComputeModel own(q, g15), asked(q, g15);
+    own.deepspeed = asked.deepspeed = false;
+    asked.cudnn_attention = true;
+    int n = 0;
+    for (const auto& op : g15.ops)
+      if (op.fn == zp::models::Fn::sdpa) {
+        ++n;
+        CHECK(asked.op_cost(op.id, Phase::forward).v == zp::test::approx(own.op_cost(op.id, Phase::forward).v));
+      }
+    CHECK(n > 0);
+  }
   const auto jt = zp::sim::profile_to_json(p);
   CHECK(jt["torch_attention_half_seq"] == h);
   CHECK(zp::sim::profile_from_json("back", "", jt).torch_attention_half_seq == h);

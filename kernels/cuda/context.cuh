@@ -86,9 +86,11 @@ class Context {
 
   // Device memory the libraries take after the Context was made, outside every allocation of
   // ours: what the driver's used bytes (cudaMemGetInfo) grew by across the calls that load
-  // code or make state there. Each call is measured on the host thread, where nothing else
-  // allocates meanwhile: a GEMM plan's first product (cuBLASLt loads its kernels lazily), and
-  // cuDNN's handle, each attention graph's build and its first execution.
+  // code or make state there. Each call is measured on the host thread, where nothing else of
+  // this process allocates meanwhile: a GEMM plan's first product (cuBLASLt loads its kernels
+  // lazily), and cuDNN's handle, each attention graph's build and its first execution. The
+  // driver's figure is the whole GPU's: with other processes on it (ranks sharing the GPU),
+  // what they allocate meanwhile is counted too.
   enum class Library : int { cublaslt, cudnn };
   std::int64_t driver_growth(Library l) const;
   void add_driver_growth(Library l, std::int64_t bytes);
