@@ -64,6 +64,8 @@ struct KernelSample {
   bool backward = false;             // the op's backward (twice the kernels; dA and dB GEMMs)
   bool tf32 = false;                 // fp32 GEMMs ran on TF32 tensor cores (else the fp32 cores)
   bool cudnn_attention = false;      // fused attention ran cuDNN's kernel (train --attention-kernel cudnn)
+  bool padded_rows = false;          // a GEMM whose output has padded, aligned rows (models::Tensor::
+                                     // row_pitch: the fused loss's logits), priced as aligned
   std::optional<models::OpKind> op_kind;  // the graph op's kind (a training run's event): its
                                      // bandwidth factor (DeviceProfile::op_efficiency) applies
   double dropout = 0;                // fused attention: its dropout_p

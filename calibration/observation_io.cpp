@@ -67,6 +67,7 @@ json::json observations_to_json(const Dataset& data, int* left_out) {
       j["backward"] = k.backward;
       j["tf32"] = k.tf32;
       if (k.cudnn_attention) j["cudnn_attention"] = true;
+      if (k.padded_rows) j["padded_rows"] = true;
       if (k.op_kind) j["op_kind"] = models::op_kind_name(*k.op_kind);
       if (k.dropout > 0) j["dropout"] = k.dropout;
       if (k.pieces > 1) j["pieces"] = k.pieces;
@@ -133,7 +134,7 @@ Dataset read_observations(const std::string& path) {
     const auto& j = (*it)[i];
     r.require_object(j, "");
     r.reject_unknown(j, {"kind", "source", "label", "seconds", "spread", "repeats", "tags", "class", "name", "gemms",
-                         "flops", "bytes", "dtype", "backward", "tf32", "cudnn_attention", "op_kind", "dropout", "pieces", "copy_kernel", "host_bound", "optimizer", "reduce_bytes", "collective"});
+                         "flops", "bytes", "dtype", "backward", "tf32", "cudnn_attention", "padded_rows", "op_kind", "dropout", "pieces", "copy_kernel", "host_bound", "optimizer", "reduce_bytes", "collective"});
     Observation o;
     o.kind = enum_of<ObsKind>(r, j, "kind", 2, obs_kind_name);  // collective, kernel (phases belong to runs)
     o.source = r.get_string(j, "source", path);
@@ -180,6 +181,7 @@ Dataset read_observations(const std::string& path) {
       k.backward = r.get_bool(j, "backward", false);
       k.tf32 = r.get_bool(j, "tf32", false);
       k.cudnn_attention = r.get_bool(j, "cudnn_attention", false);
+      k.padded_rows = r.get_bool(j, "padded_rows", false);
       if (j.contains("op_kind")) k.op_kind = models::op_kind_from_name(r.get_enum(j, "op_kind", "", models::op_kind_names()));
       k.dropout = r.get_double(j, "dropout", 0, 0, 1);
       k.pieces = r.get_int(j, "pieces", 1, 1, std::int64_t{1} << 40);

@@ -173,6 +173,15 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     op.gemms = k.gemms;
     op.fwd_flops = k.flops;
     op.fwd_bytes = k.bytes;
+    if (k.padded_rows) {  // an output with padded rows: the compute model prices it as aligned
+      models::Tensor out;
+      out.id = static_cast<models::TensorId>(g.tensors.size());
+      out.name = k.name + ".out";
+      out.dtype = k.dtype;
+      out.row_pitch = 1;
+      op.outputs = {out.id};
+      g.tensors.push_back(std::move(out));
+    }
     kernel_op_[i] = op.id;
     g.ops.push_back(std::move(op));
   }

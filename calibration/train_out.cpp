@@ -227,6 +227,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
           const models::Op& op = g.ops[static_cast<std::size_t>(ev.op)];
           k.gemms = op.gemms;
           k.op_kind = op.kind;
+          k.padded_rows = !op.outputs.empty() && g.tensors[static_cast<std::size_t>(op.outputs[0])].row_pitch != 0;
           if (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention) {
             k.cls = KernelClass::attention;
             k.dropout = op.alpha;
