@@ -340,11 +340,12 @@ TEST_CASE("--fused-loss's padded logits rows: GPT-2's head priced as aligned, HF
   const OpGraph hf = zp::models::build_graph(mc, opt);
   opt.variants.fused_loss = true;
   const OpGraph padded = zp::models::build_graph(mc, opt);
-  auto head_cost = [&](const OpGraph& g, Phase phase) {
+  auto head_cost = [&](const OpGraph& g, Phase phase, bool stages = true) {
     for (const auto& op : g.ops)
       if (op.name == "lm_head") {
         ComputeModel cm(p, g);
         cm.deepspeed = false;  // the executor's products (PyTorch's odd output has its own factor)
+        cm.stages_products = stages;
         const bool fwd = phase == Phase::forward;
         return cm.compute_cost(op.id, phase, fwd ? op.fwd_flops : op.bwd_flops, fwd ? op.fwd_bytes : op.bwd_bytes).v;
       }
@@ -355,10 +356,23 @@ TEST_CASE("--fused-loss's padded logits rows: GPT-2's head priced as aligned, HF
   REQUIRE(logits.row_pitch == 50264);
   for (Phase phase : {Phase::forward, Phase::backward}) {
     CAPTURE(static_cast<int>(phase));
-    const double h = head_cost(hf, phase), q = head_cost(padded, phase);
+    const double h = head_cost(hf, phase, false), q = head_cost(padded, phase);
     CHECK(q < h);
-    // GEMM-bound at this size: the ratio is the alignment factor's.
+    // Run in place, GEMM-bound at this size: the ratio is the alignment factor's.
     CHECK(q / h == zp::test::approx(p.gemm_unaligned_factor).epsilon(0.1));
+    // As the executor runs it: staged, the aligned products and the logits (or their gradient)
+    // through its scratch, read and written once in forward and for each backward product.
+    const double staged = head_cost(hf, phase);
+    const double logits_bytes = 16.0 * 1024 * 50257 * 2;
+    const double copies = (phase == Phase::forward ? 2 : 4) * logits_bytes / (p.hbm_bandwidth.v * p.elementwise_efficiency);
+    CHECK(staged == zp::test::approx(q + copies).epsilon(0.02));
+    CHECK(staged < h);
+    // PyTorch's products are never staged.
+    ComputeModel torch(p, hf);
+    for (const auto& op : hf.ops)
+      if (op.name == "lm_head")
+        CHECK(torch.compute_cost(op.id, phase, phase == Phase::forward ? op.fwd_flops : op.bwd_flops,
+                                 phase == Phase::forward ? op.fwd_bytes : op.bwd_bytes).v > staged);
   }
 }
 

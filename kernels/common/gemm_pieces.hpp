@@ -92,6 +92,9 @@ struct GemmPlan {
 inline bool aligned_rows(std::int64_t ld, std::int64_t elem) { return (ld * elem) % 16 == 0; }
 inline std::int64_t padded_rows(std::int64_t ld, std::int64_t elem) { return padded_row_elements(ld, elem); }
 
+// The least m·n·k of a product the executor stages (kernels::cuda::ContextOptions::
+// staged_min_work's default): smaller ones run as they are.
+inline constexpr double kStagedMinWork = 2147483648.0;
 inline constexpr std::int64_t kMinGemmPiece = 16;  // rows (or columns) of a piece, at least
 inline constexpr std::int64_t kAccumulatorAlign = 256;  // bytes: where the scratch's elements start
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/common/gemm_pieces.hpp"
 #include "kernels/cuda/common.cuh"
 
 namespace zp::kernels::cuda {
@@ -22,7 +23,7 @@ struct ContextOptions {
   bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (off: exact fp32 products)
   // A product of at least this many m·n·k whose rows are not 16-byte aligned runs in pieces
   // staged through the scratch with padded rows (kernels/cuda/bmm.cu); 0: every such product.
-  double staged_min_work = 2147483648.0;
+  double staged_min_work = kernels::kStagedMinWork;
   // Positions per inner step of the 16-bit attention backward (kernels/cuda/sdpa.cu): 16 or
   // 32 (twice the independent products per step for twice the registers). fp32 always 16.
   int sdpa_backward_chunk = 16;
