@@ -64,6 +64,9 @@ struct KernelSample {
   bool backward = false;             // the op's backward (twice the kernels; dA and dB GEMMs)
   bool tf32 = false;                 // fp32 GEMMs ran on TF32 tensor cores (else the fp32 cores)
   bool cudnn_attention = false;      // fused attention ran cuDNN's kernel (train --attention-kernel cudnn)
+  bool staged = false;               // an nn.Linear product of a run on the CUDA device, which
+                                     // stages it where its output width is odd (ComputeModel::
+                                     // stages_products): micro-benchmarks and CPU runs are not
   bool padded_rows = false;          // a GEMM whose output has padded, aligned rows (models::Tensor::
                                      // row_pitch: the fused loss's logits), priced as aligned
   std::optional<models::OpKind> op_kind;  // the graph op's kind (a training run's event): its
@@ -146,6 +149,7 @@ struct RunConfig {
   // per-tensor step loops (zero::Event::loop_kernels) ran.
   bool zeroplan_executor = false;
   bool cudnn_attention = false;      // the executor's fused attention was cuDNN's (train --attention-kernel)
+  bool cuda = false;                 // the executor's CUDA device ran it (its large odd products staged)
   // Events of the program the run's file has no time for (events the program gained after it
   // was written): left out of the phases' sums of event times, as they were of the measured ones.
   std::vector<std::int32_t> unmeasured_events;

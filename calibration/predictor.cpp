@@ -136,8 +136,7 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
   kernel_graph_.assign(n, -1);
   kernel_op_.assign(n, models::kNone);
   groups_.resize(n);
-  // (dtype, fp32 GEMMs in TF32, cuDNN attention, a micro-benchmark: its products run in place)
-  std::map<std::tuple<DType, bool, bool, bool>, int> graph_of_dtype;
+  std::map<std::tuple<DType, bool, bool>, int> graph_of_dtype;  // (dtype, fp32 GEMMs in TF32, cuDNN attention)
   for (std::size_t i = 0; i < n; ++i) {
     const Observation& o = data.obs[i];
     if (o.kind == ObsKind::collective || (o.kind == ObsKind::kernel && o.kernel.cls == KernelClass::collective)) {
@@ -150,14 +149,13 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     if (k.cls == KernelClass::copy_d2d || k.cls == KernelClass::copy_h2d || k.cls == KernelClass::copy_host ||
         k.cls == KernelClass::reduction)
       continue;
-    auto [it, fresh] = graph_of_dtype.emplace(std::tuple{k.dtype, k.tf32, k.cudnn_attention, k.run < 0},
+    auto [it, fresh] = graph_of_dtype.emplace(std::tuple{k.dtype, k.tf32, k.cudnn_attention},
                                               static_cast<int>(kernel_graphs_.size()));
     if (fresh) {
       kernel_graphs_.emplace_back();
       kernel_graphs_.back().opt.act_dtype = k.dtype;
       kernel_graph_tf32_.push_back(k.tf32);
       kernel_graph_cudnn_.push_back(k.cudnn_attention);
-      kernel_graph_micro_.push_back(k.run < 0);
     }
     kernel_graph_[i] = it->second;
     // An op of its own where its pricing depends on the op: a GEMM's shapes, fused attention
@@ -171,6 +169,8 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     if (k.cls == KernelClass::attention) {
       op.fn = models::Fn::sdpa;  // priced with the attention factors
       op.alpha = k.dropout;
+    } else if (k.staged) {
+      op.fn = models::Fn::linear;  // an nn.Linear the CUDA device stages where its width is odd
     }
     op.gemms = k.gemms;
     op.fwd_flops = k.flops;
@@ -231,7 +231,6 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     compute.emplace_back(prof, kernel_graphs_[gi]);
     compute.back().deepspeed = false;  // calibrate --device cuda times zeroplan's own kernels
     compute.back().cudnn_attention = kernel_graph_cudnn_[gi];
-    compute.back().stages_products = !kernel_graph_micro_[gi];
   }
   // Copies and reductions of the kernel observations: zeroplan's own (train --out's events,
   // calibrate --device cuda's cases), whose norm sums every tensor in one kernel.
@@ -292,6 +291,7 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     sim::ComputeModel cm(prof, run.graph);
     cm.deepspeed = !rc.zeroplan_executor;
     cm.cudnn_attention = rc.cudnn_attention;
+    cm.stages_products = rc.cuda;
     sim::EngineOptions eo;
     eo.interference = prof.comm_compute_interference;
     const sim::TimeSummary ts = sim::simulate_time(run.program, run.graph, cm, coll, eo);

@@ -75,7 +75,6 @@ class Predictor {
   std::vector<models::OpGraph> kernel_graphs_;   // one per activation dtype (and TF32 setting) of kernel observations
   std::vector<bool> kernel_graph_tf32_;          // whether that graph's fp32 GEMMs ran in TF32
   std::vector<bool> kernel_graph_cudnn_;         // whether its fused attention ran cuDNN's kernel
-  std::vector<bool> kernel_graph_micro_;         // micro-benchmarks (calibrate --device cuda): products run in place
   std::vector<int> kernel_graph_;                // per observation: its graph, or -1
   std::vector<models::OpId> kernel_op_;          // per observation: its op in that graph, or kNone
   std::vector<std::vector<int>> groups_;         // per collective observation: its ranks

@@ -174,6 +174,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   ds.runs.back().model_config = mc;
   ds.runs.back().zeroplan_executor = true;
   ds.runs.back().cudnn_attention = cudnn;
+  ds.runs.back().cuda = backend.rfind("cuda", 0) == 0;
   ds.runs.back().unmeasured_events = unmeasured;
   ds.runs.back().rank = rank;
   ds.runs.back().variants = go.variants;
@@ -228,6 +229,7 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
           k.gemms = op.gemms;
           k.op_kind = op.kind;
           k.padded_rows = !op.outputs.empty() && g.tensors[static_cast<std::size_t>(op.outputs[0])].row_pitch != 0;
+          k.staged = backend.rfind("cuda", 0) == 0 && op.fn == models::Fn::linear;
           if (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention) {
             k.cls = KernelClass::attention;
             k.dropout = op.alpha;

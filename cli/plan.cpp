@@ -648,6 +648,7 @@ PlanOutput run_plan(const PlanRequest& req, const char* argv0) {
     planner::Problem exec_pb = pb;
     exec_pb.deepspeed = false;
     exec_pb.cudnn_attention = on_gpu && req.verify_attention_kernel == "cudnn";
+    exec_pb.stages_products = on_gpu;  // the CPU device runs every product in place
     planner::GraphCache exec_graphs(exec_pb);
     t += "  pred_samples/s: the plan's (DeepSpeed's); exec_pred: the same candidate as zeroplan's executor runs it\n";
     t += fmt::format("  {:>4} {:>5} {:>5} {:>16} {:>16} {:>7} {:>14} {:>14} {:>14}\n", "rank", "stage", "micro",

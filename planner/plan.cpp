@@ -330,6 +330,7 @@ sim::Target target_of(const Problem& pb, bool activation_checkpointing) {
   t.keep_output = pb.keep_output;
   t.deepspeed = pb.deepspeed;
   t.cudnn_attention = pb.cudnn_attention;
+  t.stages_products = pb.stages_products;
   return t;
 }
 
@@ -372,6 +373,7 @@ double compute_bound_ms(const Problem& pb, const GraphCache& graphs, const Knobs
   sim::ComputeModel cm(pb.profile, *g);
   cm.deepspeed = pb.deepspeed;
   cm.cudnn_attention = pb.cudnn_attention;
+  cm.stages_products = pb.stages_products;
   // The compute stream runs its events one at a time at best at full rate: its own ops
   // and optimizer work bound the iteration from below whatever the communication knobs.
   // A micro-step's forward, backward and recomputation repeat GAS times; the rest once.

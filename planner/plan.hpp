@@ -80,6 +80,7 @@ struct Problem {
   bool keep_output = false;          // zero::LowerOptions::keep_output
   bool deepspeed = true;             // sim::Target::deepspeed: DeepSpeed runs the plan, or (false) zeroplan's executor
   bool cudnn_attention = false;      // sim::Target::cudnn_attention: the executor's attention is cuDNN's
+  bool stages_products = true;       // sim::Target::stages_products: the executor on GPUs
   Objective objective = Objective::throughput;
   double headroom = 0.9;             // fraction of device (and host) memory a plan may use
   double price_per_gpu_hour = 1.0;   // cost objective (currency per GPU-hour)

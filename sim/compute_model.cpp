@@ -603,10 +603,11 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   // forward / backward (priced 1.68 / 3.36; 4.42 / 8.85 as an unaligned product), BERT-large's
   // decoder at 64 x 128 with its bias 1.76 / 2.42 (1.66 / 2.60; 2.11 / 4.46).
   double staged_bytes = 0;
-  if (!deepspeed && stages_products && !fp32_cores && !padded_rows && o->kind == models::OpKind::linear &&
-      o->fn != models::Fn::sdpa && o->fn != models::Fn::flash_attention)
+  // Only where its plan applies (kernels/cuda/bmm.cu staged, plan_gemm): an nn.Linear, whose
+  // weight is stored (n, k) and so is never the staged operand, with k aligned.
+  if (!deepspeed && stages_products && !fp32_cores && !padded_rows && o->fn == models::Fn::linear)
     for (const auto& gm : o->gemms)
-      if (gm.batch <= 1 && gm.n % align16 != 0 &&
+      if (gm.batch <= 1 && gm.n % align16 != 0 && gm.k % align16 == 0 &&
           static_cast<double>(gm.m) * static_cast<double>(gm.n) * static_cast<double>(gm.k) >= kernels::kStagedMinWork)
         staged_bytes += static_cast<double>(gm.m) * static_cast<double>(gm.n) *
                         (backward ? 4.0 * static_cast<double>(elem) : gm.bias ? 8.0 : 2.0 * static_cast<double>(elem));

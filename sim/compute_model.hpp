@@ -324,10 +324,11 @@ class ComputeModel {
   // cuDNN's flash attention (`train --attention-kernel cudnn`), the kernel PyTorch runs on
   // Hopper, priced as it is under DeepSpeed (torch_attention_half_seq, the backward's row
   // passes). With `deepspeed` on, cuDNN's always.
-  // With deepspeed off: a training run's large products whose output's columns are odd (an
-  // nn.Linear's, an LM head's) run as the executor stages them (aligned products and copies
-  // through its scratch); false prices them as run in place, on cuBLASLt's unaligned kernels
-  // (calibrate --device cuda's GEMM cases, whose B is stored (k, n) and is never staged).
+  // With deepspeed off: a training run's large nn.Linear products whose output's columns are
+  // odd (an LM head's) run as the executor's CUDA device stages them (aligned products and
+  // copies through its scratch); false prices them as run in place, on cuBLASLt's unaligned
+  // kernels (calibrate --device cuda's GEMM cases, whose B is stored (k, n) and is never staged)
+  // or on the CPU device.
   bool stages_products = true;
   bool cudnn_attention = false;
   // Whether fused attention op `o` runs cuDNN's kernel (PyTorch's under DeepSpeed; the

@@ -39,6 +39,7 @@ Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const ze
     ComputeModel compute(*t.profile, g);
     compute.deepspeed = t.deepspeed;
     compute.cudnn_attention = t.cudnn_attention;
+    compute.stages_products = t.stages_products;
     EngineOptions eo;
     eo.interference = t.profile->comm_compute_interference;
     r.time = simulate_time(r.program, g, compute, *t.collectives, eo);

@@ -31,6 +31,9 @@ struct Target {
   bool deepspeed = true;
   // With `deepspeed` off: the executor runs cuDNN's fused attention (ComputeModel::cudnn_attention).
   bool cudnn_attention = false;
+  // With `deepspeed` off: the executor runs on GPUs, which stage large products with an odd
+  // output width (ComputeModel::stages_products); its CPU device does not.
+  bool stages_products = true;
   // PyTorch's cuBLAS/cuBLASLt workspaces (the device's sizes) among the program's buffers:
   // DeepSpeed's runs hold them; zeroplan's executor allocates them only under
   // `train --workspaces-of` (false: none, as `train` runs by default).

@@ -65,7 +65,7 @@ const char* const kOld = R"(# nThread 1 nGpus 8 minBytes 8 maxBytes 134217728 st
 )";
 
 std::string tmp(const std::string& name, const std::string& text) {
-  const auto dir = std::filesystem::temp_directory_path() / "zeroplan-test-calibration";
+  const auto dir = zp::test::temp_path("zeroplan-test-calibration");
   std::filesystem::create_directories(dir);
   const auto p = dir / name;
   std::ofstream(p) << text;

@@ -40,7 +40,7 @@ Run run(const std::string& args) {
 }
 
 std::string tmp_file(const std::string& name, const std::string& text) {
-  const auto dir = std::filesystem::temp_directory_path() / "zeroplan-test-cli";
+  const auto dir = zp::test::temp_path("zeroplan-test-cli");
   std::filesystem::create_directories(dir);
   const auto p = dir / name;
   std::ofstream(p) << text;
@@ -261,7 +261,7 @@ TEST_CASE("bad JSON values never escape as a crash or a second line") {
 }
 
 TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 24-layer model") {
-  const std::string trace = (std::filesystem::temp_directory_path() / "zeroplan-test-cli" / "bert.trace.json").string();
+  const std::string trace = (zp::test::temp_path("zeroplan-test-cli") / "bert.trace.json").string();
   const Run r = run("simulate --model bert-large-uncased --ds-config " + kExample +
                     " --gpus 4 --gpu V100-16GB --stages 1,2 --micro-batch 64 --seq-len 128 --json --trace " + trace);
   REQUIRE(r.status == 0);
@@ -358,7 +358,7 @@ TEST_CASE("collectives prints an nccl-tests-like sweep") {
 // its nccl-tests-format file read back by calibrate.
 TEST_CASE("collectives --measure: a sweep between the job's ranks, beside the prediction, in nccl-tests format") {
   const std::string mpi = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np ";
-  const auto dir = std::filesystem::temp_directory_path() / "zeroplan-test-cli";
+  const auto dir = zp::test::temp_path("zeroplan-test-cli");
   std::filesystem::create_directories(dir);
   const std::string file = (dir / "sweep.txt").string();
   std::filesystem::remove(file);

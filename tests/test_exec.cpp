@@ -36,7 +36,7 @@ using Run = zp::test::ShellRun;
 Run sh(const std::string& cmd) { return zp::test::run_shell(cmd); }
 
 fs::path dir() {
-  const auto d = fs::temp_directory_path() / "zeroplan-test-exec";
+  const auto d = zp::test::temp_path("zeroplan-test-exec");
   fs::create_directories(d);
   return d;
 }

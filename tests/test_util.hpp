@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the doctest suites.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <functional>
@@ -15,6 +16,12 @@
 #include "core/error.hpp"
 
 namespace zp::test {
+
+// A path under the system's temporary folder private to this test process: two runs of the
+// suite at once (a developer's and CI's on one machine) do not share their scratch files.
+inline std::filesystem::path temp_path(const std::string& name) {
+  return std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+}
 
 // doctest::Approx with a relative tolerance only. doctest's default adds its scale (1) to the
 // magnitudes it compares, so any two values below about 1e-5 (a kernel's seconds) would pass as
