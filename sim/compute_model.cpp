@@ -594,24 +594,35 @@ Seconds ComputeModel::compute_cost(models::OpId op, zero::Phase phase, Flops flo
   const bool padded_rows = !o->outputs.empty() && g_.tensors[static_cast<std::size_t>(o->outputs[0])].row_pitch != 0;
   const std::int64_t elem = std::max<std::int64_t>(1, dtype_size(g_.opt.act_dtype));
   const std::int64_t align16 = std::max<std::int64_t>(1, 16 / elem);
-  // zeroplan's executor stages a large product whose output's columns are odd (an LM head's
-  // vocabulary; kernels/common/gemm_pieces.hpp): aligned products, plus that (m, n) operand
-  // through its scratch: in forward C computed into scratch rows and copied out (read and
-  // written: 2 elements' bytes more; with a bias the rows are fp32, the bias added as they are
-  // rounded into C: 8 bytes more), in backward dC copied to aligned rows for each of the two
-  // products (4 elements' bytes). On an H100, GPT-2's head at 8 x 1024 measured 1.84 / 3.00 ms
-  // forward / backward (priced 1.68 / 3.36; 4.42 / 8.85 as an unaligned product), BERT-large's
-  // decoder at 64 x 128 with its bias 1.76 / 2.42 (1.66 / 2.60; 2.11 / 4.46).
+  // zeroplan's executor stages a large product whose rows are not 16-byte aligned (an LM
+  // head's vocabulary) as the plan of kernels/common/gemm_pieces.hpp that it runs (plan_gemm,
+  // kernels/cuda/bmm.cu): aligned products plus the plan's copies, accumulator rows and
+  // finishes (staged_extra_bytes), priced at the elementwise bandwidth. An nn.Linear's weight is
+  // stored (n, k): forward C = X·Wᵀ, backward dX = dC·W and dW = dCᵀ·X. On an H100, GPT-2's head
+  // at 8 x 1024 measured 1.84 / 3.00 ms forward / backward, priced 1.68 / 3.58 (4.42 / 8.85 as an
+  // unaligned product); BERT-large's decoder at 64 x 128 with its bias 1.76 / 2.42, priced 1.66 /
+  // 2.79 (2.11 / 4.46).
   double staged_bytes = 0;
-  // Only where its plan applies (kernels/cuda/bmm.cu staged, plan_gemm): an nn.Linear, whose
-  // weight is stored (n, k) and so is never the staged operand, with k aligned.
+  bool staged = false;
   if (!deepspeed && stages_products && !fp32_cores && !padded_rows && o->fn == models::Fn::linear)
-    for (const auto& gm : o->gemms)
-      if (gm.batch <= 1 && gm.n % align16 != 0 && gm.k % align16 == 0 &&
-          static_cast<double>(gm.m) * static_cast<double>(gm.n) * static_cast<double>(gm.k) >= kernels::kStagedMinWork)
-        staged_bytes += static_cast<double>(gm.m) * static_cast<double>(gm.n) *
-                        (backward ? 4.0 * static_cast<double>(elem) : gm.bias ? 8.0 : 2.0 * static_cast<double>(elem));
-  const std::int64_t align = fp32_cores || padded_rows || staged_bytes > 0 ? 1 : align16;
+    for (const auto& gm : o->gemms) {
+      if (gm.batch > 1 ||
+          static_cast<double>(gm.m) * static_cast<double>(gm.n) * static_cast<double>(gm.k) < kernels::kStagedMinWork)
+        continue;
+      auto plan = [&](std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb, bool bias) {
+        const kernels::GemmPlan pl = kernels::plan_gemm(m, n, k, ta, tb, false, bias, elem, 0, 0, 0, kernels::kStagedScratchBytes);
+        if (pl.empty()) return;
+        staged = true;
+        staged_bytes += kernels::staged_extra_bytes(pl, elem);
+      };
+      if (!backward) {
+        plan(gm.m, gm.n, gm.k, false, true, gm.bias);
+      } else {
+        plan(gm.m, gm.k, gm.n, false, false, false);  // dX(m,k) = dC(m,n) · W(n,k)
+        plan(gm.n, gm.k, gm.m, true, false, false);   // dW(n,k) = dC(m,n)ᵀ · X(m,k)
+      }
+    }
+  const std::int64_t align = fp32_cores || padded_rows || staged ? 1 : align16;
   // Fused attention: every dimension but the head dimension (the scores product's k) is along
   // the sequence (or the batch), on the attention curve.
   const bool attention = o->fn == models::Fn::sdpa || o->fn == models::Fn::flash_attention;

@@ -361,11 +361,14 @@ TEST_CASE("--fused-loss's padded logits rows: GPT-2's head priced as aligned, HF
     // Run in place, GEMM-bound at this size: the ratio is the alignment factor's.
     CHECK(q / h == zp::test::approx(p.gemm_unaligned_factor).epsilon(0.1));
     // As the executor runs it: staged, the aligned products and the logits (or their gradient)
-    // through its scratch, read and written once in forward and for each backward product.
+    // through its scratch, read and written once in forward and for each backward product, and
+    // in backward dX's parts summed in an fp32 accumulator (kernels/common/gemm_pieces.hpp).
     const double staged = head_cost(hf, phase);
     const double logits_bytes = 16.0 * 1024 * 50257 * 2;
     const double copies = (phase == Phase::forward ? 2 : 4) * logits_bytes / (p.hbm_bandwidth.v * p.elementwise_efficiency);
-    CHECK(staged == zp::test::approx(q + copies).epsilon(0.02));
+    if (phase == Phase::forward) CHECK(staged == zp::test::approx(q + copies).epsilon(0.02));
+    else CHECK(staged > q + copies);
+    CHECK(staged < q + 1.2 * copies);
     CHECK(staged < h);
     // PyTorch's products are never staged.
     ComputeModel torch(p, hf);

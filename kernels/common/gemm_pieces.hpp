@@ -95,6 +95,8 @@ inline std::int64_t padded_rows(std::int64_t ld, std::int64_t elem) { return pad
 // The least m·n·k of a product the executor stages (kernels::cuda::ContextOptions::
 // staged_min_work's default): smaller ones run as they are.
 inline constexpr double kStagedMinWork = 2147483648.0;
+// The scratch its plans run through (kernels::cuda::ContextOptions::scratch_bytes' default).
+inline constexpr std::size_t kStagedScratchBytes = std::size_t{64} << 20;
 inline constexpr std::int64_t kMinGemmPiece = 16;  // rows (or columns) of a piece, at least
 inline constexpr std::int64_t kAccumulatorAlign = 256;  // bytes: where the scratch's elements start
 
@@ -315,6 +317,30 @@ inline GemmPlan plan_gemm(std::int64_t m, std::int64_t n, std::int64_t k, bool t
   }
   if (lda != 0 || ldb != 0 || ldc != 0) return {};
   return plan_gemm_pieces(m, n, k, trans_a, trans_b, accumulate, bias, elem, scratch_bytes);
+}
+
+// The bytes a plan moves beyond what the product run whole would: its copies (read and
+// written), its products' fp32 accumulator rows in place of C's (written, and read again where
+// a part adds into them), and its finishes (the accumulator read, C written). What the time
+// model prices the staging at (sim/compute_model.cpp).
+inline double staged_extra_bytes(const GemmPlan& plan, std::int64_t elem) {
+  double bytes = 0;
+  for (const GemmStep& s : plan.steps) {
+    switch (s.kind) {
+      case GemmStep::Kind::copy:
+        bytes += 2.0 * static_cast<double>(s.copy.rows) * static_cast<double>(s.copy.width) * static_cast<double>(elem);
+        break;
+      case GemmStep::Kind::product:
+        if (s.product.c_buffer == GemmBuffer::acc)
+          bytes += static_cast<double>(s.product.m) * static_cast<double>(s.product.n) *
+                   (s.product.accumulate ? 8.0 : 4.0 - static_cast<double>(elem));
+        break;
+      case GemmStep::Kind::finish:
+        bytes += static_cast<double>(s.finish.rows) * static_cast<double>(s.finish.acc_ld) * (4.0 + static_cast<double>(elem));
+        break;
+    }
+  }
+  return bytes;
 }
 
 }  // namespace zp::kernels

@@ -19,7 +19,7 @@ namespace zp::kernels::cuda {
 
 struct ContextOptions {
   std::size_t blas_workspace_bytes = std::size_t{32} << 20;  // cuBLASLt's recommendation for Hopper
-  std::size_t scratch_bytes = std::size_t{64} << 20;
+  std::size_t scratch_bytes = kernels::kStagedScratchBytes;
   bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (off: exact fp32 products)
   // A product of at least this many m·n·k whose rows are not 16-byte aligned runs in pieces
   // staged through the scratch with padded rows (kernels/cuda/bmm.cu); 0: every such product.
