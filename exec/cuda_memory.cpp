@@ -94,11 +94,11 @@ class ProbeDevice final : public Device {
   // An op ends a batch, as on the CUDA device.
   void forward(const models::Op& op, Operands& o) override {
     batching_ = false;
-    ops(op, "forward", cuda_forward_scratch(op, o));
+    ops(op, "forward", cuda_forward_scratch(op, o, cudnn_));
   }
   void backward(const models::Op& op, Operands& o) override {
     batching_ = false;
-    ops(op, "backward", cuda_backward_scratch(op, o));
+    ops(op, "backward", cuda_backward_scratch(op, o, cudnn_));
     if (cudnn_ && (op.fn == models::Fn::sdpa || op.fn == models::Fn::flash_attention)) cudnn_workspace(op, o);
   }
 
@@ -249,8 +249,7 @@ class ProbeDevice final : public Device {
   // that case is not counted.
   void cudnn_workspace(const models::Op& op, const Operands& o) {
     const models::HeadsLayout f = models::heads_layout(o.graph(), op);
-    const DType dt = o.act_ref(f.q.tensor).dt;
-    if (!kernels::sdpa_cudnn_takes(f.T, f.D, dt == DType::bf16 || dt == DType::fp16)) return;
+    if (!cuda_attention_takes_cudnn(f, o.act_ref(f.q.tensor).dt, true)) return;
     cudnn_used_ = true;
     const bool backward = o.grad_peek(f.q.tensor) || o.grad_peek(f.k.tensor) || o.grad_peek(f.v.tensor);
     const auto bytes = static_cast<std::size_t>(backward ? kernels::sdpa_cudnn_backward_workspace(f.B, f.H, f.T, f.D)

@@ -20,17 +20,26 @@ std::size_t U(std::int64_t i) { return static_cast<std::size_t>(i); }
 std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n * dtype_size(dt)); }
 
 // The fused attention's operands (sdpa, flash_attention), as its launcher reads them.
+// cuDNN's attention (`cudnn`) reads and writes every operand in place, contiguous heads or
+// column blocks of rows alike (kernels/cuda/sdpa_cudnn.cuh, SdpaCudnnLayout): only a key or
+// value repeated over its query heads (GQA) is copied; zeroplan's own kernels take
+// contiguous heads only.
 struct Fused {
   models::HeadsLayout f;
   DType dt = DType::fp32;
+  bool cudnn = false;
   std::int64_t hv = 0, kvn = 0;
+  // A (B, X, T, D) copy of operand h, where the kernel cannot read it where it lies.
   std::size_t copy(const models::HeadsOperand& h, std::int64_t X) const {
+    if (cudnn && X == f.H) return 0;
     return models::heads_contiguous(f, h, X) ? 0 : nbytes(f.B * X * f.T * f.D, dt);
   }
   std::size_t repeat() const { return f.K < f.H ? nbytes(hv, dt) : 0; }
+  // The output (or its gradient) as (B, H, T, D) heads: the own kernels'.
+  std::size_t out_heads() const { return cudnn ? 0 : nbytes(hv, dt); }
 };
 
-Fused fused(const models::Op& op, const Operands& o) {
+Fused fused(const models::Op& op, const Operands& o, bool cudnn_attention) {
   Fused a{models::heads_layout(o.graph(), op)};
   const auto& f = a.f;
   if (!kernels::sdpa_head_dim_supported(f.D))
@@ -45,6 +54,7 @@ Fused fused(const models::Op& op, const Operands& o) {
       cuda_op_fail(op, "an attention operand in a layout the CUDA device cannot read");
   }
   if (!models::heads_columns(f, f.o) || f.o.st != f.H * f.D) cuda_op_fail(op, "an attention output that is not (B, T, H*D)");
+  a.cudnn = cuda_attention_takes_cudnn(f, a.dt, cudnn_attention);
   return a;
 }
 }  // namespace
@@ -82,7 +92,11 @@ LossFlow cuda_loss_flow(const models::OpGraph& g, const models::Op& op) {
   return l;
 }
 
-OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o) {
+bool cuda_attention_takes_cudnn(const models::HeadsLayout& f, DType dt, bool cudnn_attention) {
+  return cudnn_attention && kernels::sdpa_cudnn_takes(f.T, f.D, dt == DType::bf16 || dt == DType::fp16);
+}
+
+OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o, bool cudnn_attention) {
   const models::OpGraph& g = o.graph();
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g.tensors[U(t)].shape; };
   auto act = [&](TensorId t) { return o.act_ref(t); };
@@ -132,9 +146,9 @@ OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o) {
     }
     case Fn::sdpa:
     case Fn::flash_attention: {
-      const Fused a = fused(op, o);
+      const Fused a = fused(op, o, cudnn_attention);
       s.temp = {a.copy(a.f.q, a.f.H), a.copy(a.f.k, a.f.K), a.repeat(), a.copy(a.f.v, a.f.K), a.repeat(),
-                nbytes(a.hv, a.dt)};
+                a.out_heads()};
       break;
     }
     default: break;
@@ -142,7 +156,7 @@ OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o) {
   return s;
 }
 
-OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
+OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o, bool cudnn_attention) {
   const models::OpGraph& g = o.graph();
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return g.tensors[U(t)].shape; };
   auto act = [&](TensorId t) { return o.act_ref(t); };
@@ -255,21 +269,26 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o) {
     }
     case Fn::sdpa:
     case Fn::flash_attention: {
-      const Fused a = fused(op, o);
+      const Fused a = fused(op, o, cudnn_attention);
       const auto& f = a.f;
       const Ref gq = grad(f.q.tensor), gk = grad(f.k.tensor), gv = grad(f.v.tensor);
       if (!gq && !gk && !gv) break;
       cuda_op_dtype(op, {act(f.q.tensor), dy, gq, gk, gv});
-      // In place where the kernel can accumulate: contiguous heads, no kv repetition.
-      const bool q_direct = gq && models::heads_contiguous(f, f.q, f.H);
-      const bool k_direct = gk && f.K == f.H && models::heads_contiguous(f, f.k, f.K);
-      const bool v_direct = gv && f.K == f.H && models::heads_contiguous(f, f.v, f.K);
+      // A gradient written in place where the kernel can write (or add into) it where it lies:
+      // contiguous heads, or any layout for cuDNN; never a key or value repeated over heads.
+      auto in_place = [&](const models::HeadsOperand& h, std::int64_t X) {
+        return X == f.H && (a.cudnn || models::heads_contiguous(f, h, X));
+      };
+      const bool q_direct = gq && in_place(f.q, f.H);
+      const bool k_direct = gk && in_place(f.k, f.K);
+      const bool v_direct = gv && in_place(f.v, f.K);
       auto kv_copy = [&](const Ref& gr, const models::HeadsOperand& h) {
         return gr && f.K < f.H && !models::heads_contiguous(f, h, f.K) ? nbytes(a.kvn, a.dt) : std::size_t{0};
       };
       const std::size_t heads = nbytes(a.hv, a.dt);
-      s.temp = {a.copy(f.q, f.H), a.copy(f.k, f.K), a.repeat(), a.copy(f.v, f.K), a.repeat(), heads, heads,
-                q_direct ? 0 : heads, k_direct ? 0 : heads, v_direct ? 0 : heads, kv_copy(gk, f.k), kv_copy(gv, f.v)};
+      s.temp = {a.copy(f.q, f.H), a.copy(f.k, f.K), a.repeat(), a.copy(f.v, f.K), a.repeat(), a.out_heads(),
+                a.out_heads(), q_direct ? 0 : heads, k_direct ? 0 : heads, v_direct ? 0 : heads, kv_copy(gk, f.k),
+                kv_copy(gv, f.v)};
       break;
     }
     default: break;

@@ -45,8 +45,14 @@ std::size_t scratch_parts_total(std::span<const std::size_t> parts);
 // The rules, for an op whose operands `o` binds as the interpreter would (only the Refs'
 // dtypes and whether they are bound are read). Throws std::logic_error where the CUDA
 // device would refuse the op (mixed float dtypes, a layout it cannot read).
-OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o);
-OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o);
+// `cudnn_attention`: train --attention-kernel cudnn (ContextOptions::sdpa_cudnn), under which
+// cuDNN takes each fused attention it can (cuda_attention_takes_cudnn) and reads and writes
+// its operands where they lie.
+OpScratch cuda_forward_scratch(const models::Op& op, const Operands& o, bool cudnn_attention);
+OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o, bool cudnn_attention);
+// Whether cuDNN takes a fused attention of this layout and storage dtype: asked by the rules
+// and by the op dispatch alike (kernels::sdpa_cudnn_takes, under --attention-kernel cudnn).
+bool cuda_attention_takes_cudnn(const models::HeadsLayout& f, DType dt, bool cudnn_attention);
 
 // Shared with the op dispatch.
 [[noreturn]] void cuda_op_fail(const models::Op& op, const std::string& what);

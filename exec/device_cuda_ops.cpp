@@ -145,11 +145,13 @@ LinearGeometry linear_geometry(const models::OpGraph& g, const models::Op& op) {
   return {conv, conv ? w[0] : w[1], conv ? w[1] : w[0]};
 }
 
-// The fused attentions (sdpa, flash_attention) through kernels/cuda/sdpa, which takes
-// contiguous (B, H, T, D) heads with as many kv heads as query heads: each operand is read
-// in place where it already is that, else copied out of its column block (and repeated over
-// the query heads of its kv head, as HF's repeat_kv); the output is computed as heads and
-// merged into its (B, T, H·D) tensor.
+// The fused attentions (sdpa, flash_attention) with as many kv heads as query heads. cuDNN's
+// (--attention-kernel cudnn, where it takes them) reads each operand and writes the output and
+// the gradients where they lie, contiguous heads or column blocks of (B, T, W) rows, as
+// PyTorch's sdpa reads HF's head views. kernels/cuda/sdpa takes contiguous (B, H, T, D) heads:
+// each operand is read in place where it already is that, else copied out of its column block,
+// and the output is computed as heads and merged into its (B, T, H·D) tensor. Under both, a
+// key or value is repeated over the query heads of its kv head (HF's repeat_kv) into a copy.
 class FusedAttention {
  public:
   FusedAttention(const CudaOpEnv& env, const models::Op& op, Operands& o)
@@ -164,7 +166,9 @@ class FusedAttention {
     // cuDNN's flash attention where asked for and it takes the operands (16-bit, head dims
     // multiples of 8, T > 1: kernels/common/sdpa_dims.hpp); the forward and the backward decide alike, so one kernel's saved
     // logsumexp and dropout stream never meet the other's backward.
-    cudnn_ = env.ctx->sdpa_cudnn() && cuda::sdpa_cudnn_refusal(f_.T, f_.D, dt_).empty();
+    // The scratch rule decides alike (cuda_attention_takes_cudnn); the device refused to start
+    // under --attention-kernel cudnn where cuDNN cannot be loaded.
+    cudnn_ = cuda_attention_takes_cudnn(f_, dt_, env.ctx->sdpa_cudnn());
     seed_ = o.dropout_seed();
     offset_ = static_cast<std::uint64_t>(op.rng_stream) << 32;
   }
@@ -173,22 +177,28 @@ class FusedAttention {
   void forward(const OpScratch& sc) {
     const std::vector<void*> t = carve(env_, sc.temp);
     void *qc = maybe(op_, t, 0), *kc = maybe(op_, t, 1), *kh = maybe(op_, t, 2), *vc = maybe(op_, t, 3),
-         *vh = maybe(op_, t, 4), *oh = part(op_, t, 5);
-    const void* q = heads(f_.q, q_, f_.H, qc, nullptr);
-    const void* k = heads(f_.k, k_, f_.K, kc, kh);
-    const void* v = heads(f_.v, v_, f_.K, vc, vh);
+         *vh = maybe(op_, t, 4), *oh = maybe(op_, t, 5);
+    cuda::SdpaCudnnLayout l;
+    const void* q = heads(f_.q, q_, f_.H, qc, nullptr, l.q);
+    const void* k = heads(f_.k, k_, f_.K, kc, kh, l.k);
+    const void* v = heads(f_.v, v_, f_.K, vc, vh, l.v);
     // rng_state as the kernels keep it: the dropout stream's seed and offset.
     const Ref rng = o_.act_ref(f_.rng);
     if (rng.dt != DType::i64) fail(op_, fmt::format("rng_state stored as {}, not i64", dtype_name(rng.dt)));
     const std::int64_t state[2] = {static_cast<std::int64_t>(seed_), static_cast<std::int64_t>(offset_)};
     write_bytes(ptr(rng), state, sizeof state, env_.stream);
-    if (cudnn_)
-      cuda::sdpa_cudnn_forward(*env_.ctx, oh, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, f_.B, f_.H, f_.T, f_.D,
-                               f_.causal, scale(), p(), static_cast<const std::int64_t*>(ptr(rng)), dt_, env_.stream);
-    else
-      cuda::sdpa_forward(oh, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, nullptr, f_.B, f_.H, f_.T, f_.D, f_.causal,
-                         scale(), p(), seed_, offset_, dt_, env_.stream);
-    cuda::merge_heads_forward(ptr(out_.at(f_.o.offset)), oh, f_.B, f_.T, f_.H, f_.D, dt_, env_.stream);
+    void* const out = ptr(out_.at(f_.o.offset));
+    if (cudnn_) {
+      l.o = f_.o.st;  // written as its (B, T, H·D) rows
+      cuda::sdpa_cudnn_forward(*env_.ctx, out, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, f_.B, f_.H, f_.T, f_.D,
+                               f_.causal, scale(), p(), static_cast<const std::int64_t*>(ptr(rng)), dt_, env_.stream,
+                               l);
+      return;
+    }
+    if (!oh) fail(op_, "the scratch rule left out the output's heads");
+    cuda::sdpa_forward(oh, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, nullptr, f_.B, f_.H, f_.T, f_.D, f_.causal,
+                       scale(), p(), seed_, offset_, dt_, env_.stream);
+    cuda::merge_heads_forward(out, oh, f_.B, f_.T, f_.H, f_.D, dt_, env_.stream);
   }
 
   // The seed and offset are the forward's (this micro-step's stream and the op's), not read
@@ -207,26 +217,33 @@ class FusedAttention {
     const std::vector<void*> t = carve(env_, sc.temp);
     void *qc = maybe(op_, t, 0), *kc = maybe(op_, t, 1), *kh = maybe(op_, t, 2), *vc = maybe(op_, t, 3),
          *vh = maybe(op_, t, 4);
-    void *oh = part(op_, t, 5), *doh = part(op_, t, 6), *dqh = maybe(op_, t, 7), *dkh = maybe(op_, t, 8),
+    void *oh = maybe(op_, t, 5), *doh = maybe(op_, t, 6), *dqh = maybe(op_, t, 7), *dkh = maybe(op_, t, 8),
          *dvh = maybe(op_, t, 9), *dkc = maybe(op_, t, 10), *dvc = maybe(op_, t, 11);
     const bool q_direct = !dqh, k_direct = !dkh, v_direct = !dvh;
-    const void* q = heads(f_.q, q_, f_.H, qc, nullptr);
-    const void* k = heads(f_.k, k_, f_.K, kc, kh);
-    const void* v = heads(f_.v, v_, f_.K, vc, vh);
-    cuda::split_heads_forward(oh, ptr(out_), f_.B, f_.T, f_.H, f_.D, f_.o.st, f_.o.offset, dt_, env_.stream);
-    cuda::split_heads_forward(doh, ptr(dy), f_.B, f_.T, f_.H, f_.D, f_.o.st, f_.o.offset, dt_, env_.stream);
+    cuda::SdpaCudnnLayout l;
+    const void* q = heads(f_.q, q_, f_.H, qc, nullptr, l.q);
+    const void* k = heads(f_.k, k_, f_.K, kc, kh, l.k);
+    const void* v = heads(f_.v, v_, f_.K, vc, vh, l.v);
     // The kernel writes its temporaries, and adds into a gradient only where it must.
     void* dq = q_direct ? ptr(gq.at(f_.q.offset)) : dqh;
     void* dk = k_direct ? ptr(gk.at(f_.k.offset)) : dkh;
     void* dv = v_direct ? ptr(gv.at(f_.v.offset)) : dvh;
     const cuda::SdpaAccumulate add{q_direct && aq, k_direct && ak, v_direct && av};
-    if (cudnn_)  // the forward's (seed, offset), as it wrote them into rng_state
-      cuda::sdpa_cudnn_backward(*env_.ctx, dq, dk, dv, doh, q, k, v, oh, fp32_of(op_, o_.act_ref(f_.lse)), f_.B, f_.H,
-                                f_.T, f_.D, f_.causal, scale(), p(),
-                                static_cast<const std::int64_t*>(ptr(o_.act_ref(f_.rng))), dt_, env_.stream, add);
-    else
+    if (cudnn_) {  // the forward's (seed, offset), as it wrote them into rng_state
+      l.o = f_.o.st;  // the output and its gradient read as their (B, T, H·D) rows
+      l.dq = q_direct ? row_stride(f_.q, f_.H) : 0;
+      l.dk = k_direct ? row_stride(f_.k, f_.K) : 0;
+      l.dv = v_direct ? row_stride(f_.v, f_.K) : 0;
+      cuda::sdpa_cudnn_backward(*env_.ctx, dq, dk, dv, ptr(dy.at(f_.o.offset)), q, k, v, ptr(out_.at(f_.o.offset)),
+                                fp32_of(op_, o_.act_ref(f_.lse)), f_.B, f_.H, f_.T, f_.D, f_.causal, scale(), p(),
+                                static_cast<const std::int64_t*>(ptr(o_.act_ref(f_.rng))), dt_, env_.stream, add, l);
+    } else {
+      if (!oh || !doh) fail(op_, "the scratch rule left out the output's heads");
+      cuda::split_heads_forward(oh, ptr(out_), f_.B, f_.T, f_.H, f_.D, f_.o.st, f_.o.offset, dt_, env_.stream);
+      cuda::split_heads_forward(doh, ptr(dy), f_.B, f_.T, f_.H, f_.D, f_.o.st, f_.o.offset, dt_, env_.stream);
       cuda::sdpa_backward(*env_.ctx, dq, dk, dv, doh, q, k, v, oh, fp32_of(op_, o_.act_ref(f_.lse)), nullptr, f_.B,
                           f_.H, f_.T, f_.D, f_.causal, scale(), p(), seed_, offset_, dt_, env_.stream, add);
+    }
     if (!q_direct) give_back(f_.q, gq, f_.H, dqh, nullptr, aq);
     if (!k_direct) give_back(f_.k, gk, f_.K, dkh, dkc, ak);
     if (!v_direct) give_back(f_.v, gv, f_.K, dvh, dvc, av);
@@ -234,18 +251,27 @@ class FusedAttention {
 
  private:
   bool contiguous(const models::HeadsOperand& h, std::int64_t X) const { return models::heads_contiguous(f_, h, X); }
+  // SdpaCudnnLayout's row stride of operand h where it lies: 0 for contiguous heads, else its rows'.
+  std::int64_t row_stride(const models::HeadsOperand& h, std::int64_t X) const { return contiguous(h, X) ? 0 : h.st; }
   float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(f_.D))); }
   float p() const { return static_cast<float>(op_.alpha); }
 
-  // Operand h (X heads) as contiguous (B, H, T, D): in place, or through `copy` (B, X, T, D)
-  // and `repeat` (B, H, T, D).
-  const void* heads(const models::HeadsOperand& h, const Ref& r, std::int64_t X, void* copy, void* repeat) const {
+  // Operand h (X heads) as its kernel reads it: in place where the scratch rule gave it no
+  // copy (cuDNN's: any layout, `row` its row stride, SdpaCudnnLayout; the own kernels':
+  // contiguous heads), else through `copy` (B, X, T, D); then `repeat` (B, H, T, D) where X < H.
+  const void* heads(const models::HeadsOperand& h, const Ref& r, std::int64_t X, void* copy, void* repeat,
+                    std::int64_t& row) const {
     const void* x = ptr(r.at(h.offset));
-    if (!contiguous(h, X)) {
+    row = 0;
+    if (copy != nullptr) {
       cuda::split_heads_forward(copy, ptr(r), f_.B, f_.T, X, f_.D, h.st, h.offset, dt_, env_.stream);
       x = copy;
+    } else {
+      if (!cudnn_ && !contiguous(h, X)) fail(op_, "the scratch rule left out a head copy");
+      row = row_stride(h, X);
     }
     if (X == f_.H) return x;
+    row = 0;
     cuda::repeat_kv_forward(repeat, x, f_.B, X, f_.H / X, f_.T, f_.D, dt_, env_.stream);
     return repeat;
   }
@@ -296,7 +322,7 @@ void cuda_forward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
   auto in = [&](std::size_t i) { return act(op.inputs[i]); };
   auto shape = [&](TensorId t) -> const std::vector<std::int64_t>& { return graph.tensors[U(t)].shape; };
   const float alpha = static_cast<float>(op.alpha);
-  const OpScratch sc = cuda_forward_scratch(op, o);  // its temporaries' sizes (exec/cuda_scratch.hpp)
+  const OpScratch sc = cuda_forward_scratch(op, o, env.ctx->sdpa_cudnn());  // its temporaries' sizes (exec/cuda_scratch.hpp)
   switch (op.fn) {
     case Fn::embedding: {
       const Ref w = param(op.params[0]);
@@ -563,7 +589,7 @@ void cuda_backward(const CudaOpEnv& env, const models::Op& op, Operands& o) {
   // The cross entropy takes it by value; any other op producing the loss reads it as a
   // device scalar in the loss's dtype.
   const auto [loss_op, from_loss, out_main] = cuda_loss_flow(graph, op);
-  const OpScratch sc = cuda_backward_scratch(op, o);  // its temporaries' sizes (exec/cuda_scratch.hpp)
+  const OpScratch sc = cuda_backward_scratch(op, o, env.ctx->sdpa_cudnn());  // its temporaries' sizes (exec/cuda_scratch.hpp)
   Ref dy;
   if (from_loss && !loss_op) {
     const Ref loss = act(graph.loss);

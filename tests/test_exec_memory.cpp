@@ -227,18 +227,33 @@ TEST_CASE("cuda scratch: cuDNN's attention holds its backward's workspace in the
     } else {
       CHECK(cudnn.context_buffer.v == 0);  // fp32: the own kernels run
     }
-    CHECK(cudnn.total.v == own.total.v + cudnn.context_buffer.v);
+    // The ops' temporaries: the own kernels' attention backward takes four (B, H, T, D) heads
+    // (the arenas' case above). cuDNN reads q out of c_attn's columns, the output and its
+    // gradient as their rows, and writes dq into its column block: it takes none, and
+    // whatever else sizes the slot is the same under both.
+    const auto* t_own = arena(own, 0, zp::exec::kCudaOpSlot + zp::exec::kTempSlot);
+    const auto* t_cudnn = arena(cudnn, 0, zp::exec::kCudaOpSlot + zp::exec::kTempSlot);
+    REQUIRE(t_own != nullptr);
+    const std::int64_t own_temp = t_own->bytes.v, cudnn_temp = t_cudnn ? t_cudnn->bytes.v : 0;
+    if (dtype == "bf16") {
+      CHECK(own_temp == 4 * B * H * T * D * 2);
+      CHECK(cudnn_temp < own_temp);
+      if (t_cudnn) CHECK(t_cudnn->largest_by.find("attn.sdpa") == std::string::npos);
+    } else {
+      CHECK(cudnn_temp == own_temp);
+    }
+    CHECK(cudnn.total.v == own.total.v - own_temp + cudnn_temp + cudnn.context_buffer.v);
     const auto& h100 = zp::sim::find_device("h100");
     const zp::Bytes reserved{1LL << 30};
     const auto u = zp::exec::predict_cuda_device_used(h100.executor, reserved, cudnn, true);
     const auto u0 = zp::exec::predict_cuda_device_used(h100.executor, reserved, own, true);
-    // Its own cudaMalloc: whole 2 MiB pages; and where cuDNN takes the attention (16 bits),
+    // Its own cudaMallocs: whole 2 MiB pages; and where cuDNN takes the attention (16 bits),
     // cuDNN's handle and engines (the H100's 8 MiB, sim/devices.json).
     CHECK(cudnn.cudnn == (dtype == "bf16"));
     CHECK_FALSE(own.cudnn);
     CHECK(u.cudnn.v == (dtype == "bf16" ? 8 << 20 : 0));
-    CHECK(u.total.v - u0.total.v ==
-          (cudnn.context_buffer.v + (2 << 20) - 1) / (2 << 20) * (2 << 20) + u.cudnn.v);
+    auto pages = [](std::int64_t b) { return (b + (2 << 20) - 1) / (2 << 20) * (2 << 20); };
+    CHECK(u.total.v - u0.total.v == pages(cudnn.context_buffer.v) + pages(cudnn_temp) - pages(own_temp) + u.cudnn.v);
   }
 }
 

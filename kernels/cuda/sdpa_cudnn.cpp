@@ -10,9 +10,11 @@
 #include <memory>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "kernels/common/sdpa_dims.hpp"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/layout.cuh"
 
 #ifdef ZP_HAVE_CUDNN
 // cuDNN is opened at run time (sdpa_cudnn_load), on the first use of cuDNN's attention, not
@@ -128,9 +130,17 @@ struct Shape {
   bool causal;
   float scale, p;
   DType dt;
+  SdpaCudnnLayout layout;
   auto key(bool backward) const {
-    return std::make_tuple(backward, B, H, T, D, causal, std::bit_cast<std::uint32_t>(scale),
-                           std::bit_cast<std::uint32_t>(p), static_cast<int>(dt));
+    return std::tuple_cat(std::make_tuple(backward, B, H, T, D, causal, std::bit_cast<std::uint32_t>(scale),
+                                          std::bit_cast<std::uint32_t>(p), static_cast<int>(dt)),
+                          layout.key());
+  }
+  // An operand's dims and strides: contiguous heads (row 0) or D-column blocks of (B, T, row).
+  std::vector<std::int64_t> dim() const { return {B, H, T, D}; }
+  std::vector<std::int64_t> stride(std::int64_t row) const {
+    if (row == 0) return {H * T * D, T * D, D, 1};
+    return {T * row, D, row, 1};
   }
 };
 using Key = decltype(std::declval<Shape>().key(false));
@@ -177,12 +187,9 @@ void check(fe::error_t e, const char* step, const Shape& s) {
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> heads(fe::graph::Graph& g, const char* name, std::int64_t uid,
-                                                    const Shape& s) {
-  return g.tensor(fe::graph::Tensor_attributes()
-                      .set_name(name)
-                      .set_uid(uid)
-                      .set_dim({s.B, s.H, s.T, s.D})
-                      .set_stride({s.H * s.T * s.D, s.T * s.D, s.D, 1}));
+                                                    const Shape& s, std::int64_t row) {
+  return g.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(s.dim()).set_stride(s.stride(row)));
 }
 std::shared_ptr<fe::graph::Tensor_attributes> stats(fe::graph::Graph& g, const Shape& s) {
   return g.tensor(fe::graph::Tensor_attributes()
@@ -217,24 +224,24 @@ Built& graph(Context& ctx, const Shape& s, bool backward) {
   g->set_io_data_type(s.dt == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = heads(*g, "q", kQ, s), k = heads(*g, "k", kK, s), v = heads(*g, "v", kV, s);
+  const SdpaCudnnLayout& l = s.layout;
+  auto q = heads(*g, "q", kQ, s, l.q), k = heads(*g, "k", kK, s, l.k), v = heads(*g, "v", kV, s, l.v);
   if (!backward) {
     auto a = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(s.scale);
     mask(a, s);
     if (s.p > 0) a.set_dropout(s.p, scalar(*g, "seed", kSeed), scalar(*g, "offset", kOffset));
     auto [o, lse] = g->sdpa(q, k, v, a);
-    o->set_output(true).set_uid(kO).set_dim({s.B, s.H, s.T, s.D}).set_stride({s.H * s.T * s.D, s.T * s.D, s.D, 1});
+    o->set_output(true).set_uid(kO).set_dim(s.dim()).set_stride(s.stride(l.o));
     lse->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
   } else {
     auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
     mask(a, s);
     if (s.p > 0) a.set_dropout(s.p, scalar(*g, "seed", kSeed), scalar(*g, "offset", kOffset));
-    auto o = heads(*g, "o", kO, s), dout = heads(*g, "dout", kDO, s);
+    auto o = heads(*g, "o", kO, s, l.o), dout = heads(*g, "dout", kDO, s, l.o);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats(*g, s), a);
-    const std::vector<std::int64_t> dim{s.B, s.H, s.T, s.D}, stride{s.H * s.T * s.D, s.T * s.D, s.D, 1};
-    dq->set_output(true).set_uid(kDQ).set_dim(dim).set_stride(stride);
-    dk->set_output(true).set_uid(kDK).set_dim(dim).set_stride(stride);
-    dv->set_output(true).set_uid(kDV).set_dim(dim).set_stride(stride);
+    dq->set_output(true).set_uid(kDQ).set_dim(s.dim()).set_stride(s.stride(l.dq));
+    dk->set_output(true).set_uid(kDK).set_dim(s.dim()).set_stride(s.stride(l.dk));
+    dv->set_output(true).set_uid(kDV).set_dim(s.dim()).set_stride(s.stride(l.dv));
   }
   check(g->validate(), "validate", s);
   check(g->build_operation_graph(st.handle), "build_operation_graph", s);
@@ -248,11 +255,16 @@ Built& graph(Context& ctx, const Shape& s, bool backward) {
 }
 
 Shape shape_of(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
-               DType dt) {
+               DType dt, const SdpaCudnnLayout& layout = {}) {
   if (const std::string why = sdpa_cudnn_refusal(T, D, dt); !why.empty()) throw std::invalid_argument(why);
   if (B <= 0 || H <= 0 || T <= 0) throw std::invalid_argument(fmt::format("cuDNN attention: B={} H={} T={}", B, H, T));
   if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument(fmt::format("cuDNN attention: dropout {}", p));
-  return {B, H, T, D, causal, scale, p, dt};
+  // A row narrower than the heads would overlap them; cuDNN's loads want 16-byte rows.
+  const auto [lq, lk, lv, lo, ldq, ldk, ldv] = layout.key();
+  for (const std::int64_t row : {lq, lk, lv, lo, ldq, ldk, ldv})
+    if (row != 0 && (row < H * D || row * dtype_size(dt) % 16 != 0))
+      throw std::invalid_argument(fmt::format("cuDNN attention: a row stride of {} for {} heads of {}", row, H, D));
+  return {B, H, T, D, causal, scale, p, dt, layout};
 }
 
 std::size_t aligned(std::int64_t n) { return static_cast<std::size_t>(carve_aligned(n)); }
@@ -272,8 +284,8 @@ void run(Context& ctx, Built& b, const Shape& s, std::unordered_map<std::int64_t
 
 void sdpa_cudnn_forward(Context& ctx, void* o, float* lse, const void* q, const void* k, const void* v, std::int64_t B,
                         std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
-                        const std::int64_t* rng, DType dt, cudaStream_t stream) {
-  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt);
+                        const std::int64_t* rng, DType dt, cudaStream_t stream, const SdpaCudnnLayout& layout) {
+  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt, layout);
   Built& b = graph(ctx, s, false);
   std::unordered_map<std::int64_t, void*> pack{{kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},
                                                {kV, const_cast<void*>(v)}, {kO, o},
@@ -289,15 +301,20 @@ void sdpa_cudnn_forward(Context& ctx, void* o, float* lse, const void* q, const 
 void sdpa_cudnn_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                          const void* v, const void* o, const float* lse, std::int64_t B, std::int64_t H,
                          std::int64_t T, std::int64_t D, bool causal, float scale, float p, const std::int64_t* rng,
-                         DType dt, cudaStream_t stream, SdpaAccumulate acc) {
-  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt);
+                         DType dt, cudaStream_t stream, SdpaAccumulate acc, const SdpaCudnnLayout& layout) {
+  // A gradient written through a temporary is written there as contiguous heads.
+  SdpaCudnnLayout l = layout;
+  auto temp = [](void* grad, bool add) { return grad == nullptr || add; };
+  if (temp(dq, acc.q)) l.dq = 0;
+  if (temp(dk, acc.k)) l.dk = 0;
+  if (temp(dv, acc.v)) l.dv = 0;
+  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt, l);
   Built& b = graph(ctx, s, true);
   // The workspace, then a temporary for each gradient to add into, or not wanted (nullptr):
   // cuDNN writes all three whole.
   const std::int64_t n = B * H * T * D;
   const std::size_t one = aligned(n * dtype_size(dt));
   const std::size_t ws = aligned(b.workspace);
-  auto temp = [](void* grad, bool add) { return grad == nullptr || add; };
   const std::size_t temps =
       one * (std::size_t{temp(dq, acc.q)} + std::size_t{temp(dk, acc.k)} + std::size_t{temp(dv, acc.v)});
   auto* base = static_cast<char*>(ws + temps > 0 ? ctx.buffer(ws + temps) : nullptr);
@@ -318,9 +335,15 @@ void sdpa_cudnn_backward(Context& ctx, void* dq, void* dk, void* dv, const void*
     pack[kOffset] = const_cast<std::int64_t*>(rng + 1);
   }
   run(ctx, b, s, pack, base, stream, "execute backward");
-  if (dq != nullptr && tq != dq) copy_accumulate(dq, tq, n, true, dt, stream);
-  if (dk != nullptr && tk != dk) copy_accumulate(dk, tk, n, true, dt, stream);
-  if (dv != nullptr && tv != dv) copy_accumulate(dv, tv, n, true, dt, stream);
+  // Added into each gradient as it lies (contiguous, or column blocks of its rows).
+  auto add = [&](void* grad, const void* t, std::int64_t row) {
+    if (grad == nullptr || t == grad) return;
+    if (row == 0) copy_accumulate(grad, t, n, true, dt, stream);
+    else split_heads_backward(grad, t, B, T, H, D, row, 0, true, dt, stream);
+  };
+  add(dq, tq, layout.dq);
+  add(dk, tk, layout.dk);
+  add(dv, tv, layout.dv);
 }
 
 SdpaCudnnWorkspace sdpa_cudnn_workspace(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D,

@@ -2205,6 +2205,13 @@ TEST_CASE("sdpa: the one-buffer kernels give the two-buffer kernels' bits (head 
   }
 }
 
+// A Context whose fused attention is cuDNN's.
+kg::ContextOptions cudnn_options() {
+  kg::ContextOptions o;
+  o.sdpa_cudnn = true;
+  return o;
+}
+
 // cuDNN's flash attention (ContextOptions::sdpa_cudnn) on the same operands: without dropout
 // against the CPU twin at our kernels' bounds, written and added into; with dropout, each
 // element of dropout(P) is 0 or P/(1 - p) at about the rate p, and the backward draws the
@@ -2219,9 +2226,7 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
   }
   CHECK(kg::sdpa_cudnn_refusal(2, 64, DType::bf16).empty());
   CHECK(kg::sdpa_cudnn_refusal(16, 128, DType::fp16).empty());
-  kg::ContextOptions options;
-  options.sdpa_cudnn = true;
-  kg::Context ctx(options);
+  kg::Context ctx(cudnn_options());
   struct Case {
     std::int64_t B, H, T, D;
     bool causal;
@@ -2353,6 +2358,146 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
         CHECK(zp::kernels::carve_aligned(w.forward) == zp::kernels::kSdpaCudnnForwardWorkspace);
         CHECK(zp::kernels::carve_aligned(w.backward) == zp::kernels::sdpa_cudnn_backward_workspace(s.B, s.H, s.T, s.D));
       }
+}
+
+// cuDNN's attention on operands where the model's ops leave them (SdpaCudnnLayout): q, k and v
+// as column blocks of one (B, T, W) projection output (GPT-2's c_attn, W = 3·H·D plus 8 columns
+// nobody owns), the output and its gradient as (B, T, H·D) rows, the gradients written (and added)
+// into column blocks of the projection output's gradient. Against the same call on contiguous
+// heads: the same engine on the same values, so within a few 16-bit ulps (the count of
+// bit-equal elements is printed), the same dropout mask (the same seed and offset), and the
+// columns no operand owns never touched.
+TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous heads give") {
+  if (!kg::sdpa_cudnn_built()) {
+    MESSAGE("skipped: " << kg::sdpa_cudnn_refusal(16, 64, DType::bf16));
+    return;
+  }
+  kg::Context ctx(cudnn_options());
+  struct Case {
+    std::int64_t B, H, T, D;
+    bool causal;
+    float p;
+  };
+  auto rng = device_raw(std::vector<std::int64_t>{777, std::int64_t{3} << 32});
+  const auto* seed_offset = static_cast<const std::int64_t*>(rng->get());
+  for (DType dt : {DType::bf16, DType::fp16})
+    for (const Case c : {Case{2, 3, 130, 64, true, 0.0f}, Case{2, 2, 128, 64, false, 0.1f}, Case{1, 2, 96, 128, true, 0.1f}}) {
+      CAPTURE(dtype_str(dt));
+      CAPTURE(c.T);
+      CAPTURE(c.D);
+      CAPTURE(c.causal);
+      CAPTURE(c.p);
+      const std::int64_t B = c.B, H = c.H, T = c.T, D = c.D, HD = H * D, W = 3 * HD + 8, n = B * H * T * D;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      const float sentinel = 7.0f;
+      // heads (B, H, T, D) <-> rows (B, T, ld) at column offset `at`
+      auto to_rows = [&](Vec& rows, const Vec& heads, std::int64_t ld, std::int64_t at) {
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t t = 0; t < T; ++t)
+              for (std::int64_t d = 0; d < D; ++d)
+                rows[sz((b * T + t) * ld + at + h * D + d)] = heads[sz(((b * H + h) * T + t) * D + d)];
+      };
+      auto from_rows = [&](const Vec& rows, std::int64_t ld, std::int64_t at) {
+        Vec heads(sz(n));
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t t = 0; t < T; ++t)
+              for (std::int64_t d = 0; d < D; ++d)
+                heads[sz(((b * H + h) * T + t) * D + d)] = rows[sz((b * T + t) * ld + at + h * D + d)];
+        return heads;
+      };
+      auto padding_kept = [&](const Vec& rows) {
+        std::int64_t off = 0;
+        for (std::int64_t r = 0; r < B * T; ++r)
+          for (std::int64_t j = 3 * HD; j < W; ++j) off += rows[sz(r * W + j)] != sentinel;
+        return off;
+      };
+      auto bit_equal = [](const Vec& a, const Vec& b) {
+        std::size_t same = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) same += a[i] == b[i];
+        return same;
+      };
+      const Vec q = rand_vec(n, 331, dt, -2.0f, 2.0f), k = rand_vec(n, 332, dt, -2.0f, 2.0f), v = rand_vec(n, 333, dt);
+      Vec qkv(sz(B * T * W), sentinel);
+      to_rows(qkv, q, W, 0);
+      to_rows(qkv, k, W, HD);
+      to_rows(qkv, v, W, 2 * HD);
+      auto gq = device(q, dt), gk = device(k, dt), gv = device(v, dt), gqkv = device(qkv, dt);
+      const std::size_t e = sz(dtype_size(dt));
+      auto* rows = static_cast<char*>(gqkv->get());
+      // Contiguous heads, as kernels/cuda/sdpa takes them.
+      auto o = output(sz(n), dt);
+      Dev lse(sz(B * H * T) * 4);
+      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), B, H, T, D, c.causal, scale,
+                             c.p, seed_offset, dt, kStream);
+      // In place.
+      auto orow = output(sz(B * T * HD), dt);
+      Dev lse2(sz(B * H * T) * 4);
+      kg::SdpaCudnnLayout l;
+      l.q = l.k = l.v = W;
+      l.o = HD;
+      kg::sdpa_cudnn_forward(ctx, orow->get(), lse2.as<float>(), rows, rows + HD * e, rows + 2 * HD * e, B, H, T, D,
+                             c.causal, scale, c.p, seed_offset, dt, kStream, l);
+      const Vec want_o = download(*o, sz(n), dt), got_o = from_rows(download(*orow, sz(B * T * HD), dt), HD, 0);
+      MESSAGE(dtype_str(dt) << " T=" << T << " p=" << c.p << ": O bit-equal in " << bit_equal(got_o, want_o) << " of "
+                            << n);
+      expect_close("O in place", got_o, want_o, Tol{2 * eps(dt), 2 * eps(dt), 0.0});
+      expect_close("logsumexp in place", download(lse2, sz(B * H * T), DType::fp32), download(lse, sz(B * H * T), DType::fp32),
+                   Tol{1e-5, 1e-5, 0.0});
+      // Backward: dO as rows too; the gradients into column blocks of one (B, T, W) gradient.
+      const Vec dout = rand_vec(n, 334, dt);
+      Vec dorow(sz(B * T * HD));
+      to_rows(dorow, dout, HD, 0);
+      auto gdout = device(dout, dt), gdorow = device(dorow, dt);
+      const Vec qi = rand_vec(n, 335, dt, -0.01f, 0.01f), ki = rand_vec(n, 336, dt, -0.01f, 0.01f),
+                vi = rand_vec(n, 337, dt, -0.01f, 0.01f);
+      for (bool add : {false, true}) {
+        CAPTURE(add);
+        auto gdq = add ? device(qi, dt) : output(sz(n), dt), gdk = add ? device(ki, dt) : output(sz(n), dt),
+             gdv = add ? device(vi, dt) : output(sz(n), dt);
+        kg::sdpa_cudnn_backward(ctx, gdq->get(), gdk->get(), gdv->get(), gdout->get(), gq->get(), gk->get(), gv->get(),
+                                o->get(), lse.as<float>(), B, H, T, D, c.causal, scale, c.p, seed_offset, dt, kStream,
+                                kg::SdpaAccumulate{add, add, add});
+        Vec init(sz(B * T * W), sentinel);
+        if (add) {
+          to_rows(init, qi, W, 0);
+          to_rows(init, ki, W, HD);
+          to_rows(init, vi, W, 2 * HD);
+        } else {
+          for (std::int64_t r = 0; r < B * T; ++r)
+            for (std::int64_t j = 0; j < 3 * HD; ++j) init[sz(r * W + j)] = std::numeric_limits<float>::quiet_NaN();
+        }
+        auto gdrows = device(init, dt);
+        auto* drows = static_cast<char*>(gdrows->get());
+        kg::SdpaCudnnLayout lb = l;
+        lb.dq = lb.dk = lb.dv = W;
+        kg::sdpa_cudnn_backward(ctx, drows, drows + HD * e, drows + 2 * HD * e, gdorow->get(), rows, rows + HD * e,
+                                rows + 2 * HD * e, orow->get(), lse2.as<float>(), B, H, T, D, c.causal, scale, c.p,
+                                seed_offset, dt, kStream, kg::SdpaAccumulate{add, add, add}, lb);
+        const Vec got = download(*gdrows, sz(B * T * W), dt);
+        CHECK(padding_kept(got) == 0);
+        const char* names[] = {"dq", "dk", "dv"};
+        const Dev* want[] = {gdq.get(), gdk.get(), gdv.get()};
+        for (int i = 0; i < 3; ++i) {
+          const Vec w = download(*want[i], sz(n), dt), g = from_rows(got, W, i * HD);
+          MESSAGE(dtype_str(dt) << " T=" << T << " p=" << c.p << std::string(add ? " added " : " written ")
+                                << std::string(names[i]) << " bit-equal in " << bit_equal(g, w) << " of " << n);
+          expect_close(std::string(names[i]) + " in place", g, w, Tol{2 * eps(dt) * 0.01, 2 * eps(dt), 0.0});
+        }
+      }
+    }
+  // A row narrower than the heads, or of rows not 16-byte multiples, is refused by name.
+  auto dummy = output(64, DType::bf16);
+  kg::SdpaCudnnLayout bad;
+  bad.q = 100;  // 2 heads of 64
+  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 2, 4,
+                                         64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream, bad),
+                  std::invalid_argument);
+  bad.q = 132;  // wide enough, rows of 264 bytes
+  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 2, 4,
+                                         64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream, bad),
+                  std::invalid_argument);
 }
 
 TEST_CASE("kernels refuse storage dtypes other than fp32, bf16, fp16 by name") {
