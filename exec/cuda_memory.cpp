@@ -244,9 +244,10 @@ class ProbeDevice final : public Device {
   // compute Context's buffer (grown, never shrunk), where
   // cuDNN takes the attention (exec/device_cuda_ops.cpp's FusedAttention decides alike). A
   // gradient without a buffer of its own gets one among the op's temporaries (the scratch rule
-  // above), so cuDNN always has three to write. A gradient added into (not written whole) would
-  // take a (B, H, T, D) temporary after the workspace; the models here write theirs whole, and
-  // that case is not counted.
+  // above), so cuDNN always has three to write. A gradient added into (not written whole), as
+  // contiguous heads or as a column block of rows alike, would take a (B, H, T, D) temporary
+  // after the workspace (sdpa_cudnn_backward); the models here write theirs whole, and that case
+  // is not counted.
   void cudnn_workspace(const models::Op& op, const Operands& o) {
     const models::HeadsLayout f = models::heads_layout(o.graph(), op);
     if (!cuda_attention_takes_cudnn(f, o.act_ref(f.q.tensor).dt, true)) return;

@@ -228,9 +228,9 @@ TEST_CASE("cuda scratch: cuDNN's attention holds its backward's workspace in the
       CHECK(cudnn.context_buffer.v == 0);  // fp32: the own kernels run
     }
     // The ops' temporaries: the own kernels' attention backward takes four (B, H, T, D) heads
-    // (the arenas' case above). cuDNN reads q out of c_attn's columns, the output and its
-    // gradient as their rows, and writes dq into its column block: it takes none, and
-    // whatever else sizes the slot is the same under both.
+    // (the arenas' case above) and sizes the slot. cuDNN reads q out of c_attn's columns, the
+    // output and its gradient as their rows, and writes dq into its column block, so the
+    // attention no longer sizes the slot (whatever does is the same op under both rules).
     const auto* t_own = arena(own, 0, zp::exec::kCudaOpSlot + zp::exec::kTempSlot);
     const auto* t_cudnn = arena(cudnn, 0, zp::exec::kCudaOpSlot + zp::exec::kTempSlot);
     REQUIRE(t_own != nullptr);

@@ -52,12 +52,13 @@ namespace {
 }  // namespace
 
 void sdpa_cudnn_forward(Context&, void*, float*, const void*, const void*, const void*, std::int64_t, std::int64_t,
-                        std::int64_t, std::int64_t, bool, float, float, const std::int64_t*, DType, cudaStream_t) {
+                        std::int64_t, std::int64_t, bool, float, float, const std::int64_t*, DType, cudaStream_t,
+                        const SdpaCudnnLayout&) {
   not_built();
 }
 void sdpa_cudnn_backward(Context&, void*, void*, void*, const void*, const void*, const void*, const void*,
                          const void*, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, float,
-                         float, const std::int64_t*, DType, cudaStream_t, SdpaAccumulate) {
+                         float, const std::int64_t*, DType, cudaStream_t, SdpaAccumulate, const SdpaCudnnLayout&) {
   not_built();
 }
 SdpaCudnnWorkspace sdpa_cudnn_workspace(Context&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, float,
@@ -302,6 +303,7 @@ void sdpa_cudnn_backward(Context& ctx, void* dq, void* dk, void* dv, const void*
                          const void* v, const void* o, const float* lse, std::int64_t B, std::int64_t H,
                          std::int64_t T, std::int64_t D, bool causal, float scale, float p, const std::int64_t* rng,
                          DType dt, cudaStream_t stream, SdpaAccumulate acc, const SdpaCudnnLayout& layout) {
+  shape_of(B, H, T, D, causal, scale, p, dt, layout);  // the caller's layouts, those added into too
   // A gradient written through a temporary is written there as contiguous heads.
   SdpaCudnnLayout l = layout;
   auto temp = [](void* grad, bool add) { return grad == nullptr || add; };

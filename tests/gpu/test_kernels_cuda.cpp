@@ -2360,13 +2360,16 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
       }
 }
 
-// cuDNN's attention on operands where the model's ops leave them (SdpaCudnnLayout): q, k and v
-// as column blocks of one (B, T, W) projection output (GPT-2's c_attn, W = 3·H·D plus 8 columns
-// nobody owns), the output and its gradient as (B, T, H·D) rows, the gradients written (and added)
-// into column blocks of the projection output's gradient. Against the same call on contiguous
-// heads: the same engine on the same values, so within a few 16-bit ulps (the count of
-// bit-equal elements is printed), the same dropout mask (the same seed and offset), and the
-// columns no operand owns never touched.
+// cuDNN's attention on operands where the model's ops leave them (SdpaCudnnLayout), each operand
+// in a layout of its own so that one operand's strides given to another would show: q as a
+// column block of a (B, T, W) projection output (GPT-2's c_attn, W = 3·H·D plus 8 columns nobody
+// owns), k as contiguous heads (GPT-2's KV-cache copy), v as the columns of a (B, T, H·D + 8)
+// output, the output and its gradient as (B, T, H·D) rows; in backward dq into q's column block
+// of the projection's gradient, dk as contiguous heads, dv into v's layout, written and added
+// into. Against the same call on contiguous heads: the same engine on the same values, so within
+// two 16-bit ulps (dQ's sums are not in a fixed order; the count of bit-equal elements is
+// printed), the same dropout mask (the same seed and offset), and the columns no operand owns
+// never touched.
 TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous heads give") {
   if (!kg::sdpa_cudnn_built()) {
     MESSAGE("skipped: " << kg::sdpa_cudnn_refusal(16, 64, DType::bf16));
@@ -2387,7 +2390,8 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
       CAPTURE(c.D);
       CAPTURE(c.causal);
       CAPTURE(c.p);
-      const std::int64_t B = c.B, H = c.H, T = c.T, D = c.D, HD = H * D, W = 3 * HD + 8, n = B * H * T * D;
+      const std::int64_t B = c.B, H = c.H, T = c.T, D = c.D, HD = H * D, W = 3 * HD + 8, WV = HD + 8,
+                         n = B * H * T * D;
       const float scale = 1.0f / std::sqrt(static_cast<float>(D));
       const float sentinel = 7.0f;
       // heads (B, H, T, D) <-> rows (B, T, ld) at column offset `at`
@@ -2407,10 +2411,11 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
                 heads[sz(((b * H + h) * T + t) * D + d)] = rows[sz((b * T + t) * ld + at + h * D + d)];
         return heads;
       };
-      auto padding_kept = [&](const Vec& rows) {
+      // Columns [from, ld) of every row still hold the sentinel.
+      auto untouched = [&](const Vec& rows, std::int64_t ld, std::int64_t from) {
         std::int64_t off = 0;
         for (std::int64_t r = 0; r < B * T; ++r)
-          for (std::int64_t j = 3 * HD; j < W; ++j) off += rows[sz(r * W + j)] != sentinel;
+          for (std::int64_t j = from; j < ld; ++j) off += rows[sz(r * ld + j)] != sentinel;
         return off;
       };
       auto bit_equal = [](const Vec& a, const Vec& b) {
@@ -2419,25 +2424,25 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
         return same;
       };
       const Vec q = rand_vec(n, 331, dt, -2.0f, 2.0f), k = rand_vec(n, 332, dt, -2.0f, 2.0f), v = rand_vec(n, 333, dt);
-      Vec qkv(sz(B * T * W), sentinel);
-      to_rows(qkv, q, W, 0);
-      to_rows(qkv, k, W, HD);
-      to_rows(qkv, v, W, 2 * HD);
-      auto gq = device(q, dt), gk = device(k, dt), gv = device(v, dt), gqkv = device(qkv, dt);
-      const std::size_t e = sz(dtype_size(dt));
-      auto* rows = static_cast<char*>(gqkv->get());
+      Vec qrows(sz(B * T * W), sentinel), vrows(sz(B * T * WV), sentinel);
+      to_rows(qrows, q, W, 0);
+      to_rows(vrows, v, WV, 0);
+      auto gq = device(q, dt), gk = device(k, dt), gv = device(v, dt), gqrows = device(qrows, dt),
+           gvrows = device(vrows, dt);
       // Contiguous heads, as kernels/cuda/sdpa takes them.
       auto o = output(sz(n), dt);
       Dev lse(sz(B * H * T) * 4);
       kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), B, H, T, D, c.causal, scale,
                              c.p, seed_offset, dt, kStream);
-      // In place.
+      // In place, a layout per operand.
       auto orow = output(sz(B * T * HD), dt);
       Dev lse2(sz(B * H * T) * 4);
       kg::SdpaCudnnLayout l;
-      l.q = l.k = l.v = W;
+      l.q = W;
+      l.k = 0;
+      l.v = WV;
       l.o = HD;
-      kg::sdpa_cudnn_forward(ctx, orow->get(), lse2.as<float>(), rows, rows + HD * e, rows + 2 * HD * e, B, H, T, D,
+      kg::sdpa_cudnn_forward(ctx, orow->get(), lse2.as<float>(), gqrows->get(), gk->get(), gvrows->get(), B, H, T, D,
                              c.causal, scale, c.p, seed_offset, dt, kStream, l);
       const Vec want_o = download(*o, sz(n), dt), got_o = from_rows(download(*orow, sz(B * T * HD), dt), HD, 0);
       MESSAGE(dtype_str(dt) << " T=" << T << " p=" << c.p << ": O bit-equal in " << bit_equal(got_o, want_o) << " of "
@@ -2445,7 +2450,7 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
       expect_close("O in place", got_o, want_o, Tol{2 * eps(dt), 2 * eps(dt), 0.0});
       expect_close("logsumexp in place", download(lse2, sz(B * H * T), DType::fp32), download(lse, sz(B * H * T), DType::fp32),
                    Tol{1e-5, 1e-5, 0.0});
-      // Backward: dO as rows too; the gradients into column blocks of one (B, T, W) gradient.
+      // Backward: dO as rows too.
       const Vec dout = rand_vec(n, 334, dt);
       Vec dorow(sz(B * T * HD));
       to_rows(dorow, dout, HD, 0);
@@ -2459,35 +2464,37 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
         kg::sdpa_cudnn_backward(ctx, gdq->get(), gdk->get(), gdv->get(), gdout->get(), gq->get(), gk->get(), gv->get(),
                                 o->get(), lse.as<float>(), B, H, T, D, c.causal, scale, c.p, seed_offset, dt, kStream,
                                 kg::SdpaAccumulate{add, add, add});
-        Vec init(sz(B * T * W), sentinel);
-        if (add) {
-          to_rows(init, qi, W, 0);
-          to_rows(init, ki, W, HD);
-          to_rows(init, vi, W, 2 * HD);
-        } else {
-          for (std::int64_t r = 0; r < B * T; ++r)
-            for (std::int64_t j = 0; j < 3 * HD; ++j) init[sz(r * W + j)] = std::numeric_limits<float>::quiet_NaN();
-        }
-        auto gdrows = device(init, dt);
-        auto* drows = static_cast<char*>(gdrows->get());
+        // dq's and dv's rows: the sentinel beyond their blocks; in their blocks what is added
+        // into, or NaN where they are written whole. dk: contiguous heads.
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        Vec dqrows(sz(B * T * W), sentinel), dvrows(sz(B * T * WV), sentinel);
+        to_rows(dqrows, add ? qi : Vec(sz(n), nan), W, 0);
+        to_rows(dvrows, add ? vi : Vec(sz(n), nan), WV, 0);
+        auto gdqrows = device(dqrows, dt), gdvrows = device(dvrows, dt);
+        auto gdkh = add ? device(ki, dt) : output(sz(n), dt);
         kg::SdpaCudnnLayout lb = l;
-        lb.dq = lb.dk = lb.dv = W;
-        kg::sdpa_cudnn_backward(ctx, drows, drows + HD * e, drows + 2 * HD * e, gdorow->get(), rows, rows + HD * e,
-                                rows + 2 * HD * e, orow->get(), lse2.as<float>(), B, H, T, D, c.causal, scale, c.p,
+        lb.dq = W;
+        lb.dk = 0;
+        lb.dv = WV;
+        kg::sdpa_cudnn_backward(ctx, gdqrows->get(), gdkh->get(), gdvrows->get(), gdorow->get(), gqrows->get(), gk->get(),
+                                gvrows->get(), orow->get(), lse2.as<float>(), B, H, T, D, c.causal, scale, c.p,
                                 seed_offset, dt, kStream, kg::SdpaAccumulate{add, add, add}, lb);
-        const Vec got = download(*gdrows, sz(B * T * W), dt);
-        CHECK(padding_kept(got) == 0);
+        const Vec got_dq = download(*gdqrows, sz(B * T * W), dt), got_dv = download(*gdvrows, sz(B * T * WV), dt);
+        CHECK(untouched(got_dq, W, HD) == 0);
+        CHECK(untouched(got_dv, WV, HD) == 0);
+        const Vec got[] = {from_rows(got_dq, W, 0), download(*gdkh, sz(n), dt), from_rows(got_dv, WV, 0)};
         const char* names[] = {"dq", "dk", "dv"};
         const Dev* want[] = {gdq.get(), gdk.get(), gdv.get()};
         for (int i = 0; i < 3; ++i) {
-          const Vec w = download(*want[i], sz(n), dt), g = from_rows(got, W, i * HD);
+          const Vec w = download(*want[i], sz(n), dt);
           MESSAGE(dtype_str(dt) << " T=" << T << " p=" << c.p << std::string(add ? " added " : " written ")
-                                << std::string(names[i]) << " bit-equal in " << bit_equal(g, w) << " of " << n);
-          expect_close(std::string(names[i]) + " in place", g, w, Tol{2 * eps(dt) * 0.01, 2 * eps(dt), 0.0});
+                                << std::string(names[i]) << " bit-equal in " << bit_equal(got[i], w) << " of " << n);
+          expect_close(std::string(names[i]) + " in place", got[i], w, Tol{2 * eps(dt) * 0.01, 2 * eps(dt), 0.0});
         }
       }
     }
-  // A row narrower than the heads, or of rows not 16-byte multiples, is refused by name.
+  // A row narrower than the heads, or of rows not 16-byte multiples, is refused by name; so is
+  // one given for a gradient that is added into (it goes through a temporary, then its rows).
   auto dummy = output(64, DType::bf16);
   kg::SdpaCudnnLayout bad;
   bad.q = 100;  // 2 heads of 64
@@ -2497,6 +2504,13 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
   bad.q = 132;  // wide enough, rows of 264 bytes
   CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 2, 4,
                                          64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream, bad),
+                  std::invalid_argument);
+  kg::SdpaCudnnLayout narrow;
+  narrow.dq = 64;
+  CHECK_THROWS_AS(kg::sdpa_cudnn_backward(ctx, dummy->get(), dummy->get(), dummy->get(), dummy->get(), dummy->get(),
+                                          dummy->get(), dummy->get(), dummy->get(), nullptr, 1, 2, 4, 64, false, 0.125f,
+                                          0.0f, seed_offset, DType::bf16, kStream, kg::SdpaAccumulate{true, false, false},
+                                          narrow),
                   std::invalid_argument);
 }
 
