@@ -1551,20 +1551,33 @@ TEST_CASE("the step's per-tensor loops: the overflow check of bf16 at stages 1/2
                                                   {"zero_optimization", {{"stage", 1}}}});
   CHECK_FALSE(j.bf16_check_grad_overflow);
   // Stage 0 (FP16_Optimizer): has_overflow_serial reads each flag back before the next, so its
-  // host step stays one event, and its casts and copies back go one parameter at a time.
+  // host step stays one event; the device runs the loop's kernels (on the first cast, with the
+  // casts, one parameter at a time) beside it, and the flatten waits for it.
   const auto s0 = build("tiny-gpt2", bf16_config(0, 2, 1, false), 1, 16);
   const auto P = static_cast<std::int32_t>(s0.g.params.size());
+  const std::int64_t psi = s0.g.param_count();
   int hosts = 0;
+  zero::EventId host = -1;
   for (const auto& e : s0.p.events) {
     const std::string name = s0.p.event_name(e.id);
+    const auto deps = s0.p.deps(e);
+    const bool waits = host >= 0 && std::find(deps.begin(), deps.end(), host) != deps.end();
     if (e.kind == EventKind::host && e.phase == zero::Phase::step) {
       ++hosts;
+      host = e.id;
       CHECK(e.host.step_base);
+      CHECK(e.host.step == zero::HostStep::fp16_optimizer);
     }
-    if (name == "step/grads_to_fp32" || name == "step/master_to_params16") CHECK(e.loop_kernels == P - 1);
+    if (name == "step/grads_to_fp32") {
+      CHECK(e.loop_kernels == P - 1 + 13 * P);
+      CHECK(e.loop_bytes.v == 2 * psi * 2);  // amax and amin read each bf16 gradient
+      CHECK_FALSE(waits);
+    }
+    if (name == "step/flatten_grads_fp32") CHECK(waits);
+    if (name == "step/master_to_params16") CHECK(e.loop_kernels == P - 1);
     if (e.kind == EventKind::optimizer) {
-      CHECK(e.loop_kernels == 13 * P + 1);
-      CHECK(e.checks_overflow);  // has_overflow inside step(): the executor skips the update on one
+      CHECK(e.loop_kernels == 1);  // the unscaling pass
+      CHECK(e.checks_overflow);    // has_overflow inside step(): the executor skips the update on one
     }
   }
   CHECK(hosts == 1);

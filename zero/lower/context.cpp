@@ -272,7 +272,11 @@ void Context::host_step(HostStep kind, std::int32_t tensors) {
   at.host_phase = Phase::step;
   at.host_ops = 0;
   if (loops_apart) at.step_loop = h.id;
-  else b.next_waits_for(h.id);
+  // FP16_Optimizer's overflow loop reads a flag back per tensor, but its kernels take a few
+  // microseconds each and the host issues them slower than the device runs them: the device
+  // keeps up, and the loop takes what the host takes. Its first device event (the loop's
+  // kernels) runs beside this one; the next waits for it (FusedOptimizerLowering::step).
+  else if (kind != HostStep::fp16_optimizer) b.next_waits_for(h.id);
 }
 
 void Context::host_step_rest() {

@@ -70,6 +70,14 @@ void FusedOptimizerLowering::step() {
     cast.copy_op = CopyOp::grads_to_list;
     cast.copy_kernel = CopyKernel::cast;
     cast.loop_kernels = static_cast<std::int32_t>(c_.g.params.size()) - 1;  // a .to() per gradient
+    // Before them, inside step(): has_overflow over each 16-bit gradient one by one
+    // (has_inf_or_nan: amax and amin read it; each isfinite is abs, two compares and a product
+    // on the scalar; logical_and, logical_not; and the host reads the flag back before the
+    // next: 13 kernels and copies). DeepSpeed's work alone (zeroplan's executor checks in its
+    // update), and the device's while the host issues it (Context::host_step): what comes
+    // after waits for the host's loop and its norm.
+    cast.loop_kernels += 13 * static_cast<std::int32_t>(c_.g.params.size());
+    cast.loop_bytes = Bytes{2 * psi * c_.b16()};
     std::vector<BufferId> list32;
     for (const auto& prm : c_.g.params) {
       // (numel,) fp32
@@ -78,6 +86,7 @@ void FusedOptimizerLowering::step() {
       b.alloc(list32.back());
       b.slice({prm.id, 0, prm.numel, -1});
     }
+    if (c_.opt.host_work) b.next_waits_for(c_.at.host);
     Event& fl = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "flatten_grads_fp32");
     fl.mem_bytes = Bytes{psi * 8};
     // (Ψ,) fp32
@@ -90,16 +99,12 @@ void FusedOptimizerLowering::step() {
     for (BufferId id : list32) b.free(id);
     optimizer_event(c_, psi, Placement::device, "optimizer", c_.states.master, flat32);
     unscale_pass(c_.p.events.back(), psi);
-    // Inside step(): has_overflow first, over each 16-bit gradient one by one (has_inf_or_nan:
-    // amax and amin read it; each isfinite is abs, two compares and a product on the scalar;
-    // logical_and, logical_not; and the host reads the flag back before the next: 13 kernels
-    // and copies), then the norm of the flat fp32 gradients.
+    // The update checks for overflow (zeroplan's executor) and takes the norm of the flat fp32
+    // gradients first.
     Event& opt = c_.p.events.back();
     opt.checks_overflow = true;
     opt.reduce_bytes = Bytes{psi * 4};
     opt.tensors = 1;
-    opt.loop_kernels += 13 * static_cast<std::int32_t>(c_.g.params.size());
-    opt.loop_bytes = Bytes{opt.loop_bytes.v + 2 * psi * c_.b16()};
     b.free(flat32);
     Event& cp = b.begin(EventKind::copy, Stream::compute, Phase::step, -1, "master_to_params16");
     cp.mem_bytes = Bytes{psi * (4 + c_.b16())};
