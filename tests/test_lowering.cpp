@@ -1581,6 +1581,23 @@ TEST_CASE("the step's per-tensor loops: the overflow check of bf16 at stages 1/2
     }
   }
   CHECK(hosts == 1);
+  // With several ranks the gradients are all-reduced at the boundary (engine.py
+  // buffered_allreduce_fallback) before step(): the host's loop waits for the copy back of the
+  // last bucket, as DeepSpeed's first read-back does, and so does everything after it.
+  const auto s2 = build("tiny-gpt2", bf16_config(0, 2, 1, false), 2, 16);
+  zero::EventId last_unflatten = -1;
+  int steps = 0;
+  for (const auto& e : s2.p.events) {
+    const std::string name = s2.p.event_name(e.id);
+    if (name.find("unflatten.bucket") != std::string::npos) last_unflatten = e.id;
+    if (e.kind == EventKind::host && e.phase == zero::Phase::step) {
+      ++steps;
+      REQUIRE(last_unflatten >= 0);
+      const auto deps = s2.p.deps(e);
+      CHECK(std::find(deps.begin(), deps.end(), last_unflatten) != deps.end());
+    }
+  }
+  CHECK(steps == 1);
 }
 
 // The step's scalar all-reduces reduce the rank's gradients locally first, and some copies visit

@@ -61,7 +61,7 @@ struct IssueCursor {
   EventId last_compute = -1;      // the latest compute event issued
   EventId last_grad_event = -1;   // the backward op that produced the gradient being hooked
   EventId last_copy = -1;         // the latest copy into a reduce bucket
-  EventId last_reduce = -1;       // the latest event of a bucket reduction (the step waits for it)
+  EventId last_reduce = -1;       // the latest event of a gradient reduction (the step waits for it)
   EventId last_check = -1;        // the step's latest gradient check (norm, overflow): the update reads it
   EventId last_update = -1;       // the latest copy of updated master weights into the 16-bit params
   std::map<GroupId, EventId> last_collective;  // per rank group (communicator): its latest collective
@@ -192,8 +192,10 @@ class Context {
   void host_hook(Phase ph, bool to_bucket = false);
   void host_module_visit(Phase ph, std::int32_t params);
   // The optimizer step's host loop over `tensors` parameter tensors, which waits for
-  // everything issued so far; the next event begun waits for it (FP16_Optimizer's loop reads
-  // each tensor's overflow flag back before the next, so its kernels follow in series). For the
+  // everything issued so far; the next event begun waits for it, but for FP16_Optimizer's,
+  // whose overflow loop's kernels the device runs while the host issues them (each read back
+  // before the next, the device keeping up): its first device event runs beside it and
+  // FusedOptimizerLowering::step makes the one after wait for it. For the
   // ZeRO optimizers (stages 1-3 on the device) only their loops over the gradients, which read
   // nothing back per tensor: the checks they issue (gradient_checks) run on the device
   // meanwhile, and host_step_rest() then adds the step's fixed part, which waits for the checks.

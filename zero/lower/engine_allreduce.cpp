@@ -45,6 +45,8 @@ void buffered_allreduce(Context& c, BufferId flat_grads32) {
     back.dst_buf = from_flat ? flat_grads32 : -1;
     for (ParamId p : cur) b.slice({p, 0, c.numel(p), grad_at(p)});
     b.free(flat);
+    // What the step reads, and the first read-back of its host loop waits for.
+    c.at.last_reduce = back.id;
     cur.clear();
     cur_n = 0;
   };
