@@ -1581,9 +1581,9 @@ TEST_CASE("the step's per-tensor loops: the overflow check of bf16 at stages 1/2
     }
   }
   CHECK(hosts == 1);
-  // With several ranks the gradients are all-reduced at the boundary (engine.py
-  // buffered_allreduce_fallback) before step(): the host's loop waits for the copy back of the
-  // last bucket, as DeepSpeed's first read-back does, and so does everything after it.
+  // The gradients are all-reduced at the boundary (engine.py buffered_allreduce_fallback, at one
+  // rank too) before step(): the host's loop waits for the copy back of the last bucket, as
+  // DeepSpeed's first read-back does (two ranks here, where the all-reduce costs the most).
   const auto s2 = build("tiny-gpt2", bf16_config(0, 2, 1, false), 2, 16);
   zero::EventId last_unflatten = -1;
   int steps = 0;
