@@ -1598,6 +1598,38 @@ TEST_CASE("the step's per-tensor loops: the overflow check of bf16 at stages 1/2
     }
   }
   CHECK(steps == 1);
+  // The bare optimizer (fp32 at stage 0): its per-tensor loop (FusedAdam building its lists) is
+  // one host event, which the update waits for; the fixed part (the engine's bookkeeping after
+  // the launch) is another, after the loop, beside the update (neither waits for the other),
+  // and the step's end waits for both.
+  const auto pl = build("tiny-gpt2", zero::parse_ds_config("t.json", {{"train_micro_batch_size_per_gpu", 2},
+                                                                      {"zero_optimization", {{"stage", 0}}}}),
+                        1, 16);
+  zero::EventId loop = -1, rest = -1, update = -1, end = -1;
+  for (const auto& e : pl.p.events) {
+    const std::string name = pl.p.event_name(e.id);
+    if (name == "step/host.optimizer_step") loop = e.id;
+    if (name == "step/host.optimizer_step.rest") rest = e.id;
+    if (e.kind == EventKind::optimizer) update = e.id;
+    if (name == "step/zero_grad") end = e.id;
+    if (e.kind == EventKind::host && e.phase == zero::Phase::step) {
+      CHECK(e.host.step == zero::HostStep::plain);
+      CHECK(e.host.step_base == (e.id == rest));
+      CHECK(e.host.tensors == (e.id == rest ? 0 : static_cast<std::int32_t>(pl.g.params.size())));
+    }
+  }
+  REQUIRE(loop >= 0);
+  REQUIRE(rest > update);
+  REQUIRE(update > loop);
+  REQUIRE(end > rest);
+  auto waits = [&](zero::EventId e, zero::EventId on) {
+    const auto deps = pl.p.deps(pl.p.events[static_cast<std::size_t>(e)]);
+    return std::find(deps.begin(), deps.end(), on) != deps.end();
+  };
+  CHECK(waits(update, loop));
+  CHECK(waits(rest, loop));
+  CHECK_FALSE(waits(rest, update));
+  CHECK(waits(end, rest));
 }
 
 // The step's scalar all-reduces reduce the rank's gradients locally first, and some copies visit

@@ -257,12 +257,17 @@ void Context::host_module_visit(Phase ph, std::int32_t params) {
 
 void Context::host_step(HostStep kind, std::int32_t tensors) {
   if (!opt.host_work) return;
+  // A ZeRO step's loops (its overflow and norm checks), priced apart from its fixed part,
+  // which follows the checks' read-back (host_step_rest). The bare optimizer's per-tensor loop
+  // (FusedAdam building its tensor lists) likewise, its fixed part (the engine's bookkeeping
+  // after the update's launch: zero_grad, the scheduler, the timers) running beside the update.
   const bool loops_apart =
       !offload_opt && (kind == HostStep::zero_optimizer || kind == HostStep::zero3_optimizer);
+  const bool rest_apart = loops_apart || (!offload_opt && kind == HostStep::plain);
   Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step"));
   h.host.step = kind;
   h.host.tensors = tensors;
-  h.host.step_base = !loops_apart;
+  h.host.step_base = !rest_apart;
   // The step starts once the backward's work is done (the epilogue synchronises, or the first
   // .item() of FP16_Optimizer's loop waits): everything the backward and the reductions issued.
   b.dep(at.last_compute);
@@ -271,12 +276,14 @@ void Context::host_step(HostStep kind, std::int32_t tensors) {
   at.host_micro = -1;
   at.host_phase = Phase::step;
   at.host_ops = 0;
-  if (loops_apart) at.step_loop = h.id;
-  // FP16_Optimizer's overflow loop reads a flag back per tensor, but its kernels take a few
-  // microseconds each and the host issues them slower than the device runs them: the device
-  // keeps up, and the loop takes what the host takes. Its first device event (the loop's
-  // kernels) runs beside this one; the next waits for it (FusedOptimizerLowering::step).
-  else if (kind != HostStep::fp16_optimizer) b.next_waits_for(h.id);
+  if (rest_apart) at.step_loop = h.id;
+  // A ZeRO step's loop kernels run beside its loops (the read-back orders what follows), and so
+  // do FP16_Optimizer's: its overflow loop reads a flag back per tensor, but its kernels take a
+  // few microseconds each and the host issues them slower than the device runs them, so the
+  // device keeps up and the loop takes what the host takes. Its first device event (the loop's
+  // kernels) runs beside this one; the next waits for it (FusedOptimizerLowering::step). The
+  // bare optimizer's update waits for its lists.
+  if (!loops_apart && kind != HostStep::fp16_optimizer) b.next_waits_for(h.id);
 }
 
 void Context::host_step_rest() {
@@ -285,7 +292,7 @@ void Context::host_step_rest() {
   Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step.rest"));
   h.host.step = kind;
   b.dep(at.step_loop);
-  b.dep(at.last_check);  // the norm (and the overflow flag) read back
+  b.dep(at.last_check);  // the norm (and the overflow flag) read back; none for the bare optimizer
   at.host = h.id;
   at.step_loop = -1;
   b.next_waits_for(h.id);

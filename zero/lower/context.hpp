@@ -70,7 +70,7 @@ struct IssueCursor {
   int host_micro = -2;            // its micro-step and phase, and the ops it issued so far
   Phase host_phase = Phase::init;
   int host_ops = 0;
-  EventId step_loop = -1;         // a ZeRO step's host loops, until host_step_rest()
+  EventId step_loop = -1;         // a step's host loops (ZeRO's, the bare optimizer's), until host_step_rest()
   // The graph ops issued so far (their compute events, in issue order), and where the
   // current and the previous micro-step's begin among them (the launch queue's bound).
   std::vector<EventId> issued;
@@ -201,7 +201,9 @@ class Context {
   // meanwhile, and host_step_rest() then adds the step's fixed part, which waits for the checks.
   // (Stage 1/2 read the overflow flag back between their two loops; one host event for both
   // loops lets the norm's kernels start before the host would have issued them, which matters
-  // only where the device, not the host, bounds the step.)
+  // only where the device, not the host, bounds the step.) The bare optimizer (fp32 at stage
+  // 0) likewise: this event is its per-tensor loop, which its update waits for, and
+  // host_step_rest() its fixed part, beside the update (nothing is read back between them).
   void host_step(HostStep kind, std::int32_t tensors);
   void host_step_rest();
 

@@ -116,6 +116,9 @@ void FusedOptimizerLowering::step() {
     // The norm over each parameter's gradient, inside step().
     c_.p.events.back().reduce_bytes = Bytes{psi * dtype_size(c_.md)};
     c_.p.events.back().tensors = static_cast<std::int32_t>(c_.g.params.size());
+    // The engine's bookkeeping after the update's launch, beside it; the step ends with both
+    // (DeepSpeed's throughput timer synchronises there).
+    c_.host_step_rest();
   }
   b.begin(EventKind::marker, Stream::compute, Phase::step, -1, "zero_grad");
   grads_.free_all(b);
