@@ -638,16 +638,16 @@ int main(int argc, char** argv) {
                  ms, 2.5 * fwd_flops, true, gemm_ceiling);
           if (!a.mask && kg::sdpa_cudnn_refusal(a.T, a.D, dt).empty()) {
             ms = time_ms(opt, [&] {
-              kg::sdpa_cudnn_forward(cudnn, o.get(), lse.as<float>(), q.get(), k.get(), v.get(), a.B, a.H, a.T, a.D,
-                                     a.causal, sc, a.p, rng_ptr, dt, nullptr);
+              kg::sdpa_cudnn_forward(cudnn, o.get(), lse.as<float>(), q.get(), k.get(), v.get(), a.B, a.H, a.H, a.T,
+                                     a.D, a.causal, sc, a.p, rng_ptr, dt, nullptr);
             });
             report(std::string("sdpa fwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", cuDNN " +
                        std::to_string(kg::sdpa_cudnn_version()),
                    shape, ms, fwd_flops, true, gemm_ceiling);
             ms = time_ms(opt, [&] {
               kg::sdpa_cudnn_backward(cudnn, dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(), v.get(),
-                                      o.get(), lse.as<float>(), a.B, a.H, a.T, a.D, a.causal, sc, a.p, rng_ptr, dt,
-                                      nullptr, kg::SdpaAccumulate{false, false, false});
+                                      o.get(), lse.as<float>(), a.B, a.H, a.H, a.T, a.D, a.causal, sc, a.p, rng_ptr,
+                                      dt, nullptr, kg::SdpaAccumulate{false, false, false});
             });
             report(std::string("sdpa bwd ") + std::string(zp::dtype_name(dt)) + " " + a.name + ", cuDNN", shape, ms,
                    2.5 * fwd_flops, true, gemm_ceiling);

@@ -253,7 +253,7 @@ class ProbeDevice final : public Device {
     if (!cuda_attention_takes_cudnn(f, o.act_ref(f.q.tensor).dt, true)) return;
     cudnn_used_ = true;
     const bool backward = o.grad_peek(f.q.tensor) || o.grad_peek(f.k.tensor) || o.grad_peek(f.v.tensor);
-    const auto bytes = static_cast<std::size_t>(backward ? kernels::sdpa_cudnn_backward_workspace(f.B, f.H, f.T, f.D)
+    const auto bytes = static_cast<std::size_t>(backward ? kernels::sdpa_cudnn_backward_workspace(f.B, f.H, f.K, f.T, f.D)
                                                          : kernels::kSdpaCudnnForwardWorkspace);
     if (bytes > buffer_) {
       buffer_ = bytes;

@@ -21,9 +21,10 @@ std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n
 
 // The fused attention's operands (sdpa, flash_attention), as its launcher reads them.
 // cuDNN's attention (`cudnn`) reads and writes every operand in place, contiguous heads or
-// column blocks of rows alike (kernels/cuda/sdpa_cudnn.cuh, SdpaCudnnLayout): only a key or
-// value repeated over its query heads (GQA) is copied; zeroplan's own kernels take
-// contiguous heads only.
+// column blocks of rows alike (kernels/cuda/sdpa_cudnn.cuh, SdpaCudnnLayout), and takes a key
+// and value of fewer heads than the query (GQA) as they are: it needs no temporary of the op's.
+// zeroplan's own kernels take contiguous heads only, and a key or value of as many heads as
+// the query: a GQA key or value is repeated over its query heads into a copy.
 struct Fused {
   models::HeadsLayout f;
   DType dt = DType::fp32;
@@ -31,10 +32,10 @@ struct Fused {
   std::int64_t hv = 0, kvn = 0;
   // A (B, X, T, D) copy of operand h, where the kernel cannot read it where it lies.
   std::size_t copy(const models::HeadsOperand& h, std::int64_t X) const {
-    if (cudnn && X == f.H) return 0;
+    if (cudnn) return 0;
     return models::heads_contiguous(f, h, X) ? 0 : nbytes(f.B * X * f.T * f.D, dt);
   }
-  std::size_t repeat() const { return f.K < f.H ? nbytes(hv, dt) : 0; }
+  std::size_t repeat() const { return !cudnn && f.K < f.H ? nbytes(hv, dt) : 0; }
   // The output (or its gradient) as (B, H, T, D) heads: the own kernels'.
   std::size_t out_heads() const { return cudnn ? 0 : nbytes(hv, dt); }
 };
@@ -275,15 +276,17 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o, bool cu
       if (!gq && !gk && !gv) break;
       cuda_op_dtype(op, {act(f.q.tensor), dy, gq, gk, gv});
       // A gradient written in place where the kernel can write (or add into) it where it lies:
-      // contiguous heads, or any layout for cuDNN; never a key or value repeated over heads.
+      // any layout and any number of heads for cuDNN; for the own kernels, contiguous heads of
+      // as many heads as the query (a repeated key's or value's is summed back from a copy).
       auto in_place = [&](const models::HeadsOperand& h, std::int64_t X) {
-        return X == f.H && (a.cudnn || models::heads_contiguous(f, h, X));
+        return a.cudnn || (X == f.H && models::heads_contiguous(f, h, X));
       };
       const bool q_direct = gq && in_place(f.q, f.H);
       const bool k_direct = gk && in_place(f.k, f.K);
       const bool v_direct = gv && in_place(f.v, f.K);
       auto kv_copy = [&](const Ref& gr, const models::HeadsOperand& h) {
-        return gr && f.K < f.H && !models::heads_contiguous(f, h, f.K) ? nbytes(a.kvn, a.dt) : std::size_t{0};
+        return gr && !a.cudnn && f.K < f.H && !models::heads_contiguous(f, h, f.K) ? nbytes(a.kvn, a.dt)
+                                                                                      : std::size_t{0};
       };
       const std::size_t heads = nbytes(a.hv, a.dt);
       s.temp = {a.copy(f.q, f.H), a.copy(f.k, f.K), a.repeat(), a.copy(f.v, f.K), a.repeat(), a.out_heads(),

@@ -145,13 +145,15 @@ LinearGeometry linear_geometry(const models::OpGraph& g, const models::Op& op) {
   return {conv, conv ? w[0] : w[1], conv ? w[1] : w[0]};
 }
 
-// The fused attentions (sdpa, flash_attention) with as many kv heads as query heads. cuDNN's
-// (--attention-kernel cudnn, where it takes them) reads each operand and writes the output and
-// the gradients where they lie, contiguous heads or column blocks of (B, T, W) rows, as
-// PyTorch's sdpa reads HF's head views. kernels/cuda/sdpa takes contiguous (B, H, T, D) heads:
-// each operand is read in place where it already is that, else copied out of its column block,
-// and the output is computed as heads and merged into its (B, T, H·D) tensor. Under both, a
-// key or value is repeated over the query heads of its kv head (HF's repeat_kv) into a copy.
+// The fused attentions (sdpa, flash_attention), with as many kv heads as query heads or fewer
+// (GQA). cuDNN's (--attention-kernel cudnn, where it takes them) reads each operand and writes
+// the output and the gradients where they lie, contiguous heads or column blocks of (B, T, W)
+// rows, as PyTorch's sdpa reads HF's head views, and groups the query heads over their kv head
+// itself (the key and value gradients summed over the group inside it). kernels/cuda/sdpa takes
+// contiguous (B, H, T, D) heads: each operand is read in place where it already is that, else
+// copied out of its column block, and the output is computed as heads and merged into its
+// (B, T, H·D) tensor; a key or value of fewer heads is repeated over the query heads of its kv
+// head (HF's repeat_kv) into a copy, and its gradient summed back over them.
 class FusedAttention {
  public:
   FusedAttention(const CudaOpEnv& env, const models::Op& op, Operands& o)
@@ -190,9 +192,9 @@ class FusedAttention {
     void* const out = ptr(out_.at(f_.o.offset));
     if (cudnn_) {
       l.o = f_.o.st;  // written as its (B, T, H·D) rows
-      cuda::sdpa_cudnn_forward(*env_.ctx, out, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, f_.B, f_.H, f_.T, f_.D,
-                               f_.causal, scale(), p(), static_cast<const std::int64_t*>(ptr(rng)), dt_, env_.stream,
-                               l);
+      cuda::sdpa_cudnn_forward(*env_.ctx, out, fp32_of(op_, o_.act_ref(f_.lse)), q, k, v, f_.B, f_.H, f_.K, f_.T,
+                               f_.D, f_.causal, scale(), p(), static_cast<const std::int64_t*>(ptr(rng)), dt_,
+                               env_.stream, l);
       return;
     }
     if (!oh) fail(op_, "the scratch rule left out the output's heads");
@@ -235,7 +237,7 @@ class FusedAttention {
       l.dk = k_direct ? row_stride(f_.k, f_.K) : 0;
       l.dv = v_direct ? row_stride(f_.v, f_.K) : 0;
       cuda::sdpa_cudnn_backward(*env_.ctx, dq, dk, dv, ptr(dy.at(f_.o.offset)), q, k, v, ptr(out_.at(f_.o.offset)),
-                                fp32_of(op_, o_.act_ref(f_.lse)), f_.B, f_.H, f_.T, f_.D, f_.causal, scale(), p(),
+                                fp32_of(op_, o_.act_ref(f_.lse)), f_.B, f_.H, f_.K, f_.T, f_.D, f_.causal, scale(), p(),
                                 static_cast<const std::int64_t*>(ptr(o_.act_ref(f_.rng))), dt_, env_.stream, add, l);
     } else {
       if (!oh || !doh) fail(op_, "the scratch rule left out the output's heads");
@@ -257,8 +259,9 @@ class FusedAttention {
   float p() const { return static_cast<float>(op_.alpha); }
 
   // Operand h (X heads) as its kernel reads it: in place where the scratch rule gave it no
-  // copy (cuDNN's: any layout, `row` its row stride, SdpaCudnnLayout; the own kernels':
-  // contiguous heads), else through `copy` (B, X, T, D); then `repeat` (B, H, T, D) where X < H.
+  // copy (cuDNN's: any layout, `row` its row stride, SdpaCudnnLayout, and X < H as it is; the
+  // own kernels': contiguous heads), else through `copy` (B, X, T, D); then, for the own
+  // kernels, `repeat` (B, H, T, D) where X < H.
   const void* heads(const models::HeadsOperand& h, const Ref& r, std::int64_t X, void* copy, void* repeat,
                     std::int64_t& row) const {
     const void* x = ptr(r.at(h.offset));
@@ -270,7 +273,8 @@ class FusedAttention {
       if (!cudnn_ && !contiguous(h, X)) fail(op_, "the scratch rule left out a head copy");
       row = row_stride(h, X);
     }
-    if (X == f_.H) return x;
+    if (X == f_.H || cudnn_) return x;
+    if (repeat == nullptr) fail(op_, "the scratch rule left out a key/value repeat");
     row = 0;
     cuda::repeat_kv_forward(repeat, x, f_.B, X, f_.H / X, f_.T, f_.D, dt_, env_.stream);
     return repeat;

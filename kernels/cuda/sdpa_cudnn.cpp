@@ -52,17 +52,18 @@ namespace {
 }  // namespace
 
 void sdpa_cudnn_forward(Context&, void*, float*, const void*, const void*, const void*, std::int64_t, std::int64_t,
-                        std::int64_t, std::int64_t, bool, float, float, const std::int64_t*, DType, cudaStream_t,
-                        const SdpaCudnnLayout&) {
+                        std::int64_t, std::int64_t, std::int64_t, bool, float, float, const std::int64_t*, DType,
+                        cudaStream_t, const SdpaCudnnLayout&) {
   not_built();
 }
 void sdpa_cudnn_backward(Context&, void*, void*, void*, const void*, const void*, const void*, const void*,
-                         const void*, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, float,
-                         float, const std::int64_t*, DType, cudaStream_t, SdpaAccumulate, const SdpaCudnnLayout&) {
+                         const void*, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                         bool, float, float, const std::int64_t*, DType, cudaStream_t, SdpaAccumulate,
+                         const SdpaCudnnLayout&) {
   not_built();
 }
-SdpaCudnnWorkspace sdpa_cudnn_workspace(Context&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, float,
-                                        float, DType) {
+SdpaCudnnWorkspace sdpa_cudnn_workspace(Context&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                        bool, float, float, DType) {
   not_built();
 }
 
@@ -127,20 +128,21 @@ std::size_t loaded_version() { return fe::detail::get_backend_version(); }
 enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeed, kOffset };
 
 struct Shape {
-  std::int64_t B, H, T, D;
+  std::int64_t B, H, Hk, T, D;
   bool causal;
   float scale, p;
   DType dt;
   SdpaCudnnLayout layout;
   auto key(bool backward) const {
-    return std::tuple_cat(std::make_tuple(backward, B, H, T, D, causal, std::bit_cast<std::uint32_t>(scale),
+    return std::tuple_cat(std::make_tuple(backward, B, H, Hk, T, D, causal, std::bit_cast<std::uint32_t>(scale),
                                           std::bit_cast<std::uint32_t>(p), static_cast<int>(dt)),
                           layout.key());
   }
-  // An operand's dims and strides: contiguous heads (row 0) or D-column blocks of (B, T, row).
-  std::vector<std::int64_t> dim() const { return {B, H, T, D}; }
-  std::vector<std::int64_t> stride(std::int64_t row) const {
-    if (row == 0) return {H * T * D, T * D, D, 1};
+  // An operand of X heads (H or Hk), its dims and strides: contiguous heads (row 0) or
+  // D-column blocks of (B, T, row).
+  std::vector<std::int64_t> dim(std::int64_t X) const { return {B, X, T, D}; }
+  std::vector<std::int64_t> stride(std::int64_t row, std::int64_t X) const {
+    if (row == 0) return {X * T * D, T * D, D, 1};
     return {T * row, D, row, 1};
   }
 };
@@ -182,15 +184,15 @@ State& state(Context& ctx) {
 
 void check(fe::error_t e, const char* step, const Shape& s) {
   if (e.is_good()) return;
-  throw CudaError(fmt::format("cuDNN attention ({} B={} H={} T={} D={}{}{}, cuDNN {}): {}", step, s.B, s.H, s.T, s.D,
-                              s.causal ? " causal" : "", s.p > 0 ? fmt::format(" dropout {}", s.p) : "",
-                              loaded_version(), e.get_message()));
+  throw CudaError(fmt::format("cuDNN attention ({} B={} H={}{} T={} D={}{}{}, cuDNN {}): {}", step, s.B, s.H,
+                              s.Hk != s.H ? fmt::format(" Hk={}", s.Hk) : "", s.T, s.D, s.causal ? " causal" : "",
+                              s.p > 0 ? fmt::format(" dropout {}", s.p) : "", loaded_version(), e.get_message()));
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> heads(fe::graph::Graph& g, const char* name, std::int64_t uid,
-                                                    const Shape& s, std::int64_t row) {
+                                                    const Shape& s, std::int64_t row, std::int64_t X) {
   return g.tensor(
-      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(s.dim()).set_stride(s.stride(row)));
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(s.dim(X)).set_stride(s.stride(row, X)));
 }
 std::shared_ptr<fe::graph::Tensor_attributes> stats(fe::graph::Graph& g, const Shape& s) {
   return g.tensor(fe::graph::Tensor_attributes()
@@ -226,23 +228,23 @@ Built& graph(Context& ctx, const Shape& s, bool backward) {
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const SdpaCudnnLayout& l = s.layout;
-  auto q = heads(*g, "q", kQ, s, l.q), k = heads(*g, "k", kK, s, l.k), v = heads(*g, "v", kV, s, l.v);
+  auto q = heads(*g, "q", kQ, s, l.q, s.H), k = heads(*g, "k", kK, s, l.k, s.Hk), v = heads(*g, "v", kV, s, l.v, s.Hk);
   if (!backward) {
     auto a = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(s.scale);
     mask(a, s);
     if (s.p > 0) a.set_dropout(s.p, scalar(*g, "seed", kSeed), scalar(*g, "offset", kOffset));
     auto [o, lse] = g->sdpa(q, k, v, a);
-    o->set_output(true).set_uid(kO).set_dim(s.dim()).set_stride(s.stride(l.o));
+    o->set_output(true).set_uid(kO).set_dim(s.dim(s.H)).set_stride(s.stride(l.o, s.H));
     lse->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
   } else {
     auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
     mask(a, s);
     if (s.p > 0) a.set_dropout(s.p, scalar(*g, "seed", kSeed), scalar(*g, "offset", kOffset));
-    auto o = heads(*g, "o", kO, s, l.o), dout = heads(*g, "dout", kDO, s, l.o);
+    auto o = heads(*g, "o", kO, s, l.o, s.H), dout = heads(*g, "dout", kDO, s, l.o, s.H);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats(*g, s), a);
-    dq->set_output(true).set_uid(kDQ).set_dim(s.dim()).set_stride(s.stride(l.dq));
-    dk->set_output(true).set_uid(kDK).set_dim(s.dim()).set_stride(s.stride(l.dk));
-    dv->set_output(true).set_uid(kDV).set_dim(s.dim()).set_stride(s.stride(l.dv));
+    dq->set_output(true).set_uid(kDQ).set_dim(s.dim(s.H)).set_stride(s.stride(l.dq, s.H));
+    dk->set_output(true).set_uid(kDK).set_dim(s.dim(s.Hk)).set_stride(s.stride(l.dk, s.Hk));
+    dv->set_output(true).set_uid(kDV).set_dim(s.dim(s.Hk)).set_stride(s.stride(l.dv, s.Hk));
   }
   check(g->validate(), "validate", s);
   check(g->build_operation_graph(st.handle), "build_operation_graph", s);
@@ -255,17 +257,20 @@ Built& graph(Context& ctx, const Shape& s, bool backward) {
   return st.graphs.emplace(key, std::move(b)).first->second;
 }
 
-Shape shape_of(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
-               DType dt, const SdpaCudnnLayout& layout = {}) {
+Shape shape_of(std::int64_t B, std::int64_t H, std::int64_t Hk, std::int64_t T, std::int64_t D, bool causal,
+               float scale, float p, DType dt, const SdpaCudnnLayout& layout = {}) {
   if (const std::string why = sdpa_cudnn_refusal(T, D, dt); !why.empty()) throw std::invalid_argument(why);
   if (B <= 0 || H <= 0 || T <= 0) throw std::invalid_argument(fmt::format("cuDNN attention: B={} H={} T={}", B, H, T));
+  if (Hk <= 0 || H % Hk != 0)
+    throw std::invalid_argument(
+        fmt::format("cuDNN attention: {} key/value heads for {} query heads (a divisor of them)", Hk, H));
   if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument(fmt::format("cuDNN attention: dropout {}", p));
-  // A row narrower than the heads would overlap them; cuDNN's loads want 16-byte rows.
+  // A row narrower than its operand's heads would overlap them; cuDNN's loads want 16-byte rows.
   const auto [lq, lk, lv, lo, ldq, ldk, ldv] = layout.key();
-  for (const std::int64_t row : {lq, lk, lv, lo, ldq, ldk, ldv})
-    if (row != 0 && (row < H * D || row * dtype_size(dt) % 16 != 0))
-      throw std::invalid_argument(fmt::format("cuDNN attention: a row stride of {} for {} heads of {}", row, H, D));
-  return {B, H, T, D, causal, scale, p, dt, layout};
+  for (const auto& [row, X] : {std::pair{lq, H}, {lk, Hk}, {lv, Hk}, {lo, H}, {ldq, H}, {ldk, Hk}, {ldv, Hk}})
+    if (row != 0 && (row < X * D || row * dtype_size(dt) % 16 != 0))
+      throw std::invalid_argument(fmt::format("cuDNN attention: a row stride of {} for {} heads of {}", row, X, D));
+  return {B, H, Hk, T, D, causal, scale, p, dt, layout};
 }
 
 std::size_t aligned(std::int64_t n) { return static_cast<std::size_t>(carve_aligned(n)); }
@@ -284,9 +289,10 @@ void run(Context& ctx, Built& b, const Shape& s, std::unordered_map<std::int64_t
 }  // namespace
 
 void sdpa_cudnn_forward(Context& ctx, void* o, float* lse, const void* q, const void* k, const void* v, std::int64_t B,
-                        std::int64_t H, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
-                        const std::int64_t* rng, DType dt, cudaStream_t stream, const SdpaCudnnLayout& layout) {
-  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt, layout);
+                        std::int64_t H, std::int64_t Hk, std::int64_t T, std::int64_t D, bool causal, float scale,
+                        float p, const std::int64_t* rng, DType dt, cudaStream_t stream,
+                        const SdpaCudnnLayout& layout) {
+  const Shape s = shape_of(B, H, Hk, T, D, causal, scale, p, dt, layout);
   Built& b = graph(ctx, s, false);
   std::unordered_map<std::int64_t, void*> pack{{kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},
                                                {kV, const_cast<void*>(v)}, {kO, o},
@@ -301,33 +307,34 @@ void sdpa_cudnn_forward(Context& ctx, void* o, float* lse, const void* q, const 
 
 void sdpa_cudnn_backward(Context& ctx, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                          const void* v, const void* o, const float* lse, std::int64_t B, std::int64_t H,
-                         std::int64_t T, std::int64_t D, bool causal, float scale, float p, const std::int64_t* rng,
-                         DType dt, cudaStream_t stream, SdpaAccumulate acc, const SdpaCudnnLayout& layout) {
-  shape_of(B, H, T, D, causal, scale, p, dt, layout);  // the caller's layouts, those added into too
+                         std::int64_t Hk, std::int64_t T, std::int64_t D, bool causal, float scale, float p,
+                         const std::int64_t* rng, DType dt, cudaStream_t stream, SdpaAccumulate acc,
+                         const SdpaCudnnLayout& layout) {
+  shape_of(B, H, Hk, T, D, causal, scale, p, dt, layout);  // the caller's layouts, those added into too
   // A gradient written through a temporary is written there as contiguous heads.
   SdpaCudnnLayout l = layout;
   auto temp = [](void* grad, bool add) { return grad == nullptr || add; };
   if (temp(dq, acc.q)) l.dq = 0;
   if (temp(dk, acc.k)) l.dk = 0;
   if (temp(dv, acc.v)) l.dv = 0;
-  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt, l);
+  const Shape s = shape_of(B, H, Hk, T, D, causal, scale, p, dt, l);
   Built& b = graph(ctx, s, true);
   // The workspace, then a temporary for each gradient to add into, or not wanted (nullptr):
-  // cuDNN writes all three whole.
-  const std::int64_t n = B * H * T * D;
-  const std::size_t one = aligned(n * dtype_size(dt));
+  // cuDNN writes all three whole; dq's of H heads, dk's and dv's of Hk.
+  const std::int64_t nq = B * H * T * D, nkv = B * Hk * T * D;
+  const std::size_t one_q = aligned(nq * dtype_size(dt)), one_kv = aligned(nkv * dtype_size(dt));
   const std::size_t ws = aligned(b.workspace);
-  const std::size_t temps =
-      one * (std::size_t{temp(dq, acc.q)} + std::size_t{temp(dk, acc.k)} + std::size_t{temp(dv, acc.v)});
+  const std::size_t temps = one_q * std::size_t{temp(dq, acc.q)} +
+                            one_kv * (std::size_t{temp(dk, acc.k)} + std::size_t{temp(dv, acc.v)});
   auto* base = static_cast<char*>(ws + temps > 0 ? ctx.buffer(ws + temps) : nullptr);
   char* next = base + ws;
-  auto out = [&](void* grad, bool add) -> void* {
+  auto out = [&](void* grad, bool add, std::size_t one) -> void* {
     if (!temp(grad, add)) return grad;
     void* t = next;
     next += one;
     return t;
   };
-  void *tq = out(dq, acc.q), *tk = out(dk, acc.k), *tv = out(dv, acc.v);
+  void *tq = out(dq, acc.q, one_q), *tk = out(dk, acc.k, one_kv), *tv = out(dv, acc.v, one_kv);
   std::unordered_map<std::int64_t, void*> pack{
       {kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},       {kV, const_cast<void*>(v)},
       {kO, const_cast<void*>(o)}, {kDO, const_cast<void*>(dout)},   {kStats, const_cast<float*>(lse)},
@@ -338,19 +345,19 @@ void sdpa_cudnn_backward(Context& ctx, void* dq, void* dk, void* dv, const void*
   }
   run(ctx, b, s, pack, base, stream, "execute backward");
   // Added into each gradient as it lies (contiguous, or column blocks of its rows).
-  auto add = [&](void* grad, const void* t, std::int64_t row) {
+  auto add = [&](void* grad, const void* t, std::int64_t row, std::int64_t X) {
     if (grad == nullptr || t == grad) return;
-    if (row == 0) copy_accumulate(grad, t, n, true, dt, stream);
-    else split_heads_backward(grad, t, B, T, H, D, row, 0, true, dt, stream);
+    if (row == 0) copy_accumulate(grad, t, B * X * T * D, true, dt, stream);
+    else split_heads_backward(grad, t, B, T, X, D, row, 0, true, dt, stream);
   };
-  add(dq, tq, layout.dq);
-  add(dk, tk, layout.dk);
-  add(dv, tv, layout.dv);
+  add(dq, tq, layout.dq, H);
+  add(dk, tk, layout.dk, Hk);
+  add(dv, tv, layout.dv, Hk);
 }
 
-SdpaCudnnWorkspace sdpa_cudnn_workspace(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D,
-                                        bool causal, float scale, float p, DType dt) {
-  const Shape s = shape_of(B, H, T, D, causal, scale, p, dt);
+SdpaCudnnWorkspace sdpa_cudnn_workspace(Context& ctx, std::int64_t B, std::int64_t H, std::int64_t Hk, std::int64_t T,
+                                        std::int64_t D, bool causal, float scale, float p, DType dt) {
+  const Shape s = shape_of(B, H, Hk, T, D, causal, scale, p, dt);
   return {graph(ctx, s, false).workspace, graph(ctx, s, true).workspace};
 }
 

@@ -2212,10 +2212,29 @@ kg::ContextOptions cudnn_options() {
   return o;
 }
 
+// Heads (B, Hk, T, D) repeated over their query heads (B, H, T, D), as HF's repeat_kv: query
+// head h reads kv head h / (H / Hk); and a (B, H, T, D) gradient summed back over them.
+Vec repeat_heads(const Vec& x, std::int64_t B, std::int64_t Hk, std::int64_t H, std::int64_t TD) {
+  Vec y(sz(B * H * TD));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      std::copy_n(x.begin() + (b * Hk + h / (H / Hk)) * TD, TD, y.begin() + (b * H + h) * TD);
+  return y;
+}
+Vec sum_heads(const Vec& y, std::int64_t B, std::int64_t Hk, std::int64_t H, std::int64_t TD) {
+  Vec x(sz(B * Hk * TD), 0.0f);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < TD; ++i) x[sz((b * Hk + h / (H / Hk)) * TD + i)] += y[sz((b * H + h) * TD + i)];
+  return x;
+}
+
 // cuDNN's flash attention (ContextOptions::sdpa_cudnn) on the same operands: without dropout
-// against the CPU twin at our kernels' bounds, written and added into; with dropout, each
-// element of dropout(P) is 0 or P/(1 - p) at about the rate p, and the backward draws the
-// forward's mask (with V = I, O is dropout(P) itself; with dO = I, dV is its transpose).
+// against the CPU twin at our kernels' bounds, written and added into, with as many key/value
+// heads as query heads and fewer (GQA, MQA: against the CPU twin on the key and value repeated
+// over their query heads, and their gradients summed back); with dropout, each element of
+// dropout(P) is 0 or P/(1 - p) at about the rate p, and the backward draws the forward's mask
+// (with V = I, O is dropout(P) itself; with dO = I, dV is its transpose).
 TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask, forward and backward") {
   CHECK_FALSE(kg::sdpa_cudnn_refusal(16, 64, DType::fp32).empty());
   CHECK_FALSE(kg::sdpa_cudnn_refusal(16, 60, DType::bf16).empty());
@@ -2228,61 +2247,73 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
   CHECK(kg::sdpa_cudnn_refusal(16, 128, DType::fp16).empty());
   kg::Context ctx(cudnn_options());
   struct Case {
-    std::int64_t B, H, T, D;
+    std::int64_t B, H, Hk, T, D;
     bool causal;
   };
-  const Case cases[] = {{2, 2, 130, 64, true}, {2, 3, 130, 64, false}, {1, 2, 96, 128, true}, {2, 1, 2, 64, false},
-                        {1, 2, 200, 32, true}, {1, 2, 37, 16, false}};
+  const Case cases[] = {{2, 2, 2, 130, 64, true},  {2, 3, 3, 130, 64, false}, {1, 2, 2, 96, 128, true},
+                        {2, 1, 1, 2, 64, false},   {1, 2, 2, 200, 32, true},  {1, 2, 2, 37, 16, false},
+                        {2, 4, 2, 130, 64, true},  {1, 8, 2, 96, 128, false}, {2, 4, 1, 70, 16, true},
+                        {1, 6, 3, 37, 32, false}};
   auto rng = device_raw(std::vector<std::int64_t>{4242, std::int64_t{9} << 32});
   const auto* seed_offset = static_cast<const std::int64_t*>(rng->get());
   for (DType dt : {DType::bf16, DType::fp16})
     for (const Case& c : cases) {
       CAPTURE(dtype_str(dt));
+      CAPTURE(c.H);
+      CAPTURE(c.Hk);
       CAPTURE(c.T);
       CAPTURE(c.D);
       CAPTURE(c.causal);
-      const std::int64_t n = c.B * c.H * c.T * c.D, rows = c.B * c.H * c.T;
+      const std::int64_t TD = c.T * c.D, n = c.B * c.H * TD, nkv = c.B * c.Hk * TD, rows = c.B * c.H * c.T;
       const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-      const Vec q = rand_vec(n, 231, dt, -2.0f, 2.0f), k = rand_vec(n, 232, dt, -2.0f, 2.0f), v = rand_vec(n, 233, dt);
+      const Vec q = rand_vec(n, 231, dt, -2.0f, 2.0f), k = rand_vec(nkv, 232, dt, -2.0f, 2.0f),
+                v = rand_vec(nkv, 233, dt);
+      const Vec kr = repeat_heads(k, c.B, c.Hk, c.H, TD), vr = repeat_heads(v, c.B, c.Hk, c.H, TD);
       auto gq = device(q, dt), gk = device(k, dt), gv = device(v, dt);
       auto o = output(sz(n), dt);
       Dev lse(sz(rows) * 4);
       lse.poison();
-      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), c.B, c.H, c.T, c.D,
-                             c.causal, scale, 0.0f, seed_offset, dt, kStream);
+      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), c.B, c.H, c.Hk, c.T,
+                             c.D, c.causal, scale, 0.0f, seed_offset, dt, kStream);
       Vec ro(sz(n)), rlse(sz(rows));
-      kc::sdpa_forward(ro.data(), rlse.data(), q.data(), k.data(), v.data(), nullptr, c.B, c.H, c.T, c.D, c.causal,
+      kc::sdpa_forward(ro.data(), rlse.data(), q.data(), kr.data(), vr.data(), nullptr, c.B, c.H, c.T, c.D, c.causal,
                        scale, 0.0f, 0, 0);
       expect_close("cuDNN sdpa O", download(*o, sz(n), dt), ro, Tol{0.2 * eps(dt), eps(dt) + 16 * 0x1p-23, band(dt)});
       expect_close("cuDNN sdpa logsumexp", download(lse, sz(rows), DType::fp32), rlse, Tol{1e-5, 1e-5, 0.0});
       const Vec dout = rand_vec(n, 234, dt);
       auto ddout = device(dout, dt);
-      const Vec qi = rand_vec(n, 235, dt, -0.01f, 0.01f), ki = rand_vec(n, 236, dt, -0.01f, 0.01f),
-                vi = rand_vec(n, 237, dt, -0.01f, 0.01f);
+      const Vec qi = rand_vec(n, 235, dt, -0.01f, 0.01f), ki = rand_vec(nkv, 236, dt, -0.01f, 0.01f),
+                vi = rand_vec(nkv, 237, dt, -0.01f, 0.01f);
+      // The CPU twin's gradients, written (w*) and added into the initial values (r*); the key's
+      // and value's summed over their query heads.
+      Vec wq(sz(n), 0.0f), wkr(sz(n), 0.0f), wvr(sz(n), 0.0f);
+      kc::sdpa_backward(wq.data(), wkr.data(), wvr.data(), dout.data(), q.data(), kr.data(), vr.data(), rlse.data(),
+                        nullptr, c.B, c.H, c.T, c.D, c.causal, scale, 0.0f, 0, 0);
+      const Vec wk = sum_heads(wkr, c.B, c.Hk, c.H, TD), wv = sum_heads(wvr, c.B, c.Hk, c.H, TD);
       Vec rdq = qi, rdk = ki, rdv = vi;
-      kc::sdpa_backward(rdq.data(), rdk.data(), rdv.data(), dout.data(), q.data(), k.data(), v.data(), rlse.data(),
-                        nullptr, c.B, c.H, c.T, c.D, c.causal, scale, 0.0f, 0, 0);
-      const Vec zeros(sz(n), 0.0f);
-      Vec wq = zeros, wk = zeros, wv = zeros;
-      kc::sdpa_backward(wq.data(), wk.data(), wv.data(), dout.data(), q.data(), k.data(), v.data(), rlse.data(),
-                        nullptr, c.B, c.H, c.T, c.D, c.causal, scale, 0.0f, 0, 0);
+      for (std::size_t i = 0; i < rdq.size(); ++i) rdq[i] += wq[i];
+      for (std::size_t i = 0; i < rdk.size(); ++i) {
+        rdk[i] += wk[i];
+        rdv[i] += wv[i];
+      }
+      const Vec zq(sz(n), 0.0f), zkv(sz(nkv), 0.0f);
       for (bool add : {true, false}) {
         CAPTURE(add);
         // Written whole: what the gradients held (NaN) is not read.
-        auto gdq = add ? device(qi, dt) : output(sz(n), dt), gdk = add ? device(ki, dt) : output(sz(n), dt),
-             gdv = add ? device(vi, dt) : output(sz(n), dt);
+        auto gdq = add ? device(qi, dt) : output(sz(n), dt), gdk = add ? device(ki, dt) : output(sz(nkv), dt),
+             gdv = add ? device(vi, dt) : output(sz(nkv), dt);
         if (!add) {
           gdq->poison();
           gdk->poison();
           gdv->poison();
         }
         kg::sdpa_cudnn_backward(ctx, gdq->get(), gdk->get(), gdv->get(), ddout->get(), gq->get(), gk->get(), gv->get(),
-                                o->get(), lse.as<float>(), c.B, c.H, c.T, c.D, c.causal, scale, 0.0f, seed_offset, dt,
-                                kStream, kg::SdpaAccumulate{add, add, add});
+                                o->get(), lse.as<float>(), c.B, c.H, c.Hk, c.T, c.D, c.causal, scale, 0.0f,
+                                seed_offset, dt, kStream, kg::SdpaAccumulate{add, add, add});
         const double b = 2.0 * band(dt), floor = 1e-4;
-        expect_added("cuDNN sdpa dq", download(*gdq, sz(n), dt), add ? rdq : wq, add ? qi : zeros, b, floor, dt);
-        expect_added("cuDNN sdpa dk", download(*gdk, sz(n), dt), add ? rdk : wk, add ? ki : zeros, b, floor, dt);
-        expect_added("cuDNN sdpa dv", download(*gdv, sz(n), dt), add ? rdv : wv, add ? vi : zeros, b, floor, dt);
+        expect_added("cuDNN sdpa dq", download(*gdq, sz(n), dt), add ? rdq : wq, add ? qi : zq, b, floor, dt);
+        expect_added("cuDNN sdpa dk", download(*gdk, sz(nkv), dt), add ? rdk : wk, add ? ki : zkv, b, floor, dt);
+        expect_added("cuDNN sdpa dv", download(*gdv, sz(nkv), dt), add ? rdv : wv, add ? vi : zkv, b, floor, dt);
       }
     }
 
@@ -2303,8 +2334,8 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
       auto gq = device(q, dt), gk = device(k, dt), gv = device(eye, dt), dout = device(eye, dt);
       auto o = output(sz(n), dt);
       Dev lse(sz(B * H * T) * 4);
-      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), B, H, T, D, causal, scale, p,
-                             seed_offset, dt, kStream);
+      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), B, H, H, T, D, causal,
+                             scale, p, seed_offset, dt, kStream);
       const Vec got = download(*o, sz(n), dt);
       std::int64_t positive = 0, dropped = 0, wrong = 0;
       for (std::size_t i = 0; i < got.size(); ++i) {
@@ -2325,7 +2356,7 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
       // dO = I: dV[j][d] = Σ_i dropout(P)[i][j]·δ(i, d) = O[d][j] per head, if the masks agree.
       auto gdq = output(sz(n), dt), gdk = output(sz(n), dt), gdv = output(sz(n), dt);
       kg::sdpa_cudnn_backward(ctx, gdq->get(), gdk->get(), gdv->get(), dout->get(), gq->get(), gk->get(), gv->get(),
-                              o->get(), lse.as<float>(), B, H, T, D, causal, scale, p, seed_offset, dt, kStream,
+                              o->get(), lse.as<float>(), B, H, H, T, D, causal, scale, p, seed_offset, dt, kStream,
                               kg::SdpaAccumulate{false, false, false});
       const Vec dv = download(*gdv, sz(n), dt);
       Vec ot(sz(n));
@@ -2335,28 +2366,33 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
       expect_close("cuDNN sdpa dV = dropout(P)^T", dv, ot, Tol{1e-6, 4 * eps(dt), 0.0});
     }
   // The workspace the memory prediction counts (kernels/common/sdpa_dims.hpp), at the shapes of
-  // the models' attention: tiny GPT-2, GPT-2, GPT-2 medium, BERT-large, the Llama; with and
-  // without dropout and the causal mask.
+  // the models' attention: tiny GPT-2, GPT-2, GPT-2 medium, BERT-large, the Llama with as many
+  // key/value heads as query heads (4.46's repeat_kv), and with its own (tiny Llama's 2 of 4,
+  // Llama 3's 8 of 32: 5.x's GQA); with and without dropout and the causal mask.
   struct Shape {
-    std::int64_t B, H, T, D;
+    std::int64_t B, H, Hk, T, D;
   };
-  for (const Shape s : {Shape{4, 4, 64, 16}, Shape{16, 12, 1024, 64}, Shape{16, 16, 1024, 64}, Shape{64, 16, 128, 64},
-                        Shape{4, 32, 2048, 128}, Shape{2, 2, 130, 64}})
+  for (const Shape s : {Shape{4, 4, 4, 64, 16}, Shape{16, 12, 12, 1024, 64}, Shape{16, 16, 16, 1024, 64},
+                        Shape{64, 16, 16, 128, 64}, Shape{4, 32, 32, 2048, 128}, Shape{2, 2, 2, 130, 64},
+                        Shape{4, 4, 2, 64, 16}, Shape{4, 32, 8, 2048, 128}})
     for (const bool causal : {true, false})
       for (const float drop : {0.0f, 0.1f}) {
         CAPTURE(s.B);
         CAPTURE(s.H);
+        CAPTURE(s.Hk);
         CAPTURE(s.T);
         CAPTURE(s.D);
         CAPTURE(causal);
         CAPTURE(drop);
-        const kg::SdpaCudnnWorkspace w = kg::sdpa_cudnn_workspace(ctx, s.B, s.H, s.T, s.D, causal, 0.125f, drop, DType::bf16);
-        MESSAGE("cuDNN " << kg::sdpa_cudnn_version() << " workspace " << s.B << "x" << s.H << "x" << s.T << "x" << s.D
-                         << (causal ? " causal" : "") << " dropout " << drop << ": forward " << w.forward
-                         << " B, backward " << w.backward << " B (4BHTD + 4BHT = " << 4 * s.B * s.H * s.T * (s.D + 1)
-                         << ")");
+        const kg::SdpaCudnnWorkspace w =
+            kg::sdpa_cudnn_workspace(ctx, s.B, s.H, s.Hk, s.T, s.D, causal, 0.125f, drop, DType::bf16);
+        MESSAGE("cuDNN " << kg::sdpa_cudnn_version() << " workspace " << s.B << "x" << s.H << "(" << s.Hk << ")x"
+                         << s.T << "x" << s.D << std::string(causal ? " causal" : "") << " dropout " << drop << ": forward "
+                         << w.forward << " B, backward " << w.backward
+                         << " B (4BHTD + 4BHT = " << 4 * s.B * s.H * s.T * (s.D + 1) << ")");
         CHECK(zp::kernels::carve_aligned(w.forward) == zp::kernels::kSdpaCudnnForwardWorkspace);
-        CHECK(zp::kernels::carve_aligned(w.backward) == zp::kernels::sdpa_cudnn_backward_workspace(s.B, s.H, s.T, s.D));
+        CHECK(zp::kernels::carve_aligned(w.backward) ==
+              zp::kernels::sdpa_cudnn_backward_workspace(s.B, s.H, s.Hk, s.T, s.D));
       }
 }
 
@@ -2377,38 +2413,43 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
   }
   kg::Context ctx(cudnn_options());
   struct Case {
-    std::int64_t B, H, T, D;
+    std::int64_t B, H, Hk, T, D;
     bool causal;
     float p;
   };
   auto rng = device_raw(std::vector<std::int64_t>{777, std::int64_t{3} << 32});
   const auto* seed_offset = static_cast<const std::int64_t*>(rng->get());
   for (DType dt : {DType::bf16, DType::fp16})
-    for (const Case c : {Case{2, 3, 130, 64, true, 0.0f}, Case{2, 2, 128, 64, false, 0.1f}, Case{1, 2, 96, 128, true, 0.1f}}) {
+    for (const Case c : {Case{2, 3, 3, 130, 64, true, 0.0f}, Case{2, 2, 2, 128, 64, false, 0.1f},
+                         Case{1, 2, 2, 96, 128, true, 0.1f}, Case{2, 4, 2, 130, 64, true, 0.1f},
+                         Case{1, 8, 2, 96, 128, false, 0.0f}}) {
       CAPTURE(dtype_str(dt));
+      CAPTURE(c.H);
+      CAPTURE(c.Hk);
       CAPTURE(c.T);
       CAPTURE(c.D);
       CAPTURE(c.causal);
       CAPTURE(c.p);
-      const std::int64_t B = c.B, H = c.H, T = c.T, D = c.D, HD = H * D, W = 3 * HD + 8, WV = HD + 8,
-                         n = B * H * T * D;
+      // q a column block of a (B, T, W) projection output, v of a (B, T, Hk·D + 8) one.
+      const std::int64_t B = c.B, H = c.H, Hk = c.Hk, T = c.T, D = c.D, HD = H * D, W = 3 * HD + 8, WV = Hk * D + 8,
+                         n = B * H * T * D, nkv = B * Hk * T * D;
       const float scale = 1.0f / std::sqrt(static_cast<float>(D));
       const float sentinel = 7.0f;
-      // heads (B, H, T, D) <-> rows (B, T, ld) at column offset `at`
-      auto to_rows = [&](Vec& rows, const Vec& heads, std::int64_t ld, std::int64_t at) {
+      // heads (B, X, T, D) <-> rows (B, T, ld) at column offset `at`
+      auto to_rows = [&](Vec& rows, const Vec& heads, std::int64_t ld, std::int64_t at, std::int64_t X) {
         for (std::int64_t b = 0; b < B; ++b)
-          for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t h = 0; h < X; ++h)
             for (std::int64_t t = 0; t < T; ++t)
               for (std::int64_t d = 0; d < D; ++d)
-                rows[sz((b * T + t) * ld + at + h * D + d)] = heads[sz(((b * H + h) * T + t) * D + d)];
+                rows[sz((b * T + t) * ld + at + h * D + d)] = heads[sz(((b * X + h) * T + t) * D + d)];
       };
-      auto from_rows = [&](const Vec& rows, std::int64_t ld, std::int64_t at) {
-        Vec heads(sz(n));
+      auto from_rows = [&](const Vec& rows, std::int64_t ld, std::int64_t at, std::int64_t X) {
+        Vec heads(sz(B * X * T * D));
         for (std::int64_t b = 0; b < B; ++b)
-          for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t h = 0; h < X; ++h)
             for (std::int64_t t = 0; t < T; ++t)
               for (std::int64_t d = 0; d < D; ++d)
-                heads[sz(((b * H + h) * T + t) * D + d)] = rows[sz((b * T + t) * ld + at + h * D + d)];
+                heads[sz(((b * X + h) * T + t) * D + d)] = rows[sz((b * T + t) * ld + at + h * D + d)];
         return heads;
       };
       // Columns [from, ld) of every row still hold the sentinel.
@@ -2423,17 +2464,18 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
         for (std::size_t i = 0; i < a.size(); ++i) same += a[i] == b[i];
         return same;
       };
-      const Vec q = rand_vec(n, 331, dt, -2.0f, 2.0f), k = rand_vec(n, 332, dt, -2.0f, 2.0f), v = rand_vec(n, 333, dt);
+      const Vec q = rand_vec(n, 331, dt, -2.0f, 2.0f), k = rand_vec(nkv, 332, dt, -2.0f, 2.0f),
+                v = rand_vec(nkv, 333, dt);
       Vec qrows(sz(B * T * W), sentinel), vrows(sz(B * T * WV), sentinel);
-      to_rows(qrows, q, W, 0);
-      to_rows(vrows, v, WV, 0);
+      to_rows(qrows, q, W, 0, H);
+      to_rows(vrows, v, WV, 0, Hk);
       auto gq = device(q, dt), gk = device(k, dt), gv = device(v, dt), gqrows = device(qrows, dt),
            gvrows = device(vrows, dt);
       // Contiguous heads, as kernels/cuda/sdpa takes them.
       auto o = output(sz(n), dt);
       Dev lse(sz(B * H * T) * 4);
-      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), B, H, T, D, c.causal, scale,
-                             c.p, seed_offset, dt, kStream);
+      kg::sdpa_cudnn_forward(ctx, o->get(), lse.as<float>(), gq->get(), gk->get(), gv->get(), B, H, Hk, T, D, c.causal,
+                             scale, c.p, seed_offset, dt, kStream);
       // In place, a layout per operand.
       auto orow = output(sz(B * T * HD), dt);
       Dev lse2(sz(B * H * T) * 4);
@@ -2442,53 +2484,55 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
       l.k = 0;
       l.v = WV;
       l.o = HD;
-      kg::sdpa_cudnn_forward(ctx, orow->get(), lse2.as<float>(), gqrows->get(), gk->get(), gvrows->get(), B, H, T, D,
-                             c.causal, scale, c.p, seed_offset, dt, kStream, l);
-      const Vec want_o = download(*o, sz(n), dt), got_o = from_rows(download(*orow, sz(B * T * HD), dt), HD, 0);
-      MESSAGE(dtype_str(dt) << " T=" << T << " p=" << c.p << ": O bit-equal in " << bit_equal(got_o, want_o) << " of "
-                            << n);
+      kg::sdpa_cudnn_forward(ctx, orow->get(), lse2.as<float>(), gqrows->get(), gk->get(), gvrows->get(), B, H, Hk, T,
+                             D, c.causal, scale, c.p, seed_offset, dt, kStream, l);
+      const Vec want_o = download(*o, sz(n), dt), got_o = from_rows(download(*orow, sz(B * T * HD), dt), HD, 0, H);
+      MESSAGE(dtype_str(dt) << " H=" << H << " Hk=" << Hk << " T=" << T << " p=" << c.p << ": O bit-equal in "
+                            << bit_equal(got_o, want_o) << " of " << n);
       expect_close("O in place", got_o, want_o, Tol{2 * eps(dt), 2 * eps(dt), 0.0});
       expect_close("logsumexp in place", download(lse2, sz(B * H * T), DType::fp32), download(lse, sz(B * H * T), DType::fp32),
                    Tol{1e-5, 1e-5, 0.0});
       // Backward: dO as rows too.
       const Vec dout = rand_vec(n, 334, dt);
       Vec dorow(sz(B * T * HD));
-      to_rows(dorow, dout, HD, 0);
+      to_rows(dorow, dout, HD, 0, H);
       auto gdout = device(dout, dt), gdorow = device(dorow, dt);
-      const Vec qi = rand_vec(n, 335, dt, -0.01f, 0.01f), ki = rand_vec(n, 336, dt, -0.01f, 0.01f),
-                vi = rand_vec(n, 337, dt, -0.01f, 0.01f);
+      const Vec qi = rand_vec(n, 335, dt, -0.01f, 0.01f), ki = rand_vec(nkv, 336, dt, -0.01f, 0.01f),
+                vi = rand_vec(nkv, 337, dt, -0.01f, 0.01f);
       for (bool add : {false, true}) {
         CAPTURE(add);
-        auto gdq = add ? device(qi, dt) : output(sz(n), dt), gdk = add ? device(ki, dt) : output(sz(n), dt),
-             gdv = add ? device(vi, dt) : output(sz(n), dt);
+        auto gdq = add ? device(qi, dt) : output(sz(n), dt), gdk = add ? device(ki, dt) : output(sz(nkv), dt),
+             gdv = add ? device(vi, dt) : output(sz(nkv), dt);
         kg::sdpa_cudnn_backward(ctx, gdq->get(), gdk->get(), gdv->get(), gdout->get(), gq->get(), gk->get(), gv->get(),
-                                o->get(), lse.as<float>(), B, H, T, D, c.causal, scale, c.p, seed_offset, dt, kStream,
-                                kg::SdpaAccumulate{add, add, add});
+                                o->get(), lse.as<float>(), B, H, Hk, T, D, c.causal, scale, c.p, seed_offset, dt,
+                                kStream, kg::SdpaAccumulate{add, add, add});
         // dq's and dv's rows: the sentinel beyond their blocks; in their blocks what is added
         // into, or NaN where they are written whole. dk: contiguous heads.
         const float nan = std::numeric_limits<float>::quiet_NaN();
         Vec dqrows(sz(B * T * W), sentinel), dvrows(sz(B * T * WV), sentinel);
-        to_rows(dqrows, add ? qi : Vec(sz(n), nan), W, 0);
-        to_rows(dvrows, add ? vi : Vec(sz(n), nan), WV, 0);
+        to_rows(dqrows, add ? qi : Vec(sz(n), nan), W, 0, H);
+        to_rows(dvrows, add ? vi : Vec(sz(nkv), nan), WV, 0, Hk);
         auto gdqrows = device(dqrows, dt), gdvrows = device(dvrows, dt);
-        auto gdkh = add ? device(ki, dt) : output(sz(n), dt);
+        auto gdkh = add ? device(ki, dt) : output(sz(nkv), dt);
         kg::SdpaCudnnLayout lb = l;
         lb.dq = W;
         lb.dk = 0;
         lb.dv = WV;
         kg::sdpa_cudnn_backward(ctx, gdqrows->get(), gdkh->get(), gdvrows->get(), gdorow->get(), gqrows->get(), gk->get(),
-                                gvrows->get(), orow->get(), lse2.as<float>(), B, H, T, D, c.causal, scale, c.p,
+                                gvrows->get(), orow->get(), lse2.as<float>(), B, H, Hk, T, D, c.causal, scale, c.p,
                                 seed_offset, dt, kStream, kg::SdpaAccumulate{add, add, add}, lb);
         const Vec got_dq = download(*gdqrows, sz(B * T * W), dt), got_dv = download(*gdvrows, sz(B * T * WV), dt);
         CHECK(untouched(got_dq, W, HD) == 0);
-        CHECK(untouched(got_dv, WV, HD) == 0);
-        const Vec got[] = {from_rows(got_dq, W, 0), download(*gdkh, sz(n), dt), from_rows(got_dv, WV, 0)};
+        CHECK(untouched(got_dv, WV, Hk * D) == 0);
+        const Vec got[] = {from_rows(got_dq, W, 0, H), download(*gdkh, sz(nkv), dt), from_rows(got_dv, WV, 0, Hk)};
         const char* names[] = {"dq", "dk", "dv"};
         const Dev* want[] = {gdq.get(), gdk.get(), gdv.get()};
+        const std::int64_t count[] = {n, nkv, nkv};
         for (int i = 0; i < 3; ++i) {
-          const Vec w = download(*want[i], sz(n), dt);
-          MESSAGE(dtype_str(dt) << " T=" << T << " p=" << c.p << std::string(add ? " added " : " written ")
-                                << std::string(names[i]) << " bit-equal in " << bit_equal(got[i], w) << " of " << n);
+          const Vec w = download(*want[i], sz(count[i]), dt);
+          MESSAGE(dtype_str(dt) << " H=" << H << " Hk=" << Hk << " T=" << T << " p=" << c.p
+                                << std::string(add ? " added " : " written ") << std::string(names[i])
+                                << " bit-equal in " << bit_equal(got[i], w) << " of " << count[i]);
           expect_close(std::string(names[i]) + " in place", got[i], w, Tol{2 * eps(dt) * 0.01, 2 * eps(dt), 0.0});
         }
       }
@@ -2498,19 +2542,32 @@ TEST_CASE("sdpa: cuDNN reads and writes heads where they lie, as contiguous head
   auto dummy = output(64, DType::bf16);
   kg::SdpaCudnnLayout bad;
   bad.q = 100;  // 2 heads of 64
-  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 2, 4,
-                                         64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream, bad),
+  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 2, 2,
+                                         4, 64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream, bad),
                   std::invalid_argument);
   bad.q = 132;  // wide enough, rows of 264 bytes
-  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 2, 4,
-                                         64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream, bad),
+  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 2, 2,
+                                         4, 64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream, bad),
                   std::invalid_argument);
   kg::SdpaCudnnLayout narrow;
   narrow.dq = 64;
   CHECK_THROWS_AS(kg::sdpa_cudnn_backward(ctx, dummy->get(), dummy->get(), dummy->get(), dummy->get(), dummy->get(),
-                                          dummy->get(), dummy->get(), dummy->get(), nullptr, 1, 2, 4, 64, false, 0.125f,
+                                          dummy->get(), dummy->get(), dummy->get(), nullptr, 1, 2, 2, 4, 64, false, 0.125f,
                                           0.0f, seed_offset, DType::bf16, kStream, kg::SdpaAccumulate{true, false, false},
                                           narrow),
+                  std::invalid_argument);
+  // Key/value heads that do not divide the query heads, and a key's row narrower than its
+  // heads (2 of 64 here, though the query has 4), are refused by name.
+  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 4, 3,
+                                         4, 64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 4, 0,
+                                         4, 64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream),
+                  std::invalid_argument);
+  kg::SdpaCudnnLayout thin;
+  thin.k = 120;  // 2 kv heads of 64
+  CHECK_THROWS_AS(kg::sdpa_cudnn_forward(ctx, dummy->get(), nullptr, dummy->get(), dummy->get(), dummy->get(), 1, 4, 2,
+                                         4, 64, false, 0.125f, 0.0f, seed_offset, DType::bf16, kStream, thin),
                   std::invalid_argument);
 }
 
