@@ -211,6 +211,39 @@ TEST_CASE("cuda scratch: the arenas of GPT-2's program follow the CUDA device's 
   }
 }
 
+// Grouped-query attention (tiny Llama: 2 kv heads for 4, transformers 5's enable_gqa): the own
+// kernels repeat k and v over the query heads into copies and sum their gradients back; cuDNN
+// takes them at their own heads, so no op's temporary is the attention's, and its backward
+// workspace is 4·B·H·T·D bytes larger (kernels/common/sdpa_dims.hpp, measured).
+TEST_CASE("cuda scratch: cuDNN takes grouped-query attention as it is, with its larger workspace") {
+  // Large enough a batch that the attention's temporaries pass the arenas' 1 MiB floor.
+  const std::int64_t B = 64, T = 64, H = 4, K = 2, D = 16;
+  const auto cfg = zp::zero::parse_ds_config(
+      "llama.json", nlohmann::json::parse(R"({"train_micro_batch_size_per_gpu": 64, "bf16": {"enabled": true},
+                                              "zero_optimization": {"stage": 1}})"));
+  const auto mc = zp::models::load_model("tiny-llama");
+  REQUIRE(mc.heads == H);
+  REQUIRE(mc.kv_heads == K);
+  zp::models::GraphOptions go;
+  go.micro_batch = B;
+  go.seq_len = T;
+  go.act_dtype = cfg.model_dtype();
+  go.attention = zp::models::Attention::sdpa;
+  const auto g = zp::models::build_graph(mc, go);
+  const auto p = zp::zero::lower(g, cfg, zp::zero::resolve_batch(cfg, 1), zp::zero::LowerOptions{});
+  const auto own = zp::exec::predict_cuda_scratch(g, p, cfg);
+  const auto cudnn = zp::exec::predict_cuda_scratch(g, p, cfg, true);
+  CHECK(cudnn.context_buffer.v == 8 * B * H * T * D + 4 * B * H * T + 256);
+  const auto* t_own = arena(own, 0, zp::exec::kCudaOpSlot + zp::exec::kTempSlot);
+  const auto* t_cudnn = arena(cudnn, 0, zp::exec::kCudaOpSlot + zp::exec::kTempSlot);
+  REQUIRE(t_own != nullptr);
+  CHECK(t_own->largest_by.find("sdpa") != std::string::npos);  // the repeats and the sums back
+  if (t_cudnn != nullptr) {
+    CHECK(t_cudnn->largest_by.find("sdpa") == std::string::npos);
+    CHECK(t_cudnn->bytes.v < t_own->bytes.v);
+  }
+}
+
 TEST_CASE("cuda scratch: cuDNN's attention holds its backward's workspace in the compute Context's buffer") {
   const std::int64_t B = 2, T = 256, H = 12, D = 64;
   for (const std::string dtype : {"bf16", "fp32"}) {
