@@ -91,8 +91,8 @@ Dataset read_train_out(const std::string& path, const RunArgs& args, const sim::
   if (!evs.is_array()) throw InputError(path, "events", "must be an array");
   const std::size_t first = static_cast<std::size_t>(std::max<zero::EventId>(prog.step_begin, 0));
   // The program event each measured one is, by name and in order. Events the program gained
-  // after a file was written are allowed to be missing from it, in the step only: the ZeRO
-  // step's fixed host part apart from its loops, and a bf16 run's overflow check (the lowering
+  // after a file was written are allowed to be missing from it, in the step only: the step's
+  // fixed host part apart from its loops (ZeRO's, the bare optimizer's), and a bf16 run's overflow check (the lowering
   // decides where there is one; a run recorded before them did neither).
   auto added_later = [&](std::size_t j) {
     const zero::Event& ev = prog.events[j];

@@ -245,7 +245,8 @@ class ProbeDevice final : public Device {
   // cuDNN takes the attention (exec/device_cuda_ops.cpp's FusedAttention decides alike). A
   // gradient without a buffer of its own gets one among the op's temporaries (the scratch rule
   // above), so cuDNN always has three to write. A gradient added into (not written whole), as
-  // contiguous heads or as a column block of rows alike, would take a (B, H, T, D) temporary
+  // contiguous heads or as a column block of rows alike, would take a (B, X, T, D) temporary (X
+  // its heads: H for q, Hk for k and v)
   // after the workspace (sdpa_cudnn_backward); the models here write theirs whole, and that case
   // is not counted.
   void cudnn_workspace(const models::Op& op, const Operands& o) {

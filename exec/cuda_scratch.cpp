@@ -288,10 +288,12 @@ OpScratch cuda_backward_scratch(const models::Op& op, const Operands& o, bool cu
         return gr && !a.cudnn && f.K < f.H && !models::heads_contiguous(f, h, f.K) ? nbytes(a.kvn, a.dt)
                                                                                       : std::size_t{0};
       };
-      const std::size_t heads = nbytes(a.hv, a.dt);
+      // The (B, H, T, D) gradients the own kernels write; cuDNN writes the key's and value's at
+      // their own heads (a gradient nobody keeps still gets one to be written into).
+      const std::size_t heads = nbytes(a.hv, a.dt), kv_heads = a.cudnn ? nbytes(a.kvn, a.dt) : heads;
       s.temp = {a.copy(f.q, f.H), a.copy(f.k, f.K), a.repeat(), a.copy(f.v, f.K), a.repeat(), a.out_heads(),
-                a.out_heads(), q_direct ? 0 : heads, k_direct ? 0 : heads, v_direct ? 0 : heads, kv_copy(gk, f.k),
-                kv_copy(gv, f.v)};
+                a.out_heads(), q_direct ? 0 : heads, k_direct ? 0 : kv_heads, v_direct ? 0 : kv_heads,
+                kv_copy(gk, f.k), kv_copy(gv, f.v)};
       break;
     }
     default: break;

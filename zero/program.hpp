@@ -90,6 +90,8 @@ struct HostWork {
   // loss scaler) is in this event. A ZeRO step's host work is two events: its loops over the
   // gradients (tensors, no fixed part), whose small kernels the device runs while the host
   // goes on issuing the next ones, then the fixed part, which waits for them (the norm's read).
+  // The bare optimizer's (fp32 at stage 0) too: its loop (the update waits for it), then the
+  // fixed part, beside the update (nothing read back between them).
   bool step_base = true;
   bool operator==(const HostWork&) const = default;
 };

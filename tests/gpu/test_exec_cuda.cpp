@@ -289,7 +289,8 @@ TEST_CASE("train --device cuda --fused-mlp: GPT-2 against the cpu device, epilog
 // dropout 0.1), so the losses agree within the 16-bit tolerance, not to the mask; the program's
 // bytes are equal, and the compare with simulate --attention-kernel cudnn is exact, cuDNN's
 // backward workspace in the device's scratch included. Causal and not, stages 0-3, checkpointing
-// (the forward recomputed through cuDNN) and the Llama's repeated key/value heads.
+// (the forward recomputed through cuDNN) and the Llama's grouped key/value heads (2 for 4, which
+// cuDNN takes as they are, with its larger backward workspace).
 // That cuDNN ran, and not the own kernels in its place, shows in the compare: the device's
 // scratch holds cuDNN's backward workspace, which simulate --attention-kernel cudnn predicts.
 TEST_CASE("train --device cuda --attention-kernel cudnn: against the cpu device's own kernels") {

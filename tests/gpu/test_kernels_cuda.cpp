@@ -2374,7 +2374,7 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
   };
   for (const Shape s : {Shape{4, 4, 4, 64, 16}, Shape{16, 12, 12, 1024, 64}, Shape{16, 16, 16, 1024, 64},
                         Shape{64, 16, 16, 128, 64}, Shape{4, 32, 32, 2048, 128}, Shape{2, 2, 2, 130, 64},
-                        Shape{4, 4, 2, 64, 16}, Shape{4, 32, 8, 2048, 128}})
+                        Shape{4, 4, 2, 64, 16}, Shape{4, 32, 8, 2048, 128}, Shape{2, 4, 2, 130, 64}})
     for (const bool causal : {true, false})
       for (const float drop : {0.0f, 0.1f}) {
         CAPTURE(s.B);

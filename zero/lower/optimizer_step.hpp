@@ -4,7 +4,8 @@
 // back into the 16-bit params, and the post-step all-gather of the 16-bit partitions.
 // The step's Python (per-tensor loops over param groups, the .item() syncs of the overflow
 // check and the norm) is the host event before them (Context::host_step), and for the ZeRO
-// optimizers its fixed part the host event after the checks (Context::host_step_rest).
+// optimizers its fixed part the host event after the checks (Context::host_step_rest); for the
+// bare optimizer its fixed part the host event beside the update.
 #include <string>
 
 #include "zero/lower/context.hpp"
