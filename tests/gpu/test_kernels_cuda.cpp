@@ -2212,23 +2212,6 @@ kg::ContextOptions cudnn_options() {
   return o;
 }
 
-// Heads (B, Hk, T, D) repeated over their query heads (B, H, T, D), as HF's repeat_kv: query
-// head h reads kv head h / (H / Hk); and a (B, H, T, D) gradient summed back over them.
-Vec repeat_heads(const Vec& x, std::int64_t B, std::int64_t Hk, std::int64_t H, std::int64_t TD) {
-  Vec y(sz(B * H * TD));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      std::copy_n(x.begin() + (b * Hk + h / (H / Hk)) * TD, TD, y.begin() + (b * H + h) * TD);
-  return y;
-}
-Vec sum_heads(const Vec& y, std::int64_t B, std::int64_t Hk, std::int64_t H, std::int64_t TD) {
-  Vec x(sz(B * Hk * TD), 0.0f);
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < TD; ++i) x[sz((b * Hk + h / (H / Hk)) * TD + i)] += y[sz((b * H + h) * TD + i)];
-  return x;
-}
-
 // cuDNN's flash attention (ContextOptions::sdpa_cudnn) on the same operands: without dropout
 // against the CPU twin at our kernels' bounds, written and added into, with as many key/value
 // heads as query heads and fewer (GQA, MQA: against the CPU twin on the key and value repeated
@@ -2268,7 +2251,10 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
       const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
       const Vec q = rand_vec(n, 231, dt, -2.0f, 2.0f), k = rand_vec(nkv, 232, dt, -2.0f, 2.0f),
                 v = rand_vec(nkv, 233, dt);
-      const Vec kr = repeat_heads(k, c.B, c.Hk, c.H, TD), vr = repeat_heads(v, c.B, c.Hk, c.H, TD);
+      // k and v repeated over their query heads (HF's repeat_kv, the CPU device's kernel).
+      Vec kr(sz(n)), vr(sz(n));
+      kc::repeat_kv_forward(kr.data(), k.data(), c.B, c.Hk, c.H / c.Hk, c.T, c.D);
+      kc::repeat_kv_forward(vr.data(), v.data(), c.B, c.Hk, c.H / c.Hk, c.T, c.D);
       auto gq = device(q, dt), gk = device(k, dt), gv = device(v, dt);
       auto o = output(sz(n), dt);
       Dev lse(sz(rows) * 4);
@@ -2289,7 +2275,9 @@ TEST_CASE("sdpa: cuDNN's flash attention against the CPU twin; its dropout mask,
       Vec wq(sz(n), 0.0f), wkr(sz(n), 0.0f), wvr(sz(n), 0.0f);
       kc::sdpa_backward(wq.data(), wkr.data(), wvr.data(), dout.data(), q.data(), kr.data(), vr.data(), rlse.data(),
                         nullptr, c.B, c.H, c.T, c.D, c.causal, scale, 0.0f, 0, 0);
-      const Vec wk = sum_heads(wkr, c.B, c.Hk, c.H, TD), wv = sum_heads(wvr, c.B, c.Hk, c.H, TD);
+      Vec wk(sz(nkv)), wv(sz(nkv));
+      kc::repeat_kv_backward(wk.data(), wkr.data(), c.B, c.Hk, c.H / c.Hk, c.T, c.D, false);
+      kc::repeat_kv_backward(wv.data(), wvr.data(), c.B, c.Hk, c.H / c.Hk, c.T, c.D, false);
       Vec rdq = qi, rdk = ki, rdv = vi;
       for (std::size_t i = 0; i < rdq.size(); ++i) rdq[i] += wq[i];
       for (std::size_t i = 0; i < rdk.size(); ++i) {
