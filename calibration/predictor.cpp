@@ -206,6 +206,8 @@ Predictor::Predictor(const Dataset& data, const sim::ClusterSpec& cluster)
     go.variants = rc.variants;
     runs_[r].graph = models::build_graph(mc, go);
     runs_[r].program = sim::predict(runs_[r].graph, rc.cfg, batch, t, false).program;
+    t.deepspeed = !rc.zeroplan_executor;
+    runs_[r].free_running = sim::free_running_program(runs_[r].graph, rc.cfg, batch, t);
   }
   for (std::size_t i = 0; i < n; ++i)
     if (data.obs[i].kind == ObsKind::phase) {
@@ -295,7 +297,13 @@ void Predictor::predict(const ModelParams& m, const std::vector<char>& want, std
     sim::EngineOptions eo;
     eo.interference = prof.comm_compute_interference;
     const sim::TimeSummary ts = sim::simulate_time(run.program, run.graph, cm, coll, eo);
-    const PhasePrediction pp = phase_times(run.program, ts.report, rc.unmeasured_events, &cm, &run.graph);
+    PhasePrediction pp = phase_times(run.program, ts.report, rc.unmeasured_events, &cm, &run.graph);
+    if (run.free_running &&
+        std::any_of(run.obs.begin(), run.obs.end(), [&](std::size_t i) {
+          return wanted(i) && data_.obs[i].phase.phase == PhaseName::iteration && data_.obs[i].phase.quantity == Quantity::wall;
+        }))
+      pp.seconds[static_cast<std::size_t>(PhaseName::iteration)][static_cast<std::size_t>(Quantity::wall)] =
+          sim::simulate_time(*run.free_running, run.graph, cm, coll, eo).report.phases.iteration.v;
     for (std::size_t i : run.obs) {
       const PhaseSample& s = data_.obs[i].phase;
       out[i] = pp.seconds[static_cast<std::size_t>(s.phase)][static_cast<std::size_t>(s.quantity)];

@@ -4,6 +4,7 @@
 // once and running its step program through the event engine (sim::simulate_time) under
 // each set of parameters. Whatever coefficient the simulator reads, the predictions follow.
 #include <array>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -65,6 +66,7 @@ class Predictor {
   struct Run {
     models::OpGraph graph;
     zero::Program program;
+    std::optional<zero::Program> free_running;  // its iteration's (sim::free_running_program)
     std::vector<std::size_t> obs;
   };
   const Dataset& data_;

@@ -406,7 +406,7 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
   const std::int64_t g2 = std::min(gas, kDirectGas);
   const Point p2 = run_point(pb, *g, cfg, g2, ckpt);
   const auto& ph2 = p2.pred.time.report.phases;
-  double fwd = ph2.forward.ms(), bwd = ph2.backward.ms(), bar = ph2.backward_allreduce.ms(), it = ph2.iteration.ms();
+  double fwd = ph2.forward.ms(), bwd = ph2.backward.ms(), bar = ph2.backward_allreduce.ms(), it = p2.pred.time.iteration.ms();
   double comm = static_cast<double>(p2.pred.time.report.comm.total.v);
   if (gas > g2) {
     // Micro-steps between the first and the boundary are identical, so every quantity
@@ -418,7 +418,7 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
     fwd += m * (fwd - ph1.forward.ms());
     bwd += m * (bwd - ph1.backward.ms());
     bar += m * (bar - ph1.backward_allreduce.ms());
-    it += m * (it - ph1.iteration.ms());
+    it += m * (it - p1.pred.time.iteration.ms());
     comm += m * (comm - static_cast<double>(p1.pred.time.report.comm.total.v));
   }
   const auto& mem = p2.pred.memory;
@@ -444,7 +444,7 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
     ev.samples_per_s = static_cast<double>(pb.global_batch) / s;
     ev.tokens_per_s = ev.samples_per_s * static_cast<double>(pb.seq_len);
     // Model FLOPs per GPU: the short program's rate, rescaled to the whole step.
-    const double flops2 = p2.pred.time.tflops * ph2.iteration.v * 1e12;  // over g2 micro-steps
+    const double flops2 = p2.pred.time.tflops * p2.pred.time.iteration.v * 1e12;  // over g2 micro-steps
     const double flops = flops2 / static_cast<double>(g2) * static_cast<double>(gas);
     ev.tflops = flops / s / 1e12;
     ev.mfu = p2.pred.time.mfu > 0 ? p2.pred.time.mfu * (ev.tflops / p2.pred.time.tflops) : 0;
@@ -768,6 +768,16 @@ PlanResult plan(const Problem& pb, const Space& space, int threads) {
           Knobs k = cur.knobs;
           set(k, d, v);
           if (k != cur.knobs) cand.push_back(k);
+          // overlap_comm moves with the reduce bucket: without it stages 1/2 reduce after the
+          // backward, where one large bucket is best, and their step's loops overlap the
+          // backward's last work; with it, small buckets hide under the backward. Neither
+          // move alone may pay where both together do.
+          if (d == Dim::overlap_comm && relevant(pb, k, Dim::reduce_bucket_size))
+            for (std::int64_t rb : space.values[static_cast<std::size_t>(Dim::reduce_bucket_size)]) {
+              Knobs kr = k;
+              set(kr, Dim::reduce_bucket_size, rb);
+              if (kr != cur.knobs && kr != k) cand.push_back(kr);
+            }
         }
         std::vector<Evaluation> res(cand.size());
         parallel_for(cand.size(), threads, [&](std::size_t i) { res[i] = eval(cand[i]); });

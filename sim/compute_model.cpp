@@ -377,7 +377,7 @@ Seconds host_cost(const HostCosts& c, const zero::Event& e) {
     case zero::HostStep::zero3_optimizer: step = &c.zero3_optimizer; break;
     case zero::HostStep::plain: step = &c.plain; break;
   }
-  if (step != nullptr) s += (h.step_base ? step->base.v : 0.0) + h.tensors * step->per_tensor.v;
+  if (step != nullptr) s += (h.step_base ? step->base.v : 0.0) + h.tensors * h.loop_share * step->per_tensor.v;
   return Seconds{s * c.scale};
 }
 

@@ -27,6 +27,14 @@ zero::LowerOptions lower_options(const models::OpGraph& g, const zero::DsConfig&
   return lo;
 }
 
+std::optional<zero::Program> free_running_program(const models::OpGraph& g, const zero::DsConfig& cfg,
+                                                  const zero::Batch& batch, const Target& t) {
+  if (!t.deepspeed || !zero::phase_syncs_matter(cfg)) return std::nullopt;
+  zero::LowerOptions lo = lower_options(g, cfg, t);
+  lo.phase_syncs = false;
+  return zero::lower(g, cfg, batch, lo);
+}
+
 Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,
                    bool with_time) {
   Prediction r;
@@ -43,6 +51,10 @@ Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const ze
     EngineOptions eo;
     eo.interference = t.profile->comm_compute_interference;
     r.time = simulate_time(r.program, g, compute, *t.collectives, eo);
+    if (const auto free_running = free_running_program(g, cfg, batch, t)) {
+      const TimeSummary su = simulate_time(*free_running, g, compute, *t.collectives, eo);
+      set_iteration(r.time, su.report.phases.iteration, r.program, g, compute);
+    }
   }
   return r;
 }

@@ -58,7 +58,15 @@ models::GraphOptions graph_options(const zero::DsConfig& cfg, const zero::Batch&
 // checkpointing, the kept model output, the device's library workspaces.
 zero::LowerOptions lower_options(const models::OpGraph& g, const zero::DsConfig& cfg, const Target& t);
 
-// `g` must be built for `batch.micro_batch` and the config's model dtype.
+// Where the phases' synchronisations change DeepSpeed's iteration (zero::phase_syncs_matter,
+// t.deepspeed), the program lowered without them (zero::LowerOptions::phase_syncs): its makespan
+// is the iteration training runs; otherwise none.
+std::optional<zero::Program> free_running_program(const models::OpGraph& g, const zero::DsConfig& cfg,
+                                                  const zero::Batch& batch, const Target& t);
+
+// `g` must be built for `batch.micro_batch` and the config's model dtype. The phases are
+// timed with a synchronisation between them (DeepSpeed's wall_clock_breakdown); the iteration
+// without (free_running_program's, where it differs).
 Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,
                    bool with_time = true);
 

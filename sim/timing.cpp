@@ -69,8 +69,16 @@ TimeSummary simulate_time(const zero::Program& p, const models::OpGraph& g, cons
   TimeSummary s;
   const auto d = event_durations(p, compute, collectives);
   s.report = run_events(p, d, opt);
-  const double t = s.report.phases.iteration.v;
-  if (t <= 0) return s;
+  set_iteration(s, s.report.phases.iteration, p, g, compute);
+  return s;
+}
+
+void set_iteration(TimeSummary& s, Seconds iteration, const zero::Program& p, const models::OpGraph& g,
+                   const ComputeModel& compute) {
+  s.iteration = iteration;
+  s.samples_per_s = s.tokens_per_s = s.tflops = s.mfu = 0;
+  const double t = iteration.v;
+  if (t <= 0) return;
   const auto& i = p.info;
   const double samples = static_cast<double>(i.micro_batch * i.gas * i.world_size);
   s.samples_per_s = samples / t;
@@ -80,7 +88,6 @@ TimeSummary simulate_time(const zero::Program& p, const models::OpGraph& g, cons
   // MFU against the peak of the arithmetic the model's GEMMs use (TF32 or the fp32 cores for fp32).
   const double peak = compute.profile().gemm_peak(g.opt.act_dtype);
   s.mfu = peak > 0 ? model_flops / t / peak : 0;
-  return s;
 }
 
 }  // namespace zp::sim

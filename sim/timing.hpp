@@ -24,9 +24,19 @@ struct TimeSummary {
   double tokens_per_s = 0;
   double tflops = 0;                 // model FLOPs (forward + backward, no recomputation) per GPU per second / 1e12
   double mfu = 0;                    // tflops / peak dense tensor TFLOP/s
+  // The iteration training runs, which the rates above follow: report.phases.iteration (the
+  // makespan of the program whose events the report times, with a synchronisation between its
+  // phases), or, where predict() simulated the program without those synchronisations
+  // (zero::LowerOptions::phase_syncs), that one's makespan.
+  Seconds iteration{};
 };
 
 TimeSummary simulate_time(const zero::Program& p, const models::OpGraph& g, const ComputeModel& compute,
                           const CollectiveModel& collectives, const EngineOptions& opt = {});
+
+// `s` with `iteration` as its iteration time, and the rates that follow from it (p: the program
+// `s` was simulated for).
+void set_iteration(TimeSummary& s, Seconds iteration, const zero::Program& p, const models::OpGraph& g,
+                   const ComputeModel& compute);
 
 }  // namespace zp::sim

@@ -2026,3 +2026,136 @@ TEST_CASE("autograd's gradient adds: one per later consumer of a tensor, in the 
     if (e.micro_step == 0) bytes += e.grad_add_bytes.v;
   CHECK(bytes == 24 * 2 * 64 * g.g.cfg.hidden * 2 + 24 * 2 * 64 * 4 * g.g.cfg.hidden * 2);
 }
+
+// An iteration as training runs it (LowerOptions::phase_syncs off): the ZeRO step of stages 1/2
+// without overlap_comm waits for nothing of the backward. Its overflow loop is issued in pieces,
+// each waiting only for the launch kLaunchQueueOps launches before its first (the queue is full
+// until then); the norm's loop waits for the overflow flag's read-back; together they cost what
+// the one loop event of the synchronised program costs. Nothing else changes, and no other
+// optimizer or stage changes at all.
+TEST_CASE("phase_syncs off: the ZeRO 1/2 step's loops wait for the launch queue, the norm's loop for the overflow flag") {
+  auto lower_free = [](const Built& b, const zero::DsConfig& cfg, int N) {
+    zero::LowerOptions lo;
+    lo.world_size = N;
+    lo.rank = zero::heaviest_rank(b.g, cfg, N);
+    lo.phase_syncs = false;
+    return zero::lower(b.g, cfg, zero::resolve_batch(cfg, N), lo);
+  };
+  for (const int stage : {1, 2}) {
+    CAPTURE(stage);
+    const auto cfg = bf16_config(stage, 2, 1, false);
+    REQUIRE(zero::phase_syncs_matter(cfg));
+    const auto b = build("gpt2", cfg, 1, 64);
+    const zero::Program free = lower_free(b, cfg, 1);
+    const auto tensors = static_cast<std::int32_t>(b.g.params.size());
+    // The synchronised step: one loop event over every tensor, after the backward's last op.
+    zero::EventId last_op = -1, synced_loop = -1;
+    for (const auto& e : b.p.events) {
+      if (e.kind == EventKind::compute && e.phase == zero::Phase::backward) last_op = e.id;
+      if (b.p.event_name(e.id) == "step/host.optimizer_step") {
+        CHECK(synced_loop < 0);
+        synced_loop = e.id;
+        CHECK(e.host.tensors == tensors);
+        CHECK(e.host.loop_share == 1.0);
+        const auto deps = b.p.deps(e);
+        CHECK(std::find(deps.begin(), deps.end(), last_op) != deps.end());
+      }
+    }
+    REQUIRE(synced_loop >= 0);
+    // Up to the step both programs are the same.
+    REQUIRE(free.events.size() > static_cast<std::size_t>(synced_loop));
+    for (zero::EventId i = 0; i < synced_loop; ++i) CHECK(free.events[static_cast<std::size_t>(i)] == b.p.events[static_cast<std::size_t>(i)]);
+    // The unsynchronised step: pieces of 8 tensors at 13 / 15 of the per-tensor cost, then the
+    // norm's loop at 2 / 15 after the overflow check.
+    std::vector<zero::EventId> pieces;
+    zero::EventId norm_loop = -1, overflow = -1, rest = -1;
+    double cost = 0;  // in tensors' worth of the per-tensor cost
+    for (const auto& e : free.events) {
+      if (e.id < synced_loop) continue;
+      const std::string name = free.event_name(e.id);
+      if (e.kind == EventKind::collective && e.trigger == Trigger::overflow_check) overflow = e.id;
+      if (name == "step/host.optimizer_step.rest") rest = e.id;
+      if (name != "step/host.optimizer_step") continue;
+      CHECK_FALSE(e.host.step_base);
+      cost += e.host.tensors * e.host.loop_share;
+      if (overflow < 0) {
+        pieces.push_back(e.id);
+        CHECK(e.host.tensors == std::min(8, tensors - 8 * static_cast<std::int32_t>(pieces.size() - 1)));
+        CHECK(e.host.loop_share == zp::test::approx(13.0 / 15));
+      } else {
+        CHECK(norm_loop < 0);
+        norm_loop = e.id;
+        CHECK(e.host.tensors == tensors);
+        CHECK(e.host.loop_share == zp::test::approx(2.0 / 15));
+        const auto deps = free.deps(e);
+        CHECK(std::find(deps.begin(), deps.end(), overflow) != deps.end());
+      }
+    }
+    CHECK(static_cast<std::int32_t>(pieces.size()) == (tensors + 7) / 8);
+    CHECK(cost == zp::test::approx(tensors));
+    REQUIRE(norm_loop > overflow);
+    REQUIRE(rest > norm_loop);
+    const auto rdeps = free.deps(free.events[static_cast<std::size_t>(rest)]);
+    CHECK(std::find(rdeps.begin(), rdeps.end(), norm_loop) != rdeps.end());
+    // No piece waits for the backward's last op. The first pieces fit in the queue behind what the
+    // forward and backward left in it and wait for nothing; then each waits for one launch, later
+    // pieces for later launches, until the loop's own launches fill the queue (those take
+    // microseconds on the device: not waited for).
+    zero::EventId prev = -1;
+    int waiting = 0;
+    for (const zero::EventId p : pieces) {
+      const auto deps = free.deps(free.events[static_cast<std::size_t>(p)]);
+      CHECK(std::find(deps.begin(), deps.end(), last_op) == deps.end());
+      CHECK(deps.size() <= 1);
+      if (!deps.empty()) {
+        ++waiting;
+        CHECK(deps[0] > prev);
+        CHECK(free.events[static_cast<std::size_t>(deps[0])].stream != zero::Stream::host);  // a launch (an op, or the boundary's copies)
+        CHECK(deps[0] < pieces.front());
+        prev = deps[0];
+      }
+    }
+    CHECK(waiting > 0);
+    CHECK(waiting <= 1024 / (8 * 13) + 1);
+  }
+  // Without the overflow check (bf16.check_grad_overflow off) nothing is read back: the whole
+  // loop (the norm's launches) is queued in pieces.
+  {
+    auto cfg = bf16_config(2, 2, 1, false);
+    cfg.bf16_check_grad_overflow = false;
+    const auto b = build("tiny-gpt2", cfg, 1, 16);
+    const zero::Program free = lower_free(b, cfg, 1);
+    double cost = 0;
+    for (const auto& e : free.events)
+      if (free.event_name(e.id) == "step/host.optimizer_step") {
+        CHECK(e.host.loop_share == 1.0);
+        cost += e.host.tensors;
+      }
+    CHECK(cost == static_cast<double>(b.g.params.size()));
+  }
+  // Where the phases' synchronisations change nothing, the programs are the same.
+  auto with = [](int stage, nlohmann::json zero_extra, nlohmann::json top = nlohmann::json::object()) {
+    nlohmann::json z = {{"stage", stage}};
+    z.update(zero_extra);
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 2}, {"bf16", {{"enabled", true}}}, {"zero_optimization", z}};
+    j.update(top);
+    return zero::parse_ds_config("test.json", j);
+  };
+  const std::vector<std::pair<const char*, zero::DsConfig>> same = {
+      {"stage 0", with(0, nlohmann::json::object())},
+      {"stage 3", with(3, nlohmann::json::object())},
+      {"overlap_comm", with(2, {{"overlap_comm", true}})},
+      {"offloaded optimizer", with(2, {{"offload_optimizer", {{"device", "cpu"}}}})},
+      {"BF16_Optimizer", with(1, nlohmann::json::object(), {{"data_types", {{"grad_accum_dtype", "fp32"}}}})},
+      {"wall_clock_breakdown", with(2, nlohmann::json::object(), {{"wall_clock_breakdown", true}})},
+  };
+  for (const auto& [what, cfg] : same) {
+    CAPTURE(what);
+    CHECK_FALSE(zero::phase_syncs_matter(cfg));
+    if (std::string_view(what) == "wall_clock_breakdown") continue;  // its timers synchronise; the lowering is not asked
+    const auto b = build("tiny-gpt2", cfg, 2, 16);
+    CHECK(lower_free(b, cfg, 2) == b.p);
+  }
+  CHECK(zero::phase_syncs_matter(with(1, nlohmann::json::object())));
+  CHECK(zero::phase_syncs_matter(with(2, {{"overlap_comm", false}})));
+}

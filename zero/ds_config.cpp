@@ -917,6 +917,7 @@ DsConfig parse_ds_config(const std::string& file, const nlohmann::json& doc) {
   }
   cfg.gradient_clipping = r.get_double(top, "gradient_clipping", 0.0, 0.0, kMaxD);  // constants.py: 0 (off)
   cfg.prescale_gradients = r.get_bool(top, "prescale_gradients", false);
+  cfg.wall_clock_breakdown = r.get_bool(top, "wall_clock_breakdown", false);
   cfg.gradient_predivide_factor = r.get_double(top, "gradient_predivide_factor", 1.0, 0.0, kMaxD);
   if (cfg.gradient_predivide_factor <= 0.0)
     throw InputError(r.file, "gradient_predivide_factor", "must be a number > 0, got 0");
@@ -1143,6 +1144,7 @@ nlohmann::json to_json(const DsConfig& cfg) {
   }
   put(out, "gradient_clipping", cfg.gradient_clipping, 0.0);
   put(out, "prescale_gradients", cfg.prescale_gradients, false);
+  put(out, "wall_clock_breakdown", cfg.wall_clock_breakdown, false);
   put(out, "gradient_predivide_factor", cfg.gradient_predivide_factor, 1.0);
 
   // Activation checkpointing.

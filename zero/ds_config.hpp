@@ -145,6 +145,9 @@ struct DsConfig {
   double gradient_clipping = 0.0;
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
+  // wall_clock_breakdown (default false): DeepSpeed's timers synchronise the device at each
+  // phase's start and end, so its iterations run with the phases apart (zero::phase_syncs_matter).
+  bool wall_clock_breakdown = false;
   ZeroConfig zero;
   bool activation_checkpointing_present = false;
   ActivationCheckpointingConfig activation_checkpointing;

@@ -26,6 +26,14 @@ struct LowerOptions {
   // cache) until the end of the micro-step; by default it drops it after the forward, as
   // HF Trainer does.
   bool keep_output = false;
+  // The phases are timed apart: a synchronisation between forward, backward and step, as
+  // DeepSpeed's wall_clock_breakdown timers and the reference harness's phase times have.
+  // Off: the iteration as training runs it, where only DeepSpeed's own read-backs and its
+  // throughput timer synchronise. Only the ZeRO step of stages 1/2 without overlap_comm differs:
+  // nothing from the end of the backward to its overflow flag's read-back waits for the device,
+  // so its loops run while the device still works through the backward, as far as the launch
+  // queue lets the host run ahead (docs/deepspeed_fidelity.md).
+  bool phase_syncs = true;
   // Library workspaces PyTorch allocates through its caching allocator once and keeps
   // (sim/devices.json): cuBLAS's, one per (handle, stream) — the forward thread's and the
   // autograd engine's — and cuBLASLt's (the forward's GEMMs with a bias epilogue). 0: none
@@ -51,6 +59,12 @@ int heaviest_rank(const models::OpGraph& g, const DsConfig& cfg, int world_size)
 // (`z`: ZeRO settings to use instead of cfg.zero; precision and optimizer come from cfg.)
 bool runs_bf16_optimizer(const DsConfig& cfg, const ZeroConfig& z);
 inline bool runs_bf16_optimizer(const DsConfig& cfg) { return runs_bf16_optimizer(cfg, cfg.zero); }
+
+// Whether the iteration DeepSpeed runs for cfg differs from its phases timed apart
+// (LowerOptions::phase_syncs changes what lower() makes): the ZeRO optimizer of stages 1/2
+// without overlap_comm and without an offloaded optimizer, unless wall_clock_breakdown's timers
+// synchronise the phases anyway.
+bool phase_syncs_matter(const DsConfig& cfg);
 
 // The gradient buckets lower() allocates for cfg: stages 1/2 with contiguous_gradients,
 // reduce_bucket_size elements of the model dtype, two under overlap_comm; stage 3 with

@@ -93,6 +93,11 @@ struct HostWork {
   // The bare optimizer's (fp32 at stage 0) too: its loop (the update waits for it), then the
   // fixed part, beside the update (nothing read back between them).
   bool step_base = true;
+  // The share of the per-tensor cost this event's loop is (1: all of the step's loops). An
+  // iteration without synchronisations between its phases (LowerOptions::phase_syncs off)
+  // splits a ZeRO step's loops where the launch queue and the overflow flag's read-back stop
+  // the host: the overflow loop in pieces, the norm's loop after the read-back.
+  double loop_share = 1;
   bool operator==(const HostWork&) const = default;
 };
 

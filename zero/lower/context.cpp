@@ -255,8 +255,76 @@ void Context::host_module_visit(Phase ph, std::int32_t params) {
   h.stage3_params += params;
 }
 
+namespace {
+// Tensors per host event of an unsynchronised step's loop: the launch queue is looked at
+// that often (8 tensors' launches, about half a millisecond of the H200 machines' host).
+constexpr std::int32_t kQueuedLoopTensors = 8;
+}  // namespace
+
+bool Context::checks_overflow() const {
+  // stage_1_and_2.py tests for overflow when fp16 is enabled, and bf16 unless its
+  // check_grad_overflow is off (engine.py; not for a 16-bit module trained without either);
+  // stage3.py when its params are fp16.
+  return stage == 3 ? md == DType::fp16
+                    : cfg.precision == Precision::fp16 || (cfg.precision == Precision::bf16 && cfg.bf16_check_grad_overflow);
+}
+
+void Context::queued_step_loops(std::int32_t tensors, bool overflow) {
+  // What the device has queued when the backward's host work ends: the ops issued (each a
+  // launch), then the device events after the last of them (the boundary's bucket copies and
+  // reductions; a copy of k tensors is k launches).
+  std::vector<EventId> queue(at.issued.begin(), at.issued.end());
+  for (auto e = static_cast<std::size_t>(queue.empty() ? 0 : queue.back() + 1); e < p.events.size(); ++e) {
+    const Event& ev = p.events[e];
+    if (ev.stream == Stream::host || ev.kind == EventKind::marker) continue;
+    const std::int32_t k = ev.kind == EventKind::copy ? std::max<std::int32_t>(1, ev.tensors) : 1;
+    queue.insert(queue.end(), static_cast<std::size_t>(k), ev.id);
+  }
+  // The loop before the first read-back (the overflow flag's, or none without the check) in
+  // pieces; each piece's first launch waits until the queue has room for it: for the launch
+  // kLaunchQueueOps before it to end. The loops' host cost is shared between the overflow test
+  // and the norm as their launches are.
+  const int launches = overflow ? kOverflowKernelsPerGradient : kNormKernelsPerGradient;
+  const double share =
+      overflow ? double(kOverflowKernelsPerGradient) / (kOverflowKernelsPerGradient + kNormKernelsPerGradient) : 1.0;
+  const auto n = static_cast<std::int64_t>(queue.size());
+  for (std::int32_t t = 0; t < tensors; t += kQueuedLoopTensors) {
+    Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step"));
+    h.host.step = HostStep::zero_optimizer;
+    h.host.tensors = std::min(kQueuedLoopTensors, tensors - t);
+    h.host.step_base = false;
+    h.host.loop_share = share;
+    const std::int64_t waits = n + static_cast<std::int64_t>(t) * launches - static_cast<std::int64_t>(kLaunchQueueOps);
+    if (waits >= 0 && waits < n) b.dep(queue[static_cast<std::size_t>(waits)]);
+    at.step_loop = h.id;
+  }
+  at.loop_after_check = overflow ? 1.0 - share : 0.0;
+  at.host = at.step_loop;
+  at.host_micro = -1;
+  at.host_phase = Phase::step;
+  at.host_ops = 0;
+}
+
+void Context::host_step_after_check(EventId check) {
+  if (at.loop_after_check <= 0 || at.step_loop < 0) return;
+  // The norm's loop: after the flag's .item(), so after everything queued before it.
+  Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step"));
+  h.host.step = HostStep::zero_optimizer;
+  h.host.tensors = loop_tensors_;
+  h.host.step_base = false;
+  h.host.loop_share = at.loop_after_check;
+  b.dep(check);
+  at.step_loop = at.host = h.id;
+  at.loop_after_check = 0;
+}
+
 void Context::host_step(HostStep kind, std::int32_t tensors) {
   if (!opt.host_work) return;
+  if (!opt.phase_syncs && kind == HostStep::zero_optimizer && !overlap && !offload_opt && stage < 3) {
+    loop_tensors_ = tensors;
+    queued_step_loops(tensors, checks_overflow());
+    return;
+  }
   // A ZeRO step's loops (its overflow and norm checks), priced apart from its fixed part,
   // which follows the checks' read-back (host_step_rest). The bare optimizer's per-tensor loop
   // (FusedAdam building its tensor lists) likewise, its fixed part (the engine's bookkeeping

@@ -53,6 +53,11 @@ struct ModelStates {
   BufferId host_grads = -1;  // offload_optimizer: the host fp32 gradient partition
 };
 
+// DeepSpeed 0.19.8's DeepSpeedZeroOptimizer launches, per gradient, 13 kernels for its overflow
+// test (has_inf_or_nan and the add into the count) and 2 for its norm (a cast to fp64, the norm),
+// as its kernel profiles on an H100 count them (optimizer_step.cpp prices them on the device).
+inline constexpr int kOverflowKernelsPerGradient = 13, kNormKernelsPerGradient = 2;
+
 // Where the issue order stands: the micro-step being lowered and the latest events of
 // each kind that later events wait for.
 struct IssueCursor {
@@ -71,6 +76,7 @@ struct IssueCursor {
   Phase host_phase = Phase::init;
   int host_ops = 0;
   EventId step_loop = -1;         // a step's host loops (ZeRO's, the bare optimizer's), until host_step_rest()
+  double loop_after_check = 0;    // the share of those loops still to run after the overflow flag's read-back
   // The graph ops issued so far (their compute events, in issue order), and where the
   // current and the previous micro-step's begin among them (the launch queue's bound).
   std::vector<EventId> issued;
@@ -135,6 +141,9 @@ class Context {
   // The current host event of phase `ph` and this micro-step, opened when there is none or
   // when `full` (it issued kHostGroupOps ops already).
   HostWork& host_event(Phase ph, bool full);
+  // An unsynchronised iteration's ZeRO step loops (LowerOptions::phase_syncs off).
+  void queued_step_loops(std::int32_t tensors, bool overflow);
+  std::int32_t loop_tensors_ = 0;   // the tensors an unsynchronised step's loops go over
 
  public:
   std::int64_t b16() const { return dtype_size(md); }
@@ -205,6 +214,11 @@ class Context {
   // 0) likewise: this event is its per-tensor loop, which its update waits for, and
   // host_step_rest() its fixed part, beside the update (nothing is read back between them).
   void host_step(HostStep kind, std::int32_t tensors);
+  // After the overflow check `check` (a device event): the rest of the ZeRO step's loops (the
+  // norm's), which an unsynchronised iteration runs after the flag's read-back; none otherwise.
+  void host_step_after_check(EventId check);
+  // The step tests the gradients for inf/NaN (DeepSpeed's overflow check).
+  bool checks_overflow() const;
   void host_step_rest();
 
   // One collective event (nccl-tests style: kind, group, count, dtype) and why it was issued.

@@ -60,6 +60,12 @@ bool runs_bf16_optimizer(const DsConfig& cfg, const ZeroConfig& z) {
          z.offload_optimizer.device == OffloadDevice::none;
 }
 
+bool phase_syncs_matter(const DsConfig& cfg) {
+  const ZeroConfig& z = cfg.zero;
+  return !cfg.wall_clock_breakdown && (z.stage == 1 || z.stage == 2) && !z.overlap() &&
+         z.offload_optimizer.device == OffloadDevice::none && !runs_bf16_optimizer(cfg);
+}
+
 GradientBuckets gradient_buckets(const DsConfig& cfg, const ZeroConfig& z) {
   if (!z.contiguous_gradients || z.stage == 0 || runs_bf16_optimizer(cfg, z)) return {};
   if (z.stage == 3) return {1, Bytes{z.reduce_bucket_size * dtype_size(cfg.communication_data_type())}};

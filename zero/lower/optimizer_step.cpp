@@ -59,27 +59,22 @@ std::int32_t partition_tensors(const Context& c) {
 void gradient_checks(Context& c, int partitions) {
   const LocalRead r = local_read(c, partitions);
   const std::int64_t dt = dtype_size(c.accum_dtype());
-  // stage_1_and_2.py tests for overflow when fp16 is enabled, and bf16 unless its
-  // check_grad_overflow is off (engine.py; not for a 16-bit module trained without either);
-  // stage3.py when its params are fp16.
-  const bool overflow = c.stage == 3 ? c.md == DType::fp16
-                                     : c.cfg.precision == Precision::fp16 ||
-                                           (c.cfg.precision == Precision::bf16 && c.cfg.bf16_check_grad_overflow);
-  if (overflow) {
+  if (c.checks_overflow()) {
     Event& e = scalar_allreduce(c, Trigger::overflow_check, ReduceOp::max, "overflow_check", r);
     if (c.stage < 3) {
       // has_overflow_partitioned_grads_serial: has_inf_or_nan per gradient (amax and amin each
       // read it; each isfinite is abs, two compares and a product on the scalar; logical_and,
       // logical_not) and the add into the count: 13 kernels and two reads per gradient, beyond
       // what the local reduction prices (a kernel per tensor and a read of each buffer it counts).
-      beyond_local_reduction(e, r, 13 * static_cast<std::int64_t>(r.views), 2 * r.elements * dt);
+      beyond_local_reduction(e, r, kOverflowKernelsPerGradient * static_cast<std::int64_t>(r.views), 2 * r.elements * dt);
     }
+    c.host_step_after_check(e.id);
   }
   Event& e = scalar_allreduce(c, Trigger::grad_norm, ReduceOp::sum, "grad_norm", r);
   // get_grad_norm_direct: per gradient (stage 3: per param's view of the partition) a cast to
   // fp64 (get_norm_dtype) and the norm of that copy: 2 kernels, a read and an fp64 write and
   // read, beyond what the local reduction prices.
-  beyond_local_reduction(e, r, 2 * static_cast<std::int64_t>(r.views), r.elements * (dt + 2 * 8));
+  beyond_local_reduction(e, r, kNormKernelsPerGradient * static_cast<std::int64_t>(r.views), r.elements * (dt + 2 * 8));
   c.host_step_rest();
 }
 
