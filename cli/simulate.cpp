@@ -409,6 +409,7 @@ nlohmann::json time_json(const sim::TimeSummary& t) {
           {"backward_allreduce_ms", ph.backward_allreduce.ms()},
           {"step_ms", ph.step.ms()},
           {"iteration_ms", t.iteration.ms()},
+          {"synchronised_iteration_ms", ph.iteration.ms()},
           {"samples_per_s", t.samples_per_s},
           {"tokens_per_s", t.tokens_per_s},
           {"tflops", t.tflops},
