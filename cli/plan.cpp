@@ -128,6 +128,7 @@ nlohmann::json evaluation_json(const planner::Problem& pb, const Evaluation& e) 
                     {"backward_allreduce_ms", e.backward_allreduce_ms},
                     {"step_ms", e.step_ms},
                     {"iteration_ms", e.iteration_ms},
+                    {"phase_overlap_ms", e.phase_overlap_ms},
                     {"samples_per_s", e.samples_per_s},
                     {"tokens_per_s", e.tokens_per_s},
                     {"tflops", e.tflops},
@@ -182,6 +183,10 @@ std::string why(const planner::Problem& pb, const Evaluation& w, const Evaluatio
                    "backward {:+.1f} ms (exposed communication {:.1f} vs {:.1f} ms), step {:+.1f} ms.\n",
                    gain, w.samples_per_s, o.samples_per_s, w.iteration_ms, o.iteration_ms, w.forward_ms - o.forward_ms,
                    w.backward_ms - o.backward_ms, w.backward_allreduce_ms, o.backward_allreduce_ms, w.step_ms - o.step_ms);
+  if (w.phase_overlap_ms > 0.05 || o.phase_overlap_ms > 0.05)
+    s += fmt::format("    (the phases are timed apart; in the iteration {:.1f} vs {:.1f} ms of them overlap: the ZeRO step's "
+                     "loops run while the device finishes the backward)\n",
+                     w.phase_overlap_ms, o.phase_overlap_ms);
   s += fmt::format("    memory {} vs {} GiB used ({:+.2f} GiB); communication {:.0f} vs {:.0f} MiB per rank per "
                    "iteration.\n",
                    gib(w.device_used), gib(o.device_used), (w.device_used - o.device_used).gib(), w.comm_bytes / 1048576.0,

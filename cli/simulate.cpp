@@ -682,7 +682,8 @@ std::string simulate_table(const Inputs& in, const std::vector<StageResult>& rs,
     out.back() = '\n';
   }
   if (!critical_path) return out;
-  out += fmt::format("\ncritical path: the chain of events that sets the iteration time, "
+  out += fmt::format("\ncritical path: the chain of events that sets the phases' sum (the program timed with a "
+                     "synchronisation between its phases; iter_ms may be shorter, above), "
                      "its length by kind and its {} longest events\n", kPathEventsShown);
   for (const auto& r : rs) {
     const auto path = sim::summarize_critical_path(r.program, r.time.report, kPathEventsShown);

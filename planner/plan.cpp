@@ -407,6 +407,7 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
   const Point p2 = run_point(pb, *g, cfg, g2, ckpt);
   const auto& ph2 = p2.pred.time.report.phases;
   double fwd = ph2.forward.ms(), bwd = ph2.backward.ms(), bar = ph2.backward_allreduce.ms(), it = p2.pred.time.iteration.ms();
+  double synced = ph2.iteration.ms();
   double comm = static_cast<double>(p2.pred.time.report.comm.total.v);
   if (gas > g2) {
     // Micro-steps between the first and the boundary are identical, so every quantity
@@ -419,6 +420,7 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
     bwd += m * (bwd - ph1.backward.ms());
     bar += m * (bar - ph1.backward_allreduce.ms());
     it += m * (it - p1.pred.time.iteration.ms());
+    synced += m * (synced - ph1.iteration.ms());
     comm += m * (comm - static_cast<double>(p1.pred.time.report.comm.total.v));
   }
   const auto& mem = p2.pred.memory;
@@ -438,6 +440,7 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
   ev.backward_allreduce_ms = bar;
   ev.step_ms = ph2.step.ms();
   ev.iteration_ms = it;
+  ev.phase_overlap_ms = std::max(0.0, synced - it);
   ev.comm_bytes = comm;
   if (it > 0) {
     const double s = it / 1e3;

@@ -122,6 +122,9 @@ struct Evaluation {
   bool fits = false;
   std::string peak_event;
   double forward_ms = 0, backward_ms = 0, backward_allreduce_ms = 0, step_ms = 0, iteration_ms = 0;
+  // The phases (timed apart) add up to iteration_ms + phase_overlap_ms: what of them the iteration
+  // overlaps without a synchronisation between them (sim::TimeSummary::iteration).
+  double phase_overlap_ms = 0;
   double samples_per_s = 0, tokens_per_s = 0, tflops = 0, mfu = 0;
   double comm_bytes = 0;             // per rank per iteration
   double compute_bound_ms = 0;       // planner::compute_bound_ms of its shape (ranked rows)

@@ -60,8 +60,8 @@ int heaviest_rank(const models::OpGraph& g, const DsConfig& cfg, int world_size)
 bool runs_bf16_optimizer(const DsConfig& cfg, const ZeroConfig& z);
 inline bool runs_bf16_optimizer(const DsConfig& cfg) { return runs_bf16_optimizer(cfg, cfg.zero); }
 
-// Whether the iteration DeepSpeed runs for cfg differs from its phases timed apart
-// (LowerOptions::phase_syncs changes what lower() makes): the ZeRO optimizer of stages 1/2
+// Whether the iteration DeepSpeed runs for cfg differs from its phases timed apart, and so
+// whether LowerOptions::phase_syncs changes what lower() makes: the ZeRO optimizer of stages 1/2
 // without overlap_comm and without an offloaded optimizer, unless wall_clock_breakdown's timers
 // synchronise the phases anyway.
 bool phase_syncs_matter(const DsConfig& cfg);

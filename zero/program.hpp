@@ -97,7 +97,7 @@ struct HostWork {
   // iteration without synchronisations between its phases (LowerOptions::phase_syncs off)
   // splits a ZeRO step's loops where the launch queue and the overflow flag's read-back stop
   // the host: the overflow loop in pieces, the norm's loop after the read-back.
-  double loop_share = 1;
+  float loop_share = 1;
   bool operator==(const HostWork&) const = default;
 };
 

@@ -68,6 +68,7 @@ struct IssueCursor {
   EventId last_copy = -1;         // the latest copy into a reduce bucket
   EventId last_reduce = -1;       // the latest event of a gradient reduction (the step waits for it)
   EventId last_check = -1;        // the step's latest gradient check (norm, overflow): the update reads it
+  EventId overflow_check = -1;    // the step's overflow check, whose flag the host reads back
   EventId last_update = -1;       // the latest copy of updated master weights into the 16-bit params
   std::map<GroupId, EventId> last_collective;  // per rank group (communicator): its latest collective
   int bucket_seq = 0;             // reduce buckets flushed in this micro-step
@@ -76,7 +77,7 @@ struct IssueCursor {
   Phase host_phase = Phase::init;
   int host_ops = 0;
   EventId step_loop = -1;         // a step's host loops (ZeRO's, the bare optimizer's), until host_step_rest()
-  double loop_after_check = 0;    // the share of those loops still to run after the overflow flag's read-back
+  float loop_after_check = 0;     // the share of those loops still to run after the overflow flag's read-back
   // The graph ops issued so far (their compute events, in issue order), and where the
   // current and the previous micro-step's begin among them (the launch queue's bound).
   std::vector<EventId> issued;

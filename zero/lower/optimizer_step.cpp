@@ -68,6 +68,7 @@ void gradient_checks(Context& c, int partitions) {
       // what the local reduction prices (a kernel per tensor and a read of each buffer it counts).
       beyond_local_reduction(e, r, kOverflowKernelsPerGradient * static_cast<std::int64_t>(r.views), 2 * r.elements * dt);
     }
+    c.at.overflow_check = e.id;
     c.host_step_after_check(e.id);
   }
   Event& e = scalar_allreduce(c, Trigger::grad_norm, ReduceOp::sum, "grad_norm", r);

@@ -21,14 +21,11 @@ class ZeroOptimizerLowering : public OptimizerLowering {
   void grad_produced(MicroState& st, models::ParamId p, models::OpId o) override;
   void grad_hook(MicroState& st, models::ParamId p) override;
   HostStep host_step() const override { return HostStep::zero_optimizer; }
-  // stage_1_and_2.py step: has_overflow_partitioned_grads_serial and get_grad_norm_direct loop
-  // over the gradients in 16-bit training (one per-tensor host cost for both, fitted with the
-  // overflow check on: it stays the same with bf16.check_grad_overflow off, where only the
-  // norm's loop runs); fp32 training skips both.
-  std::int32_t host_step_tensors() const override {
-    // Without fp16 or bf16 (whatever dtype the module trains in) the step loops over no tensors.
-    return c_.cfg.precision == Precision::fp32 ? 0 : static_cast<std::int32_t>(c_.g.params.size());
-  }
+  // stage_1_and_2.py step: has_overflow_partitioned_grads_serial (fp16; bf16 unless its
+  // check_grad_overflow is off) and get_grad_norm_direct (always: an fp32 run's kernel profile
+  // has its fp64 cast and norm per gradient) loop over the gradients. One per-tensor host cost,
+  // fitted with both loops, shared between them as their launches are (Context::host_step).
+  std::int32_t host_step_tensors() const override { return static_cast<std::int32_t>(c_.g.params.size()); }
   void end_of_backward() override;
   void step() override;
 
