@@ -342,8 +342,12 @@ Section step_timeline(const Report& r, const PageOptions& opt) {
   const std::pair<const char*, const char*> rows[] = {
       {"forward_ms", "forward (ms)"},       {"backward_ms", "backward (ms)"},
       {"backward_allreduce_ms", "of which exposed communication (ms)"}, {"step_ms", "optimizer step (ms)"},
-      {"iteration_ms", "iteration (ms)"},   {"samples_per_s", "samples/s"}, {"mfu", "MFU"}};
+      {"synchronised_iteration_ms", "phases' sum, the timeline drawn (ms)"},
+      {"iteration_ms", "iteration, without a synchronisation between the phases (ms)"},
+      {"samples_per_s", "samples/s"}, {"mfu", "MFU"}};
   for (const auto& [key, label] : rows) {
+    // Results written before the phases and the iteration were told apart have no phases' sum.
+    if (std::none_of(cols.begin(), cols.end(), [&](const Column* c) { return c->result["time"].contains(key); })) continue;
     h += fmt::format("<tr data-row=\"{}\"><th>{}</th>", key, label);
     for (const Column* c : cols) {
       const double v = c->result["time"].value(key, 0.0);

@@ -269,7 +269,8 @@ TEST_CASE("report from the inputs: every view, the numbers of simulate --json, o
   CHECK(s2.find(results[1]["memory"]["peak_event"].get<std::string>()) != std::string::npos);
   // View 3: phase times and collectives of both, exposed time drawn = predicted.
   const auto tt = table(page, "step-time");
-  for (const char* k : {"forward_ms", "backward_ms", "backward_allreduce_ms", "step_ms", "iteration_ms", "samples_per_s"}) {
+  for (const char* k : {"forward_ms", "backward_ms", "backward_allreduce_ms", "step_ms", "synchronised_iteration_ms",
+                        "iteration_ms", "samples_per_s"}) {
     CAPTURE(k);
     CHECK(as_double(tt.at(k)[0]) == results[1]["time"][k].get<double>());
     CHECK(as_double(tt.at(k)[1]) == results[2]["time"][k].get<double>());
