@@ -334,7 +334,9 @@ void Context::host_step(HostStep kind, std::int32_t tensors) {
     return;
   }
   // A ZeRO step's loops (its overflow and norm checks), priced apart from its fixed part,
-  // which follows the checks' read-back (host_step_rest). The bare optimizer's per-tensor loop
+  // which follows the overflow flag's read-back (host_step_rest). Without the phases'
+  // synchronisations (LowerOptions::phase_syncs) DeepSpeedZeroOptimizer's loops are issued as
+  // the launch queue lets them (queued_step_loops). The bare optimizer's per-tensor loop
   // (FusedAdam building its tensor lists) likewise, its fixed part (the engine's bookkeeping
   // after the update's launch: zero_grad, the scheduler, the timers) running beside the update.
   const bool loops_apart =
