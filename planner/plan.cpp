@@ -408,6 +408,9 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
   const auto& ph2 = p2.pred.time.report.phases;
   double fwd = ph2.forward.ms(), bwd = ph2.backward.ms(), bar = ph2.backward_allreduce.ms(), it = p2.pred.time.iteration.ms();
   double synced = ph2.iteration.ms();
+  // What of the phases the iteration overlaps happens once an iteration (the step's loops beside
+  // the last backward): taken from the short program, not extrapolated.
+  const double overlap = std::max(0.0, synced - it);
   double comm = static_cast<double>(p2.pred.time.report.comm.total.v);
   if (gas > g2) {
     // Micro-steps between the first and the boundary are identical, so every quantity
@@ -419,8 +422,8 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
     fwd += m * (fwd - ph1.forward.ms());
     bwd += m * (bwd - ph1.backward.ms());
     bar += m * (bar - ph1.backward_allreduce.ms());
-    it += m * (it - p1.pred.time.iteration.ms());
     synced += m * (synced - ph1.iteration.ms());
+    it = synced - overlap;
     comm += m * (comm - static_cast<double>(p1.pred.time.report.comm.total.v));
   }
   const auto& mem = p2.pred.memory;
@@ -440,7 +443,7 @@ Evaluation evaluate(const Problem& pb, const GraphCache& graphs, const Knobs& k)
   ev.backward_allreduce_ms = bar;
   ev.step_ms = ph2.step.ms();
   ev.iteration_ms = it;
-  ev.phase_overlap_ms = std::max(0.0, synced - it);
+  ev.phase_overlap_ms = overlap;
   ev.comm_bytes = comm;
   if (it > 0) {
     const double s = it / 1e3;

@@ -2143,6 +2143,23 @@ TEST_CASE("phase_syncs off: the ZeRO 1/2 step's loops wait for the launch queue,
       CHECK(loops == (syncs ? 1 : (static_cast<int>(b.g.params.size()) + 7) / 8));
     }
   }
+  // fp32 with the optimizer offloaded: one host event (loops and fixed part), looping for the
+  // norm alone as well.
+  {
+    const auto cfg = zero::parse_ds_config("test.json", {{"train_micro_batch_size_per_gpu", 2},
+                                                        {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}});
+    CHECK_FALSE(zero::phase_syncs_matter(cfg));
+    const auto b = build("tiny-gpt2", cfg, 1, 16);
+    int steps = 0;
+    for (const auto& e : b.p.events)
+      if (e.kind == EventKind::host && e.phase == zero::Phase::step) {
+        ++steps;
+        CHECK(e.host.step_base);
+        CHECK(e.host.tensors == static_cast<std::int32_t>(b.g.params.size()));
+        CHECK(e.host.loop_share == zp::test::approx(2.0 / 15));
+      }
+    CHECK(steps == 1);
+  }
   // Whatever the precision, GAS and world size, the unsynchronised step costs the host what the
   // synchronised one does: the same fixed part (its .rest event) and the same tensors' worth of
   // loops; and it has its pieces.

@@ -89,11 +89,13 @@ struct HostWork {
   // The step's fixed part (what it does once: its .item() reads, the optimizer's call, the
   // loss scaler) is in this event. A ZeRO step's host work is two events: its loops over the
   // gradients (tensors, no fixed part), whose small kernels the device runs while the host
-  // goes on issuing the next ones, then the fixed part, which waits for them (the norm's read).
+  // goes on issuing the next ones, then the fixed part, which waits for them and for what it
+  // reads back (stages 1/2: the overflow flag, their norm staying on the device; stage 3: the norm).
   // The bare optimizer's (fp32 at stage 0) too: its loop (the update waits for it), then the
   // fixed part, beside the update (nothing read back between them).
   bool step_base = true;
-  // The share of the per-tensor cost this event's loop is (1: all of the step's loops). An
+  // The share of the per-tensor cost this event's loop is (1: all of the step's loops; a ZeRO
+  // 1/2 step without the overflow check loops for its norm alone: 2 of 15 launches). An
   // iteration without synchronisations between its phases (LowerOptions::phase_syncs off)
   // splits a ZeRO step's loops where the launch queue and the overflow flag's read-back stop
   // the host: the overflow loop in pieces, the norm's loop after the read-back.

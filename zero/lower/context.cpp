@@ -300,9 +300,9 @@ void Context::queued_step_loops(std::int32_t tensors, bool overflow) {
     h.host.step_base = false;
     h.host.loop_share = share;
     std::int64_t waits = n + static_cast<std::int64_t>(t) * launches - static_cast<std::int64_t>(kLaunchQueueOps);
-    // Not before the last micro-step's first op: where micro-steps are stored once
-    // (Program::repeat), the ids before it stand for the block, not the copy just issued.
-    if (at.micro > 0) waits = std::max(waits, static_cast<std::int64_t>(at.micro_first));
+    // Where micro-steps are stored once (Program::repeat), an id in the block stands for its last
+    // copy, and one before the block for a fixed event: not before the block's first op.
+    if (p.repeat.copies > 0 && at.has_prev_micro) waits = std::max(waits, static_cast<std::int64_t>(at.prev_micro_first));
     if (waits >= 0 && waits < n) b.dep(queue[static_cast<std::size_t>(waits)]);
     at.step_loop = h.id;
   }
@@ -347,7 +347,7 @@ void Context::host_step(HostStep kind, std::int32_t tensors) {
   h.host.tensors = tensors;
   h.host.step_base = !rest_apart;
   // Without the overflow check the ZeRO step loops over the gradients for their norm alone.
-  if (kind == HostStep::zero_optimizer && !offload_opt && !checks_overflow()) h.host.loop_share = norm_loop_share();
+  if (kind == HostStep::zero_optimizer && !checks_overflow()) h.host.loop_share = norm_loop_share();
   // The step starts once the backward's work is done (the epilogue synchronises, or the first
   // .item() of FP16_Optimizer's loop waits): everything the backward and the reductions issued.
   b.dep(at.last_compute);

@@ -208,10 +208,12 @@ class Context {
   // FusedOptimizerLowering::step makes the one after wait for it. For the
   // ZeRO optimizers (stages 1-3 on the device) only their loops over the gradients, which read
   // nothing back per tensor: the checks they issue (gradient_checks) run on the device
-  // meanwhile, and host_step_rest() then adds the step's fixed part, which waits for the checks.
+  // meanwhile, and host_step_rest() then adds the step's fixed part, which waits for what it
+  // reads back (stages 1/2: the overflow flag, none without the check; stage 3: the norm too).
   // (Stage 1/2 read the overflow flag back between their two loops; one host event for both
   // loops lets the norm's kernels start before the host would have issued them, which matters
-  // only where the device, not the host, bounds the step.) The bare optimizer (fp32 at stage
+  // only where the device, not the host, bounds the step. Without the phases'
+  // synchronisations the two are apart: queued_step_loops.) The bare optimizer (fp32 at stage
   // 0) likewise: this event is its per-tensor loop, which its update waits for, and
   // host_step_rest() its fixed part, beside the update (nothing is read back between them).
   void host_step(HostStep kind, std::int32_t tensors);

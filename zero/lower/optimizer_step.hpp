@@ -2,10 +2,11 @@
 // The pieces every optimizer step shares: the scalar all-reduces of the overflow check and
 // the gradient norm, the update of a range of master params, the copy of the updated master
 // back into the 16-bit params, and the post-step all-gather of the 16-bit partitions.
-// The step's Python (per-tensor loops over param groups, the .item() syncs of the overflow
-// check and the norm) is the host event before them (Context::host_step), and for the ZeRO
-// optimizers its fixed part the host event after the checks (Context::host_step_rest); for the
-// bare optimizer its fixed part the host event beside the update.
+// The step's Python (per-tensor loops over param groups, the .item() syncs: stages 1/2 read the
+// overflow flag back, stage 3 the flag and the norm) is the host event before them
+// (Context::host_step), and for the ZeRO optimizers its fixed part the host event after what it
+// reads back (Context::host_step_rest); for the bare optimizer its fixed part the host event
+// beside the update.
 #include <string>
 
 #include "zero/lower/context.hpp"
