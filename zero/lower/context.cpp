@@ -294,35 +294,34 @@ void Context::queued_step_loops(std::int32_t tensors, bool overflow) {
   const float share = overflow ? overflow_loop_share() : norm_loop_share();
   const auto n = static_cast<std::int64_t>(queue.size());
   for (std::int32_t t = 0; t < tensors; t += kQueuedLoopTensors) {
-    Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step"));
-    h.host.step = HostStep::zero_optimizer;
-    h.host.tensors = std::min(kQueuedLoopTensors, tensors - t);
-    h.host.step_base = false;
-    h.host.loop_share = share;
+    step_loop_event(std::min(kQueuedLoopTensors, tensors - t), share);
     std::int64_t waits = n + static_cast<std::int64_t>(t) * launches - static_cast<std::int64_t>(kLaunchQueueOps);
     // Where micro-steps are stored once (Program::repeat), an id in the block stands for its last
     // copy, and one before the block for a fixed event: not before the block's first op.
     if (p.repeat.copies > 0 && at.has_prev_micro) waits = std::max(waits, static_cast<std::int64_t>(at.prev_micro_first));
     if (waits >= 0 && waits < n) b.dep(queue[static_cast<std::size_t>(waits)]);
-    at.step_loop = h.id;
   }
   at.loop_after_check = overflow ? norm_loop_share() : 0.0f;
-  at.host = at.step_loop;
+}
+
+Event& Context::step_loop_event(std::int32_t tensors, float share) {
+  Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step"));
+  h.host.step = HostStep::zero_optimizer;
+  h.host.tensors = tensors;
+  h.host.step_base = false;
+  h.host.loop_share = share;
+  at.step_loop = at.host = h.id;
   at.host_micro = -1;
   at.host_phase = Phase::step;
   at.host_ops = 0;
+  return h;
 }
 
 void Context::host_step_after_check(EventId check) {
   if (at.loop_after_check <= 0 || at.step_loop < 0) return;
   // The norm's loop: after the flag's .item(), so after everything queued before it.
-  Event& h = b.begin(EventKind::host, Stream::host, Phase::step, -1, b.label("host.optimizer_step"));
-  h.host.step = HostStep::zero_optimizer;
-  h.host.tensors = loop_tensors_;
-  h.host.step_base = false;
-  h.host.loop_share = at.loop_after_check;
+  step_loop_event(loop_tensors_, at.loop_after_check);
   b.dep(check);
-  at.step_loop = at.host = h.id;
   at.loop_after_check = 0;
 }
 

@@ -144,6 +144,9 @@ class Context {
   HostWork& host_event(Phase ph, bool full);
   // An unsynchronised iteration's ZeRO step loops (LowerOptions::phase_syncs off).
   void queued_step_loops(std::int32_t tensors, bool overflow);
+  // One host event of those loops: `tensors` gradients at `share` of the per-tensor cost; it
+  // becomes the step's current host event.
+  Event& step_loop_event(std::int32_t tensors, float share);
   std::int32_t loop_tensors_ = 0;   // the tensors an unsynchronised step's loops go over
 
  public:
