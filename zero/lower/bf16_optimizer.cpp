@@ -35,6 +35,7 @@ void Bf16OptimizerLowering::grad_hook(MicroState& st, models::ParamId p) {
   e.src_buf = pg;
   e.dst_buf = c_.states.grads32;
   b.slice({p, 0, c_.numel(p), c_.layout.offset[static_cast<std::size_t>(p)]});
+  c_.launched(b.cur_id());
   b.free(pg);
   pg = -1;
 }

@@ -241,6 +241,11 @@ void Context::dispatch(Phase ph) {
   at.issued.push_back(static_cast<EventId>(p.events.size()));  // the op's event, begun next
 }
 
+void Context::launched(EventId e, std::int32_t launches) {
+  if (!opt.host_work) return;
+  at.issued.insert(at.issued.end(), static_cast<std::size_t>(std::max<std::int32_t>(1, launches)), e);
+}
+
 void Context::host_hook(Phase ph, bool to_bucket) {
   if (!opt.host_work) return;
   HostWork& h = host_event(ph, false);

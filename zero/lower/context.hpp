@@ -78,8 +78,9 @@ struct IssueCursor {
   int host_ops = 0;
   EventId step_loop = -1;         // a step's host loops (ZeRO's, the bare optimizer's), until host_step_rest()
   float loop_after_check = 0;     // the share of those loops still to run after the overflow flag's read-back
-  // The graph ops issued so far (their compute events, in issue order), and where the
-  // current and the previous micro-step's begin among them (the launch queue's bound).
+  // The launches issued so far, in issue order: each graph op's compute event, and the device
+  // events a hook issues beside them (Context::launched); where the current and the previous
+  // micro-step's begin among them (the launch queue's bound).
   std::vector<EventId> issued;
   int issued_micro = -2;
   std::size_t micro_first = 0, prev_micro_first = 0;
@@ -198,6 +199,10 @@ class Context {
   // Before the device event of one graph op of phase `ph`: count it on the current host
   // event (opening one when needed); the next event begun waits for it.
   void dispatch(Phase ph);
+  // A device event the host issues beside the graph's ops (a gradient hook's copy into a
+  // bucket or an accumulation buffer, a bucket's reduction): `launches` more launches in the
+  // queue, which the host's lead and the step's loops are bounded by.
+  void launched(EventId e, std::int32_t launches = 1);
   // DeepSpeed's Python in one gradient hook / one stage-3 module visit (fetch and release
   // hooks, looping over the module's `params` parameters), on the current host event of phase `ph`.
   // A gradient hook; stage 3's count apart (HostWork::stage3_grad_hooks), and a stage 1/2 hook

@@ -131,6 +131,7 @@ void ZeroOptimizerLowering::ipg_add(MicroState* st, ParamId p, bool at_boundary_
     b.slice({p, 0, n, ipg_elements_});
     b.free(grad);  // grad now views the bucket: its own storage is released
     c_.at.last_copy = b.cur_id();
+    if (!at_boundary_pass) c_.launched(b.cur_id());
   } else {
     ipg_loose_grads_.push_back(grad);
   }
