@@ -372,6 +372,12 @@ std::vector<ParamDef> build_registry() {
   r.push_back(host_us("stage3_grad_hook_us", "stage 3's gradient hook per parameter",
                       "backward phases of stage 3 runs of models with different numbers of parameter tensors",
                       &H::stage3_grad_hook));
+  r.push_back(host_us("stage3_linear_forward_us", "stage 3's own autograd function per nn.Linear call in forward",
+                      "forward phases of stage 3 runs of models with nn.Linear layers beside models without (GPT-2's Conv1D)",
+                      &H::stage3_linear_forward));
+  r.push_back(host_us("stage3_linear_backward_us", "stage 3's own autograd function's backward per nn.Linear",
+                      "backward phases of stage 3 runs of models with nn.Linear layers beside models without (GPT-2's Conv1D)",
+                      &H::stage3_linear_backward));
   for (const auto& [w, f] : std::vector<std::pair<std::string, H::Step H::*>>{{"fp16_optimizer", &H::fp16_optimizer},
                                                                               {"bf16_optimizer", &H::bf16_optimizer},
                                                                               {"zero_optimizer", &H::zero_optimizer},

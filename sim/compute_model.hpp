@@ -38,6 +38,8 @@ struct HostCosts {
   Seconds stage3_module_backward{}; // stage 3: per module visit in backward
   Seconds stage3_param_forward{};   // stage 3: more per parameter of a module visit in forward
   Seconds stage3_grad_hook{};       // stage 3: reduce_partition_and_remove_grads, per parameter
+  Seconds stage3_linear_forward{};  // stage 3: LinearFunctionForZeroStage3's Python per nn.Linear call in forward
+  Seconds stage3_linear_backward{}; // stage 3: its Python backward per nn.Linear
   // The optimizer step, by the wrapper DeepSpeed chose: base + per_tensor × parameter tensors.
   struct Step {
     Seconds base{}, per_tensor{};

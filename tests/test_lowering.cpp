@@ -412,6 +412,76 @@ TEST_CASE("stage 3: a linear's bias added apart on 3-D inputs, in forward and re
     for (const auto& e : build(model, config(3, 2, 1), 2, 16).p.events) CHECK_FALSE(e.unfused_bias);
 }
 
+// Stage 3 replaces F.linear by DeepSpeed's own autograd function (LinearFunctionForZeroStage3,
+// zero.Init's _enable_mem_efficient_linear when the model's params are converted): its Python runs
+// once per nn.Linear call in forward (recomputation too) and once in backward, on the host event
+// that issues the op. GPT-2's Conv1D calls addmm itself; stages 0-2 and memory_efficient_linear off
+// leave F.linear alone.
+TEST_CASE("stage 3: DeepSpeed's linear function's Python on the host, per nn.Linear call in forward and backward") {
+  auto counts = [](const Built& b) {
+    std::map<zero::Phase, int> n;
+    for (const auto& e : b.p.events)
+      if (e.kind == EventKind::host) n[e.phase] += e.host.linear_functions;
+    return n;
+  };
+  auto linears = [](const models::OpGraph& g) {
+    int n = 0;
+    for (const auto& op : g.ops) n += op.fn == models::Fn::linear || op.fn == models::Fn::linear_first_token;
+    return n;
+  };
+  for (const std::string model : {"tiny-bert", "tiny-llama", "tiny-gpt2"})
+    for (const bool ckpt : {false, true}) {
+      CAPTURE(model);
+      CAPTURE(ckpt);
+      const auto b3 = build(model, config(3, 2, 1), 2, 16, ckpt);
+      const int n = linears(b3.g);
+      CHECK(n > 0);  // GPT-2's head is an nn.Linear, its blocks' Conv1D are not
+      auto c = counts(b3);
+      CHECK(c[zero::Phase::forward] == n);
+      CHECK(c[zero::Phase::backward] == n);
+      int recomputed = 0;  // the checkpointed layers' linears, run again before their backward
+      for (const auto& e : b3.p.events)
+        if (e.kind == EventKind::compute && e.phase == zero::Phase::recompute && e.op >= 0) {
+          const auto fn = b3.g.ops[static_cast<std::size_t>(e.op)].fn;
+          recomputed += fn == models::Fn::linear || fn == models::Fn::linear_first_token;
+        }
+      CHECK(c[zero::Phase::recompute] == recomputed);
+      CHECK((recomputed > 0) == (ckpt && model != "tiny-gpt2"));  // GPT-2's head is outside the layers
+
+      // Priced at the profile's per-call costs, forward and recomputation at the forward's.
+      sim::HostCosts h = sim::default_host_costs();
+      h.stage3_linear_forward = Seconds{1e-4};
+      h.stage3_linear_backward = Seconds{3e-4};
+      auto none = h;
+      none.stage3_linear_forward = none.stage3_linear_backward = Seconds{0};
+      double fwd = 0, bwd = 0;
+      for (const auto& e : b3.p.events) {
+        if (e.kind != EventKind::host) continue;
+        const double extra = sim::host_cost(h, e).v - sim::host_cost(none, e).v;
+        (e.phase == zero::Phase::backward ? bwd : fwd) += extra;
+      }
+      CHECK(fwd == zp::test::approx(1e-4 * (n + recomputed)));
+      CHECK(bwd == zp::test::approx(3e-4 * n));
+    }
+  for (const int stage : {0, 1, 2})
+    for (const auto& [ph, k] : counts(build("tiny-bert", config(stage, 2, 1), 2, 16))) CHECK(k == 0);
+  auto plain = config(3, 2, 1);
+  plain.zero.memory_efficient_linear = false;
+  const auto off = build("tiny-bert", plain, 2, 16);
+  for (const auto& [ph, k] : counts(off)) CHECK(k == 0);
+  // Its `output += bias` on a 3-D input is one more eager op on the host (Event::unfused_bias).
+  const auto on = build("tiny-bert", config(3, 2, 1), 2, 16);
+  auto host_ops = [](const Built& b) {
+    int n = 0;
+    for (const auto& e : b.p.events) n += e.kind == EventKind::host ? e.host.ops : 0;
+    return n;
+  };
+  int unfused = 0;
+  for (const auto& e : on.p.events) unfused += e.unfused_bias;
+  CHECK(unfused > 0);
+  CHECK(host_ops(on) == host_ops(off) + unfused);
+}
+
 TEST_CASE("activation checkpointing keeps layer inputs and recomputes") {
   auto c = config(1, 4, 1);
   const auto plain = build("tiny-gpt2", c, 2, 64, false);

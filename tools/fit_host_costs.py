@@ -13,7 +13,11 @@ This is the bootstrap for the defaults; `zeroplan calibrate` fits the same coeff
 
 Usage: fit_host_costs.py tests/data/deepspeed/h200_deepspeed_0.19.8.json [--zeroplan build/cli/zeroplan]
        [--fit-runs REGEX]   (fit on the matching runs only; the others are reported as held out)
-       [--write]   (put the fitted values into sim/compute_model.cpp's defaults: no, into the printed JSON)
+       [--params REGEX]     (fit only the costs whose names match; the others keep their values)
+       [--cluster 1xH100-80GB --profile calibration/profiles/h100-80gb_deepspeed-0.19.8.json]
+                            (runs of another machine: its preset and profile, whose host.scale multiplies
+                            the costs under test, so that they stay in the H200 host's units)
+The fitted costs are printed as JSON, for sim/compute_model.cpp's defaults.
 """
 import argparse
 import concurrent.futures
@@ -33,9 +37,10 @@ from deepspeed_compare import ROOT, model_arg  # noqa: E402
 
 # parameter: (phase it moves, path in the profile's "host" object)
 PARAMS = {
-    "forward": [("forward_op_us",), ("stage3_module_forward_us",), ("stage3_param_forward_us",)],
+    "forward": [("forward_op_us",), ("stage3_module_forward_us",), ("stage3_param_forward_us",),
+                ("stage3_linear_forward_us",)],
     "backward": [("backward_op_us",), ("grad_hook_us",), ("bucket_hook_us",), ("stage3_module_backward_us",),
-                 ("stage3_grad_hook_us",)],
+                 ("stage3_grad_hook_us",), ("stage3_linear_backward_us",)],
     "step": [("step", w, k) for w in ("fp16_optimizer", "zero_optimizer", "zero3_optimizer", "plain")
              for k in ("base_us", "per_tensor_us")],
 }
@@ -69,23 +74,33 @@ def put(host, path, value):
     v[path[-1]] = value
 
 
-def predict_all(zeroplan, runs, host, workdir):
-    """Forward, backward and step seconds of every run with these host costs."""
-    profiles = json.load(open(os.path.join(ROOT, "sim", "profiles.json")))
-    for p in profiles["profiles"]:
-        if p["device"] == "H200-141GB":
-            p["host"] = dict(host, source="fit_host_costs.py candidate")
+def predict_all(zeroplan, runs, host, workdir, cluster="1xH200-141GB", profile=None):
+    """Forward, backward and step seconds of every run with these host costs (on the H200 preset's
+    profile, or in a copy of `profile`, a calibrated profile whose host.scale stays)."""
     path = os.path.join(workdir, f"profiles-{os.getpid()}-{id(host)}.json")
-    json.dump(profiles, open(path, "w"))
-    env = dict(os.environ, ZEROPLAN_PROFILES=path)
+    env = dict(os.environ)
+    extra = []
+    if profile:
+        prof = json.load(open(profile))
+        scale = prof["device_profile"]["host"].get("scale", 1.0)
+        prof["device_profile"]["host"] = dict(host, scale=scale, source="fit_host_costs.py candidate")
+        json.dump(prof, open(path, "w"))
+        extra = ["--profile", path]
+    else:
+        profiles = json.load(open(os.path.join(ROOT, "sim", "profiles.json")))
+        for p in profiles["profiles"]:
+            if p["device"] == "H200-141GB":
+                p["host"] = dict(host, source="fit_host_costs.py candidate")
+        json.dump(profiles, open(path, "w"))
+        env["ZEROPLAN_PROFILES"] = path
 
     def one(run):
         cfg = os.path.join(workdir, run["name"] + ".json")
         if not os.path.exists(cfg):
             json.dump(run["ds_config"], open(cfg, "w"))
         out = subprocess.run([zeroplan, "simulate", "--model", model_arg(run["model"]), "--ds-config", cfg, "--cluster",
-                              "1xH200-141GB", "--seq-len", str(run["seq_len"]), "--attention", run["attention"],
-                              "--json"],
+                              cluster, "--seq-len", str(run["seq_len"]), "--attention", run["attention"],
+                              "--json"] + extra,
                              capture_output=True, text=True, env=env)
         if out.returncode != 0:
             raise SystemExit(f"{run['name']}: {out.stderr.strip()}")
@@ -105,16 +120,26 @@ def main():
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--fit-runs", default="", help="regular expression: fit on the runs whose names match, and "
                                                    "report the others as held out")
+    ap.add_argument("--params", default="", help="regular expression: fit only the costs whose names match")
+    ap.add_argument("--cluster", default="1xH200-141GB", help="the preset the runs are predicted on")
+    ap.add_argument("--profile", default="", help="a calibrated profile (calibration/profiles/) for the runs' machine: "
+                                                  "the costs under test replace its host costs, its host.scale stays")
     args = ap.parse_args()
     # Runs that keep the model's output differ from their twins in memory only.
     runs = [r for r in json.load(open(args.reference))["runs"] if not r.get("keep_output")]
     measured = np.array([[r["phases_s"]["forward"], r["phases_s"]["backward"], r["phases_s"]["step"], r["iteration_s"]]
                          for r in runs])
     # Start from the profile's current host costs (or nothing).
-    profiles = json.load(open(os.path.join(ROOT, "sim", "profiles.json")))
-    host = next((copy.deepcopy(p.get("host", {})) for p in profiles["profiles"] if p["device"] == "H200-141GB"), {})
+    if args.profile:
+        host = copy.deepcopy(json.load(open(args.profile))["device_profile"].get("host", {}))
+    else:
+        profiles = json.load(open(os.path.join(ROOT, "sim", "profiles.json")))
+        host = next((copy.deepcopy(p.get("host", {})) for p in profiles["profiles"] if p["device"] == "H200-141GB"), {})
+    for k in ("scale", "probe_us"):
+        host.pop(k, None)
     start = {"forward_op_us": 60, "stage3_module_forward_us": 500, "backward_op_us": 100, "grad_hook_us": 80, "bucket_hook_us": 50,
              "stage3_module_backward_us": 600, "stage3_param_forward_us": 100, "stage3_grad_hook_us": 0,
+             "stage3_linear_forward_us": 0, "stage3_linear_backward_us": 0,
              "step": {w: {"base_us": 5000, "per_tensor_us": 200} for w in ("fp16_optimizer", "zero_optimizer",
                                                                            "zero3_optimizer", "plain")}}
     for ph, paths in PARAMS.items():
@@ -131,14 +156,15 @@ def main():
     weights = np.array([1.0, 1.0, 1.0, 2.0])
     fit = np.array([bool(re.search(args.fit_runs, r["name"])) for r in runs])
     paths = [p for ps in PARAMS.values() for p in ps]
-    used = [p for p in paths if any(informs(p, r) for r, f in zip(runs, fit) if f)]
+    used = [p for p in paths if any(informs(p, r) for r, f in zip(runs, fit) if f)
+            and re.search(args.params, "_".join(p))]
 
     def residuals(pred):
         return (((pred - measured) / measured) * weights)[fit].ravel()
 
     with tempfile.TemporaryDirectory() as work:
         for it in range(args.iterations):
-            base = predict_all(args.zeroplan, runs, host, work)
+            base = predict_all(args.zeroplan, runs, host, work, args.cluster, args.profile or None)
             r0 = residuals(base)
             rel = ((base - measured) / measured)[fit]
             print(f"iteration {it}: mean |error| forward {np.mean(abs(rel[:, 0])) * 100:.1f}%, backward "
@@ -149,7 +175,7 @@ def main():
                 h = copy.deepcopy(host)
                 step = max(1.0, 0.1 * get(host, p))
                 put(h, p, get(host, p) + step)
-                J[:, j] = (residuals(predict_all(args.zeroplan, runs, h, work)) - r0) / step
+                J[:, j] = (residuals(predict_all(args.zeroplan, runs, h, work, args.cluster, args.profile or None)) - r0) / step
             keep = [j for j in range(len(used)) if np.any(J[:, j] != 0)]
             lam = 1e-3 * np.trace(J[:, keep].T @ J[:, keep]) / max(1, len(keep))
             A = J[:, keep].T @ J[:, keep] + lam * np.eye(len(keep))
@@ -159,11 +185,11 @@ def main():
                 trial = copy.deepcopy(host)
                 for j, d in zip(keep, delta):
                     put(trial, used[j], round(max(0.0, get(host, used[j]) + float(d)), 2))
-                if np.sum(residuals(predict_all(args.zeroplan, runs, trial, work)) ** 2) < np.sum(r0 ** 2):
+                if np.sum(residuals(predict_all(args.zeroplan, runs, trial, work, args.cluster, args.profile or None)) ** 2) < np.sum(r0 ** 2):
                     host = trial
                     break
                 delta = delta / 2
-        final = predict_all(args.zeroplan, runs, host, work)
+        final = predict_all(args.zeroplan, runs, host, work, args.cluster, args.profile or None)
     rel = (final - measured) / measured
     for r, e, f, m, fitted in zip(runs, rel, final, measured, fit):
         print(f"{r['name']:<28}{' ' if fitted else '*'}" + "  ".join(f"{ph} {mm * 1e3:7.1f}/{ff * 1e3:7.1f} {ee * 100:+6.1f}%"

@@ -66,7 +66,7 @@ const char* event_kind_name(EventKind k);
 // `grad_hooks` gradient hooks (stages 1/2 and BF16_Optimizer; stage 3's in
 // `stage3_grad_hooks`), `bucket_hooks` of which also copy the gradient into an IPG bucket and
 // do its bookkeeping (stage 2; stage 1 under overlap_comm at the boundary), and in stage 3's fetch/release hooks of `module_visits` module visits
-// (looping over their `stage3_params` parameters), and the optimizer step's loop over `tensors` parameter tensors with its .item()
+// (looping over their `stage3_params` parameters) and its own autograd function for `linear_functions` nn.Linear calls, and the optimizer step's loop over `tensors` parameter tensors with its .item()
 // synchronisations (`step`: the wrapper that runs it). sim/ prices it with the profile's
 // HostCosts; the executor does this work itself and treats the event as a marker.
 enum class HostStep : std::uint8_t {
@@ -84,6 +84,11 @@ struct HostWork {
   std::int32_t bucket_hooks = 0;   // of grad_hooks: those that add the gradient to an IPG bucket
   std::int32_t module_visits = 0;
   std::int32_t stage3_params = 0;  // the parameters of those visits (their hooks loop over them)
+  // Stage 3's nn.Linear calls through DeepSpeed's LinearFunctionForZeroStage3 (F.linear is
+  // replaced when the model's params are converted, zero_optimization.memory_efficient_linear):
+  // its Python forward and setup_context, or its Python backward (under an autocast context,
+  // the products and the bias's sum each dispatched on their own).
+  std::int32_t linear_functions = 0;
   HostStep step = HostStep::none;
   std::int32_t tensors = 0;        // parameter tensors the step loops over
   // The step's fixed part (what it does once: its .item() reads, the optimizer's call, the

@@ -260,6 +260,17 @@ void Context::host_module_visit(Phase ph, std::int32_t params) {
   h.stage3_params += params;
 }
 
+void Context::host_extra_op(Phase ph, EventId e) {
+  if (!opt.host_work) return;
+  ++host_event(ph, false).ops;
+  launched(e);
+}
+
+void Context::host_linear_function(Phase ph) {
+  if (!opt.host_work) return;
+  ++host_event(ph, false).linear_functions;
+}
+
 namespace {
 // The ZeRO step's per-tensor host cost (fitted where both loops run) is shared between its
 // overflow test and its norm as their launches are.

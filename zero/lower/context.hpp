@@ -191,7 +191,7 @@ class Context {
   // would have issued it on its own, for a fraction of the events.
   static constexpr int kHostGroupOps = 4;
   // The host runs ahead of the device until CUDA's queue of pending launches is full (about
-  // a thousand kernels): a host event waits for the op issued kLaunchQueueOps ops before it
+  // a thousand kernels): a host event waits for the launch kLaunchQueueOps launches before it
   // to end, and from micro-step 1 on for the previous micro-step's first op at the latest,
   // so that the host's lead is bounded where micro-steps issue fewer ops than the queue
   // holds (the run then repeats from copy to copy, and the engine can tell).
@@ -209,6 +209,11 @@ class Context {
   // that adds the gradient to an IPG bucket counts once more (HostWork::bucket_hooks).
   void host_hook(Phase ph, bool to_bucket = false);
   void host_module_visit(Phase ph, std::int32_t params);
+  // One more eager op dispatched for the device event `e` of phase `ph` (an op the graph keeps
+  // inside another, as stage 3's unfused bias add): its host work and its launch.
+  void host_extra_op(Phase ph, EventId e);
+  // Stage 3's LinearFunctionForZeroStage3 for one nn.Linear op, in phase `ph` (HostWork::linear_functions).
+  void host_linear_function(Phase ph);
   // The optimizer step's host loop over `tensors` parameter tensors, which waits for
   // everything issued so far; the next event begun waits for it, but for FP16_Optimizer's,
   // whose overflow loop's kernels the device runs while the host issues them (each read back

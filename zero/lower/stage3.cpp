@@ -284,11 +284,20 @@ void Stage3Lowering::persistent_allgather() {
   b.free(flat);
 }
 
+void Stage3Lowering::before_op(models::OpId o, Phase ph) {
+  coord_.before_op(o, ph);
+  const models::Fn fn = c_.g.ops[static_cast<std::size_t>(o)].fn;
+  if (c_.cfg.zero.memory_efficient_linear && (fn == models::Fn::linear || fn == models::Fn::linear_first_token))
+    c_.host_linear_function(ph);
+}
+
 void Stage3Lowering::forward_compute(Event& e, const models::Op& op) {
   if (!c_.cfg.zero.memory_efficient_linear || op.fn != models::Fn::linear || op.inputs.empty()) return;
   const bool biased = std::any_of(op.gemms.begin(), op.gemms.end(), [](const models::Gemm& g) { return g.bias; });
   const auto& in = c_.g.tensors[static_cast<std::size_t>(op.inputs.front())];
   e.unfused_bias = biased && in.shape.size() >= 3;
+  // `output += bias` is an eager op of its own: dispatched and launched apart from the product.
+  if (e.unfused_bias) c_.host_extra_op(e.phase, e.id);
 }
 
 }  // namespace zp::zero::lowering

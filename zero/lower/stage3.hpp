@@ -20,7 +20,10 @@ class Stage3Lowering : public OptimizerLowering {
   explicit Stage3Lowering(Context& c) : c_(c), coord_(c) {}
   void prologue() override;
   void begin_micro_step() override { coord_.begin_pass(); }
-  void before_op(models::OpId o, Phase ph) override { coord_.before_op(o, ph); }
+  // The submodule's fetch and release hooks, and DeepSpeed's own autograd function where the
+  // op is an nn.Linear (F.linear replaced unless memory_efficient_linear is off; GPT-2's Conv1D
+  // calls addmm itself).
+  void before_op(models::OpId o, Phase ph) override;
   void op_issued(models::OpId o) override { coord_.wait_for_params(o); }
   // nn.Linear on a 3-D input with a bias: the bias added by a kernel of its own
   // (Event::unfused_bias; a 2-D input goes through addmm, fused), unless the config's
