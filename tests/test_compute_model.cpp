@@ -1076,6 +1076,31 @@ TEST_CASE("fp32_gemm_half_dim: fp32 GEMMs and attention on the fp32 cores' curve
 // A host's DeepSpeed costs: one factor (host.scale) for a host that runs the same Python faster
 // or slower, and the probe they were measured at (host.probe_us), from which a prediction for a
 // host whose probe is known scales them.
+// Stage 3's linear-function costs go through a profile and back; a profile written before
+// they were priced (its stage-3 module costs fitted with the function's Python inside them) reads
+// them as 0, not as the defaults on top.
+TEST_CASE("host costs: stage 3's linear function in a profile, and profiles from before it") {
+  DeviceProfile p = profile_of("H100-80GB");
+  p.host.stage3_linear_forward = zp::Seconds{123e-6};
+  p.host.stage3_linear_backward = zp::Seconds{45e-6};
+  auto j = zp::sim::profile_to_json(p);
+  CHECK(j["host"]["stage3_linear_forward_us"] == doctest::Approx(123));
+  const DeviceProfile q = zp::sim::profile_from_json("back", "", j);
+  CHECK(q.host.stage3_linear_forward.v == zp::test::approx(123e-6));
+  CHECK(q.host.stage3_linear_backward.v == zp::test::approx(45e-6));
+  j["host"].erase("stage3_linear_forward_us");
+  j["host"].erase("stage3_linear_backward_us");
+  const DeviceProfile old = zp::sim::profile_from_json("old", "", j);
+  CHECK(old.host.stage3_linear_forward.v == 0);
+  CHECK(old.host.stage3_linear_backward.v == 0);
+  CHECK(old.host.stage3_module_forward.v == zp::test::approx(p.host.stage3_module_forward.v));
+  // A host section that sets no stage-3 cost keeps the defaults, the linear function's included.
+  j["host"] = {{"forward_op_us", 40}};
+  const DeviceProfile partial = zp::sim::profile_from_json("partial", "", j);
+  CHECK(partial.host.stage3_linear_forward.v == zp::test::approx(zp::sim::default_host_costs().stage3_linear_forward.v));
+  CHECK(partial.host.stage3_linear_forward.v > 0);
+}
+
 TEST_CASE("host costs: host.scale and the host probe") {
   zp::sim::HostCosts h = zp::sim::default_host_costs();
   REQUIRE(h.scale == 1);

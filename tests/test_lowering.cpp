@@ -2304,3 +2304,37 @@ TEST_CASE("phase_syncs off: the ZeRO 1/2 step's loops wait for the launch queue,
   CHECK(zero::phase_syncs_matter(with(1, nlohmann::json::object())));
   CHECK(zero::phase_syncs_matter(with(2, {{"overlap_comm", false}})));
 }
+
+// The launch queue holds every launch the host issued, not only the graph's ops: stage 2's hooks
+// copy each gradient into its IPG bucket (and flush a full bucket) beside the backward's ops
+// (Context::launched), so the unsynchronised step's loop pieces, which wait for the launch
+// kLaunchQueueOps launches before theirs, can wait for one of those copies. Stage 1's hooks
+// launch nothing in the backward (its copies into the bucket are the boundary's, after the last op).
+TEST_CASE("the launch queue counts the copies stage 2's gradient hooks launch") {
+  auto waits_on = [](int stage) {
+    const auto cfg = bf16_config(stage, 2, 1, false);
+    const auto b = build("gpt2", cfg, 1, 64);
+    zero::LowerOptions lo;
+    lo.world_size = 1;
+    lo.rank = 0;
+    lo.phase_syncs = false;
+    const zero::Program free = zero::lower(b.g, cfg, zero::resolve_batch(cfg, 1), lo);
+    std::map<zero::CopyOp, int> copies;
+    int ops = 0;
+    for (const auto& e : free.events) {
+      if (free.event_name(e.id) != "step/host.optimizer_step") continue;
+      for (const zero::EventId d : free.deps(e)) {
+        const auto& w = free.events[static_cast<std::size_t>(d)];
+        if (w.kind == EventKind::copy && w.phase == zero::Phase::backward) ++copies[w.copy_op];  // not the boundary's
+        ops += w.kind == EventKind::compute;
+      }
+    }
+    return std::make_pair(copies, ops);
+  };
+  const auto [c2, ops2] = waits_on(2);
+  CHECK(c2.count(zero::CopyOp::grad_to_bucket) == 1);  // a hook's copy in the backward is a launch in the queue
+  CHECK(ops2 > 0);
+  const auto [c1, ops1] = waits_on(1);
+  CHECK(c1.count(zero::CopyOp::grad_to_bucket) == 0);
+  CHECK(ops1 > 0);
+}

@@ -125,6 +125,12 @@ def main():
     ap.add_argument("--profile", default="", help="a calibrated profile (calibration/profiles/) for the runs' machine: "
                                                   "the costs under test replace its host costs, its host.scale stays")
     args = ap.parse_args()
+    if not args.profile and (args.params or args.cluster != "1xH200-141GB"):
+        # Without a profile the costs start from this script's rough starting values (sim/profiles.json
+        # has no host section): a partial fit, or another machine's preset, needs the costs to hold.
+        raise SystemExit("fit_host_costs.py: --params and --cluster need --profile (a profile whose host costs the "
+                         "fit starts from and keeps where it fits nothing: calibration/profiles/, or one written by "
+                         "zeroplan calibrate --fit host.scale for the built-in defaults)")
     # Runs that keep the model's output differ from their twins in memory only.
     runs = [r for r in json.load(open(args.reference))["runs"] if not r.get("keep_output")]
     measured = np.array([[r["phases_s"]["forward"], r["phases_s"]["backward"], r["phases_s"]["step"], r["iteration_s"]]
@@ -158,6 +164,9 @@ def main():
     paths = [p for ps in PARAMS.values() for p in ps]
     used = [p for p in paths if any(informs(p, r) for r, f in zip(runs, fit) if f)
             and re.search(args.params, "_".join(p))]
+    if not used:
+        raise SystemExit(f"fit_host_costs.py: no host cost to fit (--params '{args.params}' matches none that the fitted "
+                         f"runs inform; names: {', '.join('.'.join(p) for p in paths)})")
 
     def residuals(pred):
         return (((pred - measured) / measured) * weights)[fit].ravel()
@@ -177,6 +186,9 @@ def main():
                 put(h, p, get(host, p) + step)
                 J[:, j] = (residuals(predict_all(args.zeroplan, runs, h, work, args.cluster, args.profile or None)) - r0) / step
             keep = [j for j in range(len(used)) if np.any(J[:, j] != 0)]
+            if not keep:
+                raise SystemExit("fit_host_costs.py: no prediction moves with the costs under test (is --cluster the "
+                                 "machine of --profile?)")
             lam = 1e-3 * np.trace(J[:, keep].T @ J[:, keep]) / max(1, len(keep))
             A = J[:, keep].T @ J[:, keep] + lam * np.eye(len(keep))
             delta = np.linalg.solve(A, -J[:, keep].T @ r0)

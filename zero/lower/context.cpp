@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <optional>
+#include <stdexcept>
 
 namespace zp::zero::lowering {
 
@@ -241,9 +242,22 @@ void Context::dispatch(Phase ph) {
   at.issued.push_back(static_cast<EventId>(p.events.size()));  // the op's event, begun next
 }
 
+namespace {
+// The launches a device event stands for in CUDA's queue: none for a marker or the host's
+// own work, one a kernel or collective, and a copy of k tensors k (one each).
+std::int32_t launches_of(const Event& e) {
+  if (e.stream == Stream::host || e.kind == EventKind::marker) return 0;
+  return e.kind == EventKind::copy ? std::max<std::int32_t>(1, e.tensors) : 1;
+}
+}  // namespace
+
 void Context::launched(EventId e, std::int32_t launches) {
-  if (!opt.host_work) return;
-  at.issued.insert(at.issued.end(), static_cast<std::size_t>(std::max<std::int32_t>(1, launches)), e);
+  if (!opt.host_work || launches <= 0) return;
+  at.issued.insert(at.issued.end(), static_cast<std::size_t>(launches), e);
+}
+
+void Context::launched_since(std::size_t first) {
+  for (std::size_t e = first; e < p.events.size(); ++e) launched(static_cast<EventId>(e), launches_of(p.events[e]));
 }
 
 void Context::host_hook(Phase ph, bool to_bucket) {
@@ -262,7 +276,10 @@ void Context::host_module_visit(Phase ph, std::int32_t params) {
 
 void Context::host_extra_op(Phase ph, EventId e) {
   if (!opt.host_work) return;
+  // The op's own host event, which dispatch() opened or kept for it: the event `e` stays valid.
+  const EventId host = at.host;
   ++host_event(ph, false).ops;
+  if (at.host != host) throw std::logic_error("host_extra_op: the op's host event is not the current one");
   launched(e);
 }
 
@@ -293,15 +310,13 @@ bool Context::checks_overflow() const {
 }
 
 void Context::queued_step_loops(std::int32_t tensors, bool overflow) {
-  // What the device has queued when the backward's host work ends: the ops issued (each a
-  // launch), then the device events after the last of them (the boundary's bucket copies and
-  // reductions; a copy of k tensors is k launches).
+  // What the device has queued when the backward's host work ends: the launches issued (the
+  // ops and what the hooks issued beside them), then the device events after the last of them
+  // (the boundary's bucket copies and reductions; a copy of k tensors is k launches).
   std::vector<EventId> queue(at.issued.begin(), at.issued.end());
   for (auto e = static_cast<std::size_t>(queue.empty() ? 0 : queue.back() + 1); e < p.events.size(); ++e) {
     const Event& ev = p.events[e];
-    if (ev.stream == Stream::host || ev.kind == EventKind::marker) continue;
-    const std::int32_t k = ev.kind == EventKind::copy ? std::max<std::int32_t>(1, ev.tensors) : 1;
-    queue.insert(queue.end(), static_cast<std::size_t>(k), ev.id);
+    queue.insert(queue.end(), static_cast<std::size_t>(launches_of(ev)), ev.id);
   }
   // The loop before the first read-back (the overflow flag's, or none without the check) in
   // pieces; each piece's first launch waits until the queue has room for it: for the launch

@@ -203,6 +203,9 @@ class Context {
   // bucket or an accumulation buffer, a bucket's reduction): `launches` more launches in the
   // queue, which the host's lead and the step's loops are bounded by.
   void launched(EventId e, std::int32_t launches = 1);
+  // The device events begun since event `first` (a bucket's flush from a hook: its copies and
+  // collectives), each as many launches as launches_of() says.
+  void launched_since(std::size_t first);
   // DeepSpeed's Python in one gradient hook / one stage-3 module visit (fetch and release
   // hooks, looping over the module's `params` parameters), on the current host event of phase `ph`.
   // A gradient hook; stage 3's count apart (HostWork::stage3_grad_hooks), and a stage 1/2 hook

@@ -81,6 +81,7 @@ void Stage3Lowering::grad_hook(MicroState& st, ParamId p) {
     b.slice({p, 0, n, elements_});
     b.free(grad);
     c_.at.last_copy = b.cur_id();
+    c_.launched(b.cur_id());
   } else {
     loose_.push_back(grad);
   }
@@ -100,6 +101,7 @@ void Stage3Lowering::flush(Trigger why) {
   Builder& b = c_.b;
   const Stream rs = c_.red_stream();
   const int m = c_.at.micro;
+  const std::size_t first = c_.p.events.size();  // issued from a hook (or the backward's end)
   const int bn = c_.at.bucket_seq++;
   std::int64_t padded = 0, out = 0;  // Σ N·ceil(count/N), Σ ceil(count/N)
   for (const auto& s : params_) {
@@ -154,6 +156,7 @@ void Stage3Lowering::flush(Trigger why) {
   c_.at.last_reduce = last_reduce_;
   params_.clear();
   elements_ = 0;
+  c_.launched_since(first);
 }
 
 void Stage3Lowering::end_of_backward() {

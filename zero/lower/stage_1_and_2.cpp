@@ -180,6 +180,7 @@ void ZeroOptimizerLowering::flush_ipg(Trigger why) {
   const Stream rs = c_.red_stream();
   const Phase ph = boundary_pass_ ? Phase::reduction : Phase::backward;
   const int bucket_no = c_.at.bucket_seq++;
+  const std::size_t first = c_.p.events.size();  // a hook's flush: launches beside the backward's ops
   // average_tensor: with use_multi_rank_bucket_allreduce the slices are flattened
   // (allreduce_bucket copies them: torch.cat) and all-reduced — unless the bucket is one
   // slice (it lies in one rank's partition: always on one rank), which
@@ -236,6 +237,7 @@ void ZeroOptimizerLowering::flush_ipg(Trigger why) {
   ipg_params_.clear();
   ipg_elements_ = 0;
   if (c_.overlap) ipg_index_ = 1 - ipg_index_;
+  if (ph == Phase::backward) c_.launched_since(first);
 }
 
 EventId ZeroOptimizerLowering::reduce_bucket(Stream rs, Phase ph, int bucket_no, Trigger why, std::int64_t elements,
