@@ -354,30 +354,35 @@ std::vector<ParamDef> build_registry() {
                         [](ModelParams& m, double v) { m.device.host.scale = v; });
     r.push_back(std::move(d));
   }
-  r.push_back(host_us("forward_op_us", "host work per forward op (dispatch, launches, the module's Python)",
-                      "forward " + wall, &H::forward_op));
-  r.push_back(host_us("backward_op_us", "host work per backward node (autograd)", "backward " + wall,
-                      &H::backward_op));
-  r.push_back(host_us("grad_hook_us", "DeepSpeed's gradient hook per parameter (stages 1 and 2)",
-                      "backward phases of stage 1 or 2 runs beside stage 0 runs of the same model", &H::grad_hook));
-  r.push_back(host_us("bucket_hook_us", "more per gradient hook that copies into an IPG bucket (stage 2; stage 1 with overlap_comm)",
-                      "backward phases of stage 2 runs beside stage 1 runs of the same model", &H::bucket_hook));
-  r.push_back(host_us("stage3_module_forward_us", "stage 3's fetch coordinator per module visit in forward",
-                      "forward phases of stage 3 runs", &H::stage3_module_forward));
-  r.push_back(host_us("stage3_module_backward_us", "stage 3's coordinator per module visit in backward",
-                      "backward phases of stage 3 runs", &H::stage3_module_backward));
-  r.push_back(host_us("stage3_param_forward_us", "more per parameter of a stage-3 module visit in forward",
-                      "forward phases of stage 3 runs of models with different parameters per module",
-                      &H::stage3_param_forward));
-  r.push_back(host_us("stage3_grad_hook_us", "stage 3's gradient hook per parameter",
-                      "backward phases of stage 3 runs of models with different numbers of parameter tensors",
-                      &H::stage3_grad_hook));
-  r.push_back(host_us("stage3_linear_forward_us", "stage 3's own autograd function per nn.Linear call in forward",
-                      "forward phases of stage 3 runs of models with nn.Linear layers beside models without (GPT-2's Conv1D)",
-                      &H::stage3_linear_forward));
-  r.push_back(host_us("stage3_linear_backward_us", "stage 3's own autograd function's backward per nn.Linear",
-                      "backward phases of stage 3 runs of models with nn.Linear layers beside models without (GPT-2's Conv1D)",
-                      &H::stage3_linear_backward));
+  // Each per-event host cost: its key, what it prices, and which observations determine it.
+  struct PerEvent {
+    const char* key;
+    const char* what;
+    std::string determined_by;
+    Seconds H::*member;
+  };
+  const std::string stage3_linear_runs = "phases of stage 3 runs of models with nn.Linear layers beside models without (GPT-2's Conv1D)";
+  for (const PerEvent& c : std::vector<PerEvent>{
+           {"forward_op_us", "host work per forward op (dispatch, launches, the module's Python)", "forward " + wall,
+            &H::forward_op},
+           {"backward_op_us", "host work per backward node (autograd)", "backward " + wall, &H::backward_op},
+           {"grad_hook_us", "DeepSpeed's gradient hook per parameter (stages 1 and 2)",
+            "backward phases of stage 1 or 2 runs beside stage 0 runs of the same model", &H::grad_hook},
+           {"bucket_hook_us", "more per gradient hook that copies into an IPG bucket (stage 2; stage 1 with overlap_comm)",
+            "backward phases of stage 2 runs beside stage 1 runs of the same model", &H::bucket_hook},
+           {"stage3_module_forward_us", "stage 3's fetch coordinator per module visit in forward",
+            "forward phases of stage 3 runs", &H::stage3_module_forward},
+           {"stage3_module_backward_us", "stage 3's coordinator per module visit in backward",
+            "backward phases of stage 3 runs", &H::stage3_module_backward},
+           {"stage3_param_forward_us", "more per parameter of a stage-3 module visit in forward",
+            "forward phases of stage 3 runs of models with different parameters per module", &H::stage3_param_forward},
+           {"stage3_grad_hook_us", "stage 3's gradient hook per parameter",
+            "backward phases of stage 3 runs of models with different numbers of parameter tensors", &H::stage3_grad_hook},
+           {"stage3_linear_forward_us", "stage 3's own autograd function per nn.Linear call in forward",
+            "forward " + stage3_linear_runs, &H::stage3_linear_forward},
+           {"stage3_linear_backward_us", "stage 3's own autograd function's backward per nn.Linear",
+            "backward " + stage3_linear_runs, &H::stage3_linear_backward}})
+    r.push_back(host_us(c.key, c.what, c.determined_by, c.member));
   for (const auto& [w, f] : std::vector<std::pair<std::string, H::Step H::*>>{{"fp16_optimizer", &H::fp16_optimizer},
                                                                               {"bf16_optimizer", &H::bf16_optimizer},
                                                                               {"zero_optimizer", &H::zero_optimizer},
