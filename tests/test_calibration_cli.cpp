@@ -400,8 +400,11 @@ TEST_CASE("calibrate: train --out runs held out per phase, their phases the sums
     CAPTURE(key.first);
     CAPTURE(key.second);
     const auto& s = sums[key];
-    // Measured: the events left out as observations (a group of one moves nothing) take ~0.
-    CHECK(p[0] == zp::test::approx(s[0]).epsilon(0.01));
+    // Measured: the phase holds its observed events and the few left out as observations (a
+    // group of one moves nothing), which take microseconds: 1.1% of a 2 ms phase on a loaded
+    // 2-core host, so the bound is loose above and exact below.
+    CHECK(p[0] >= s[0] * (1 - 1e-6));
+    CHECK(p[0] <= s[0] * 1.05);
     // The report's microseconds carry six significant digits.
     CHECK(p[1] == zp::test::approx(s[1]).epsilon(1e-5));
     CHECK(p[2] == zp::test::approx(s[2]).epsilon(1e-5));
