@@ -36,7 +36,7 @@ std::optional<zero::Program> free_running_program(const models::OpGraph& g, cons
 }
 
 Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,
-                   bool with_time) {
+                   bool with_time, bool free_iteration) {
   Prediction r;
   r.batch = batch;
   const zero::LowerOptions lo = lower_options(g, cfg, t);
@@ -51,7 +51,7 @@ Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const ze
     EngineOptions eo;
     eo.interference = t.profile->comm_compute_interference;
     r.time = simulate_time(r.program, g, compute, *t.collectives, eo);
-    if (const auto free_running = free_running_program(g, cfg, batch, t)) {
+    if (const auto free_running = free_iteration ? free_running_program(g, cfg, batch, t) : std::nullopt) {
       const TimeSummary su = simulate_time(*free_running, g, compute, *t.collectives, eo);
       set_iteration(r.time, su.report.phases.iteration, r.program, g, compute);
     }

@@ -66,8 +66,9 @@ std::optional<zero::Program> free_running_program(const models::OpGraph& g, cons
 
 // `g` must be built for `batch.micro_batch` and the config's model dtype. The phases are
 // timed with a synchronisation between them (DeepSpeed's wall_clock_breakdown); the iteration
-// without (free_running_program's, where it differs).
+// without (free_running_program's, where it differs; `free_iteration` false: the phases' sum, for
+// a caller that reads the phases alone, such as the planner's point it extrapolates GAS from).
 Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const zero::Batch& batch, const Target& t,
-                   bool with_time = true);
+                   bool with_time = true, bool free_iteration = true);
 
 }  // namespace zp::sim
