@@ -331,6 +331,7 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   r.program = std::move(p.program);
   r.memory = std::move(p.memory);
   r.time = std::move(p.time);
+  r.unsynchronised = std::move(p.unsynchronised);
   sim::ComputeModel cm(*target(in).profile, *graph);
   cm.deepspeed = target(in).deepspeed;  // the trace's split follows what priced the events
   r.ops = sim::op_trace_info(*graph, &cm);
@@ -351,13 +352,21 @@ sim::Target target(const Inputs& in) {
 
 nlohmann::json simulate_trace(const std::vector<StageResult>& rs) {
   nlohmann::json doc = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
-  for (const auto& r : rs) {
-    zero::Program p = r.program;
-    p.info.rank = r.stage * 100000 + r.rank;  // one process per (stage, rank)
-    sim::append_chrome_trace(doc, p, r.time.report, r.ops);
+  // One process per (stage, rank); the iteration without the phases' synchronisations, where
+  // the prediction has one, is a process of its own beside it.
+  const auto append = [&](const zero::Program& program, const sim::TimeReport& report, const StageResult& r,
+                          int pid, const std::string& name) {
+    zero::Program p = program;
+    p.info.rank = pid;
+    sim::append_chrome_trace(doc, p, report, r.ops);
     for (auto& e : doc["traceEvents"])
-      if (e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == p.info.rank)
-        e["args"]["name"] = fmt::format("stage {} rank {}", r.stage, r.rank);
+      if (e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == pid) e["args"]["name"] = name;
+  };
+  for (const auto& r : rs) {
+    append(r.program, r.time.report, r, r.stage * 100000 + r.rank, fmt::format("stage {} rank {}", r.stage, r.rank));
+    if (r.unsynchronised)
+      append(r.unsynchronised->program, r.unsynchronised->report, r, r.stage * 100000 + 50000 + r.rank,
+             fmt::format("stage {} rank {}, phases unsynchronised", r.stage, r.rank));
   }
   return doc;
 }

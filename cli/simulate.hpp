@@ -118,6 +118,7 @@ struct StageResult {
   zero::Program program;
   sim::MemoryReport memory;
   sim::TimeSummary time;
+  std::optional<sim::Unsynchronised> unsynchronised;  // the iteration without the phases' syncs
   std::optional<ExecutorMemory> executor;
   std::vector<sim::OpTraceInfo> ops;  // the graph's ops, for the trace (sim::op_trace_info)
 };

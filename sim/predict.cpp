@@ -51,9 +51,10 @@ Prediction predict(const models::OpGraph& g, const zero::DsConfig& cfg, const ze
     EngineOptions eo;
     eo.interference = t.profile->comm_compute_interference;
     r.time = simulate_time(r.program, g, compute, *t.collectives, eo);
-    if (const auto free_running = free_iteration ? free_running_program(g, cfg, batch, t) : std::nullopt) {
-      const TimeSummary su = simulate_time(*free_running, g, compute, *t.collectives, eo);
+    if (auto free_running = free_iteration ? free_running_program(g, cfg, batch, t) : std::nullopt) {
+      TimeSummary su = simulate_time(*free_running, g, compute, *t.collectives, eo);
       set_iteration(r.time, su.report.phases.iteration, r.program, g, compute);
+      r.unsynchronised = Unsynchronised{std::move(*free_running), std::move(su.report)};
     }
   }
   return r;

@@ -40,12 +40,21 @@ struct Target {
   bool library_workspaces = true;
 };
 
+// The iteration as training runs it where the phases' synchronisations change it
+// (free_running_program): the program lowered without them and its timing, whose makespan is
+// TimeSummary::iteration.
+struct Unsynchronised {
+  zero::Program program;
+  TimeReport report;
+};
+
 struct Prediction {
   int rank = 0;
   zero::Batch batch;
   zero::Program program;
   MemoryReport memory;
   TimeSummary time;                  // empty when `with_time` is false
+  std::optional<Unsynchronised> unsynchronised;
 };
 
 // The op graph's options for a configuration on a target: the batch's micro-batch, the

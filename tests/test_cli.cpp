@@ -14,6 +14,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -340,6 +342,54 @@ TEST_CASE("simulate predicts time: JSON time and comm keys, a Chrome trace of a 
   CHECK(gemm_bwd_slices >= 6 * 24 + 4);
   CHECK(bias_slices == gemm_bwd_slices);
   CHECK(device_other_slices > 0);
+}
+
+TEST_CASE("simulate --trace: the iteration without the phases' synchronisations, where it differs, as a process") {
+  const auto dir = zp::test::temp_path("zeroplan-test-cli");
+  const std::string base = R"({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": 1)";
+  // The process's makespan (its last slice's end) and whether its name says it runs unsynchronised.
+  auto processes = [](const std::string& path) {
+    std::ifstream in(path);
+    REQUIRE(in.good());
+    const auto doc = nlohmann::json::parse(in);
+    std::map<int, std::string> names;
+    std::map<int, double> end;
+    for (const auto& e : doc["traceEvents"]) {
+      if (e["ph"] == "M" && e["name"] == "process_name") names[e["pid"].get<int>()] = e["args"]["name"].get<std::string>();
+      if (e["ph"] == "X") {
+        double& t = end[e["pid"].get<int>()];
+        t = std::max(t, e["ts"].get<double>() + e["dur"].get<double>());
+      }
+    }
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& [pid, name] : names) out.emplace_back(name, end[pid] * 1e-3);  // ms
+    return out;
+  };
+  auto simulate = [&](const std::string& cfg_text, const std::string& trace) {
+    const Run r = run("simulate --model gpt2 --ds-config " + tmp_file("unsync.json", cfg_text) +
+                      " --cluster 1xH100-80GB --seq-len 512 --json --trace " + trace);
+    REQUIRE(r.status == 0);
+    return nlohmann::json::parse(r.out.substr(r.out.find('{')))["results"][0]["time"];
+  };
+  // Stage 1 without overlap_comm: the ZeRO step's loops run while the device finishes the
+  // backward when nothing synchronises the phases, so the iteration is shorter than their sum.
+  const std::string t1 = (dir / "s1.trace.json").string();
+  const auto time = simulate(base + "}}", t1);
+  const auto p1 = processes(t1);
+  REQUIRE(p1.size() == 2);
+  CHECK(p1[0].first == "stage 1 rank 0");
+  CHECK(p1[1].first == "stage 1 rank 0, phases unsynchronised");
+  const double phases = time["forward_ms"].get<double>() + time["backward_ms"].get<double>() + time["step_ms"].get<double>();
+  CHECK(p1[0].second == zp::test::approx(phases).epsilon(1e-3));
+  CHECK(p1[1].second == zp::test::approx(time["iteration_ms"].get<double>()).epsilon(1e-3));
+  CHECK(p1[1].second < p1[0].second);
+  // With overlap_comm the phases' synchronisations change nothing DeepSpeed does: one process.
+  const std::string t2 = (dir / "s1_overlap.trace.json").string();
+  simulate(base + R"(, "overlap_comm": true}})", t2);
+  const auto p2 = processes(t2);
+  REQUIRE(p2.size() == 1);
+  CHECK(p2[0].first == "stage 1 rank 0");
 }
 
 TEST_CASE("collectives prints an nccl-tests-like sweep") {

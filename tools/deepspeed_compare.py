@@ -105,7 +105,9 @@ TRACE_PHASES = {"fwd": "forward", "bwd": "backward", "reduce": "backward", "reco
 
 def device_events(trace_path):
     """The predicted trace's device-stream slices (not the host thread's) as (phase, event), or
-    None where the trace folds micro-steps into one slice (they have no phase: not comparable)."""
+    None where the trace folds micro-steps into one slice (they have no phase: not comparable).
+    The phases as timed, synchronised: the process of the iteration without the phases'
+    synchronisations (simulate --trace writes one where it differs) is left out."""
     with open(trace_path) as f:
         t = json.load(f)
     events = t["traceEvents"] if isinstance(t, dict) else t
@@ -113,10 +115,13 @@ def device_events(trace_path):
         return None
     host = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
             and e.get("args", {}).get("name") == "host"}
+    unsynchronised = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+                      and "unsynchronised" in e.get("args", {}).get("name", "")}
     out = []
     for e in events:
         phase = TRACE_PHASES.get(e.get("args", {}).get("phase"))
-        if e.get("ph") == "X" and e.get("tid") not in host and phase is not None and e.get("dur", 0) > 0:
+        if (e.get("ph") == "X" and e.get("tid") not in host and e.get("pid") not in unsynchronised
+                and phase is not None and e.get("dur", 0) > 0):
             out.append((phase, e))
     return out
 
