@@ -2172,22 +2172,32 @@ TEST_CASE("phase_syncs off: the ZeRO 1/2 step's loops wait for the launch queue,
     CHECK(std::find(rdeps.begin(), rdeps.end(), norm_loop) != rdeps.end());
     // No piece waits for the backward's last op. The first pieces fit in the queue behind what the
     // forward and backward left in it and wait for nothing; then each waits for one launch, later
-    // pieces for later launches, until the loop's own launches fill the queue (those take
-    // microseconds on the device: not waited for).
+    // pieces for later launches (or the same copy: copy_grads_in_partition's copy per param is one
+    // event of a launch per param slice), until the loop's own launches fill the queue (those take
+    // microseconds on the device: not waited for). The last to wait waits inside the last bucket's
+    // per-param copies (into the flat bucket, into grads_in_partition), the end of the queue, a
+    // launch for each of their params.
     zero::EventId prev = -1;
     int waiting = 0;
+    std::int64_t last_wait_copies = 0;
     for (const zero::EventId p : pieces) {
       const auto deps = free.deps(free.events[static_cast<std::size_t>(p)]);
       CHECK(std::find(deps.begin(), deps.end(), last_op) == deps.end());
       CHECK(deps.size() <= 1);
       if (!deps.empty()) {
         ++waiting;
-        CHECK(deps[0] > prev);
+        CHECK(deps[0] >= prev);
         CHECK(free.events[static_cast<std::size_t>(deps[0])].stream != zero::Stream::host);  // a launch (an op, or the boundary's copies)
         CHECK(deps[0] < pieces.front());
         prev = deps[0];
+        const zero::Event& w = free.events[static_cast<std::size_t>(deps[0])];
+        last_wait_copies = w.kind == EventKind::copy ? std::max<std::int64_t>(w.tensors, w.slice_end - w.slice_begin) : 0;
       }
     }
+    CHECK(last_wait_copies > 1);
+    // Stage 1 reduces at the boundary: its copies into grads_in_partition, one event of a launch
+    // per param slice, end the queue.
+    if (stage == 1) CHECK(free.event_name(prev) == "ms0/reduce/copy_to_partition.bucket0");
     CHECK(waiting > 0);
     CHECK(waiting <= 1024 / (8 * 13) + 1);
   }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 
@@ -244,10 +245,12 @@ void Context::dispatch(Phase ph) {
 
 namespace {
 // The launches a device event stands for in CUDA's queue: none for a marker or the host's
-// own work, one a kernel or collective, and a copy of k tensors k (one each).
+// own work, one a kernel or collective, and a copy of k tensors or k param slices k (one
+// each, as the compute model prices its pieces: copy_to_partition is a copy per param).
 std::int32_t launches_of(const Event& e) {
   if (e.stream == Stream::host || e.kind == EventKind::marker) return 0;
-  return e.kind == EventKind::copy ? std::max<std::int32_t>(1, e.tensors) : 1;
+  if (e.kind != EventKind::copy) return 1;
+  return std::max({std::int32_t{1}, e.tensors, static_cast<std::int32_t>(e.slice_end - e.slice_begin)});
 }
 }  // namespace
 
