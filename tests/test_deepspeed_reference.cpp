@@ -306,7 +306,7 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H
     for (const char* phase : {"forward", "backward", "step"}) {
       const double e = rel(busy[static_cast<std::size_t>(k)], run.at("gpu_s").at(phase).get<double>());
       CAPTURE(phase);
-      CHECK(std::fabs(e) <= 0.35);  // worst today: the fp32 Llama's step (+32%) and backward (-23%)
+      CHECK(std::fabs(e) <= 0.35);  // worst today: the fp32 Llama's step (+23%, +32% before FusedAdam's measured rate) and backward (-23%)
       gpu_err[static_cast<std::size_t>(k++)] += std::fabs(e);
     }
   }
@@ -316,6 +316,8 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: memory, and the GPU's busy time on the H
                       100 * gpu_err[0] / full, 100 * gpu_err[1] / full, 100 * gpu_err[2] / full));
   // 6.6% before the joint fit of the compute model (backward 6.2%); 2.3% / 6.0% before PyTorch's
   // kernels by family (2.9% / 4.2% with them: the fp32 Llama's forward moved from -4% to +7%).
+  // Step 7.7% with FusedAdam at its measured rate and the loops' kernels at 1.7 us (7.3% with both
+  // off in ways that cancelled, docs/compute_model.md).
   CHECK(gpu_err[0] / full <= 0.04);
   CHECK(gpu_err[1] / full <= 0.05);
   CHECK(gpu_err[2] / full <= 0.08);
@@ -414,7 +416,7 @@ TEST_CASE("DeepSpeed 0.19.8 on an H100: times with the machine's calibrated host
     }
     ++n;
     n_held += fitted ? 0 : 1;
-    CHECK(std::fabs(e[3]) <= 0.15);  // every iteration (worst today: the fp32 Llama's stage 2, +10.1%)
+    CHECK(std::fabs(e[3]) <= 0.15);  // every iteration (worst today: the fp32 Llama's stage 2, +9.9%)
     // The iteration without the phases' synchronisations overlaps them by what the ZeRO step's
     // loops get done while the device finishes the backward: nothing elsewhere, at most the
     // few milliseconds of a step's loops (DeepSpeed's runs: 0.5 to 6.4 ms).
