@@ -335,6 +335,7 @@ StageResult simulate_one(const Inputs& in, const zero::DsConfig& cfg, const mode
   sim::ComputeModel cm(*target(in).profile, *graph);
   cm.deepspeed = target(in).deepspeed;  // the trace's split follows what priced the events
   r.ops = sim::op_trace_info(*graph, &cm);
+  r.update = cm.update_pricing();
   return r;
 }
 
@@ -358,7 +359,7 @@ nlohmann::json simulate_trace(const std::vector<StageResult>& rs) {
                           int pid, const std::string& name) {
     zero::Program p = program;
     p.info.rank = pid;
-    sim::append_chrome_trace(doc, p, report, r.ops);
+    sim::append_chrome_trace(doc, p, report, r.ops, &r.update);
     for (auto& e : doc["traceEvents"])
       if (e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == pid) e["args"]["name"] = name;
   };

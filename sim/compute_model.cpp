@@ -956,10 +956,17 @@ Seconds ComputeModel::elementwise_cost(Flops flops, Bytes bytes, double factor, 
                            flops.v / (p_.peak_fp32_flops.v * eff), launch})};
 }
 
-Seconds ComputeModel::optimizer_cost(Flops flops, Bytes bytes) const {
-  return elementwise_cost(flops, bytes, p_.optimizer_efficiency * (deepspeed ? 1.0 : p_.executor_optimizer_efficiency),
-                          p_.kernels_per_op * p_.kernel_launch.v);
+Seconds UpdatePricing::seconds(Flops flops, Bytes bytes) const {
+  return Seconds{std::max({static_cast<double>(bytes.v) / bytes_per_s, flops.v / flops_per_s, floor_s})};
 }
+
+UpdatePricing ComputeModel::update_pricing() const {
+  // elementwise_cost's terms at the optimizer's factor.
+  const double eff = p_.elementwise_efficiency * (p_.optimizer_efficiency * (deepspeed ? 1.0 : p_.executor_optimizer_efficiency));
+  return {p_.hbm_bandwidth.v * eff, p_.peak_fp32_flops.v * eff, p_.kernels_per_op * p_.kernel_launch.v};
+}
+
+Seconds ComputeModel::optimizer_cost(Flops flops, Bytes bytes) const { return update_pricing().seconds(flops, bytes); }
 
 Seconds ComputeModel::copy_cost(Bytes bytes, zero::Placement src, zero::Placement dst, std::int64_t pieces,
                                 zero::CopyKernel kernel, bool host_bound) const {

@@ -273,6 +273,15 @@ inline constexpr double kUnalignedGrading = 0.72;  // log2(0.33 / 0.20): 4-byte 
 double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align,
                         std::int64_t out_ld = 0, bool torch = true);
 
+// What a fused optimizer update (Adam over a flat partition on the device) costs, apart from
+// the norm and per-tensor loop kernels its event may carry: ComputeModel::update_pricing(). The
+// trace names its time the optimizer's multi-tensor kernels and the rest elementwise, as the
+// profiler classes DeepSpeed's kernels.
+struct UpdatePricing {
+  double bytes_per_s = 0, flops_per_s = 0, floor_s = 0;
+  Seconds seconds(Flops flops, Bytes bytes) const;
+};
+
 class ComputeModel {
  public:
   ComputeModel(const DeviceProfile& profile, const models::OpGraph& graph);
@@ -339,6 +348,7 @@ class ComputeModel {
   // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
   // bandwidth times optimizer_efficiency (without the norm some steps take first).
   Seconds optimizer_cost(Flops flops, Bytes bytes) const;
+  UpdatePricing update_pricing() const;
   // A copy of `bytes` (read + written) from src to dst in `pieces` contiguous pieces (0 bytes:
   // a view, free). Within the device, a memcpy moves at the device-copy bandwidth; a kernel
   // that converts or accumulates at the elementwise bandwidth of its op kind (cast, add).

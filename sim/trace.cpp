@@ -58,7 +58,7 @@ std::string_view profiled_class_name(ProfiledClass c) {
 }
 
 std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, double seconds,
-                                                        std::span<const OpTraceInfo> ops) {
+                                                        std::span<const OpTraceInfo> ops, const UpdatePricing* update) {
   std::array<double, kNumProfiledClasses> out{};
   auto add = [&](ProfiledClass c, double v) { out[static_cast<std::size_t>(c)] += v; };
   switch (e.kind) {
@@ -85,14 +85,23 @@ std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, dou
       }
       break;
     }
-    case zero::EventKind::optimizer: add(ProfiledClass::optimizer, seconds); break;
+    case zero::EventKind::optimizer: {
+      // The fused update's multi-tensor kernels, and the norm and loop kernels priced with it.
+      const double fused = update != nullptr && e.src == zero::Placement::device
+                               ? std::min(seconds, update->seconds(e.flops, e.mem_bytes).v)
+                               : seconds;
+      add(ProfiledClass::optimizer, fused);
+      add(ProfiledClass::elementwise, seconds - fused);
+      break;
+    }
     case zero::EventKind::collective: add(ProfiledClass::collective, seconds); break;
     default: add(ProfiledClass::copy, seconds); break;
   }
   return out;
 }
 
-void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops) {
+void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops,
+                         const UpdatePricing* update) {
   auto& ev = doc["traceEvents"];
   const int pid = p.info.rank;
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
@@ -138,7 +147,7 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t,
       if (!ops.empty() && on_device(e)) {
         // The slice's microseconds by the class a profiler would name its kernels by.
         json classes = json::object();
-        const auto split = profiled_split(e, (et.end - et.start).v, ops);
+        const auto split = profiled_split(e, (et.end - et.start).v, ops, update);
         for (int k = 0; k < kNumProfiledClasses; ++k)
           if (split[static_cast<std::size_t>(k)] > 0)
             classes[std::string(profiled_class_name(static_cast<ProfiledClass>(k)))] = split[static_cast<std::size_t>(k)] * 1e6;
@@ -196,11 +205,12 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t,
   for (std::size_t e = c; e < p.events.size(); ++e) one(p.events[e], static_cast<zero::EventId>(e) + moved);
 }
 
-json chrome_trace(const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops) {
+json chrome_trace(const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops,
+                  const UpdatePricing* update) {
   json doc = {{"traceEvents", json::array()}, {"displayTimeUnit", "ms"}};
   doc["otherData"] = {{"model", p.info.model}, {"stage", p.info.stage}, {"world_size", p.info.world_size},
                       {"rank", p.info.rank}};
-  append_chrome_trace(doc, p, t, ops);
+  append_chrome_trace(doc, p, t, ops, update);
   return doc;
 }
 

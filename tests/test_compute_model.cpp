@@ -20,6 +20,7 @@
 #include "models/model_config.hpp"
 #include "sim/compute_model.hpp"
 #include "sim/device.hpp"
+#include "sim/trace.hpp"
 #include "zero/ds_config.hpp"
 #include "zero/lower.hpp"
 #include "zero/program.hpp"
@@ -799,6 +800,21 @@ TEST_CASE("the optimizer's update: its bytes at the elementwise bandwidth times 
   e.reduce_bytes = Bytes{4'000'000'000};
   e.tensors = 1;
   CHECK(cm.cost(e).v == zp::test::approx(base / 1.25 + cm.local_reduction_cost(e.reduce_bytes, 1).v));
+  // A profiler names the update's time the optimizer's multi-tensor kernels and the norm's
+  // elementwise (sim::profiled_split with the update's pricing); without the pricing all of it
+  // the optimizer's.
+  const zp::sim::UpdatePricing up = cm.update_pricing();
+  CHECK(up.seconds(e.flops, e.mem_bytes).v == cm.optimizer_cost(e.flops, e.mem_bytes).v);
+  const double total = cm.cost(e).v;
+  const auto split = zp::sim::profiled_split(e, total, {}, &up);
+  CHECK(split[static_cast<std::size_t>(zp::sim::ProfiledClass::optimizer)] == zp::test::approx(base / 1.25));
+  CHECK(split[static_cast<std::size_t>(zp::sim::ProfiledClass::elementwise)] ==
+        zp::test::approx(cm.local_reduction_cost(e.reduce_bytes, 1).v));
+  CHECK(zp::sim::profiled_split(e, total, {})[static_cast<std::size_t>(zp::sim::ProfiledClass::optimizer)] == total);
+  // An update on the host (CPUAdam) is the host's: nothing of it is split.
+  Event host = e;
+  host.src = zp::zero::Placement::host;
+  CHECK(zp::sim::profiled_split(host, 1.0, {}, &up)[static_cast<std::size_t>(zp::sim::ProfiledClass::optimizer)] == 1.0);
   // zeroplan's executor's Adam at its own factor on top; DeepSpeed's FusedAdam without it.
   p.executor_optimizer_efficiency = 1.3;
   ComputeModel executor(p, g), deepspeed(p, g);
