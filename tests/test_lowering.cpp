@@ -2106,6 +2106,36 @@ TEST_CASE("autograd's gradient adds: one per later consumer of a tensor, in the 
 // until then); the norm's loop waits for the overflow flag's read-back; together they cost what
 // the one loop event of the synchronised program costs. Nothing else changes, and no other
 // optimizer or stage changes at all.
+TEST_CASE("the copies of the reduced gradients into grads_in_partition: a launch per parameter of the rank's partition") {
+  // copy_grads_in_partition runs for the parameters in this rank's partition: over the ranks every
+  // parameter is counted once, and once more on the neighbour rank where it straddles a partition
+  // boundary; each event counts at most its slices (the pieces it is priced by).
+  for (const int stage : {1, 2}) {
+    CAPTURE(stage);
+    const auto cfg = bf16_config(stage, 2, 1, false);
+    const int N = 2;
+    const auto b0 = build("gpt2", cfg, N, 64);
+    const auto params = static_cast<std::int64_t>(b0.g.params.size());
+    std::int64_t counted = 0, buckets = 0;
+    for (int r = 0; r < N; ++r) {
+      zero::LowerOptions lo;
+      lo.world_size = N;
+      lo.rank = r;
+      const zero::Program p = zero::lower(b0.g, cfg, zero::resolve_batch(cfg, N), lo);
+      for (const auto& e : p.events) {
+        if (e.kind != EventKind::copy || e.copy_op != zero::CopyOp::to_partition) continue;
+        CHECK(e.tensors <= static_cast<std::int32_t>(e.slice_end - e.slice_begin));
+        counted += e.tensors;
+        if (r == 0) ++buckets;
+      }
+    }
+    REQUIRE(buckets > 0);
+    CHECK(counted >= params);
+    CHECK(counted <= params + buckets * (N - 1));
+    CHECK(counted < params * N);  // not every slice on every rank
+  }
+}
+
 TEST_CASE("phase_syncs off: the ZeRO 1/2 step's loops wait for the launch queue, the norm's loop for the overflow flag") {
   auto lower_free = [](const Built& b, const zero::DsConfig& cfg, int N) {
     zero::LowerOptions lo;
@@ -2172,14 +2202,11 @@ TEST_CASE("phase_syncs off: the ZeRO 1/2 step's loops wait for the launch queue,
     CHECK(std::find(rdeps.begin(), rdeps.end(), norm_loop) != rdeps.end());
     // No piece waits for the backward's last op. The first pieces fit in the queue behind what the
     // forward and backward left in it and wait for nothing; then each waits for one launch, later
-    // pieces for later launches (or the same copy: copy_grads_in_partition's copy per param is one
-    // event of a launch per param slice), until the loop's own launches fill the queue (those take
-    // microseconds on the device: not waited for). The last to wait waits inside the last bucket's
-    // per-param copies (into the flat bucket, into grads_in_partition), the end of the queue, a
-    // launch for each of their params.
+    // pieces for later launches (or the same copy: copy_grads_in_partition's copy per parameter is
+    // one event of a launch per parameter, Event::tensors), until the loop's own launches fill the
+    // queue (those take microseconds on the device: not waited for).
     zero::EventId prev = -1;
     int waiting = 0;
-    std::int64_t last_wait_copies = 0;
     for (const zero::EventId p : pieces) {
       const auto deps = free.deps(free.events[static_cast<std::size_t>(p)]);
       CHECK(std::find(deps.begin(), deps.end(), last_op) == deps.end());
@@ -2190,14 +2217,18 @@ TEST_CASE("phase_syncs off: the ZeRO 1/2 step's loops wait for the launch queue,
         CHECK(free.events[static_cast<std::size_t>(deps[0])].stream != zero::Stream::host);  // a launch (an op, or the boundary's copies)
         CHECK(deps[0] < pieces.front());
         prev = deps[0];
-        const zero::Event& w = free.events[static_cast<std::size_t>(deps[0])];
-        last_wait_copies = w.kind == EventKind::copy ? std::max<std::int64_t>(w.tensors, w.slice_end - w.slice_begin) : 0;
       }
     }
-    CHECK(last_wait_copies > 1);
-    // Stage 1 reduces at the boundary: its copies into grads_in_partition, one event of a launch
-    // per param slice, end the queue.
-    if (stage == 1) CHECK(free.event_name(prev) == "ms0/reduce/copy_to_partition.bucket0");
+    // Stage 1 reduces at the boundary: its copies into grads_in_partition end the queue, a launch
+    // for each parameter (at one rank every parameter is in the partition), and the last piece to
+    // wait waits inside them.
+    if (stage == 1) {
+      REQUIRE(prev >= 0);
+      CHECK(free.event_name(prev) == "ms0/reduce/copy_to_partition.bucket0");
+      const zero::Event& w = free.events[static_cast<std::size_t>(prev)];
+      CHECK(w.tensors == static_cast<std::int32_t>(w.slice_end - w.slice_begin));
+      CHECK(w.tensors > 1);
+    }
     CHECK(waiting > 0);
     CHECK(waiting <= 1024 / (8 * 13) + 1);
   }

@@ -245,12 +245,14 @@ void Context::dispatch(Phase ph) {
 
 namespace {
 // The launches a device event stands for in CUDA's queue: none for a marker or the host's
-// own work, one a kernel or collective, and a copy of k tensors or k param slices k (one
-// each, as the compute model prices its pieces: copy_to_partition is a copy per param).
+// own work, one a kernel or collective, none for a view (a copy of no bytes that converts
+// nothing), and a copy of k tensors k (one each: Event::tensors, which the copies of the
+// reduced gradients into grads_in_partition set to the parameters they copy).
 std::int32_t launches_of(const Event& e) {
   if (e.stream == Stream::host || e.kind == EventKind::marker) return 0;
   if (e.kind != EventKind::copy) return 1;
-  return std::max({std::int32_t{1}, e.tensors, static_cast<std::int32_t>(e.slice_end - e.slice_begin)});
+  if (e.mem_bytes.v == 0 && e.copy_kernel == CopyKernel::memcpy) return 0;
+  return std::max<std::int32_t>(1, e.tensors);
 }
 }  // namespace
 

@@ -284,6 +284,12 @@ void ZeroOptimizerLowering::copy_to_partition(Stream rs, Phase ph, int bucket_no
   cp.copy_kernel = CopyKernel::add;  // dst += (converting where the partition is fp32)
   cp.src_buf = reduced;
   for (const auto& s : ipg_params_) b.slice(s);
+  // copy_grads_in_partition runs a copy per parameter of this rank's partition (the CUDA
+  // launch queue counts them; the pieces priced are the slices).
+  for (const auto& s : ipg_params_) {
+    const std::int64_t lo = c_.layout.offset[static_cast<std::size_t>(s.param)] + s.param_offset;
+    if (overlap_with_rank(lo, lo + s.count, c_.opt.rank) > 0) ++cp.tensors;
+  }
   if (c_.offload_opt) {
     cp.dst = Placement::host;
     cp.mem_bytes = Bytes{n * c_.b16()};   // bytes crossing PCIe, one direction
