@@ -356,18 +356,21 @@ nlohmann::json simulate_trace(const std::vector<StageResult>& rs) {
   // One process per (stage, rank); the iteration without the phases' synchronisations, where
   // the prediction has one, is a process of its own beside it.
   const auto append = [&](const zero::Program& program, const sim::TimeReport& report, const StageResult& r,
-                          int pid, const std::string& name) {
+                          int pid, const std::string& name, bool unsynchronised) {
     zero::Program p = program;
     p.info.rank = pid;
     sim::append_chrome_trace(doc, p, report, r.ops, &r.update);
     for (auto& e : doc["traceEvents"])
-      if (e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == pid) e["args"]["name"] = name;
+      if (e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == pid) {
+        e["args"]["name"] = name;
+        e["args"]["unsynchronised"] = unsynchronised;
+      }
   };
   for (const auto& r : rs) {
-    append(r.program, r.time.report, r, r.stage * 100000 + r.rank, fmt::format("stage {} rank {}", r.stage, r.rank));
+    append(r.program, r.time.report, r, r.stage * 100000 + r.rank, fmt::format("stage {} rank {}", r.stage, r.rank), false);
     if (r.unsynchronised)
       append(r.unsynchronised->program, r.unsynchronised->report, r, r.stage * 100000 + 50000 + r.rank,
-             fmt::format("stage {} rank {}, phases unsynchronised", r.stage, r.rank));
+             fmt::format("stage {} rank {}, phases unsynchronised", r.stage, r.rank), true);
   }
   return doc;
 }

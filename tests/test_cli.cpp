@@ -356,7 +356,12 @@ TEST_CASE("simulate --trace: the iteration without the phases' synchronisations,
     std::map<int, std::string> names;
     std::map<int, double> end;
     for (const auto& e : doc["traceEvents"]) {
-      if (e["ph"] == "M" && e["name"] == "process_name") names[e["pid"].get<int>()] = e["args"]["name"].get<std::string>();
+      if (e["ph"] == "M" && e["name"] == "process_name") {
+        const std::string name = e["args"]["name"];
+        // The process's args say which program it is, for tools that sum one of them.
+        CHECK(e["args"]["unsynchronised"].get<bool>() == (name.find("unsynchronised") != std::string::npos));
+        names[e["pid"].get<int>()] = name;
+      }
       if (e["ph"] == "X") {
         double& t = end[e["pid"].get<int>()];
         t = std::max(t, e["ts"].get<double>() + e["dur"].get<double>());

@@ -116,7 +116,7 @@ def device_events(trace_path):
     host = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
             and e.get("args", {}).get("name") == "host"}
     unsynchronised = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-                      and "unsynchronised" in e.get("args", {}).get("name", "")}
+                      and e.get("args", {}).get("unsynchronised")}
     out = []
     for e in events:
         phase = TRACE_PHASES.get(e.get("args", {}).get("phase"))
