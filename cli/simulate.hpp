@@ -121,7 +121,7 @@ struct StageResult {
   std::optional<sim::Unsynchronised> unsynchronised;  // the iteration without the phases' syncs
   std::optional<ExecutorMemory> executor;
   std::vector<sim::OpTraceInfo> ops;  // the graph's ops, for the trace (sim::op_trace_info)
-  sim::UpdatePricing update;         // the fused optimizer update's, for the trace's kernel classes
+  sim::ElementwisePricing update;         // the fused optimizer update's, for the trace's kernel classes
 };
 
 // Validates flags (N >= 1, stages in 0..3, micro-batch >= 1, seq-len within the model's

@@ -948,22 +948,24 @@ Seconds ComputeModel::loop_kernels_cost(const zero::Event& e) const {
                      (p_.hbm_bandwidth.v * p_.elementwise_efficiency)};
 }
 
-// Bandwidth-bound (or fp32-FLOP-bound) kernels, never faster than their launches, at the
-// elementwise efficiency times `factor` (an op kind's, the optimizer's).
-Seconds ComputeModel::elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const {
-  const double eff = p_.elementwise_efficiency * factor;
-  return Seconds{std::max({static_cast<double>(bytes.v) / (p_.hbm_bandwidth.v * eff),
-                           flops.v / (p_.peak_fp32_flops.v * eff), launch})};
-}
-
-Seconds UpdatePricing::seconds(Flops flops, Bytes bytes) const {
+Seconds ElementwisePricing::seconds(Flops flops, Bytes bytes) const {
   return Seconds{std::max({static_cast<double>(bytes.v) / bytes_per_s, flops.v / flops_per_s, floor_s})};
 }
 
-UpdatePricing ComputeModel::update_pricing() const {
-  // elementwise_cost's terms at the optimizer's factor.
-  const double eff = p_.elementwise_efficiency * (p_.optimizer_efficiency * (deepspeed ? 1.0 : p_.executor_optimizer_efficiency));
-  return {p_.hbm_bandwidth.v * eff, p_.peak_fp32_flops.v * eff, p_.kernels_per_op * p_.kernel_launch.v};
+// Bandwidth-bound (or fp32-FLOP-bound) kernels, never faster than their launches, at the
+// elementwise efficiency times `factor` (an op kind's, the optimizer's).
+ElementwisePricing ComputeModel::elementwise_pricing(double factor, double launch) const {
+  const double eff = p_.elementwise_efficiency * factor;
+  return {p_.hbm_bandwidth.v * eff, p_.peak_fp32_flops.v * eff, launch};
+}
+
+Seconds ComputeModel::elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const {
+  return elementwise_pricing(factor, launch).seconds(flops, bytes);
+}
+
+ElementwisePricing ComputeModel::update_pricing() const {
+  return elementwise_pricing(p_.optimizer_efficiency * (deepspeed ? 1.0 : p_.executor_optimizer_efficiency),
+                             p_.kernels_per_op * p_.kernel_launch.v);
 }
 
 Seconds ComputeModel::optimizer_cost(Flops flops, Bytes bytes) const { return update_pricing().seconds(flops, bytes); }

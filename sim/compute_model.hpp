@@ -273,11 +273,13 @@ inline constexpr double kUnalignedGrading = 0.72;  // log2(0.33 / 0.20): 4-byte 
 double alignment_factor(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t align,
                         std::int64_t out_ld = 0, bool torch = true);
 
-// What a fused optimizer update (Adam over a flat partition on the device) costs, apart from
-// the norm and per-tensor loop kernels its event may carry: ComputeModel::update_pricing(). The
-// trace names its time the optimizer's multi-tensor kernels and the rest elementwise, as the
+// A bandwidth-bound (or fp32-FLOP-bound) kernel's price: its bytes at `bytes_per_s`, its FLOPs at
+// `flops_per_s`, never less than `floor_s` (ComputeModel::elementwise_pricing). The fused
+// optimizer update's (Adam over a flat partition on the device), apart from the norm and
+// per-tensor loop kernels its event may carry, is ComputeModel::update_pricing(): the trace
+// names its time the optimizer's multi-tensor kernels and the rest elementwise, as the
 // profiler classes DeepSpeed's kernels.
-struct UpdatePricing {
+struct ElementwisePricing {
   double bytes_per_s = 0, flops_per_s = 0, floor_s = 0;
   Seconds seconds(Flops flops, Bytes bytes) const;
 };
@@ -348,7 +350,7 @@ class ComputeModel {
   // The optimizer's update on the device: `bytes` read + written, `flops`, at the elementwise
   // bandwidth times optimizer_efficiency (without the norm some steps take first).
   Seconds optimizer_cost(Flops flops, Bytes bytes) const;
-  UpdatePricing update_pricing() const;
+  ElementwisePricing update_pricing() const;
   // A copy of `bytes` (read + written) from src to dst in `pieces` contiguous pieces (0 bytes:
   // a view, free). Within the device, a memcpy moves at the device-copy bandwidth; a kernel
   // that converts or accumulates at the elementwise bandwidth of its op kind (cast, add).
@@ -369,6 +371,7 @@ class ComputeModel {
   double torch_op_time(const models::Op& o, bool backward) const;
   // `count` kernels of PyTorch's family k moving `bytes` between them (seconds).
   double torch_kernel_cost(double bytes, TorchKernel k, int count = 1) const;
+  ElementwisePricing elementwise_pricing(double factor, double launch) const;
   Seconds elementwise_cost(Flops flops, Bytes bytes, double factor, double launch) const;
 
   DeviceProfile p_;

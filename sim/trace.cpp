@@ -58,7 +58,7 @@ std::string_view profiled_class_name(ProfiledClass c) {
 }
 
 std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, double seconds,
-                                                        std::span<const OpTraceInfo> ops, const UpdatePricing* update) {
+                                                        std::span<const OpTraceInfo> ops, const ElementwisePricing* update) {
   std::array<double, kNumProfiledClasses> out{};
   auto add = [&](ProfiledClass c, double v) { out[static_cast<std::size_t>(c)] += v; };
   switch (e.kind) {
@@ -101,7 +101,7 @@ std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, dou
 }
 
 void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops,
-                         const UpdatePricing* update) {
+                         const ElementwisePricing* update) {
   auto& ev = doc["traceEvents"];
   const int pid = p.info.rank;
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
@@ -206,7 +206,7 @@ void append_chrome_trace(json& doc, const zero::Program& p, const TimeReport& t,
 }
 
 json chrome_trace(const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops,
-                  const UpdatePricing* update) {
+                  const ElementwisePricing* update) {
   json doc = {{"traceEvents", json::array()}, {"displayTimeUnit", "ms"}};
   doc["otherData"] = {{"model", p.info.model}, {"stage", p.info.stage}, {"world_size", p.info.world_size},
                       {"rank", p.info.rank}};

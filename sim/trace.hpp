@@ -58,17 +58,17 @@ std::string_view profiled_class_name(ProfiledClass c);
 // predicted time is split so: calibration::phase_times (the gpu_gemm, gpu_attention and
 // gpu_other observations) and the trace's "profiled" args (tools/deepspeed_compare.py's
 // per-class table) both come from it.
-// With `update`, a device optimizer event's fused update (UpdatePricing::seconds of its flops and
+// With `update`, a device optimizer event's fused update (ElementwisePricing::seconds of its flops and
 // bytes) is the optimizer's class and the rest of it (the norm's reduction, the loops' kernels it
 // carries) elementwise; without, all of it the optimizer's.
 std::array<double, kNumProfiledClasses> profiled_split(const zero::Event& e, double seconds,
                                                         std::span<const OpTraceInfo> ops,
-                                                        const UpdatePricing* update = nullptr);
+                                                        const ElementwisePricing* update = nullptr);
 
 nlohmann::json chrome_trace(const zero::Program& p, const TimeReport& t, std::span<const OpTraceInfo> ops = {},
-                            const UpdatePricing* update = nullptr);
+                            const ElementwisePricing* update = nullptr);
 // Appends the events of one rank to an existing trace document (for several ranks).
 void append_chrome_trace(nlohmann::json& doc, const zero::Program& p, const TimeReport& t,
-                         std::span<const OpTraceInfo> ops = {}, const UpdatePricing* update = nullptr);
+                         std::span<const OpTraceInfo> ops = {}, const ElementwisePricing* update = nullptr);
 
 }  // namespace zp::sim

@@ -803,7 +803,7 @@ TEST_CASE("the optimizer's update: its bytes at the elementwise bandwidth times 
   // A profiler names the update's time the optimizer's multi-tensor kernels and the norm's
   // elementwise (sim::profiled_split with the update's pricing); without the pricing all of it
   // the optimizer's.
-  const zp::sim::UpdatePricing up = cm.update_pricing();
+  const zp::sim::ElementwisePricing up = cm.update_pricing();
   // Bit for bit the elementwise formula the update was priced by before it had a pricing of its own.
   CHECK(up.seconds(e.flops, e.mem_bytes).v ==
         static_cast<double>(e.mem_bytes.v) / (p.hbm_bandwidth.v * (p.elementwise_efficiency * (p.optimizer_efficiency * 1.0))));
